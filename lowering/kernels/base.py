@@ -1,0 +1,140 @@
+"""The interface every kernel generator (one op family, one module) implements.
+
+A family turns a concrete KernelSpec and a Config into a KernelProgram. The search (fill_cache)
+starts from ``seed_configs`` and walks ``neighbours``; validation draws inputs through
+``sample_inputs`` (a family restricts the domain where its ops need it, e.g. index ranges).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from torch_kernelize.lowering.kernels.program import KernelProgram
+from torch_kernelize.spec import KernelSpec, TensorMeta
+
+# Kinds of validation input. "random" always applies; a family lists the edge kinds its ops admit.
+INPUT_KINDS = ("random", "zeros", "large", "negative", "special")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One point of a family's configuration space: block sizes, warps, stages, variant."""
+    params: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, **params: Any) -> "Config":
+        return cls(tuple(sorted(params.items())))
+
+    def __getitem__(self, name: str) -> Any:
+        return dict(self.params)[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self.params).get(name, default)
+
+    def replace(self, **changes: Any) -> "Config":
+        d = dict(self.params)
+        d.update(changes)
+        return Config.of(**d)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Config":
+        return cls.of(**d)
+
+    @property
+    def key(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.params)
+
+
+class KernelFamily:
+    """Base class; subclasses set ``name`` and ``ops`` and implement ``generate``."""
+
+    name: str = ""
+    ops: frozenset[str] = frozenset()        # full op names, e.g. "aten.gelu.default"
+    edge_kinds: tuple[str, ...] = ("zeros", "large", "negative", "special")
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        """None when this family can generate a kernel for ``spec``, else the reason it cannot."""
+        return None if spec.op in self.ops else f"{self.name} does not handle {spec.op}"
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        raise NotImplementedError
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        """Configs one step away from ``config`` (the search expands the best ones)."""
+        return []
+
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        raise NotImplementedError
+
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        """Inputs for validation: fresh random values of the spec's metas, or an edge kind."""
+        g = torch.Generator().manual_seed(seed)
+        return [sample_tensor(m, g, kind).to(device) for m in spec.inputs]
+
+
+def sample_tensor(meta: TensorMeta, g: torch.Generator, kind: str = "random",
+                  low: float | None = None, high: float | None = None) -> torch.Tensor:
+    """A tensor of ``meta``'s shape, stride and dtype, filled according to ``kind`` (on CPU)."""
+    dtype = meta.torch_dtype
+    # Fill a contiguous buffer covering the whole storage, then view it with the meta's strides.
+    span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride)) if meta.numel else 0
+    if dtype == torch.bool:
+        flat = torch.rand(span, generator=g) < 0.5
+    elif not dtype.is_floating_point:
+        lo, hi = int(low if low is not None else -8), int(high if high is not None else 9)
+        if kind == "zeros":
+            flat = torch.zeros(span, dtype=torch.int64)
+        else:
+            flat = torch.randint(lo, hi, (span,), generator=g)
+        flat = flat.to(dtype)
+    else:
+        flat = torch.randn(span, generator=g, dtype=torch.float64)
+        if low is not None or high is not None:
+            lo, hi = (low if low is not None else -1.0), (high if high is not None else 1.0)
+            flat = lo + (hi - lo) * torch.rand(span, generator=g, dtype=torch.float64)
+        if kind == "zeros":
+            flat = torch.zeros_like(flat)
+        elif kind == "large":
+            big = {torch.float16: 1e3, torch.bfloat16: 1e4}.get(dtype, 1e4)
+            flat = flat * big
+        elif kind == "negative":
+            flat = -flat.abs() - 0.5
+        elif kind == "special" and span:
+            specials = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0], dtype=torch.float64)
+            idx = torch.randint(0, span, (max(1, span // 16),), generator=g)
+            flat[idx] = specials[torch.randint(0, len(specials), idx.shape, generator=g)]
+        flat = flat.to(dtype)
+    return torch.as_strided(flat, meta.shape, meta.stride) if meta.numel else torch.empty_strided(
+        meta.shape, meta.stride, dtype=dtype)
+
+
+def pow2_between(lo: int, hi: int) -> Iterable[int]:
+    v = 1
+    while v < lo:
+        v *= 2
+    while v <= hi:
+        yield v
+        v *= 2
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def unique(configs: Sequence[Config]) -> list[Config]:
+    seen, out = set(), []
+    for c in configs:
+        if c.key not in seen:
+            seen.add(c.key)
+            out.append(c)
+    return out

@@ -1,0 +1,12 @@
+"""torch_kernelize: a torch.compile backend that lowers ATen graphs tier by tier onto a chip.
+
+    import torch
+    compiled = torch.compile(model, backend="kernelize", options={"target": "interpreter"})
+    compiled(x)
+
+The backend is found through the ``torch_dynamo_backends`` entry point: importing this package
+is not needed to use it.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,136 @@
+"""The runner: load a built KernelProgram from its files and launch it. No generation here.
+
+On the interpreter target the kernels' Python functions run through Triton's interpreter. On
+CUDA each launch is rebuilt from its stored binary (cubin + metadata): no Triton compilation on
+the serving path. Outputs are allocated with the spec's exact shape, stride and dtype.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+from torch_kernelize.spec import KernelSpec
+
+SOURCE_FILE = "kernel.py"
+PROGRAM_FILE = "program.json"
+
+_import_lock = threading.Lock()
+
+
+def poison_value(dtype: torch.dtype) -> float | int | bool:
+    """What fills an output before a validation run, so that unwritten elements show up."""
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).min + 7
+
+
+def import_source(path: Path, module_name: str):
+    """Import a kernel source file as a module (Triton's @jit needs the source on disk)."""
+    with _import_lock:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # triton resolves globals through the module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+    return module
+
+
+def _interpreted(fn: Any):
+    from triton.runtime.interpreter import InterpretedFunction
+    return fn if isinstance(fn, InterpretedFunction) else InterpretedFunction(fn.fn)
+
+
+class ProgramRunner:
+    """A loaded program for one spec: call it with the spec's input tensors."""
+
+    def __init__(self, spec: KernelSpec, program: KernelProgram, kernels: Sequence[Any], backend: str):
+        self.spec = spec
+        self.program = program
+        self.backend = backend
+        self._kernels = list(kernels)  # one launchable per launch
+        self._out_metas = spec.outputs
+        self._tuple = spec.tuple_output
+        names = [program.kernel_arg_names(l.kernel) for l in program.launches]
+        # Pre-resolve each launch's argument list into (kind, value) pairs plus constexpr order.
+        self._plans = [self._plan(l, n) for l, n in zip(program.launches, names)]
+
+    def _plan(self, launch: Launch, names: list[str]):
+        runtime = [n for n in names if n not in launch.constexprs]
+        by_name = dict(zip(runtime, launch.args))
+        # Full parameter order (CUDA launchers take constexprs in place); interpreter takes kwargs.
+        order = [("const", launch.constexprs[n]) if n in launch.constexprs else by_name[n] for n in names]
+        grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+        return launch, order, grid
+
+    def allocate(self, device: torch.device, poison: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        outs = []
+        for i, m in enumerate(self._out_metas):
+            t = torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device=device)
+            init = self.program.init_of(i)
+            if init is not None:
+                t.fill_(init)
+            elif poison:
+                t.fill_(poison_value(t.dtype))
+            outs.append(t)
+        temps = []
+        for b in self.program.temps:
+            t = torch.empty(b.shape, dtype=getattr(torch, b.dtype), device=device)
+            if b.init is not None:
+                t.fill_(b.init)
+            elif poison:
+                t.fill_(poison_value(t.dtype))
+            temps.append(t)
+        return outs, temps
+
+    def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
+        bufs = {"in": inputs, "out": outs, "tmp": temps}
+        for kernel, (launch, order, grid) in zip(self._kernels, self._plans):
+            args = [bufs[k][v] if k in bufs else v for k, v in order]
+            if self.backend == "interpreter":
+                kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
+            else:
+                kernel[grid](*args)
+
+    def __call__(self, *inputs: torch.Tensor):
+        device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")
+        outs, temps = self.allocate(device)
+        self.launch(inputs, outs, temps)
+        return tuple(outs) if self._tuple else outs[0]
+
+    def run_poisoned(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Validation: outputs poisoned before the launch, always returned as a tuple."""
+        device = inputs[0].device if inputs else torch.device("cpu")
+        outs, temps = self.allocate(device, poison=True)
+        self.launch(inputs, outs, temps)
+        return tuple(outs)
+
+
+def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: str | None = None) -> ProgramRunner:
+    """Load a built program from ``directory`` (kernel.py, program.json, launch binaries)."""
+    directory = Path(directory)
+    source = (directory / SOURCE_FILE).read_text()
+    program = KernelProgram.from_json(json.loads((directory / PROGRAM_FILE).read_text()), source)
+    name = module_name or f"torch_kernelize_kernels.k{spec.key}"
+    if backend == "interpreter":
+        module = import_source(directory / SOURCE_FILE, name)
+        kernels = [_interpreted(getattr(module, l.kernel)) for l in program.launches]
+    elif backend == "cuda":
+        from torch_kernelize.cuda_binaries import load_launch
+        module = import_source(directory / SOURCE_FILE, name)
+        kernels = [load_launch(directory, i, getattr(module, l.kernel), l, program, spec)
+                   for i, l in enumerate(program.launches)]
+    else:
+        raise ValueError(f"no Triton runner for backend {backend!r}")
+    return ProgramRunner(spec, program, kernels, backend)

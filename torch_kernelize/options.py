@@ -1,0 +1,122 @@
+"""Backend options: from ``torch.compile(..., options={...})``, else the environment, else defaults.
+
+Every option has one row in ``OPTIONS``; an unknown name or a value of the wrong kind is an
+``OptionsError`` that names it, never silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from torch_kernelize.errors import OptionsError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_OFF = {"", "off", "none", "0", "false"}
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "torch_kernelize"
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise OptionsError(f"option {name!r} must be a boolean (true/false, 1/0), got {value!r}")
+
+
+def _as_path(name: str, value: Any) -> Path:
+    if isinstance(value, (str, os.PathLike)) and str(value).strip():
+        return Path(os.path.expanduser(str(value)))
+    raise OptionsError(f"option {name!r} must be a path, got {value!r}")
+
+
+def _as_optional_path(name: str, value: Any) -> Path | None:
+    """A path, or None when the value switches the feature off ("off", "", False, None)."""
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in _OFF):
+        return None
+    return _as_path(name, value)
+
+
+def _as_target(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    raise OptionsError(f"option {name!r} must be a target name or a path to a target TOML file, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Option:
+    env: str
+    parse: Callable[[str, Any], Any]
+    default: Callable[[], Any]
+    help: str
+
+
+OPTIONS: dict[str, _Option] = {
+    "target": _Option("KERNELIZE_TARGET", _as_target, lambda: None,
+                      "built-in target name (cuda, cpu, interpreter) or path to a target TOML file; "
+                      "default: follows the device of the inputs"),
+    "cache_dir": _Option("KERNELIZE_CACHE_DIR", _as_path, default_cache_dir,
+                         "kernel cache directory"),
+    "repro_dir": _Option("KERNELIZE_REPRO_DIR", _as_optional_path, lambda: Path("kernelize_repros"),
+                         "where misses and missing ops are dumped as reproducers ('off' disables)"),
+    "report": _Option("KERNELIZE_REPORT", _as_optional_path, lambda: None,
+                      "path of a JSON coverage report, rewritten after each compile"),
+    "strict": _Option("KERNELIZE_STRICT", _as_bool, lambda: False,
+                      "raise MissingOpsError instead of running missing ops on the host fallback"),
+    "check": _Option("KERNELIZE_CHECK", _as_bool, lambda: False,
+                     "run every Triton kernel beside its vendor op and minify any mismatch"),
+    "cudagraphs": _Option("KERNELIZE_CUDAGRAPHS", _as_bool, lambda: False,
+                          "wrap compiled CUDA graphs in CUDA graphs (mode='reduce-overhead' sets it)"),
+}
+
+_MODES = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    target: str | None = None
+    cache_dir: Path = dataclasses.field(default_factory=default_cache_dir)
+    repro_dir: Path | None = Path("kernelize_repros")
+    report: Path | None = None
+    strict: bool = False
+    check: bool = False
+    cudagraphs: bool = False
+
+    @classmethod
+    def resolve(cls, options: Mapping[str, Any] | None = None, mode: str | None = None,
+                env: Mapping[str, str] | None = None) -> "Options":
+        """Explicit options win over the environment, which wins over defaults."""
+        env = os.environ if env is None else env
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise OptionsError(
+                f"unknown kernelize option(s) {unknown}; valid options are {sorted(OPTIONS)}")
+        if mode not in _MODES:
+            raise OptionsError(f"kernelize supports mode in {sorted(m for m in _MODES if m)}, got {mode!r}")
+        values: dict[str, Any] = {}
+        for name, opt in OPTIONS.items():
+            if name in options:
+                values[name] = opt.parse(name, options[name])
+            elif name in _MODES[mode]:
+                values[name] = _MODES[mode][name]
+            elif opt.env in env:
+                values[name] = opt.parse(f"{name} (from ${opt.env})", env[opt.env])
+            else:
+                values[name] = opt.default()
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}

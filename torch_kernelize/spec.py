@@ -1,0 +1,245 @@
+"""TensorMeta and KernelSpec: what a kernel must compute, keyed by a canonical form.
+
+A KernelSpec names the ATen op (or a fused region's canonical FX code), its non-tensor arguments
+and the exact metadata (shape, stride, dtype, device type) of its tensor inputs and outputs. Its
+key is a hash of that canonical form, so a cache entry matches only the shapes it was validated
+on. A spec can run itself (the vendor op) and rebuild its own float64 CPU reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.lowering.targets import op_name, resolve_op
+
+SPEC_VERSION = 1  # bump when the canonical form changes: old cache entries then stop matching
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype")
+    return dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    device: str = "cpu"  # device type only: a spec is the same on cuda:0 and cuda:1
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorMeta":
+        return cls(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()),
+                   dtype_name(t.dtype), t.device.type)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return dtype_from_name(self.dtype)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        expected = 1
+        for size, stride in reversed(list(zip(self.shape, self.stride))):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def empty(self, device: str | torch.device | None = None) -> torch.Tensor:
+        return torch.empty_strided(self.shape, self.stride, dtype=self.torch_dtype,
+                                   device=device if device is not None else self.device)
+
+    def short(self) -> str:
+        short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+                 "int64": "i64", "int32": "i32", "bool": "b8", "int8": "i8", "uint8": "u8"}
+        return f"{short.get(self.dtype, self.dtype)}[{'x'.join(map(str, self.shape))}]"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype, "device": self.device}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "TensorMeta":
+        return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d.get("device", "cpu"))
+
+
+# --- non-tensor arguments <-> JSON -------------------------------------------------------------
+
+def encode_arg(x: Any) -> Any:
+    """Canonical JSON form of one non-tensor argument (tensors are replaced before this)."""
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else {"float": repr(x)}
+    if isinstance(x, torch.dtype):
+        return {"dtype": dtype_name(x)}
+    if isinstance(x, torch.device):
+        return {"device": x.type}
+    if isinstance(x, torch.layout):
+        return {"layout": str(x).removeprefix("torch.")}
+    if isinstance(x, torch.memory_format):
+        return {"memory_format": str(x).removeprefix("torch.")}
+    if isinstance(x, (list, tuple)):
+        return [encode_arg(v) for v in x]
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise TypeError("a KernelSpec needs concrete arguments; evaluate symbolic sizes first")
+    raise TypeError(f"cannot put an argument of type {type(x).__name__} in a KernelSpec")
+
+
+def decode_arg(x: Any, tensors: Sequence[torch.Tensor], device: str | None = None) -> Any:
+    if isinstance(x, list):
+        return [decode_arg(v, tensors, device) for v in x]
+    if isinstance(x, dict):
+        (kind, value), = x.items()
+        if kind == "tensor":
+            return tensors[value]
+        if kind == "float":
+            return float(value)
+        if kind == "dtype":
+            return dtype_from_name(value)
+        if kind == "device":
+            return torch.device(device or value)
+        if kind in ("layout", "memory_format"):
+            return getattr(torch, value)
+        raise ValueError(f"unknown encoded argument {x!r}")
+    return x
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """What one kernel must compute. ``op`` is an op name like 'aten.gelu.default' or 'region'."""
+
+    op: str
+    args: Any              # encoded positional args; tensors appear as {"tensor": i}
+    kwargs: Any            # encoded keyword args
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    tuple_output: bool = False   # the op returns a tuple (even of one tensor)
+    graph: str | None = None     # canonical FX code of a fused region
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_call(cls, op: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any,
+                  input_metas: Sequence[TensorMeta] | None = None) -> "KernelSpec":
+        """From an op call whose tensors (real or fake with concrete sizes) are in args/out.
+
+        ``input_metas`` overrides the metas read off the argument tensors (used when the
+        arguments are only metas evaluated from a symbolic graph).
+        """
+        flat, tree = pytree.tree_flatten((list(args), dict(kwargs)))
+        metas, enc = [], []
+        for leaf in flat:
+            if _is_tensor(leaf) or isinstance(leaf, TensorMeta):
+                enc.append({"tensor": len(metas)})
+                metas.append(leaf if isinstance(leaf, TensorMeta) else TensorMeta.of(leaf))
+            else:
+                enc.append(encode_arg(leaf))
+        if input_metas is not None:
+            metas = list(input_metas)
+        eargs, ekwargs = pytree.tree_unflatten(enc, tree)
+        tuple_output = isinstance(out, (tuple, list))
+        outs = tuple(o if isinstance(o, TensorMeta) else TensorMeta.of(o)
+                     for o in (out if tuple_output else (out,)) if o is not None)
+        return cls(op_name(op), list(eargs), dict(sorted(ekwargs.items())), tuple(metas), outs,
+                   tuple_output)
+
+    # --- identity -------------------------------------------------------------------------------
+    def canonical(self) -> dict[str, Any]:
+        d = {
+            "version": SPEC_VERSION,
+            "op": self.op,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "inputs": [m.to_json() for m in self.inputs],
+            "outputs": [m.to_json() for m in self.outputs],
+            "tuple_output": self.tuple_output,
+        }
+        if self.graph is not None:
+            d["graph"] = self.graph
+        return d
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    @property
+    def slug(self) -> str:
+        """Readable folder name: op, first input, key prefix."""
+        name = self.op.split(".")[1] if self.op.count(".") == 2 else self.op
+        first = self.inputs[0].short() if self.inputs else "noinput"
+        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in f"{name}-{first}")
+        return f"{safe}-{self.key[:10]}"
+
+    def describe(self) -> str:
+        ins = ", ".join(m.short() for m in self.inputs)
+        outs = ", ".join(m.short() for m in self.outputs)
+        return f"{self.op}({ins}) -> {outs}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.canonical()
+        d["key"] = self.key
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "KernelSpec":
+        if d.get("version", SPEC_VERSION) != SPEC_VERSION:
+            raise ValueError(f"spec version {d.get('version')} is not {SPEC_VERSION}")
+        spec = cls(d["op"], d["args"], d["kwargs"],
+                   tuple(TensorMeta.from_json(m) for m in d["inputs"]),
+                   tuple(TensorMeta.from_json(m) for m in d["outputs"]),
+                   d.get("tuple_output", False), d.get("graph"))
+        if "key" in d and d["key"] != spec.key:
+            raise ValueError(f"spec key {d['key']} does not match its content ({spec.key})")
+        return spec
+
+    # --- execution ------------------------------------------------------------------------------
+    @property
+    def op_overload(self) -> torch._ops.OpOverload:
+        return resolve_op(self.op)
+
+    def build_args(self, tensors: Sequence[torch.Tensor], device: str | None = None) -> tuple[list, dict]:
+        args = [decode_arg(a, tensors, device) for a in self.args]
+        kwargs = {k: decode_arg(v, tensors, device) for k, v in self.kwargs.items()}
+        return args, kwargs
+
+    def run_vendor(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Run the spec's own op (ATen on the tensors' device); always returns a tuple."""
+        if self.graph is not None:
+            from torch_kernelize.lowering.regions import run_region_graph
+            return tuple(run_region_graph(self, tensors))
+        device = tensors[0].device.type if tensors else None
+        args, kwargs = self.build_args(tensors, device)
+        out = self.op_overload(*args, **kwargs)
+        return tuple(out) if self.tuple_output else (out,)
+
+    def reference(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The float64 CPU reference: floating inputs upcast, the op run by ATen on CPU.
+
+        Outputs stay float64 (integer outputs keep their dtype) for comparison with any dtype.
+        """
+        up = [t.detach().to("cpu", torch.float64) if t.is_floating_point() else t.detach().cpu()
+              for t in tensors]
+        return self.run_vendor(up)
+
+    def make_outputs(self, device: str | torch.device | None = None) -> list[torch.Tensor]:
+        return [m.empty(device) for m in self.outputs]
+

@@ -1,0 +1,36 @@
+"""The one place where accuracy tolerances are written down.
+
+A candidate output ``out`` passes against the float64 reference ``ref`` when, elementwise,
+``|out - ref| <= atol * scale + rtol * |ref|`` where ``scale = max(1, max|ref|)`` over the
+finite reference values (so a sum that cancels to ~0 is judged against the size of its terms'
+result, not against 0); NaN only where the reference has NaN; infinities equal, sign included.
+Integer and bool outputs must match exactly.
+"""
+from __future__ import annotations
+
+import torch
+
+# (atol, rtol) by output dtype. fp16/bf16 rows allow a few ulps of the output format.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-9, 1e-9),
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (2e-3, 4e-3),
+    torch.bfloat16: (1.6e-2, 2e-2),
+}
+
+# Per-op adjustments, keyed by op name: multiplies the dtype tolerance. Keep this short and
+# say why for each row.
+OP_FACTORS: dict[str, float] = {
+    # TF32-free fp32 matmuls still sum K products in another order than the float64 reference.
+    "aten.mm.default": 4.0, "aten.addmm.default": 4.0, "aten.bmm.default": 4.0,
+    "aten.convolution.default": 4.0,
+}
+
+
+def tolerance(dtype: torch.dtype, op: str | None = None) -> tuple[float, float]:
+    """(atol, rtol) for an output of ``dtype`` produced by ``op``; (0, 0) means exact."""
+    if not dtype.is_floating_point:
+        return 0.0, 0.0
+    atol, rtol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    f = OP_FACTORS.get(op or "", 1.0)
+    return atol * f, rtol * f

@@ -1,0 +1,130 @@
+"""Validation: does a candidate compute the spec's function? Against a float64 CPU reference.
+
+Each trial draws fresh inputs (several seeds of random values, plus the edge kinds the op's
+family admits), runs the candidate with its outputs poisoned first, and compares every output
+with the reference under the tolerances of ``torch_kernelize.tolerances``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+from torch_kernelize.spec import KernelSpec
+from torch_kernelize.tolerances import tolerance
+
+DEFAULT_SEEDS = (0, 1, 2)
+
+
+@dataclasses.dataclass
+class Comparison:
+    ok: bool
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    reason: str = ""
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
+            dtype: torch.dtype | None = None) -> Comparison:
+    """Compare one candidate output with its float64 (or exact integer) reference."""
+    dtype = dtype or out.dtype
+    if tuple(out.shape) != tuple(ref.shape):
+        return Comparison(False, math.inf, math.inf, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    out64 = out.detach().to("cpu", torch.float64)
+    ref64 = ref.detach().to("cpu", torch.float64)
+    if out64.numel() == 0:
+        return Comparison(True)
+    atol, rtol = tolerance(dtype, op)
+    ref_nan, out_nan = ref64.isnan(), out64.isnan()
+    if not torch.equal(ref_nan, out_nan):
+        extra = int((out_nan & ~ref_nan).sum())
+        missing = int((ref_nan & ~out_nan).sum())
+        return Comparison(False, math.inf, math.inf,
+                          f"NaN mismatch: {extra} unexpected NaN (unwritten or wrong), {missing} missing")
+    ref_inf, out_inf = ref64.isinf(), out64.isinf()
+    if not torch.equal(ref_inf, out_inf) or not torch.equal(ref64[ref_inf], out64[out_inf]):
+        return Comparison(False, math.inf, math.inf, "infinities differ from the reference")
+    finite = ~(ref_nan | ref_inf)
+    r, o = ref64[finite], out64[finite]
+    if r.numel() == 0:
+        return Comparison(True)
+    diff = (o - r).abs()
+    max_abs = float(diff.max())
+    max_rel = float((diff / r.abs().clamp_min(1e-30)).max())
+    scale = max(1.0, float(r.abs().max()))
+    bad = diff > atol * scale + rtol * r.abs()
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0]) if bad.dim() else 0
+        return Comparison(False, max_abs, max_rel,
+                          f"{int(bad.sum())} element(s) out of tolerance (atol {atol:g}x{scale:.3g}, rtol {rtol:g}); "
+                          f"first: got {float(o.flatten()[i]):.6g}, expected {float(r.flatten()[i]):.6g}")
+    return Comparison(True, max_abs, max_rel)
+
+
+def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec: KernelSpec) -> Comparison:
+    if len(outs) != len(refs):
+        return Comparison(False, math.inf, math.inf, f"{len(outs)} outputs, reference has {len(refs)}")
+    worst = Comparison(True)
+    for i, (o, r, m) in enumerate(zip(outs, refs, spec.outputs)):
+        c = compare(o, r, spec.op, m.torch_dtype)
+        if not c.ok:
+            c.reason = f"output {i}: {c.reason}"
+            return c
+        worst.max_abs = max(worst.max_abs, c.max_abs)
+        worst.max_rel = max(worst.max_rel, c.max_rel)
+    return worst
+
+
+@dataclasses.dataclass
+class ValidationRecord:
+    ok: bool
+    seeds: list[int]
+    kinds: list[str]
+    trials: int
+    max_abs_err: float
+    max_rel_err: float
+    tolerance: dict[str, list[float]]
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("max_abs_err", "max_rel_err"):
+            if not math.isfinite(d[k]):
+                d[k] = str(d[k])
+        return d
+
+
+def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], spec: KernelSpec,
+             sample_inputs: Callable[[KernelSpec, int, str, Any], list[torch.Tensor]],
+             edge_kinds: Sequence[str] = (), seeds: Sequence[int] = DEFAULT_SEEDS,
+             device: str | torch.device = "cpu") -> ValidationRecord:
+    """Run ``run`` (inputs -> outputs, poisoned before each run) on every trial; stop at the first failure.
+
+    ``sample_inputs(spec, seed, kind, device)`` draws the inputs of one trial.
+    """
+    trials = [(s, "random") for s in seeds] + [(seeds[0] + 1000 + i, k) for i, k in enumerate(edge_kinds)]
+    tol = {m.dtype: list(tolerance(m.torch_dtype, spec.op)) for m in spec.outputs}
+    worst_abs = worst_rel = 0.0
+    for n, (seed, kind) in enumerate(trials, 1):
+        inputs = sample_inputs(spec, seed, kind, device)
+        try:
+            ref = spec.reference(inputs)
+        except Exception as e:  # the op rejects this edge kind: the kind does not apply
+            if kind == "random":
+                raise
+            continue
+        try:
+            outs = run(inputs)
+            if device != "cpu" and torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:
+            return ValidationRecord(False, list(seeds), [k for _, k in trials], n, math.inf, math.inf, tol,
+                                    f"trial {n} ({kind}, seed {seed}) raised {type(e).__name__}: {e}")
+        c = compare_all(outs, ref, spec)
+        if not c.ok:
+            return ValidationRecord(False, list(seeds), [k for _, k in trials], n, c.max_abs, c.max_rel, tol,
+                                    f"trial {n} ({kind}, seed {seed}): {c.reason}")
+        worst_abs, worst_rel = max(worst_abs, c.max_abs), max(worst_rel, c.max_rel)
+    return ValidationRecord(True, list(seeds), [k for _, k in trials], len(trials), worst_abs, worst_rel, tol)
