@@ -1,0 +1,1 @@
+"""Reproducers: one folder per miss, missing op or failing kernel, each with a standalone repro.py."""

@@ -1,0 +1,194 @@
+"""Lower one ATen graph: plan it, report the plan, and return its executable.
+
+``lower`` is also the public entry for code that already holds an ATen FX graph (the repro
+scripts use it): it runs kernelize's own lowering without Dynamo or Inductor.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+
+from torch_kernelize.errors import MissingOpsError, TargetError
+from torch_kernelize.fallbacks import HostFallback
+from torch_kernelize.lowering.targets import Target, get_target
+from torch_kernelize.options import Options
+from torch_kernelize.planner import Decision, GraphPlan, plan_graph
+from torch_kernelize.report import GraphReport, ReportWriter
+from torch_kernelize.runtime import CapturingInterpreter, Specialization, TritonCall, bind_graph
+from torch_kernelize.shapes import SymbolBinder
+
+log = logging.getLogger("torch_kernelize")
+_graph_ids = itertools.count()
+
+
+class Session:
+    """What the graphs of one torch.compile call share: options, target, cache, repro writer."""
+
+    _runners: dict[tuple[str, str], Any] = {}   # (namespace, spec key) -> loaded runner, per process
+    _runner_lock = threading.Lock()
+
+    def __init__(self, options: Options, target: Target | None = None):
+        self.options = options
+        self._target = target
+        self._cache = None
+        self._repros = None
+
+    def target_for(self, example_inputs: Sequence[Any]) -> Target:
+        if self._target is None:
+            device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
+            self._target = get_target(self.options.target, device)
+            if self._target.device == "cuda" and not torch.cuda.is_available():
+                raise TargetError(f"target {self._target.name!r} needs CUDA, which this machine does not have; "
+                                  "use target='interpreter' or 'cpu', or a target file with device = 'cpu'")
+        return self._target
+
+    @property
+    def cache(self):
+        if self._cache is None and self._target is not None and self._target.has_triton:
+            from torch_kernelize.kernel_cache import KernelCache
+            self._cache = KernelCache.for_target(self.options.cache_dir, self._target)
+        return self._cache
+
+    @property
+    def repros(self):
+        if self._repros is None and self.options.repro_dir is not None:
+            from torch_kernelize.repro.dump import ReproWriter
+            self._repros = ReproWriter(self.options.repro_dir, self.options)
+        return self._repros
+
+    def load_runner(self, decision: Decision):
+        """The launcher of a cache hit, loaded once per process; None (with a warning) if it fails."""
+        from torch_kernelize.launch import load_program
+        cache = self.cache
+        k = (cache.dir.name, decision.spec_key)
+        with self._runner_lock:
+            if k in self._runners:
+                return self._runners[k]
+            try:
+                runner = load_program(decision.entry.program_dir, decision.spec, self._target.triton)
+            except Exception as e:
+                log.warning("cache entry %s (%s) could not be loaded and is skipped: %s: %s",
+                            decision.spec_key, decision.entry.path, type(e).__name__, e)
+                runner = None
+            self._runners[k] = runner
+            return runner
+
+
+class LoweredGraph:
+    """The callable aot_autograd gets back (boxed calling convention: one list of arguments)."""
+
+    _boxed_call = True
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], session: Session, kind: str,
+                 name: str | None = None):
+        self.session = session
+        self.target = session.target_for(example_inputs)
+        self.kind = kind
+        self.name = name or f"{kind}_{next(_graph_ids)}"
+        self.plan: GraphPlan = plan_graph(gm, self.target)
+        self.binder = SymbolBinder(self.plan.gm)
+        self._specializations: dict[tuple, Specialization] = {}
+        self._lock = threading.Lock()
+        first = self._specialize(self.binder.key(list(example_inputs)))
+        self.report = GraphReport(self.name, kind, self.target.describe(), self._signature(first.key),
+                                  first.decisions)
+        log.info("%s", self.report.table())
+        if session.options.report is not None:
+            ReportWriter.for_path(session.options.report).add(self.report)
+        self._static = first if self.binder.is_static else None
+
+    # --- calling --------------------------------------------------------------------------------
+    def __call__(self, args: list) -> Any:
+        if self._static is not None:
+            return self._static(args)
+        key = self.binder.key(args)
+        spec = self._specializations.get(key)
+        if spec is None:
+            spec = self._specialize(key)
+        return spec(args)
+
+    def forward(self, *args: Any) -> Any:
+        """Unboxed call, for code that holds the inputs as positional arguments."""
+        return self(list(args))
+
+    # --- specialization -------------------------------------------------------------------------
+    def _signature(self, key: tuple) -> str:
+        return ", ".join(f"{s}={v}" for s, v in zip(self.binder.symbols, key))
+
+    def _specialize(self, key: tuple) -> Specialization:
+        with self._lock:
+            if key in self._specializations:
+                return self._specializations[key]
+            session = self.session
+            decisions = self.plan.decide(self.binder.bindings(key), session.cache)
+            runners = {}
+            for i, d in enumerate(decisions):
+                if d.tier == "triton":
+                    runner = session.load_runner(d)
+                    if runner is None:
+                        decisions[i] = d = self._downgrade(d, "the cache entry could not be loaded")
+                    else:
+                        runners[d.node] = runner
+            repros = session.repros
+            for d in decisions:
+                if repros is not None and (d.miss or d.missing) and d.spec is not None:
+                    d.repro = str(repros.folder_for(d.spec))
+            gm = bind_graph(self.plan, decisions,
+                            lambda d: TritonCall(d.spec, runners[d.node], self._on_kernel_failure),
+                            lambda d, op: HostFallback(op, d.op, self.target.name, d.repro))
+            pending = [d for d in decisions if d.repro and repros.wants(d.spec)]
+            missing = {d.op: d.repro for d in decisions if d.missing}
+            strict = session.options.strict and missing
+            first_call = None
+            if pending or strict:
+                first_call = lambda s, args: self._first_call(s, args, pending, missing if strict else None)
+            spec = Specialization(gm, decisions, key, first_call)
+            self._specializations[key] = spec
+            if len(self._specializations) > 1:
+                log.info("%s: new shape signature %s: %d on triton, %d misses", self.name, self._signature(key),
+                         sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
+            return spec
+
+    def _downgrade(self, d: Decision, why: str) -> Decision:
+        import dataclasses
+        rejected = dict(d.rejected, triton=why)
+        if self.target.vendor_runs(d.spec.op_overload if d.spec else None):
+            return dataclasses.replace(d, tier="vendor", reason="the target's vendor kernel runs it", rejected=rejected)
+        return dataclasses.replace(d, tier="fallback", reason="nothing on the target runs it: host fallback",
+                                   rejected=rejected, missing=True)
+
+    def _first_call(self, spec: Specialization, args: list, pending: list[Decision],
+                    strict_missing: dict[str, str | None] | None) -> Any:
+        """Run once through an interpreter that captures the inputs the repros need."""
+        interp = CapturingInterpreter(spec.gm, {d.node for d in pending})
+        out = interp.run(*args)
+        repros = self.session.repros
+        for d in pending:
+            if d.node in interp.captured:
+                repros.write(d, interp.captured[d.node], self.target, kind="missing" if d.missing else "miss")
+        if strict_missing:
+            error = MissingOpsError(self.target.name, strict_missing)
+
+            def refuse(*_: Any) -> Any:
+                raise error
+            spec._forward = refuse
+            raise error
+        return out
+
+    def _on_kernel_failure(self, call: TritonCall, why: str, tensors) -> None:
+        repros = self.session.repros
+        if repros is not None and tensors:
+            repros.write_failure(call.spec, [t.detach().cpu() for t in tensors], self.target, why)
+
+
+def lower(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | Options | None = None,
+          kind: str = "inference", target: Target | None = None) -> LoweredGraph:
+    """Lower an ATen FX graph with kernelize's planner and runtime (no Dynamo, no Inductor)."""
+    opts = options if isinstance(options, Options) else Options.resolve(options)
+    return LoweredGraph(gm, example_inputs, Session(opts, target), kind)

@@ -1,0 +1,195 @@
+"""The planner: for every node of an ATen graph, one Decision (tier + why each higher tier was not taken).
+
+Tier ladder, most abstract first:
+  1 decompose  the target cannot run the op, but an ATen decomposition exists: the node is
+               rewritten in place and its new nodes are planned again, one by one;
+  2 triton     the node's KernelSpec has a validated cache entry whose winner is a Triton kernel;
+  3 vendor     the target's own library runs the op (a node with a generator but no cache
+               entry is a MISS, recorded for fill_cache);
+  4 fallback   nothing on the target runs it: the host fallback runs it (a MISSING OP).
+
+Planning is split in two: ``plan_graph`` does the shape-independent work once per graph
+(decompositions, op classes, vendor support), ``GraphPlan.decide`` does the shape-dependent part
+(specs and cache lookups) once per concrete shape signature.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.lowering.decompositions import NotDecomposable, decompose_node, decomposition_for
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.lowering.op_classes import NodeClass, classify
+from torch_kernelize.lowering.targets import Target, op_name
+from torch_kernelize.shapes import concrete_value
+from torch_kernelize.spec import KernelSpec
+
+log = logging.getLogger("torch_kernelize.planner")
+
+TIERS = ("decompose", "triton", "vendor", "fallback")
+MAX_DECOMPOSE_ROUNDS = 16  # a decomposition whose ops decompose again, and so on: bounded
+
+
+@dataclasses.dataclass
+class Decision:
+    node: str
+    op: str
+    tier: str
+    reason: str
+    rejected: dict[str, str] = dataclasses.field(default_factory=dict)  # higher tier -> why not
+    spec_key: str | None = None
+    shapes: str | None = None
+    family: str | None = None
+    miss: bool = False      # vendor ran it because the cache had no entry (a generator exists)
+    missing: bool = False   # nothing on the target runs it
+    repro: str | None = None
+    spec: KernelSpec | None = dataclasses.field(default=None, repr=False, compare=False)
+    entry: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("spec", "entry")}
+        return {k: v for k, v in d.items() if v not in (None, False) or k in ("tier", "reason")}
+
+
+@dataclasses.dataclass
+class NodeFacts:
+    """Shape-independent facts about one node that counts in coverage."""
+    node: fx.Node
+    op: str
+    klass: NodeClass
+    klass_reason: str
+    vendor: bool
+    no_decompose_reason: str
+
+
+class GraphPlan:
+    def __init__(self, gm: fx.GraphModule, target: Target, decompositions: list[Decision],
+                 facts: list[NodeFacts]):
+        self.gm = gm
+        self.target = target
+        self.decompositions = decompositions
+        self.facts = facts
+
+    def decide(self, bindings: dict[sympy.Symbol, int], cache: Any) -> list[Decision]:
+        """Decisions for one concrete shape signature (``bindings`` fix every size symbol)."""
+        decisions = list(self.decompositions)
+        for f in self.facts:
+            decisions.append(self._decide_node(f, bindings, cache))
+        return decisions
+
+    def _decide_node(self, f: NodeFacts, bindings, cache) -> Decision:
+        if f.klass is not NodeClass.COMPUTE:
+            return Decision(f.node.name, f.op, "vendor", f.klass_reason)
+        rejected = {"decompose": "the target runs it" if f.vendor else f.no_decompose_reason}
+        spec = None
+        status = "miss"
+        entry = None
+        try:
+            spec = build_spec(f.node, bindings)
+        except (TypeError, ValueError) as e:
+            spec_problem = f"no KernelSpec: {e}"
+        else:
+            spec_problem = "data-dependent shape: no fixed KernelSpec" if spec is None else ""
+        family = family_for(spec) if spec is not None else None
+        common = dict(spec_key=spec.key if spec else None, shapes=spec.describe() if spec else None,
+                      family=family.name if family else None, spec=spec)
+        if not self.target.has_triton:
+            rejected["triton"] = f"target {self.target.name!r} has no Triton backend"
+        elif spec is None:
+            rejected["triton"] = spec_problem
+        else:
+            status, entry, why = cache.lookup(spec.key) if cache is not None else ("miss", None, "no kernel cache")
+            if status == "hit":
+                return Decision(f.node.name, f.op, "triton", why, rejected, entry=entry, **common)
+            if status == "miss":
+                why = (f"cache miss (spec {spec.key})" if family else
+                       f"no Triton generator for {f.op} with these arguments")
+            rejected["triton"] = why
+        if f.vendor:
+            miss = bool(self.target.has_triton and status == "miss" and family is not None)
+            return Decision(f.node.name, f.op, "vendor", "the target's vendor kernel runs it", rejected,
+                            miss=miss, **common)
+        rejected["vendor"] = f"target {self.target.name!r} does not run {f.op}"
+        return Decision(f.node.name, f.op, "fallback", "nothing on the target runs it: host fallback",
+                        rejected, missing=True, **common)
+
+
+def build_spec(node: fx.Node, bindings: dict[sympy.Symbol, int]) -> KernelSpec | None:
+    """The concrete KernelSpec of a node under ``bindings``; None when a size depends on data."""
+    flat, tree = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
+    leaves = []
+    for a in flat:
+        if isinstance(a, fx.Node):
+            v = concrete_value(a.meta.get("val"), bindings)
+            if v is None:
+                return None
+            leaves.append(v)
+        else:
+            leaves.append(a)
+    out = concrete_value(node.meta.get("val"), bindings)
+    if out is None:
+        return None
+    if isinstance(out, (tuple, list)) and any(o is None for o in out):
+        raise ValueError("the op returns optional (None) outputs")
+    args, kwargs = pytree.tree_unflatten(leaves, tree)
+    return KernelSpec.from_call(node.target, args, kwargs, out)
+
+
+def tensor_input_nodes(node: fx.Node) -> list[fx.Node]:
+    """The node's tensor inputs in KernelSpec order (pytree order of args then kwargs)."""
+    flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
+    return [a for a in flat if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+
+
+def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
+    """Decompose what the target cannot run (one node at a time, re-planning new nodes)."""
+    decompositions: list[Decision] = []
+    not_decomposable: dict[fx.Node, str] = {}
+    for _ in range(MAX_DECOMPOSE_ROUNDS):
+        changed = False
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node in not_decomposable:
+                continue
+            klass, _ = classify(node)
+            if klass is not NodeClass.COMPUTE or target.vendor_runs(node.target):
+                continue
+            name = op_name(node.target)
+            if decomposition_for(node.target) is None:
+                not_decomposable[node] = f"no ATen decomposition for {name}"
+                continue
+            try:
+                new_nodes = decompose_node(gm, node)
+            except NotDecomposable as e:
+                not_decomposable[node] = str(e)
+                continue
+            ops = sorted({op_name(n.target).split(".")[1] for n in new_nodes
+                          if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)})
+            decompositions.append(Decision(
+                node.name, name, "decompose",
+                f"target {target.name!r} does not run {name}; decomposed into {len(new_nodes)} node(s): "
+                f"{', '.join(ops)}"))
+            changed = True
+        if not changed:
+            break
+    else:
+        log.warning("decomposition did not settle after %d rounds", MAX_DECOMPOSE_ROUNDS)
+    gm.graph.lint()
+    gm.recompile()
+
+    facts = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        klass, why = classify(node)
+        if klass is NodeClass.STRUCTURAL:
+            continue
+        vendor = klass is not NodeClass.COMPUTE or target.vendor_runs(node.target)
+        facts.append(NodeFacts(node, op_name(node.target), klass, why, vendor,
+                               not_decomposable.get(node, "not needed")))
+    return GraphPlan(gm, target, decompositions, facts)

@@ -1,0 +1,150 @@
+"""Write a reproducer folder for one KernelSpec.
+
+    <repro_dir>/<op>-<first input>-<key prefix>/
+        spec.json       what happened (kind, spec, decision, target, cache dir, versions)
+        graph.py        the minimal FX graph, as readable code
+        inputs/         the inputs captured from the real run (torch's content-addressed store:
+                        exact values and strides)
+        reference.pt    the float64 CPU reference outputs
+        repro.py        standalone: rebuilds the graph, runs it through kernelize on the target,
+                        compares with the reference; exit 1 while the problem reproduces, 0 once fixed
+
+Folders are deduplicated by spec key across graphs, runs and processes; each is written into
+a temporary folder first and renamed into place, so a half-written repro is never seen.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from torch_kernelize.lowering.targets import Target
+from torch_kernelize.spec import KernelSpec
+
+log = logging.getLogger("torch_kernelize.repro")
+
+KINDS = {
+    "miss": "the node ran on the vendor kernel: the kernel cache has no entry for its spec",
+    "missing": "nothing on the target runs this op: it ran on the host fallback",
+    "mismatch": "a cached Triton kernel gave a wrong answer inside the model (check mode)",
+    "failure": "a cached Triton kernel raised at run time and was disabled",
+}
+
+REPRO_MAIN = '''
+
+if __name__ == "__main__":
+    import sys
+    from torch_kernelize.repro.run import main
+    sys.exit(main(Repro, load_args, __file__))
+'''
+
+
+def spec_graph(spec: KernelSpec) -> fx.GraphModule:
+    """The one-node ATen graph that computes ``spec`` (placeholders in spec input order)."""
+    if spec.graph is not None:
+        from torch_kernelize.lowering.regions import region_graph_module
+        return region_graph_module(spec)
+    graph = fx.Graph()
+    phs = [graph.placeholder(f"arg{i}") for i in range(len(spec.inputs))]
+    args, kwargs = spec.build_args(phs)
+    out = graph.call_function(spec.op_overload, tuple(args), kwargs)
+    graph.output((out,) if not spec.tuple_output else out)
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def target_ref(target: Target) -> str:
+    """How a repro names its target: the built-in name or the TOML file's absolute path."""
+    return target.source if target.source != "built-in" else target.name
+
+
+def write_repro(folder: Path, spec: KernelSpec, inputs: Sequence[torch.Tensor], target: Target,
+                kind: str, cache_dir: Path | None, extra: dict[str, Any] | None = None,
+                gm: fx.GraphModule | None = None) -> bool:
+    """Write one repro folder atomically; False if it already exists (another writer won)."""
+    from torch._dynamo.repro.after_aot import generate_compiler_repro_string
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown repro kind {kind!r}")
+    folder = Path(folder)
+    if (folder / "spec.json").exists():
+        return False
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
+    try:
+        gm = gm if gm is not None else spec_graph(spec)
+        cpu_inputs = [t.detach().cpu() for t in inputs]
+        code = generate_compiler_repro_string(gm, cpu_inputs, save_dir=str(tmp / "inputs"))
+        code = code.replace(str(tmp / "inputs"), "inputs")  # the folder may move: paths are relative
+        header = (f"# torch_kernelize reproducer ({kind}): {spec.describe()}\n"
+                  f"# {KINDS[kind]}.\n"
+                  f"# Run: python repro.py [--target T] [--cache-dir D]; exit 0 = fixed, 1 = reproduces, "
+                  f"2 = error.\n")
+        (tmp / "repro.py").write_text(header + code + REPRO_MAIN)
+        (tmp / "graph.py").write_text(gm.print_readable(print_output=False))
+        torch.save(tuple(t.contiguous() for t in spec.reference(cpu_inputs)), tmp / "reference.pt")
+        meta = {
+            "kind": kind,
+            "what": KINDS[kind],
+            "op": spec.op,
+            "spec": spec.to_json(),
+            "target": target_ref(target),
+            "target_description": target.describe(),
+            "cache_dir": str(Path(cache_dir).resolve()) if cache_dir else None,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__,
+        }
+        meta.update(extra or {})
+        (tmp / "spec.json").write_text(json.dumps(meta, indent=1, default=str))
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # someone else wrote it first (rename onto a non-empty folder fails)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+        return True
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class ReproWriter:
+    """The backend's repro sink: one folder per spec key under ``root``."""
+
+    def __init__(self, root: Path, options: Any):
+        self.root = Path(root)
+        self.options = options
+        self._written: set[str] = set()
+
+    def folder_for(self, spec: KernelSpec) -> Path:
+        return self.root / spec.slug
+
+    def wants(self, spec: KernelSpec) -> bool:
+        return spec.key not in self._written and not (self.folder_for(spec) / "spec.json").exists()
+
+    def write(self, decision: Any, inputs: Sequence[torch.Tensor], target: Target, kind: str) -> None:
+        spec = decision.spec
+        self._written.add(spec.key)
+        try:
+            if write_repro(self.folder_for(spec), spec, inputs, target, kind, self.options.cache_dir,
+                           {"decision": decision.to_json()}):
+                log.info("wrote %s repro for %s to %s", kind, spec.describe(), self.folder_for(spec))
+        except Exception:
+            log.exception("could not write the repro for %s", spec.describe())
+
+    def write_failure(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], target: Target, why: str,
+                      kind: str = "failure", extra: dict[str, Any] | None = None) -> Path | None:
+        folder = self.root / f"{kind}-{spec.slug}"
+        try:
+            write_repro(folder, spec, inputs, target, kind, self.options.cache_dir,
+                        dict({"cause": why}, **(extra or {})))
+            return folder
+        except Exception:
+            log.exception("could not write the %s repro for %s", kind, spec.describe())
+            return None

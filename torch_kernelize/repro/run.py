@@ -1,0 +1,91 @@
+"""What a repro.py runs: rebuild the graph, lower it with kernelize on the target, compare.
+
+Exit status: 0 fixed, 1 the problem still reproduces, 2 the repro itself could not run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+FIXED, REPRODUCES, ERROR = 0, 1, 2
+
+
+def load_inputs(load_args: Callable, folder: Path) -> list[torch.Tensor]:
+    from torch._dynamo.debug_utils import InputReader
+    store = folder / "inputs"
+    if not store.is_dir():
+        raise FileNotFoundError(f"{store} is missing: the captured inputs are gone")
+    reader = InputReader(save_dir=str(store))
+    load_args(reader)
+    return list(reader.args)
+
+
+def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
+    if t.device.type == device:
+        return t
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+    return out.copy_(t)
+
+
+def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[str, Any], target: str,
+              cache_dir: str | None) -> tuple[int, str]:
+    """(status, message) of one repro run."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_kernelize.lower import lower
+    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.spec import KernelSpec
+    from torch_kernelize.validate import compare_all
+
+    spec = KernelSpec.from_json(meta["spec"])
+    tgt = get_target(target)
+    inputs = [to_device(t, tgt.device) for t in inputs]
+    gm = make_fx(module, tracing_mode="fake")(*inputs)
+    options = {"target": target, "repro_dir": "off", "report": None}
+    if cache_dir:
+        options["cache_dir"] = cache_dir
+    lowered = lower(gm, inputs, options, kind="repro")
+    outs = lowered(list(inputs))
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    ref = torch.load(Path(meta["folder"]) / "reference.pt")
+    cmp = compare_all(outs, ref, spec)
+    node = next((d for d in lowered.report.decisions if d.spec_key == spec.key), None)
+    tier = node.tier if node else "?"
+    where = f"{spec.describe()}: tier {tier}" + (f" ({node.reason})" if node else "")
+    if not cmp.ok:
+        return REPRODUCES, f"{where}; output WRONG: {cmp.reason}"
+    kind = meta["kind"]
+    if kind == "miss" and tier != "triton":
+        why = node.rejected.get("triton", "") if node else ""
+        return REPRODUCES, f"{where}; still a miss: {why}"
+    if kind == "missing" and tier == "fallback":
+        return REPRODUCES, f"{where}; still missing on target {target!r}"
+    return FIXED, f"{where}; output matches the reference (max abs err {cmp.max_abs:.3g})"
+
+
+def main(repro_cls: type, load_args: Callable, file: str, argv: list[str] | None = None) -> int:
+    folder = Path(file).resolve().parent
+    parser = argparse.ArgumentParser(description=f"torch_kernelize reproducer in {folder}")
+    parser.add_argument("--target", help="target name or TOML path (default: $KERNELIZE_TARGET, else the recorded one)")
+    parser.add_argument("--cache-dir", help="kernel cache (default: $KERNELIZE_CACHE_DIR, else the recorded one)")
+    args = parser.parse_args(argv)
+    try:
+        meta = json.loads((folder / "spec.json").read_text())
+        meta["folder"] = str(folder)
+        target = args.target or os.environ.get("KERNELIZE_TARGET") or meta["target"]
+        cache_dir = args.cache_dir or os.environ.get("KERNELIZE_CACHE_DIR") or meta.get("cache_dir")
+        inputs = load_inputs(load_args, folder)
+        status, message = run_repro(repro_cls(), inputs, meta, target, cache_dir)
+    except Exception:
+        traceback.print_exc()
+        print(f"ERROR: the repro in {folder} could not run", file=sys.stderr)
+        return ERROR
+    print(f"{'FIXED' if status == FIXED else 'REPRODUCES'} [{meta['kind']}] {message}")
+    return status
