@@ -121,6 +121,10 @@ def decompose_node(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
         raise NotDecomposable(f"decomposition of {op} failed to trace: {type(e).__name__}: {e}") from e
     if any(n.target == op for n in sub.graph.nodes):
         raise NotDecomposable(f"the decomposition of {op} does not apply to these inputs")
+    prims = sorted({str(n.target) for n in sub.graph.nodes
+                    if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "prims"})
+    if prims:  # e.g. aten.erf -> prims.erf: the same computation under another name, not a lowering
+        raise NotDecomposable(f"{op} decomposes only to primitives ({', '.join(prims)})")
 
     graph = gm.graph
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]

@@ -62,8 +62,8 @@ class SymbolBinder:
             out.append(a.shape[d] if kind == "size" else a.stride(d) if kind == "stride" else a)
         return tuple(_hint(v) for v in out)
 
-    def bindings(self, key: tuple) -> dict[sympy.Symbol, int]:
-        return {sym: int(v) for sym, v in zip(self.symbols, key) if v is not None}
+    def bindings(self, key: tuple) -> dict[sympy.Symbol, sympy.Integer]:
+        return {sym: sympy.Integer(int(v)) for sym, v in zip(self.symbols, key) if v is not None}
 
 
 def evaluate(v: Any, bindings: dict[sympy.Symbol, int]) -> Any:
@@ -72,7 +72,7 @@ def evaluate(v: Any, bindings: dict[sympy.Symbol, int]) -> Any:
     if isinstance(e, (bool, int, float)):
         return e
     if isinstance(e, sympy.Basic):
-        r = e.xreplace(bindings)
+        r = sympy.sympify(e.xreplace(bindings))
         if r.free_symbols:
             return None
         if r.is_Boolean or r in (sympy.true, sympy.false):

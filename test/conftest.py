@@ -1,0 +1,64 @@
+"""Shared fixtures: isolated cache/repro dirs, and running a snippet in a fresh Python process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path, monkeypatch):
+    """No test reads or writes the user's cache, or leaves repros in the working directory."""
+    monkeypatch.setenv("KERNELIZE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("KERNELIZE_REPRO_DIR", str(tmp_path / "repros"))
+    for var in ("KERNELIZE_TARGET", "KERNELIZE_REPORT", "KERNELIZE_STRICT", "KERNELIZE_CHECK"):
+        monkeypatch.delenv(var, raising=False)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    import torch
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def run_python(code: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (nothing imported beforehand)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
+    return proc
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+    """The JSON object a snippet printed on its last stdout line."""
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def fresh_python():
+    return run_python
+
+
+def write_target(path: Path, name: str = "chip", device: str = "cpu", triton: str = "interpreter",
+                 unsupported: list[str] | None = None, supported: list[str] | None = None) -> Path:
+    lines = [f'name = "{name}"', f'device = "{device}"', f'triton = "{triton}"', "[ops]"]
+    if unsupported is not None:
+        lines.append("unsupported = [" + ", ".join(f'"{o}"' for o in unsupported) + "]")
+    if supported is not None:
+        lines.append("supported = [" + ", ".join(f'"{o}"' for o in supported) + "]")
+    path.write_text("\n".join(lines) + "\n")
+    return path
