@@ -1,1 +1,16 @@
-"""The kernel cache: keys, entries, locking, integrity, export/import. Installed as torch_kernelize.kernel_cache."""
+"""The kernel cache: keys, entries, locking, integrity, export/import. Installed as torch_kernelize.kernel_cache.
+
+Shared by concurrent processes that can be killed at any moment: entries are written to a temp
+folder and renamed into place under a per-key lock, every file is covered by a sha256 manifest,
+and an entry that fails its checks is skipped with one warning, never trusted or fatal.
+"""
+from torch_kernelize.errors import CacheError
+
+from .archive import export_cache, import_cache, verify_archive
+from .entry import FORMAT, CacheEntry, better, check_key, normalize_record
+from .store import KernelCache, clear_memo
+
+__all__ = [
+    "CacheEntry", "CacheError", "FORMAT", "KernelCache", "better", "check_key", "clear_memo",
+    "export_cache", "import_cache", "normalize_record", "verify_archive",
+]

@@ -7,35 +7,38 @@ inference, forward and backward graphs), and each ATen graph is lowered by ``low
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import torch
 import torch.fx as fx
 
 from torch_kernelize.options import Options
 
 
-def _aten_decompositions() -> dict:
-    from torch._decomp import core_aten_decompositions
-    return core_aten_decompositions()
-
-
 def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
               options: Mapping[str, Any] | None = None):
     """Backend entry: Dynamo calls it with its FX graph and example inputs."""
+    from torch_kernelize.lower import Session
+
+    return compile_with_session(gm, example_inputs, Session(Options.resolve(options, mode)))
+
+
+def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], session: Any,
+                         on_lowered: Callable[[Any], None] | None = None):
+    """aot_autograd around kernelize's lowering; ``on_lowered`` sees each LoweredGraph (fill_cache)."""
+    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
 
-    from torch_kernelize.lower import LoweredGraph, Session
+    from torch_kernelize.lower import LoweredGraph
 
-    opts = Options.resolve(options, mode)
-    session = Session(opts)
     session.target_for(example_inputs)  # resolve (and validate) the target before tracing
 
     def compiler(kind: str):
         def compile_graph(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any]):
             lowered = LoweredGraph(aten_gm, aten_inputs, session, kind)
+            if on_lowered is not None:
+                on_lowered(lowered)
             run = lowered
-            if opts.cudagraphs:
+            if session.options.cudagraphs:
                 from torch_kernelize.cudagraphs import wrap_cudagraphs
                 run = wrap_cudagraphs(lowered, aten_inputs, kind)
 
@@ -52,7 +55,7 @@ def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | 
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=_aten_decompositions(),
+        decompositions=core_aten_decompositions(),
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)

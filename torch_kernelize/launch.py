@@ -39,17 +39,51 @@ def import_source(path: Path, module_name: str):
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # triton resolves globals through the module
+        # No __pycache__ inside cache entries: every file there is covered by the manifest.
+        saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
         try:
             spec.loader.exec_module(module)
         except BaseException:
             sys.modules.pop(module_name, None)
             raise
+        finally:
+            sys.dont_write_bytecode = saved
     return module
 
 
 def _interpreted(fn: Any):
     from triton.runtime.interpreter import InterpretedFunction
+    _interpret_nested_jit_calls()
     return fn if isinstance(fn, InterpretedFunction) else InterpretedFunction(fn.fn)
+
+
+def _interpret_nested_jit_calls() -> None:
+    """Let interpreted kernels call @triton.jit helpers (tl.sum, tl.max, tl.sigmoid, own helpers).
+
+    Unless TRITON_INTERPRET=1 was set when triton was imported, those helpers are JITFunctions,
+    whose ``__call__`` only raises ("outside of the scope of a kernel"); a compiled kernel never
+    calls it (the code generator inlines them). Installed once: such calls run interpreted.
+    """
+    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
+    from triton.runtime.jit import JITFunction
+    if getattr(JITFunction.__call__, "_interprets", False):
+        return
+    cache: dict[int, tuple[Any, Any]] = {}
+
+    def call(self, *args, **kwargs):
+        hit = cache.get(id(self))
+        if hit is None or hit[0] is not self:
+            hit = cache[id(self)] = (self, InterpretedFunction(self.fn))
+        # like InterpretedFunction.__call__, but undo the language patching afterwards, so that a
+        # later triton.compile in this process sees the real triton.language again
+        scope = _patch_lang(self.fn)
+        try:
+            return hit[1].rewrite()(*args, **kwargs)
+        finally:
+            scope.restore()
+
+    call._interprets = True
+    JITFunction.__call__ = call
 
 
 class ProgramRunner:

@@ -1,0 +1,177 @@
+"""fill_cache end to end on the interpreter target: misses -> fill -> hits in a new process,
+SIGKILL + resume, concurrent runs, corrupted entries, and no compilation on the serving path."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, last_json, run_python
+
+pytestmark = pytest.mark.slow
+
+MODELS = REPO / "test" / "fill_models.py"
+
+COMPILE_SNIPPET = """
+import importlib.util, json, sys, torch
+spec = importlib.util.spec_from_file_location("fill_models", {models!r})
+mods = importlib.util.module_from_spec(spec); spec.loader.exec_module(mods)
+model, inputs = mods.{fn}()
+compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter", "cache_dir": {cache!r},
+                         "repro_dir": {repros!r}, "report": {report!r}}})
+with torch.no_grad():
+    outs, refs = compiled(*inputs), model(*inputs)
+outs = outs if isinstance(outs, tuple) else (outs,)
+refs = refs if isinstance(refs, tuple) else (refs,)
+err = max((o - r).abs().max().item() for o, r in zip(outs, refs))
+doc = json.load(open({report!r}))
+tiers = {{n["op"]: n["tier"] for g in doc["graphs"] for n in g["nodes"]}}
+misses = sorted({{n["op"] for g in doc["graphs"] for n in g["nodes"] if n.get("miss")}})
+print(json.dumps({{"err": err, "tiers": tiers, "misses": misses}}))
+"""
+
+
+def compile_in_fresh_process(tmp_path, cache, fn="make_small", name="report.json", env=None):
+    proc = run_python(COMPILE_SNIPPET.format(models=str(MODELS), fn=fn, cache=str(cache),
+                                             repros=str(tmp_path / "repros"), report=str(tmp_path / name)), env=env)
+    return last_json(proc), proc
+
+
+def fill_cache(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "torch_kernelize.fill_cache", "--quiet", *args],
+                          capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fill_cache failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+OPS = ("aten.sigmoid.default", "aten.mul.Tensor", "aten._softmax.default", "aten.histc.default")
+
+
+def test_misses_then_fill_cache_then_triton_tier_in_a_new_process(tmp_path):
+    cache = tmp_path / "cache"
+    before, _ = compile_in_fresh_process(tmp_path, cache, name="before.json")
+    assert before["err"] < 1e-5
+    assert set(before["misses"]) >= set(OPS)
+    assert all(before["tiers"][op] == "vendor" for op in OPS)
+    assert len(list((tmp_path / "repros").glob("*/spec.json"))) >= 4
+
+    proc = fill_cache("--model", f"{MODELS}:make_small", "--target", "interpreter", "--cache-dir", str(cache))
+    assert "stored" in proc.stdout and "without a correct candidate" in proc.stdout
+    runs = list(cache.glob("*/runs/*.json"))
+    summary = json.loads(runs[0].read_text())
+    assert {r["status"] for r in summary["specs"]} == {"stored"}
+
+    after, _ = compile_in_fresh_process(tmp_path, cache, name="after.json")
+    assert after["err"] < 1e-5
+    assert all(after["tiers"][op] == "triton" for op in OPS), after["tiers"]
+    assert after["misses"] == []
+
+
+def _journal_lines(cache: Path) -> list[dict]:
+    out = []
+    for j in cache.glob("*/journals/*.jsonl"):
+        for line in j.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+def test_sigkill_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    args = ["--model", f"{MODELS}:make_wide", "--target", "interpreter", "--cache-dir", str(cache), "--budget", "5"]
+    proc = subprocess.Popen([sys.executable, "-m", "torch_kernelize.fill_cache", "--quiet", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(_journal_lines(cache)) < 2 and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = _journal_lines(cache)
+    assert 2 <= len(done_before) < 5, "the run was not killed in the middle of its search"
+    assert not list(cache.glob("*/entries/*/entry.json")), "nothing may be stored before the search ends"
+
+    resumed = fill_cache(*args, "--resume")
+    assert "stored" in resumed.stdout
+    lines = _journal_lines(cache)
+    configs = [json.dumps(r["config"], sort_keys=True) for r in lines]
+    assert len(lines) == 5, "the resumed search must stop at the budget"
+    assert len(set(configs)) == len(configs), "a configuration was evaluated twice"
+    assert configs[:len(done_before)] == [json.dumps(r["config"], sort_keys=True) for r in done_before]
+    summary = json.loads(sorted(cache.glob("*/runs/*.json"))[-1].read_text())
+    assert summary["specs"][0]["resumed"] == len(done_before)
+
+
+def test_two_concurrent_runs_leave_a_valid_cache(tmp_path):
+    cache = tmp_path / "cache"
+    args = ["--model", f"{MODELS}:make_small", "--target", "interpreter", "--cache-dir", str(cache)]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch_kernelize.fill_cache", "--quiet", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    from torch_kernelize.kernel_cache import KernelCache
+    from torch_kernelize.lowering.targets import get_target
+    kc = KernelCache.for_target(cache, get_target("interpreter"))
+    assert kc.check_integrity() == []
+    assert len(kc.keys()) >= 4
+    # each spec was searched once: the other process found it stored
+    statuses = [r["status"] for f in cache.glob("*/runs/*.json") for r in json.loads(f.read_text())["specs"]]
+    assert statuses.count("stored") == len(kc.keys())
+    after, _ = compile_in_fresh_process(tmp_path, cache)
+    assert after["err"] < 1e-5 and all(after["tiers"][op] == "triton" for op in OPS)
+
+
+def test_corrupted_entry_is_skipped_with_a_warning_and_the_model_still_runs(tmp_path):
+    cache = tmp_path / "cache"
+    fill_cache("--model", f"{MODELS}:make_small", "--target", "interpreter", "--cache-dir", str(cache))
+    kernels = sorted(cache.glob("*/entries/*/program/kernel.py"))
+    victim = next(k for k in kernels if "histc" in json.loads((k.parent.parent / "entry.json").read_text())["spec"]["op"])
+    key = victim.parent.parent.name
+    victim.write_text(victim.read_text().replace("tl.atomic_add", "tl.atomic_max", 1) + "\n# tampered\n")
+    after, proc = compile_in_fresh_process(tmp_path, cache)
+    assert after["err"] < 1e-5
+    assert after["tiers"]["aten.histc.default"] == "vendor"
+    assert after["tiers"]["aten._softmax.default"] == "triton"
+    assert key in proc.stderr and "skip" in proc.stderr.lower()
+
+
+def test_serving_from_a_warm_cache_compiles_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    fill_cache("--model", f"{MODELS}:make_small", "--target", "interpreter", "--cache-dir", str(cache))
+    proc = run_python(f"""
+        import importlib.util, json, torch, triton
+        import triton.compiler.compiler as cc
+        from triton.runtime.jit import JITFunction
+        counts = {{"compile": 0, "jit_run": 0}}
+        orig_compile, orig_run = cc.compile, JITFunction.run
+        def counting_compile(*a, **k):
+            counts["compile"] += 1
+            return orig_compile(*a, **k)
+        def counting_run(self, *a, **k):
+            counts["jit_run"] += 1
+            return orig_run(self, *a, **k)
+        cc.compile = triton.compile = counting_compile
+        JITFunction.run = counting_run
+        spec = importlib.util.spec_from_file_location("fill_models", {str(MODELS)!r})
+        mods = importlib.util.module_from_spec(spec); spec.loader.exec_module(mods)
+        model, inputs = mods.make_small()
+        compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter",
+                                 "cache_dir": {str(cache)!r}, "repro_dir": "off"}})
+        with torch.no_grad():
+            for _ in range(3):
+                compiled(*inputs)
+        lowered = [g for g in __import__("gc").get_objects() if type(g).__name__ == "LoweredGraph"]
+        on_triton = sum(d.tier == "triton" for g in lowered for d in g.report.decisions)
+        print(json.dumps(dict(counts, on_triton=on_triton)))
+    """)
+    res = last_json(proc)
+    assert res["on_triton"] >= 4
+    assert res["compile"] == 0 and res["jit_run"] == 0, res

@@ -1,0 +1,79 @@
+"""tools/cache.py: list, show, check, export, import, gc on a small real cache."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_kernel_cache import FP, NS, make_program, make_record, make_spec
+from torch_kernelize.kernel_cache import KernelCache, clear_memo
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "cache.py"
+
+
+@pytest.fixture(scope="module")
+def cli():
+    spec = importlib.util.spec_from_file_location("kernelize_cache_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def filled(tmp_path):
+    clear_memo()
+    cache = KernelCache(tmp_path / "c", NS, FP)
+    hit, vendor = make_spec(2, 5), make_spec(6, 7)
+    cache.put(make_record(hit, speedup=1.75), make_program(tmp_path / "p"))
+    cache.put(make_record(vendor, winner="vendor", speedup=0.5), None)
+    yield cache, hit, vendor
+    clear_memo()
+
+
+def test_list_and_show(cli, filled, capsys):
+    cache, hit, vendor = filled
+    assert cli.main(["list", "--cache-dir", str(cache.root)]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith("#")}
+    assert "aten.relu.default" in lines[hit.key] and "f32[2x5]" in lines[hit.key]
+    assert "triton" in lines[hit.key] and "1.75x" in lines[hit.key] and "yes" in lines[hit.key]
+    assert "vendor" in lines[vendor.key] and "0.5x" in lines[vendor.key]
+    assert cli.main(["show", hit.key, "--cache-dir", str(cache.root), "--namespace", NS]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("hit:") and '"winner": "triton"' in out and "kernel.py" in out
+
+
+def test_check_exit_codes(cli, filled, capsys):
+    cache, hit, vendor = filled
+    assert cli.main(["check", "--cache-dir", str(cache.root)]) == 0
+    (cache.entry_dir(hit.key) / "program" / "kernel.py").write_text("# broken\n")
+    assert cli.main(["check", "--cache-dir", str(cache.root)]) == 1
+    out = capsys.readouterr().out
+    assert hit.key in out and "sha256" in out
+    assert cli.main(["list", "--cache-dir", str(cache.root)]) == 0
+    assert "INVALID" in capsys.readouterr().out
+
+
+def test_export_import_gc(cli, filled, tmp_path, capsys):
+    cache, hit, vendor = filled
+    archive = tmp_path / "x.tar.gz"
+    assert cli.main(["export", str(archive), "--cache-dir", str(cache.root), "--keys", hit.key]) == 0
+    assert cli.main(["import", str(archive), "--cache-dir", str(tmp_path / "new")]) == 0
+    assert hit.key in capsys.readouterr().out
+    assert KernelCache(tmp_path / "new", NS).keys() == [hit.key]
+    assert cli.main(["export", str(archive), "--cache-dir", str(cache.root), "--keys", "0" * 24]) == 2
+    assert "no cache entry" in capsys.readouterr().err
+    (cache.entries_dir / ".tmp-leftover").mkdir()
+    assert cli.main(["gc", "--cache-dir", str(cache.root), "--max-age-minutes", "0"]) == 0
+    assert "removed 1" in capsys.readouterr().out and not (cache.entries_dir / ".tmp-leftover").exists()
+
+
+def test_runs_as_a_script(filled):
+    cache, hit, vendor = filled
+    r = subprocess.run([sys.executable, str(TOOL), "list", "--cache-dir", str(cache.root)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert hit.key in r.stdout and vendor.key in r.stdout

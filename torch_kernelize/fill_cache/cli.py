@@ -1,0 +1,234 @@
+"""The fill_cache command line: collect work, search each spec under a lock, store winners.
+
+    python -m torch_kernelize.fill_cache --model torch_kernelize.examples:make_moe --target interpreter
+    python -m torch_kernelize.fill_cache --repros kernelize_repros --target chip.toml --resume
+
+Several processes may fill one cache at once (one per GPU, or per node under torchrun): each
+spec is searched under its own file lock, and a spec another process is busy with is taken up
+again at the end (and skipped if that process stored it).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_kernelize.errors import KernelizeError
+from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_model, specs_from_repros
+from torch_kernelize.fill_cache.journal import Journal
+from torch_kernelize.fill_cache.measure import Measurer
+from torch_kernelize.fill_cache.search import SearchResult, run_search
+from torch_kernelize.lowering.kernels import Config, family_for
+from torch_kernelize.lowering.targets import Target, get_target
+from torch_kernelize.options import OPTIONS, default_cache_dir
+
+log = logging.getLogger("torch_kernelize.fill_cache")
+
+DEFAULT_BUDGET = {"cuda": 12, "interpreter": 2}
+INTERPRETER_NOTE = ("interpreter target: timings are not measured (the Triton interpreter's speed means "
+                    "nothing); this validated kernel is stored so that the Triton tier can be exercised on CPU")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m torch_kernelize.fill_cache", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=[], metavar="PATH.py:FN|pkg.module:FN",
+                   help="a function returning (model, example_inputs); may be repeated")
+    p.add_argument("--repros", action="append", default=[], metavar="DIR", type=Path,
+                   help="a folder of reproducers recorded by the backend; may be repeated")
+    p.add_argument("--target", default=os.environ.get(OPTIONS["target"].env),
+                   help="target name or TOML file (default: $KERNELIZE_TARGET, else cuda if available)")
+    p.add_argument("--cache-dir", type=Path, default=os.environ.get(OPTIONS["cache_dir"].env) or default_cache_dir())
+    p.add_argument("--budget", type=int, default=None, help="candidates evaluated per spec (default: 12 on "
+                   "cuda, 2 on the interpreter)")
+    p.add_argument("--resume", action="store_true", help="continue searches from their journals")
+    p.add_argument("--force", action="store_true", help="search specs that already have an entry")
+    p.add_argument("--min-speedup", type=float, default=1.0,
+                   help="a Triton winner must beat the vendor kernel by this factor (default 1.0)")
+    p.add_argument("--summary", type=Path, default=None, help="JSON summary path (default: in the cache)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if not args.model and not args.repros:
+        p.error("give --model and/or --repros: what should the cache be filled for?")
+    if args.budget is not None and args.budget < 1:
+        p.error("--budget must be at least 1")
+    return args
+
+
+class FillRun:
+    def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float):
+        self.target, self.cache, self.budget = target, cache, budget
+        self.resume, self.force, self.min_speedup = resume, force, min_speedup
+        self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.rows: list[dict[str, Any]] = []
+
+    def provenance(self, family: str, result: SearchResult) -> dict[str, Any]:
+        import triton
+        return {"generator": family, "search_id": self.search_id, "torch": torch.__version__,
+                "triton": triton.__version__, "host": socket.gethostname(), "platform": platform.platform(),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "budget": self.budget, "evaluated": len(result.evaluated)}
+
+    def process(self, work: Work, progress: Any = None) -> dict[str, Any]:
+        """Search one spec (the caller holds its lock) and store the result."""
+        spec = work.spec
+        row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
+               "speedup": None, "max_abs_err": None, "evaluated": 0, "resumed": 0}
+        status, entry, _ = self.cache.lookup(spec.key)
+        if status in ("hit", "vendor") and not self.force and not work.replace:
+            row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
+            return row
+        family = family_for(spec)
+        if family is None:
+            row["status"] = "no generator"
+            return row
+        journal = Journal(self.cache.journal_path(spec.key))
+        previous = journal.records() if self.resume else []
+        if not self.resume:
+            journal.archive()
+        measurer = Measurer(spec, family, self.target, [work.captured] if work.captured else [])
+
+        def evaluate(config):
+            ev = measurer.evaluate(config).to_json()
+            ev.update(spec=spec.key, search_id=self.search_id, family=family.name, time=time.time())
+            return ev
+
+        def step(r):
+            if progress is not None:
+                progress.set_postfix_str(f"{spec.op.split('.')[1]} {'ok' if r['correct'] else 'x'} "
+                                         f"{r['fitness']:.2f}", refresh=True)
+
+        result = run_search(spec, family, evaluate, self.budget, previous, journal.append, step)
+        row.update(evaluated=len(result.evaluated), resumed=result.resumed)
+        best = result.best
+        if best is None:
+            errors = sorted({r["error"][:120] for r in result.evaluated if r["error"]})
+            row.update(status="no correct candidate", winner="; ".join(errors[:2]))
+            return row
+        row["max_abs_err"] = (best["validation"] or {}).get("max_abs_err")
+        timings = {"candidate_ms": best["candidate_ms"], "vendor_ms": best["vendor_ms"],
+                   "speedup": best["fitness"] if best["measured"] else None, "measured": best["measured"]}
+        record = {"format": 1, "key": spec.key, "spec": spec.to_json(), "family": family.name,
+                  "config": best["config"], "validation": best["validation"], "timings": timings,
+                  "provenance": self.provenance(family.name, result)}
+        if best["measured"] and best["fitness"] <= self.min_speedup:
+            record.update(winner="vendor", note=f"vendor wins: best Triton candidate ran at "
+                          f"{best['fitness']:.3f}x the vendor kernel")
+            self.cache.put(record, None, replace=True if work.replace else self.force)
+            row.update(status="vendor wins", winner=f"vendor (best {family.name} {best['fitness']:.2f}x)",
+                       speedup=best["fitness"])
+            return row
+        record.update(winner="triton", note="" if best["measured"] else INTERPRETER_NOTE)
+        tmp = Path(tempfile.mkdtemp(prefix="kernelize-winner-"))
+        try:
+            measurer.build(Config.from_json(best["config"]), tmp)
+            self.cache.put(record, tmp, replace=work.replace or self.force)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        row.update(status="stored", winner=f"{family.name} " + " ".join(f"{k}={v}" for k, v in sorted(best["config"].items())),
+                   speedup=timings["speedup"])
+        return row
+
+    def run(self, work: list[Work], quiet: bool = False) -> list[dict[str, Any]]:
+        from filelock import Timeout
+        from tqdm import tqdm
+
+        deferred: list[Work] = []
+        bar = tqdm(total=len(work), desc="fill_cache", unit="spec", disable=quiet, file=sys.stderr)
+        for w in work:
+            lock = self.cache.lock(w.spec.key)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:  # another process searches this spec now: come back to it at the end
+                deferred.append(w)
+                continue
+            try:
+                self.rows.append(self.process(w, bar))
+            finally:
+                lock.release()
+            bar.update(1)
+        for w in deferred:
+            with self.cache.lock(w.spec.key):
+                row = self.process(w, bar)
+                if row["status"] == "cached":
+                    row["status"] = "cached (by another process)"
+                self.rows.append(row)
+            bar.update(1)
+        bar.close()
+        return self.rows
+
+
+def _winner_text(entry: Any) -> str:
+    if entry is None:
+        return ""
+    if entry.winner == "vendor":
+        return "vendor"
+    return f"{entry.family} " + " ".join(f"{k}={v}" for k, v in sorted((entry.config or {}).items()))
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'spec':<58} {'status':<22} {'speedup':>8} {'max err':>9} {'evals':>7}  winner"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        spec = r["spec"] if len(r["spec"]) <= 58 else r["spec"][:55] + "..."
+        speed = f"{r['speedup']:.2f}x" if isinstance(r["speedup"], (int, float)) else "n/a"
+        err = r["max_abs_err"]
+        err = f"{err:.2e}" if isinstance(err, (int, float)) else "-"
+        evals = f"{r['evaluated'] - r['resumed']}+{r['resumed']}" if r["resumed"] else str(r["evaluated"])
+        lines.append(f"{spec:<58} {r['status']:<22} {speed:>8} {err:>9} {evals:>7}  {r['winner']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        target = get_target(args.target or ("cuda" if torch.cuda.is_available() else None))
+        if not target.has_triton:
+            raise UsageError(f"target {target.name!r} has no Triton backend: there is nothing to fill "
+                             "(use --target interpreter, cuda, or a target file with triton = ...)")
+        from torch_kernelize.kernel_cache import KernelCache
+        cache = KernelCache.for_target(args.cache_dir, target)
+        work: dict[str, Work] = {}
+        for ref in args.model:
+            for w in specs_from_model(ref, target, args.cache_dir):
+                work.setdefault(w.spec.key, w)
+        for folder in args.repros:
+            for w in specs_from_repros(folder):
+                if w.spec.key not in work or w.replace:
+                    work[w.spec.key] = w
+        budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
+        run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup)
+        log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
+                 target.name, cache.dir, budget)
+        started = time.perf_counter()
+        rows = run.run(list(work.values()), quiet=args.quiet)
+        elapsed = time.perf_counter() - started
+    except KernelizeError as e:
+        print(f"fill_cache: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
+    summary = {"search_id": run.search_id, "target": target.describe(), "cache": str(cache.dir),
+               "budget": budget, "seconds": round(elapsed, 2), "specs": rows}
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=1, default=str))
+    failed = [r for r in rows if r["status"] == "no correct candidate"]
+    print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; "
+          f"{sum(r['status'] == 'stored' for r in rows)} stored, "
+          f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, {len(failed)} without a correct "
+          f"candidate; summary: {summary_path}")
+    return 1 if failed else 0

@@ -1,0 +1,123 @@
+"""Where fill_cache's work comes from: the KernelSpecs a model needs, or recorded reproducers."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torch_kernelize.errors import KernelizeError
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.lowering.targets import Target
+from torch_kernelize.spec import KernelSpec
+
+log = logging.getLogger("torch_kernelize.fill_cache")
+
+
+class UsageError(KernelizeError):
+    """A fill_cache argument is wrong; the message says how to write it."""
+
+
+@dataclasses.dataclass
+class Work:
+    spec: KernelSpec
+    source: str                         # "model:<ref>" or the repro folder
+    kind: str = "miss"                  # miss | missing | mismatch | failure
+    captured: list[torch.Tensor] | None = None   # real inputs from a repro, validated on too
+
+    @property
+    def replace(self) -> bool:
+        """A repro that shows a wrong or failing cached kernel: its entry must be replaced."""
+        return self.kind in ("mismatch", "failure")
+
+
+def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
+    """``PATH.py:FN`` or ``pkg.module:FN``; FN() returns (model, example_inputs)."""
+    where, _, fn_name = ref.rpartition(":")
+    if not where or not fn_name:
+        raise UsageError(f"--model {ref!r}: write PATH.py:FN or pkg.module:FN (FN returns model, inputs)")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.exists():
+            raise UsageError(f"--model {ref!r}: {path} does not exist")
+        spec = importlib.util.spec_from_file_location(f"kernelize_model_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise UsageError(f"--model {ref!r}: cannot import {where}: {e}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise UsageError(f"--model {ref!r}: {where} has no function {fn_name}")
+    result = fn()
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], (tuple, list))):
+        raise UsageError(f"--model {ref!r}: {fn_name}() must return (model, tuple_of_example_inputs)")
+    return result[0], tuple(result[1])
+
+
+def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
+    """Trace the model through the backend's planner on ``target``; collect the specs that a
+    kernel family can generate (hits included, so --force can re-search them)."""
+    from torch_kernelize.backend import compile_with_session
+    from torch_kernelize.lower import Session
+    from torch_kernelize.options import Options
+
+    model, inputs = load_model(ref)
+    device = "cuda" if target.device == "cuda" else "cpu"
+    model = model.to(device)
+    inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
+    session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=None), target)
+    graphs: list[Any] = []
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    with torch.no_grad():
+        compiled(*inputs)
+    torch._dynamo.reset()
+    work: dict[str, Work] = {}
+    for g in graphs:
+        for specialization in g._specializations.values():
+            for d in specialization.decisions:
+                if d.spec is not None and d.spec.key not in work and family_for(d.spec) is not None:
+                    work[d.spec.key] = Work(d.spec, f"model:{ref}", "missing" if d.missing else "miss")
+    return list(work.values())
+
+
+def specs_from_repros(folder: Path) -> list[Work]:
+    """Every reproducer under ``folder`` (one level deep): its spec and its captured inputs."""
+    from torch_kernelize.repro.run import load_inputs
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UsageError(f"--repros {folder}: no such folder")
+    work: dict[str, Work] = {}
+    for meta_path in sorted(folder.glob("*/spec.json")):
+        repro = meta_path.parent
+        try:
+            meta = json.loads(meta_path.read_text())
+            spec = KernelSpec.from_json(meta["spec"])
+        except Exception as e:
+            log.warning("skipping %s: unreadable spec.json (%s)", repro, e)
+            continue
+        captured = None
+        try:
+            mod_spec = importlib.util.spec_from_file_location(f"kernelize_repro_{spec.key}", repro / "repro.py")
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+            captured = load_inputs(module.load_args, repro)
+        except Exception as e:
+            log.warning("%s: captured inputs not loaded (%s); validating on random inputs only", repro, e)
+        prev = work.get(spec.key)
+        if prev is None or (not prev.replace and meta.get("kind") in ("mismatch", "failure")):
+            work[spec.key] = Work(spec, str(repro), meta.get("kind", "miss"), captured)
+    if not work:
+        log.warning("no reproducers (*/spec.json) found under %s", folder)
+    return list(work.values())

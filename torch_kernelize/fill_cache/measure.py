@@ -1,0 +1,110 @@
+"""Builder and runner for candidates: generate -> build -> load -> validate -> benchmark.
+
+One ``Measurer`` per spec. ``evaluate(config)`` never raises for a bad candidate: a candidate
+that fails to generate, compile, run or validate scores 0 with the error recorded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from torch_kernelize.build import write_program
+from torch_kernelize.fill_cache.benchmark import median_ms, timing_available
+from torch_kernelize.launch import load_program
+from torch_kernelize.lowering.kernels import Config, KernelFamily
+from torch_kernelize.lowering.targets import Target
+from torch_kernelize.spec import KernelSpec
+from torch_kernelize.validate import validate
+
+BENCH_SEED = 12345
+
+
+@dataclasses.dataclass
+class Evaluation:
+    config: dict[str, Any]
+    correct: bool
+    fitness: float
+    candidate_ms: float | None = None
+    vendor_ms: float | None = None
+    error: str = ""
+    validation: dict[str, Any] | None = None
+    measured: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Measurer:
+    def __init__(self, spec: KernelSpec, family: KernelFamily, target: Target,
+                 extra_inputs: Sequence[Sequence[torch.Tensor]] = ()):
+        self.spec = spec
+        self.family = family
+        self.target = target
+        self.device = "cuda" if target.device == "cuda" else "cpu"
+        self.timed = timing_available(target)
+        self.extra_inputs = [list(x) for x in extra_inputs]
+        self._vendor_ms: float | None = None
+        self._bench_inputs: list[torch.Tensor] | None = None
+
+    # --- builder --------------------------------------------------------------------------------
+    def build(self, config: Config, directory: Path):
+        """Generate and build the candidate into ``directory``; return its loaded runner."""
+        program = self.family.generate(self.spec, config)
+        write_program(directory, self.spec, program, self.target.triton)
+        return load_program(directory, self.spec, self.target.triton,
+                            module_name=f"torch_kernelize_candidates.k{self.spec.key}_{abs(hash(config.key))}")
+
+    # --- runner ---------------------------------------------------------------------------------
+    def bench_inputs(self) -> list[torch.Tensor]:
+        if self._bench_inputs is None:
+            self._bench_inputs = self.family.sample_inputs(self.spec, BENCH_SEED, "random", self.device)
+        return self._bench_inputs
+
+    def vendor_ms(self) -> float | None:
+        if self.timed and self._vendor_ms is None:
+            inputs = self.bench_inputs()
+            self._vendor_ms = median_ms(lambda: self.spec.run_vendor(inputs))
+        return self._vendor_ms
+
+    def _sample(self, spec: KernelSpec, seed: int, kind: str, device: Any) -> list[torch.Tensor]:
+        if kind == "captured":
+            return [t.to(device) for t in self.extra_inputs[seed]]
+        return self.family.sample_inputs(spec, seed, kind, device)
+
+    def evaluate(self, config: Config) -> Evaluation:
+        workdir = Path(tempfile.mkdtemp(prefix=f"kernelize-cand-{self.spec.key[:8]}-"))
+        try:
+            try:
+                runner = self.build(config, workdir)
+            except Exception as e:
+                return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
+            record = validate(runner.run_poisoned, self.spec, self._sample, self.family.edge_kinds,
+                              device=self.device, extra_trials=len(self.extra_inputs))
+            if not record.ok:
+                return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
+            if not self.timed:
+                return Evaluation(config.to_json(), True, 1.0, validation=record.to_json())
+            inputs = self.bench_inputs()
+            try:
+                cand = median_ms(lambda: runner(*inputs))
+            except Exception as e:
+                return Evaluation(config.to_json(), False, 0.0, error=f"benchmark failed: {_short(e)}",
+                                  validation=record.to_json())
+            vendor = self.vendor_ms()
+            return Evaluation(config.to_json(), True, vendor / cand if cand > 0 else 0.0, cand, vendor,
+                              validation=record.to_json(), measured=True)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _short(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}"
+    if len(text) > 600:
+        text = text[:600] + " ..."
+    return text if str(e) else "".join(traceback.format_exception_only(type(e), e)).strip()
