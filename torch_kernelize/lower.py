@@ -5,6 +5,7 @@ scripts use it): it runs kernelize's own lowering without Dynamo or Inductor.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -16,6 +17,8 @@ import torch.fx as fx
 
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.lowering.regions import Region, describe_region, find_regions, region_spec
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
 from torch_kernelize.planner import Decision, GraphPlan, plan_graph
@@ -93,11 +96,13 @@ class LoweredGraph:
         self.name = name or f"{kind}_{next(_graph_ids)}"
         self.plan: GraphPlan = plan_graph(gm, self.target)
         self.binder = SymbolBinder(self.plan.gm)
+        self.regions = find_regions(self.plan.gm, self.target) if self.target.has_triton else []
+        self._region_of: dict[str, Region] = {}
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
         first = self._specialize(self.binder.key(list(example_inputs)))
         self.report = GraphReport(self.name, kind, self.target.describe(), self._signature(first.key),
-                                  first.decisions)
+                                  first.decisions, first.regions)
         log.info("%s", self.report.table())
         if session.options.report is not None:
             ReportWriter.for_path(session.options.report).add(self.report)
@@ -126,7 +131,8 @@ class LoweredGraph:
             if key in self._specializations:
                 return self._specializations[key]
             session = self.session
-            decisions = self.plan.decide(self.binder.bindings(key), session.cache)
+            bindings = self.binder.bindings(key)
+            decisions = self.plan.decide(bindings, session.cache)
             runners = {}
             for i, d in enumerate(decisions):
                 if d.tier == "triton":
@@ -135,28 +141,65 @@ class LoweredGraph:
                         decisions[i] = d = self._downgrade(d, "the cache entry could not be loaded")
                     else:
                         runners[d.node] = runner
+            fused, region_decisions = self._decide_regions(bindings, decisions)
             repros = session.repros
-            for d in decisions:
+            for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
                     d.repro = str(repros.folder_for(d.spec))
             gm = bind_graph(self.plan, decisions,
                             lambda d: TritonCall(d.spec, runners[d.node], self._on_kernel_failure),
-                            lambda d, op: HostFallback(op, d.op, self.target.name, d.repro))
-            pending = [d for d in decisions if d.repro and repros.wants(d.spec)]
+                            lambda d, op: HostFallback(op, d.op, self.target.name, d.repro), fused)
+            pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
             missing = {d.op: d.repro for d in decisions if d.missing}
             strict = session.options.strict and missing
             first_call = None
             if pending or strict:
                 first_call = lambda s, args: self._first_call(s, args, pending, missing if strict else None)
             spec = Specialization(gm, decisions, key, first_call)
+            spec.regions = region_decisions
             self._specializations[key] = spec
             if len(self._specializations) > 1:
                 log.info("%s: new shape signature %s: %d on triton, %d misses", self.name, self._signature(key),
                          sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
             return spec
 
+    def _decide_regions(self, bindings, decisions: list[Decision]):
+        """Look every fused region up; hits replace their nodes, misses are recorded."""
+        fused, region_decisions = [], []
+        cache = self.session.cache
+        if cache is None:
+            return fused, region_decisions
+        by_node = {d.node: i for i, d in enumerate(decisions) if d.tier != "decompose"}
+        for region in self.regions:
+            spec = region_spec(region, bindings)
+            if spec is None or any(decisions[by_node[n.name]].tier == "fallback" for n in region.nodes):
+                continue
+            family = family_for(spec)
+            status, entry, why = cache.lookup(spec.key)
+            what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
+            d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
+                         shapes=what, family=family.name if family else None, spec=spec, entry=entry)
+            self._region_of[spec.key] = region
+            if status == "hit":
+                runner = self.session.load_runner(d)
+                if runner is not None:
+                    d.tier, d.reason = "triton", f"fused {what}: {why}"
+                    fused.append((region, TritonCall(spec, runner, self._on_kernel_failure)))
+                    for n in region.nodes:
+                        i = by_node[n.name]
+                        decisions[i] = dataclasses.replace(
+                            decisions[i], tier="triton", miss=False, reason=f"in fused region {spec.key}: {what}")
+                    region_decisions.append(d)
+                    continue
+                why = "the cache entry could not be loaded"
+            elif status == "miss":
+                why = f"region cache miss (spec {spec.key})" if family else f"no Triton generator for this {what}"
+            d.reason = f"nodes run one by one: {why}"
+            d.miss = status == "miss" and family is not None
+            region_decisions.append(d)
+        return fused, region_decisions
+
     def _downgrade(self, d: Decision, why: str) -> Decision:
-        import dataclasses
         rejected = dict(d.rejected, triton=why)
         if self.target.vendor_runs(d.spec.op_overload if d.spec else None):
             return dataclasses.replace(d, tier="vendor", reason="the target's vendor kernel runs it", rejected=rejected)
@@ -166,11 +209,17 @@ class LoweredGraph:
     def _first_call(self, spec: Specialization, args: list, pending: list[Decision],
                     strict_missing: dict[str, str | None] | None) -> Any:
         """Run once through an interpreter that captures the inputs the repros need."""
-        interp = CapturingInterpreter(spec.gm, {d.node for d in pending})
+        regions = {d.spec_key: self._region_of[d.spec_key] for d in pending if d.op == "region"}
+        interp = CapturingInterpreter(spec.gm, {d.node for d in pending if d.op != "region"},
+                                      {n.name for r in regions.values() for n in r.inputs})
         out = interp.run(*args)
         repros = self.session.repros
         for d in pending:
-            if d.node in interp.captured:
+            if d.op == "region":
+                inputs = [interp.values.get(n.name) for n in regions[d.spec_key].inputs]
+                if all(t is not None for t in inputs):
+                    repros.write(d, inputs, self.target, kind="miss")
+            elif d.node in interp.captured:
                 repros.write(d, interp.captured[d.node], self.target, kind="missing" if d.missing else "miss")
         if strict_missing:
             error = MissingOpsError(self.target.name, strict_missing)

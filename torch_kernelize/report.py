@@ -30,6 +30,7 @@ class GraphReport:
     target: dict[str, Any]
     signature: str           # the concrete sizes this report was planned for
     decisions: list[Decision]
+    regions: list[Decision] = dataclasses.field(default_factory=list)  # fused regions, hit or miss
 
     def summary(self) -> dict[str, Any]:
         tiers = collections.Counter(d.tier for d in self.decisions)
@@ -46,13 +47,16 @@ class GraphReport:
             "triton_nodes": tiers["triton"],
             "triton_eligible": len(eligible),
             "per_op": {op: dict(c) for op, c in sorted(per_op.items())},
-            "misses": sorted({d.spec_key for d in self.decisions if d.miss}),
+            "misses": sorted({d.spec_key for d in self.decisions + self.regions if d.miss}),
+            "fused_regions": sum(r.tier == "triton" for r in self.regions),
+            "region_misses": sum(r.miss for r in self.regions),
             "missing_ops": sorted({d.op for d in self.decisions if d.missing}),
         }
 
     def to_json(self) -> dict[str, Any]:
         return {"graph": self.graph, "kind": self.kind, "target": self.target, "signature": self.signature,
-                "summary": self.summary(), "nodes": [d.to_json() for d in self.decisions]}
+                "summary": self.summary(), "nodes": [d.to_json() for d in self.decisions],
+                "regions": [r.to_json() for r in self.regions]}
 
     def table(self) -> str:
         s = self.summary()
@@ -64,7 +68,10 @@ class GraphReport:
         for op, counts in s["per_op"].items():
             lines.append(f"  {op:<36}" + "".join(f"{counts.get(t, 0) or '.':>10}" for t in TIERS))
         lines.append(f"  {'total':<36}" + "".join(f"{s['tiers'][t]:>10}" for t in TIERS))
-        misses = [d for d in self.decisions if d.miss]
+        if self.regions:
+            lines.append(f"  fused regions: {s['fused_regions']} on triton, {s['region_misses']} missed "
+                         f"(their nodes ran one by one)")
+        misses = [d for d in self.decisions + self.regions if d.miss]
         if misses:
             lines.append(f"  cache misses: {len(s['misses'])} spec(s), run on vendor "
                          f"(fill them: python -m torch_kernelize.fill_cache --repros <repro_dir>)")

@@ -77,18 +77,20 @@ class Specialization:
 
 
 def bind_graph(plan: GraphPlan, decisions: list[Decision],
-               make_triton: Callable[[Decision], Callable | None],
-               make_fallback: Callable[[Decision, Any], Callable]) -> fx.GraphModule:
+               make_triton: Callable[[Decision], Callable],
+               make_fallback: Callable[[Decision, Any], Callable],
+               fused: Sequence[tuple[Any, Callable]] = ()) -> fx.GraphModule:
     """A copy of the planned graph with every node bound to its decided implementation.
 
-    ``make_triton(decision)`` returns the launcher for a triton decision (or None if it cannot be
-    loaded: the decision is then downgraded by the caller before this point).
+    ``fused`` lists (Region, launcher) pairs: each region's nodes are replaced by one call of
+    its launcher (the decisions of those nodes are then not consulted).
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     out = graph.graph_copy(plan.gm.graph, env)
     graph.output(out)
-    by_name = {d.node: d for d in decisions if d.tier in ("triton", "fallback")}
+    in_region = {n.name for region, _ in fused for n in region.nodes}
+    by_name = {d.node: d for d in decisions if d.tier in ("triton", "fallback") and d.node not in in_region}
     for old, new in env.items():
         d = by_name.get(old.name)
         if d is None:
@@ -99,21 +101,73 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
             new.kwargs = {}
         else:
             new.target = make_fallback(d, old.target)
+    for region, launcher in fused:
+        _fuse(graph, [env[n] for n in region.nodes], [env[n] for n in region.inputs],
+              [env[n] for n in region.outputs], launcher)
+    if fused:
+        _stable_toposort(graph)
+    graph.lint()
     return fx.GraphModule(plan.gm, graph)
 
 
-class CapturingInterpreter(fx.Interpreter):
-    """Runs a bound graph once, keeping CPU copies of the inputs of chosen nodes (for repros)."""
+def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
+          launcher: Callable) -> None:
+    """Replace ``nodes`` by one call of ``launcher(*inputs)`` returning the region's outputs."""
+    import operator
+    with graph.inserting_after(nodes[-1]):
+        call = graph.call_function(launcher, tuple(inputs))
+    if len(outputs) == 1:
+        outputs[0].replace_all_uses_with(call)
+    else:
+        for i, o in enumerate(outputs):
+            with graph.inserting_after(call):
+                item = graph.call_function(operator.getitem, (call, i))
+            o.replace_all_uses_with(item)
+    for n in reversed(nodes):
+        graph.erase_node(n)
 
-    def __init__(self, gm: fx.GraphModule, names: set[str]):
+
+def _stable_toposort(graph: fx.Graph) -> None:
+    """Reorder nodes topologically, keeping the existing order wherever it is already valid
+    (a fused call sits at its last member's place; early readers of its outputs move after it)."""
+    import heapq
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    pending = {n: len(set(n.all_input_nodes)) for n in nodes}
+    ready = [index[n] for n in nodes if pending[n] == 0]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        n = nodes[heapq.heappop(ready)]
+        ordered.append(n)
+        for u in n.users:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, index[u])
+    if ordered == nodes:
+        return
+    for prev, n in zip(ordered, ordered[1:]):
+        prev.append(n)
+
+
+class CapturingInterpreter(fx.Interpreter):
+    """Runs a bound graph once, keeping CPU copies of chosen values (for repros): the tensor
+    inputs of the nodes named in ``inputs_of``, and the values of the nodes named in ``values_of``."""
+
+    def __init__(self, gm: fx.GraphModule, inputs_of: set[str], values_of: set[str] = frozenset()):
         super().__init__(gm)
-        self.names = names
+        self.inputs_of = inputs_of
+        self.values_of = values_of
         self.captured: dict[str, list[torch.Tensor]] = {}
+        self.values: dict[str, torch.Tensor] = {}
 
     def run_node(self, n: fx.Node) -> Any:
-        if n.name in self.names:
+        if n.name in self.inputs_of:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             from torch.utils import _pytree as pytree
             flat, _ = pytree.tree_flatten((list(args), dict(kwargs)))
             self.captured[n.name] = [t.detach().to("cpu", copy=True) for t in flat if isinstance(t, torch.Tensor)]
-        return super().run_node(n)
+        result = super().run_node(n)
+        if n.name in self.values_of and isinstance(result, torch.Tensor):
+            self.values[n.name] = result.detach().to("cpu", copy=True)
+        return result

@@ -133,7 +133,7 @@ class KernelSpec:
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
     tuple_output: bool = False   # the op returns a tuple (even of one tensor)
-    graph: str | None = None     # canonical FX code of a fused region
+    graph: str | None = None     # canonical JSON of a fused region's nodes (lowering/regions.py)
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod

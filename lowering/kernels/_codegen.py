@@ -1,0 +1,264 @@
+"""Shared code generation helpers for the pointwise, reduction and histogram families.
+
+Sizes and strides are concrete (a KernelSpec is per shape), so the generators bake them into the
+source as literals; these helpers keep that arithmetic in one place:
+
+- dtype names: torch name <-> ``tl.*`` type, the compute type of a storage type;
+- argument binding: a spec's encoded args/kwargs -> {schema name: value} with defaults filled in;
+- layouts: broadcast strides, dropping size-1 dims, ordering dims by a layout, collapsing dims
+  that are contiguous in every tensor, and the index arithmetic (div/mod by literals) that turns
+  a flat index into one offset per tensor;
+- a small source writer so that generated kernels are indented and commented like hand code.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+from torch_kernelize.spec import KernelSpec, TensorMeta
+
+TL_TYPES = {
+    "float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float64": "tl.float64",
+    "int64": "tl.int64", "int32": "tl.int32", "int16": "tl.int16", "int8": "tl.int8", "uint8": "tl.uint8",
+    "bool": "tl.int1",
+}
+FLOAT_TYPES = ("float32", "float16", "bfloat16")     # what the families compute on (fp32 math)
+INT_TYPES = ("int64", "int32", "int16", "int8", "uint8")
+INT32_MAX = 2**31 - 1
+
+
+def tl_type(dtype: str) -> str:
+    return TL_TYPES[dtype]
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in ("float32", "float16", "bfloat16", "float64")
+
+
+def is_int(dtype: str) -> bool:
+    return dtype in INT_TYPES
+
+
+def compute_type(dtype: str) -> str:
+    """The type arithmetic runs in for values stored as ``dtype``: fp32 for low-precision floats."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+def float_literal(value: float) -> str:
+    """A float as source triton reads as a float (``float('inf')`` works inside @triton.jit too)."""
+    value = float(value)
+    if math.isnan(value):
+        return "float('nan')"
+    if math.isinf(value):
+        return "float('inf')" if value > 0 else "-float('inf')"
+    text = repr(value)
+    return text if any(c in text for c in ".en") else text + ".0"
+
+
+def literal(value: Any, dtype: str) -> str:
+    """``value`` as a literal for arithmetic in ``dtype`` (int for integer types, else float)."""
+    if is_float(dtype):
+        return float_literal(value)
+    return str(int(value))
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+def bind(spec: KernelSpec) -> dict[str, Any]:
+    """The spec's arguments by schema name (encoded form; tensors are {"tensor": i}), defaults filled."""
+    schema = spec.op_overload._schema
+    out: dict[str, Any] = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(spec.args) and not arg.kwarg_only:
+            out[arg.name] = spec.args[i]
+        elif arg.name in spec.kwargs:
+            out[arg.name] = spec.kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+        else:
+            out[arg.name] = None
+    return out
+
+
+def tensor_index(value: Any) -> int | None:
+    """The input index of an encoded tensor argument, else None."""
+    if isinstance(value, dict) and set(value) == {"tensor"}:
+        return int(value["tensor"])
+    return None
+
+
+def scalar_value(value: Any) -> float | int | bool | None:
+    """A Python number from an encoded scalar argument (None if it is not one)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, dict) and set(value) == {"float"}:
+        return float(value["float"])
+    return None
+
+
+def dtype_arg(value: Any) -> str | None:
+    if isinstance(value, dict) and set(value) == {"dtype"}:
+        return value["dtype"]
+    return None
+
+
+# --- layouts -----------------------------------------------------------------------------------
+
+def broadcast_strides(meta: TensorMeta, shape: Sequence[int]) -> tuple[int, ...]:
+    """``meta``'s strides seen as a tensor of ``shape`` (trailing alignment, stride 0 where broadcast)."""
+    lead = len(shape) - len(meta.shape)
+    if lead < 0:
+        raise ValueError(f"cannot broadcast {meta.shape} to {tuple(shape)}")
+    strides = [0] * lead
+    for size, stride, target in zip(meta.shape, meta.stride, shape[lead:]):
+        if size == target:
+            strides.append(stride if size != 1 else 0)
+        elif size == 1:
+            strides.append(0)
+        else:
+            raise ValueError(f"cannot broadcast {meta.shape} to {tuple(shape)}")
+    return tuple(strides)
+
+
+def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(sizes):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def simplify(sizes: Sequence[int], stride_sets: Sequence[Sequence[int]],
+             order_by: int | None = 0) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Drop size-1 dims, order dims by tensor ``order_by``'s strides (largest first), then merge
+    neighbouring dims that are contiguous with each other in every tensor.
+
+    The result iterates the same elements; with ``order_by`` the flat index walks that tensor's
+    memory in order (coalesced writes for the output, or coalesced reads for a reduction input).
+    """
+    dims = [d for d, s in enumerate(sizes) if s != 1]
+    if order_by is not None:
+        key = stride_sets[order_by]
+        # stable: equal strides keep their logical order
+        dims.sort(key=lambda d: -key[d])
+    sz = [sizes[d] for d in dims]
+    st = [[ss[d] for d in dims] for ss in stride_sets]
+    k = 0
+    while k + 1 < len(sz):
+        if all(s[k] == s[k + 1] * sz[k + 1] for s in st):
+            sz[k] *= sz[k + 1]
+            for s in st:
+                s[k] = s[k + 1]
+                del s[k + 1]
+            del sz[k + 1]
+        else:
+            k += 1
+    return tuple(sz), [tuple(s) for s in st]
+
+
+def max_offset(sizes: Sequence[int], strides: Sequence[int]) -> int:
+    return sum((s - 1) * abs(st) for s, st in zip(sizes, strides))
+
+
+def needs_int64(sizes: Sequence[int], stride_sets: Iterable[Sequence[int]], slack: int = 0) -> bool:
+    """Whether offsets or the flat index (plus ``slack``, e.g. a block) can pass int32."""
+    if math.prod(sizes) + slack > INT32_MAX:
+        return True
+    return any(max_offset(sizes, st) + slack > INT32_MAX for st in stride_sets)
+
+
+def decompose(index: str, sizes: Sequence[int], stride_sets: Sequence[Sequence[int]],
+              prefix: str) -> tuple[list[str], list[str]]:
+    """Lines splitting flat ``index`` over ``sizes`` (row-major) and one offset expression per stride set.
+
+    A tensor whose strides are the row-major strides of ``sizes`` gets ``index`` itself; a tensor
+    with all strides 0 gets "0" (a broadcast scalar). Only coordinates some tensor needs are made.
+    """
+    n = len(sizes)
+    flat = contiguous_strides(sizes)
+    coord = {0: index} if n == 1 else {k: f"{prefix}{k}" for k in range(n)}
+    offsets, used = [], set()
+    for st in stride_sets:
+        if n == 0 or all(s == 0 for s in st):
+            offsets.append("0")
+        elif tuple(st) == flat:
+            offsets.append(index)
+        else:
+            terms = [scaled(coord[k], s) for k, s in enumerate(st) if s != 0]
+            used.update(k for k, s in enumerate(st) if s != 0)
+            offsets.append(" + ".join(terms))
+    lines = []
+    if n > 1:
+        for k in sorted(used):
+            inner = math.prod(sizes[k + 1:])
+            if k == 0:
+                expr = f"{index} // {inner}"
+            elif inner == 1:
+                expr = f"{index} % {sizes[k]}"
+            else:
+                expr = f"({index} // {inner}) % {sizes[k]}"
+            lines.append(f"{coord[k]} = {expr}")
+    return lines, offsets
+
+
+def scaled(expr: str, stride: int) -> str:
+    """``expr * stride`` without the noise of 0 and 1."""
+    if stride == 0:
+        return "0"
+    if stride == 1:
+        return expr
+    return f"{expr} * {stride}"
+
+
+# --- source -----------------------------------------------------------------------------------
+
+class Source:
+    """Builds an indented Python/Triton module, line by line."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._indent = 0
+
+    def __call__(self, *lines: str) -> "Source":
+        for text in lines:
+            for line in text.split("\n"):
+                self.lines.append(("    " * self._indent + line) if line else "")
+        return self
+
+    def indent(self) -> "Source":
+        self._indent += 1
+        return self
+
+    def dedent(self) -> "Source":
+        self._indent -= 1
+        return self
+
+    def blank(self) -> "Source":
+        if self.lines and self.lines[-1] != "":
+            self.lines.append("")
+        return self
+
+    def text(self) -> str:
+        return "\n".join(self.lines).rstrip() + "\n"
+
+
+HEADER = "import triton\nimport triton.language as tl\n"
+
+
+def describe_spec(spec: KernelSpec) -> str:
+    """A comment block naming the spec (op, argument values, metas) at the top of a module."""
+    lines = [f"# {spec.describe()}"]
+    non_tensor = {k: v for k, v in bind(spec).items() if tensor_index(v) is None and v is not None}
+    if non_tensor:
+        lines.append("# arguments: " + ", ".join(f"{k}={v!r}" for k, v in non_tensor.items()))
+    for i, m in enumerate(spec.inputs):
+        lines.append(f"# in{i}: {m.dtype} shape {list(m.shape)} stride {list(m.stride)}")
+    for i, m in enumerate(spec.outputs):
+        lines.append(f"# out{i}: {m.dtype} shape {list(m.shape)} stride {list(m.stride)}")
+    return "\n".join(lines)
+
+
+def clip_pow2(v: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, v))

@@ -1,0 +1,509 @@
+"""Pointwise ATen ops: unary math, binary arithmetic with broadcasting and scalars, comparisons,
+where, clamp, casts and copies — one generic strided kernel.
+
+The kernel walks the output in its memory order, one program per BLOCK of outputs. Dims of size 1
+are dropped, dims are ordered by the output's strides and neighbours that are contiguous in every
+tensor are merged, so the common case (all operands dense in the same layout) is one flat offset;
+otherwise each operand's offset comes from the flat index by div/mod with literal sizes. A
+broadcast scalar operand (all strides 0) is loaded once.
+
+Types follow ATen: the spec's output dtype is the result of promotion; arithmetic runs in that
+type, with fp16/bf16 upcast to fp32 (ATen's opmath), comparisons in the operands' common type;
+the result is rounded to the output dtype on store. fp64 is only copied/selected, never computed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import torch
+
+from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
+from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+from torch_kernelize.spec import KernelSpec, TensorMeta
+
+# --- helper device functions (emitted into a module only when its kernel uses them) ------------
+
+HELPERS: dict[str, str] = {
+    "_tanh": '''
+@triton.jit
+def _tanh(x):
+    # tanh = sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|); near 0 an odd series avoids the cancellation
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    t = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    series = x + x * x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397))
+    return tl.where(ax < 0.125, series, tl.where(x < 0.0, -t, t))
+''',
+    "_sigmoid": '''
+@triton.jit
+def _sigmoid(x):
+    return tl.div_rn(1.0, 1.0 + tl.exp(-x))
+''',
+    "_expm1": '''
+@triton.jit
+def _expm1(x):
+    # exp(x) - 1 loses digits near 0: there (u - 1) * x / log(u) (Kahan) is accurate to a few ulps
+    u = tl.exp(x)
+    near0 = (u - 1.0) * x / tl.log(u)
+    return tl.where(tl.abs(x) < 0.5, tl.where(u == 1.0, x, near0), u - 1.0)
+''',
+    "_log1p": '''
+@triton.jit
+def _log1p(x):
+    # log(1 + x) loses digits near 0: there log(u) * x / (u - 1) with u = 1 + x (Kahan)
+    u = 1.0 + x
+    near0 = tl.log(u) * x / (u - 1.0)
+    return tl.where(tl.abs(x) < 0.5, tl.where(u == 1.0, x, near0), tl.log(u))
+''',
+}
+
+# --- the op table --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PointwiseOp:
+    """How one ATen op computes: which arguments are operands and the expression over them.
+
+    kind: "float"   math that needs a floating type (output fp32/fp16/bf16, computed in fp32)
+          "arith"   integer or floating arithmetic in the output's (compute) type
+          "compare" a bool result computed in the operands' common type
+          "logical" a bool result of the operands' truth values
+          "select"  where: values are selected, not computed (exact in any type)
+          "copy"    clone/_to_copy: a conversion only
+    body(ops, args, ctype) -> expression; ops are operand expressions already in ctype.
+    """
+    operands: tuple[str, ...]
+    kind: str
+    body: Callable[[list[str], dict[str, Any], str], str]
+    helpers: tuple[str, ...] = ()
+    check: Callable[[dict[str, Any]], str | None] | None = None
+
+
+def _lit(v: Any, ctype: str) -> str:
+    return cg.literal(v, ctype)
+
+
+def _nan_safe(x: str, expr: str, ctype: str) -> str:
+    """``expr``, except NaN where x is NaN (tl.maximum/minimum drop NaN on GPUs; ATen keeps it)."""
+    return f"tl.where({x} != {x}, {x}, {expr})" if cg.is_float(ctype) else expr
+
+
+def _clamp(x: str, lo: Any, hi: Any, ctype: str) -> str:
+    e = x
+    if lo is not None:
+        e = f"tl.maximum({e}, {_lit(lo, ctype)})"
+    if hi is not None:
+        e = f"tl.minimum({e}, {_lit(hi, ctype)})"
+    return _nan_safe(x, e, ctype)
+
+
+def _alpha(args: dict[str, Any]) -> Any:
+    return cg.scalar_value(args.get("alpha", 1)) if args.get("alpha") is not None else 1
+
+
+def _plus(x: str, y: str, alpha: Any, sign: str, ctype: str) -> str:
+    if alpha == 1:
+        return f"{x} {sign} {y}"
+    return f"{x} {sign} {y} * {_lit(alpha, ctype)}"
+
+
+def _pow_scalar(x: str, args: dict[str, Any], ctype: str) -> str:
+    e = float(cg.scalar_value(args["exponent"]))
+    exact = {0.0: f"tl.where({x} == {x}, 1.0, 1.0)", 1.0: x, 2.0: f"{x} * {x}", 3.0: f"{x} * {x} * {x}",
+             4.0: f"({x} * {x}) * ({x} * {x})", -1.0: f"tl.div_rn(1.0, {x})", -2.0: f"tl.div_rn(1.0, {x} * {x})",
+             0.5: f"tl.sqrt_rn({x})", -0.5: f"tl.div_rn(1.0, tl.sqrt_rn({x}))"}
+    if e in exact:
+        return exact[e]
+    el = cg.float_literal(e)
+    if e == int(e):
+        mag = f"tl.exp2({el} * tl.log2(tl.abs({x})))"
+        if int(e) % 2 == 0:
+            return mag
+        # odd integer exponent: the sign of x (including -0.0) carries over
+        return f"tl.where({x}.to(tl.int32, bitcast=True) < 0, -{mag}, {mag})"
+    # non-integer exponent: NaN for finite x < 0 (log2 of a negative), C's pow limits at -inf
+    return f"tl.exp2({el} * tl.log2(tl.where({x} == -float('inf'), -{x}, {x})))"
+
+
+def _check_pow(args: dict[str, Any]) -> str | None:
+    e = cg.scalar_value(args.get("exponent"))
+    if e is None or isinstance(e, bool):
+        return "pow exponent must be a number"
+    if not math.isfinite(float(e)):
+        return "non-finite pow exponent"
+    return None
+
+
+def _check_div(args: dict[str, Any]) -> str | None:
+    if args.get("rounding_mode") is not None:
+        return f"div rounding_mode={args['rounding_mode']!r} is not implemented (only true division)"
+    return None
+
+
+def _unary(kind: str, body: Callable[[str], str], *helpers: str) -> PointwiseOp:
+    return PointwiseOp(("self",), kind, lambda o, a, t: body(o[0]), tuple(helpers))
+
+
+def _binary(kind: str, body: Callable[[str, str], str], names=("self", "other"), check=None) -> PointwiseOp:
+    return PointwiseOp(names, kind, lambda o, a, t: body(o[0], o[1]), (), check)
+
+
+_MAX = lambda x, y: f"tl.where(({x} > {y}) | ({x} != {x}), {x}, {y})"
+_MIN = lambda x, y: f"tl.where(({x} < {y}) | ({x} != {x}), {x}, {y})"
+
+OPS: dict[str, PointwiseOp] = {
+    # unary math (floating)
+    "aten.exp.default": _unary("float", lambda x: f"tl.exp({x})"),
+    "aten.exp2.default": _unary("float", lambda x: f"tl.exp2({x})"),
+    "aten.expm1.default": _unary("float", lambda x: f"_expm1({x})", "_expm1"),
+    "aten.log.default": _unary("float", lambda x: f"tl.log({x})"),
+    "aten.log2.default": _unary("float", lambda x: f"tl.log2({x})"),
+    "aten.log10.default": _unary("float", lambda x: f"tl.log({x}) * 0.4342944819032518"),
+    "aten.log1p.default": _unary("float", lambda x: f"_log1p({x})", "_log1p"),
+    "aten.sqrt.default": _unary("float", lambda x: f"tl.sqrt_rn({x})"),
+    "aten.rsqrt.default": _unary("float", lambda x: f"tl.div_rn(1.0, tl.sqrt_rn({x}))"),
+    "aten.sin.default": _unary("float", lambda x: f"tl.sin({x})"),
+    "aten.cos.default": _unary("float", lambda x: f"tl.cos({x})"),
+    "aten.tanh.default": _unary("float", lambda x: f"_tanh({x})", "_tanh"),
+    "aten.sigmoid.default": _unary("float", lambda x: f"_sigmoid({x})", "_sigmoid"),
+    "aten.erf.default": _unary("float", lambda x: f"tl.erf({x})"),
+    "aten.reciprocal.default": _unary("float", lambda x: f"tl.div_rn(1.0, {x})"),
+    "aten.silu.default": _unary("float", lambda x: f"tl.div_rn({x}, 1.0 + tl.exp(-{x}))"),
+    "aten.floor.default": _unary("float", lambda x: f"tl.floor({x})"),
+    "aten.ceil.default": _unary("float", lambda x: f"tl.ceil({x})"),
+    "aten.trunc.default": _unary("float", lambda x: f"tl.where({x} < 0.0, tl.ceil({x}), tl.floor({x}))"),
+    "aten.hardsigmoid.default": _unary(
+        "float", lambda x: f"tl.div_rn({_clamp(f'({x} + 3.0)', 0.0, 6.0, 'float32')}, 6.0)"),
+    "aten.hardswish.default": _unary(
+        "float", lambda x: f"tl.div_rn({x} * {_clamp(f'({x} + 3.0)', 0.0, 6.0, 'float32')}, 6.0)"),
+    "aten.gelu.default": PointwiseOp(
+        ("self",), "float",
+        lambda o, a, t: (f"0.5 * {o[0]} * (1.0 + tl.erf({o[0]} * 0.7071067811865476))"
+                         if a.get("approximate", "none") == "none" else
+                         f"0.5 * {o[0]} * (1.0 + _tanh(0.7978845608028654 * ({o[0]} + 0.044715 * {o[0]} * {o[0]} * {o[0]})))"),
+        ("_tanh",),
+        lambda a: None if a.get("approximate", "none") in ("none", "tanh") else f"gelu approximate={a.get('approximate')!r}"),
+    "aten.leaky_relu.default": PointwiseOp(
+        ("self",), "float",
+        lambda o, a, t: f"tl.where({o[0]} > 0.0, {o[0]}, {o[0]} * {_lit(cg.scalar_value(a['negative_slope']), t)})"),
+    "aten.hardtanh.default": PointwiseOp(
+        ("self",), "arith",
+        lambda o, a, t: _clamp(o[0], cg.scalar_value(a["min_val"]), cg.scalar_value(a["max_val"]), t)),
+    "aten.pow.Tensor_Scalar": PointwiseOp(("self",), "float", lambda o, a, t: _pow_scalar(o[0], a, t), (), _check_pow),
+    # unary, integer or floating
+    "aten.abs.default": _unary("arith", lambda x: f"tl.abs({x})"),
+    "aten.neg.default": _unary("arith", lambda x: f"-{x}"),
+    "aten.relu.default": PointwiseOp(("self",), "arith", lambda o, a, t: f"tl.where({o[0]} < {_lit(0, t)}, {_lit(0, t)}, {o[0]})"),
+    "aten.sign.default": PointwiseOp(
+        ("self",), "arith",
+        lambda o, a, t: f"tl.where({o[0]} > {_lit(0, t)}, {_lit(1, t)}, tl.where({o[0]} < {_lit(0, t)}, {_lit(-1, t)}, {_lit(0, t)}))"),
+    "aten.clamp.default": PointwiseOp(
+        ("self",), "arith", lambda o, a, t: _clamp(o[0], cg.scalar_value(a["min"]), cg.scalar_value(a["max"]), t)),
+    "aten.clamp_min.default": PointwiseOp(("self",), "arith", lambda o, a, t: _clamp(o[0], cg.scalar_value(a["min"]), None, t)),
+    "aten.clamp_max.default": PointwiseOp(("self",), "arith", lambda o, a, t: _clamp(o[0], None, cg.scalar_value(a["max"]), t)),
+    # binary arithmetic (other may be a number)
+    "aten.add.Tensor": PointwiseOp(("self", "other"), "arith", lambda o, a, t: _plus(o[0], o[1], _alpha(a), "+", t)),
+    "aten.add.Scalar": PointwiseOp(("self", "other"), "arith", lambda o, a, t: _plus(o[0], o[1], _alpha(a), "+", t)),
+    "aten.sub.Tensor": PointwiseOp(("self", "other"), "arith", lambda o, a, t: _plus(o[0], o[1], _alpha(a), "-", t)),
+    "aten.sub.Scalar": PointwiseOp(("self", "other"), "arith", lambda o, a, t: _plus(o[0], o[1], _alpha(a), "-", t)),
+    "aten.rsub.Tensor": PointwiseOp(("self", "other"), "arith", lambda o, a, t: _plus(o[1], o[0], _alpha(a), "-", t)),
+    "aten.rsub.Scalar": PointwiseOp(("self", "other"), "arith", lambda o, a, t: _plus(o[1], o[0], _alpha(a), "-", t)),
+    "aten.mul.Tensor": _binary("arith", lambda x, y: f"{x} * {y}"),
+    "aten.mul.Scalar": _binary("arith", lambda x, y: f"{x} * {y}"),
+    "aten.div.Tensor": _binary("float", lambda x, y: f"tl.div_rn({x}, {y})"),
+    "aten.div.Scalar": _binary("float", lambda x, y: f"tl.div_rn({x}, {y})"),
+    "aten.div.Tensor_mode": _binary("float", lambda x, y: f"tl.div_rn({x}, {y})", check=_check_div),
+    "aten.maximum.default": PointwiseOp(("self", "other"), "arith",
+                                        lambda o, a, t: _MAX(*o) if cg.is_float(t) else f"tl.maximum({o[0]}, {o[1]})"),
+    "aten.minimum.default": PointwiseOp(("self", "other"), "arith",
+                                        lambda o, a, t: _MIN(*o) if cg.is_float(t) else f"tl.minimum({o[0]}, {o[1]})"),
+    # comparisons and logic -> bool
+    **{f"aten.{name}.{ov}": _binary("compare", lambda x, y, s=sym: f"{x} {s} {y}")
+       for name, sym in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))
+       for ov in ("Tensor", "Scalar")},
+    "aten.logical_not.default": _unary("logical", lambda x: f"{x} == 0"),
+    "aten.logical_and.default": _binary("logical", lambda x, y: f"({x} != 0) & ({y} != 0)"),
+    "aten.logical_or.default": _binary("logical", lambda x, y: f"({x} != 0) | ({y} != 0)"),
+    "aten.logical_xor.default": _binary("logical", lambda x, y: f"({x} != 0) ^ ({y} != 0)"),
+    # selection and copies
+    "aten.where.self": PointwiseOp(("condition", "self", "other"), "select",
+                                   lambda o, a, t: f"tl.where({o[0]}, {o[1]}, {o[2]})"),
+    "aten.clone.default": _unary("copy", lambda x: x),
+    "aten._to_copy.default": _unary("copy", lambda x: x),
+}
+
+@dataclasses.dataclass
+class _Operand:
+    name: str
+    tensor: int | None              # spec input index, or None for a number
+    value: Any = None               # the number
+    dtype: str | None = None        # storage dtype of a tensor operand
+
+
+def _result_type(operands: list[_Operand], spec: KernelSpec) -> torch.dtype:
+    vals = []
+    for o in operands:
+        if o.tensor is not None:
+            m = spec.inputs[o.tensor]
+            vals.append(torch.empty(m.shape, dtype=m.torch_dtype, device="meta"))
+        else:
+            vals.append(o.value)
+    if len(vals) == 1:
+        return vals[0].dtype
+    return torch.result_type(vals[0], vals[1])
+
+
+class ElementwiseFamily(KernelFamily):
+    name = "elementwise"
+    ops = frozenset(OPS)
+    edge_kinds = ("zeros", "large", "negative", "special")
+
+    # --- analysis ---------------------------------------------------------------------------
+    def _plan(self, spec: KernelSpec):
+        """(op, bound args, operands, compute type) or a reason string."""
+        if spec.op not in OPS:
+            return f"{self.name} does not handle {spec.op}"
+        if spec.graph is not None:
+            return "fused regions are not pointwise single ops"
+        op = OPS[spec.op]
+        args = cg.bind(spec)
+        if op.check is not None and (why := op.check(args)):
+            return why
+        if len(spec.outputs) != 1:
+            return f"expected one output, got {len(spec.outputs)}"
+        out = spec.outputs[0]
+        operands = []
+        for name in op.operands:
+            v = args.get(name)
+            i = cg.tensor_index(v)
+            if i is not None:
+                operands.append(_Operand(name, i, dtype=spec.inputs[i].dtype))
+            else:
+                s = cg.scalar_value(v)
+                if s is None:
+                    return f"argument {name}={v!r} is neither a tensor nor a number"
+                operands.append(_Operand(name, None, value=s))
+        if not any(o.tensor is not None for o in operands):
+            return "no tensor operand"
+        for k in ("alpha", "min", "max", "min_val", "max_val", "negative_slope"):
+            if k in args and args[k] is not None:
+                s = cg.scalar_value(args[k])
+                if s is None:
+                    return f"argument {k}={args[k]!r} must be a number"
+        dtypes = {o.dtype for o in operands if o.tensor is not None} | {out.dtype}
+        if bad := sorted(d for d in dtypes if d not in cg.TL_TYPES):
+            return f"unsupported dtype(s) {bad}"
+        if out.device != spec.inputs[operands[0].tensor if operands[0].tensor is not None else 0].device:
+            return "input and output devices differ"
+        if math.prod(out.shape) == 0:
+            return "empty output: nothing to compute"
+        if not _non_overlapping(out):
+            return "output strides overlap (some elements share memory)"
+        for o in operands:
+            if o.tensor is not None:
+                try:
+                    cg.broadcast_strides(spec.inputs[o.tensor], out.shape)
+                except ValueError as e:
+                    return str(e)
+
+        if op.kind == "copy":
+            if spec.op == "aten._to_copy.default":
+                if args.get("layout") not in (None, {"layout": "strided"}):
+                    return f"_to_copy to layout {args.get('layout')} is not a strided copy"
+                dev = args.get("device")
+                if dev is not None and dev != {"device": spec.inputs[0].device}:
+                    return f"_to_copy to another device {dev} is a transfer, not a kernel"
+                if args.get("pin_memory"):
+                    return "_to_copy with pin_memory is a host allocation, not a kernel"
+            return operands, op, args, out.dtype
+        if op.kind == "select":
+            if operands[0].tensor is None or operands[0].dtype != "bool":
+                return "where needs a bool condition tensor"
+            return operands, op, args, out.dtype
+        if "float64" in dtypes:
+            return "float64 arithmetic is not generated (only copies and where handle float64)"
+        if op.kind == "compare":
+            if out.dtype != "bool":
+                return "a comparison must produce bool"
+            common = str(_result_type(operands, spec)).removeprefix("torch.")
+            if common not in cg.TL_TYPES or common == "float64":
+                return f"comparison in {common} is not generated"
+            return operands, op, args, cg.compute_type(common)
+        if op.kind == "logical":
+            if out.dtype != "bool":
+                return "logical ops here produce bool"
+            return operands, op, args, "bool"
+        ctype = cg.compute_type(out.dtype)
+        if op.kind == "float" and ctype != "float32":
+            return f"{spec.op} computes in floating point; output dtype {out.dtype} is not fp32/fp16/bf16"
+        if op.kind == "arith" and ctype not in ("float32",) + cg.INT_TYPES:
+            return f"{spec.op} with output dtype {out.dtype} is not generated"
+        for o in operands:
+            if o.tensor is None and cg.is_int(ctype):
+                if isinstance(o.value, float) and o.value != int(o.value):
+                    return f"fractional scalar {o.name}={o.value} with integer arithmetic"
+                info = torch.iinfo(getattr(torch, ctype))
+                if not info.min <= int(o.value) <= info.max:
+                    return f"scalar {o.name}={o.value} does not fit {ctype}"
+        alpha = args.get("alpha")
+        if alpha is not None and cg.is_int(ctype) and float(cg.scalar_value(alpha)) != int(cg.scalar_value(alpha)):
+            return "fractional alpha with integer arithmetic"
+        return operands, op, args, ctype
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        plan = self._plan(spec)
+        return plan if isinstance(plan, str) else None
+
+    # --- configs ------------------------------------------------------------------------------
+    @staticmethod
+    def _max_block(spec: KernelSpec) -> int:
+        return max(128, min(8192, cg.clip_pow2(_next_pow2(math.prod(spec.outputs[0].shape)), 128, 8192)))
+
+    def _valid(self, spec: KernelSpec, c: Config) -> bool:
+        return 128 <= c["BLOCK"] <= self._max_block(spec) and c["num_warps"] in (1, 2, 4, 8, 16) \
+            and c["BLOCK"] >= 32 * c["num_warps"]
+
+    def _fit(self, spec: KernelSpec, block: int, warps: int) -> Config:
+        block = min(block, self._max_block(spec))
+        warps = max(1, min(warps, block // 32))
+        return Config.of(BLOCK=block, num_warps=warps)
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        # 8 elements per thread is the usual sweet spot; on an H200 (16M-element gelu/add/casts)
+        # 1024x4, 1024x2 and 4096x8 were all within a few percent of the best
+        return unique([self._fit(spec, 1024, 4), self._fit(spec, 4096, 8), self._fit(spec, 1024, 2),
+                       self._fit(spec, 512, 2)])
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        b, w = config["BLOCK"], config["num_warps"]
+        cands = [Config.of(BLOCK=b * 2, num_warps=w), Config.of(BLOCK=b // 2, num_warps=w),
+                 Config.of(BLOCK=b, num_warps=w * 2), Config.of(BLOCK=b, num_warps=w // 2),
+                 Config.of(BLOCK=b * 2, num_warps=w * 2), Config.of(BLOCK=b // 2, num_warps=max(1, w // 2))]
+        return unique([c for c in cands if c.key != config.key and self._valid(spec, c)])
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(f"{spec.describe()}: {plan}")
+        operands, op, args, ctype = plan
+        out = spec.outputs[0]
+        block, warps = int(config["BLOCK"]), int(config["num_warps"])
+
+        tensor_ops = [o for o in operands if o.tensor is not None]
+        inputs = sorted({o.tensor for o in tensor_ops})  # kernel parameters, in spec order
+        stride_sets = [out.stride] + [cg.broadcast_strides(spec.inputs[i], out.shape) for i in inputs]
+        sizes, strides = cg.simplify(out.shape, stride_sets, order_by=0)
+        if not sizes:  # a single element
+            sizes, strides = (1,), [(1,)] + [(0,) for _ in inputs]
+        numel = math.prod(sizes)
+        wide = cg.needs_int64(sizes, strides, slack=block)
+        coord_lines, offsets = cg.decompose("idx", sizes, strides, "i")
+        out_off, in_off = offsets[0], dict(zip(inputs, offsets[1:]))
+        masked = numel % block != 0
+
+        kname = spec.op.split(".")[1].lstrip("_") + "_kernel"
+        src = cg.Source()
+        src(cg.HEADER, cg.describe_spec(spec))
+        for h in op.helpers:
+            src.blank()(HELPERS[h].strip("\n"))
+        src.blank()("")
+        params = [f"in{i}_ptr" for i in inputs] + ["out0_ptr", "BLOCK: tl.constexpr"]
+        src("@triton.jit", f"def {kname}({', '.join(params)}):").indent()
+        src(f"# {numel} outputs, walked in the output's memory order over sizes {list(sizes)};",
+            "# strides per tensor: " + ", ".join(
+                f"{n} {list(s)}" for n, s in zip(["out0"] + [f"in{i}" for i in inputs], strides)))
+        src("pid = tl.program_id(0)")
+        src(f"idx = pid{'.to(tl.int64)' if wide else ''} * BLOCK + tl.arange(0, BLOCK)")
+        mask_kw = ""
+        if masked:
+            src(f"mask = idx < {numel}")
+            mask_kw = ", mask=mask"
+        for line in coord_lines:
+            src(line)
+
+        # load each tensor operand once; arithmetic operands are converted to the compute type
+        names: dict[int, str] = {}
+        for n, i in enumerate(inputs):
+            var = f"x{n}"
+            names[i] = var
+            off = in_off[i]
+            dt = spec.inputs[i].dtype
+            load = f"tl.load(in{i}_ptr)" if off == "0" else f"tl.load(in{i}_ptr + {off}{mask_kw})"
+            note = "  # broadcast: one element" if off == "0" else ""
+            raw = op.kind in ("copy", "logical") or (op.kind == "select" and dt == "bool") or dt == ctype
+            src(f"{var} = {load}{note}" if raw else f"{var} = {load}.to({cg.tl_type(ctype)}){note}")
+        exprs = []
+        for o in operands:
+            if o.tensor is not None:
+                exprs.append(names[o.tensor])
+            elif ctype == "bool":
+                exprs.append(str(int(bool(o.value))))
+            else:
+                exprs.append(cg.literal(o.value, ctype))
+        src(f"y = {op.body(exprs, args, ctype)}")
+        # the type y has: the input's for a copy, bool for comparisons, else the compute type
+        y_type = {"copy": spec.inputs[inputs[0]].dtype, "compare": "bool", "logical": "bool"}.get(op.kind, ctype)
+        value = "y" if y_type == out.dtype else f"y.to({cg.tl_type(out.dtype)})"
+        if y_type in ("bool",) + cg.INT_TYPES and out.dtype in ("float16", "bfloat16"):
+            # integers reach half types through fp32, as c10::Half/BFloat16 convert them
+            value = f"y.to(tl.float32).to({cg.tl_type(out.dtype)})"
+        src(f"tl.store(out0_ptr + {out_off}, {value}{mask_kw})")
+        src.dedent()
+
+        grid = (-(-numel // block),)
+        launch = Launch(kname, grid, tuple(("in", i) for i in inputs) + (("out", 0),), {"BLOCK": block},
+                        num_warps=warps, num_stages=1)
+        return KernelProgram(src.text(), (launch,))
+
+    # --- validation inputs --------------------------------------------------------------------
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        out_dtype = spec.outputs[0].dtype if spec.outputs else None
+        tensors = []
+        for m in spec.inputs:
+            cast_to_int = (spec.op == "aten._to_copy.default" and cg.is_float(m.dtype)
+                           and out_dtype is not None and cg.is_int(out_dtype))
+            if cast_to_int:
+                # float -> integer conversion is undefined outside the target's range (and for NaN):
+                # draw in range instead of the edge kinds that leave it
+                t = sample_tensor(m, g, "random" if kind in ("special", "large") else kind)
+                info = torch.iinfo(getattr(torch, out_dtype))
+                _restrict(t, m, lambda f: f.clamp(max(info.min, -1000), min(info.max, 1000)))
+                if out_dtype == "uint8":
+                    _restrict(t, m, lambda f: f.abs())
+            else:
+                t = sample_tensor(m, g, kind)
+            tensors.append(t.to(device))
+        return tensors
+
+
+def _restrict(t: torch.Tensor, meta: TensorMeta, fn) -> None:
+    """Apply ``fn`` to every element of the storage behind the strided sample ``t`` (in place)."""
+    if not meta.numel:
+        return
+    span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride))
+    flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
+    flat.copy_(fn(flat.clone()))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _non_overlapping(m: TensorMeta) -> bool:
+    dims = sorted((st, s) for s, st in zip(m.shape, m.stride) if s > 1)
+    reach = 1
+    for st, s in dims:
+        if st < reach:
+            return False
+        reach = st * s
+    return True
+
+
+FAMILY = ElementwiseFamily()

@@ -1,0 +1,395 @@
+"""aten.histc: a histogram of a float tensor over equal-width bins, counted as ATen counts.
+
+ATen (aten/src/ATen/native/Histogram.cpp, cpu/HistogramKernel.cpp, LINEAR_INTERPOLATION):
+- range: min/max as doubles; if equal (both 0 by default) the data's min/max; if those are equal
+  too, min-1 and max+1; a non-finite range or min > max is an error. The edges are then rounded to
+  the input dtype (linspace in that dtype; Scalar -> dtype goes through float).
+- an element x counts when lo <= x <= hi (NaN never does), in bin
+  ``int((x - lo) * bins / (hi - lo))`` evaluated in the input dtype — for fp16/bf16 every step
+  rounds to that type (c10::Half/BFloat16 arithmetic) — with x == hi going to the last bin.
+The kernels repeat that arithmetic step by step (fp32 ops with a rounding to the half type after
+each, IEEE division), so counts match torch.histc on CPU exactly, not just up to edge cases.
+
+Kernels: each program takes ITERS blocks of BLOCK elements, bins them and adds its counts to
+the output with atomics: variant "local" builds a per-program histogram first (tl.histogram on
+the bin index, masked) and issues one atomic per non-empty bin; variant "atomic" issues one
+atomic per element (for many bins). A data-derived range first runs a min/max kernel (atomics
+into a 3-float temp: min, -max, and a NaN flag), and the histogram kernel reads the range from
+there. Counts are exact integers (int32 temp) and become the output dtype in a last small kernel,
+except for a fixed range in fp32, which accumulates straight into the zero-initialised output.
+Where ATen raises (NaN or inf in the data when the range comes from the data), the output is NaN.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
+from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
+from torch_kernelize.spec import KernelSpec
+
+LOCAL_MAX_BINS = 1024     # tl.histogram keeps next_pow2(bins) counters per program (registers/smem)
+
+
+# The interpreter truncates fp32 -> bf16 (GPUs round to nearest even): round by hand, exactly
+# and the same on both, where the counts depend on it.
+BF16_ROUND = '''
+@triton.jit
+def _round_bf16(v):
+    # v rounded to the nearest bfloat16 (ties to even), returned as fp32
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+'''
+
+
+def _round_expr(v: str, dtype: str) -> str:
+    if dtype == "bfloat16":
+        return f"_round_bf16({v})"
+    if dtype == "float16":
+        return f"{v}.to(tl.float16).to(tl.float32)"
+    return v
+
+
+def _to_dtype(v: float, dtype: str) -> float:
+    """ATen's Scalar -> dtype conversion (through float) of a double, as a Python float."""
+    return float(torch.tensor(v, dtype=torch.float64).to(torch.float32).to(getattr(torch, dtype)).item())
+
+
+class HistcFamily(KernelFamily):
+    name = "histc"
+    ops = frozenset({"aten.histc.default"})
+    edge_kinds = ("zeros", "large", "negative", "special")
+
+    # --- analysis ---------------------------------------------------------------------------
+    def _plan(self, spec: KernelSpec) -> dict | str:
+        if spec.op not in self.ops:
+            return f"{self.name} does not handle {spec.op}"
+        args = cg.bind(spec)
+        i = cg.tensor_index(args.get("self"))
+        if i is None:
+            return "self must be a tensor"
+        x = spec.inputs[i]
+        if x.dtype not in cg.FLOAT_TYPES:
+            return f"histc on {x.dtype} is not generated (fp32/fp16/bf16)"
+        bins = args.get("bins", 100)
+        if not isinstance(bins, int) or isinstance(bins, bool) or bins <= 0:
+            return f"bins must be a positive int, got {bins!r}"
+        lo, hi = cg.scalar_value(args.get("min", 0)), cg.scalar_value(args.get("max", 0))
+        if lo is None or hi is None:
+            return "min/max must be numbers"
+        lo, hi = float(lo), float(hi)
+        if len(spec.outputs) != 1 or tuple(spec.outputs[0].shape) != (bins,) or spec.outputs[0].dtype != x.dtype:
+            return f"output {spec.outputs} is not a [{bins}] {x.dtype} histogram"
+        if x.numel == 0:
+            return "empty input"
+        exact_ints = {"float32": 2**24, "float16": 2048, "bfloat16": 256}[x.dtype]
+        if bins > exact_ints:
+            # ATen rounds the bin position to the dtype: above this it can round past the last bin
+            # and write out of bounds (undefined behaviour, seen corrupting memory on CPU)
+            return f"histc with {bins} bins in {x.dtype}: ATen's bin index can exceed the histogram (over {exact_ints})"
+        if bins >= 2**31 - 1 or x.numel >= 2**31 - 1:
+            return "more than 2^31 bins or counts do not fit the int32 counters"
+        plan = {"bins": bins, "dtype": x.dtype, "N": x.numel, "data_range": lo == hi,
+                "out_stride": spec.outputs[0].stride[0]}
+        if lo != hi:
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                return "ATen refuses a non-finite range"
+            if lo > hi:
+                return "ATen refuses min > max"
+            lo_t, hi_t = _to_dtype(lo, x.dtype), _to_dtype(hi, x.dtype)
+            if not lo_t < hi_t or not math.isfinite(hi_t - lo_t):
+                return f"range [{lo}, {hi}] collapses or overflows in {x.dtype} (ATen's bin arithmetic divides by 0)"
+            # ATen bins with the edges in the dtype; the float64 reference with the doubles
+            plan.update(lo=lo_t, hi=hi_t, lo64=lo, hi64=hi, width=_to_dtype(hi_t - lo_t, x.dtype))
+        sizes, strides = cg.simplify(x.shape, [x.stride], order_by=0)
+        plan.update(sizes=sizes, strides=strides)
+        return plan
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        plan = self._plan(spec)
+        return plan if isinstance(plan, str) else None
+
+    # --- configs ------------------------------------------------------------------------------
+    def _valid(self, plan: dict, c: Config) -> bool:
+        b, it, w, v = c["BLOCK"], c["ITERS"], c["num_warps"], c["VARIANT"]
+        if v not in ("local", "atomic") or w not in (1, 2, 4, 8, 16):
+            return False
+        if v == "local" and plan["bins"] > LOCAL_MAX_BINS:
+            return False
+        cap = max(128, min(8192, _p2(plan["N"])))
+        if not (_is_pow2(b) and 128 <= b <= cap and b >= 32 * w):
+            return False
+        return _is_pow2(it) and it <= 64 and (it == 1 or (it // 2) * b < plan["N"])
+
+    def _cfg(self, plan: dict, block: int, warps: int, variant: str, programs: int = 528) -> Config:
+        n = plan["N"]
+        block = max(128, min(block, _p2(n), 8192))
+        warps = max(1, min(warps, block // 32))
+        iters = 1
+        while iters < 64 and -(-n // (block * iters * 2)) >= programs:  # keep ~programs programs
+            iters *= 2
+        return Config.of(BLOCK=block, ITERS=iters, num_warps=warps, VARIANT=variant)
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        seeds = []
+        if plan["bins"] <= LOCAL_MAX_BINS:
+            seeds += [self._cfg(plan, 2048, 8, "local"), self._cfg(plan, 1024, 4, "local", 1056)]
+        seeds += [self._cfg(plan, 1024, 4, "atomic")]
+        return unique([c for c in seeds if self._valid(plan, c)])
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            return []
+        c = config
+        cands = [c.replace(BLOCK=c["BLOCK"] * 2), c.replace(BLOCK=c["BLOCK"] // 2),
+                 c.replace(ITERS=c["ITERS"] * 2), c.replace(ITERS=max(1, c["ITERS"] // 2)),
+                 c.replace(num_warps=c["num_warps"] * 2), c.replace(num_warps=max(1, c["num_warps"] // 2)),
+                 c.replace(VARIANT="atomic" if c["VARIANT"] == "local" else "local")]
+        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(f"{spec.describe()}: {plan}")
+        if not self._valid(plan, config):
+            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        block, iters, warps = int(config["BLOCK"]), int(config["ITERS"]), int(config["num_warps"])
+        local = config["VARIANT"] == "local"
+        bins, dtype, n = plan["bins"], plan["dtype"], plan["N"]
+        data_range = plan["data_range"]
+        half = dtype != "float32"
+        direct = not data_range and not half            # fp32 fixed range: count into the output
+        nb = max(32, _p2(bins))
+        per_prog = block * iters
+        grid = (-(-n // per_prog),)
+        wide = cg.needs_int64(plan["sizes"], plan["strides"], slack=per_prog)
+        ostride = plan["out_stride"]
+        T = cg.tl_type(dtype)
+
+        s = cg.Source()
+        s(cg.HEADER, cg.describe_spec(spec))
+        s(f"# {n} elements over sizes {list(plan['sizes'])}, strides {list(plan['strides'][0])}; {bins} bins",
+          f"# each program bins {iters} block(s) of BLOCK elements ({per_prog} in all)")
+        if data_range:
+            s("# range from the data: histc_range_kernel -> tmp0 = [min, -max, NaN flag (-1 = NaN seen)]")
+        s.blank()
+        if dtype == "bfloat16":
+            s(BF16_ROUND.strip("\n")).blank()
+
+        def elements(indent_note: str = "") -> str | None:
+            """Emit idx/mask/offset lines for block ``it``; returns the mask name (or None)."""
+            s(f"idx = (pid{'.to(tl.int64)' if wide else ''} * {iters} + it) * BLOCK + tl.arange(0, BLOCK)"
+              if iters > 1 else f"idx = pid{'.to(tl.int64)' if wide else ''} * BLOCK + tl.arange(0, BLOCK)")
+            mask = None
+            if n % per_prog:
+                s(f"mask = idx < {n}")
+                mask = "mask"
+            lines, offs = cg.decompose("idx", plan["sizes"], plan["strides"], "i")
+            for line in lines:
+                s(line)
+            kw = f", mask={mask}, other=0.0" if mask else ""
+            conv = "" if dtype == "float32" else ".to(tl.float32)"
+            s(f"x = tl.load(in0_ptr + {offs[0]}{kw}){conv}")
+            return mask
+
+        def loop_header():
+            if iters > 1:
+                s(f"for it in range({iters}):").indent()
+
+        def loop_end():
+            if iters > 1:
+                s.dedent()
+
+        launches, temps = [], []
+        # 1. range from the data
+        if data_range:
+            s("@triton.jit", "def histc_range_kernel(in0_ptr, range_ptr, BLOCK: tl.constexpr):").indent()
+            s("pid = tl.program_id(0)",
+              f"lo = tl.full([BLOCK], {cg.float_literal(math.inf)}, dtype=tl.float32)",
+              f"neg_hi = tl.full([BLOCK], {cg.float_literal(math.inf)}, dtype=tl.float32)",
+              "nan_seen = tl.zeros([BLOCK], dtype=tl.float32)")
+            loop_header()
+            mask = elements()
+            ok = f"{mask} & (x == x)" if mask else "x == x"
+            s(f"lo = tl.minimum(lo, tl.where({ok}, x, {cg.float_literal(math.inf)}))",
+              f"neg_hi = tl.minimum(neg_hi, tl.where({ok}, -x, {cg.float_literal(math.inf)}))",
+              f"nan_seen = tl.minimum(nan_seen, tl.where({(mask + ' & ') if mask else ''}(x != x), -1.0, 0.0))")
+            loop_end()
+            s("tl.atomic_min(range_ptr, tl.min(lo, 0))",
+              "tl.atomic_min(range_ptr + 1, tl.min(neg_hi, 0))",
+              "tl.atomic_min(range_ptr + 2, tl.min(nan_seen, 0))")
+            s.dedent().blank()
+            temps.append(Buffer((3,), "float32", math.inf))
+            launches.append(Launch("histc_range_kernel", grid, (("in", 0), ("tmp", 0)), {"BLOCK": block}, warps, 1))
+
+        # 2. the histogram
+        counts_arg = ("out", 0) if direct else ("tmp", len(temps))
+        if not direct:
+            temps.append(Buffer((bins,), "int32", 0))
+        params = ["in0_ptr", "hist_ptr"] + (["range_ptr"] if data_range else []) + ["BLOCK: tl.constexpr"]
+        s("@triton.jit", f"def histc_kernel({', '.join(params)}):").indent()
+        s("pid = tl.program_id(0)")
+        bins_f = float(bins) if not half else _to_dtype(float(bins), dtype)
+        if data_range:
+            s("mn = tl.load(range_ptr)", "mx = -tl.load(range_ptr + 1)",
+              "# ATen: an empty data range widens by 1 each way (in double), then edges round to the dtype",
+              "lo64 = tl.where(mn == mx, mn.to(tl.float64) - 1.0, mn.to(tl.float64))",
+              "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0, mx.to(tl.float64))",
+              f"lo = {_round_expr('lo64.to(tl.float32)', dtype)}",
+              f"hi = {_round_expr('hi64.to(tl.float32)', dtype)}",
+              f"# where ATen raises (NaN or inf in the data) the range is made empty: nothing counts",
+              f"valid = (tl.load(range_ptr + 2) == 0.0) & (lo > -{cg.float_literal(math.inf)}) & (hi < {cg.float_literal(math.inf)})",
+              f"lo = tl.where(valid, lo, {cg.float_literal(math.inf)})",
+              f"hi = tl.where(valid, hi, -{cg.float_literal(math.inf)})")
+            width = f"_round_bf16(hi - lo)" if dtype == "bfloat16" else f"(hi - lo).to({T}).to(tl.float32)" if half else "hi - lo"
+            s(f"width = {width}")
+            lo_e, hi_e, width_e = "lo", "hi", "width"
+        else:
+            lo_e, hi_e, width_e = (cg.float_literal(plan[k]) for k in ("lo", "hi", "width"))
+            lo_e = f"({lo_e})" if lo_e.startswith("-") else lo_e
+            s(f"# range [{plan['lo']!r}, {plan['hi']!r}] in {dtype}; width hi - lo = {plan['width']!r} in {dtype}")
+        if local:
+            s(f"counts = tl.zeros([{nb}], dtype=tl.int32)")
+        loop_header()
+        mask = elements()
+        keep = " & ".join(([mask] if mask else []) + [f"(x >= {lo_e})", f"(x <= {hi_e})"])
+        s(f"keep = {keep}  # NaN fails both comparisons")
+        if half:
+            rnd = (lambda v: f"_round_bf16({v})") if dtype == "bfloat16" else (lambda v: f"({v}).to({T}).to(tl.float32)")
+            s(f"# ATen's {dtype} arithmetic rounds after every step",
+              f"d = {rnd(f'x - {lo_e}')}",
+              f"q = {rnd(f'd * {cg.float_literal(bins_f)}')}",
+              f"pos = {rnd(f'tl.div_rn(q, {width_e})')}.to(tl.int32)")
+        else:
+            s(f"pos = tl.div_rn((x - {lo_e}) * {cg.float_literal(bins_f)}, {width_e}).to(tl.int32)")
+        s(f"pos = tl.minimum(tl.maximum(pos, 0), {bins - 1})  # x == max lands in the last bin")
+        one = "1.0" if direct else "1"
+        if local:
+            s(f"counts += tl.histogram(pos, {nb}, mask=keep)")
+        else:
+            s(f"tl.atomic_add(hist_ptr + {cg.scaled('pos', ostride if direct else 1)}, {one}, mask=keep, sem=\"relaxed\")")
+        loop_end()
+        if local:
+            s(f"b = tl.arange(0, {nb})",
+              f"tl.atomic_add(hist_ptr + {cg.scaled('b', ostride if direct else 1)}, "
+              f"counts{'.to(tl.float32)' if direct else ''}, mask=(b < {bins}) & (counts > 0), sem=\"relaxed\")")
+        s.dedent().blank()
+        args = (("in", 0), counts_arg) + ((("tmp", 0),) if data_range else ())
+        launches.append(Launch("histc_kernel", grid, args, {"BLOCK": block}, warps, 1))
+
+        # 3. exact integer counts -> output dtype (NaN where ATen would have raised)
+        if not direct:
+            fb = min(_p2(bins), 1024)
+            params = ["counts_ptr", "out0_ptr"] + (["range_ptr"] if data_range else []) + ["BLOCK: tl.constexpr"]
+            s("@triton.jit", f"def histc_finish_kernel({', '.join(params)}):").indent()
+            s("b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)")
+            bmask = bins % fb != 0
+            if bmask:
+                s(f"bmask = b < {bins}")
+            kw = ", mask=bmask" if bmask else ""
+            s(f"y = tl.load(counts_ptr + b{kw}).to(tl.float32)")
+            if data_range:
+                s("mn = tl.load(range_ptr)", "mx = -tl.load(range_ptr + 1)",
+                  f"valid = (tl.load(range_ptr + 2) == 0.0) & (mn > -{cg.float_literal(math.inf)}) & (mx < {cg.float_literal(math.inf)})",
+                  "y = tl.where(valid, y, float('nan'))")
+            v = {"float32": "y", "float16": "y.to(tl.float16)",
+                 "bfloat16": "_round_bf16(y).to(tl.bfloat16)"}[dtype]
+            s(f"tl.store(out0_ptr + {cg.scaled('b', ostride)}, {v}{kw})")
+            s.dedent()
+            args = (("tmp", len(temps) - 1), ("out", 0)) + ((("tmp", 0),) if data_range else ())
+            launches.append(Launch("histc_finish_kernel", (-(-bins // fb),), args, {"BLOCK": fb},
+                                   4 if fb >= 512 else 1, 1))
+        return KernelProgram(s.text(), tuple(launches), output_init=(0,) if direct else (), temps=tuple(temps))
+
+    # --- validation inputs --------------------------------------------------------------------
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        """Inputs whose bins do not depend on precision.
+
+        The float64 reference bins in double; ATen (and this kernel) bin in the input dtype, so an
+        element within rounding distance of a bin edge may land one bin apart, legitimately. Such
+        elements are moved to the middle of their bin (the exact-match test against torch.histc on
+        unrestricted data covers edges).
+        """
+        plan = self._plan(spec)
+        g = torch.Generator().manual_seed(seed)
+        m = spec.inputs[0]
+        x = sample_tensor(m, g, kind)
+        if isinstance(plan, str) or not m.numel:
+            return [x.to(device)]
+        span = 1 + sum((n - 1) * st for n, st in zip(m.shape, m.stride))
+        flat = torch.as_strided(x, (span,), (1,), x.storage_offset())
+        flat.copy_(_unambiguous(flat.clone(), plan))
+        return [x.to(device)]
+
+
+def _bin_positions(x32: torch.Tensor, lo: float, hi: float, bins: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keep, pos) as ATen computes them in ``dtype`` (x32: the values as float32)."""
+    t = getattr(torch, dtype)
+    r = (lambda v: v.to(t).to(torch.float32)) if dtype != "float32" else (lambda v: v)
+    lo32, hi32 = torch.tensor(lo, dtype=torch.float32), torch.tensor(hi, dtype=torch.float32)
+    width = r(hi32 - lo32)
+    bins_t = torch.tensor(_to_dtype(float(bins), dtype) if dtype != "float32" else float(bins), dtype=torch.float32)
+    d = r(x32 - lo32)
+    q = r(d * bins_t)
+    pos = r(q / width)
+    keep = (x32 >= lo32) & (x32 <= hi32)
+    pos = torch.where(keep, pos, torch.zeros_like(pos)).to(torch.int64).clamp(0, bins - 1)
+    return keep, pos
+
+
+def _data_ranges(x: torch.Tensor, plan: dict) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """((lo, hi) in the dtype as ATen uses them, (lo, hi) as the float64 reference uses them)."""
+    finite = x[x.isfinite()]
+    if finite.numel() != x.numel():
+        return None  # ATen raises: no bins to protect
+    mn, mx = float(x.min()), float(x.max())
+    if mn == mx:
+        return (_to_dtype(mn - 1, plan["dtype"]), _to_dtype(mx + 1, plan["dtype"])), (mn - 1, mx + 1)
+    return (mn, mx), (mn, mx)
+
+
+def _unambiguous(flat: torch.Tensor, plan: dict) -> torch.Tensor:
+    bins, dtype = plan["bins"], plan["dtype"]
+    if plan["data_range"]:
+        r = _data_ranges(flat, plan)
+        if r is None:
+            return flat
+        (lo, hi), (lo64, hi64) = r
+        fallback = lo                   # the data's min: bin 0 in both
+    else:
+        lo, hi, lo64, hi64 = plan["lo"], plan["hi"], plan["lo64"], plan["hi64"]
+        fallback = float("nan")         # skipped by both
+    for _ in range(4):
+        x32 = flat.to(torch.float32)
+        keep, pos = _bin_positions(x32, lo, hi, bins, dtype)
+        x64 = flat.to(torch.float64)
+        keep64 = (x64 >= lo64) & (x64 <= hi64)
+        pos64 = torch.where(keep64, ((x64 - lo64) * bins / (hi64 - lo64)), torch.zeros_like(x64)).to(torch.int64)
+        pos64 = pos64.clamp(0, bins - 1)
+        bad = (keep != keep64) | (keep & (pos != pos64))
+        if not bool(bad.any()):
+            return flat
+        # move them to the middle of the bin the reference chose (or of bin 0 if it skipped them)
+        centre = lo64 + (pos64.to(torch.float64) + 0.5) * (hi64 - lo64) / bins
+        flat = torch.where(bad, centre.to(flat.dtype), flat)
+    return torch.where(bad, torch.full_like(flat, fallback), flat)
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _is_pow2(v) -> bool:
+    return isinstance(v, int) and v >= 1 and v & (v - 1) == 0
+
+
+FAMILY = HistcFamily()

@@ -1,0 +1,619 @@
+"""Row reductions: sum, mean, amax, amin, var/std/var_mean over any dims, and softmax/log_softmax.
+
+The input is seen as a matrix: the kept dims form the row axis M, the reduced dims the column axis
+R (each ordered by the input's strides and merged where contiguous; what does not merge is
+indexed by div/mod with literal sizes, so any layout works, and the common one is a single
+stride per axis). A program owns BLOCK_M rows and walks R in BLOCK_R columns: one pass when
+BLOCK_R covers R (the tile stays in registers), else a loop with a BLOCK_M x BLOCK_R accumulator
+reduced at the end. Triton lays the tile out along whichever axis is contiguous, so reducing the
+last dim and reducing an outer dim (M contiguous) are both coalesced.
+
+Few rows and a long R (e.g. a full reduction) leave most of the GPU idle: SPLIT > 1 cuts R into
+SPLIT chunks reduced by separate programs into an fp32 temporary, and a second small kernel
+combines the partials (sum / max / min directly; var by Chan's parallel formula).
+
+Everything accumulates in fp32 and is rounded to the output dtype on store. Softmax uses the
+online max/sum update when R does not fit one block.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, unique
+from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
+from torch_kernelize.spec import KernelSpec
+
+REDUCE_OPS = {
+    "aten.sum.dim_IntList": "sum", "aten.sum.default": "sum",
+    "aten.mean.dim": "mean", "aten.mean.default": "mean",
+    "aten.amax.default": "amax", "aten.amin.default": "amin",
+    "aten.var.correction": "var", "aten.std.correction": "std", "aten.var_mean.correction": "var_mean",
+}
+SOFTMAX_OPS = {"aten._softmax.default": "softmax", "aten._log_softmax.default": "log_softmax"}
+
+MAX_TILE = 32768        # elements of one BLOCK_M x BLOCK_R fp32 tile (registers)
+INF = "float('inf')"
+
+
+@dataclasses.dataclass
+class _Plan:
+    kind: str                         # sum mean amax amin var std var_mean softmax log_softmax
+    in_dtype: str
+    pre_cast: str | None              # sum/mean dtype=: the input is rounded to this first
+    out_dtypes: list[str]
+    M: int
+    R: int
+    m_sizes: tuple[int, ...]          # row axis, merged
+    m_strides: list[tuple[int, ...]]  # [input, output0, output1...] strides over m_sizes
+    r_sizes: tuple[int, ...]          # reduced axis, merged
+    r_strides: list[tuple[int, ...]]  # [input] (+ [output] for softmax)
+    denom: float = 0.0                # var: max(0, R - correction)
+
+
+def _norm_dims(dims: Any, ndim: int) -> list[int] | str:
+    if dims is None or dims == []:
+        return list(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    out = []
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool):
+            return f"bad dim {d!r}"
+        n = max(ndim, 1)
+        if not -n <= d < n:
+            return f"dim {d} out of range for {ndim}-d input"
+        out.append(d % n if ndim else 0)
+    if len(set(out)) != len(out):
+        return "repeated dim"
+    return sorted(set(out) & set(range(ndim))) if ndim else []
+
+
+class ReductionFamily(KernelFamily):
+    name = "reductions"
+    ops = frozenset(REDUCE_OPS) | frozenset(SOFTMAX_OPS)
+    edge_kinds = ("zeros", "large", "negative", "special")
+
+    # --- analysis ---------------------------------------------------------------------------
+    def _plan(self, spec: KernelSpec) -> _Plan | str:
+        if spec.op not in self.ops:
+            return f"{self.name} does not handle {spec.op}"
+        args = cg.bind(spec)
+        i = cg.tensor_index(args.get("self"))
+        if i is None:
+            return "self must be a tensor"
+        x = spec.inputs[i]
+        if x.dtype not in cg.FLOAT_TYPES:
+            return f"input dtype {x.dtype} is not fp32/fp16/bf16"
+        if any(o.dtype not in cg.FLOAT_TYPES for o in spec.outputs):
+            return f"output dtypes {[o.dtype for o in spec.outputs]} are not all fp32/fp16/bf16"
+        if x.numel == 0:
+            return "empty input: nothing to reduce"
+        ndim = len(x.shape)
+        kind = REDUCE_OPS.get(spec.op) or SOFTMAX_OPS[spec.op]
+        pre_cast = None
+        denom = 0.0
+        if kind in SOFTMAX_OPS.values():
+            if args.get("half_to_float"):
+                return "half_to_float=True is not generated (ATen refuses it on CPU, so it cannot be validated)"
+            dims = _norm_dims(args.get("dim"), ndim)
+            if isinstance(dims, str):
+                return dims
+            keep = [d for d in range(ndim) if d not in dims]
+            exp_shapes = [x.shape]
+        else:
+            dims = _norm_dims(args.get("dim") if "dim" in args else None, ndim)
+            if isinstance(dims, str):
+                return dims
+            keepdim = bool(args.get("keepdim", False))
+            keep = [d for d in range(ndim) if d not in dims]
+            if kind in ("sum", "mean"):
+                dt = cg.dtype_arg(args.get("dtype"))
+                if args.get("dtype") is not None and dt is None:
+                    return f"bad dtype argument {args.get('dtype')!r}"
+                if dt is not None:
+                    if dt not in cg.FLOAT_TYPES:
+                        return f"{kind} with dtype={dt} is not generated (fp32/fp16/bf16 only)"
+                    if torch.finfo(getattr(torch, dt)).bits < torch.finfo(x.torch_dtype).bits or (
+                            {dt, x.dtype} == {"float16", "bfloat16"}):
+                        pre_cast = dt
+            if kind in ("var", "std", "var_mean"):
+                c = args.get("correction")
+                c = 1 if c is None else cg.scalar_value(c)
+                if c is None:
+                    return "correction must be a number"
+                R = math.prod(x.shape[d] for d in dims)
+                denom = float(max(0.0, R - c))
+            shape = tuple(1 if d in dims else x.shape[d] for d in range(ndim)) if keepdim else \
+                tuple(x.shape[d] for d in keep)
+            exp_shapes = [shape] * (2 if kind == "var_mean" else 1)
+        if len(spec.outputs) != len(exp_shapes) or any(tuple(o.shape) != tuple(s)
+                                                        for o, s in zip(spec.outputs, exp_shapes)):
+            return f"outputs {[o.shape for o in spec.outputs]} do not match the reduction {exp_shapes}"
+        if any(o.device != x.device for o in spec.outputs):
+            return "input and output devices differ"
+
+        M = math.prod(x.shape[d] for d in keep)
+        R = math.prod(x.shape[d] for d in dims)
+        # row axis: kept dims, ordered by the input's strides; output strides of the same dims
+        out_keep_strides = []
+        for o in spec.outputs:
+            if tuple(o.shape) == tuple(x.shape):          # softmax, or keepdim
+                out_keep_strides.append(tuple(o.stride[d] for d in keep))
+            elif len(o.shape) == len(keep):
+                out_keep_strides.append(tuple(o.stride))
+            else:
+                out_keep_strides.append(tuple(o.stride[d] for d in keep))
+        m_sizes, m_strides = cg.simplify([x.shape[d] for d in keep],
+                                         [tuple(x.stride[d] for d in keep)] + out_keep_strides, order_by=0)
+        r_sets = [tuple(x.stride[d] for d in dims)]
+        if kind in SOFTMAX_OPS.values():
+            r_sets.append(tuple(spec.outputs[0].stride[d] for d in dims))
+        r_sizes, r_strides = cg.simplify([x.shape[d] for d in dims], r_sets, order_by=0)
+        return _Plan(kind, x.dtype, pre_cast, [o.dtype for o in spec.outputs], M, R, m_sizes, m_strides,
+                     r_sizes, r_strides, denom)
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        plan = self._plan(spec)
+        return plan if isinstance(plan, str) else None
+
+    # --- configs ------------------------------------------------------------------------------
+    def _valid(self, plan: _Plan, c: Config) -> bool:
+        bm, br, split = c["BLOCK_M"], c["BLOCK_R"], c["SPLIT"]
+        if not all(_is_pow2(v) for v in (bm, br, split)):
+            return False
+        if c["num_warps"] not in (1, 2, 4, 8, 16) or c["num_stages"] not in (1, 2, 3, 4):
+            return False
+        if bm > _p2(plan.M) or bm * br > MAX_TILE:
+            return False
+        if split > 1 and (plan.kind in SOFTMAX_OPS.values() or split > -(-plan.R // br)):
+            return False
+        chunk = -(-plan.R // split)
+        if br > _p2(chunk):
+            return False
+        if split == 1 and br >= plan.R and c["num_stages"] != 1:
+            return False  # single pass: no loop to pipeline
+        return True
+
+    def _cfg(self, plan: _Plan, bm: int, br: int, split: int = 1, warps: int | None = None,
+             stages: int = 2) -> Config:
+        bm = max(1, min(bm, _p2(plan.M)))
+        chunk = -(-plan.R // split)
+        br = max(1, min(br, _p2(chunk), MAX_TILE // bm))
+        if split > 1:
+            split = max(1, min(split, _floor2(-(-plan.R // br))))
+        if warps is None:
+            warps = max(1, min(16, (bm * br) // 512))
+        single = split == 1 and br >= plan.R
+        return Config.of(BLOCK_M=bm, BLOCK_R=br, SPLIT=split, num_warps=warps,
+                         num_stages=1 if single else stages)
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        R, M = plan.R, plan.M
+        in_r = plan.r_strides[0][-1] if plan.r_sizes else 1
+        in_m = plan.m_strides[0][-1] if plan.m_sizes else 0
+        softmax = plan.kind in SOFTMAX_OPS.values()
+        seeds = []
+        if in_r != 1 and in_m == 1:
+            # reducing an outer dim: rows are contiguous, walk R with a short block; with few row
+            # blocks, split R too, so that a few hundred programs share the work (132 SMs)
+            for bm, br, stages in ((64, 32, 3), (128, 16, 2), (32, 64, 2)):
+                blocks = -(-M // min(bm, _p2(M)))
+                split = max(1, min(_floor2(max(1, 528 // blocks)), _floor2(max(1, R // (br * 8)))))
+                seeds.append(self._cfg(plan, bm, br, split if not softmax else 1, stages=stages))
+        else:
+            # softmax keeps a row in registers up to 16K columns; longer rows loop over 8K blocks
+            # (measured best on an H200 for a 50K vocabulary)
+            one = (_p2(R) if _p2(R) <= 16384 else 8192) if softmax else min(_p2(R), 4096)
+            seeds += [self._cfg(plan, max(1, 4096 // one), one, stages=2),
+                      self._cfg(plan, max(1, 2048 // min(_p2(R), 1024)), 1024, stages=2),
+                      self._cfg(plan, max(1, 8192 // one), one, stages=3)]
+        if not softmax and -(-M // seeds[0]["BLOCK_M"]) < 132 and R >= 8192:
+            # few rows, long rows (132 SMs on an H200): split R into chunks of >= ~8K elements,
+            # up to ~2K programs in all (a 16M-element sum was fastest with 2048 chunks)
+            bm = 32 if in_m == 1 and in_r != 1 else 1
+            split = max(2, min(_floor2(R // 8192), _floor2(max(2, 2048 // -(-M // bm)))))
+            seeds += [self._cfg(plan, bm, 2048 if bm == 1 else 64, split, 4)]
+        return unique([c for c in seeds if self._valid(plan, c)])
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            return []
+        c = config
+        cands = []
+        for k in ("BLOCK_M", "BLOCK_R", "SPLIT", "num_warps"):
+            cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: max(1, c[k] // 2)})]
+        cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
+        # growing BLOCK_R into a single pass drops the stages, which only apply to a loop
+        cands += [x.replace(num_stages=1) for x in list(cands) if x["BLOCK_R"] >= plan.R and x["SPLIT"] == 1]
+        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(f"{spec.describe()}: {plan}")
+        if not self._valid(plan, config):
+            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        gen = _Gen(spec, plan, config)
+        return gen.program()
+
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        inputs = super().sample_inputs(spec, seed, kind, "cpu")
+        if kind == "special" and spec.op == "aten.var_mean.correction":
+            # ATen's Welford mean of a row holding +-inf is inf only when the inf comes last in its
+            # processing order, else NaN (order-dependent); this kernel returns the mean (inf).
+            # NaN inputs still test propagation: infinities become NaN here.
+            for t, m in zip(inputs, spec.inputs):
+                if m.numel:
+                    span = 1 + sum((n - 1) * st for n, st in zip(m.shape, m.stride))
+                    flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
+                    flat.copy_(torch.where(flat.isinf(), torch.full_like(flat, float("nan")), flat))
+        return [t.to(device) for t in inputs]
+
+
+# --- code generation -------------------------------------------------------------------------
+
+
+class _Gen:
+    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config):
+        self.spec, self.p, self.c = spec, plan, config
+        self.bm, self.br = int(config["BLOCK_M"]), int(config["BLOCK_R"])
+        split = int(config["SPLIT"])
+        self.chunk = -(-plan.R // split)
+        self.chunk = -(-self.chunk // self.br) * self.br          # a whole number of blocks
+        self.split = -(-plan.R // self.chunk)                     # chunks actually needed
+        self.single = self.split == 1 and self.br >= plan.R
+        sets = plan.m_strides + [tuple(plan.R * s for s in cg.contiguous_strides(plan.m_sizes))]
+        self.wide = cg.needs_int64(plan.m_sizes, sets, slack=self.bm) or cg.needs_int64(
+            plan.r_sizes, plan.r_strides, slack=self.chunk + self.br) or \
+            cg.max_offset(plan.m_sizes, plan.m_strides[0]) + cg.max_offset(plan.r_sizes, plan.r_strides[0]) > cg.INT32_MAX
+        self.src = cg.Source()
+        self.kname = spec.op.split(".")[1].lstrip("_")
+
+    # small emitters ------------------------------------------------------------------------
+    def rows(self, pid: str = "pid") -> tuple[list[str], str | None]:
+        """Emit row indices, their mask and per-tensor row offsets; returns (offsets, row_mask)."""
+        p, s = self.p, self.src
+        s(f"rows = {pid}{'.to(tl.int64)' if self.wide else ''} * BLOCK_M + tl.arange(0, BLOCK_M)")
+        row_mask = None
+        if p.M % self.bm:
+            s(f"row_mask = rows < {p.M}")
+            row_mask = "row_mask"
+        lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
+        for line in lines:
+            s(line)
+        names = ["in_row"] + [f"out{i}_row" for i in range(len(offs) - 1)]
+        for k, (name, off) in enumerate(zip(names, offs)):
+            if " " in off:  # a compound offset: name it once
+                if off in offs[:k]:
+                    offs[k] = offs[offs.index(off)]
+                    continue
+                s(f"{name} = {off}")
+                offs[k] = name
+        return offs, row_mask
+
+    def cols(self, start: str | None) -> tuple[list[str], str | None]:
+        """Emit the column indices of one block (from ``start``) and their offsets and mask."""
+        p, s = self.p, self.src
+        base = "tl.arange(0, BLOCK_R)" if start is None else f"{start} + tl.arange(0, BLOCK_R)"
+        if self.wide:
+            base = f"({base}).to(tl.int64)"
+        s(f"r = {base}")
+        col_mask = None
+        if (self.single and self.br != p.R) or (not self.single and (p.R % self.br or self.split > 1)):
+            s(f"col_mask = r < {p.R}")
+            col_mask = "col_mask"
+        lines, offs = cg.decompose("r", p.r_sizes, p.r_strides, "k")
+        for line in lines:
+            s(line)
+        return offs, col_mask
+
+    @staticmethod
+    def mask2(row_mask: str | None, col_mask: str | None) -> str | None:
+        if row_mask and col_mask:
+            return f"{row_mask}[:, None] & {col_mask}[None, :]"
+        if row_mask:
+            return f"{row_mask}[:, None]"
+        if col_mask:
+            return f"{col_mask}[None, :]"
+        return None
+
+    @staticmethod
+    def tile(row_off: str, col_off: str) -> str:
+        """A BLOCK_M x BLOCK_R offset tile (a zero offset keeps its axis: ``rows * 0``)."""
+        row = "rows * 0" if row_off == "0" else row_off
+        col = "r * 0" if col_off == "0" else col_off
+        wrap = lambda o: f"({o})" if " " in o else o
+        return f"{wrap(row)}[:, None] + {wrap(col)}[None, :]"
+
+    def load(self, var: str, row_off: str, col_off: str, mask: str | None, other: str) -> None:
+        p = self.p
+        ptr = "in0_ptr + " + self.tile(row_off, col_off)
+        kw = f", mask={mask}, other={other}" if mask else ""
+        conv = ""
+        if p.pre_cast:
+            conv += f".to({cg.tl_type(p.pre_cast)})"
+        if p.pre_cast or p.in_dtype != "float32":
+            conv += ".to(tl.float32)"
+        self.src(f"{var} = tl.load({ptr}{kw}){conv}")
+
+    def store(self, out: int, row_off: str, value: str, row_mask: str | None) -> None:
+        dt = self.p.out_dtypes[out]
+        v = value if dt == "float32" else f"{value}.to({cg.tl_type(dt)})"
+        kw = f", mask={row_mask}" if row_mask else ""
+        # one row (M == 1): rows == [0], which keeps the stored value and the pointer both blocks
+        ptr = f"out{out}_ptr + {'rows' if row_off == '0' else row_off}"
+        self.src(f"tl.store({ptr}, {v}{kw})")
+
+    def header(self) -> None:
+        s, p = self.src, self.p
+        s(cg.HEADER, cg.describe_spec(self.spec))
+        s(f"# rows M={p.M} over sizes {list(p.m_sizes)}, strides " + ", ".join(
+            f"{n} {list(st)}" for n, st in zip(["in0"] + [f"out{i}" for i in range(len(p.out_dtypes))], p.m_strides)))
+        s(f"# reduced R={p.R} over sizes {list(p.r_sizes)}, strides " + ", ".join(
+            f"{n} {list(st)}" for n, st in zip(["in0", "out0"], p.r_strides)))
+        s.blank()
+
+    def program(self) -> KernelProgram:
+        self.header()
+        if self.p.kind in SOFTMAX_OPS.values():
+            return self.softmax()
+        return self.reduction()
+
+    # reductions --------------------------------------------------------------------------------
+    def accumulate(self, row_offs: list[str], row_mask: str | None, start: str | None) -> None:
+        """Emit the body that leaves per-row results: total (sum), best (amax/amin), mean+m2 (var)."""
+        s, p, kind = self.src, self.p, self.p.kind
+        loop = not self.single
+        if kind in ("amax", "amin"):
+            init, better = ("-" + INF, ">") if kind == "amax" else (INF, "<")
+        else:
+            init, better = "0.0", None
+
+        def block_loop(body):
+            if loop:
+                s(f"for r0 in range(0, {self.chunk if self.split > 1 else p.R}, BLOCK_R):").indent()
+                offs, col_mask = self.cols("r0" if start is None else f"{start} + r0")
+            else:
+                offs, col_mask = self.cols(start)
+            mask = self.mask2(row_mask, col_mask)
+            body(offs[0], mask)
+            if loop:
+                s.dedent()
+
+        if kind in ("sum", "mean"):
+            if loop:
+                s("acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
+                block_loop(lambda off, mask: (self.load("x", row_offs[0], off, mask, "0.0"), s("acc += x")))
+                s("total = tl.sum(acc, 1)")
+            else:
+                block_loop(lambda off, mask: self.load("x", row_offs[0], off, mask, "0.0"))
+                s("total = tl.sum(x, 1)")
+            return
+        if kind in ("amax", "amin"):
+            red = "tl.max" if kind == "amax" else "tl.min"
+            if loop:
+                s(f"acc = tl.full([BLOCK_M, BLOCK_R], {init}, dtype=tl.float32)")
+
+                def body(off, mask):
+                    self.load("x", row_offs[0], off, mask, init)
+                    s(f"acc = tl.where((x {better} acc) | (x != x), x, acc)  # NaN sticks, as in ATen")
+                block_loop(body)
+            else:
+                block_loop(lambda off, mask: self.load("acc", row_offs[0], off, mask, init))
+            s(f"best = {red}(acc, 1)",
+              "# tl.max/tl.min skip NaN; ATen's amax/amin return NaN for a row holding one: add it back",
+              "best += tl.sum(tl.where(acc != acc, acc, 0.0), 1)")
+            return
+        # var / std / var_mean: two passes (mean, then squared deviations), exact in fp32
+        n = "n" if self.split > 1 else cg.float_literal(p.R)
+        if self.split > 1:
+            s(f"n = tl.minimum({p.R} - pid_s * {self.chunk}, {self.chunk}).to(tl.float32)  # elements in this chunk")
+        if loop:
+            s("acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
+            block_loop(lambda off, mask: (self.load("x", row_offs[0], off, mask, "0.0"), s("acc += x")))
+            s(f"mean = tl.div_rn(tl.sum(acc, 1), {n})")
+            s("acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
+
+            def body2(off, mask):
+                self.load("x", row_offs[0], off, mask, "0.0")
+                s(f"d = tl.where({mask}, x - mean[:, None], 0.0)" if mask else "d = x - mean[:, None]")
+                s("acc += d * d")
+            block_loop(body2)
+            s("m2 = tl.sum(acc, 1)")
+        else:
+            def body(off, mask):
+                self.load("x", row_offs[0], off, mask, "0.0")
+                s(f"mean = tl.div_rn(tl.sum(x, 1), {n})")
+                s(f"d = tl.where({mask}, x - mean[:, None], 0.0)" if mask else "d = x - mean[:, None]")
+                s("m2 = tl.sum(d * d, 1)")
+            block_loop(body)
+
+    def finish(self, row_offs: list[str], row_mask: str | None) -> None:
+        """Store the final outputs from total / best / mean+m2."""
+        s, p, kind = self.src, self.p, self.p.kind
+        out_offs = row_offs[1:]
+        if kind == "sum":
+            self.store(0, out_offs[0], "total", row_mask)
+        elif kind == "mean":
+            s(f"mean = tl.div_rn(total, {cg.float_literal(p.R)})")
+            self.store(0, out_offs[0], "mean", row_mask)
+        elif kind in ("amax", "amin"):
+            self.store(0, out_offs[0], "best", row_mask)
+        else:
+            s(f"var = tl.div_rn(m2, {cg.float_literal(p.denom)})  # max(0, N - correction)")
+            if kind == "std":
+                s("std = tl.sqrt_rn(var)")
+                self.store(0, out_offs[0], "std", row_mask)
+            else:
+                self.store(0, out_offs[0], "var", row_mask)
+            if kind == "var_mean":
+                self.store(1, out_offs[1], "mean", row_mask)
+
+    def reduction(self) -> KernelProgram:
+        s, p = self.src, self.p
+        nout = len(p.out_dtypes)
+        grid_m = -(-p.M // self.bm)
+        consts = {"BLOCK_M": self.bm, "BLOCK_R": self.br}
+        warps, stages = int(self.c["num_warps"]), int(self.c["num_stages"])
+        if self.split == 1:
+            outs = ", ".join(f"out{i}_ptr" for i in range(nout))
+            s("@triton.jit", f"def {self.kname}_kernel(in0_ptr, {outs}, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):").indent()
+            s("pid = tl.program_id(0)")
+            offs, row_mask = self.rows()
+            self.accumulate(offs, row_mask, None)
+            self.finish(offs, row_mask)
+            s.dedent()
+            launch = Launch(f"{self.kname}_kernel", (grid_m,), (("in", 0),) + tuple(("out", i) for i in range(nout)),
+                            consts, warps, stages)
+            return KernelProgram(s.text(), (launch,))
+
+        # split: partial results per (chunk, row) into tmp, then a combine kernel
+        nparts = 2 if p.kind in ("var", "std", "var_mean") else 1
+        S, M = self.split, p.M
+        s(f"# R is cut into {S} chunks of {self.chunk}; partial results go to tmp[part, chunk, row] (fp32)")
+        s.blank()
+        s("@triton.jit", f"def {self.kname}_partial_kernel(in0_ptr, tmp_ptr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):").indent()
+        s("pid = tl.program_id(0)", "pid_s = tl.program_id(1)  # which chunk of R")
+        offs, row_mask = self.rows()
+        self.accumulate(offs, row_mask, f"pid_s * {self.chunk}")
+        dest = f"{cg.scaled('pid_s', M)} + rows"
+        kw = f", mask={row_mask}" if row_mask else ""
+        if p.kind in ("sum", "mean"):
+            s(f"tl.store(tmp_ptr + {dest}, total{kw})")
+        elif p.kind in ("amax", "amin"):
+            s(f"tl.store(tmp_ptr + {dest}, best{kw})")
+        else:
+            s(f"tl.store(tmp_ptr + {dest}, mean{kw})", f"tl.store(tmp_ptr + {S * M} + {dest}, m2{kw})")
+        s.dedent().blank()
+
+        # combine: one program per BLOCK_M rows reads all chunks of its rows
+        sp2 = _p2(S)
+        bm2 = max(1, min(_p2(M), 4096 // sp2))
+        outs = ", ".join(f"out{i}_ptr" for i in range(nout))
+        s("@triton.jit", f"def {self.kname}_combine_kernel(tmp_ptr, {outs}, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr):").indent()
+        s("pid = tl.program_id(0)")
+        saved_bm = self.bm
+        self.bm = bm2
+        offs, row_mask = self.rows()
+        self.bm = saved_bm
+        s("chunk = tl.arange(0, BLOCK_S)")
+        cmask = None
+        if sp2 != S:
+            s(f"chunk_mask = chunk < {S}")
+            cmask = "chunk_mask"
+        mask = self.mask2(row_mask, cmask)
+        where = f"rows[:, None] + {'chunk' if M == 1 else f'(chunk * {M})'}[None, :]"
+        kw = (lambda other: f", mask={mask}, other={other}") if mask else (lambda other: "")
+        if p.kind in ("sum", "mean"):
+            s(f"total = tl.sum(tl.load(tmp_ptr + {where}{kw('0.0')}), 1)")
+        elif p.kind in ("amax", "amin"):
+            init = ("-" + INF) if p.kind == "amax" else INF
+            red = "tl.max" if p.kind == "amax" else "tl.min"
+            s(f"acc = tl.load(tmp_ptr + {where}{kw(init)})",
+              f"best = {red}(acc, 1)", "best += tl.sum(tl.where(acc != acc, acc, 0.0), 1)  # keep NaN")
+        else:
+            s(f"part_mean = tl.load(tmp_ptr + {where}{kw('0.0')})",
+              f"part_m2 = tl.load(tmp_ptr + {S * M} + {where}{kw('0.0')})",
+              f"n = tl.minimum({p.R} - chunk * {self.chunk}, {self.chunk}).to(tl.float32)  # elements per chunk",
+              f"mean = tl.div_rn(tl.sum(part_mean * n[None, :], 1), {cg.float_literal(p.R)})",
+              "# Chan et al.: m2 = sum of the chunks' m2 + n * (chunk mean - mean)^2",
+              "d = part_mean - mean[:, None]")
+            spread = "part_m2 + n[None, :] * d * d"
+            s(f"m2 = tl.sum(tl.where({mask}, {spread}, 0.0), 1)" if mask else f"m2 = tl.sum({spread}, 1)")
+        self.finish(offs, row_mask)
+        s.dedent()
+        partial = Launch(f"{self.kname}_partial_kernel", (grid_m, S), (("in", 0), ("tmp", 0)), consts, warps, stages)
+        combine = Launch(f"{self.kname}_combine_kernel", (-(-M // bm2),), (("tmp", 0),) + tuple(("out", i) for i in range(nout)),
+                         {"BLOCK_M": bm2, "BLOCK_S": sp2}, 4 if bm2 * sp2 >= 1024 else 1, 1)
+        tmp = Buffer((nparts, S, M), "float32")
+        return KernelProgram(s.text(), (partial, combine), temps=(tmp,))
+
+    # softmax -----------------------------------------------------------------------------------
+    def softmax(self) -> KernelProgram:
+        s, p = self.src, self.p
+        log = p.kind == "log_softmax"
+        s("@triton.jit", f"def {self.kname}_kernel(in0_ptr, out0_ptr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):").indent()
+        s("pid = tl.program_id(0)")
+        offs, row_mask = self.rows()
+        in_row, out_row = offs[0], offs[1]
+
+        def out_tile(col_offs):
+            return "out0_ptr + " + self.tile(out_row, col_offs[1])
+
+        def result(mask, col_offs):
+            if log:
+                s("y = x - row_max[:, None] - tl.log(row_sum)[:, None]")
+            else:
+                s("y = tl.div_rn(tl.exp(x - row_max[:, None]), row_sum[:, None])")
+            dt = p.out_dtypes[0]
+            v = "y" if dt == "float32" else f"y.to({cg.tl_type(dt)})"
+            s(f"tl.store({out_tile(col_offs)}, {v}{', mask=' + mask if mask else ''})")
+
+        if self.single:
+            col_offs, col_mask = self.cols(None)
+            mask = self.mask2(row_mask, col_mask)
+            self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            s("row_max = tl.max(x, 1)", "e = tl.exp(x - row_max[:, None])")
+            if mask:
+                s(f"e = tl.where({mask}, e, 0.0)  # padding would be exp(-inf - -inf) = NaN for all--inf rows")
+            s("row_sum = tl.sum(e, 1)")
+            if log:
+                s("y = x - row_max[:, None] - tl.log(row_sum)[:, None]")
+            else:
+                s("y = tl.div_rn(e, row_sum[:, None])")
+            dt = p.out_dtypes[0]
+            v = "y" if dt == "float32" else f"y.to({cg.tl_type(dt)})"
+            s(f"tl.store({out_tile(col_offs)}, {v}{', mask=' + mask if mask else ''})")
+        else:
+            s("# pass 1: running max and sum of exp(x - max) per lane (online softmax)",
+              f"m_i = tl.full([BLOCK_M, BLOCK_R], -{INF}, dtype=tl.float32)",
+              "s_i = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
+            s(f"for r0 in range(0, {p.R}, BLOCK_R):").indent()
+            col_offs, col_mask = self.cols("r0")
+            mask = self.mask2(row_mask, col_mask)
+            self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            s("m_new = tl.maximum(m_i, x)",
+              "# lanes that have only seen -inf keep sum 0 (exp(-inf - -inf) would be NaN)",
+              f"alpha = tl.where(m_new == -{INF}, 1.0, tl.exp(m_i - m_new))",
+              f"s_i = s_i * alpha + tl.where(m_new == -{INF}, 0.0, tl.exp(x - m_new))",
+              "m_i = m_new")
+            s.dedent()
+            s("row_max = tl.max(m_i, 1)",
+              f"row_sum = tl.sum(tl.where(m_i == -{INF}, 0.0, s_i * tl.exp(m_i - row_max[:, None])), 1)",
+              "# pass 2: normalise")
+            s(f"for r0 in range(0, {p.R}, BLOCK_R):").indent()
+            col_offs, col_mask = self.cols("r0")
+            mask = self.mask2(row_mask, col_mask)
+            self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            result(mask, col_offs)
+            s.dedent()
+        s.dedent()
+        launch = Launch(f"{self.kname}_kernel", (-(-p.M // self.bm),), (("in", 0), ("out", 0)),
+                        {"BLOCK_M": self.bm, "BLOCK_R": self.br}, int(self.c["num_warps"]), int(self.c["num_stages"]))
+        return KernelProgram(s.text(), (launch,))
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _floor2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def _is_pow2(v: Any) -> bool:
+    return isinstance(v, int) and v >= 1 and v & (v - 1) == 0
+
+
+FAMILY = ReductionFamily()

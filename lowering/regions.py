@@ -1,0 +1,306 @@
+"""Fused regions: groups of ATen nodes that one kernel computes, keyed like a single op.
+
+A region is an overlay on the planned graph. ``find_regions`` forms the candidates once per
+graph (shape-independent); at each shape signature the runtime builds the region's KernelSpec
+(op "region", ``graph`` = the canonical JSON of its nodes) and looks it up like any spec: a hit
+replaces the region's nodes by one launch, a miss leaves each node to its own decision and is
+recorded (for fill_cache) like any miss.
+
+Region kinds (the ``kind`` field of the canonical graph):
+  pointwise   connected pointwise nodes over one iteration shape (inputs may broadcast);
+  rowwise     pointwise nodes around reductions over the last dim (RMSNorm, LayerNorm, softmax
+              with their neighbours): full-shape [.., N] and row-shape [.., 1] values;
+  matmul      mm / addmm / bmm followed by a chain of pointwise epilogue nodes on its output.
+
+Canonical graph format (JSON, part of the spec key):
+  {"kind": ..., "nodes": [{"op": "aten.mul.Tensor", "args": [...], "kwargs": {...},
+                           "meta": TensorMeta json}, ...],
+   "outputs": [node index, ...]}
+where an argument is {"input": i} (region input i), {"node": j} (value of node j) or a constant
+encoded as in KernelSpec (spec.encode_arg).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import operator
+from typing import Any, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.lowering.op_classes import NodeClass, classify
+from torch_kernelize.lowering.targets import Target, op_name, resolve_op
+from torch_kernelize.shapes import concrete_meta, concrete_value
+from torch_kernelize.spec import KernelSpec, TensorMeta, decode_arg, encode_arg
+
+aten = torch.ops.aten
+
+MATMUL_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
+ROW_REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
+                  aten._softmax.default, aten._log_softmax.default, aten.var_mean.correction}
+MAX_REGION_NODES = 64
+
+
+def _pointwise_ops() -> frozenset[str]:
+    from torch_kernelize.lowering.kernels.elementwise import FAMILY
+    return frozenset(FAMILY.ops)
+
+
+@dataclasses.dataclass
+class Region:
+    kind: str
+    nodes: list[fx.Node]          # topological order
+    inputs: list[fx.Node]         # external tensor inputs, in order of first use
+    outputs: list[fx.Node]        # nodes whose values are used outside the region
+
+    @property
+    def names(self) -> set[str]:
+        return {n.name for n in self.nodes}
+
+
+# --- formation -----------------------------------------------------------------------------------
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _is_tensor_node(n: Any) -> bool:
+    return isinstance(n, fx.Node) and isinstance(_val(n), torch.Tensor)
+
+
+def _reduces_last_dim(node: fx.Node) -> bool:
+    x = _val(node.args[0])
+    if x is None or x.dim() == 0:
+        return False
+    if node.target in (aten._softmax.default, aten._log_softmax.default):
+        return node.args[1] in (-1, x.dim() - 1) and not node.args[2]
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or len(dims) != 1:
+        return False
+    keepdim = (node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+    return dims[0] in (-1, x.dim() - 1) and bool(keepdim) and not node.kwargs.get("dtype")
+
+
+def _role(node: fx.Node, pointwise: frozenset[str], target: Target) -> str | None:
+    """pointwise | reduction | matmul | None (not fusible)."""
+    if node.op != "call_function" or classify(node)[0] is not NodeClass.COMPUTE:
+        return None
+    if not target.vendor_runs(node.target) or not _is_tensor_node(node):
+        return None
+    if node.target in MATMUL_OPS:
+        return "matmul"
+    if node.target in ROW_REDUCTIONS and node.target is not aten.var_mean.correction and _reduces_last_dim(node):
+        return "reduction"
+    if op_name(node.target) in pointwise:
+        return "pointwise"
+    return None
+
+
+def _e(x: Any) -> Any:
+    return x.node.expr if isinstance(x, torch.SymInt) else sympy.Integer(int(x))
+
+
+def _dims_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    return len(a) == len(b) and all(sympy.simplify(_e(x) - _e(y)) == 0 for x, y in zip(a, b))
+
+
+def _same_shape(a: Any, b: Any) -> bool:
+    return _dims_equal(a.shape, b.shape)
+
+
+def _row_shape_of(full: Any, v: Any) -> bool:
+    """v has the shape of ``full`` with the last dim reduced to 1."""
+    return v.dim() == full.dim() and _dims_equal(v.shape[:-1], full.shape[:-1]) and _e(v.shape[-1]) == 1
+
+
+def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
+    """Greedy formation in topological order: a fusible node joins (and merges) the compatible
+    groups of its producers, unless that would close a cycle through an outside node."""
+    pointwise = _pointwise_ops()
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    group_of: dict[fx.Node, int] = {}
+    groups: dict[int, dict[str, Any]] = {}
+
+    def depends_on(node: fx.Node, gids: set[int]) -> bool:
+        """Whether ``node`` (outside the groups) reads, directly or not, a value of the groups."""
+        stop = min(groups[g]["start"] for g in gids)
+        seen, stack = set(), [node]
+        while stack:
+            for a in stack.pop().all_input_nodes:
+                if group_of.get(a) in gids:
+                    return True
+                if a not in seen and order[a] > stop:
+                    seen.add(a)
+                    stack.append(a)
+        return False
+
+    def external_inputs(g: int) -> set[fx.Node]:
+        return {a for n in groups[g]["nodes"] for a in n.all_input_nodes if group_of.get(a) != g}
+
+    for node in gm.graph.nodes:
+        role = _role(node, pointwise, target)
+        if role is None:
+            continue
+        t = None
+        if role != "matmul":
+            producer_groups = sorted({group_of[a] for a in node.all_input_nodes if a in group_of},
+                                     key=lambda g: groups[g]["start"])
+            for g in producer_groups:
+                if not _compatible(groups[g], node, role):
+                    continue
+                members = {g} if t is None else {t, g}
+                if t is not None and (groups[g]["seed"] == "matmul" or groups[t]["seed"] == "matmul"
+                                      or not _same_shape(groups[g]["full"], groups[t]["full"])):
+                    continue
+                if len(groups[g]["nodes"]) + (len(groups[t]["nodes"]) if t is not None else 0) >= MAX_REGION_NODES:
+                    continue
+                outside = [b for b in node.all_input_nodes if group_of.get(b) not in members]
+                if any(depends_on(b, members) for b in outside):
+                    continue
+                if t is not None and (any(depends_on(b, {t}) for b in external_inputs(g))
+                                      or any(depends_on(b, {g}) for b in external_inputs(t))):
+                    continue
+                if t is None:
+                    t = g
+                else:  # merge g into t
+                    for n in groups[g]["nodes"]:
+                        group_of[n] = t
+                    groups[t]["nodes"] = sorted(groups[t]["nodes"] + groups[g]["nodes"], key=order.get)
+                    groups[t]["start"] = min(groups[t]["start"], groups[g]["start"])
+                    if groups[g]["kind"] == "rowwise":
+                        groups[t]["kind"] = "rowwise"
+                    del groups[g]
+        if t is None:
+            full = _val(node.args[0]) if role == "reduction" else _val(node)
+            t = len(group_of) + len(groups) + 1 + max(groups, default=0)
+            groups[t] = {"kind": {"matmul": "matmul", "reduction": "rowwise"}.get(role, "pointwise"),
+                         "full": full, "nodes": [], "start": order[node], "seed": role}
+        groups[t]["nodes"].append(node)
+        if role == "reduction":
+            groups[t]["kind"] = "rowwise"
+        group_of[node] = t
+
+    regions = []
+    for g in sorted(groups.values(), key=lambda g: g["start"]):
+        nodes = g["nodes"]
+        if len(nodes) < 2:
+            continue
+        members = set(nodes)
+        inputs: list[fx.Node] = []
+        for n in nodes:
+            for a in _tensor_args(n):
+                if a not in members and a not in inputs:
+                    inputs.append(a)
+        outputs = [n for n in nodes if any(u not in members for u in n.users)]
+        if outputs:
+            regions.append(Region(g["kind"], nodes, inputs, outputs))
+    return regions
+
+
+def _compatible(group: dict[str, Any], node: fx.Node, role: str) -> bool:
+    full, v = group["full"], _val(node)
+    if group["seed"] == "matmul":
+        # epilogue: pointwise on the matmul output's shape, a chain (one new node at a time)
+        return role == "pointwise" and _same_shape(v, full)
+    if role == "reduction":
+        x = _val(node.args[0])
+        return group["kind"] in ("pointwise", "rowwise") and _same_shape(x, full)
+    if _same_shape(v, full):
+        return True
+    return group["kind"] == "rowwise" and _row_shape_of(full, v)
+
+
+def _tensor_args(node: fx.Node) -> list[fx.Node]:
+    flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
+    return [a for a in flat if _is_tensor_node(a)]
+
+
+# --- specs ---------------------------------------------------------------------------------------
+
+def region_spec(region: Region, bindings: dict) -> KernelSpec | None:
+    """The concrete KernelSpec of a region under ``bindings``; None if a size is data-dependent."""
+    index = {n: i for i, n in enumerate(region.nodes)}
+    inputs = {n: i for i, n in enumerate(region.inputs)}
+    in_metas = [concrete_meta(_val(n), bindings) for n in region.inputs]
+    if any(m is None for m in in_metas):
+        return None
+    nodes = []
+    for n in region.nodes:
+        meta = concrete_meta(_val(n), bindings)
+        if meta is None:
+            return None
+
+        def enc(a: Any) -> Any:
+            if isinstance(a, fx.Node):
+                if a in index:
+                    return {"node": index[a]}
+                if a in inputs:
+                    return {"input": inputs[a]}
+                return encode_arg(concrete_value(_val(a), bindings))  # a SymInt computed outside
+            if isinstance(a, (list, tuple)):
+                return [enc(x) for x in a]
+            return encode_arg(a)
+
+        nodes.append({"op": op_name(n.target), "args": [enc(a) for a in n.args],
+                      "kwargs": {k: enc(v) for k, v in sorted(n.kwargs.items())}, "meta": meta.to_json()})
+    graph = {"kind": region.kind, "nodes": nodes, "outputs": [index[o] for o in region.outputs]}
+    outs = tuple(TensorMeta.from_json(nodes[i]["meta"]) for i in graph["outputs"])
+    return KernelSpec("region", [], {}, tuple(in_metas), outs, len(outs) > 1,
+                      json.dumps(graph, sort_keys=True, separators=(",", ":")))
+
+
+def region_graph(spec: KernelSpec) -> dict[str, Any]:
+    return json.loads(spec.graph)
+
+
+def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run a region's nodes one by one with ATen on the tensors' device (vendor and reference)."""
+    graph = region_graph(spec)
+    values: list[Any] = []
+    device = tensors[0].device.type if tensors else None
+
+    def dec(a: Any) -> Any:
+        if isinstance(a, dict) and "input" in a and len(a) == 1:
+            return tensors[a["input"]]
+        if isinstance(a, dict) and "node" in a and len(a) == 1:
+            return values[a["node"]]
+        if isinstance(a, list):
+            return [dec(x) for x in a]
+        return decode_arg(a, tensors, device)
+
+    for n in graph["nodes"]:
+        values.append(resolve_op(n["op"])(*[dec(a) for a in n["args"]], **{k: dec(v) for k, v in n["kwargs"].items()}))
+    return [values[i] for i in graph["outputs"]]
+
+
+def region_graph_module(spec: KernelSpec) -> fx.GraphModule:
+    """The region as a readable FX graph (placeholders in spec input order), for repros."""
+    graph = region_graph(spec)
+    g = fx.Graph()
+    phs = [g.placeholder(f"arg{i}") for i in range(len(spec.inputs))]
+    values: list[fx.Node] = []
+
+    def dec(a: Any) -> Any:
+        if isinstance(a, dict) and "input" in a and len(a) == 1:
+            return phs[a["input"]]
+        if isinstance(a, dict) and "node" in a and len(a) == 1:
+            return values[a["node"]]
+        if isinstance(a, list):
+            return [dec(x) for x in a]
+        return decode_arg(a, [])
+
+    for n in graph["nodes"]:
+        values.append(g.call_function(resolve_op(n["op"]), tuple(dec(a) for a in n["args"]),
+                                      {k: dec(v) for k, v in n["kwargs"].items()}))
+    outs = [values[i] for i in graph["outputs"]]
+    g.output(tuple(outs) if spec.tuple_output else (outs[0],))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def describe_region(spec: KernelSpec) -> str:
+    graph = region_graph(spec)
+    ops = [n["op"].split(".")[1] for n in graph["nodes"]]
+    return f"{graph['kind']} region [{' '.join(ops)}]"

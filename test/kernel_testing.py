@@ -1,0 +1,227 @@
+"""Shared helpers for the kernel family tests: build a generated program, load it on the Triton
+interpreter, validate it against the float64 reference, compare it with eager ATen, and
+(optionally) compile it ahead of time for an H100/H200 (sm_90) to prove it is real GPU code.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from torch_kernelize.build import write_program
+from torch_kernelize.launch import ProgramRunner, load_program
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily
+from torch_kernelize.lowering.kernels.program import KernelProgram
+from torch_kernelize.spec import KernelSpec
+from torch_kernelize.validate import ValidationRecord, compare, validate
+
+_counter = itertools.count()
+
+
+def spec_of(op, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> KernelSpec:
+    """A KernelSpec from a real eager call (its output gives the output metas)."""
+    kwargs = kwargs or {}
+    return KernelSpec.from_call(op, args, kwargs, op(*args, **kwargs))
+
+
+def load(tmp_path: Path, spec: KernelSpec, program: KernelProgram) -> ProgramRunner:
+    d = Path(tmp_path) / f"prog{next(_counter)}"
+    write_program(d, spec, program, "interpreter")
+    return load_program(d, spec, "interpreter", module_name=f"tk_test_kernels.m{next(_counter)}")
+
+
+def run_validation(family: KernelFamily, spec: KernelSpec, program: KernelProgram, tmp_path: Path,
+                   seeds: Sequence[int] = (0, 1, 2), kinds: Sequence[str] | None = None) -> ValidationRecord:
+    runner = load(tmp_path, spec, program)
+    return validate(runner.run_poisoned, spec, family.sample_inputs,
+                    family.edge_kinds if kinds is None else kinds, seeds=seeds)
+
+
+def compare_eager(family: KernelFamily, spec: KernelSpec, program: KernelProgram, tmp_path: Path,
+                  seed: int = 123, exact: bool = False, inputs: Sequence[torch.Tensor] | None = None) -> None:
+    """Run the program and the eager ATen op on the same inputs; assert they agree."""
+    runner = load(tmp_path, spec, program)
+    inputs = list(inputs) if inputs is not None else family.sample_inputs(spec, seed, "random", "cpu")
+    got = runner.run_poisoned(inputs)
+    want = spec.run_vendor(inputs)
+    assert len(got) == len(want)
+    for g, w, m in zip(got, want, spec.outputs):
+        assert tuple(g.shape) == tuple(w.shape) and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
+        assert g.stride() == tuple(m.stride), (g.stride(), m.stride)
+        if exact:
+            assert torch.equal(g, w) or (g.is_floating_point() and torch.equal(g.isnan(), w.isnan())
+                                        and torch.equal(g.nan_to_num(), w.nan_to_num())), \
+                f"{spec.describe()}: differs from eager\n got {g}\nwant {w}"
+        else:
+            c = compare(g, w.to(torch.float64) if w.is_floating_point() else w, spec.op, g.dtype)
+            assert c.ok, f"{spec.describe()} vs eager: {c.reason}"
+
+
+def assert_valid(family: KernelFamily, spec: KernelSpec, tmp_path: Path, config: Config | None = None,
+                 seeds: Sequence[int] = (0, 1, 2), eager: bool = True, kinds: Sequence[str] | None = None) -> KernelProgram:
+    assert family.supports(spec) is None, family.supports(spec)
+    config = config or family.seed_configs(spec)[0]
+    program = family.generate(spec, config)
+    rec = run_validation(family, spec, program, tmp_path, seeds, kinds)
+    assert rec.ok, f"{spec.describe()} [{config}]: {rec.reason}\n{program.source}"
+    if eager:
+        compare_eager(family, spec, program, tmp_path)
+    return program
+
+
+GPU_COMPILE = os.environ.get("TK_TEST_GPU_COMPILE", "1") != "0"
+
+
+def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> None:
+    """Compile every launch for sm_90 (H100/H200) with triton's bundled ptxas: no GPU needed."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from torch_kernelize.launch import import_source
+
+    d = Path(tmp_path) / f"sm90_{next(_counter)}"
+    d.mkdir(parents=True)
+    (d / "kernel.py").write_text(program.source)
+    module = import_source(d / "kernel.py", f"tk_test_sm90.m{next(_counter)}")
+    for launch in program.launches:
+        fn = getattr(module, launch.kernel)
+        src = ASTSource(fn, signature=program.signature(launch, spec), constexprs=dict(launch.constexprs))
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+        assert compiled.asm.get("cubin"), f"{launch.kernel}: no cubin"
+
+
+def aten_counts(x: torch.Tensor, bins: int = 100, lo: float = 0, hi: float = 0) -> torch.Tensor:
+    """torch.histc's counts with ATen's (CPU) bin arithmetic, but exact: ATen CPU accumulates counts
+    in the input dtype per thread, so bf16 counts stop growing at 256 (fp16 at 2048). Chunks of 128
+    elements keep every partial count exact; the sum is rounded to the dtype once, as the kernel does."""
+    flat = x.cpu().reshape(-1)
+    if lo == hi:  # the range from the data, as histc derives it (then passed explicitly: same edges)
+        lo, hi = float(flat.min()), float(flat.max())
+        if lo == hi:
+            lo, hi = lo - 1, hi + 1
+    total = torch.zeros(bins, dtype=torch.float64)
+    for chunk in flat.split(128):
+        total += torch.histc(chunk, bins, lo, hi).double()
+    return total.to(x.dtype)
+
+
+def jit_runner(tmp_path: Path, spec: KernelSpec, program: KernelProgram) -> ProgramRunner:
+    """A runner that launches the program's kernels through triton's JIT on the current GPU."""
+    from torch_kernelize.launch import import_source
+
+    d = Path(tmp_path) / f"jit{next(_counter)}"
+    d.mkdir(parents=True)
+    (d / "kernel.py").write_text(program.source)
+    module = import_source(d / "kernel.py", f"tk_test_jit.m{next(_counter)}")
+    # the "interpreter" launch convention passes num_warps/num_stages to kernel[grid](...)
+    return ProgramRunner(spec, program, [getattr(module, l.kernel) for l in program.launches], "interpreter")
+
+
+def gpu_benchmarks(out: str | None = None) -> list[dict]:
+    """Median times (triton.testing.do_bench) of each seed config against eager ATen, on the GPU.
+
+    Run on the GPU machine: python -c "import sys; sys.path.insert(0, 'test'); import kernel_testing as k; k.gpu_benchmarks()"
+    """
+    import json
+    import tempfile
+
+    from triton.testing import do_bench
+
+    from torch_kernelize.lowering.kernels import family_for
+
+    aten = torch.ops.aten
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *shape, dtype=torch.float32: torch.randn(*shape, device="cuda", generator=g).to(dtype)
+    f16, bf16 = torch.float16, torch.bfloat16
+    cases = [
+        ("add f16 [4096x8192]+[8192]", aten.add.Tensor, (r(4096, 8192, dtype=f16), r(8192, dtype=f16)), {}),
+        ("gelu bf16 16M", aten.gelu.default, (r(1 << 24, dtype=bf16),), {}),
+        ("to bf16 from f32 16M", aten._to_copy.default, (r(1 << 24),), {"dtype": bf16}),
+        ("clone f16 transposed [8192x4096].t()", aten.clone.default, (r(8192, 4096, dtype=f16).t(),), {"memory_format": torch.contiguous_format}),
+        ("sum f16 [4096x8192] dim -1", aten.sum.dim_IntList, (r(4096, 8192, dtype=f16), [-1]), {}),
+        ("sum f16 [8192x4096] dim 0", aten.sum.dim_IntList, (r(8192, 4096, dtype=f16), [0]), {}),
+        ("sum f32 16M full", aten.sum.default, (r(1 << 24),), {}),
+        ("var_mean f32 [4096x8192] dim -1", aten.var_mean.correction, (r(4096, 8192), [-1]), {"keepdim": True}),
+        ("amax bf16 [4096x8192] dim -1", aten.amax.default, (r(4096, 8192, dtype=bf16), [-1]), {}),
+        ("softmax f16 [4096x4096]", aten._softmax.default, (r(4096, 4096, dtype=f16), -1, False), {}),
+        ("log_softmax f32 [256x50257]", aten._log_softmax.default, (r(256, 50257), -1, False), {}),
+        ("histc f32 16M 256 bins fixed", aten.histc.default, (r(1 << 24), 256, -3.0, 3.0), {}),
+        ("histc f32 16M 256 bins data range", aten.histc.default, (r(1 << 24), 256), {}),
+    ]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, op, args, kwargs in cases:
+            result = op(*args, **kwargs)
+            spec = KernelSpec.from_call(op, args, kwargs, result)
+            family = family_for(spec)
+            inputs = [a for a in args if isinstance(a, torch.Tensor)]
+            nbytes = sum(t.untyped_storage().nbytes() for t in inputs) + sum(
+                o.numel() * o.element_size() for o in (result if isinstance(result, tuple) else (result,)))
+            eager = do_bench(lambda: op(*args, **kwargs), warmup=25, rep=100)
+            best = None
+            for config in family.seed_configs(spec):
+                runner = jit_runner(Path(tmp), spec, family.generate(spec, config))
+                runner(*inputs)
+                t = do_bench(lambda: runner(*inputs), warmup=25, rep=100)
+                if best is None or t < best[0]:
+                    best = (t, str(config))
+            row = {"case": name, "eager_ms": round(eager, 4), "ours_ms": round(best[0], 4), "config": best[1],
+                   "speedup": round(eager / best[0], 2), "ours_TBps": round(nbytes / best[0] / 1e9, 2)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if out:
+        Path(out).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) -> list[dict]:
+    """Time many configs of a few cases on the GPU (to choose seed heuristics); prints JSON lines."""
+    import itertools as it
+    import json
+    import tempfile
+
+    from triton.testing import do_bench
+
+    from torch_kernelize.lowering.kernels import family_for
+
+    aten = torch.ops.aten
+    r = lambda *shape, dtype=torch.float32: torch.randn(*shape, device="cuda").to(dtype)
+    cases = [
+        ("histc fixed", aten.histc.default, (r(1 << 24), 256, -3.0, 3.0),
+         [Config.of(BLOCK=b, ITERS=i, num_warps=w, VARIANT=v) for b, i, w, v in
+          it.product((1024, 2048, 4096), (1, 4, 16), (4, 8, 16), ("local",))] +
+         [Config.of(BLOCK=1024, ITERS=1, num_warps=4, VARIANT="atomic")]),
+        ("sum full", aten.sum.default, (r(1 << 24),),
+         [Config.of(BLOCK_M=1, BLOCK_R=b, SPLIT=s, num_warps=w, num_stages=2) for b, s, w in
+          it.product((1024, 2048, 4096), (256, 512, 1024, 2048), (4, 8))]),
+        ("log_softmax vocab", aten._log_softmax.default, (r(256, 50257), -1, False),
+         [Config.of(BLOCK_M=1, BLOCK_R=b, SPLIT=1, num_warps=w, num_stages=s) for b, w, s in
+          it.product((4096, 8192, 16384, 32768), (8, 16), (1, 2, 3))]),
+        ("gelu bf16", aten.gelu.default, (r(1 << 24, dtype=torch.bfloat16),),
+         [Config.of(BLOCK=b, num_warps=w) for b, w in it.product((512, 1024, 2048, 4096, 8192), (2, 4, 8, 16))]),
+    ]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, op, args, configs in [c for c in cases if only is None or only in c[0]] * repeat:
+            spec = KernelSpec.from_call(op, args, {}, op(*args))
+            family = family_for(spec)
+            inputs = [a for a in args if isinstance(a, torch.Tensor)]
+            eager = do_bench(lambda: op(*args), warmup=25, rep=100)
+            plan = family._plan(spec)
+            for config in configs:
+                if not family._valid(spec if family.name == "elementwise" else plan, config):
+                    continue
+                runner = jit_runner(Path(tmp), spec, family.generate(spec, config))
+                runner(*inputs)
+                t = do_bench(lambda: runner(*inputs), warmup=10, rep=50)
+                row = {"case": name, "config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if out:
+        Path(out).write_text(json.dumps(rows, indent=1))
+    return rows

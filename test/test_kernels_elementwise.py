@@ -1,0 +1,276 @@
+"""The pointwise family on the Triton interpreter: every op, dtypes, broadcast/strided layouts,
+scalars, type promotion, casts; validated against the float64 reference and compared with eager."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernel_testing import assert_valid, compare_eager, compile_sm90, run_validation, spec_of
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.lowering.kernels.base import Config
+from torch_kernelize.lowering.kernels.elementwise import FAMILY, OPS
+from torch_kernelize.lowering.kernels.program import KernelProgram
+
+# the interpreter runs numpy, which warns on inf/NaN arithmetic the edge-value trials do on purpose
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+aten = torch.ops.aten
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+FLOATS = [F32, F16, BF16]
+
+
+def base(dtype=F32, shape=(9, 37)):
+    return torch.randn(*shape).to(dtype)
+
+
+UNARY = ["exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
+         "sigmoid", "erf", "reciprocal", "silu", "floor", "ceil", "trunc", "hardsigmoid", "hardswish", "abs",
+         "neg", "relu", "sign", "gelu", "logical_not"]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", UNARY)
+def test_unary(name, dtype, tmp_path):
+    x = base(dtype).t()  # transposed: the kernel walks the output (same layout) in memory order
+    assert_valid(FAMILY, spec_of(getattr(aten, name).default, (x,)), tmp_path)
+
+
+@pytest.mark.parametrize("args,kwargs", [
+    ((), {"approximate": "tanh"}), ((), {"approximate": "none"}),
+], ids=["tanh", "none"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_gelu(args, kwargs, dtype, tmp_path):
+    assert_valid(FAMILY, spec_of(aten.gelu.default, (base(dtype, (5, 40)),) + args, kwargs), tmp_path)
+
+
+@pytest.mark.parametrize("op,args,kwargs", [
+    (aten.pow.Tensor_Scalar, (2,), {}), (aten.pow.Tensor_Scalar, (3,), {}), (aten.pow.Tensor_Scalar, (5,), {}),
+    (aten.pow.Tensor_Scalar, (-3,), {}), (aten.pow.Tensor_Scalar, (0.5,), {}), (aten.pow.Tensor_Scalar, (-0.5,), {}),
+    (aten.pow.Tensor_Scalar, (2.5,), {}), (aten.pow.Tensor_Scalar, (-1.5,), {}), (aten.pow.Tensor_Scalar, (0,), {}),
+    (aten.clamp.default, (-0.5, 0.7), {}), (aten.clamp.default, (None, 0.2), {}), (aten.clamp.default, (0.5, -0.5), {}),
+    (aten.clamp.default, (-float("inf"), 1.0), {}), (aten.clamp_min.default, (0.1,), {}), (aten.clamp_max.default, (0.1,), {}),
+    (aten.leaky_relu.default, (0.2,), {}), (aten.hardtanh.default, (-0.3, 0.4), {}),
+    (aten.add.Tensor, (2.5,), {}), (aten.add.Tensor, (2,), {"alpha": 3}), (aten.sub.Tensor, (1.5,), {}),
+    (aten.rsub.Scalar, (1.0,), {}), (aten.mul.Tensor, (-2.0,), {}), (aten.mul.Scalar, (0.1,), {}),
+    (aten.div.Tensor, (3.0,), {}), (aten.div.Scalar, (-7,), {}), (aten.add.Scalar, (1,), {"alpha": 2}),
+], ids=lambda v: str(v) if not isinstance(v, torch._ops.OpOverload) else v._opname)
+@pytest.mark.parametrize("dtype", [F32, F16], ids=str)
+def test_scalar_arguments(op, args, kwargs, dtype, tmp_path):
+    assert_valid(FAMILY, spec_of(op, (base(dtype),) + args, kwargs), tmp_path)
+
+
+LAYOUTS = {
+    "same": lambda a, b: (a, b),
+    "row_broadcast": lambda a, b: (a, b[0]),
+    "col_broadcast": lambda a, b: (a, b[:, :1]),
+    "transposed": lambda a, b: (a, b.t().contiguous().t()),
+    "both_strided": lambda a, b: (a[:, ::2], b[:, 1::2]),
+    "zero_dim": lambda a, b: (a, b[0, 0].clone()),
+    "expanded": lambda a, b: (a, b[:1, :1].expand(a.shape)),
+    "rank_broadcast": lambda a, b: (a.unsqueeze(0).expand(3, -1, -1), b),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "maximum", "minimum"])
+def test_binary_layouts(name, layout, tmp_path):
+    a, b = LAYOUTS[layout](base(F32, (8, 24)), base(F32, (8, 24)))
+    op = getattr(aten, name)
+    assert_valid(FAMILY, spec_of(op.Tensor if hasattr(op, "Tensor") else op.default, (a, b)), tmp_path)
+
+
+@pytest.mark.parametrize("da,db", [(F16, F32), (BF16, F16), (BF16, BF16), (torch.int32, F16), (torch.int64, torch.int32),
+                                   (torch.bool, F32)], ids=str)
+@pytest.mark.parametrize("name", ["add", "mul", "div", "maximum"])
+def test_type_promotion(name, da, db, tmp_path):
+    a = torch.randint(-5, 5, (6, 20)).to(da) if not da.is_floating_point else base(da, (6, 20))
+    b = torch.randint(1, 5, (20,)).to(db) if not db.is_floating_point else base(db, (20,))
+    op = getattr(aten, name)
+    spec = spec_of(op.Tensor if hasattr(op, "Tensor") else op.default, (a, b))
+    if FAMILY.supports(spec):
+        pytest.skip(FAMILY.supports(spec))
+    assert_valid(FAMILY, spec, tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8], ids=str)
+@pytest.mark.parametrize("op,extra", [(aten.add.Tensor, "t"), (aten.sub.Tensor, 3), (aten.mul.Tensor, "t"), (aten.abs.default, None),
+                                      (aten.neg.default, None), (aten.maximum.default, "t"), (aten.relu.default, None),
+                                      (aten.clamp.default, (-2, 3)), (aten.sign.default, None), (aten.div.Tensor, "t")],
+                         ids=lambda v: v._opname if isinstance(v, torch._ops.OpOverload) else str(v))
+def test_integer_ops(op, extra, dtype, tmp_path):
+    a = torch.randint(-8, 9, (5, 33)).to(dtype)
+    args = (a,) if extra is None else (a, a.flip(1)) if extra == "t" else (a,) + (extra if isinstance(extra, tuple) else (extra,))
+    spec = spec_of(op, args)
+    assert_valid(FAMILY, spec, tmp_path)
+    compare_eager(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), tmp_path, exact=True)
+
+
+@pytest.mark.parametrize("name", ["eq", "ne", "lt", "le", "gt", "ge"])
+@pytest.mark.parametrize("other", ["tensor", "scalar", "int_tensor"])
+def test_comparisons(name, other, tmp_path):
+    a = base(F16, (7, 19)).round()  # small integers: ties with the other operand do happen
+    b = {"tensor": lambda: base(F32, (19,)).round(), "scalar": lambda: 0.0,
+         "int_tensor": lambda: torch.randint(-2, 3, (7, 1), dtype=torch.int32)}[other]()
+    op = getattr(aten, name)
+    spec = spec_of(op.Scalar if other == "scalar" else op.Tensor, (a, b))
+    program = assert_valid(FAMILY, spec, tmp_path)
+    compare_eager(FAMILY, spec, program, tmp_path, exact=True)
+
+
+@pytest.mark.parametrize("name", ["logical_and", "logical_or", "logical_xor"])
+def test_logical(name, tmp_path):
+    a = base(F32, (4, 30)) > 0
+    b = torch.randint(-1, 2, (30,), dtype=torch.int32)
+    spec = spec_of(getattr(aten, name).default, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path), tmp_path, exact=True)
+
+
+@pytest.mark.parametrize("case", ["same", "broadcast_cond", "mixed_dtypes", "fp64", "bool_values", "zero_dim_other"])
+def test_where(case, tmp_path):
+    x = base(F32, (6, 21))
+    args = {
+        "same": lambda: (x > 0, x, -x),
+        "broadcast_cond": lambda: (x[0] > 0, x.t().contiguous().t(), x),
+        "mixed_dtypes": lambda: (x > 0, x.half(), x.bfloat16()),
+        "fp64": lambda: (x > 0, x.double(), x),
+        "bool_values": lambda: (x > 0, x > 0.5, x < -0.5),
+        "zero_dim_other": lambda: (x > 0, x, torch.tensor(0.25)),
+    }[case]()
+    spec = spec_of(aten.where.self, args)
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path), tmp_path, exact=True)
+
+
+@pytest.mark.parametrize("src,dst", [(F32, F16), (F32, BF16), (F16, F32), (BF16, F16), (F32, torch.float64),
+                                     (torch.float64, F16), (F32, torch.int32), (F16, torch.int64), (F32, torch.uint8),
+                                     (F32, torch.bool), (torch.bool, F16), (torch.int32, BF16), (torch.int64, torch.int8)],
+                         ids=str)
+def test_to_copy_dtypes(src, dst, tmp_path):
+    x = base(F32, (5, 26)) * 3
+    x = x.to(src) if src.is_floating_point else (x > 0 if src == torch.bool else x.to(src))
+    spec = spec_of(aten._to_copy.default, (x[:, 1:],), {"dtype": dst})
+    program = assert_valid(FAMILY, spec, tmp_path)
+    if not (src.is_floating_point and not dst.is_floating_point):  # float->int: exact only in range
+        compare_eager(FAMILY, spec, program, tmp_path, exact=dst != BF16 or src != F32)
+
+
+@pytest.mark.parametrize("case", ["channels_last_out", "from_permuted", "from_expanded", "from_sliced", "scalar"])
+def test_clone_layouts(case, tmp_path):
+    x = base(F32, (2, 3, 5, 7))
+    op, args, kwargs = {
+        "channels_last_out": (aten.clone.default, (x,), {"memory_format": torch.channels_last}),
+        "from_permuted": (aten.clone.default, (x.permute(3, 1, 0, 2),), {"memory_format": torch.contiguous_format}),
+        "from_expanded": (aten.clone.default, (x[:, :1, :1, :1].expand(2, 4, 5, 7),), {}),
+        "from_sliced": (aten._to_copy.default, (x[:, ::2, 1:4],), {"dtype": F16, "memory_format": torch.channels_last}),
+        "scalar": (aten.clone.default, (torch.tensor(3.5),), {}),
+    }[case]
+    spec = spec_of(op, args, kwargs)
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path), tmp_path, exact=True)
+
+
+def test_channels_last_binary(tmp_path):
+    a = base(F16, (2, 6, 5, 3)).to(memory_format=torch.channels_last)
+    spec = spec_of(aten.add.Tensor, (a, base(F16, (6, 1, 1))))
+    assert spec.outputs[0].stride == a.stride()
+    assert_valid(FAMILY, spec, tmp_path)
+
+
+SEED_SPECS = [
+    lambda: spec_of(aten.add.Tensor, (base(F16, (33, 65)), base(F16, (65,))), {"alpha": 2}),
+    lambda: spec_of(aten.gelu.default, (base(BF16, (300, 7)).t(),), {"approximate": "tanh"}),
+    lambda: spec_of(aten.where.self, (base(F32, (40, 60)) > 0, base(F32, (40, 60)), 0.5 * base(F32, (60,)))),
+]
+
+
+@pytest.mark.parametrize("make", SEED_SPECS)
+def test_every_seed_config_validates(make, tmp_path):
+    spec = make()
+    configs = FAMILY.seed_configs(spec)
+    assert 1 <= len(configs) <= 4
+    for config in configs:
+        assert config["num_warps"] in (1, 2, 4, 8, 16) and config["BLOCK"] & (config["BLOCK"] - 1) == 0
+        assert_valid(FAMILY, spec, tmp_path, config, seeds=(0,), eager=False)
+    for n in FAMILY.neighbours(spec, configs[0]):  # one step away, still valid and runnable
+        assert n.key != configs[0].key
+        FAMILY.generate(spec, n)
+    small = FAMILY.neighbours(spec, configs[0])
+    assert any(n["BLOCK"] != configs[0]["BLOCK"] for n in small) and any(
+        n["num_warps"] != configs[0]["num_warps"] for n in small)
+
+
+def _broken(program: KernelProgram, old: str, new: str) -> KernelProgram:
+    assert old in program.source, program.source
+    return dataclasses.replace(program, source=program.source.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("what", ["constant", "mask", "index", "scalar"])
+def test_broken_programs_fail_validation(what, tmp_path):
+    if what == "constant":
+        spec = spec_of(aten.gelu.default, (base(F32),))
+        bad = _broken(FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), "0.7071067811865476", "0.7")
+    elif what == "mask":   # the last block stops short: unwritten outputs stay poisoned (NaN)
+        spec = spec_of(aten.exp.default, (base(F32, (5, 50)),))
+        bad = _broken(FAMILY.generate(spec, Config.of(BLOCK=128, num_warps=4)), "mask = idx < 250", "mask = idx < 249")
+    elif what == "index":  # broadcast operand read with the wrong coordinate
+        spec = spec_of(aten.add.Tensor, (base(F32, (8, 24)), base(F32, (24,))))
+        bad = _broken(FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), "i1 = idx % 24", "i1 = idx % 23")
+    else:                  # a scalar argument baked in wrong (fp16: the tolerance is wider)
+        spec = spec_of(aten.mul.Tensor, (base(F16, (8, 24)), 3.0))
+        bad = _broken(FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), "y = x0 * 3.0", "y = x0 * 3.1")
+    rec = run_validation(FAMILY, spec, bad, tmp_path)
+    assert not rec.ok and rec.reason
+
+
+def _with(spec, **changes):
+    return dataclasses.replace(spec, **changes)
+
+
+def test_refusals():
+    x = base(F32, (4, 8))
+    s = spec_of(aten.div.Tensor_mode, (x, x + 3), {"rounding_mode": "floor"})
+    assert "rounding_mode" in FAMILY.supports(s)
+    assert FAMILY.supports(spec_of(aten.div.Tensor_mode, (x, x + 3), {"rounding_mode": None})) is None
+    s = spec_of(aten._to_copy.default, (x,), {"dtype": F16})
+    assert "device" in FAMILY.supports(_with(s, kwargs={**s.kwargs, "device": {"device": "cuda"}}))
+    assert "layout" in FAMILY.supports(_with(s, kwargs={**s.kwargs, "layout": {"layout": "sparse_coo"}}))
+    assert "float64" in FAMILY.supports(spec_of(aten.add.Tensor, (x.double(), x.double())))
+    assert "float64" in FAMILY.supports(spec_of(aten.exp.default, (x.double(),)))
+    assert FAMILY.supports(spec_of(aten.add.Tensor, (x > 0, x < 0)))  # bool arithmetic
+    assert "empty" in FAMILY.supports(spec_of(aten.exp.default, (torch.empty(0, 3),)))
+    g = spec_of(aten.gelu.default, (x,))
+    assert "approximate" in FAMILY.supports(_with(g, kwargs={"approximate": "erf"}))
+    assert FAMILY.supports(spec_of(aten.mm.default, (x, x.t())))  # not pointwise
+    assert "overlap" in FAMILY.supports(_with(spec_of(aten.exp.default, (x,)), outputs=(
+        dataclasses.replace(spec_of(aten.exp.default, (x,)).outputs[0], stride=(0, 1)),)))
+    assert FAMILY.supports(spec_of(aten.pow.Tensor_Scalar, (torch.arange(5), 2)))  # integer pow
+
+
+def test_registry_and_op_table():
+    x = base(F32, (4, 8))
+    assert family_for(spec_of(aten.sigmoid.default, (x,))) is FAMILY
+    for name in ["aten.abs.default", "aten.neg.default", "aten.exp.default", "aten.log.default", "aten.sqrt.default",
+                 "aten.rsqrt.default", "aten.sin.default", "aten.cos.default", "aten.tanh.default",
+                 "aten.sigmoid.default", "aten.relu.default", "aten.gelu.default", "aten.silu.default",
+                 "aten.erf.default", "aten.reciprocal.default", "aten.add.Tensor", "aten.sub.Tensor",
+                 "aten.mul.Tensor", "aten.div.Tensor", "aten.maximum.default", "aten.minimum.default",
+                 "aten.pow.Tensor_Scalar", "aten.where.self", "aten.clamp.default", "aten._to_copy.default",
+                 "aten.clone.default", "aten.eq.Tensor", "aten.lt.Tensor", "aten.gt.Tensor", "aten.ne.Tensor",
+                 "aten.leaky_relu.default", "aten.hardtanh.default"]:
+        assert name in OPS, name
+
+
+def test_int64_indexing_and_sm90(tmp_path):
+    """Specs past 2^31 elements index in int64; generated programs compile for sm_90 (H100/H200)."""
+    from torch_kernelize.spec import KernelSpec, TensorMeta
+    big = TensorMeta((2**16, 2**15 + 1), (2**15 + 1, 1), "float16")
+    spec = KernelSpec("aten.sigmoid.default", [{"tensor": 0}], {}, (big,), (big,))
+    assert FAMILY.supports(spec) is None
+    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    assert "pid.to(tl.int64)" in program.source
+    compile_sm90(spec, program, tmp_path)
+    for make in SEED_SPECS:
+        s = make()
+        compile_sm90(s, FAMILY.generate(s, FAMILY.seed_configs(s)[0]), tmp_path)
+    s = spec_of(aten.pow.Tensor_Scalar, (base(F32), 3.5))
+    compile_sm90(s, FAMILY.generate(s, FAMILY.seed_configs(s)[0]), tmp_path)

@@ -1,0 +1,142 @@
+"""The histc family on the Triton interpreter: fixed and data-derived ranges, fp32/fp16/bf16,
+both variants; counts equal torch.histc on CPU exactly, and validation against float64 passes."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernel_testing import assert_valid, aten_counts, compare_eager, compile_sm90, load, run_validation, spec_of
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.lowering.kernels.base import Config
+from torch_kernelize.lowering.kernels.histc import FAMILY
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy casting NaN in masked lanes
+
+aten = torch.ops.aten
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+
+CASES = {
+    "fixed_16": (16, -2.0, 2.0),
+    "fixed_offset": (7, -0.3, 1.7),
+    "fixed_1bin": (1, -1.0, 1.0),
+    "fixed_many_bins": (1500, -3.0, 3.0),   # above the local-histogram limit: atomics only
+    "data_range": (10, 0, 0),
+    "data_range_equal_args": (25, 3.0, 3.0),  # min == max (not 0) also means "from the data"
+}
+
+
+def inputs(dtype, layout="contiguous", n=(23, 40), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*n, generator=g) * 1.3
+    return {"contiguous": x, "transposed": x.t(), "sliced": x[:, ::3]}[layout].to(dtype)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+@pytest.mark.parametrize("case", list(CASES))
+def test_histc_matches_torch_exactly(case, dtype, layout, tmp_path):
+    bins, lo, hi = CASES[case]
+    x = inputs(dtype, layout)
+    if dtype == BF16 and bins > 256:  # ATen's bf16 bin index can pass the last bin (out-of-bounds write)
+        x = x[:2, :2].contiguous()     # (not even run in eager here: it can corrupt memory)
+        assert "exceed" in FAMILY.supports(spec_of(aten.histc.default, (x, bins, lo, hi)))
+        return
+    spec = spec_of(aten.histc.default, (x, bins, lo, hi))
+    program = assert_valid(FAMILY, spec, tmp_path, eager=False)
+    runner = load(tmp_path, spec, program)
+    for seed in range(3):  # unrestricted data (edge cases included) against ATen's own arithmetic
+        xs = torch.empty_strided(x.shape, x.stride(), dtype=dtype).copy_(inputs(dtype, layout, seed=seed) * (1 + seed))
+        got, want = runner(xs), aten_counts(xs, bins, lo, hi)
+        assert torch.equal(got, want), f"seed {seed}: {(got - want).nonzero().flatten().tolist()}"
+        if want.max() <= 256:  # no saturation in ATen's own accumulation: equal to torch.histc itself
+            assert torch.equal(got, torch.histc(xs, bins, lo, hi))
+
+
+@pytest.mark.parametrize("config", [
+    dict(BLOCK=128, ITERS=4, num_warps=4, VARIANT="local"),
+    dict(BLOCK=256, ITERS=2, num_warps=2, VARIANT="atomic"),
+    dict(BLOCK=128, ITERS=1, num_warps=1, VARIANT="local"),
+], ids=["iters4", "atomic_iters2", "small"])
+@pytest.mark.parametrize("case", ["fixed_16", "data_range"])
+def test_histc_configs(case, config, tmp_path):
+    bins, lo, hi = CASES[case]
+    x = inputs(BF16 if case == "data_range" else F16)
+    spec = spec_of(aten.histc.default, (x, bins, lo, hi))
+    program = assert_valid(FAMILY, spec, tmp_path, Config.of(**config), eager=False)
+    assert torch.equal(load(tmp_path, spec, program)(x), aten_counts(x, bins, lo, hi))
+
+
+def test_every_seed_config_and_neighbours(tmp_path):
+    x = inputs(F32, n=(64, 70))
+    spec = spec_of(aten.histc.default, (x, 64, -2, 2))
+    configs = FAMILY.seed_configs(spec)
+    assert {c["VARIANT"] for c in configs} == {"local", "atomic"}
+    for config in configs:
+        program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0,), eager=False)
+        compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
+        for n in FAMILY.neighbours(spec, config):
+            FAMILY.generate(spec, n)
+    many = spec_of(aten.histc.default, (x, 5000, -2, 2))
+    assert {c["VARIANT"] for c in FAMILY.seed_configs(many)} == {"atomic"}
+
+
+def test_all_equal_and_edges(tmp_path):
+    """All-equal data widens to [v-1, v+1]; values exactly at min/max; out-of-range and NaN skipped."""
+    spec = spec_of(aten.histc.default, (torch.full((50,), 2.5), 4, 0, 0))
+    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    compare_eager(FAMILY, spec, program, tmp_path, exact=True)
+    x = torch.tensor([-1.0, -0.5, 0.0, 0.25, 0.5, 1.0, 1.5, float("nan"), float("inf"), -float("inf"), 0.999999])
+    for dtype in (F32, F16, BF16):
+        spec = spec_of(aten.histc.default, (x.to(dtype), 4, -0.5, 1.0))
+        compare_eager(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[-1]), tmp_path, exact=True,
+                      inputs=[x.to(dtype)])
+
+
+def test_data_range_with_nan_gives_nan(tmp_path):
+    """ATen raises for a NaN/inf data range; a kernel cannot raise, so every bin is NaN (never silently wrong)."""
+    x = torch.randn(100)
+    spec = spec_of(aten.histc.default, (x, 8))
+    runner = load(tmp_path, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]))
+    for bad in (float("nan"), float("inf")):
+        y = x.clone()
+        y[17] = bad
+        with pytest.raises(RuntimeError):
+            torch.histc(y, 8)
+        assert runner(y).isnan().all()
+
+
+@pytest.mark.parametrize("what", ["bins", "last_bin", "range"])
+def test_broken_programs_fail_validation(what, tmp_path):
+    x = inputs(F32)
+    spec = spec_of(aten.histc.default, (x, 16, -2.0, 2.0) if what != "range" else (x, 16))
+    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    old, new = {"bins": ("* 16.0", "* 15.0"),
+                "last_bin": ("tl.minimum(tl.maximum(pos, 0), 15)", "tl.minimum(tl.maximum(pos, 0), 14)"),
+                "range": ("mn.to(tl.float64) - 1.0", "mn.to(tl.float64) - 2.0")}[what]
+    if what == "range":  # only matters for all-equal data: the "zeros" edge trial catches it
+        old, new = "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0", "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 3.0"
+    assert old in program.source
+    bad = dataclasses.replace(program, source=program.source.replace(old, new))
+    rec = run_validation(FAMILY, spec, bad, tmp_path)
+    assert not rec.ok and rec.reason
+
+
+def test_refusals():
+    x = torch.randn(10)
+    s = spec_of(aten.histc.default, (x, 4, -1, 1))
+    assert "min > max" in FAMILY.supports(dataclasses.replace(s, args=[{"tensor": 0}, 4, 1.0, -1.0]))
+    assert "non-finite" in FAMILY.supports(dataclasses.replace(s, args=[{"tensor": 0}, 4, -1.0, {"float": "inf"}]))
+    assert "collapses" in FAMILY.supports(spec_of(aten.histc.default, (x.half(), 4, 1.0, 1.0001)))
+    assert "float64" in FAMILY.supports(spec_of(aten.histc.default, (x.double(), 4, -1, 1)))
+    assert "empty" in FAMILY.supports(spec_of(aten.histc.default, (torch.empty(0), 4, -1, 1)))
+    assert family_for(s) is FAMILY
+
+
+def test_sm90_compile(tmp_path):
+    x = torch.randn(4096 * 64)
+    for args in [(x, 256, -3.0, 3.0), (x.half(), 100), (x.bfloat16(), 200, -1, 1), (x, 4000, -1, 1)]:
+        spec = spec_of(aten.histc.default, args)
+        for config in FAMILY.seed_configs(spec):
+            compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
