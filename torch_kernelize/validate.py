@@ -23,6 +23,7 @@ class Comparison:
     ok: bool
     max_abs: float = 0.0
     max_rel: float = 0.0
+    max_err: float = 0.0   # max |out - ref| / max(1, max |ref|): what atol is compared with
     reason: str = ""
 
 
@@ -62,10 +63,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
     bad = diff > atol * scale + rtol * r.abs()
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0]) if bad.dim() else 0
-        return Comparison(False, max_abs, max_rel,
+        return Comparison(False, max_abs, max_rel, max_abs / scale,
                           f"{int(bad.sum())} element(s) out of tolerance (atol {atol:g}x{scale:.3g}, rtol {rtol:g}); "
                           f"first: got {float(o.flatten()[i]):.6g}, expected {float(r.flatten()[i]):.6g}")
-    return Comparison(True, max_abs, max_rel)
+    return Comparison(True, max_abs, max_rel, max_abs / scale)
 
 
 def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec: KernelSpec) -> Comparison:
@@ -79,6 +80,7 @@ def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec
             return c
         worst.max_abs = max(worst.max_abs, c.max_abs)
         worst.max_rel = max(worst.max_rel, c.max_rel)
+        worst.max_err = max(worst.max_err, c.max_err)
     return worst
 
 
@@ -92,10 +94,11 @@ class ValidationRecord:
     max_rel_err: float
     tolerance: dict[str, list[float]]
     reason: str = ""
+    max_err: float = 0.0  # the scaled error compared with atol (see Comparison.max_err)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for k in ("max_abs_err", "max_rel_err"):
+        for k in ("max_abs_err", "max_rel_err", "max_err"):
             if not math.isfinite(d[k]):
                 d[k] = str(d[k])
         return d
@@ -113,7 +116,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
     trials = [(s, "random") for s in seeds] + [(seeds[0] + 1000 + i, k) for i, k in enumerate(edge_kinds)]
     trials += [(i, "captured") for i in range(extra_trials)]
     tol = {m.dtype: list(tolerance(m.torch_dtype, spec.op)) for m in spec.outputs}
-    worst_abs = worst_rel = 0.0
+    worst_abs = worst_rel = worst = 0.0
     for n, (seed, kind) in enumerate(trials, 1):
         inputs = sample_inputs(spec, seed, kind, device)
         try:
@@ -132,6 +135,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
         c = compare_all(outs, ref, spec)
         if not c.ok:
             return ValidationRecord(False, list(seeds), [k for _, k in trials], n, c.max_abs, c.max_rel, tol,
-                                    f"trial {n} ({kind}, seed {seed}): {c.reason}")
-        worst_abs, worst_rel = max(worst_abs, c.max_abs), max(worst_rel, c.max_rel)
-    return ValidationRecord(True, list(seeds), [k for _, k in trials], len(trials), worst_abs, worst_rel, tol)
+                                    f"trial {n} ({kind}, seed {seed}): {c.reason}", c.max_err)
+        worst_abs, worst_rel, worst = max(worst_abs, c.max_abs), max(worst_rel, c.max_rel), max(worst, c.max_err)
+    return ValidationRecord(True, list(seeds), [k for _, k in trials], len(trials), worst_abs, worst_rel, tol,
+                            max_err=worst)

@@ -86,7 +86,7 @@ class FillRun:
         """Search one spec (the caller holds its lock) and store the result."""
         spec = work.spec
         row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
-               "speedup": None, "max_abs_err": None, "evaluated": 0, "resumed": 0}
+               "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0}
         status, entry, _ = self.cache.lookup(spec.key)
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
@@ -94,6 +94,10 @@ class FillRun:
         family = family_for(spec)
         if family is None:
             row["status"] = "no generator"
+            return row
+        if work.covered_by and not self.force and all(
+                self.cache.lookup(k)[0] == "hit" for k in work.covered_by):
+            row["status"] = "in a fused region"
             return row
         journal = Journal(self.cache.journal_path(spec.key))
         previous = journal.records() if self.resume else []
@@ -118,7 +122,7 @@ class FillRun:
             errors = sorted({r["error"][:120] for r in result.evaluated if r["error"]})
             row.update(status="no correct candidate", winner="; ".join(errors[:2]))
             return row
-        row["max_abs_err"] = (best["validation"] or {}).get("max_abs_err")
+        row["max_err"] = (best["validation"] or {}).get("max_err")
         timings = {"candidate_ms": best["candidate_ms"], "vendor_ms": best["vendor_ms"],
                    "speedup": best["fitness"] if best["measured"] else None, "measured": best["measured"]}
         record = {"format": 1, "key": spec.key, "spec": spec.to_json(), "family": family.name,
@@ -181,11 +185,12 @@ def _winner_text(entry: Any) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = f"{'spec':<58} {'status':<22} {'speedup':>8} {'max err':>9} {'evals':>7}  winner"
+    # max err: max |out - ref| / max(1, max |ref|) over all validation trials (see validate.py)
     lines = [head, "-" * len(head)]
     for r in rows:
         spec = r["spec"] if len(r["spec"]) <= 58 else r["spec"][:55] + "..."
         speed = f"{r['speedup']:.2f}x" if isinstance(r["speedup"], (int, float)) else "n/a"
-        err = r["max_abs_err"]
+        err = r["max_err"]
         err = f"{err:.2e}" if isinstance(err, (int, float)) else "-"
         evals = f"{r['evaluated'] - r['resumed']}+{r['resumed']}" if r["resumed"] else str(r["evaluated"])
         lines.append(f"{spec:<58} {r['status']:<22} {speed:>8} {err:>9} {evals:>7}  {r['winner']}")

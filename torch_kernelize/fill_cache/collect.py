@@ -30,6 +30,9 @@ class Work:
     source: str                         # "model:<ref>" or the repro folder
     kind: str = "miss"                  # miss | missing | mismatch | failure
     captured: list[torch.Tensor] | None = None   # real inputs from a repro, validated on too
+    covered_by: list[str] = dataclasses.field(default_factory=list)  # region specs holding this node
+    node: tuple[str, str] | None = None          # (graph, node) a node spec came from
+    members: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # a region's nodes
 
     @property
     def replace(self) -> bool:
@@ -82,13 +85,27 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
     with torch.no_grad():
         compiled(*inputs)
     torch._dynamo.reset()
-    work: dict[str, Work] = {}
+    regions: dict[str, Work] = {}
+    nodes: dict[str, Work] = {}
     for g in graphs:
         for specialization in g._specializations.values():
+            for d in specialization.regions:
+                if d.spec is not None and d.spec.key not in regions and family_for(d.spec) is not None:
+                    regions[d.spec.key] = Work(d.spec, f"model:{ref}", "miss")
+                    members = {n.name for n in g._region_of[d.spec.key].nodes}
+                    regions[d.spec.key].members = [(g.name, m) for m in members]
             for d in specialization.decisions:
-                if d.spec is not None and d.spec.key not in work and family_for(d.spec) is not None:
-                    work[d.spec.key] = Work(d.spec, f"model:{ref}", "missing" if d.missing else "miss")
-    return list(work.values())
+                if d.spec is not None and d.spec.key not in nodes and family_for(d.spec) is not None:
+                    nodes[d.spec.key] = Work(d.spec, f"model:{ref}", "missing" if d.missing else "miss")
+                    nodes[d.spec.key].node = (g.name, d.node)
+    # Regions first: a node inside a region that gets a kernel never runs alone, so its own
+    # search is skipped then (see FillRun); it still runs if its region finds no correct kernel.
+    for w in regions.values():
+        for member in w.members:
+            for n in nodes.values():
+                if n.node == member:
+                    n.covered_by.append(w.spec.key)
+    return list(regions.values()) + list(nodes.values())
 
 
 def specs_from_repros(folder: Path) -> list[Work]:

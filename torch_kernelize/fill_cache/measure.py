@@ -9,9 +9,11 @@ import dataclasses
 import shutil
 import tempfile
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from torch_kernelize.build import write_program
@@ -84,8 +86,11 @@ class Measurer:
                 runner = self.build(config, workdir)
             except Exception as e:
                 return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
-            record = validate(runner.run_poisoned, self.spec, self._sample, self.family.edge_kinds,
-                              device=self.device, extra_trials=len(self.extra_inputs))
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                # edge inputs (inf, NaN, huge) make the interpreter's numpy warn; validation judges them
+                warnings.simplefilter("ignore", RuntimeWarning)
+                record = validate(runner.run_poisoned, self.spec, self._sample, self.family.edge_kinds,
+                                  device=self.device, extra_trials=len(self.extra_inputs))
             if not record.ok:
                 return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
             if not self.timed:
