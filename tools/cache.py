@@ -3,6 +3,7 @@
     python tools/cache.py list   --cache-dir DIR [--namespace NS | --target NAME]
     python tools/cache.py show   KEY --cache-dir DIR [--namespace NS]
     python tools/cache.py check  --cache-dir DIR            # exit 1 when any entry is bad
+    python tools/cache.py verify --cache-dir DIR --target T # re-validate by running every kernel
     python tools/cache.py export OUT.tar.gz --cache-dir DIR [--namespace NS] [--keys K ...]
     python tools/cache.py import IN.tar.gz --cache-dir DIR [--replace]
     python tools/cache.py gc     --cache-dir DIR [--max-age-minutes M]
@@ -117,13 +118,33 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# Subcommand name -> handler. A `verify` subcommand (re-validate every triton entry on a device
-# against the float64 reference, with torch_kernelize.validate) is to be added by its owner:
-# register its arguments in build_parser() under "verify" and its handler here.
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Re-validate every Triton entry of the target's namespace by running it (fresh seeds)."""
+    from torch_kernelize.fill_cache.verify import verify_entries
+    from torch_kernelize.lowering.targets import get_target
+
+    target = get_target(args.target)
+    cache = KernelCache.for_target(Path(args.cache_dir), target)
+    verdicts = verify_entries(cache, target, args.keys)
+    rows = [["KEY", "SPEC", "RESULT", "DETAIL"]]
+    for v in verdicts:
+        rows.append([v.key, v.spec, "ok" if v.ok else "FAILED", v.detail])
+    print(_table(rows))
+    bad = [v for v in verdicts if not v.ok]
+    if bad and args.remove_bad:
+        for v in bad:
+            cache.remove(v.key)
+        print(f"removed {len(bad)} failing entr{'y' if len(bad) == 1 else 'ies'}")
+    print(f"{len(verdicts) - len(bad)}/{len(verdicts)} entries verified in {cache.dir}")
+    return EXIT_PROBLEMS if bad else EXIT_OK
+
+
+# Subcommand name -> handler.
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": cmd_list,
     "show": cmd_show,
     "check": cmd_check,
+    "verify": cmd_verify,
     "export": cmd_export,
     "import": cmd_import,
     "gc": cmd_gc,
@@ -142,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", parents=[common], help="one entry's record and files")
     p.add_argument("key")
     sub.add_parser("check", parents=[common], help="verify every entry's hashes and record; exit 1 on problems")
+    p = sub.add_parser("verify", help="re-validate every Triton entry by running it on the target")
+    p.add_argument("--cache-dir", required=True)
+    p.add_argument("-v", "--verbose", action="store_true", help="log cache warnings and info")
+    p.add_argument("--target", required=True, help="the target whose entries to run (its namespace)")
+    p.add_argument("--keys", nargs="+", help="only these keys")
+    p.add_argument("--remove-bad", action="store_true", help="remove entries that fail")
     p = sub.add_parser("export", parents=[common], help="write valid entries to a .tar.gz/.tar")
     p.add_argument("archive")
     p.add_argument("--keys", nargs="+", help="only these keys (each must be present and valid)")

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch.fx as fx
 
+from torch_kernelize.errors import KernelizeError, LoweringError
 from torch_kernelize.options import Options
 
 
@@ -34,7 +35,16 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
 
     def compiler(kind: str):
         def compile_graph(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any]):
-            lowered = LoweredGraph(aten_gm, aten_inputs, session, kind)
+            try:
+                lowered = LoweredGraph(aten_gm, aten_inputs, session, kind)
+            except KernelizeError:
+                raise
+            except Exception as e:  # a bug in lowering: leave a minified repro, then say where
+                from torch_kernelize.repro.dump import dump_lowering_failure
+                folder = dump_lowering_failure(aten_gm, aten_inputs, e, session.target_for(aten_inputs),
+                                               session.options)
+                raise LoweringError(f"kernelize could not lower a {kind} graph: {type(e).__name__}: {e}"
+                                    + (f"\nminified repro: {folder}" if folder else "")) from e
             if on_lowered is not None:
                 on_lowered(lowered)
             run = lowered

@@ -38,3 +38,7 @@ class MissingOpsError(KernelizeError):
 
 class CacheError(KernelizeError):
     """The kernel cache cannot be used (bad directory, bad archive, failed verification)."""
+
+
+class LoweringError(KernelizeError):
+    """kernelize failed to lower a graph (a bug on our side); the message names the repro folder."""

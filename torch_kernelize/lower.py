@@ -23,7 +23,8 @@ from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
 from torch_kernelize.planner import Decision, GraphPlan, plan_graph
 from torch_kernelize.report import GraphReport, ReportWriter
-from torch_kernelize.runtime import CapturingInterpreter, Specialization, TritonCall, bind_graph
+from torch_kernelize.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
+                                     TritonCall, bind_graph)
 from torch_kernelize.shapes import SymbolBinder
 
 log = logging.getLogger("torch_kernelize")
@@ -34,13 +35,21 @@ class Session:
     """What the graphs of one torch.compile call share: options, target, cache, repro writer."""
 
     _runners: dict[tuple[str, str], Any] = {}   # (namespace, spec key) -> loaded runner, per process
+    _states: dict[tuple[str, str], KernelState] = {}  # (namespace, spec key) -> health, per process
     _runner_lock = threading.Lock()
 
-    def __init__(self, options: Options, target: Target | None = None):
+    def __init__(self, options: Options, target: Target | None = None, private_kernel_states: bool = False):
         self.options = options
         self._target = target
         self._cache = None
         self._repros = None
+        # The minifier re-runs a disabled kernel on purpose: it gets its own, fresh states.
+        self._kernel_states = {} if private_kernel_states else self._states
+
+    def kernel_state(self, key: str) -> KernelState:
+        k = (self.cache.dir.name, key)
+        with self._runner_lock:
+            return self._kernel_states.setdefault(k, KernelState(key))
 
     def target_for(self, example_inputs: Sequence[Any]) -> Target:
         if self._target is None:
@@ -94,7 +103,10 @@ class LoweredGraph:
         self.target = session.target_for(example_inputs)
         self.kind = kind
         self.name = name or f"{kind}_{next(_graph_ids)}"
-        self.plan: GraphPlan = plan_graph(gm, self.target)
+        # Plan a copy: the graph we were given stays intact (a failing one is minified from it).
+        graph = fx.Graph()
+        graph.output(graph.graph_copy(gm.graph, {}))
+        self.plan: GraphPlan = plan_graph(fx.GraphModule(gm, graph), self.target)
         self.binder = SymbolBinder(self.plan.gm)
         self.regions = find_regions(self.plan.gm, self.target) if self.target.has_triton else []
         self._region_of: dict[str, Region] = {}
@@ -107,9 +119,21 @@ class LoweredGraph:
         if session.options.report is not None:
             ReportWriter.for_path(session.options.report).add(self.report)
         self._static = first if self.binder.is_static else None
+        self._check = session.options.check
 
     # --- calling --------------------------------------------------------------------------------
+    _current_args: list | None = None  # check mode: the call being checked (for the minifier)
+
     def __call__(self, args: list) -> Any:
+        if self._check:
+            self._current_args = list(args)
+            try:
+                return self._dispatch(args)
+            finally:
+                self._current_args = None
+        return self._dispatch(args)
+
+    def _dispatch(self, args: list) -> Any:
         if self._static is not None:
             return self._static(args)
         key = self.binder.key(args)
@@ -146,8 +170,7 @@ class LoweredGraph:
             for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
                     d.repro = str(repros.folder_for(d.spec))
-            gm = bind_graph(self.plan, decisions,
-                            lambda d: TritonCall(d.spec, runners[d.node], self._on_kernel_failure),
+            gm = bind_graph(self.plan, decisions, lambda d: self._triton_call(d.spec, runners[d.node]),
                             lambda d, op: HostFallback(op, d.op, self.target.name, d.repro), fused)
             pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
             missing = {d.op: d.repro for d in decisions if d.missing}
@@ -184,7 +207,7 @@ class LoweredGraph:
                 runner = self.session.load_runner(d)
                 if runner is not None:
                     d.tier, d.reason = "triton", f"fused {what}: {why}"
-                    fused.append((region, TritonCall(spec, runner, self._on_kernel_failure)))
+                    fused.append((region, self._triton_call(spec, runner)))
                     for n in region.nodes:
                         i = by_node[n.name]
                         decisions[i] = dataclasses.replace(
@@ -230,10 +253,31 @@ class LoweredGraph:
             raise error
         return out
 
-    def _on_kernel_failure(self, call: TritonCall, why: str, tensors) -> None:
+    def _triton_call(self, spec, runner) -> TritonCall:
+        cls = CheckedTritonCall if self.session.options.check else TritonCall
+        return cls(spec, runner, self.session.kernel_state(spec.key), self._on_kernel_failure)
+
+    def _on_kernel_failure(self, call: TritonCall, why: str, tensors, kind: str) -> None:
+        """A kernel raised (failure) or disagreed with the vendor op (mismatch): leave a repro,
+        shrunk in context by the minifier when the graph's inputs allow it."""
         repros = self.session.repros
-        if repros is not None and tensors:
-            repros.write_failure(call.spec, [t.detach().cpu() for t in tensors], self.target, why)
+        if repros is None or not tensors:
+            return
+        folder = None
+        args = self._current_args
+        if kind == "mismatch" and args is not None:
+            from torch_kernelize.repro.minify import minify, mismatch_predicate
+            result = minify(self.plan.gm, args, mismatch_predicate(call.spec.key, self.target, self.session.options))
+            if result is not None:
+                small, small_inputs = result
+                folder = repros.write_failure(call.spec, small_inputs, self.target, why, kind=kind, gm=small,
+                                              extra={"minified_from": {"graph": self.name,
+                                                                       "nodes": len(self.plan.gm.graph.nodes),
+                                                                       "to": len(small.graph.nodes)}})
+        if folder is None:
+            folder = repros.write_failure(call.spec, [t.detach().cpu() for t in tensors], self.target, why, kind=kind)
+        if folder is not None:
+            log.error("repro of the %s of kernel %s: %s", kind, call.spec.key, folder)
 
 
 def lower(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | Options | None = None,

@@ -17,18 +17,28 @@ import torch.fx as fx
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.planner import Decision, GraphPlan, tensor_input_nodes
 from torch_kernelize.spec import KernelSpec
+from torch_kernelize.validate import compare
 
 log = logging.getLogger("torch_kernelize.runtime")
 
 
-class TritonCall:
-    """Launches a cached kernel in place of one node. A kernel that raises is disabled for the
-    process and its node runs on the vendor op from then on: the answer stays right."""
+class KernelState:
+    """The health of one cached kernel in this process: once it fails it stays disabled."""
 
-    def __init__(self, spec: KernelSpec, runner: Callable, on_failure: Callable | None = None):
+    def __init__(self, key: str):
+        self.key = key
+        self.disabled: str | None = None
+
+
+class TritonCall:
+    """Launches a cached kernel in place of one node (or fused region). A kernel that raises is
+    disabled for the process and its node runs on the vendor op from then on: the answer stays right."""
+
+    def __init__(self, spec: KernelSpec, runner: Callable, state: KernelState,
+                 on_failure: Callable | None = None):
         self.spec = spec
         self.runner = runner
-        self.disabled: str | None = None
+        self.state = state
         self.on_failure = on_failure
         self.__name__ = f"triton_{spec.op.split('.')[1] if spec.op.count('.') == 2 else 'region'}_{spec.key[:8]}"
 
@@ -37,22 +47,46 @@ class TritonCall:
         return out if self.spec.tuple_output else out[0]
 
     def __call__(self, *tensors: torch.Tensor):
-        if self.disabled is None:
+        if self.state.disabled is None:
             try:
                 return self.runner(*tensors)
             except Exception as e:
-                self.disable(f"{type(e).__name__}: {e}", tensors)
+                self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
         return self.vendor(*tensors)
 
-    def disable(self, why: str, tensors: Sequence[torch.Tensor] = ()) -> None:
-        self.disabled = why
-        log.error("Triton kernel for %s (spec %s) failed and is disabled for this process; its node "
-                  "runs on the vendor op from now on. Cause: %s", self.spec.describe(), self.spec.key, why)
+    def disable(self, why: str, tensors: Sequence[torch.Tensor] = (), kind: str = "failure") -> None:
+        first = self.state.disabled is None
+        self.state.disabled = why
+        if not first:
+            return
+        log.error("Triton kernel for %s (spec %s) is disabled for this process; its node runs on the "
+                  "vendor op from now on. Cause: %s", self.spec.describe(), self.spec.key, why)
         if self.on_failure is not None:
             try:
-                self.on_failure(self, why, tensors)
+                self.on_failure(self, why, tensors, kind)
             except Exception:  # recording the failure must never break the run
                 log.exception("could not record the failure of kernel %s", self.spec.key)
+
+
+class CheckedTritonCall(TritonCall):
+    """Check mode: every launch also runs the vendor op; a mismatch disables the kernel, is
+    recorded (and minified by the owner), and the vendor's answer is returned."""
+
+    def __call__(self, *tensors: torch.Tensor):
+        if self.state.disabled is not None:
+            return self.vendor(*tensors)
+        try:
+            got = self.runner(*tensors)
+        except Exception as e:
+            self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
+            return self.vendor(*tensors)
+        want = self.vendor(*tensors)
+        for g, w in zip(got if self.spec.tuple_output else (got,), want if self.spec.tuple_output else (want,)):
+            c = compare(g, w.to(torch.float64) if w.is_floating_point() else w, self.spec.op, g.dtype, factor=2.0)
+            if not c.ok:
+                self.disable(f"mismatch against the vendor op: {c.reason}", tensors, "mismatch")
+                return want
+        return got
 
 
 class Specialization:

@@ -36,6 +36,7 @@ KINDS = {
     "missing": "nothing on the target runs this op: it ran on the host fallback",
     "mismatch": "a cached Triton kernel gave a wrong answer inside the model (check mode)",
     "failure": "a cached Triton kernel raised at run time and was disabled",
+    "lowering": "kernelize failed to lower this graph",
 }
 
 REPRO_MAIN = '''
@@ -60,15 +61,27 @@ def spec_graph(spec: KernelSpec) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
+def graph_reference(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The float64 CPU reference of a graph: floating inputs upcast, ATen on CPU, node by node."""
+    up = [t.detach().to("cpu", torch.float64) if t.is_floating_point() else t.detach().cpu() for t in inputs]
+    out = gm(*up)
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    return tuple(o.contiguous() for o in out if isinstance(o, torch.Tensor))
+
+
 def target_ref(target: Target) -> str:
     """How a repro names its target: the built-in name or the TOML file's absolute path."""
     return target.source if target.source != "built-in" else target.name
 
 
-def write_repro(folder: Path, spec: KernelSpec, inputs: Sequence[torch.Tensor], target: Target,
+def write_repro(folder: Path, spec: KernelSpec | None, inputs: Sequence[torch.Tensor], target: Target,
                 kind: str, cache_dir: Path | None, extra: dict[str, Any] | None = None,
                 gm: fx.GraphModule | None = None) -> bool:
-    """Write one repro folder atomically; False if it already exists (another writer won)."""
+    """Write one repro folder atomically; False if it already exists (another writer won).
+
+    ``spec`` is the kernel the repro is about (None for a graph that failed to lower: then
+    ``gm`` is required).
+    """
     from torch._dynamo.repro.after_aot import generate_compiler_repro_string
 
     if kind not in KINDS:
@@ -83,18 +96,19 @@ def write_repro(folder: Path, spec: KernelSpec, inputs: Sequence[torch.Tensor], 
         cpu_inputs = [t.detach().cpu() for t in inputs]
         code = generate_compiler_repro_string(gm, cpu_inputs, save_dir=str(tmp / "inputs"))
         code = code.replace(str(tmp / "inputs"), "inputs")  # the folder may move: paths are relative
-        header = (f"# torch_kernelize reproducer ({kind}): {spec.describe()}\n"
+        what = spec.describe() if spec is not None else f"graph of {len(gm.graph.nodes)} nodes"
+        header = (f"# torch_kernelize reproducer ({kind}): {what}\n"
                   f"# {KINDS[kind]}.\n"
                   f"# Run: python repro.py [--target T] [--cache-dir D]; exit 0 = fixed, 1 = reproduces, "
                   f"2 = error.\n")
         (tmp / "repro.py").write_text(header + code + REPRO_MAIN)
         (tmp / "graph.py").write_text(gm.print_readable(print_output=False))
-        torch.save(tuple(t.contiguous() for t in spec.reference(cpu_inputs)), tmp / "reference.pt")
+        torch.save(graph_reference(gm, cpu_inputs), tmp / "reference.pt")
         meta = {
             "kind": kind,
             "what": KINDS[kind],
-            "op": spec.op,
-            "spec": spec.to_json(),
+            "op": spec.op if spec is not None else None,
+            "spec": spec.to_json() if spec is not None else None,
             "target": target_ref(target),
             "target_description": target.describe(),
             "cache_dir": str(Path(cache_dir).resolve()) if cache_dir else None,
@@ -112,6 +126,29 @@ def write_repro(folder: Path, spec: KernelSpec, inputs: Sequence[torch.Tensor], 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
+                          target: Target, options: Any) -> Path | None:
+    """A graph kernelize could not lower: minify it (pinned to this error) and dump it."""
+    import hashlib
+
+    from torch_kernelize.repro.minify import lowering_error_predicate, minify, real_inputs_like
+
+    if options.repro_dir is None:
+        return None
+    try:
+        inputs = real_inputs_like(example_inputs)
+        result = minify(gm, inputs, lowering_error_predicate(error, target, options))
+        small, small_inputs = result if result is not None else (gm, inputs)
+        digest = hashlib.sha256(small.code.encode()).hexdigest()[:10]
+        folder = Path(options.repro_dir) / f"lowering-{type(error).__name__}-{digest}"
+        write_repro(folder, None, small_inputs, target, "lowering", options.cache_dir,
+                    {"cause": f"{type(error).__name__}: {error}", "minified": result is not None}, gm=small)
+        return folder
+    except Exception:
+        log.exception("could not dump the graph that failed to lower")
+        return None
 
 
 class ReproWriter:
@@ -139,11 +176,12 @@ class ReproWriter:
             log.exception("could not write the repro for %s", spec.describe())
 
     def write_failure(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], target: Target, why: str,
-                      kind: str = "failure", extra: dict[str, Any] | None = None) -> Path | None:
+                      kind: str = "failure", extra: dict[str, Any] | None = None,
+                      gm: fx.GraphModule | None = None) -> Path | None:
         folder = self.root / f"{kind}-{spec.slug}"
         try:
             write_repro(folder, spec, inputs, target, kind, self.options.cache_dir,
-                        dict({"cause": why}, **(extra or {})))
+                        dict({"cause": why}, **(extra or {})), gm=gm)
             return folder
         except Exception:
             log.exception("could not write the %s repro for %s", kind, spec.describe())

@@ -34,6 +34,20 @@ def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
     return out.copy_(t)
 
 
+def compare_outputs(outs: list[torch.Tensor], refs: list[torch.Tensor], op: str | None):
+    from torch_kernelize.validate import Comparison, compare
+    if len(outs) != len(refs):
+        return Comparison(False, reason=f"{len(outs)} outputs, the reference has {len(refs)}")
+    worst = Comparison(True)
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        c = compare(o, r, op)
+        if not c.ok:
+            c.reason = f"output {i}: {c.reason}"
+            return c
+        worst.max_abs = max(worst.max_abs, c.max_abs)
+    return worst
+
+
 def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[str, Any], target: str,
               cache_dir: str | None) -> tuple[int, str]:
     """(status, message) of one repro run."""
@@ -42,32 +56,54 @@ def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[st
     from torch_kernelize.lower import lower
     from torch_kernelize.lowering.targets import get_target
     from torch_kernelize.spec import KernelSpec
-    from torch_kernelize.validate import compare_all
 
-    spec = KernelSpec.from_json(meta["spec"])
+    kind = meta["kind"]
+    spec = KernelSpec.from_json(meta["spec"]) if meta.get("spec") else None
     tgt = get_target(target)
     inputs = [to_device(t, tgt.device) for t in inputs]
     gm = make_fx(module, tracing_mode="fake")(*inputs)
     options = {"target": target, "repro_dir": "off", "report": None}
     if cache_dir:
         options["cache_dir"] = cache_dir
-    lowered = lower(gm, inputs, options, kind="repro")
+    try:
+        lowered = lower(gm, inputs, options, kind="repro")
+    except Exception as e:
+        if kind == "lowering":
+            return REPRODUCES, f"lowering still fails: {type(e).__name__}: {e}"
+        raise
     outs = lowered(list(inputs))
-    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-    ref = torch.load(Path(meta["folder"]) / "reference.pt")
-    cmp = compare_all(outs, ref, spec)
-    node = next((d for d in lowered.report.decisions if d.spec_key == spec.key), None)
+    outs = [o for o in (outs if isinstance(outs, (tuple, list)) else [outs]) if isinstance(o, torch.Tensor)]
+    ref = list(torch.load(Path(meta["folder"]) / "reference.pt"))
+    single_op = (spec.op if spec is not None and spec.graph is None
+                 and sum(n.op == "call_function" for n in gm.graph.nodes) == 1 else None)
+    cmp = compare_outputs(outs, ref, single_op)
+    if spec is None:  # a graph that failed to lower: fixed once it lowers and computes right
+        if not cmp.ok:
+            return REPRODUCES, f"the graph lowers now but computes WRONG: {cmp.reason}"
+        return FIXED, "the graph lowers and matches the reference"
+    decisions = lowered.report.decisions + lowered.report.regions
+    node = next((d for d in decisions if d.spec_key == spec.key and d.tier == "triton"),
+                next((d for d in decisions if d.spec_key == spec.key), None))
     tier = node.tier if node else "?"
     where = f"{spec.describe()}: tier {tier}" + (f" ({node.reason})" if node else "")
     if not cmp.ok:
         return REPRODUCES, f"{where}; output WRONG: {cmp.reason}"
-    kind = meta["kind"]
     if kind == "miss" and tier != "triton":
-        why = node.rejected.get("triton", "") if node else ""
+        why = node.rejected.get("triton", node.reason) if node else ""
         return REPRODUCES, f"{where}; still a miss: {why}"
     if kind == "missing" and tier == "fallback":
         return REPRODUCES, f"{where}; still missing on target {target!r}"
+    if kind == "failure" and any(getattr(d.entry, "key", None) and d.tier == "triton" for d in decisions):
+        failed = [c for c in _triton_calls(lowered) if c.state.disabled]
+        if failed:
+            return REPRODUCES, f"{where}; the kernel failed again: {failed[0].state.disabled}"
     return FIXED, f"{where}; output matches the reference (max abs err {cmp.max_abs:.3g})"
+
+
+def _triton_calls(lowered: Any) -> list[Any]:
+    from torch_kernelize.runtime import TritonCall
+    return [n.target for s in lowered._specializations.values() for n in s.gm.graph.nodes
+            if isinstance(n.target, TritonCall)]
 
 
 def main(repro_cls: type, load_args: Callable, file: str, argv: list[str] | None = None) -> int:
