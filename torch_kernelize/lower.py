@@ -34,8 +34,8 @@ _graph_ids = itertools.count()
 class Session:
     """What the graphs of one torch.compile call share: options, target, cache, repro writer."""
 
-    _runners: dict[tuple[str, str], Any] = {}   # (namespace, spec key) -> loaded runner, per process
-    _states: dict[tuple[str, str], KernelState] = {}  # (namespace, spec key) -> health, per process
+    _runners: dict[tuple[str, str], Any] = {}   # (cache namespace dir, spec key) -> loaded runner, per process
+    _states: dict[tuple[str, str], KernelState] = {}  # (cache namespace dir, spec key) -> health, per process
     _runner_lock = threading.Lock()
 
     def __init__(self, options: Options, target: Target | None = None, private_kernel_states: bool = False):
@@ -47,7 +47,7 @@ class Session:
         self._kernel_states = {} if private_kernel_states else self._states
 
     def kernel_state(self, key: str) -> KernelState:
-        k = (self.cache.dir.name, key)
+        k = (str(self.cache.dir), key)
         with self._runner_lock:
             return self._kernel_states.setdefault(k, KernelState(key))
 
@@ -78,7 +78,7 @@ class Session:
         """The launcher of a cache hit, loaded once per process; None (with a warning) if it fails."""
         from torch_kernelize.launch import load_program
         cache = self.cache
-        k = (cache.dir.name, decision.spec_key)
+        k = (str(cache.dir), decision.spec_key)
         with self._runner_lock:
             if k in self._runners:
                 return self._runners[k]

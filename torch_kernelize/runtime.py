@@ -40,7 +40,7 @@ class TritonCall:
         self.runner = runner
         self.state = state
         self.on_failure = on_failure
-        self.__name__ = f"triton_{spec.op.split('.')[1] if spec.op.count('.') == 2 else 'region'}_{spec.key[:8]}"
+        self.__name__ = f"triton_{spec.short_name}_{spec.key[:8]}"
 
     def vendor(self, *tensors: torch.Tensor):
         out = self.spec.run_vendor(tensors)

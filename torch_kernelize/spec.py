@@ -182,9 +182,14 @@ class KernelSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
     @property
+    def short_name(self) -> str:
+        """'gelu' for aten.gelu.default; 'region' for a fused region."""
+        return self.op.split(".")[1] if self.op.count(".") == 2 else self.op
+
+    @property
     def slug(self) -> str:
         """Readable folder name: op, first input, key prefix."""
-        name = self.op.split(".")[1] if self.op.count(".") == 2 else self.op
+        name = self.short_name
         first = self.inputs[0].short() if self.inputs else "noinput"
         safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in f"{name}-{first}")
         return f"{safe}-{self.key[:10]}"

@@ -112,7 +112,7 @@ class FillRun:
 
         def step(r):
             if progress is not None:
-                progress.set_postfix_str(f"{spec.op.split('.')[1]} {'ok' if r['correct'] else 'x'} "
+                progress.set_postfix_str(f"{spec.short_name} {'ok' if r['correct'] else 'x'} "
                                          f"{r['fitness']:.2f}", refresh=True)
 
         result = run_search(spec, family, evaluate, self.budget, previous, journal.append, step)

@@ -131,24 +131,32 @@ def write_repro(folder: Path, spec: KernelSpec | None, inputs: Sequence[torch.Te
 def dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
                           target: Target, options: Any) -> Path | None:
     """A graph kernelize could not lower: minify it (pinned to this error) and dump it."""
-    import hashlib
-
-    from torch_kernelize.repro.minify import lowering_error_predicate, minify, real_inputs_like
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     if options.repro_dir is None:
         return None
     try:
-        inputs = real_inputs_like(example_inputs)
-        result = minify(gm, inputs, lowering_error_predicate(error, target, options))
-        small, small_inputs = result if result is not None else (gm, inputs)
-        digest = hashlib.sha256(small.code.encode()).hexdigest()[:10]
-        folder = Path(options.repro_dir) / f"lowering-{type(error).__name__}-{digest}"
-        write_repro(folder, None, small_inputs, target, "lowering", options.cache_dir,
-                    {"cause": f"{type(error).__name__}: {error}", "minified": result is not None}, gm=small)
-        return folder
+        with unset_fake_temporarily():  # we are inside aot_autograd's fake mode: real tensors here
+            return _dump_lowering_failure(gm, example_inputs, error, target, options)
     except Exception:
         log.exception("could not dump the graph that failed to lower")
         return None
+
+
+def _dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
+                           target: Target, options: Any) -> Path:
+    import hashlib
+
+    from torch_kernelize.repro.minify import lowering_error_predicate, minify, real_inputs_like
+
+    inputs = real_inputs_like(example_inputs)
+    result = minify(gm, inputs, lowering_error_predicate(error, target, options))
+    small, small_inputs = result if result is not None else (gm, inputs)
+    digest = hashlib.sha256(small.code.encode()).hexdigest()[:10]
+    folder = Path(options.repro_dir) / f"lowering-{type(error).__name__}-{digest}"
+    write_repro(folder, None, small_inputs, target, "lowering", options.cache_dir,
+                {"cause": f"{type(error).__name__}: {error}", "minified": result is not None}, gm=small)
+    return folder
 
 
 class ReproWriter:

@@ -7,6 +7,7 @@ the minifier cannot drift to another, unrelated failure.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 from typing import Any, Callable, Sequence
@@ -33,10 +34,16 @@ def _outputs(x: Any) -> list[torch.Tensor]:
 def minify(gm: fx.GraphModule, inputs: Sequence[Any], fails: Callable[[fx.GraphModule, list], bool]
            ) -> tuple[fx.GraphModule, list] | None:
     """functorch's minifier on ``gm``; None when it cannot run (non-tensor inputs, no failure)."""
-    from functorch.compile import minifier
-
     if not all(isinstance(t, torch.Tensor) for t in inputs):
         return None
+    return torch._dynamo.disable(_minify)(gm, inputs, fails)
+
+
+def _minify(gm, inputs, fails):
+    # Runs outside Dynamo: a mismatch is found while a compiled graph runs, and the minifier's
+    # own tracing must not be captured by the frame evaluation hook.
+    from functorch.compile import minifier
+
     sink = io.StringIO()
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
@@ -48,10 +55,17 @@ def minify(gm: fx.GraphModule, inputs: Sequence[Any], fails: Callable[[fx.GraphM
     return small, list(small_inputs)
 
 
+def _quiet(options: Any) -> Any:
+    """The predicate's own lowerings: no check mode, no repros, no report, no strict errors."""
+    return dataclasses.replace(options, check=False, repro_dir=None, report=None, strict=False)
+
+
 def mismatch_predicate(spec_key: str, target: Any, options: Any) -> Callable[[fx.GraphModule, list], bool]:
     """True while lowering the graph puts kernel ``spec_key`` on the triton tier and the
     outputs differ from the graph run by ATen."""
     from torch_kernelize.lower import LoweredGraph, Session
+
+    options = _quiet(options)
 
     def fails(fx_g: fx.GraphModule, inputs: list) -> bool:
         try:
@@ -75,6 +89,7 @@ def lowering_error_predicate(error: BaseException, target: Any, options: Any
     """True while lowering the graph raises the same exception type with the same first line."""
     from torch_kernelize.lower import LoweredGraph, Session
 
+    options = _quiet(options)
     first_line = str(error).splitlines()[0] if str(error) else ""
 
     def fails(fx_g: fx.GraphModule, inputs: list) -> bool:
