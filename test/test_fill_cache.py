@@ -66,7 +66,8 @@ def test_misses_then_fill_cache_then_triton_tier_in_a_new_process(tmp_path):
     assert "stored" in proc.stdout and "without a correct candidate" in proc.stdout
     runs = list(cache.glob("*/runs/*.json"))
     summary = json.loads(runs[0].read_text())
-    assert {r["status"] for r in summary["specs"]} == {"stored"}
+    # nodes inside a region that got a fused kernel are not searched alone
+    assert {r["status"] for r in summary["specs"]} <= {"stored", "in a fused region"}
 
     after, _ = compile_in_fresh_process(tmp_path, cache, name="after.json")
     assert after["err"] < 1e-5
@@ -121,7 +122,7 @@ def test_two_concurrent_runs_leave_a_valid_cache(tmp_path):
     from torch_kernelize.lowering.targets import get_target
     kc = KernelCache.for_target(cache, get_target("interpreter"))
     assert kc.check_integrity() == []
-    assert len(kc.keys()) >= 4
+    assert len(kc.keys()) >= 3  # a fused region (sigmoid, mul, softmax), its fallback nodes, histc
     # each spec was searched once: the other process found it stored
     statuses = [r["status"] for f in cache.glob("*/runs/*.json") for r in json.loads(f.read_text())["specs"]]
     assert statuses.count("stored") == len(kc.keys())

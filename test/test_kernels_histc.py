@@ -48,7 +48,7 @@ def test_histc_matches_torch_exactly(case, dtype, layout, tmp_path):
     runner = load(tmp_path, spec, program)
     for seed in range(3):  # unrestricted data (edge cases included) against ATen's own arithmetic
         xs = torch.empty_strided(x.shape, x.stride(), dtype=dtype).copy_(inputs(dtype, layout, seed=seed) * (1 + seed))
-        got, want = runner(xs), aten_counts(xs, bins, lo, hi)
+        got, want = runner.run_poisoned([xs])[0], aten_counts(xs, bins, lo, hi)
         assert torch.equal(got, want), f"seed {seed}: {(got - want).nonzero().flatten().tolist()}"
         if want.max() <= 256:  # no saturation in ATen's own accumulation: equal to torch.histc itself
             assert torch.equal(got, torch.histc(xs, bins, lo, hi))
@@ -65,7 +65,7 @@ def test_histc_configs(case, config, tmp_path):
     x = inputs(BF16 if case == "data_range" else F16)
     spec = spec_of(aten.histc.default, (x, bins, lo, hi))
     program = assert_valid(FAMILY, spec, tmp_path, Config.of(**config), eager=False)
-    assert torch.equal(load(tmp_path, spec, program)(x), aten_counts(x, bins, lo, hi))
+    assert torch.equal(load(tmp_path, spec, program).run_poisoned([x])[0], aten_counts(x, bins, lo, hi))
 
 
 def test_every_seed_config_and_neighbours(tmp_path):
@@ -94,6 +94,25 @@ def test_all_equal_and_edges(tmp_path):
                       inputs=[x.to(dtype)])
 
 
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+def test_power_of_two_width_multiplies_exactly(dtype, tmp_path):
+    """A width of 2^k: the kernel multiplies by the exact inverse; bins equal ATen's, edges included."""
+    edges = torch.linspace(-4.0, 4.0, 65)
+    x = torch.cat([edges, torch.nextafter(edges, torch.tensor(-9.0)), torch.nextafter(edges, torch.tensor(9.0)),
+                   torch.randn(3000) * 2]).to(dtype)
+    spec = spec_of(aten.histc.default, (x, 64, -4.0, 4.0))
+    for config in FAMILY.seed_configs(spec)[:2]:
+        program = FAMILY.generate(spec, config)
+        assert "div_rn" not in program.source and "* 0.125)" in program.source, program.source
+        assert torch.equal(load(tmp_path, spec, program).run_poisoned([x])[0], aten_counts(x, 64, -4.0, 4.0))
+    assert "div_rn" in FAMILY.generate(spec_of(aten.histc.default, (x, 64, -3.0, 3.0)), config).source
+
+
+def test_seeds_bin_32_elements_per_thread():
+    spec = spec_of(aten.histc.default, (torch.empty(1 << 24), 256, -3.0, 3.0))
+    assert any(c["VARIANT"] == "local" and c["BLOCK"] // (32 * c["num_warps"]) == 32 for c in FAMILY.seed_configs(spec))
+
+
 def test_data_range_with_nan_gives_nan(tmp_path):
     """ATen raises for a NaN/inf data range; a kernel cannot raise, so every bin is NaN (never silently wrong)."""
     x = torch.randn(100)
@@ -104,7 +123,7 @@ def test_data_range_with_nan_gives_nan(tmp_path):
         y[17] = bad
         with pytest.raises(RuntimeError):
             torch.histc(y, 8)
-        assert runner(y).isnan().all()
+        assert runner.run_poisoned([y])[0].isnan().all()
 
 
 @pytest.mark.parametrize("what", ["bins", "last_bin", "range"])

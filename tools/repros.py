@@ -1,102 +1,11 @@
-"""List reproducers, or replay them all in fresh processes with a summary table.
+"""List or replay reproducers from a checkout: python tools/repros.py {list,replay} DIR [...].
 
-    python tools/repros.py list   kernelize_repros
-    python tools/repros.py replay kernelize_repros [--target T] [--cache-dir D] [--jobs N]
-
-replay exits 0 when every repro is fixed, 1 when some still reproduce, 2 when some could not run.
+The implementation is installed with the package (torch_kernelize.repro.listing) so that a
+production machine without this checkout can replay repros too.
 """
-from __future__ import annotations
-
-import argparse
-import concurrent.futures
-import json
-import subprocess
 import sys
-from pathlib import Path
 
-STATUS = {0: "fixed", 1: "reproduces", 2: "error"}
-
-
-def find(root: Path) -> list[Path]:
-    return sorted(p.parent for p in Path(root).glob("*/spec.json"))
-
-
-def _meta(folder: Path) -> dict:
-    try:
-        return json.loads((folder / "spec.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        return {"kind": "?", "error": str(e)}
-
-
-def _describe(meta: dict) -> str:
-    spec = meta.get("spec")
-    if not spec:
-        return meta.get("cause", "")[:80]
-    ins = ", ".join(f"{i['dtype']}{i['shape']}" for i in spec["inputs"])
-    return f"{spec['op']}({ins})"
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    folders = find(args.root)
-    rows = [["FOLDER", "KIND", "WHAT", "TARGET", "CREATED"]]
-    for f in folders:
-        m = _meta(f)
-        rows.append([f.name, m.get("kind", "?"), _describe(m), str(m.get("target", "?")), m.get("created", "?")])
-    print(_table(rows))
-    print(f"{len(folders)} reproducer(s) in {args.root}")
-    return 0
-
-
-def replay_one(folder: Path, target: str | None, cache_dir: str | None, timeout: int) -> tuple[Path, int, str]:
-    cmd = [sys.executable, str(folder / "repro.py")]
-    if target:
-        cmd += ["--target", target]
-    if cache_dir:
-        cmd += ["--cache-dir", cache_dir]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=folder)
-    except subprocess.TimeoutExpired:
-        return folder, 2, f"timed out after {timeout}s"
-    lines = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
-    return folder, proc.returncode if proc.returncode in STATUS else 2, lines[-1] if lines else ""
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    folders = find(args.root)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda f: replay_one(f, args.target, args.cache_dir, args.timeout), folders))
-    rows = [["FOLDER", "KIND", "RESULT", "DETAIL"]]
-    for folder, code, detail in results:
-        rows.append([folder.name, _meta(folder).get("kind", "?"), STATUS[code], detail[:120]])
-    print(_table(rows))
-    counts = {s: sum(STATUS[c] == s for _, c, _ in results) for s in STATUS.values()}
-    print(f"{len(results)} reproducer(s): {counts['reproduces']} reproduce, {counts['fixed']} fixed, "
-          f"{counts['error']} error")
-    return 2 if counts["error"] else 1 if counts["reproduces"] else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python tools/repros.py", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    lp = sub.add_parser("list", help="one line per reproducer")
-    lp.add_argument("root", type=Path)
-    rp = sub.add_parser("replay", help="run every repro.py in a fresh process; summary table")
-    rp.add_argument("root", type=Path)
-    rp.add_argument("--target", help="override the recorded target")
-    rp.add_argument("--cache-dir", help="override the recorded kernel cache")
-    rp.add_argument("--jobs", type=int, default=2)
-    rp.add_argument("--timeout", type=int, default=600)
-    args = p.parse_args(argv)
-    if not args.root.is_dir():
-        print(f"error: {args.root} is not a folder", file=sys.stderr)
-        return 2
-    return cmd_list(args) if args.command == "list" else cmd_replay(args)
-
+from torch_kernelize.repro.listing import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,8 @@
 
 Files: kernel.py (the Triton source), program.json (launch list), and on CUDA one compiled
 binary per launch (launch<i>.cubin + launch<i>.json metadata), compiled ahead of time here so
-that serving never compiles.
+that serving never compiles. ``gpu_target`` (backend, arch, warp size) lets a process without
+CUDA (a build worker) compile for the GPU.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from torch_kernelize.lowering.kernels.program import KernelProgram
 from torch_kernelize.spec import KernelSpec
 
 
-def write_program(directory: Path, spec: KernelSpec, program: KernelProgram, backend: str) -> list[str]:
+def write_program(directory: Path, spec: KernelSpec, program: KernelProgram, backend: str,
+                  gpu_target: tuple | None = None) -> list[str]:
     """Write a program's files into ``directory``; return their names (relative)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -23,5 +25,5 @@ def write_program(directory: Path, spec: KernelSpec, program: KernelProgram, bac
     files = [SOURCE_FILE, PROGRAM_FILE]
     if backend == "cuda":
         from torch_kernelize.cuda_binaries import compile_launches
-        files += compile_launches(directory, spec, program)
+        files += compile_launches(directory, spec, program, gpu_target)
     return files

@@ -1,18 +1,25 @@
-"""Ahead-of-time Triton compilation for CUDA and loading of the stored binaries.
+"""Ahead-of-time Triton compilation for CUDA, and launching the stored binaries.
 
 ``compile_launches`` runs ``triton.compile`` once per launch (fill_cache time) and stores the
-cubin and Triton's metadata. ``load_launch`` rebuilds a ``triton.compiler.CompiledKernel`` from
-those files: loading a binary into the driver is not a compilation.
+cubin and Triton's metadata. ``load_launch`` turns those files back into a launcher without
+compiling anything: through torch's static CUDA launcher when it takes the kernel (no C
+compilation either), else through Triton's own launcher rebuilt from the stored binary.
+
+Pointer arguments are compiled as 16-byte aligned (Triton's ``tt.divisibility``: vector loads);
+the runner checks its inputs' alignment before each launch (see launch.MisalignedInput).
 """
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from torch_kernelize.launch import import_source
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
+
+log = logging.getLogger("torch_kernelize.launch")
 
 
 def _gpu_target():
@@ -24,16 +31,33 @@ def _launch_files(i: int) -> tuple[str, str]:
     return f"launch{i}.cubin", f"launch{i}.json"
 
 
-def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram) -> list[str]:
-    import triton
+def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec):
+    """ASTSource with the signature, constexprs and alignment facts of one launch."""
     from triton.compiler import ASTSource
 
+    signature = program.signature(launch, spec)
+    names = list(signature)
+    attrs = {}
+    runtime = iter(launch.args)
+    for i, name in enumerate(names):
+        if signature[name] == "constexpr":
+            continue
+        kind, value = next(runtime)
+        if signature[name].startswith("*") or (kind in ("i32", "i64") and value % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn, signature=signature, constexprs=dict(launch.constexprs), attrs=attrs)
+
+
+def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
+                     gpu_target: tuple | None = None) -> list[str]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
     module = import_source(directory / "kernel.py", f"torch_kernelize_build.k{spec.key}_{id(program)}")
-    target = _gpu_target()
+    target = GPUTarget(*gpu_target) if gpu_target is not None else _gpu_target()
     files = []
     for i, launch in enumerate(program.launches):
-        fn = getattr(module, launch.kernel)
-        src = ASTSource(fn, signature=program.signature(launch, spec), constexprs=dict(launch.constexprs))
+        src = _source(getattr(module, launch.kernel), launch, program, spec)
         compiled = triton.compile(src, target=target,
                                   options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
         cubin, meta = _launch_files(i)
@@ -45,12 +69,47 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram) 
     return files
 
 
+class CudaLaunch:
+    """One stored kernel, loaded into the driver; call with (grid, stream, full argument list)."""
+
+    def __init__(self, compiled: Any, cubin_path: Path, constexpr_positions: Sequence[int]):
+        import torch
+
+        self.name = compiled.name
+        self._constexpr = set(constexpr_positions)
+        self._static = None
+        try:
+            from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+            compiled._cubin_path = str(cubin_path)
+            static = StaticallyLaunchedCudaKernel(compiled)
+            static.load_kernel(torch.cuda.current_device())
+            self._static = static
+        except Exception as e:  # not every kernel/torch version takes the static path
+            log.debug("static launcher refused %s (%s); using Triton's launcher", self.name, e)
+            self._run = compiled.run  # builds Triton's launcher for the stored binary (no Triton compile)
+            self._function = compiled.function
+            self._packed = compiled.packed_metadata
+
+    @property
+    def static(self) -> bool:
+        return self._static is not None
+
+    def __call__(self, grid: tuple[int, int, int], stream: int, args: Sequence[Any]) -> None:
+        if self._static is not None:
+            self._static.run(grid[0], grid[1], grid[2], stream,
+                             *[a for i, a in enumerate(args) if i not in self._constexpr])
+        else:
+            self._run(grid[0], grid[1], grid[2], stream, self._function, self._packed, None, None, None, *args)
+
+
 def load_launch(directory: Path, i: int, fn: Any, launch: Launch, program: KernelProgram,
-                spec: KernelSpec):
-    """A CompiledKernel for launch ``i``, from its stored cubin and metadata (no compilation)."""
-    from triton.compiler import ASTSource, CompiledKernel
+                spec: KernelSpec) -> CudaLaunch:
+    """The launcher of launch ``i`` from its stored cubin and metadata (no compilation)."""
+    from triton.compiler import CompiledKernel
 
     cubin, meta = _launch_files(i)
-    src = ASTSource(fn, signature=program.signature(launch, spec), constexprs=dict(launch.constexprs))
+    src = _source(fn, launch, program, spec)
     group = {cubin: str(directory / cubin), meta: str(directory / meta)}
-    return CompiledKernel(src, group, json.loads((directory / meta).read_text()).get("hash", spec.key))
+    compiled = CompiledKernel(src, group, json.loads((directory / meta).read_text()).get("hash", spec.key))
+    names = program.kernel_arg_names(launch.kernel)
+    return CudaLaunch(compiled, directory / cubin, [k for k, n in enumerate(names) if n in launch.constexprs])

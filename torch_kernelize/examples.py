@@ -136,5 +136,26 @@ def make_inplace(batch: int = 4):
     return _seeded(InPlace(), torch.randn(batch, 16))
 
 
+
+
+class Demo(nn.Module):
+    """The demo's embedded example: a pre-norm MLP block followed by an MoE layer."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.norm = RMSNorm(d)
+        self.mlp = MLP(d, 2 * d, d)
+        self.moe = MoE(d, d, experts=4, k=2)
+
+    def forward(self, x):
+        x = x + self.mlp(self.norm(x))
+        return x + self.moe(x)
+
+
+def make_demo(tokens: int = 16):
+    torch.manual_seed(0)
+    return _seeded(Demo(), torch.randn(tokens, 32))
+
+
 ZOO = {"mlp": make_mlp, "conv1d": make_conv1d, "transformer": make_transformer, "moe": make_moe,
-       "inplace": make_inplace}
+       "inplace": make_inplace, "demo": make_demo}

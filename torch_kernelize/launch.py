@@ -24,6 +24,11 @@ PROGRAM_FILE = "program.json"
 _import_lock = threading.Lock()
 
 
+class MisalignedInput(RuntimeError):
+    """A CUDA kernel was compiled for 16-byte aligned pointers and got an unaligned view: the
+    caller runs the vendor op for this one call (the kernel stays enabled)."""
+
+
 def poison_value(dtype: torch.dtype) -> float | int | bool:
     """What fills an output before a validation run, so that unwritten elements show up."""
     if dtype.is_floating_point:
@@ -130,12 +135,16 @@ class ProgramRunner:
 
     def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
         bufs = {"in": inputs, "out": outs, "tmp": temps}
+        if self.backend == "cuda":
+            if any(t.data_ptr() % 16 for t in inputs):
+                raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
+            stream = torch.cuda.current_stream(inputs[0].device if inputs else None).cuda_stream
+            for kernel, (launch, order, grid) in zip(self._kernels, self._plans):
+                kernel(grid, stream, [bufs[k][v] if k in bufs else v for k, v in order])
+            return
         for kernel, (launch, order, grid) in zip(self._kernels, self._plans):
             args = [bufs[k][v] if k in bufs else v for k, v in order]
-            if self.backend == "interpreter":
-                kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
-            else:
-                kernel[grid](*args)
+            kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
     def __call__(self, *inputs: torch.Tensor):
         device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")

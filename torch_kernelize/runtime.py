@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.planner import Decision, GraphPlan, tensor_input_nodes
+from torch_kernelize.launch import MisalignedInput
 from torch_kernelize.spec import KernelSpec
 from torch_kernelize.validate import compare
 
@@ -50,6 +51,8 @@ class TritonCall:
         if self.state.disabled is None:
             try:
                 return self.runner(*tensors)
+            except MisalignedInput:
+                pass  # this call only: an unaligned view cannot take the aligned binary
             except Exception as e:
                 self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
         return self.vendor(*tensors)
@@ -77,6 +80,8 @@ class CheckedTritonCall(TritonCall):
             return self.vendor(*tensors)
         try:
             got = self.runner(*tensors)
+        except MisalignedInput:
+            return self.vendor(*tensors)
         except Exception as e:
             self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
             return self.vendor(*tensors)
@@ -135,9 +140,11 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
             new.kwargs = {}
         else:
             new.target = make_fallback(d, old.target)
+    replaced: dict[fx.Node, fx.Node] = {}  # outputs of regions fused so far -> their new values
     for region, launcher in fused:
-        _fuse(graph, [env[n] for n in region.nodes], [env[n] for n in region.inputs],
-              [env[n] for n in region.outputs], launcher)
+        inputs = [replaced.get(env[n], env[n]) for n in region.inputs]
+        replaced.update(_fuse(graph, [env[n] for n in region.nodes], inputs, [env[n] for n in region.outputs],
+                              launcher))
     if fused:
         _stable_toposort(graph)
     graph.lint()
@@ -145,20 +152,23 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
 
 
 def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
-          launcher: Callable) -> None:
-    """Replace ``nodes`` by one call of ``launcher(*inputs)`` returning the region's outputs."""
+          launcher: Callable) -> dict[fx.Node, fx.Node]:
+    """Replace ``nodes`` by one call of ``launcher(*inputs)``; return {old output: new value}."""
     import operator
     with graph.inserting_after(nodes[-1]):
         call = graph.call_function(launcher, tuple(inputs))
+    replacements = {}
     if len(outputs) == 1:
-        outputs[0].replace_all_uses_with(call)
+        replacements[outputs[0]] = call
     else:
         for i, o in enumerate(outputs):
             with graph.inserting_after(call):
-                item = graph.call_function(operator.getitem, (call, i))
-            o.replace_all_uses_with(item)
+                replacements[o] = graph.call_function(operator.getitem, (call, i))
+    for old, new in replacements.items():
+        old.replace_all_uses_with(new)
     for n in reversed(nodes):
         graph.erase_node(n)
+    return replacements
 
 
 def _stable_toposort(graph: fx.Graph) -> None:

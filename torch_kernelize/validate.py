@@ -23,8 +23,8 @@ class Comparison:
     ok: bool
     max_abs: float = 0.0
     max_rel: float = 0.0
-    max_err: float = 0.0   # max |out - ref| / max(1, max |ref|): what atol is compared with
     reason: str = ""
+    max_err: float = 0.0   # max |out - ref| / max(1, max |ref|): what atol is compared with
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
@@ -66,10 +66,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
     bad = diff > atol * scale + rtol * r.abs()
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0]) if bad.dim() else 0
-        return Comparison(False, max_abs, max_rel, max_abs / scale,
+        return Comparison(False, max_abs, max_rel, max_err=max_abs / scale, reason=
                           f"{int(bad.sum())} element(s) out of tolerance (atol {atol:g}x{scale:.3g}, rtol {rtol:g}); "
                           f"first: got {float(o.flatten()[i]):.6g}, expected {float(r.flatten()[i]):.6g}")
-    return Comparison(True, max_abs, max_rel, max_abs / scale)
+    return Comparison(True, max_abs, max_rel, max_err=max_abs / scale)
 
 
 def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec: KernelSpec) -> Comparison:

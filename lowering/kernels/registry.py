@@ -2,8 +2,15 @@
 from __future__ import annotations
 
 from torch_kernelize.lowering.kernels.base import KernelFamily
+from torch_kernelize.lowering.kernels.conv1d import FAMILY as CONV1D
 from torch_kernelize.lowering.kernels.elementwise import FAMILY as ELEMENTWISE
+from torch_kernelize.lowering.kernels.fused import FAMILY as FUSED
 from torch_kernelize.lowering.kernels.histc import FAMILY as HISTC
+from torch_kernelize.lowering.kernels.indexing import FAMILY as INDEXING
+from torch_kernelize.lowering.kernels.layernorm import FAMILY as LAYERNORM
+from torch_kernelize.lowering.kernels.matmul import FAMILY as MATMUL
 from torch_kernelize.lowering.kernels.reductions import FAMILY as REDUCTIONS
+from torch_kernelize.lowering.kernels.scan import FAMILY as SCAN
+from torch_kernelize.lowering.kernels.topk import FAMILY as TOPK
 
-FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC]
+FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC, FUSED, LAYERNORM, INDEXING, SCAN, TOPK, MATMUL, CONV1D]

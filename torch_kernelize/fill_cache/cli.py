@@ -15,10 +15,8 @@ import json
 import logging
 import os
 import platform
-import shutil
 import socket
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -28,6 +26,7 @@ import torch
 
 from torch_kernelize.errors import KernelizeError
 from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_model, specs_from_repros
+from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.fill_cache.search import SearchResult, run_search
@@ -71,6 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class FillRun:
     def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float):
         self.target, self.cache, self.budget = target, cache, budget
+        self.builder = Builder(target)
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
@@ -103,7 +103,7 @@ class FillRun:
         previous = journal.records() if self.resume else []
         if not self.resume:
             journal.archive()
-        measurer = Measurer(spec, family, self.target, [work.captured] if work.captured else [])
+        measurer = Measurer(spec, family, self.target, [work.captured] if work.captured else [], self.builder)
 
         def evaluate(config):
             ev = measurer.evaluate(config).to_json()
@@ -115,7 +115,7 @@ class FillRun:
                 progress.set_postfix_str(f"{spec.short_name} {'ok' if r['correct'] else 'x'} "
                                          f"{r['fitness']:.2f}", refresh=True)
 
-        result = run_search(spec, family, evaluate, self.budget, previous, journal.append, step)
+        result = run_search(spec, family, evaluate, self.budget, previous, journal.append, step, measurer.prepare)
         row.update(evaluated=len(result.evaluated), resumed=result.resumed)
         best = result.best
         if best is None:
@@ -136,19 +136,30 @@ class FillRun:
                        speedup=best["fitness"])
             return row
         record.update(winner="triton", note="" if best["measured"] else INTERPRETER_NOTE)
-        tmp = Path(tempfile.mkdtemp(prefix="kernelize-winner-"))
         try:
-            measurer.build(Config.from_json(best["config"]), tmp)
-            self.cache.put(record, tmp, replace=work.replace or self.force)
+            built, _ = measurer.build(Config.from_json(best["config"]))
+            self.cache.put(record, built, replace=work.replace or self.force)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.builder.discard(spec)
         row.update(status="stored", winner=f"{family.name} " + " ".join(f"{k}={v}" for k, v in sorted(best["config"].items())),
                    speedup=timings["speedup"])
         return row
 
     def run(self, work: list[Work], quiet: bool = False) -> list[dict[str, Any]]:
+        try:
+            return self._run(work, quiet)
+        finally:
+            self.builder.close()
+
+    def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
         from filelock import Timeout
         from tqdm import tqdm
+
+        # Start compiling every spec's seed candidates now; the searches then mostly load them.
+        for w in work:
+            family = family_for(w.spec)
+            if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
+                self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
 
         deferred: list[Work] = []
         bar = tqdm(total=len(work), desc="fill_cache", unit="spec", disable=quiet, file=sys.stderr)

@@ -6,8 +6,6 @@ that fails to generate, compile, run or validate scores 0 with the error recorde
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
 import traceback
 import warnings
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from torch_kernelize.build import write_program
+from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.benchmark import median_ms, timing_available
 from torch_kernelize.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
@@ -44,10 +42,11 @@ class Evaluation:
 
 class Measurer:
     def __init__(self, spec: KernelSpec, family: KernelFamily, target: Target,
-                 extra_inputs: Sequence[Sequence[torch.Tensor]] = ()):
+                 extra_inputs: Sequence[Sequence[torch.Tensor]] = (), builder: Builder | None = None):
         self.spec = spec
         self.family = family
         self.target = target
+        self.builder = builder or Builder(target)
         self.device = "cuda" if target.device == "cuda" else "cpu"
         self.timed = timing_available(target)
         self.extra_inputs = [list(x) for x in extra_inputs]
@@ -55,12 +54,15 @@ class Measurer:
         self._bench_inputs: list[torch.Tensor] | None = None
 
     # --- builder --------------------------------------------------------------------------------
-    def build(self, config: Config, directory: Path):
-        """Generate and build the candidate into ``directory``; return its loaded runner."""
-        program = self.family.generate(self.spec, config)
-        write_program(directory, self.spec, program, self.target.triton)
-        return load_program(directory, self.spec, self.target.triton,
-                            module_name=f"torch_kernelize_candidates.k{self.spec.key}_{abs(hash(config.key))}")
+    def prepare(self, configs: Sequence[Config]) -> None:
+        """Start building candidates the search will evaluate next (in parallel on CUDA)."""
+        self.builder.submit(self.spec, self.family, list(configs))
+
+    def build(self, config: Config) -> tuple[Path, Any]:
+        """The built candidate's folder and its loaded runner."""
+        directory = self.builder.build(self.spec, self.family, config)
+        return directory, load_program(directory, self.spec, self.target.triton,
+                                       module_name=f"torch_kernelize_candidates.k{self.spec.key}_{abs(hash(config.key))}")
 
     # --- runner ---------------------------------------------------------------------------------
     def bench_inputs(self) -> list[torch.Tensor]:
@@ -80,32 +82,28 @@ class Measurer:
         return self.family.sample_inputs(spec, seed, kind, device)
 
     def evaluate(self, config: Config) -> Evaluation:
-        workdir = Path(tempfile.mkdtemp(prefix=f"kernelize-cand-{self.spec.key[:8]}-"))
         try:
-            try:
-                runner = self.build(config, workdir)
-            except Exception as e:
-                return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
-            with warnings.catch_warnings(), np.errstate(all="ignore"):
-                # edge inputs (inf, NaN, huge) make the interpreter's numpy warn; validation judges them
-                warnings.simplefilter("ignore", RuntimeWarning)
-                record = validate(runner.run_poisoned, self.spec, self._sample, self.family.edge_kinds,
-                                  device=self.device, extra_trials=len(self.extra_inputs))
-            if not record.ok:
-                return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
-            if not self.timed:
-                return Evaluation(config.to_json(), True, 1.0, validation=record.to_json())
-            inputs = self.bench_inputs()
-            try:
-                cand = median_ms(lambda: runner(*inputs))
-            except Exception as e:
-                return Evaluation(config.to_json(), False, 0.0, error=f"benchmark failed: {_short(e)}",
-                                  validation=record.to_json())
-            vendor = self.vendor_ms()
-            return Evaluation(config.to_json(), True, vendor / cand if cand > 0 else 0.0, cand, vendor,
-                              validation=record.to_json(), measured=True)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            _, runner = self.build(config)
+        except Exception as e:
+            return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            # edge inputs (inf, NaN, huge) make the interpreter's numpy warn; validation judges them
+            warnings.simplefilter("ignore", RuntimeWarning)
+            record = validate(runner.run_poisoned, self.spec, self._sample, self.family.edge_kinds,
+                              device=self.device, extra_trials=len(self.extra_inputs))
+        if not record.ok:
+            return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
+        if not self.timed:
+            return Evaluation(config.to_json(), True, 1.0, validation=record.to_json())
+        inputs = self.bench_inputs()
+        try:
+            cand = median_ms(lambda: runner(*inputs))
+        except Exception as e:
+            return Evaluation(config.to_json(), False, 0.0, error=f"benchmark failed: {_short(e)}",
+                              validation=record.to_json())
+        vendor = self.vendor_ms()
+        return Evaluation(config.to_json(), True, vendor / cand if cand > 0 else 0.0, cand, vendor,
+                          validation=record.to_json(), measured=True)
 
 
 def _short(e: BaseException) -> str:

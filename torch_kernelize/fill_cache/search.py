@@ -30,14 +30,24 @@ class SearchResult:
 def run_search(spec: KernelSpec, family: KernelFamily, evaluate: Callable[[Config], dict[str, Any]],
                budget: int, previous: list[dict[str, Any]] = (),
                record: Callable[[dict[str, Any]], None] = lambda r: None,
-               on_step: Callable[[dict[str, Any]], None] = lambda r: None) -> SearchResult:
-    """Evaluate at most ``budget`` configurations in total (``previous`` ones count)."""
+               on_step: Callable[[dict[str, Any]], None] = lambda r: None,
+               prepare: Callable[[list[Config]], None] = lambda cs: None) -> SearchResult:
+    """Evaluate at most ``budget`` configurations in total (``previous`` ones count).
+
+    ``prepare(configs)`` is told, before they are evaluated, which configurations come next (the
+    builder compiles them in parallel meanwhile).
+    """
     evaluated: dict[str, dict[str, Any]] = {}
     for r in previous:
         evaluated.setdefault(Config.from_json(r["config"]).key, r)
     resumed = len(evaluated)
     queue: list[Config] = [c for c in family.seed_configs(spec)]
     expanded: set[str] = set()
+
+    def announce() -> None:
+        prepare([c for c in queue if c.key not in evaluated][:max(0, budget - len(evaluated))])
+
+    announce()
 
     def next_config() -> Config | None:
         while True:
@@ -52,7 +62,8 @@ def run_search(spec: KernelSpec, family: KernelFamily, evaluate: Callable[[Confi
             for r in ranked[:BEAM]:
                 expanded.add(_key(r))
                 queue.extend(n for n in family.neighbours(spec, Config.from_json(r["config"]))
-                             if n.key not in evaluated)
+                             if n.key not in evaluated and n not in queue)
+            announce()
 
     while len(evaluated) < budget:
         config = next_config()

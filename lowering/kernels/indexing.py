@@ -1,0 +1,509 @@
+"""Indexing ops: rows or elements picked by an index tensor (gathers) or added at it (scatter-adds).
+
+Ops and how they are seen:
+- "rows" ops move whole rows of the dims after the indexed dim ``d``. The data is viewed as
+  [P, L, Q]: P = the dims before d, L = the index tensor's dims, Q = the dims after d (merged
+  where contiguous; usually one contiguous row, e.g. the hidden dim):
+    aten.index.Tensor     one index tensor (at any position; None elsewhere): out[p, l, q] = x[p, idx[l], q]
+    aten.index_select     out[p, l, q] = x[p, idx[l], q]     (idx 0-d or 1-d)
+    aten.embedding        out[l, q] = weight[idx[l], q]       (padding_idx etc. only matter for grads)
+    aten.index_add        out = self.clone(); out[p, idx[l], q] += alpha * source[p, l, q]
+  A program owns a BLOCK_R x BLOCK_D tile: BLOCK_R rows (one index load each) by BLOCK_D
+  contiguous columns (wide coalesced loads and stores along the row).
+- "elements" ops index one element per index element, in the index tensor's own shape:
+    aten.gather           out[c] = self[c with c_d = idx[c]]
+    aten.scatter_add      out = self.clone(); out[c with c_d = idx[c]] += src[c]
+  A program owns BLOCK elements of the index tensor, walked in memory order.
+
+Accumulation (index_add, scatter_add) first copies ``self`` into the output (a copy kernel), then
+adds with atomics, so the summation order of repeated indices is not deterministic (within the
+dtype tolerance). fp16/bf16 choose by config: VARIANT "direct" adds with fp16/bf16 atomics into
+the output (each add rounds to the dtype, as ATen does), VARIANT "fp32" accumulates in an fp32
+temporary that a last kernel rounds into the output (one rounding: more accurate; more traffic).
+
+Index values: int64 or int32. aten.index.Tensor wraps negative indices as ATen does; the other
+ops reject negative indices in ATen, and an index out of range makes ATen raise. A kernel cannot
+raise: it never touches memory out of bounds; a gathered row or element with an invalid index
+reads NaN (floats) or 0 (integers), and an add at an invalid index is dropped. Validation draws
+valid indices (``sample_inputs``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
+from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
+from torch_kernelize.spec import KernelSpec, TensorMeta
+
+OPS = {
+    "aten.index.Tensor": "index",
+    "aten.index_select.default": "index_select",
+    "aten.embedding.default": "embedding",
+    "aten.index_add.default": "index_add",
+    "aten.gather.default": "gather",
+    "aten.scatter_add.default": "scatter_add",
+}
+ROW_OPS = ("index", "index_select", "embedding", "index_add")
+ACCUMULATE = ("index_add", "scatter_add")
+COPY_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")   # gathered values
+ADD_DTYPES = ("float32", "float16", "bfloat16")                       # accumulated values
+INDEX_DTYPES = ("int64", "int32")
+MAX_TILE = 16384          # elements of one BLOCK_R x BLOCK_D tile
+COPY_BLOCK = 1024         # the clone kernel of the accumulating ops
+
+
+@dataclasses.dataclass
+class _Plan:
+    name: str                       # short op name (OPS values)
+    rows: bool                      # "rows" op (else "elements")
+    accumulate: bool
+    dtype: str                      # value dtype
+    index_dtype: str
+    dim_size: int                   # size of the indexed dim: valid indices are [0, dim_size)
+    wrap: bool                      # negative indices count from the end (aten.index.Tensor)
+    src: int                        # input number of the values read (x / weight / source / src)
+    idx: int                        # input number of the index
+    self_in: int | None             # accumulate: input number of ``self``
+    alpha: float = 1.0
+    # the index tensor's walk: rows (rows ops) or elements (elements ops); stride sets are
+    # [src, idx, dst(out), dst(contiguous fp32 temp)]
+    r_sizes: tuple[int, ...] = ()
+    r_strides: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    # rows ops: the columns; stride sets [src, dst(out), dst(temp)]
+    q_sizes: tuple[int, ...] = ()
+    q_strides: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    # the stride the index multiplies: in src (gathers) or in dst (accumulation), [out, temp]
+    ind_stride: tuple[int, int] = (0, 0)
+    R: int = 1                      # rows (or elements)
+    Q: int = 1                      # columns (rows ops)
+    wide: bool = False              # int64 offsets
+
+
+def _norm_dim(d, ndim: int) -> int | None:
+    if not isinstance(d, int) or isinstance(d, bool):
+        return None
+    n = max(ndim, 1)
+    if not -n <= d < n:
+        return None
+    return d % n
+
+
+class IndexingFamily(KernelFamily):
+    name = "indexing"
+    ops = frozenset(OPS)
+    edge_kinds = ("zeros", "large", "negative", "special")
+
+    # --- analysis ---------------------------------------------------------------------------
+    def _plan(self, spec: KernelSpec) -> _Plan | str:
+        if spec.op not in self.ops:
+            return f"{self.name} does not handle {spec.op}"
+        name = OPS[spec.op]
+        a = cg.bind(spec)
+        if len(spec.outputs) != 1:
+            return f"expected one output, got {len(spec.outputs)}"
+        O = spec.outputs[0]
+        if name == "embedding":
+            src, idx = cg.tensor_index(a.get("weight")), cg.tensor_index(a.get("indices"))
+            d = 0
+        elif name == "index":
+            src = cg.tensor_index(a.get("self"))
+            indices = a.get("indices")
+            if not isinstance(indices, list):
+                return "indices must be a list"
+            pos = [k for k, v in enumerate(indices) if v is not None]
+            if len(pos) != 1 or cg.tensor_index(indices[pos[0]]) is None:
+                return "only one index tensor (None elsewhere) is generated"
+            d, idx = pos[0], cg.tensor_index(indices[pos[0]])
+        else:
+            src = cg.tensor_index(a.get("self"))
+            idx = cg.tensor_index(a.get("index"))
+            d = a.get("dim")
+        if src is None or idx is None:
+            return "values and index must be tensors"
+        V, I = spec.inputs[src], spec.inputs[idx]
+        if I.dtype not in INDEX_DTYPES:
+            return f"index dtype {I.dtype} is not generated (int64/int32; bool masks give data-dependent shapes)"
+        accumulate = name in ACCUMULATE
+        if V.dtype not in (ADD_DTYPES if accumulate else COPY_DTYPES):
+            return f"values of dtype {V.dtype} are not generated for {name}"
+        if O.dtype != V.dtype:
+            return f"output dtype {O.dtype} differs from the values' {V.dtype}"
+        if any(m.device != V.device for m in spec.inputs + spec.outputs):
+            return "tensors on different devices"
+        ndim = len(V.shape)
+        if ndim == 0:
+            return "0-d values"
+        d = _norm_dim(d, ndim)
+        if d is None:
+            return f"bad dim {a.get('dim')!r}"
+        if name == "embedding" and ndim != 2:
+            return "embedding weight must be 2-d"
+        if name == "index" and d >= ndim:
+            return "more indices than dims"
+        if I.numel == 0 or V.numel == 0 or O.numel == 0:
+            return "empty tensors: nothing to compute"
+        plan = _Plan(name, name in ROW_OPS, accumulate, V.dtype, I.dtype, V.shape[d], name == "index", src, idx, None)
+        if name == "index_add":
+            plan.alpha = cg.scalar_value(a.get("alpha", 1))
+            if plan.alpha is None or isinstance(plan.alpha, bool):
+                return "alpha must be a number"
+        temp = cg.contiguous_strides(O.shape)
+        if plan.rows:
+            P, Qs = V.shape[:d], V.shape[d + 1:]
+            if name in ("index_select", "index_add") and len(I.shape) > 1:
+                return "index must be 0-d or 1-d"
+            L = tuple(I.shape) if name in ("index", "embedding") else (I.numel,)
+            l_idx = tuple(I.stride) if name in ("index", "embedding") else ((I.stride[0],) if I.shape else (0,))
+            if name != "index_add":
+                if tuple(O.shape) != tuple(P) + L + tuple(Qs):
+                    return f"output shape {O.shape} is not {tuple(P) + L + tuple(Qs)}"
+                nl = len(L)
+                src_r = tuple(V.stride[:d]) + (0,) * nl
+                dst_r = tuple(O.stride[:d + nl])
+                tmp_r = tuple(temp[:d + nl])
+                src_q, dst_q, tmp_q = tuple(V.stride[d + 1:]), tuple(O.stride[d + nl:]), tuple(temp[d + nl:])
+                ind = (V.stride[d], V.stride[d])
+            else:
+                S = spec.inputs[cg.tensor_index(a.get("source"))]
+                plan.self_in = src
+                plan.src = cg.tensor_index(a.get("source"))
+                if tuple(O.shape) != tuple(V.shape):
+                    return "output shape differs from self"
+                if S.dtype != V.dtype:
+                    return "source dtype differs from self"
+                if tuple(S.shape) != tuple(P) + L + tuple(Qs):
+                    return f"source shape {S.shape} is not {tuple(P) + L + tuple(Qs)}"
+                src_r = tuple(S.stride[:d + 1])
+                dst_r, tmp_r = tuple(O.stride[:d]) + (0,), tuple(temp[:d]) + (0,)
+                src_q, dst_q, tmp_q = tuple(S.stride[d + 1:]), tuple(O.stride[d + 1:]), tuple(temp[d + 1:])
+                ind = (O.stride[d], temp[d])
+            idx_r = (0,) * len(P) + l_idx
+            r_sizes = tuple(P) + L
+            plan.r_sizes, plan.r_strides = cg.simplify(r_sizes, [src_r, idx_r, dst_r, tmp_r],
+                                                       order_by=0 if accumulate else 2)
+            plan.q_sizes, plan.q_strides = cg.simplify(Qs, [src_q, dst_q, tmp_q], order_by=0 if accumulate else 1)
+            plan.R, plan.Q = math.prod(r_sizes), math.prod(Qs)
+        else:
+            if len(I.shape) != ndim:
+                return "index must have as many dims as self"
+            if name == "gather":
+                if tuple(O.shape) != tuple(I.shape):
+                    return "output shape differs from the index's"
+                if any(I.shape[k] > V.shape[k] for k in range(ndim) if k != d):
+                    return "index larger than self outside dim"
+                sets = [tuple(0 if k == d else s for k, s in enumerate(V.stride)), tuple(I.stride),
+                        tuple(O.stride), tuple(temp)]
+                ind = (V.stride[d], V.stride[d])
+            else:
+                S = spec.inputs[cg.tensor_index(a.get("src"))]
+                plan.self_in, plan.src = src, cg.tensor_index(a.get("src"))
+                if tuple(O.shape) != tuple(V.shape) or S.dtype != V.dtype:
+                    return "output/src do not match self"
+                if len(S.shape) != ndim or any(I.shape[k] > S.shape[k] for k in range(ndim)) or any(
+                        I.shape[k] > V.shape[k] for k in range(ndim) if k != d):
+                    return "index larger than src/self"
+                sets = [tuple(S.stride[:ndim]), tuple(I.stride),
+                        tuple(0 if k == d else s for k, s in enumerate(O.stride)),
+                        tuple(0 if k == d else s for k, s in enumerate(temp))]
+                ind = (O.stride[d], temp[d])
+            plan.r_sizes, plan.r_strides = cg.simplify(I.shape, sets, order_by=1)
+            plan.R = I.numel
+        plan.ind_stride = ind
+        spans = [cg.max_offset(m.shape, m.stride) for m in spec.inputs + spec.outputs] + [O.numel]
+        plan.wide = max(spans) + 2 * MAX_TILE > cg.INT32_MAX or plan.R * max(1, plan.Q) + MAX_TILE > cg.INT32_MAX
+        return plan
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        plan = self._plan(spec)
+        return plan if isinstance(plan, str) else None
+
+    # --- configs ------------------------------------------------------------------------------
+    def _valid(self, plan: _Plan, c: Config) -> bool:
+        if c["num_warps"] not in (1, 2, 4, 8, 16):
+            return False
+        v = c.get("VARIANT", "direct")
+        if v not in ("direct", "fp32") or (v == "fp32" and not (plan.accumulate and plan.dtype != "float32")):
+            return False
+        if plan.rows:
+            br, bd = c["BLOCK_R"], c["BLOCK_D"]
+            if not (_is_pow2(br) and _is_pow2(bd)) or br * bd > MAX_TILE or br > _p2(plan.R) or bd > _p2(plan.Q):
+                return False
+            return br * bd >= 32 * c["num_warps"] or c["num_warps"] == 1
+        b = c["BLOCK"]
+        return _is_pow2(b) and 32 <= b <= min(MAX_TILE, max(32, _p2(plan.R))) and b >= 32 * c["num_warps"]
+
+    def _cfg(self, plan: _Plan, size: int, bd: int | None = None, warps: int | None = None,
+             variant: str = "direct") -> Config:
+        extra = {"VARIANT": variant} if plan.accumulate and plan.dtype != "float32" else {}
+        if plan.rows:
+            bd = max(1, min(bd or 1024, _p2(plan.Q)))
+            br = max(1, min(max(1, size // bd), _p2(plan.R), MAX_TILE // bd))
+            w = warps or max(1, min(8, (br * bd) // 256))
+            w = min(w, max(1, (br * bd) // 32))
+            return Config.of(BLOCK_R=br, BLOCK_D=bd, num_warps=w, **extra)
+        b = max(32, min(size, _p2(plan.R), MAX_TILE))
+        w = max(1, min(warps or 4, b // 32))
+        return Config.of(BLOCK=b, num_warps=w, **extra)
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        variants = ["direct", "fp32"] if plan.accumulate and plan.dtype != "float32" else ["direct"]
+        seeds = []
+        for v in variants:
+            if plan.rows:
+                # rows of the hidden size: a whole row (up to 1K) per tile row, a few rows per program
+                seeds += [self._cfg(plan, 4096, 1024, 4, v), self._cfg(plan, 8192, 512, 8, v),
+                          self._cfg(plan, 2048, 256, 4, v)]
+            else:
+                seeds += [self._cfg(plan, 1024, warps=4, variant=v), self._cfg(plan, 4096, warps=8, variant=v)]
+        return unique([c for c in seeds if self._valid(plan, c)])
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            return []
+        c = config
+        keys = ("BLOCK_R", "BLOCK_D", "num_warps") if plan.rows else ("BLOCK", "num_warps")
+        cands = []
+        for k in keys:
+            cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: max(1, c[k] // 2)})]
+        if "VARIANT" in dict(c.params):
+            cands.append(c.replace(VARIANT="fp32" if c["VARIANT"] == "direct" else "direct"))
+        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(f"{spec.describe()}: {plan}")
+        if not self._valid(plan, config):
+            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        return _Gen(spec, plan, config).program()
+
+    # --- validation inputs --------------------------------------------------------------------
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        """Values by ``kind``; indices always valid, uniform over the indexed dim (so repeated
+        indices occur for the scatter-adds), negative ones too where ATen wraps them."""
+        plan = self._plan(spec)
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for i, m in enumerate(spec.inputs):
+            if not isinstance(plan, str) and i == plan.idx:
+                lo = -plan.dim_size if plan.wrap else 0
+                t = sample_tensor(m, g, "random", low=lo, high=plan.dim_size)
+            else:
+                t = sample_tensor(m, g, kind)
+            out.append(t.to(device))
+        return out
+
+
+# --- code generation -------------------------------------------------------------------------
+
+
+class _Gen:
+    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config):
+        self.spec, self.p, self.c = spec, plan, config
+        self.temp = plan.accumulate and config.get("VARIANT", "direct") == "fp32"
+        self.s = cg.Source()
+        self.T = cg.tl_type(plan.dtype)
+
+    def _idx(self, offset: str, mask: str | None, axis: str) -> None:
+        """Emit: load the index, wrap negatives (index.Tensor), ``ok`` = valid, ``i`` clamped."""
+        p, s = self.p, self.s
+        offset = f"{axis} * 0" if offset == "0" else offset   # one index for all: keep the block shape
+        kw = f", mask={mask}, other=0" if mask else ""
+        s(f"i = tl.load(idx_ptr + {offset}{kw}).to(tl.int64)")
+        if p.wrap:
+            s(f"i = tl.where(i < 0, i + {p.dim_size}, i)  # negative indices count from the end")
+        ok = f"(i >= 0) & (i < {p.dim_size})"
+        s(f"ok = {mask + ' & ' if mask else ''}{ok}  # ATen raises for an index out of range")
+        s(f"i = tl.where(ok, i, 0){'' if p.wide else '.to(tl.int32)'}")
+
+    def header(self) -> None:
+        p, s = self.p, self.s
+        s(cg.HEADER, cg.describe_spec(self.spec))
+        if p.rows:
+            s(f"# {p.R} rows over sizes {list(p.r_sizes)}, strides [src, idx, dst, fp32 dst] "
+              f"{[list(x) for x in p.r_strides]}",
+              f"# {p.Q} columns over sizes {list(p.q_sizes)}, strides [src, dst, fp32 dst] "
+              f"{[list(x) for x in p.q_strides]}")
+        else:
+            s(f"# {p.R} index elements over sizes {list(p.r_sizes)}, strides [src, idx, dst, fp32 dst] "
+              f"{[list(x) for x in p.r_strides]}")
+        s(f"# the index selects along a dim of size {p.dim_size}, stride {p.ind_stride[1 if self.temp else 0]} in "
+          f"{'the destination' if p.accumulate else 'the source'}")
+        s.blank()
+
+    def program(self) -> KernelProgram:
+        self.header()
+        launches, temps = [], []
+        p = self.p
+        O = self.spec.outputs[0]
+        if p.accumulate:
+            if self.temp:
+                temps.append(Buffer(tuple(O.shape), "float32"))
+            launches.append(self.copy_kernel("clone_kernel", ("in", p.self_in), ("tmp", 0) if self.temp else ("out", 0),
+                                             self.spec.inputs[p.self_in].stride,
+                                             cg.contiguous_strides(O.shape) if self.temp else O.stride))
+        launches.append(self.rows_kernel() if p.rows else self.elements_kernel())
+        if self.temp:
+            launches.append(self.copy_kernel("round_kernel", ("tmp", 0), ("out", 0), cg.contiguous_strides(O.shape),
+                                             O.stride, cast=self.T))
+        return KernelProgram(self.s.text(), tuple(launches), temps=tuple(temps))
+
+    def copy_kernel(self, name: str, src, dst, src_strides, dst_strides, cast: str | None = None) -> Launch:
+        s, O = self.s, self.spec.outputs[0]
+        sizes, sets = cg.simplify(O.shape, [tuple(src_strides), tuple(dst_strides)], order_by=1)
+        n = O.numel
+        block = min(COPY_BLOCK, _p2(n))
+        what = "fp32 sums -> output dtype" if cast else ("self -> fp32 accumulator" if self.temp else "self -> output")
+        s("@triton.jit", f"def {name}(src_ptr, dst_ptr, BLOCK: tl.constexpr):").indent()
+        s(f"# {what}: {n} elements over sizes {list(sizes)}, strides {[list(x) for x in sets]}")
+        s(f"e = tl.program_id(0){'.to(tl.int64)' if self.p.wide else ''} * BLOCK + tl.arange(0, BLOCK)")
+        mask = None
+        if n % block:
+            s(f"mask = e < {n}")
+            mask = "mask"
+        lines, offs = cg.decompose("e", sizes, sets, "k")
+        for line in lines:
+            s(line)
+        kw = f", mask={mask}" if mask else ""
+        conv = f".to({cast})" if cast else (".to(tl.float32)" if self.temp else "")
+        s(f"v = tl.load(src_ptr + {offs[0]}{kw}){conv}")
+        s(f"tl.store(dst_ptr + {offs[1]}, v{kw})")
+        s.dedent().blank()
+        return Launch(name, (-(-n // block),), (src, dst), {"BLOCK": block}, 4 if block >= 512 else 1, 1)
+
+    def _named(self, names: list[str], offs: list[str]) -> list[str]:
+        """Give compound offsets a name (one line each), so that tiles read clearly."""
+        out = []
+        for name, off in zip(names, offs):
+            if " " in off and name:
+                self.s(f"{name} = {off}")
+                out.append(name)
+            else:
+                out.append(off)
+        return out
+
+    def rows_kernel(self) -> Launch:
+        p, s, c = self.p, self.s, self.c
+        br, bd, warps = int(c["BLOCK_R"]), int(c["BLOCK_D"]), int(c["num_warps"])
+        dst_k = 3 if self.temp else 2          # which dst stride set (output or fp32 temp)
+        ind = p.ind_stride[1 if self.temp else 0]
+        wide = ".to(tl.int64)" if p.wide else ""
+        kname = {"index": "index_rows_kernel", "index_select": "index_select_kernel",
+                 "embedding": "embedding_kernel", "index_add": "index_add_kernel"}[p.name]
+        s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):").indent()
+        s("# a BLOCK_R x BLOCK_D tile: rows (one index each) by contiguous columns")
+        s(f"r = tl.program_id(0){wide} * BLOCK_R + tl.arange(0, BLOCK_R)")
+        r_mask = None
+        if p.R % br:
+            s(f"r_mask = r < {p.R}")
+            r_mask = "r_mask"
+        sets = [p.r_strides[0], p.r_strides[1], p.r_strides[dst_k]]
+        lines, offs = cg.decompose("r", p.r_sizes, sets, "m")
+        for line in lines:
+            s(line)
+        src_row, idx_off, dst_row = self._named(["src_row", "", "dst_row"], offs)
+        self._idx(idx_off, r_mask, "r")
+        if p.accumulate:
+            dst_row = f"{'' if dst_row == '0' else dst_row + ' + '}{cg.scaled('i', ind)}"
+        else:
+            src_row = f"{'' if src_row == '0' else src_row + ' + '}{cg.scaled('i', ind)}"
+        s(f"c = tl.program_id(1){wide} * BLOCK_D + tl.arange(0, BLOCK_D)")
+        c_mask = None
+        if p.Q % bd:
+            s(f"c_mask = c < {p.Q}")
+            c_mask = "c_mask"
+        qsets = [p.q_strides[0], p.q_strides[1 if not self.temp else 2]]
+        lines, qoffs = cg.decompose("c", p.q_sizes, qsets, "n")
+        for line in lines:
+            s(line)
+        src_col, dst_col = self._named(["src_col", "dst_col"], qoffs)
+        tile = lambda row, col: (f"{_wrap(row if row != '0' else 'r * 0')}[:, None] + "
+                                 f"{_wrap(col if col != '0' else 'c * 0')}[None, :]")
+        both = lambda rm: (f"{rm}[:, None] & {c_mask}[None, :]" if rm and c_mask else
+                           f"{rm}[:, None]" if rm else f"{c_mask}[None, :]" if c_mask else None)
+        if p.accumulate:
+            m = both(r_mask)
+            kw = f", mask={m}" if m else ""
+            acc = "tl.float32" if (self.temp or p.dtype != "float32") else None
+            v = f"tl.load(src_ptr + {tile(src_row, src_col)}{kw})"
+            if acc:
+                v += ".to(tl.float32)"
+            s(f"v = {v}")
+            if p.alpha != 1:
+                s(f"v = v * {cg.float_literal(p.alpha)}")
+            if not self.temp and p.dtype != "float32":
+                s(f"v = v.to({self.T})")
+            s(f"tl.atomic_add(dst_ptr + {tile(dst_row, dst_col)}, v, mask={both('ok')}, sem=\"relaxed\")")
+        else:
+            other = "float('nan')" if cg.is_float(p.dtype) else "0"
+            s(f"v = tl.load(src_ptr + {tile(src_row, src_col)}, mask={both('ok')}, other={other})")
+            m = both(r_mask)
+            s(f"tl.store(dst_ptr + {tile(dst_row, dst_col)}, v{', mask=' + m if m else ''})")
+        s.dedent().blank()
+        grid = (-(-p.R // br), -(-p.Q // bd))
+        if grid[1] > 65535:
+            raise ValueError(f"BLOCK_D {bd} leaves {grid[1]} column programs (grid dim 1 is at most 65535)")
+        return Launch(kname, grid, (("in", p.src), ("in", p.idx), ("tmp", 0) if self.temp else ("out", 0)),
+                      {"BLOCK_R": br, "BLOCK_D": bd}, warps, 1)
+
+    def elements_kernel(self) -> Launch:
+        p, s, c = self.p, self.s, self.c
+        block, warps = int(c["BLOCK"]), int(c["num_warps"])
+        dst_k = 3 if self.temp else 2
+        ind = p.ind_stride[1 if self.temp else 0]
+        kname = "gather_kernel" if p.name == "gather" else "scatter_add_kernel"
+        s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, BLOCK: tl.constexpr):").indent()
+        s("# BLOCK elements of the index tensor, in its memory order")
+        s(f"e = tl.program_id(0){'.to(tl.int64)' if p.wide else ''} * BLOCK + tl.arange(0, BLOCK)")
+        mask = None
+        if p.R % block:
+            s(f"mask = e < {p.R}")
+            mask = "mask"
+        sets = [p.r_strides[0], p.r_strides[1], p.r_strides[dst_k]]
+        lines, offs = cg.decompose("e", p.r_sizes, sets, "k")
+        for line in lines:
+            s(line)
+        src_off, idx_off, dst_off = self._named(["src_off", "", "dst_off"], offs)
+        self._idx(idx_off, mask, "e")
+        if p.accumulate:
+            dst_off = f"{'' if dst_off == '0' else dst_off + ' + '}{cg.scaled('i', ind)}"
+            kw = f", mask={mask}" if mask else ""
+            v = f"tl.load(src_ptr + {src_off}{kw})"
+            if self.temp:
+                v += ".to(tl.float32)"
+            s(f"v = {v}")
+            s(f"tl.atomic_add(dst_ptr + {dst_off}, v, mask=ok, sem=\"relaxed\")")
+        else:
+            src_off = f"{'' if src_off == '0' else src_off + ' + '}{cg.scaled('i', ind)}"
+            other = "float('nan')" if cg.is_float(p.dtype) else "0"
+            s(f"v = tl.load(src_ptr + {src_off}, mask=ok, other={other})")
+            kw = f", mask={mask}" if mask else ""
+            s(f"tl.store(dst_ptr + {dst_off}, v{kw})")
+        s.dedent().blank()
+        return Launch(kname, (-(-p.R // block),), (("in", p.src), ("in", p.idx), ("tmp", 0) if self.temp else ("out", 0)),
+                      {"BLOCK": block}, warps, 1)
+
+
+def _wrap(expr: str) -> str:
+    return f"({expr})" if " " in expr else expr
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _is_pow2(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
+
+
+FAMILY = IndexingFamily()

@@ -1,0 +1,735 @@
+"""Matrix multiplies: mm, addmm, bmm, and fused "matmul" regions (a matmul plus its pointwise epilogue).
+
+One tiled GEMM kernel. A program owns a BLOCK_M x BLOCK_N tile of C (of one batch element for
+bmm) and walks K in BLOCK_K steps: a loop of K // BLOCK_K unmasked steps (K is concrete, so the
+bounds are literals and Triton software-pipelines the loop over num_stages) and, when BLOCK_K does
+not divide K, one masked tail step. A and B are read through their real strides (nn.Linear's
+weight arrives as a permuted [K, N] view: no copy is made). Program ids are swizzled in groups of
+GROUP_M row blocks so that neighbouring programs share B column blocks in L2.
+
+fp16/bf16 run on tensor cores with fp32 accumulation; fp32 uses input_precision="ieee" (ATen's fp32
+matmul does not use TF32 here and the tolerances are tight). DOT_UPCAST converts fp16/bf16 tiles to
+fp32 before the dot: a slower variant that exists because Triton's CPU interpreter computes bf16
+dots wrongly; the search keeps whichever variant validates on the target.
+
+Edges of M and N: a dim that is contiguous in its operand is masked (keeps vector loads); any
+other dim is wrapped (``rm % M``: loads stay in bounds without masks; the extra rows are never
+stored).
+
+ALIGN: compiled without alignment facts about its pointers, Triton neither vectorizes loads nor
+pipelines them through cp.async (one stage of shared memory, twice the registers). When the build
+compiles pointer arguments as 16-byte aligned (tt.divisibility, with a launch-time check) the plain
+body has those facts and ALIGN=False is the variant to use. With ALIGN the kernel itself tests its
+pointers once and calls a body compiled with ``tl.multiple_of`` hints on its pointer tiles (valid
+when the base is 16-byte aligned and the other strides are multiples of 16 bytes), or the plain
+body otherwise: correct for any pointer, but both bodies are compiled (code size, registers).
+
+Epilogue (regions): node 0 is the matmul; the following nodes are pointwise ops on tensors of its
+shape (elementwise.OPS gives each node's expression). They run on the fp32 accumulator tile in
+registers, node by node as the graph says: every node computes in fp32 (ATen's opmath for
+fp16/bf16), and an explicit cast (_to_copy/clone to fp16/bf16) rounds the value
+(``.to(tl.float16).to(tl.float32)``) before later nodes read it. Other intermediates stay fp32, as
+in the float64 reference (which rounds only at those casts) and in Inductor: eager, which stores
+every fp16 intermediate, can overflow where the fused kernel does not (a large fp16 mm output
+before silu) and is otherwise within a rounding of it. Extra region inputs (a bias [N], a residual
+[M, N], a scalar) are loaded once per tile, broadcast by their strides. Every region output is
+stored (rounded once) with its own dtype and strides.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import torch
+
+from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, next_pow2, unique
+from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
+from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+from torch_kernelize.lowering.targets import resolve_op
+from torch_kernelize.spec import KernelSpec, TensorMeta
+
+MM_OPS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm"}
+SMEM_BYTES = 232448          # sm_90: 227 KB of shared memory per block
+MAX_ACC_REGS = 128           # fp32 accumulator registers per thread a config may use
+HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+GROUPS = (1, 4, 8, 16)
+
+
+@dataclasses.dataclass
+class _Node:
+    """One epilogue node, resolved: how to compute it from earlier values."""
+    index: int
+    op: str
+    pw: PointwiseOp
+    args: dict[str, Any]                       # bound arguments (encoded)
+    operands: list[tuple[str, Any]]            # ("node", j) | ("input", i) | ("scalar", number)
+    dtype: str                                 # the node's output dtype
+    compare_dtype: str | None = None           # compare: the operands' common dtype
+
+
+@dataclasses.dataclass
+class _Plan:
+    op: str                                    # mm | addmm | bmm
+    dtype: str                                 # operand dtype (= node 0 dtype)
+    B: int
+    M: int
+    N: int
+    K: int
+    a: int                                     # input index of A, and its (batch, m, k) strides
+    a_strides: tuple[int, int, int]
+    b: int                                     # input index of B, and its (batch, k, n) strides
+    b_strides: tuple[int, int, int]
+    bias: int | None                           # addmm's self (None when beta == 0)
+    beta: float
+    alpha: float
+    nodes: list[_Node]                         # the epilogue, in order (node indices 1..)
+    outputs: list[int]                         # node index of each spec output
+    tile_inputs: dict[int, tuple[int, int, int]]   # input -> (batch, m, n) strides over C
+    helpers: list[str]
+    region: bool
+
+
+def _bind(op: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A node's arguments by schema name (encoded), defaults filled in."""
+    schema = resolve_op(op)._schema
+    out: dict[str, Any] = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(args) and not arg.kwarg_only:
+            out[arg.name] = args[i]
+        elif arg.name in kwargs:
+            out[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+        else:
+            out[arg.name] = None
+    return out
+
+
+def _ref(v: Any) -> tuple[str, int] | None:
+    """("input", i) for a spec tensor / region input, ("node", j) for a region value, else None."""
+    if isinstance(v, dict) and len(v) == 1:
+        (k, x), = v.items()
+        if k in ("tensor", "input"):
+            return "input", int(x)
+        if k == "node":
+            return "node", int(x)
+    return None
+
+
+def _non_overlapping(m: TensorMeta) -> bool:
+    dims = sorted((st, s) for s, st in zip(m.shape, m.stride) if s > 1)
+    reach = 1
+    for st, s in dims:
+        if st < reach:
+            return False
+        reach = st * s
+    return True
+
+
+def _pad3(strides: tuple[int, ...]) -> tuple[int, int, int]:
+    return (0,) * (3 - len(strides)) + tuple(strides)
+
+
+class MatmulFamily(KernelFamily):
+    name = "matmul"
+    ops = frozenset(MM_OPS) | {"region"}
+    edge_kinds = ("zeros", "large", "negative", "special")
+
+    # --- analysis ---------------------------------------------------------------------------
+    def _plan(self, spec: KernelSpec) -> _Plan | str:
+        if spec.graph is None:
+            if spec.op not in MM_OPS:
+                return f"{self.name} does not handle {spec.op}"
+            if len(spec.outputs) != 1:
+                return f"expected one output, got {len(spec.outputs)}"
+            nodes = [{"op": spec.op, "args": spec.args, "kwargs": spec.kwargs, "meta": spec.outputs[0].to_json()}]
+            outputs = [0]
+        else:
+            if spec.op != "region":
+                return f"{self.name} does not handle {spec.op}"
+            graph = json.loads(spec.graph)
+            if graph.get("kind") != "matmul":
+                return f"{graph.get('kind')} regions are not matmul regions"
+            nodes, outputs = graph["nodes"], list(graph["outputs"])
+            if len(outputs) != len(spec.outputs):
+                return f"{len(spec.outputs)} outputs for {len(outputs)} graph outputs"
+        if not nodes or nodes[0]["op"] not in MM_OPS:
+            return "node 0 is not mm/addmm/bmm"
+        op0 = MM_OPS[nodes[0]["op"]]
+        args0 = _bind(nodes[0]["op"], nodes[0]["args"], nodes[0]["kwargs"])
+        names = {"mm": ("self", "mat2", None), "bmm": ("self", "mat2", None), "addmm": ("mat1", "mat2", "self")}[op0]
+        refs = [_ref(args0[n]) if n else None for n in names]
+        if any(r is None or r[0] != "input" for r in refs[:2]) or (names[2] and (refs[2] is None or refs[2][0] != "input")):
+            return "matmul operands must be tensors (inputs of the kernel)"
+        a_i, b_i = refs[0][1], refs[1][1]
+        am, bm_ = spec.inputs[a_i], spec.inputs[b_i]
+        meta0 = TensorMeta.from_json(nodes[0]["meta"])
+        dtype = am.dtype
+        dtypes = {am.dtype, bm_.dtype, meta0.dtype} | ({spec.inputs[refs[2][1]].dtype} if refs[2] else set())
+        if any(cg.is_int(d) or d == "bool" for d in dtypes):
+            return f"integer matmul ({sorted(dtypes)}) is not generated"
+        if "float64" in dtypes:
+            return "float64 matmul is not generated"
+        if len(dtypes) != 1 or dtype not in cg.FLOAT_TYPES:
+            return f"mixed or unsupported dtypes {sorted(dtypes)}"
+        rank = 3 if op0 == "bmm" else 2
+        if len(am.shape) != rank or len(bm_.shape) != rank:
+            return f"{op0} needs {rank}-d operands, got {am.shape} and {bm_.shape}"
+        if rank == 3:
+            B, M, K = am.shape
+            B2, K2, N = bm_.shape
+            if B2 != B:
+                return f"batch sizes differ: {am.shape} @ {bm_.shape}"
+        else:
+            (M, K), (K2, N), B = am.shape, bm_.shape, 1
+        if K2 != K:
+            return f"inner sizes differ: {am.shape} @ {bm_.shape}"
+        out_shape = (B, M, N) if rank == 3 else (M, N)
+        if tuple(meta0.shape) != out_shape:
+            return f"matmul output {meta0.shape} is not {out_shape}"
+        if M * N * B == 0:
+            return "empty output: nothing to compute"
+        if K == 0:
+            return "K == 0 (an empty sum) is not generated"
+        if B > 65535:
+            return f"batch {B} exceeds the grid's second axis (65535)"
+        if any(m.device != am.device for m in spec.inputs + spec.outputs):
+            return "input and output devices differ"
+
+        beta, alpha, bias = 1.0, 1.0, None
+        tile_inputs: dict[int, tuple[int, int, int]] = {}
+
+        def tile_strides(i: int) -> tuple[int, int, int] | str:
+            try:
+                return _pad3(cg.broadcast_strides(spec.inputs[i], out_shape))
+            except ValueError as e:
+                return str(e)
+
+        if op0 == "addmm":
+            beta_v, alpha_v = cg.scalar_value(args0.get("beta", 1)), cg.scalar_value(args0.get("alpha", 1))
+            if beta_v is None or alpha_v is None:
+                return "addmm beta/alpha must be numbers"
+            beta, alpha = float(beta_v), float(alpha_v)
+            if not (math.isfinite(beta) and math.isfinite(alpha)):
+                return "non-finite addmm beta/alpha"
+            if alpha == 0:
+                return "addmm with alpha == 0 is not generated"
+            if beta != 0:
+                bias = refs[2][1]
+                st = tile_strides(bias)
+                if isinstance(st, str):
+                    return f"addmm bias: {st}"
+                tile_inputs[bias] = st
+
+        # the epilogue
+        epi: list[_Node] = []
+        held: dict[int, str] = {0: dtype}     # node -> dtype of its value
+        helpers: list[str] = []
+        for j, nd in enumerate(nodes[1:], 1):
+            node = self._epilogue_node(j, nd, spec, out_shape, held, tile_inputs, tile_strides)
+            if isinstance(node, str):
+                return f"epilogue node {j} ({nd['op']}): {node}"
+            epi.append(node)
+            held[j] = node.dtype
+            helpers += [h for h in node.pw.helpers if h not in helpers]
+        for o, j in enumerate(outputs):
+            if not 0 <= j < len(nodes):
+                return f"output {o} names node {j}, which does not exist"
+            m = spec.outputs[o]
+            if tuple(m.shape) != out_shape or m.dtype != held[j]:
+                return f"output {o} {m.short()} is not node {j}'s value ({held[j]} {list(out_shape)})"
+            if not _non_overlapping(m):
+                return f"output {o} strides overlap (some elements share memory)"
+        return _Plan(op0, dtype, B, M, N, K, a_i, _pad3(am.stride), b_i, _pad3(bm_.stride), bias, beta, alpha,
+                     epi, outputs, tile_inputs, helpers, spec.graph is not None)
+
+    def _epilogue_node(self, j: int, nd: dict[str, Any], spec: KernelSpec, out_shape: tuple[int, ...],
+                       held: dict[int, str], tile_inputs: dict[int, tuple[int, int, int]], tile_strides) -> _Node | str:
+        op = nd["op"]
+        if op not in OPS:
+            return "not a pointwise op the epilogue covers (elementwise.OPS)"
+        pw = OPS[op]
+        meta = TensorMeta.from_json(nd["meta"])
+        if tuple(meta.shape) != out_shape:
+            return f"shape {meta.shape} is not the matmul output's {out_shape}"
+        if meta.dtype not in cg.FLOAT_TYPES + ("bool",):
+            return f"{meta.dtype} values are not generated in an epilogue (fp32/fp16/bf16/bool only)"
+        args = _bind(op, nd["args"], nd["kwargs"])
+        if pw.check is not None and (why := pw.check(args)):
+            return why
+        for k in ("alpha", "min", "max", "min_val", "max_val", "negative_slope"):
+            if k in args and args[k] is not None and cg.scalar_value(args[k]) is None:
+                return f"argument {k}={args[k]!r} must be a number"
+        operands: list[tuple[str, Any]] = []
+        kinds: list[str] = []      # dtype of each operand ("scalar" for numbers)
+        for name in pw.operands:
+            v = args.get(name)
+            r = _ref(v)
+            if r is None:
+                s = cg.scalar_value(v)
+                if s is None:
+                    return f"argument {name}={v!r} is neither a tensor nor a number"
+                operands.append(("scalar", s))
+                kinds.append("scalar")
+                continue
+            if r[0] == "node":
+                if not 0 <= r[1] < j:
+                    return f"reads node {r[1]}, which is not computed before it"
+                operands.append(r)
+                kinds.append(held[r[1]])
+            else:
+                i = r[1]
+                if not 0 <= i < len(spec.inputs):
+                    return f"reads input {i}, which does not exist"
+                dt = spec.inputs[i].dtype
+                if dt not in cg.FLOAT_TYPES + ("bool",):
+                    return f"input {i} of dtype {dt} is not generated in an epilogue"
+                st = tile_strides(i)
+                if isinstance(st, str):
+                    return f"input {i}: {st}"
+                tile_inputs[i] = st
+                operands.append(r)
+                kinds.append(dt)
+        node = _Node(j, op, pw, args, operands, meta.dtype)
+        tensor_kinds = [k for k in kinds if k != "scalar"]
+        if not tensor_kinds:
+            return "no tensor operand"
+        if pw.kind == "copy":
+            if op == "aten._to_copy.default":
+                if args.get("layout") not in (None, {"layout": "strided"}):
+                    return f"_to_copy to layout {args.get('layout')}"
+                dev = args.get("device")
+                if dev is not None and dev != {"device": meta.device}:
+                    return f"_to_copy to another device {dev}"
+                if args.get("pin_memory"):
+                    return "_to_copy with pin_memory"
+            if meta.dtype == "bool":
+                return "a cast to bool is not generated in an epilogue"
+        elif pw.kind in ("float", "arith"):
+            if meta.dtype == "bool":
+                return f"{op} producing bool is not generated"
+        elif pw.kind == "compare":
+            if meta.dtype != "bool":
+                return "a comparison must produce bool"
+            vals = []
+            for (kind, v), dt in zip(operands, kinds):
+                if kind == "scalar":
+                    vals.append(v)
+                elif kind == "node":
+                    vals.append(torch.empty(out_shape, dtype=getattr(torch, dt), device="meta"))
+                else:
+                    vals.append(torch.empty(spec.inputs[v].shape, dtype=getattr(torch, dt), device="meta"))
+            common = str(torch.result_type(vals[0], vals[1])).removeprefix("torch.")
+            if common not in cg.FLOAT_TYPES:
+                return f"comparison in {common} is not generated"
+            node.compare_dtype = common
+        elif pw.kind == "logical":
+            if meta.dtype != "bool":
+                return "logical ops produce bool"
+        elif pw.kind == "select":
+            if kinds[0] != "bool":
+                return "where needs a bool condition tensor"
+            if meta.dtype == "bool":
+                return "where selecting bools is not generated"
+        else:
+            return f"op kind {pw.kind!r} is not generated in an epilogue"
+        return node
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        plan = self._plan(spec)
+        return plan if isinstance(plan, str) else None
+
+    # --- configs ------------------------------------------------------------------------------
+    @staticmethod
+    def _caps(plan: _Plan) -> tuple[int, int, int]:
+        return (max(16, next_pow2(plan.M)), max(16, next_pow2(plan.N)), max(16, next_pow2(plan.K)))
+
+    def _valid(self, plan: _Plan, c: Config) -> bool:
+        bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
+        if not all(16 <= v <= 256 and v & (v - 1) == 0 for v in (bm, bn, bk)):
+            return False
+        cm, cn, ck = self._caps(plan)
+        if bm > cm or bn > cn or bk > ck:
+            return False
+        if c["GROUP_M"] not in GROUPS or c["num_warps"] not in (4, 8) or not 2 <= c["num_stages"] <= 5:
+            return False
+        if c["DOT_UPCAST"] not in (True, False) or (c["DOT_UPCAST"] and plan.dtype == "float32"):
+            return False
+        if c.get("ALIGN", False) not in (True, False):
+            return False
+        if bm * bn > MAX_ACC_REGS * 32 * c["num_warps"]:
+            return False
+        elt = torch.finfo(getattr(torch, plan.dtype)).bits // 8
+        return c["num_stages"] * (bm * bk + bk * bn) * elt <= SMEM_BYTES
+
+    def _fit(self, plan: _Plan, bm: int, bn: int, bk: int, warps: int, stages: int, upcast: bool = False,
+             group: int = 8, align: bool = False) -> Config:
+        cm, cn, ck = self._caps(plan)
+        bm, bn, bk = min(bm, cm), min(bn, cn), min(bk, ck)
+        if bm * bn <= 64 * 64:
+            warps = 4
+        elt = torch.finfo(getattr(torch, plan.dtype)).bits // 8
+        while stages > 2 and stages * (bm * bk + bk * bn) * elt > SMEM_BYTES:
+            stages -= 1
+        return Config.of(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps, num_stages=stages,
+                         DOT_UPCAST=bool(upcast and plan.dtype != "float32"), ALIGN=align)
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        if plan.dtype == "float32":
+            # ieee fp32 dots run on FMA units, not tensor cores: moderate tiles, shallow pipelines
+            seeds = [self._fit(plan, 64, 64, 32, 4, 3), self._fit(plan, 128, 64, 32, 8, 3),
+                     self._fit(plan, 128, 128, 32, 8, 2), self._fit(plan, 64, 128, 32, 4, 3),
+                     self._fit(plan, 32, 32, 32, 4, 2), self._fit(plan, 64, 64, 32, 4, 3, align=True)]
+        else:
+            # classic Hopper tensor-core tiles (Triton's tutorial / Inductor's mm configs), clipped
+            # to the problem; a small tile for tiny shapes; the first with the run-time alignment
+            # test (for builds that compile without alignment facts); fp32-upcast variants of the
+            # first and the small one (the interpreter's bf16 dot is wrong; the search keeps what
+            # validates on the target)
+            seeds = [self._fit(plan, 128, 128, 64, 8, 3), self._fit(plan, 128, 256, 64, 8, 3),
+                     self._fit(plan, 64, 128, 32, 4, 4), self._fit(plan, 128, 64, 32, 4, 4),
+                     self._fit(plan, 256, 128, 64, 8, 3), self._fit(plan, 32, 32, 32, 4, 2),
+                     self._fit(plan, 128, 128, 64, 8, 3, align=True),
+                     self._fit(plan, 128, 128, 64, 8, 3, upcast=True), self._fit(plan, 32, 32, 32, 4, 2, upcast=True)]
+        return unique([c for c in seeds if self._valid(plan, c)])
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            return []
+        c = config
+        cands = []
+        for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: c[k] // 2})]
+        g = GROUPS.index(c["GROUP_M"]) if c["GROUP_M"] in GROUPS else 2
+        cands += [c.replace(GROUP_M=GROUPS[x]) for x in (g - 1, g + 1) if 0 <= x < len(GROUPS)]
+        cands += [c.replace(num_warps=8 if c["num_warps"] == 4 else 4)]
+        cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
+        cands += [c.replace(DOT_UPCAST=not c["DOT_UPCAST"]), c.replace(ALIGN=not c.get("ALIGN", False))]
+        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(f"{spec.describe()}: {plan}")
+        if not self._valid(plan, config):
+            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        return _Gen(spec, plan, config).program()
+
+
+# --- code generation -------------------------------------------------------------------------
+
+
+def _term(expr: str, stride: int) -> str:
+    return expr if stride == 1 else f"{expr} * {stride}"
+
+
+def _join(terms: list[str]) -> str:
+    terms = [t for t in terms if t]
+    return " + ".join(terms) if terms else "0"
+
+
+class _Gen:
+    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config):
+        self.spec, self.p, self.c = spec, plan, config
+        self.bm, self.bn, self.bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
+        self.mb, self.nb = -(-plan.M // self.bm), -(-plan.N // self.bn)
+        self.src = cg.Source()
+        p = plan
+        # int64 offsets when any tensor's reach (with the padded tile edges) passes int32
+        pm, pn, pk = self.mb * self.bm, self.nb * self.bn, -(-p.K // self.bk) * self.bk
+        reach = [cg.max_offset((p.B, pm, pk), p.a_strides), cg.max_offset((p.B, pk, pn), p.b_strides)]
+        reach += [cg.max_offset((p.B, pm, pn), st) for st in p.tile_inputs.values()]
+        reach += [cg.max_offset((p.B, pm, pn), _pad3(m.stride)) for m in spec.outputs]
+        self.wide = max(reach) > cg.INT32_MAX
+
+    def program(self) -> KernelProgram:
+        p, s = self.p, self.src
+        s(cg.HEADER)
+        self.header()
+        for h in p.helpers:
+            s.blank()(HELPERS[h].strip("\n"))
+        s.blank()("")
+        inputs = sorted({p.a, p.b} | set(p.tile_inputs))
+        ptrs = [f"in{i}_ptr" for i in inputs] + [f"out{o}_ptr" for o in range(len(p.outputs))]
+        consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"]
+        kname = ("region_" if p.region else "") + p.op + "_kernel"
+        pids = ["pid"] + (["pid_b"] if p.B > 1 else [])
+        hinted = self.hinted_pointers() if self.c.get("ALIGN", False) else []
+        if hinted:
+            # one body, compiled twice: with alignment hints when every hinted pointer is 16-byte
+            # aligned (vector loads, cp.async pipelining), plain otherwise; the kernel picks at run time
+            s("@triton.jit",
+              f"def {kname}_body({', '.join(ptrs + pids + [c + ': tl.constexpr' for c in consts + ['ALIGNED']])}):").indent()
+            self.body(hints=True)
+            s.dedent().blank()("")
+        s("@triton.jit", f"def {kname}({', '.join(ptrs + [c + ': tl.constexpr' for c in consts])}):").indent()
+        s("pid = tl.program_id(0)")
+        if p.B > 1:
+            s(f"pid_b = tl.program_id(1){'.to(tl.int64)' if self.wide else ''}")
+        if hinted:
+            bits = " | ".join(f"{x}.to(tl.int64)" for x in hinted)
+            call = ", ".join(ptrs + pids + consts)
+            s("# 16-byte vector loads/stores and cp.async need 16-byte aligned pointers: test them once",
+              f"aligned = (({bits}) % 16) == 0",
+              "if aligned:").indent()(f"{kname}_body({call}, True)").dedent()
+            s("else:").indent()(f"{kname}_body({call}, False)").dedent()
+        else:
+            self.body(hints=False)
+        s.dedent()
+        grid = (self.mb * self.nb,) + ((p.B,) if p.B > 1 else ())
+        launch = Launch(kname, grid, tuple(("in", i) for i in inputs) + tuple(("out", o) for o in range(len(p.outputs))),
+                        {"BLOCK_M": self.bm, "BLOCK_N": self.bn, "BLOCK_K": self.bk, "GROUP_M": int(self.c["GROUP_M"])},
+                        num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]))
+        return KernelProgram(s.text(), (launch,))
+
+    # alignment hints ---------------------------------------------------------------------------
+    @staticmethod
+    def _hint(sm: int, sn: int, sb: int, elt: int, batched: bool) -> list[int] | None:
+        """tl.multiple_of values for a [rows, cols] pointer tile whose base is 16-byte aligned: the
+        first element of every contiguous run is then 16-byte aligned too (strides in bytes % 16)."""
+        if batched and (sb * elt) % 16:
+            return None
+        if sn == 1 and (sm * elt) % 16 == 0:
+            return [1, 16]
+        if sm == 1 and (sn * elt) % 16 == 0:
+            return [16, 1]
+        return None
+
+    def hints(self) -> dict[str, list[int] | None]:
+        """Hint per pointer tile: "a", "b", "in<i>" (epilogue inputs), "out<o>"."""
+        p = self.p
+        elt = lambda dt: 1 if dt == "bool" else torch.finfo(getattr(torch, dt)).bits // 8
+        (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
+        e = elt(p.dtype)
+        out = {"a": self._hint(asm, ask, asb, e, p.B > 1), "b": self._hint(bsk, bsn, bsb, e, p.B > 1)}
+        for i, (sb, sm, sn) in p.tile_inputs.items():
+            out[f"in{i}"] = None if (sm, sn) == (0, 0) else self._hint(sm, sn, sb, elt(self.spec.inputs[i].dtype), p.B > 1)
+        for o, m in enumerate(self.spec.outputs):
+            sb, sm, sn = _pad3(m.stride)
+            out[f"out{o}"] = self._hint(sm, sn, sb, elt(m.dtype), p.B > 1)
+        return out
+
+    def hinted_pointers(self) -> list[str]:
+        h = self.hints()
+        names = {"a": f"in{self.p.a}_ptr", "b": f"in{self.p.b}_ptr"}
+        ptrs = []
+        for k, v in h.items():
+            if v is not None:
+                name = names.get(k, f"{k}_ptr")
+                if name not in ptrs:
+                    ptrs.append(name)
+        return ptrs
+
+    def pointer(self, var: str, expr: str, key: str) -> str:
+        """Emit ``var = expr`` (a pointer tile), with its alignment hint in the ALIGNED body."""
+        self.src(f"{var} = {expr}")
+        hint = self.hint_of.get(key) if self.use_hints else None
+        if hint is not None:
+            self.src("if ALIGNED:").indent()(f"{var} = tl.multiple_of({var}, {hint})").dedent()
+        return var
+
+    def header(self) -> None:
+        s, p, spec = self.src, self.p, self.spec
+        if p.region:
+            from torch_kernelize.lowering.regions import describe_region
+            s(f"# {describe_region(spec)}")
+            for n in json.loads(spec.graph)["nodes"]:
+                s(f"#   {n['op']} args={json.dumps(n['args'])} kwargs={json.dumps(n['kwargs'])} -> {n['meta']['dtype']}")
+            s(f"# outputs: nodes {p.outputs}")
+            for i, m in enumerate(spec.inputs):
+                s(f"# in{i}: {m.dtype} shape {list(m.shape)} stride {list(m.stride)}")
+            for i, m in enumerate(spec.outputs):
+                s(f"# out{i}: {m.dtype} shape {list(m.shape)} stride {list(m.stride)}")
+        else:
+            s(cg.describe_spec(spec))
+
+    # the kernel body ---------------------------------------------------------------------------
+    def body(self, hints: bool) -> None:
+        p, s = self.p, self.src
+        self.use_hints, self.hint_of = hints, self.hints()
+        batch = f"batch {p.B} x " if p.op == "bmm" else ""
+        s(f"# C[{batch}M={p.M}, N={p.N}] = A[{p.M}, K={p.K}] @ B[{p.K}, {p.N}], fp32 accumulation; "
+          f"{self.mb} x {self.nb} tiles")
+        s(f"# strides (batch, row, col): A {list(p.a_strides)}, B {list(p.b_strides)}")
+        if self.mb == 1:
+            s("pid_m = 0", "pid_n = pid")
+        elif self.nb == 1:
+            s("pid_m = pid", "pid_n = 0")
+        else:
+            s("# grouped order: GROUP_M row blocks walk the column blocks together (A and B stay in L2)",
+              f"width = GROUP_M * {self.nb}",
+              "first_m = (pid // width) * GROUP_M",
+              f"rows = tl.minimum({self.mb} - first_m, GROUP_M)",
+              "pid_m = first_m + (pid % width) % rows",
+              "pid_n = (pid % width) // rows")
+        cast = ".to(tl.int64)" if self.wide else ""
+        s(f"rm = {'' if self.mb == 1 else 'pid_m * BLOCK_M + '}tl.arange(0, BLOCK_M){cast}",
+          f"rn = {'' if self.nb == 1 else 'pid_n * BLOCK_N + '}tl.arange(0, BLOCK_N){cast}",
+          "rk = tl.arange(0, BLOCK_K)")
+        self.m_masked, self.n_masked = p.M % self.bm != 0, p.N % self.bn != 0
+        if self.m_masked:
+            s(f"m_mask = rm < {p.M}")
+        if self.n_masked:
+            s(f"n_mask = rn < {p.N}")
+        # operand rows/cols at the edges: contiguous dims are masked, others wrapped into range
+        (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
+        a_rows, a_mask = "rm", None
+        if self.m_masked:
+            if asm == 1:
+                a_mask = "m_mask[:, None]"
+            else:
+                s(f"ram = rm % {p.M}  # rows past M re-read valid rows; they are never stored")
+                a_rows = "ram"
+        b_cols, b_mask = "rn", None
+        if self.n_masked:
+            if bsn == 1:
+                b_mask = "n_mask[None, :]"
+            else:
+                s(f"rbn = rn % {p.N}  # columns past N re-read valid columns; they are never stored")
+                b_cols = "rbn"
+        a_b = _term("pid_b", asb) if p.B > 1 and asb else ""
+        b_b = _term("pid_b", bsb) if p.B > 1 and bsb else ""
+        # (a zero stride keeps its "* 0": the pointer tile must keep both dims for the dot)
+        self.pointer("a_ptrs", f"in{p.a}_ptr + {_join([a_b, _term(f'{a_rows}[:, None]', asm), _term('rk[None, :]', ask)])}", "a")
+        self.pointer("b_ptrs", f"in{p.b}_ptr + {_join([b_b, _term('rk[:, None]', bsk), _term(f'{b_cols}[None, :]', bsn)])}", "b")
+        s("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+        full, rem = divmod(p.K, self.bk)
+        if full:
+            s(f"for k in range(0, {full}):  # K = {p.K}: {full} full step(s) of BLOCK_K").indent()
+            self.step(a_mask, b_mask)
+            s(f"a_ptrs += BLOCK_K * {ask}", f"b_ptrs += BLOCK_K * {bsk}")
+            s.dedent()
+        if rem:
+            s(f"# the last {rem} of K")
+            s(f"k_mask = rk < {rem}")
+            am = "k_mask[None, :]" if a_mask is None else f"{a_mask} & k_mask[None, :]"
+            bmask = "k_mask[:, None]" if b_mask is None else f"k_mask[:, None] & {b_mask}"
+            self.step(am, bmask)
+        self.epilogue()
+
+    def step(self, a_mask: str | None, b_mask: str | None) -> None:
+        s, p = self.src, self.p
+        s(f"a = tl.load(a_ptrs{f', mask={a_mask}, other=0.0' if a_mask else ''})",
+          f"b = tl.load(b_ptrs{f', mask={b_mask}, other=0.0' if b_mask else ''})")
+        if p.dtype == "float32":
+            s('acc = tl.dot(a, b, acc, input_precision="ieee")')
+        elif self.c["DOT_UPCAST"]:
+            s('acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")')
+        else:
+            s("acc = tl.dot(a, b, acc)")
+
+    # epilogue ----------------------------------------------------------------------------------
+    def tile_offset(self, strides: tuple[int, int, int]) -> tuple[str, str | None]:
+        """Offset expression of a (batch, m, n)-strided tensor over the tile, and its mask."""
+        sb, sm, sn = strides
+        terms, masks = [], []
+        if self.p.B > 1 and sb:
+            terms.append(_term("pid_b", sb))
+        if sm:
+            terms.append(_term("rm[:, None]", sm))
+            if self.m_masked:
+                masks.append("m_mask[:, None]")
+        if sn:
+            terms.append(_term("rn[None, :]", sn))
+            if self.n_masked:
+                masks.append("n_mask[None, :]")
+        return _join(terms), " & ".join(masks) or None
+
+    def epilogue(self) -> None:
+        s, p = self.src, self.p
+        nodes = {n.index: n for n in p.nodes}
+        users: dict[int, int] = {}
+        for n in p.nodes:
+            for kind, v in n.operands:
+                if kind == "node":
+                    users[v] = users.get(v, 0) + 1
+        self.loaded: dict[int, str] = {}
+        s("# epilogue on the fp32 accumulator tile")
+        # node 0
+        v0 = "acc"
+        if p.op == "addmm":
+            alpha = "" if p.alpha == 1 else f" * {cg.float_literal(p.alpha)}"
+            if p.bias is not None:
+                bias = self.load_input(p.bias)
+                beta = "" if p.beta == 1 else f" * {cg.float_literal(p.beta)}"
+                s(f"acc = acc{alpha} + {bias}{beta}  # addmm: beta * self + alpha * (mat1 @ mat2)")
+            elif alpha:
+                s(f"acc = acc{alpha}  # addmm with beta == 0: self is ignored")
+        self.values = {0: v0}
+        for j in sorted(nodes):
+            self.emit_node(nodes[j], users)
+        s("# outputs")
+        for o, j in enumerate(p.outputs):
+            m = self.spec.outputs[o]
+            off, mask = self.tile_offset(_pad3(m.stride))
+            value = self.values[j]
+            if m.dtype in HALF:
+                value = f"{value}.to({HALF[m.dtype]})"
+            ptr = self.pointer(f"o{o}_ptrs", f"out{o}_ptr + {off}", f"out{o}")
+            s(f"tl.store({ptr}, {value}{f', mask={mask}' if mask else ''})")
+
+    def load_input(self, i: int) -> str:
+        if i in self.loaded:
+            return self.loaded[i]
+        m = self.spec.inputs[i]
+        off, mask = self.tile_offset(self.p.tile_inputs[i])
+        var = f"x{i}"
+        kw = f", mask={mask}, other={'0' if m.dtype == 'bool' else '0.0'}" if mask else ""
+        conv = ".to(tl.float32)" if m.dtype in HALF else ""
+        s = self.src
+        ptr = f"in{i}_ptr + {off}"
+        if self.use_hints and self.hint_of.get(f"in{i}") is not None:
+            ptr = self.pointer(f"x{i}_ptrs", ptr, f"in{i}")
+        s(f"{var} = tl.load({ptr}{kw}){conv}  # in{i} {m.dtype} {list(m.shape)}")
+        self.loaded[i] = var
+        return var
+
+    def operand(self, kind: str, v: Any, want: str) -> str:
+        """An operand as an expression: want "f32" (arithmetic) or "raw" (bool stays bool)."""
+        if kind == "scalar":
+            if want == "raw" and isinstance(v, bool):
+                return str(int(v))
+            return cg.float_literal(float(v))
+        if kind == "node":
+            expr, dt = self.values[v], (self.p.dtype if v == 0 else next(n.dtype for n in self.p.nodes if n.index == v))
+        else:
+            expr, dt = self.load_input(v), self.spec.inputs[v].dtype
+        if dt == "bool" and want == "f32":
+            return f"{expr}.to(tl.float32)"
+        return expr
+
+    def emit_node(self, n: _Node, users: dict[int, int]) -> None:
+        s = self.src
+        kind = n.pw.kind
+        if kind in ("float", "arith", "copy"):
+            ops = [self.operand(k, v, "f32") for k, v in n.operands]
+            expr = n.pw.body(ops, n.args, "float32")
+        elif kind == "compare":
+            ops = []
+            for k, v in n.operands:
+                if k == "scalar" and n.compare_dtype in HALF:
+                    # a number compared with a half tensor is converted to the tensor's type first
+                    v = float(torch.tensor(float(v), dtype=getattr(torch, n.compare_dtype)))
+                ops.append(self.operand(k, v, "f32"))
+            expr = n.pw.body(ops, n.args, "float32")
+        elif kind == "logical":
+            expr = n.pw.body([self.operand(k, v, "raw") for k, v in n.operands], n.args, "bool")
+        else:  # select
+            cond = self.operand(*n.operands[0], "raw")
+            expr = n.pw.body([cond] + [self.operand(k, v, "f32") for k, v in n.operands[1:]], n.args, "float32")
+        var = f"v{n.index}"
+        s(f"{var} = {expr}  # {n.op} -> {n.dtype}")
+        self.values[n.index] = var
+        if kind == "copy" and n.dtype in HALF and users.get(n.index):
+            s(f"{var} = {var}.to({HALF[n.dtype]}).to(tl.float32)  # the cast rounds: later nodes read {n.dtype} values")
+
+
+FAMILY = MatmulFamily()

@@ -1,0 +1,251 @@
+"""aten.cumsum: an inclusive prefix sum along one dim, any layout.
+
+The input is seen as rows (the other dims, merged where contiguous) by the scanned dim of length
+N. A program owns BLOCK_M rows and walks N in blocks of BLOCK_N: each block is scanned with
+``tl.cumsum`` (an associative scan in registers) and offset by the carried sum of the blocks
+before it. Long rows with few of them (one row of millions) would leave the GPU idle: SPLIT > 1
+cuts every row into SPLIT chunks; a first kernel sums each chunk into a temporary, a second scans
+each chunk starting from the sum of the chunks before it (read from the temporary).
+
+Types follow ATen: the result dtype is ``dtype=`` if given, else the input's (integers and bool
+promote to int64); the input is converted to it first. Floating types accumulate in fp32 (fp16 and
+bf16 round once, on store), integers in int64 (exact, wrapping like ATen).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, unique
+from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
+from torch_kernelize.spec import KernelSpec
+
+IN_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+OUT_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")
+MAX_TILE = 16384          # elements of one BLOCK_M x BLOCK_N tile
+
+
+@dataclasses.dataclass
+class _Plan:
+    in_dtype: str
+    out_dtype: str
+    acc: str                           # float32 | int64
+    M: int
+    N: int
+    m_sizes: tuple[int, ...]
+    m_strides: list[tuple[int, ...]]   # [in, out] over m_sizes
+    n_stride: tuple[int, int]          # (in, out) stride of the scanned dim
+    wide: bool
+
+
+class CumsumFamily(KernelFamily):
+    name = "scan"
+    ops = frozenset({"aten.cumsum.default"})
+    edge_kinds = ("zeros", "large", "negative", "special")
+
+    def _plan(self, spec: KernelSpec) -> _Plan | str:
+        if spec.op not in self.ops:
+            return f"{self.name} does not handle {spec.op}"
+        a = cg.bind(spec)
+        i = cg.tensor_index(a.get("self"))
+        if i is None or len(spec.outputs) != 1:
+            return "self must be a tensor, with one output"
+        x, o = spec.inputs[i], spec.outputs[0]
+        if x.dtype not in IN_DTYPES:
+            return f"cumsum of {x.dtype} is not generated"
+        if o.dtype not in OUT_DTYPES:
+            return f"cumsum to {o.dtype} is not generated"
+        if cg.is_float(x.dtype) and not cg.is_float(o.dtype):
+            return "float -> integer cumsum (a truncating cast first) is not generated"
+        if tuple(o.shape) != tuple(x.shape):
+            return "output shape differs from the input's"
+        if x.numel == 0:
+            return "empty input"
+        ndim = len(x.shape)
+        d = a.get("dim")
+        if not isinstance(d, int) or isinstance(d, bool) or not -max(ndim, 1) <= d < max(ndim, 1):
+            return f"bad dim {d!r}"
+        if ndim == 0:
+            shape, xs, os_, d = (1,), (0,), (0,), 0
+        else:
+            shape, xs, os_, d = tuple(x.shape), tuple(x.stride), tuple(o.stride), d % ndim
+        keep = [k for k in range(len(shape)) if k != d]
+        m_sizes, m_strides = cg.simplify([shape[k] for k in keep], [tuple(xs[k] for k in keep),
+                                                                    tuple(os_[k] for k in keep)], order_by=0)
+        M, N = math.prod(shape[k] for k in keep), shape[d]
+        acc = "float32" if cg.is_float(o.dtype) else "int64"
+        # blocks never reach past twice a dim (BLOCK <= next_pow2 of it): bound the offsets by that
+        wide = any(2 * (cg.max_offset(m.shape, m.stride) + sum(abs(v) for v in m.stride)) + 2 > cg.INT32_MAX
+                   for m in (x, o)) or 2 * x.numel > cg.INT32_MAX
+        return _Plan(x.dtype, o.dtype, acc, M, N, m_sizes, m_strides, (xs[d], os_[d]), wide)
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        plan = self._plan(spec)
+        return plan if isinstance(plan, str) else None
+
+    # --- configs ------------------------------------------------------------------------------
+    def _valid(self, plan: _Plan, c: Config) -> bool:
+        bm, bn, split = c["BLOCK_M"], c["BLOCK_N"], c["SPLIT"]
+        if not all(_is_pow2(v) for v in (bm, bn, split)) or c["num_warps"] not in (1, 2, 4, 8, 16):
+            return False
+        if bm * bn > MAX_TILE or bm > _p2(plan.M):
+            return False
+        chunk = -(-plan.N // split)
+        if bn > _p2(chunk) or (split > 1 and (split * bn > 2 * plan.N or split > 1024)):
+            return False
+        return True
+
+    def _cfg(self, plan: _Plan, tile: int, bn: int, split: int = 1, warps: int | None = None) -> Config:
+        chunk = -(-plan.N // split)
+        bn = max(1, min(bn, _p2(chunk), MAX_TILE))
+        bm = max(1, min(max(1, tile // bn), _p2(plan.M)))
+        w = warps or max(1, min(8, bm * bn // 512))
+        return Config.of(BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, num_warps=w)
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        seeds = [self._cfg(plan, 4096, 4096), self._cfg(plan, 8192, 1024), self._cfg(plan, 2048, 256)]
+        if plan.M < 264 and plan.N >= 65536:
+            # few long rows: split them so that a few hundred programs share the work (132 SMs)
+            split = max(2, min(1024, _floor2(max(2, 528 // plan.M)), _floor2(plan.N // 4096)))
+            seeds.append(self._cfg(plan, 4096, 4096, split, 8))
+        return unique([c for c in seeds if self._valid(plan, c)])
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            return []
+        c = config
+        cands = []
+        for k in ("BLOCK_M", "BLOCK_N", "SPLIT", "num_warps"):
+            cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: max(1, c[k] // 2)})]
+        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(f"{spec.describe()}: {plan}")
+        if not self._valid(plan, config):
+            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        p = plan
+        bm, bn, warps = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_warps"])
+        chunk = -(-p.N // int(config["SPLIT"]))
+        chunk = -(-chunk // bn) * bn                     # whole blocks per chunk
+        split = -(-p.N // chunk)                         # chunks actually needed
+        acc = cg.tl_type(p.acc)
+        wide = ".to(tl.int64)" if p.wide else ""
+        s = cg.Source()
+        s(cg.HEADER, cg.describe_spec(spec))
+        s(f"# {p.M} rows over sizes {list(p.m_sizes)}, strides [in, out] {[list(x) for x in p.m_strides]}",
+          f"# scanned dim: {p.N} long, stride in {p.n_stride[0]}, out {p.n_stride[1]}; accumulates in {p.acc}")
+        if split > 1:
+            s(f"# {split} chunks of {chunk} per row: chunk_sums_kernel -> tmp0 [{p.M}, {split}], then scans")
+        s.blank()
+
+        def rows() -> str | None:
+            s(f"rows = tl.program_id(0){wide} * BLOCK_M + tl.arange(0, BLOCK_M)")
+            rm = None
+            if p.M % bm:
+                s(f"row_mask = rows < {p.M}")
+                rm = "row_mask"
+            lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
+            for line in lines:
+                s(line)
+            for name, off in zip(("in_row", "out_row"), offs):
+                s(f"{name} = {'rows * 0' if off == '0' else off}")
+            return rm
+
+        def load(start: str, rm: str | None, end: int) -> str:
+            s(f"cols = {start} + tl.arange(0, BLOCK_N)")
+            masks = ([f"{rm}[:, None]"] if rm else [])
+            if p.N % bn or split > 1:
+                masks.append(f"(cols < {end})[None, :]")
+            if masks:
+                s(f"mask = {' & '.join(masks)}")
+            conv = ""
+            if p.in_dtype != p.out_dtype:
+                conv += f".to({cg.tl_type(p.out_dtype)})"    # ATen converts to dtype= first
+            if p.out_dtype != p.acc:
+                conv += f".to({acc})"
+            kw = ", mask=mask, other=0" if masks else ""
+            s(f"x = tl.load(in0_ptr + in_row[:, None] + {_col(p.n_stride[0])}[None, :]{kw}){conv}")
+            return "mask" if masks else ""
+
+        launches, temps = [], []
+        if split > 1:
+            temps.append(Buffer((p.M, split), p.acc))
+            s("@triton.jit", "def chunk_sums_kernel(in0_ptr, sums_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):").indent()
+            s("chunk = tl.program_id(1)")
+            rm = rows()
+            s(f"total = tl.zeros([BLOCK_M], dtype={acc})",
+              f"for n0 in range(0, {chunk}, BLOCK_N):").indent()
+            load(f"chunk * {chunk} + n0", rm, p.N)
+            s("total += tl.sum(x, axis=1)")
+            s.dedent()
+            s(f"tl.store(sums_ptr + rows * {split} + chunk, total{', mask=' + rm if rm else ''})")
+            s.dedent().blank()
+            launches.append(Launch("chunk_sums_kernel", (-(-p.M // bm), split), (("in", 0), ("tmp", 0)),
+                                   {"BLOCK_M": bm, "BLOCK_N": bn}, warps, 1))
+        params = ["in0_ptr", "out0_ptr"] + (["sums_ptr"] if split > 1 else []) + ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"]
+        s("@triton.jit", f"def cumsum_kernel({', '.join(params)}):").indent()
+        rm = rows()
+        if split > 1:
+            sp = _p2(split)
+            s("chunk = tl.program_id(1)",
+              "# the carry: the sums of the chunks before this one",
+              f"k = tl.arange(0, {sp})",
+              f"before = tl.load(sums_ptr + rows[:, None] * {split} + k[None, :], "
+              f"mask={rm + '[:, None] & ' if rm else ''}(k < chunk)[None, :], other=0)",
+              "carry = tl.sum(before, axis=1)")
+            start, length = f"chunk * {chunk} + n0", chunk
+        else:
+            s(f"carry = tl.zeros([BLOCK_M], dtype={acc})")
+            start, length = "n0", p.N
+        single = length <= bn
+        if single:
+            s("n0 = 0")
+        else:
+            s(f"for n0 in range(0, {length}, BLOCK_N):").indent()
+        m = load(start, rm, p.N)
+        s("y = tl.cumsum(x, axis=1) + carry[:, None]")
+        out = "y" if p.out_dtype == p.acc else f"y.to({cg.tl_type(p.out_dtype)})"
+        s(f"tl.store(out0_ptr + out_row[:, None] + {_col(p.n_stride[1])}[None, :], {out}"
+          f"{', mask=' + m if m else ''})")
+        if not single:
+            # the carry is the block's last prefix (a sum of x next to the scan trips triton 3.6's
+            # thread-locality pass)
+            s("carry = tl.sum(tl.where((tl.arange(0, BLOCK_N) == BLOCK_N - 1)[None, :], y, 0), axis=1)")
+            s.dedent()
+        s.dedent()
+        args = (("in", 0), ("out", 0)) + ((("tmp", 0),) if split > 1 else ())
+        launches.append(Launch("cumsum_kernel", (-(-p.M // bm), split), args, {"BLOCK_M": bm, "BLOCK_N": bn},
+                               warps, 1 if single else 2))
+        return KernelProgram(s.text(), tuple(launches), temps=tuple(temps))
+
+
+def _col(stride: int) -> str:
+    """The column offsets ``cols * stride`` (a 1-long scanned dim may have stride 0)."""
+    if stride == 1:
+        return "cols"
+    return f"(cols * {stride})"
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _floor2(n: int) -> int:
+    return 1 << max(0, int(n).bit_length() - 1)
+
+
+def _is_pow2(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
+
+
+FAMILY = CumsumFamily()

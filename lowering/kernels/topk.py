@@ -1,0 +1,263 @@
+"""aten.topk: the k largest (or smallest) values of every row along a dim, and their indices.
+
+A program owns BLOCK_M rows; a whole row (N padded to BLOCK_N, a power of two) sits in registers.
+Each value becomes one int64 key that orders like ATen and carries its column:
+
+    key32  = float bits, negatives flipped (x ^ ((x >> 31) & 0x7FFFFFFF)): integer order = float
+             order, with NaN made the largest (as ATen orders it) and -0.0 just below +0.0
+    packed = key32 << 32 | (BLOCK_N - 1 - column)        (largest=False: ~key32)
+
+Keys are distinct within a row, so selecting the k largest keys is exact, and on equal values the
+lower column wins. VARIANT "bitonic" takes them with ``tl.topk`` (a bitonic top-k over the row);
+VARIANT "passes" runs k rounds of max-and-remove (cheap for short rows or small k). Values and
+indices are unpacked from the selected keys (the value bits are exact, NaN comes back as a
+canonical NaN) and stored sorted, largest first (smallest first for largest=False).
+
+Ties: ATen does not specify which of equal values comes first; on exact ties the values agree and
+the indices may differ, so validation draws rows without ties (``sample_inputs``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
+from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+from torch_kernelize.spec import KernelSpec, TensorMeta
+
+MAX_K = 64
+MAX_N = 16384
+MAX_TILE = 16384          # int64 keys of one BLOCK_M x BLOCK_N tile
+PAD = "-9223372036854775807"   # below every real key (those are > -2^63 + 2^32)
+
+
+@dataclasses.dataclass
+class _Plan:
+    dtype: str
+    k: int
+    largest: bool
+    M: int
+    N: int
+    m_sizes: tuple[int, ...]
+    m_strides: list[tuple[int, ...]]   # [in, values, indices]
+    n_strides: tuple[int, int, int]    # along the dim: in, values, indices
+    dim: int
+    wide: bool
+
+
+class TopkFamily(KernelFamily):
+    name = "topk"
+    ops = frozenset({"aten.topk.default"})
+    edge_kinds = ("large", "negative", "special")   # no "zeros": all ties
+
+    def _plan(self, spec: KernelSpec) -> _Plan | str:
+        if spec.op not in self.ops:
+            return f"{self.name} does not handle {spec.op}"
+        a = cg.bind(spec)
+        i = cg.tensor_index(a.get("self"))
+        if i is None:
+            return "self must be a tensor"
+        x = spec.inputs[i]
+        if x.dtype not in cg.FLOAT_TYPES:
+            return f"topk of {x.dtype} is not generated (fp32/fp16/bf16)"
+        k, d = a.get("k"), a.get("dim", -1)
+        largest, srt = a.get("largest", True), a.get("sorted", True)
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+            return f"k={k!r}: only 1 <= k <= {MAX_K} is generated"
+        if not srt:
+            return "sorted=False: ATen leaves the order unspecified (CPU and CUDA differ), so it cannot be validated"
+        ndim = len(x.shape)
+        if not isinstance(d, int) or isinstance(d, bool) or not -max(ndim, 1) <= d < max(ndim, 1):
+            return f"bad dim {d!r}"
+        if ndim == 0:
+            return "0-d input"
+        d %= ndim
+        N = x.shape[d]
+        if k > N:
+            return f"k={k} > {N} elements"
+        if N > MAX_N:
+            return f"rows of {N} > {MAX_N} elements do not fit in registers"
+        if any(s > 1 and st == 0 for s, st in zip(x.shape, x.stride)):
+            return "expanded (stride-0) input"
+        out_shape = tuple(x.shape[:d]) + (k,) + tuple(x.shape[d + 1:])
+        if len(spec.outputs) != 2 or tuple(spec.outputs[0].shape) != out_shape or tuple(spec.outputs[1].shape) != out_shape:
+            return f"outputs {[o.shape for o in spec.outputs]} are not two {out_shape}"
+        v, ix = spec.outputs
+        if v.dtype != x.dtype or ix.dtype != "int64":
+            return "outputs are not (values in the input dtype, int64 indices)"
+        keep = [j for j in range(ndim) if j != d]
+        m_sizes, m_strides = cg.simplify([x.shape[j] for j in keep],
+                                         [tuple(m.stride[j] for j in keep) for m in (x, v, ix)], order_by=0)
+        wide = any(2 * (cg.max_offset(m.shape, m.stride) + sum(abs(s) for s in m.stride)) + 2 > cg.INT32_MAX
+                   for m in (x, v, ix))
+        return _Plan(x.dtype, k, bool(largest), math.prod(x.shape[j] for j in keep), N, m_sizes, m_strides,
+                     (x.stride[d], v.stride[d], ix.stride[d]), d, wide)
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        plan = self._plan(spec)
+        return plan if isinstance(plan, str) else None
+
+    # --- configs ------------------------------------------------------------------------------
+    def _valid(self, plan: _Plan, c: Config) -> bool:
+        bm, v, w = c["BLOCK_M"], c["VARIANT"], c["num_warps"]
+        if v not in ("bitonic", "passes") or w not in (1, 2, 4, 8, 16) or not _is_pow2(bm):
+            return False
+        return bm <= _p2(plan.M) and bm * _p2(plan.N) <= MAX_TILE
+
+    def _cfg(self, plan: _Plan, rows_elems: int, variant: str, warps: int | None = None) -> Config:
+        n = _p2(plan.N)
+        bm = max(1, min(max(1, rows_elems // n), _p2(plan.M), MAX_TILE // n))
+        w = warps or max(1, min(8, bm * n // 256))
+        return Config.of(BLOCK_M=bm, VARIANT=variant, num_warps=w)
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(plan)
+        seeds = [self._cfg(plan, 2048, "bitonic"), self._cfg(plan, 2048, "passes"),
+                 self._cfg(plan, 8192, "bitonic"), self._cfg(plan, 512, "passes", 2)]
+        return unique([c for c in seeds if self._valid(plan, c)])
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            return []
+        c = config
+        cands = [c.replace(BLOCK_M=c["BLOCK_M"] * 2), c.replace(BLOCK_M=max(1, c["BLOCK_M"] // 2)),
+                 c.replace(num_warps=c["num_warps"] * 2), c.replace(num_warps=max(1, c["num_warps"] // 2)),
+                 c.replace(VARIANT="passes" if c["VARIANT"] == "bitonic" else "bitonic")]
+        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+
+    # --- generation ---------------------------------------------------------------------------
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(f"{spec.describe()}: {plan}")
+        if not self._valid(plan, config):
+            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        p = plan
+        bm, warps, variant = int(config["BLOCK_M"]), int(config["num_warps"]), config["VARIANT"]
+        bn, kp = _p2(p.N), _p2(p.k)
+        s = cg.Source()
+        s(cg.HEADER, cg.describe_spec(spec))
+        s(f"# {p.M} rows over sizes {list(p.m_sizes)}, strides [in, values, indices] {[list(x) for x in p.m_strides]}",
+          f"# rows of {p.N} (stride {p.n_strides[0]}), padded to BLOCK_N = {bn}; k = {p.k} "
+          f"{'largest' if p.largest else 'smallest'}, taken as the {kp} largest keys", "")
+        s("@triton.jit", "def topk_kernel(in0_ptr, out0_ptr, out1_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
+          "K: tl.constexpr):").indent()
+        s(f"rows = tl.program_id(0){'.to(tl.int64)' if p.wide else ''} * BLOCK_M + tl.arange(0, BLOCK_M)")
+        rm = None
+        if p.M % bm:
+            s(f"row_mask = rows < {p.M}")
+            rm = "row_mask"
+        lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
+        for line in lines:
+            s(line)
+        for name, off in zip(("in_row", "val_row", "idx_row"), offs):
+            s(f"{name} = {'rows * 0' if off == '0' else off}")
+        s("cols = tl.arange(0, BLOCK_N)")
+        masks = [f"{rm}[:, None]"] if rm else []
+        if bn != p.N:
+            s(f"col_mask = cols < {p.N}")
+            masks.append("col_mask[None, :]")
+        kw = f", mask={' & '.join(masks)}, other=0.0" if masks else ""
+        s(f"x = tl.load(in0_ptr + in_row[:, None] + {_scaled('cols', p.n_strides[0])}[None, :]{kw})"
+          f"{'' if p.dtype == 'float32' else '.to(tl.float32)'}")
+        s("# an int32 key with the float order (NaN largest), then the column below it",
+          "bits = x.to(tl.int32, bitcast=True)",
+          "key = bits ^ ((bits >> 31) & 0x7FFFFFFF)",
+          "key = tl.where(x != x, 0x7FC00000, key)")
+        if not p.largest:
+            s("key = ~key  # smallest first")
+        s("packed = (key.to(tl.int64) << 32) | (BLOCK_N - 1 - cols).to(tl.int64)[None, :]")
+        if bn != p.N:
+            s(f"packed = tl.where(col_mask[None, :], packed, {PAD})")
+        if variant == "bitonic":
+            s("top = tl.topk(packed, K)  # [BLOCK_M, K], largest key first")
+        else:
+            s("kc = tl.arange(0, K)",
+              f"top = tl.full([BLOCK_M, K], {PAD}, tl.int64)")
+            s(f"for j in {'tl.static_range' if kp <= 8 else 'range'}({p.k}):").indent()
+            s("best = tl.max(packed, axis=1)",
+              "top = tl.where(kc[None, :] == j, best[:, None], top)",
+              f"packed = tl.where(packed == best[:, None], {PAD}, packed)  # keys are distinct: removes one")
+            s.dedent()
+        s("key = (top >> 32).to(tl.int32)")
+        if not p.largest:
+            s("key = ~key")
+        s("bits = key ^ ((key >> 31) & 0x7FFFFFFF)",
+          f"values = bits.to(tl.float32, bitcast=True){'' if p.dtype == 'float32' else '.to(' + cg.tl_type(p.dtype) + ')'}",
+          "indices = (BLOCK_N - 1 - (top & 0xFFFFFFFF)).to(tl.int64)",
+          "kk = tl.arange(0, K)")
+        kmask = [f"{rm}[:, None]"] if rm else []
+        if kp != p.k:
+            kmask.append(f"(kk < {p.k})[None, :]")
+        kw = f", mask={' & '.join(kmask)}" if kmask else ""
+        s(f"tl.store(out0_ptr + val_row[:, None] + {_scaled('kk', p.n_strides[1])}[None, :], values{kw})",
+          f"tl.store(out1_ptr + idx_row[:, None] + {_scaled('kk', p.n_strides[2])}[None, :], indices{kw})")
+        s.dedent()
+        launch = Launch("topk_kernel", (-(-p.M // bm),), (("in", 0), ("out", 0), ("out", 1)),
+                        {"BLOCK_M": bm, "BLOCK_N": bn, "K": kp}, warps, 1)
+        return KernelProgram(s.text(), (launch,))
+
+    # --- validation inputs --------------------------------------------------------------------
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        """Rows of distinct values (ties would let indices legitimately differ from ATen's);
+        "special" puts one NaN, +inf and -inf in each row."""
+        plan = self._plan(spec)
+        g = torch.Generator().manual_seed(seed)
+        m = spec.inputs[0]
+        if isinstance(plan, str):
+            return [sample_tensor(mm, g, kind).to(device) for mm in spec.inputs]
+        rows = _distinct_rows(plan.M, plan.N, m.torch_dtype, g, kind)
+        keep = [j for j in range(len(m.shape)) if j != plan.dim]
+        logical = rows.reshape([m.shape[j] for j in keep] + [plan.N]).movedim(-1, plan.dim)
+        x = sample_tensor(m, g, "zeros")
+        x.copy_(logical)
+        return [x.to(device)]
+
+
+def _distinct_rows(M: int, N: int, dtype: torch.dtype, g: torch.Generator, kind: str) -> torch.Tensor:
+    """[M, N] values of ``dtype``, distinct within each row, spread over many magnitudes."""
+    pool = torch.empty(0, dtype=dtype)
+    n = 4 * N + 64
+    while pool.numel() < 2 * N:
+        v = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp(1.5 * torch.randn(n, generator=g, dtype=torch.float64))
+        if kind == "large":
+            v = v * (100.0 if dtype == torch.float16 else 1e4)
+        elif kind == "negative":
+            v = -v.abs() - 0.5
+        v = v.to(dtype)
+        pool = torch.unique(torch.cat([pool, v[v.isfinite()]]))
+        n *= 2
+    out = torch.empty(M, N, dtype=dtype)
+    chunk = max(1, (1 << 22) // pool.numel())
+    for r0 in range(0, M, chunk):
+        r1 = min(M, r0 + chunk)
+        pick = torch.rand(r1 - r0, pool.numel(), generator=g).argsort(dim=1)[:, :N]
+        out[r0:r1] = pool[pick]
+    if kind == "special":
+        specials = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+        for r in range(M):
+            pos = torch.randperm(N, generator=g)[:min(3, N - 1) if N > 1 else 0]
+            out[r, pos] = specials[:pos.numel()]
+    return out
+
+
+def _scaled(expr: str, stride: int) -> str:
+    return expr if stride == 1 else f"({expr} * {stride})"
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _is_pow2(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
+
+
+FAMILY = TopkFamily()
