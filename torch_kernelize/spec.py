@@ -236,12 +236,14 @@ class KernelSpec:
         out = self.op_overload(*args, **kwargs)
         return tuple(out) if self.tuple_output else (out,)
 
-    def reference(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """The float64 CPU reference: floating inputs upcast, the op run by ATen on CPU.
+    def reference(self, tensors: Sequence[torch.Tensor], device: str = "cpu") -> tuple[torch.Tensor, ...]:
+        """The float64 reference: floating inputs upcast, the op run by ATen in float64.
 
+        On the CPU by default. fill_cache may compute the references of large specs in float64 on
+        the GPU (IEEE float64 either way, far below any tolerance; recorded in the validation).
         Outputs stay float64 (integer outputs keep their dtype) for comparison with any dtype.
         """
-        up = [t.detach().to("cpu", torch.float64) if t.is_floating_point() else t.detach().cpu()
+        up = [t.detach().to(device, torch.float64) if t.is_floating_point() else t.detach().to(device)
               for t in tensors]
         return self.run_vendor(up)
 

@@ -98,6 +98,7 @@ class ValidationRecord:
     tolerance: dict[str, list[float]]
     reason: str = ""
     max_err: float = 0.0  # the scaled error compared with atol (see Comparison.max_err)
+    reference_device: str = "cpu"
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -110,23 +111,34 @@ class ValidationRecord:
 def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], spec: KernelSpec,
              sample_inputs: Callable[[KernelSpec, int, str, Any], list[torch.Tensor]],
              edge_kinds: Sequence[str] = (), seeds: Sequence[int] = DEFAULT_SEEDS,
-             device: str | torch.device = "cpu", extra_trials: int = 0) -> ValidationRecord:
+             device: str | torch.device = "cpu", extra_trials: int = 0,
+             trial_cache: dict | None = None, reference_device: str = "cpu") -> ValidationRecord:
     """Run ``run`` (inputs -> outputs, poisoned before each run) on every trial; stop at the first failure.
 
     ``sample_inputs(spec, seed, kind, device)`` draws the inputs of one trial; ``extra_trials``
     adds trials of kind "captured" (seed = index), e.g. the real inputs a repro captured.
+    ``trial_cache`` (a dict kept by the caller) keeps each trial's inputs and reference, so that
+    the candidates of one spec are all judged on the same trials without recomputing references.
     """
     trials = [(s, "random") for s in seeds] + [(seeds[0] + 1000 + i, k) for i, k in enumerate(edge_kinds)]
     trials += [(i, "captured") for i in range(extra_trials)]
     tol = {m.dtype: list(tolerance(m.torch_dtype, spec.op)) for m in spec.outputs}
     worst_abs = worst_rel = worst = 0.0
     for n, (seed, kind) in enumerate(trials, 1):
-        inputs = sample_inputs(spec, seed, kind, device)
-        try:
-            ref = spec.reference(inputs)
-        except Exception:  # the op rejects this edge kind (e.g. histc of inf): the kind does not apply
-            if kind in ("random", "captured"):
-                raise
+        cached = trial_cache.get((seed, kind)) if trial_cache is not None else None
+        if cached is None:
+            inputs = sample_inputs(spec, seed, kind, device)
+            try:
+                ref = spec.reference(inputs, reference_device)
+            except Exception:  # the op rejects this edge kind (e.g. histc of inf): the kind does not apply
+                if kind in ("random", "captured"):
+                    raise
+                ref = None
+            if trial_cache is not None:
+                trial_cache[(seed, kind)] = (inputs, ref)
+        else:
+            inputs, ref = cached
+        if ref is None:
             continue
         try:
             outs = run(inputs)
@@ -141,4 +153,4 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
                                     f"trial {n} ({kind}, seed {seed}): {c.reason}", c.max_err)
         worst_abs, worst_rel, worst = max(worst_abs, c.max_abs), max(worst_rel, c.max_rel), max(worst, c.max_err)
     return ValidationRecord(True, list(seeds), [k for _, k in trials], len(trials), worst_abs, worst_rel, tol,
-                            max_err=worst)
+                            max_err=worst, reference_device=reference_device)

@@ -13,6 +13,7 @@ def timing_available(target: Target) -> bool:
     return target.triton == "cuda"
 
 
-def median_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
+def median_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 50) -> float:
+    """Median over ~50 ms of repetitions: enough to rank candidates (benchmarks/ time longer)."""
     from triton.testing import do_bench
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))

@@ -23,6 +23,7 @@ from torch_kernelize.spec import KernelSpec
 from torch_kernelize.validate import validate
 
 BENCH_SEED = 12345
+LARGE_SPEC_ELEMENTS = 1 << 20
 
 
 @dataclasses.dataclass
@@ -52,6 +53,10 @@ class Measurer:
         self.extra_inputs = [list(x) for x in extra_inputs]
         self._vendor_ms: float | None = None
         self._bench_inputs: list[torch.Tensor] | None = None
+        self._trials: dict = {}  # (seed, kind) -> (inputs, reference): shared by all candidates
+        # float64 references of large specs on the GPU: a CPU would spend seconds per trial
+        size = sum(m.numel for m in spec.inputs) + sum(m.numel for m in spec.outputs)
+        self.reference_device = "cuda" if self.device == "cuda" and size > LARGE_SPEC_ELEMENTS else "cpu"
 
     # --- builder --------------------------------------------------------------------------------
     def prepare(self, configs: Sequence[Config]) -> None:

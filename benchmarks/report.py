@@ -1,0 +1,128 @@
+"""Turn benchmarks/run.py's results.json into a Markdown table (benchmarks/README.md, between
+markers) and a PNG chart. Runs anywhere matplotlib is installed:
+
+    python benchmarks/report.py OUT/results.json [--readme benchmarks/README.md] [--png benchmarks/results.png]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+# Issue #5's targets: (description, predicate on a measure row)
+TARGETS = {
+    "conv1d_B2048_C96_L200_k3_fp16": (">= 4x eager and >= 3x inductor",
+                                      lambda r: r["speedup_vs_eager"] >= 4 and r["speedup_vs_inductor"] >= 3),
+    "histc_16M_256bins_fixed": (">= 3x eager", lambda r: r["speedup_vs_eager"] >= 3),
+    "histc_16M_256bins_data_range": (">= 3x eager", lambda r: r["speedup_vs_eager"] >= 3),
+    "rmsnorm_4096x8192_fp16": ("within 10% of inductor", lambda r: r["kernelize_ms"] <= 1.1 * r["inductor_ms"]),
+    "moe_T4096_d1024_E16_top4_fp16": (">= 1.2x inductor", lambda r: r["speedup_vs_inductor"] >= 1.2),
+    "llama4L_d1024_b8_s512_fp16": (">= 1.0x inductor", lambda r: r["speedup_vs_inductor"] >= 1.0),
+}
+
+
+def _f(v, fmt="{:.3f}"):
+    return fmt.format(v) if isinstance(v, (int, float)) else "—"
+
+
+def table(results: dict) -> str:
+    env = results.get("env", {})
+    lines = [f"Measured {env.get('date', '?')} on {env.get('gpu', '?')}, torch {env.get('torch', '?')}, "
+             f"triton {env.get('triton', '?')}; medians of triton.testing.do_bench in one process, same inputs.", "",
+             "| workload | eager ms | inductor ms | kernelize ms | kernelize+CUDA graphs ms | vs eager | vs inductor "
+             "| target | met | nodes on triton | max rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results.get("measure", {}).items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:120]} |||||||||")
+            continue
+        desc, ok = TARGETS.get(name, ("", lambda r: None))
+        met = ok(r)
+        lines.append(
+            f"| {name} | {_f(r['eager_ms'])} | {_f(r['inductor_ms'])} | {_f(r['kernelize_ms'])} | "
+            f"{_f(r.get('kernelize_cudagraphs_ms'))} | {_f(r['speedup_vs_eager'], '{:.2f}x')} | "
+            f"{_f(r['speedup_vs_inductor'], '{:.2f}x')} | {desc} | {'yes' if met else 'no' if met is not None else ''} | "
+            f"{r.get('nodes_on_triton', '—')}/{r.get('nodes', '—')} | {_f(r.get('kernelize_err'), '{:.1e}')} |")
+    fc = results.get("firstcall", {})
+    if fc:
+        lines += ["", "First call in a fresh process (seconds; Inductor with its caches warmed by an earlier "
+                  "process, kernelize with a filled kernel cache; target: kernelize <= half of Inductor):", "",
+                  "| workload | eager | inductor (warm) | kernelize (warm cache) | ratio | Triton compiles in kernelize |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in fc.items():
+            ratio = (r["kernelize_first_call_s"] / r["inductor_first_call_s"]
+                     if "kernelize_first_call_s" in r and "inductor_first_call_s" in r else None)
+            lines.append(f"| {name} | {_f(r.get('eager_first_call_s'))} | {_f(r.get('inductor_first_call_s'))} | "
+                         f"{_f(r.get('kernelize_first_call_s'))} | {_f(ratio, '{:.2f}')} | "
+                         f"{r.get('kernelize_triton_compiles', '—')} |")
+    if "fill" in results:
+        f = results["fill"]
+        lines += ["", f"fill_cache for all workloads: {f.get('seconds')} s (budget {f.get('budget')} candidates per "
+                  f"spec, exit {f.get('returncode')})."]
+    if "overhead" in results:
+        o = results["overhead"]
+        lines += ["", "Launch overhead, host time per call of a 4096-element add (µs): "
+                  f"direct Triton launch {_f(o.get('direct_triton_launch_us'), '{:.1f}')}, kernelize runner "
+                  f"{_f(o.get('kernelize_runner_us'), '{:.1f}')} (static launcher: {o.get('kernelize_static_launcher')}), "
+                  f"kernelize compiled graph {_f(o.get('kernelize_compiled_graph_us'), '{:.1f}')}, eager torch.add "
+                  f"{_f(o.get('eager_torch_add_us'), '{:.1f}')}."]
+    return "\n".join(lines)
+
+
+def chart(results: dict, png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {k: v for k, v in results.get("measure", {}).items() if "error" not in v}
+    names = list(rows)
+    series = [("eager", "eager_ms"), ("inductor", "inductor_ms"), ("kernelize", "kernelize_ms"),
+              ("kernelize + CUDA graphs", "kernelize_cudagraphs_ms")]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.2
+    for i, (label, key) in enumerate(series):
+        vals = [rows[n]["eager_ms"] / rows[n][key] if rows[n].get(key) else 0 for n in names]
+        ax.bar([j + (i - 1.5) * width for j in range(len(names))], vals, width, label=label)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([n.split("_")[0] + "\n" + "_".join(n.split("_")[1:3]) for n in names], fontsize=8)
+    ax.set_ylabel("speedup over eager (higher is better)")
+    env = results.get("env", {})
+    ax.set_title(f"torch_kernelize seed workloads — {env.get('gpu', '')}, {env.get('date', '')}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def write_report(results: dict, out: Path, readme: Path = HERE / "README.md", png: Path | None = None) -> None:
+    text = table(results)
+    (Path(out) / "table.md").write_text(text + "\n")
+    if readme.exists():
+        doc = readme.read_text()
+        if BEGIN in doc and END in doc:
+            head, rest = doc.split(BEGIN, 1)
+            readme.write_text(head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1])
+    try:
+        chart(results, png or Path(out) / "results.png")
+    except ImportError:
+        print("matplotlib is not installed: no chart")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path)
+    p.add_argument("--readme", type=Path, default=HERE / "README.md")
+    p.add_argument("--png", type=Path, default=HERE / "results.png")
+    args = p.parse_args()
+    results = json.loads(args.results.read_text())
+    write_report(results, args.results.parent, args.readme, args.png)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

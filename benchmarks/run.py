@@ -1,0 +1,247 @@
+"""The benchmark suite: one command on a GPU machine.
+
+    python benchmarks/run.py --out OUT [--cache-dir DIR] [--phases fill,measure,overhead,firstcall]
+
+fill       python -m torch_kernelize.fill_cache for every workload (timed; summary kept)
+measure    medians (triton.testing.do_bench, same process, same inputs) of eager, torch.compile's
+           default backend (Inductor), kernelize, and kernelize with CUDA graphs; max error vs eager
+overhead   launch cost: a direct Triton launch vs kernelize's runner vs a compiled one-op graph
+firstcall  first-call time of each backend in a fresh process (Inductor's caches warmed by an
+           earlier process; kernelize with its kernel cache filled; eager beside them)
+
+Results go to OUT/results.json; benchmarks/report.py turns them into the README table and chart.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def bench(fn, warmup=50, rep=300) -> float:
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def _err(out, ref) -> float:
+    import torch
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    worst = 0.0
+    for o, r in zip(outs, refs):
+        o, r = o.float(), r.float()
+        worst = max(worst, float((o - r).abs().max() / r.abs().max().clamp_min(1e-6)))
+    return worst
+
+
+def phase_fill(args, names) -> dict:
+    cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--quiet", "--target", "cuda",
+           "--cache-dir", str(args.cache_dir), "--budget", str(args.budget),
+           "--summary", str(args.out / "fill_summary.json")]
+    from workloads import WORKLOADS
+    for n in names:
+        cmd += ["--model", f"{HERE / 'workloads.py'}:{WORKLOADS[n].__name__}"]
+    if args.resume:
+        cmd.append("--resume")
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.fill_timeout)
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        code, out, err = "timeout", e.stdout or "", e.stderr or ""
+        out, err = (out.decode() if isinstance(out, bytes) else out), (err.decode() if isinstance(err, bytes) else err)
+    seconds = time.perf_counter() - t0
+    (args.out / "fill.log").write_text(out + "\n--- stderr ---\n" + err[-200000:])
+    print(out[-6000:], flush=True)
+    return {"seconds": round(seconds, 1), "returncode": code, "budget": args.budget}
+
+
+def phase_measure(args, names) -> dict:
+    import torch
+    from workloads import WORKLOADS
+    results = {}
+    for name in names:
+        row = {}
+        try:
+            model, inputs = WORKLOADS[name]()
+            with torch.no_grad():
+                ref = model(*inputs)
+                row["eager_ms"] = bench(lambda: model(*inputs))
+                torch._dynamo.reset()
+                ind = torch.compile(model)
+                row["inductor_err"] = _err(ind(*inputs), ref)
+                row["inductor_ms"] = bench(lambda: ind(*inputs))
+                for label, extra in (("kernelize", {}), ("kernelize_cudagraphs", {"cudagraphs": True})):
+                    torch._dynamo.reset()
+                    report = args.out / f"report_{name}_{label}.json"
+                    k = torch.compile(model, backend="kernelize", options=dict(
+                        {"target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off",
+                         "report": str(report)}, **extra))
+                    row[f"{label}_err"] = _err(k(*inputs), ref)
+                    row[f"{label}_ms"] = bench(lambda: k(*inputs))
+                    if label == "kernelize":
+                        doc = json.loads(report.read_text())
+                        nodes = [n for g in doc["graphs"] for n in g["nodes"]]
+                        row["nodes"] = len(nodes)
+                        row["nodes_on_triton"] = sum(n["tier"] == "triton" for n in nodes)
+                        row["fused_regions"] = sum(g["summary"].get("fused_regions", 0) for g in doc["graphs"])
+                        row["graphs"] = len(doc["graphs"])
+            row["speedup_vs_eager"] = row["eager_ms"] / row["kernelize_ms"]
+            row["speedup_vs_inductor"] = row["inductor_ms"] / row["kernelize_ms"]
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+        print(name, json.dumps(row), flush=True)
+        results[name] = row
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+    return results
+
+
+def phase_overhead(args) -> dict:
+    """Per-call host cost of a tiny kernel: direct Triton launch vs kernelize's paths."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+    x, y = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    out = torch.empty_like(x)
+
+    def per_call_us(fn, n=3000):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    res = {"direct_triton_launch_us": per_call_us(lambda: add_kernel[(4,)](x, y, out, 4096, BLOCK=1024)),
+           "eager_torch_add_us": per_call_us(lambda: torch.add(x, y))}
+    torch._dynamo.reset()
+    from torch_kernelize.fill_cache.cli import main as fill
+    code = fill(["--quiet", "--model", f"{HERE / 'overhead_model.py'}:make", "--target", "cuda",
+                 "--cache-dir", str(args.cache_dir), "--budget", "2", "--min-speedup", "0"])
+    compiled = torch.compile(lambda a, b: a + b, backend="kernelize",
+                             options={"target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off"})
+    compiled(x, y)
+    from torch_kernelize.runtime import TritonCall
+    import gc
+    calls = [o for o in gc.get_objects() if isinstance(o, TritonCall) and o.spec.op == "aten.add.Tensor"]
+    res["fill_returncode"] = code
+    if calls:
+        runner = calls[0].runner
+        res["kernelize_runner_us"] = per_call_us(lambda: runner(x, y))
+        res["kernelize_static_launcher"] = all(getattr(k, "static", False) for k in runner._kernels)
+    res["kernelize_compiled_graph_us"] = per_call_us(lambda: compiled(x, y))
+    print("overhead", json.dumps(res), flush=True)
+    return res
+
+
+FIRST_CALL = r"""
+import json, sys, time
+t_start = time.perf_counter()
+import torch
+sys.path.insert(0, {here!r})
+from workloads import WORKLOADS
+backend = {backend!r}
+counts = {{"triton_compile": 0}}
+import triton, triton.compiler.compiler as cc
+orig = cc.compile
+def counting(*a, **k):
+    counts["triton_compile"] += 1
+    return orig(*a, **k)
+cc.compile = triton.compile = counting
+model, inputs = WORKLOADS[{name!r}]()
+torch.cuda.synchronize()
+if backend == "eager":
+    fn = model
+elif backend == "inductor":
+    fn = torch.compile(model)
+else:
+    fn = torch.compile(model, backend="kernelize", options={{"target": "cuda", "cache_dir": {cache!r}, "repro_dir": "off"}})
+with torch.no_grad():
+    t0 = time.perf_counter()
+    fn(*inputs)
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+print(json.dumps({{"first_call_s": t1 - t0, "process_s": t1 - t_start, **counts}}))
+"""
+
+
+def phase_firstcall(args, names) -> dict:
+    results = {}
+    for name in names:
+        row = {}
+        for backend, warm in (("eager", False), ("inductor", True), ("kernelize", False)):
+            code = FIRST_CALL.format(here=str(HERE), backend=backend, name=name, cache=str(args.cache_dir))
+            try:
+                if warm:  # an earlier process fills Inductor's on-disk caches
+                    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+                row[f"{backend}_first_call_s"] = round(r["first_call_s"], 3)
+                if backend == "kernelize":
+                    row["kernelize_triton_compiles"] = r["triton_compile"]
+            except Exception as e:
+                row[f"{backend}_error"] = f"{type(e).__name__}: {e}"[:500]
+        print(name, json.dumps(row), flush=True)
+        results[name] = row
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--phases", default="fill,measure,overhead,firstcall")
+    p.add_argument("--workloads", default=None, help="comma-separated names (default: all)")
+    p.add_argument("--budget", type=int, default=6)
+    p.add_argument("--fill-timeout", type=int, default=420)
+    p.add_argument("--resume", action="store_true")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.cache_dir = args.cache_dir or args.out / "kernel_cache"
+    from workloads import WORKLOADS
+    names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    import torch
+    import triton
+    results["env"] = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
+                      "torch": torch.__version__, "triton": triton.__version__}
+    for phase in args.phases.split(","):
+        t0 = time.perf_counter()
+        if phase == "fill":
+            results["fill"] = phase_fill(args, names)
+        elif phase == "measure":
+            results.setdefault("measure", {}).update(phase_measure(args, names))
+        elif phase == "overhead":
+            results["overhead"] = phase_overhead(args)
+        elif phase == "firstcall":
+            results.setdefault("firstcall", {}).update(phase_firstcall(args, names))
+        print(f"== phase {phase}: {time.perf_counter() - t0:.1f}s", flush=True)
+        results_path.write_text(json.dumps(results, indent=1))
+    try:
+        from report import write_report
+        write_report(results, args.out)
+    except Exception as e:
+        print(f"report not written: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

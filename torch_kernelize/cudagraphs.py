@@ -1,0 +1,65 @@
+"""CUDA graphs for lowered inference graphs (option ``cudagraphs``, or mode="reduce-overhead").
+
+Per input signature (shapes, strides, dtypes) the lowered graph is run twice on a side stream
+(warm-up: allocator and first-call work settle), then captured. A replay copies the call's
+inputs into the captured input buffers (skipped for inputs that are the very same tensors, e.g.
+parameters) and returns the captured outputs. As with torch.compile's "reduce-overhead", the
+returned tensors are overwritten by the next call of the same compiled graph: clone what you
+keep. Graphs that are not inference graphs, or whose inputs are not all CUDA tensors, are not
+captured (logged once) and run as they are.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+
+log = logging.getLogger("torch_kernelize.cudagraphs")
+
+
+class _Captured:
+    def __init__(self, run: Callable[[list], Any], args: list):
+        # Inputs are copied into buffers the graph reads; parameters and buffers passed again as
+        # the same tensors are used in place (their copy would be a no-op costing bandwidth).
+        self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter)
+                              else a for a in args]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                run(list(self.static_inputs))
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = run(list(self.static_inputs))
+
+    def replay(self, args: list) -> Any:
+        for dst, src in zip(self.static_inputs, args):
+            if isinstance(src, torch.Tensor) and dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+        self.graph.replay()
+        return self.outputs
+
+
+def _signature(args: Sequence[Any]) -> tuple:
+    return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], kind: str) -> Callable[[list], Any]:
+    if kind != "inference":
+        log.info("cudagraphs: %s graphs run without CUDA graphs (only inference graphs are captured)", kind)
+        return run
+    if not all(isinstance(a, torch.Tensor) and a.is_cuda for a in example_inputs
+               if isinstance(a, torch.Tensor)) or not torch.cuda.is_available():
+        log.info("cudagraphs: inputs are not all CUDA tensors; running without CUDA graphs")
+        return run
+    graphs: dict[tuple, _Captured] = {}
+
+    def replay(args: list) -> Any:
+        key = _signature(args)
+        captured = graphs.get(key)
+        if captured is None:
+            captured = graphs[key] = _Captured(run, list(args))
+        return captured.replay(args)
+    return replay
