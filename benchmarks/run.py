@@ -138,12 +138,11 @@ def phase_overhead(args) -> dict:
     compiled = torch.compile(lambda a, b: a + b, backend="kernelize",
                              options={"target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off"})
     compiled(x, y)
-    from torch_kernelize.runtime import TritonCall
-    import gc
-    calls = [o for o in gc.get_objects() if isinstance(o, TritonCall) and o.spec.op == "aten.add.Tensor"]
+    from torch_kernelize.lower import Session
+    runners = [r for r in Session._runners.values() if r is not None and r.spec.op == "aten.add.Tensor"]
     res["fill_returncode"] = code
-    if calls:
-        runner = calls[0].runner
+    if runners:
+        runner = runners[0]
         res["kernelize_runner_us"] = per_call_us(lambda: runner(x, y))
         res["kernelize_static_launcher"] = all(getattr(k, "static", False) for k in runner._kernels)
     res["kernelize_compiled_graph_us"] = per_call_us(lambda: compiled(x, y))
