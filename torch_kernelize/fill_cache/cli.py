@@ -145,6 +145,14 @@ class FillRun:
                    speedup=timings["speedup"])
         return row
 
+    def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        row = self.process(work, progress)
+        row["seconds"] = round(time.perf_counter() - started, 2)
+        log.info("%s: %s in %.1fs (%d evaluated) %s", work.spec.describe()[:90], row["status"], row["seconds"],
+                 row["evaluated"], row["winner"])
+        return row
+
     def run(self, work: list[Work], quiet: bool = False) -> list[dict[str, Any]]:
         try:
             return self._run(work, quiet)
@@ -171,13 +179,13 @@ class FillRun:
                 deferred.append(w)
                 continue
             try:
-                self.rows.append(self.process(w, bar))
+                self.rows.append(self._timed(w, bar))
             finally:
                 lock.release()
             bar.update(1)
         for w in deferred:
             with self.cache.lock(w.spec.key):
-                row = self.process(w, bar)
+                row = self._timed(w, bar)
                 if row["status"] == "cached":
                     row["status"] = "cached (by another process)"
                 self.rows.append(row)
