@@ -80,6 +80,30 @@ def phase_fill(args, names) -> dict:
             "returncode": [r["returncode"] for r in runs]}
 
 
+def _check_mode(model, inputs, ref, args) -> dict:
+    import logging
+    import torch
+
+    class Collect(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.ERROR)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage()[:400])
+
+    handler = Collect()
+    logging.getLogger("torch_kernelize.runtime").addHandler(handler)
+    try:
+        torch._dynamo.reset()
+        k = torch.compile(model, backend="kernelize", options={"target": "cuda", "cache_dir": str(args.cache_dir),
+                                                                 "repro_dir": "off", "check": True})
+        err = _err(k(*inputs), ref)
+    finally:
+        logging.getLogger("torch_kernelize.runtime").removeHandler(handler)
+    return {"err": err, "disabled": handler.messages[:20]}
+
+
 def phase_measure(args, names) -> dict:
     import torch
     from workloads import WORKLOADS
@@ -110,6 +134,8 @@ def phase_measure(args, names) -> dict:
                         row["nodes_on_triton"] = sum(n["tier"] == "triton" for n in nodes)
                         row["fused_regions"] = sum(g["summary"].get("fused_regions", 0) for g in doc["graphs"])
                         row["graphs"] = len(doc["graphs"])
+                if row["kernelize_err"] > 1e-2:  # which kernels disagree with the vendor? (check mode)
+                    row["check_mode"] = _check_mode(model, inputs, ref, args)
             row["speedup_vs_eager"] = row["eager_ms"] / row["kernelize_ms"]
             row["speedup_vs_inductor"] = row["inductor_ms"] / row["kernelize_ms"]
         except Exception as e:

@@ -46,7 +46,18 @@ def _signature(args: Sequence[Any]) -> tuple:
     return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
 
 
+def _mutates_inputs(gm: torch.fx.GraphModule) -> bool:
+    """A replay would write to the captured copy of an input, not to the caller's tensor."""
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and n.target._schema.is_mutable and n.args and getattr(n.args[0], "op", None) == "placeholder"
+               for n in gm.graph.nodes)
+
+
 def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], kind: str) -> Callable[[list], Any]:
+    plan = getattr(run, "plan", None)
+    if plan is not None and _mutates_inputs(plan.gm):
+        log.info("cudagraphs: this graph writes to its inputs; it runs without CUDA graphs")
+        return run
     if kind != "inference":
         log.info("cudagraphs: %s graphs run without CUDA graphs (only inference graphs are captured)", kind)
         return run

@@ -36,8 +36,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
     dtype = dtype or out.dtype
     if tuple(out.shape) != tuple(ref.shape):
         return Comparison(False, math.inf, math.inf, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
-    out64 = out.detach().to("cpu", torch.float64)
-    ref64 = ref.detach().to("cpu", torch.float64)
+    # Compare where the reference lives (fill_cache keeps large references on the GPU).
+    out64 = out.detach().to(ref.device, torch.float64)
+    ref64 = ref.detach().to(torch.float64)
     if out64.numel() == 0:
         return Comparison(True)
     atol, rtol = tolerance(dtype, op)
@@ -72,12 +73,13 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
     return Comparison(True, max_abs, max_rel, max_err=max_abs / scale)
 
 
-def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec: KernelSpec) -> Comparison:
+def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec: KernelSpec,
+                factor: float = 1.0) -> Comparison:
     if len(outs) != len(refs):
         return Comparison(False, math.inf, math.inf, f"{len(outs)} outputs, reference has {len(refs)}")
     worst = Comparison(True)
     for i, (o, r, m) in enumerate(zip(outs, refs, spec.outputs)):
-        c = compare(o, r, spec.op, m.torch_dtype)
+        c = compare(o, r, spec.op, m.torch_dtype, factor)
         if not c.ok:
             c.reason = f"output {i}: {c.reason}"
             return c
@@ -99,6 +101,7 @@ class ValidationRecord:
     reason: str = ""
     max_err: float = 0.0  # the scaled error compared with atol (see Comparison.max_err)
     reference_device: str = "cpu"
+    vendor_judged: list[str] = dataclasses.field(default_factory=list)  # edge kinds judged against the vendor
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -124,6 +127,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
     trials += [(i, "captured") for i in range(extra_trials)]
     tol = {m.dtype: list(tolerance(m.torch_dtype, spec.op)) for m in spec.outputs}
     worst_abs = worst_rel = worst = 0.0
+    vendor_judged: list[str] = []
     for n, (seed, kind) in enumerate(trials, 1):
         cached = trial_cache.get((seed, kind)) if trial_cache is not None else None
         if cached is None:
@@ -148,9 +152,29 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
             return ValidationRecord(False, list(seeds), [k for _, k in trials], n, math.inf, math.inf, tol,
                                     f"trial {n} ({kind}, seed {seed}) raised {type(e).__name__}: {e}")
         c = compare_all(outs, ref, spec)
+        if not c.ok and kind not in ("random", "captured"):
+            # On edge inputs (near overflow, inf, NaN) the vendor op may itself leave the float64
+            # reference: there the candidate must match what the vendor computes instead.
+            vendor = _vendor_outputs(spec, inputs, trial_cache, (seed, kind))
+            if not compare_all(vendor, ref, spec).ok:
+                c = compare_all(outs, [v.to(torch.float64) if v.is_floating_point() else v for v in vendor],
+                                spec, factor=2.0)
+                if c.ok:
+                    vendor_judged.append(kind)
         if not c.ok:
             return ValidationRecord(False, list(seeds), [k for _, k in trials], n, c.max_abs, c.max_rel, tol,
                                     f"trial {n} ({kind}, seed {seed}): {c.reason}", c.max_err)
         worst_abs, worst_rel, worst = max(worst_abs, c.max_abs), max(worst_rel, c.max_rel), max(worst, c.max_err)
     return ValidationRecord(True, list(seeds), [k for _, k in trials], len(trials), worst_abs, worst_rel, tol,
-                            max_err=worst, reference_device=reference_device)
+                            max_err=worst, reference_device=reference_device, vendor_judged=vendor_judged)
+
+
+def _vendor_outputs(spec: KernelSpec, inputs: Sequence[torch.Tensor], trial_cache: dict | None,
+                    key: tuple) -> tuple[torch.Tensor, ...]:
+    k = ("vendor",) + key
+    if trial_cache is not None and k in trial_cache:
+        return trial_cache[k]
+    out = spec.run_vendor(inputs)
+    if trial_cache is not None:
+        trial_cache[k] = out
+    return out

@@ -37,6 +37,7 @@ from torch_kernelize.options import OPTIONS, default_cache_dir
 log = logging.getLogger("torch_kernelize.fill_cache")
 
 DEFAULT_BUDGET = {"cuda": 12, "interpreter": 2}
+LOOKAHEAD = 3  # specs whose seed candidates are compiled ahead
 INTERPRETER_NOTE = ("interpreter target: timings are not measured (the Triton interpreter's speed means "
                     "nothing); this validated kernel is stored so that the Triton tier can be exercised on CPU")
 
@@ -163,15 +164,18 @@ class FillRun:
         from filelock import Timeout
         from tqdm import tqdm
 
-        # Start compiling every spec's seed candidates now; the searches then mostly load them.
-        for w in work:
-            family = family_for(w.spec)
-            if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
-                self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
+        def prebuild(i: int) -> None:
+            # Compile the seed candidates of the next few specs while this one is measured; not
+            # all at once, or a search's later candidates would queue behind every other spec's.
+            for w in work[i:i + LOOKAHEAD]:
+                family = family_for(w.spec)
+                if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
+                    self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
 
         deferred: list[Work] = []
         bar = tqdm(total=len(work), desc="fill_cache", unit="spec", disable=quiet, file=sys.stderr)
-        for w in work:
+        for i, w in enumerate(work):
+            prebuild(i)
             lock = self.cache.lock(w.spec.key)
             try:
                 lock.acquire(timeout=0)
