@@ -78,6 +78,25 @@ def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_
     return out.squeeze(2) if one_d else out
 
 
+# Ops torch's core decomposition table would break up while tracing, but that vendors run as one
+# fused kernel (flash attention): aot_autograd keeps them whole, and the tier ladder decomposes
+# them (tier 1) only on a target that cannot run them.
+KEEP_WHOLE_AT_TRACE = (
+    aten.scaled_dot_product_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_attention_math.default,
+)
+
+
+def trace_decompositions() -> dict[Any, Callable]:
+    """The table aot_autograd traces with: torch's core ATen decompositions, minus the ops above."""
+    from torch._decomp import core_aten_decompositions
+    table = dict(core_aten_decompositions())
+    for op in KEEP_WHOLE_AT_TRACE:
+        table.pop(op, None)
+    return table
+
+
 def decomposition_for(op: Any) -> Callable | None:
     """torch's decomposition first (it is the maintained one), then ours."""
     return _torch_table.get(op) or OWN_DECOMPOSITIONS.get(op)

@@ -3,7 +3,7 @@
 - structural: not an ATen computation (getitem, SymInt arithmetic, sym_size, asserts); runs as is
   and is not counted in coverage.
 - passthrough: ops the backend must not touch (collectives and their waits, mutations of graph
-  inputs, random ops): they run exactly as given, on the vendor tier, and are never kernels.
+  inputs): they run exactly as given, on the vendor tier, and are never kernels.
 - view: ops that only make a new view of a tensor's storage; nothing to generate.
 - compute: everything else. These are the nodes the tier ladder decides.
 """
@@ -55,11 +55,15 @@ def classify(node: fx.Node) -> tuple[NodeClass, str]:
         return NodeClass.VIEW, "view op: no data to compute"
     if target in _FACTORY:
         return NodeClass.VIEW, "factory op: fills new memory, nothing to generate"
-    if torch.Tag.nondeterministic_seeded in target.tags:
-        return NodeClass.PASSTHROUGH, "random op: run as is, never replaced"
     if target._schema.is_mutable:
         return NodeClass.PASSTHROUGH, "mutating op (input mutation kept by functionalization)"
     return NodeClass.COMPUTE, ""
+
+
+def is_random(target: Any) -> bool:
+    """Ops that draw random numbers (dropout, attention with dropout): never replaced by a
+    cached kernel, whose stream of random numbers could not match."""
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
 
 
 def is_compute(node: fx.Node) -> bool:

@@ -2,7 +2,8 @@
 
     torch.compile(model, backend="kernelize", options={"target": "interpreter"})
 
-Dynamo's FX graph goes through aot_autograd (functional ATen, torch's core decompositions;
+Dynamo's FX graph goes through aot_autograd (functional ATen, torch's core decompositions except
+the fused ops vendors run whole, see lowering.decompositions.KEEP_WHOLE_AT_TRACE;
 inference, forward and backward graphs), and each ATen graph is lowered by ``lower.LoweredGraph``.
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | 
 def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], session: Any,
                          on_lowered: Callable[[Any], None] | None = None):
     """aot_autograd around kernelize's lowering; ``on_lowered`` sees each LoweredGraph (fill_cache)."""
-    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
+
+    from torch_kernelize.lowering.decompositions import trace_decompositions
 
     from torch_kernelize.lower import LoweredGraph
 
@@ -65,7 +67,7 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=core_aten_decompositions(),
+        decompositions=trace_decompositions(),
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)

@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 
 from torch_kernelize.lowering.decompositions import NotDecomposable, decompose_node, decomposition_for
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.lowering.op_classes import NodeClass, classify
+from torch_kernelize.lowering.op_classes import NodeClass, classify, is_random
 from torch_kernelize.lowering.targets import Target, op_name
 from torch_kernelize.shapes import concrete_value
 from torch_kernelize.spec import KernelSpec
@@ -96,11 +96,13 @@ class GraphPlan:
             spec_problem = f"no KernelSpec: {e}"
         else:
             spec_problem = "data-dependent shape: no fixed KernelSpec" if spec is None else ""
-        family = family_for(spec) if spec is not None else None
+        family = family_for(spec) if spec is not None and not is_random(f.node.target) else None
         common = dict(spec_key=spec.key if spec else None, shapes=spec.describe() if spec else None,
                       family=family.name if family else None, spec=spec)
         if not self.target.has_triton:
             rejected["triton"] = f"target {self.target.name!r} has no Triton backend"
+        elif is_random(f.node.target):
+            rejected["triton"] = "random op: never replaced by a cached kernel"
         elif spec is None:
             rejected["triton"] = spec_problem
         else:

@@ -26,12 +26,12 @@ body otherwise: correct for any pointer, but both bodies are compiled (code size
 
 Epilogue (regions): node 0 is the matmul; the following nodes are pointwise ops on tensors of its
 shape (elementwise.OPS gives each node's expression). They run on the fp32 accumulator tile in
-registers, node by node as the graph says: every node computes in fp32 (ATen's opmath for
-fp16/bf16), and an explicit cast (_to_copy/clone to fp16/bf16) rounds the value
+registers, node by node as the graph says: the matmul's own fp16/bf16 output is rounded to that
+type first (as a vendor GEMM stores it: what follows reads exactly eager's values, which keeps
+discrete decisions such as an MoE router's top-k the same), every later node computes in fp32
+(ATen's opmath), and an explicit cast (_to_copy/clone to fp16/bf16) rounds the value
 (``.to(tl.float16).to(tl.float32)``) before later nodes read it. Other intermediates stay fp32, as
-in the float64 reference (which rounds only at those casts) and in Inductor: eager, which stores
-every fp16 intermediate, can overflow where the fused kernel does not (a large fp16 mm output
-before silu) and is otherwise within a rounding of it. Extra region inputs (a bias [N], a residual
+in Inductor's fused pointwise code. Extra region inputs (a bias [N], a residual
 [M, N], a scalar) are loaded once per tile, broadcast by their strides. Every region output is
 stored (rounded once) with its own dtype and strides.
 """
@@ -663,6 +663,12 @@ class _Gen:
                 s(f"acc = acc{alpha} + {bias}{beta}  # addmm: beta * self + alpha * (mat1 @ mat2)")
             elif alpha:
                 s(f"acc = acc{alpha}  # addmm with beta == 0: self is ignored")
+        if nodes and p.dtype in HALF:
+            # The graph's matmul node produces fp16/bf16: its epilogue reads rounded values, as eager
+            # and a vendor GEMM followed by separate kernels do. (Keeping the fp32 accumulator would be
+            # closer to the float64 reference, but can flip discrete decisions downstream, e.g. an
+            # MoE router's top-k on near-tied logits.)
+            s(f"acc = acc.to({HALF[p.dtype]}).to(tl.float32)  # the matmul's {p.dtype} output")
         self.values = {0: v0}
         for j in sorted(nodes):
             self.emit_node(nodes[j], users)
