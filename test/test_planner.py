@@ -84,3 +84,31 @@ def test_view_and_factory_ops_are_not_kernel_candidates():
                                                               "aten.ones.default", "aten.t.default")]
     assert views and all(d.tier == "vendor" and not d.miss and ("view op" in d.reason or "factory" in d.reason)
                          for d in views)
+
+
+def test_attention_stays_whole_and_decomposes_only_where_the_target_lacks_it():
+    q = torch.randn(2, 4, 16, 8)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+
+    from torch_kernelize.lowering.decompositions import trace_decompositions
+    gm = make_fx(f, tracing_mode="fake", decomposition_table=trace_decompositions())(q, q, q)
+    ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops  # not the math decomposition
+    lowered = lower(gm, [q, q, q], {"repro_dir": "off"}, target=_chip())
+    assert _by_op(lowered)["aten._scaled_dot_product_flash_attention_for_cpu.default"][0].tier == "vendor"
+    chip = _chip("aten._scaled_dot_product_flash_attention_for_cpu")
+    lowered = lower(make_fx(f, tracing_mode="fake", decomposition_table=trace_decompositions())(q, q, q),
+                    [q, q, q], {"repro_dir": "off"}, target=chip)
+    assert _by_op(lowered)["aten._scaled_dot_product_flash_attention_for_cpu.default"][0].tier == "decompose"
+    torch.testing.assert_close(lowered([q, q, q])[0] if isinstance(lowered([q, q, q]), tuple) else lowered([q, q, q]),
+                               f(q, q, q), rtol=1e-4, atol=1e-5)
+
+
+def test_random_ops_never_take_a_cached_kernel():
+    x = torch.randn(4, 8)
+    lowered = _lower(lambda t: torch.ops.aten.native_dropout.default(t, 0.5, True)[0] + 1, (x,),
+                     _chip(triton="interpreter"))
+    drop = _by_op(lowered)["aten.native_dropout.default"][0]
+    assert drop.tier == "vendor" and "random op" in drop.rejected["triton"] and not drop.miss

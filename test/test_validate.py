@@ -1,0 +1,87 @@
+"""Validation rules: tolerances, NaN/inf handling, poisoned outputs, edge trials the vendor misses."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torch_kernelize.spec import KernelSpec
+from torch_kernelize.validate import compare, validate
+
+aten = torch.ops.aten
+
+
+def _spec(op, *args):
+    return KernelSpec.from_call(op, list(args), {}, op(*args))
+
+
+def test_nan_only_where_the_reference_has_nan():
+    ref = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)
+    assert compare(torch.tensor([1.0, float("nan"), 3.0]), ref).ok
+    assert not compare(torch.tensor([1.0, 2.0, 3.0]), ref).ok
+    bad = compare(torch.tensor([float("nan"), float("nan"), 3.0]), ref)
+    assert not bad.ok and "unexpected NaN" in bad.reason
+
+
+def test_infinities_must_match_with_their_sign():
+    ref = torch.tensor([math.inf, -1.0], dtype=torch.float64)
+    assert compare(torch.tensor([math.inf, -1.0]), ref).ok
+    assert not compare(torch.tensor([-math.inf, -1.0]), ref).ok
+
+
+def test_tolerance_by_dtype_and_scale():
+    ref = torch.tensor([1000.0, 1.0], dtype=torch.float64)
+    assert compare(torch.tensor([1000.0, 1.05], dtype=torch.float16), ref).ok  # atol scales with max|ref|
+    assert compare(torch.tensor([1000.0, 1.05], dtype=torch.float32), ref).ok  # 0.05 < 1e-4 * 1000
+    assert not compare(torch.tensor([1000.0, 1.5], dtype=torch.float32), ref).ok
+
+
+def test_an_unwritten_output_fails_through_the_poison():
+    x = torch.randn(8)
+    spec = _spec(aten.relu.default, x)
+
+    def lazy(inputs):  # writes only half of its (poisoned) output
+        out = torch.full((8,), float("nan"))
+        out[:4] = inputs[0][:4].relu()
+        return (out,)
+
+    rec = validate(lazy, spec, lambda s, seed, kind, dev: [torch.randn(8, generator=torch.Generator().manual_seed(seed))])
+    assert not rec.ok and "unexpected NaN" in rec.reason
+
+
+def test_edge_trials_the_vendor_also_misses_are_judged_against_the_vendor():
+    import dataclasses
+
+    x = torch.randn(64, dtype=torch.float16)
+    base = _spec(aten.tanh.default, x)
+
+    @dataclasses.dataclass(frozen=True)
+    class Spec(KernelSpec):
+        def reference(self, tensors, device="cpu"):
+            # a float64 reference that, on the edge trial only, no fp16 computation reaches
+            ref = super().reference(tensors, device)
+            return tuple(r + 1.0 for r in ref) if tensors[0].abs().max() > 100 else ref
+
+    spec = Spec(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+
+    def sample(s, seed, kind, dev):
+        g = torch.Generator().manual_seed(seed)
+        return [(torch.randn(64, generator=g) * (1e3 if kind == "large" else 1.0)).half()]
+
+    def like_vendor(inputs):
+        return (torch.tanh(inputs[0]),)
+
+    rec = validate(like_vendor, spec, sample, edge_kinds=("large",))
+    assert rec.ok and rec.vendor_judged == ["large"], rec
+
+    def off_on_large(inputs):  # right on normal trials, but not what the vendor does on the edge trial
+        out = like_vendor(inputs)[0]
+        return (out * 0.5 if inputs[0].abs().max() > 100 else out,)
+
+    rec = validate(off_on_large, spec, sample, edge_kinds=("large",))
+    assert not rec.ok and "large" in rec.reason
+
+    def off_on_random(inputs):  # random trials are always judged against the reference
+        return (like_vendor(inputs)[0] + 0.1,)
+
+    assert not validate(off_on_random, spec, sample, edge_kinds=("large",)).ok
