@@ -179,7 +179,7 @@ class ReproWriter:
         try:
             if write_repro(self.folder_for(spec), spec, inputs, target, kind, self.options.cache_dir,
                            {"decision": decision.to_json()}):
-                log.info("wrote %s repro for %s to %s", kind, spec.describe(), self.folder_for(spec))
+                log.debug("wrote %s repro for %s to %s", kind, spec.describe(), self.folder_for(spec))
         except Exception:
             log.exception("could not write the repro for %s", spec.describe())
 
