@@ -68,6 +68,16 @@ class KernelFamily:
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
         raise NotImplementedError
 
+    def checked_plan(self, spec: KernelSpec, config: Config) -> Any:
+        """For families that analyse a spec with ``_plan(spec) -> plan | reason`` and check configs
+        with ``_valid(plan, config)``: the plan, or a ValueError that says why not."""
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            raise ValueError(f"{spec.describe()}: {plan}")
+        if not self._valid(plan, config):
+            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        return plan
+
     def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
         """Configs one step away from ``config`` (the search expands the best ones)."""
         return []

@@ -166,11 +166,7 @@ class HistcFamily(KernelFamily):
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(f"{spec.describe()}: {plan}")
-        if not self._valid(plan, config):
-            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        plan = self.checked_plan(spec, config)
         block, iters, warps = int(config["BLOCK"]), int(config["ITERS"]), int(config["num_warps"])
         local = config["VARIANT"] == "local"
         bins, dtype, n = plan["bins"], plan["dtype"], plan["N"]

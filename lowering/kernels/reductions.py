@@ -238,11 +238,7 @@ class ReductionFamily(KernelFamily):
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(f"{spec.describe()}: {plan}")
-        if not self._valid(plan, config):
-            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        plan = self.checked_plan(spec, config)
         gen = _Gen(spec, plan, config)
         return gen.program()
 

@@ -128,11 +128,7 @@ class CumsumFamily(KernelFamily):
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(f"{spec.describe()}: {plan}")
-        if not self._valid(plan, config):
-            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        plan = self.checked_plan(spec, config)
         p = plan
         bm, bn, warps = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["num_warps"])
         chunk = -(-p.N // int(config["SPLIT"]))

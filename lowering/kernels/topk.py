@@ -133,11 +133,7 @@ class TopkFamily(KernelFamily):
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(f"{spec.describe()}: {plan}")
-        if not self._valid(plan, config):
-            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        plan = self.checked_plan(spec, config)
         p = plan
         bm, warps, variant = int(config["BLOCK_M"]), int(config["num_warps"]), config["VARIANT"]
         bn, kp = _p2(p.N), _p2(p.k)
