@@ -262,3 +262,14 @@ def describe_spec(spec: KernelSpec) -> str:
 
 def clip_pow2(v: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, v))
+
+
+def non_overlapping(m: TensorMeta) -> bool:
+    """No two elements of ``m`` share memory (an output must be writable element by element)."""
+    dims = sorted((st, s) for s, st in zip(m.shape, m.stride) if s > 1)
+    reach = 1
+    for st, s in dims:
+        if st < reach:
+            return False
+        reach = st * s
+    return True

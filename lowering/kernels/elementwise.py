@@ -301,7 +301,7 @@ class ElementwiseFamily(KernelFamily):
             return "input and output devices differ"
         if math.prod(out.shape) == 0:
             return "empty output: nothing to compute"
-        if not _non_overlapping(out):
+        if not cg.non_overlapping(out):
             return "output strides overlap (some elements share memory)"
         for o in operands:
             if o.tensor is not None:
@@ -495,15 +495,6 @@ def _restrict(t: torch.Tensor, meta: TensorMeta, fn) -> None:
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
-
-def _non_overlapping(m: TensorMeta) -> bool:
-    dims = sorted((st, s) for s, st in zip(m.shape, m.stride) if s > 1)
-    reach = 1
-    for st, s in dims:
-        if st < reach:
-            return False
-        reach = st * s
-    return True
 
 
 FAMILY = ElementwiseFamily()

@@ -160,15 +160,6 @@ def _bind(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def _non_overlapping(m: TensorMeta) -> bool:
-    dims = sorted((st, s) for s, st in zip(m.shape, m.stride) if s > 1)
-    reach = 1
-    for st, s in dims:
-        if st < reach:
-            return False
-        reach = st * s
-    return True
-
 
 def _last_dim(dims: Any, ndim: int) -> bool:
     if isinstance(dims, int) and not isinstance(dims, bool):
@@ -230,7 +221,7 @@ class _Analysis:
             nm = self.nodes[i].meta
             if tuple(nm.shape) != tuple(m.shape) or nm.dtype != m.dtype:
                 return f"output meta {m.short()} does not match node {i}"
-            if not _non_overlapping(m):
+            if not cg.non_overlapping(m):
                 return "output strides overlap (some elements share memory)"
         return self.rowwise(out_nodes) if kind == "rowwise" else self.pointwise(out_nodes)
 

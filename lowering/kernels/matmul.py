@@ -119,15 +119,6 @@ def _ref(v: Any) -> tuple[str, int] | None:
     return None
 
 
-def _non_overlapping(m: TensorMeta) -> bool:
-    dims = sorted((st, s) for s, st in zip(m.shape, m.stride) if s > 1)
-    reach = 1
-    for st, s in dims:
-        if st < reach:
-            return False
-        reach = st * s
-    return True
-
 
 def _pad3(strides: tuple[int, ...]) -> tuple[int, int, int]:
     return (0,) * (3 - len(strides)) + tuple(strides)
@@ -241,7 +232,7 @@ class MatmulFamily(KernelFamily):
             m = spec.outputs[o]
             if tuple(m.shape) != out_shape or m.dtype != held[j]:
                 return f"output {o} {m.short()} is not node {j}'s value ({held[j]} {list(out_shape)})"
-            if not _non_overlapping(m):
+            if not cg.non_overlapping(m):
                 return f"output {o} strides overlap (some elements share memory)"
         return _Plan(op0, dtype, B, M, N, K, a_i, _pad3(am.stride), b_i, _pad3(bm_.stride), bias, beta, alpha,
                      epi, outputs, tile_inputs, helpers, spec.graph is not None)
