@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -31,7 +30,6 @@ def bench(fn, warmup=50, rep=300) -> float:
 
 
 def _err(out, ref) -> float:
-    import torch
     outs = out if isinstance(out, (tuple, list)) else (out,)
     refs = ref if isinstance(ref, (tuple, list)) else (ref,)
     worst = 0.0

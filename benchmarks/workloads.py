@@ -2,7 +2,6 @@
 on CUDA, and is also a fill_cache --model target (benchmarks/workloads.py:make_conv1d)."""
 from __future__ import annotations
 
-import math
 import os
 
 import torch

@@ -63,7 +63,7 @@ def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_
     if one_d:  # treat (N, C, L) as (N, C, 1, L)
         x, weight = x.unsqueeze(2), weight.unsqueeze(2)
         stride, padding, dilation = [1, stride[0]], [0, padding[0]], [1, dilation[0]]
-    n, cin = x.shape[0], x.shape[1]
+    n = x.shape[0]
     cout, cin_g, kh, kw = weight.shape
     cols = torch.nn.functional.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)
     oh = (x.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1

@@ -3,7 +3,6 @@ SIGKILL + resume, concurrent runs, corrupted entries, and no compilation on the 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -122,7 +121,7 @@ def test_two_concurrent_runs_leave_a_valid_cache(tmp_path):
     from torch_kernelize.lowering.targets import get_target
     kc = KernelCache.for_target(cache, get_target("interpreter"))
     assert kc.check_integrity() == []
-    assert len(kc.keys()) >= 3  # a fused region (sigmoid, mul, softmax), its fallback nodes, histc
+    assert len(kc.keys()) >= 2  # the fused region (sigmoid, mul, softmax) and histc, + nodes searched before it
     # each spec was searched once: the other process found it stored
     statuses = [r["status"] for f in cache.glob("*/runs/*.json") for r in json.loads(f.read_text())["specs"]]
     assert statuses.count("stored") == len(kc.keys())

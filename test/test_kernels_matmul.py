@@ -317,7 +317,6 @@ def test_sm90_compile(tmp_path):
 def gpu_bench(out: str | None = None) -> list[dict]:
     """Median time of every seed config against eager (cuBLAS) on a few real shapes. Needs CUDA;
     launches through Triton's JIT (kernel_testing.jit_runner). ``python test/test_kernels_matmul.py [out.json]``"""
-    import sys
     import tempfile
     from pathlib import Path
 

@@ -10,7 +10,6 @@ import torch
 
 from kernel_testing import assert_valid, compare_eager, compile_sm90, load, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.topk import FAMILY
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN/inf edge values

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from conftest import REPO, last_json, run_python, write_target
 sys.path.insert(0, str(REPO / "test"))

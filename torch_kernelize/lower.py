@@ -9,7 +9,6 @@ import dataclasses
 import itertools
 import logging
 import threading
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch

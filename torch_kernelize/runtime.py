@@ -7,14 +7,16 @@ fallback) and the bound graph is compiled to Python code by FX. The hot path is 
 """
 from __future__ import annotations
 
+import heapq
 import logging
+import operator
 import threading
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
+from torch.utils import _pytree as pytree
 
-from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.planner import Decision, GraphPlan, tensor_input_nodes
 from torch_kernelize.launch import MisalignedInput
 from torch_kernelize.spec import KernelSpec
@@ -154,7 +156,6 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
 def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
           launcher: Callable) -> dict[fx.Node, fx.Node]:
     """Replace ``nodes`` by one call of ``launcher(*inputs)``; return {old output: new value}."""
-    import operator
     with graph.inserting_after(nodes[-1]):
         call = graph.call_function(launcher, tuple(inputs))
     replacements = {}
@@ -174,7 +175,6 @@ def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs:
 def _stable_toposort(graph: fx.Graph) -> None:
     """Reorder nodes topologically, keeping the existing order wherever it is already valid
     (a fused call sits at its last member's place; early readers of its outputs move after it)."""
-    import heapq
     nodes = list(graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     pending = {n: len(set(n.all_input_nodes)) for n in nodes}
@@ -208,7 +208,6 @@ class CapturingInterpreter(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         if n.name in self.inputs_of:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            from torch.utils import _pytree as pytree
             flat, _ = pytree.tree_flatten((list(args), dict(kwargs)))
             self.captured[n.name] = [t.detach().to("cpu", copy=True) for t in flat if isinstance(t, torch.Tensor)]
         result = super().run_node(n)

@@ -251,11 +251,11 @@ class HistcFamily(KernelFamily):
               "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0, mx.to(tl.float64))",
               f"lo = {_round_expr('lo64.to(tl.float32)', dtype)}",
               f"hi = {_round_expr('hi64.to(tl.float32)', dtype)}",
-              f"# where ATen raises (NaN or inf in the data) the range is made empty: nothing counts",
+              "# where ATen raises (NaN or inf in the data) the range is made empty: nothing counts",
               f"valid = (tl.load(range_ptr + 2) == 0.0) & (lo > -{cg.float_literal(math.inf)}) & (hi < {cg.float_literal(math.inf)})",
               f"lo = tl.where(valid, lo, {cg.float_literal(math.inf)})",
               f"hi = tl.where(valid, hi, -{cg.float_literal(math.inf)})")
-            width = f"_round_bf16(hi - lo)" if dtype == "bfloat16" else f"(hi - lo).to({T}).to(tl.float32)" if half else "hi - lo"
+            width = "_round_bf16(hi - lo)" if dtype == "bfloat16" else f"(hi - lo).to({T}).to(tl.float32)" if half else "hi - lo"
             s(f"width = {width}")
             lo_e, hi_e, width_e = "lo", "hi", "width"
         else:

@@ -37,7 +37,7 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.spec import KernelSpec
 
 OPS = {
     "aten.index.Tensor": "index",

@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
-
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch

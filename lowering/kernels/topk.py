@@ -26,7 +26,7 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.spec import KernelSpec
 
 MAX_K = 64
 MAX_N = 16384

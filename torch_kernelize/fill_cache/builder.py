@@ -13,7 +13,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.lowering.targets import Target
