@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torch_kernelize.examples import RMSNorm  # the same module the tests and the demo use
+
 DEV = os.environ.get("KERNELIZE_BENCH_DEVICE", "cuda")  # "cpu" for a dry run of the planning
 
 
@@ -47,16 +49,6 @@ def make_histc_fixed():
 def make_histc_data():
     _seed()
     return HistcData().eval(), (torch.randn(1 << 24, device=DEV),)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
-
-    def forward(self, x):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
 def make_rmsnorm():
