@@ -92,9 +92,8 @@ class Session:
 
 
 class LoweredGraph:
-    """The callable aot_autograd gets back (boxed calling convention: one list of arguments)."""
-
-    _boxed_call = True
+    """The executable of one ATen graph; called with one list of arguments (aot_autograd's boxed
+    convention; backend.py marks its wrapper as such)."""
 
     def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], session: Session, kind: str,
                  name: str | None = None):
