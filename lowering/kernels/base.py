@@ -128,6 +128,14 @@ def sample_tensor(meta: TensorMeta, g: torch.Generator, kind: str = "random",
         meta.shape, meta.stride, dtype=dtype)
 
 
+def doubled_and_halved(config: Config, keys: Sequence[str]) -> list[Config]:
+    """The configs one power-of-two step away in each of ``keys`` (halving stops at 1)."""
+    out = []
+    for k in keys:
+        out += [config.replace(**{k: config[k] * 2}), config.replace(**{k: max(1, config[k] // 2)})]
+    return out
+
+
 def pow2_between(lo: int, hi: int) -> Iterable[int]:
     v = 1
     while v < lo:

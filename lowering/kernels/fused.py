@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, next_pow2, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.lowering.targets import resolve_op
@@ -992,9 +992,7 @@ def rowwise_seeds(plan: _Plan) -> list[Config]:
 
 
 def rowwise_neighbours(plan: _Plan, c: Config) -> list[Config]:
-    cands = []
-    for k in ("BLOCK_M", "BLOCK_N", "num_warps"):
-        cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: max(1, c[k] // 2)})]
+    cands = doubled_and_halved(c, ("BLOCK_M", "BLOCK_N", "num_warps"))
     cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1),
               c.replace(ALIGN=not c.get("ALIGN", False)), c.replace(EVICT=not c.get("EVICT", False)),
               c.replace(BLOCK_M=c["BLOCK_M"] * 2, num_warps=c["num_warps"] * 2)]

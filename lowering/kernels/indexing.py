@@ -35,7 +35,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -270,9 +270,7 @@ class IndexingFamily(KernelFamily):
             return []
         c = config
         keys = ("BLOCK_R", "BLOCK_D", "num_warps") if plan.rows else ("BLOCK", "num_warps")
-        cands = []
-        for k in keys:
-            cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: max(1, c[k] // 2)})]
+        cands = doubled_and_halved(c, keys)
         if "VARIANT" in dict(c.params):
             cands.append(c.replace(VARIANT="fp32" if c["VARIANT"] == "direct" else "direct"))
         return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])

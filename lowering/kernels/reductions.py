@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -228,9 +228,7 @@ class ReductionFamily(KernelFamily):
         if isinstance(plan, str):
             return []
         c = config
-        cands = []
-        for k in ("BLOCK_M", "BLOCK_R", "SPLIT", "num_warps"):
-            cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: max(1, c[k] // 2)})]
+        cands = doubled_and_halved(c, ("BLOCK_M", "BLOCK_R", "SPLIT", "num_warps"))
         cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
         # growing BLOCK_R into a single pass drops the stages, which only apply to a loop
         cands += [x.replace(num_stages=1) for x in list(cands) if x["BLOCK_R"] >= plan.R and x["SPLIT"] == 1]

@@ -17,7 +17,7 @@ import dataclasses
 import math
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -119,9 +119,7 @@ class CumsumFamily(KernelFamily):
         if isinstance(plan, str):
             return []
         c = config
-        cands = []
-        for k in ("BLOCK_M", "BLOCK_N", "SPLIT", "num_warps"):
-            cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: max(1, c[k] // 2)})]
+        cands = doubled_and_halved(c, ("BLOCK_M", "BLOCK_N", "SPLIT", "num_warps"))
         return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
 
     # --- generation ---------------------------------------------------------------------------
