@@ -85,3 +85,41 @@ def test_edge_trials_the_vendor_also_misses_are_judged_against_the_vendor():
         return (like_vendor(inputs)[0] + 0.1,)
 
     assert not validate(off_on_random, spec, sample, edge_kinds=("large",)).ok
+
+
+def test_either_rounding_at_the_overflow_threshold_is_right():
+    # 65530 rounds to inf in fp16 while an fp32 sum in another order may give 65500 -> 65504.
+    ref = torch.tensor([65530.0, -65530.0, 65500.0, 1e6], dtype=torch.float64)
+    h = torch.float16
+    assert compare(torch.tensor([65504.0, -65504.0, 65504.0, math.inf], dtype=h), ref).ok
+    assert compare(torch.tensor([math.inf, -math.inf, math.inf, math.inf], dtype=h), ref).ok
+    assert not compare(torch.tensor([-math.inf, -65504.0, 65504.0, math.inf], dtype=h), ref).ok  # sign
+    assert not compare(torch.tensor([65504.0, -65504.0, 65504.0, 65504.0], dtype=h), ref).ok  # far over
+    assert not compare(torch.tensor([60000.0, -65504.0, 65504.0, math.inf], dtype=h), ref).ok  # too far
+
+
+def test_factor_widens_both_tolerances():
+    ref = torch.tensor([1.0], dtype=torch.float64)
+    out = torch.tensor([1.0 + 1.5e-4])  # fp32: atol 1e-4 + rtol 1e-4 -> 2e-4 at 1.0
+    assert compare(out, ref).ok
+    out = torch.tensor([1.0 + 3e-4])
+    assert not compare(out, ref).ok and compare(out, ref, factor=2.0).ok
+
+
+def test_a_region_is_judged_by_the_values_it_rounds():
+    # mm in fp16 read back as fp32: the fp32 output carries the fp16 matmul's rounding.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from lowering.regions import find_regions, region_spec
+    from lowering.targets import get_target
+    from torch_kernelize.validate import compare_all
+
+    a, b = torch.randn(64, 128, dtype=torch.half), torch.randn(128, 16, dtype=torch.half)
+    gm = make_fx(lambda a, b: aten._to_copy.default(aten.mm.default(a, b), dtype=torch.float32))(a, b)
+    regions = [r for r in find_regions(gm, get_target("interpreter")) if any(n.target == aten.mm.default for n in r.nodes)]
+    assert regions, "mm -> float should form one region"
+    spec = region_spec(regions[0], {})
+    ref = spec.reference([a, b])
+    eager = gm(a, b)  # what a correct kernel computes: the fp16 product, widened
+    assert compare_all([eager], ref, spec).ok
+    assert not compare(eager, ref[0], "region", torch.float32).ok  # judged as plain fp32, it would fail

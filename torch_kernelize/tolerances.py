@@ -34,3 +34,15 @@ def tolerance(dtype: torch.dtype, op: str | None = None) -> tuple[float, float]:
     atol, rtol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
     f = OP_FACTORS.get(op or "", 1.0)
     return atol * f, rtol * f
+
+
+def region_tolerance(dtypes: "list[torch.dtype]", ops: "list[str]") -> tuple[float, float]:
+    """(atol, rtol) for the output of a fused region: the loosest tolerance of any value the
+    region rounds on the way (an fp16 matmul read back as fp32 carries fp16's error) times the
+    largest per-op factor among its nodes."""
+    floats = [d for d in dtypes if d.is_floating_point]
+    if not floats:
+        return 0.0, 0.0
+    atol, rtol = max((TOLERANCES.get(d, TOLERANCES[torch.float32]) for d in floats), key=lambda t: t[0])
+    f = max([OP_FACTORS.get(op, 1.0) for op in ops] or [1.0])
+    return atol * f, rtol * f
