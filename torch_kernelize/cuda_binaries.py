@@ -70,13 +70,14 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
 
 
 class CudaLaunch:
-    """One stored kernel, loaded into the driver; call with (grid, stream, full argument list)."""
+    """One stored kernel, loaded into the driver; call with (grid, stream, arguments), where the
+    arguments leave out the positions in ``dropped`` (constexprs the static launcher does not take)."""
 
     def __init__(self, compiled: Any, cubin_path: Path, constexpr_positions: Sequence[int]):
         import torch
 
         self.name = compiled.name
-        self._constexpr = set(constexpr_positions)
+        self.dropped: frozenset[int] = frozenset()
         self._static = None
         try:
             from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
@@ -84,6 +85,8 @@ class CudaLaunch:
             static = StaticallyLaunchedCudaKernel(compiled)
             static.load_kernel(torch.cuda.current_device())
             self._static = static
+            self._run = static.run
+            self.dropped = frozenset(constexpr_positions)
         except Exception as e:  # not every kernel/torch version takes the static path
             log.debug("static launcher refused %s (%s); using Triton's launcher", self.name, e)
             self._run = compiled.run  # builds Triton's launcher for the stored binary (no Triton compile)
@@ -96,8 +99,7 @@ class CudaLaunch:
 
     def __call__(self, grid: tuple[int, int, int], stream: int, args: Sequence[Any]) -> None:
         if self._static is not None:
-            self._static.run(grid[0], grid[1], grid[2], stream,
-                             *[a for i, a in enumerate(args) if i not in self._constexpr])
+            self._run(grid[0], grid[1], grid[2], stream, *args)
         else:
             self._run(grid[0], grid[1], grid[2], stream, self._function, self._packed, None, None, None, *args)
 

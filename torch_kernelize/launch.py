@@ -91,6 +91,14 @@ def _interpret_nested_jit_calls() -> None:
     JITFunction.__call__ = call
 
 
+def _raw_stream(device: torch.device) -> int:
+    """The current CUDA stream's handle; torch's raw accessor where it has one (a cheap call)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 class ProgramRunner:
     """A loaded program for one spec: call it with the spec's input tensors."""
 
@@ -104,6 +112,12 @@ class ProgramRunner:
         names = [program.kernel_arg_names(l.kernel) for l in program.launches]
         # Pre-resolve each launch's argument list into (kind, value) pairs plus constexpr order.
         self._plans = [self._plan(l, n) for l, n in zip(program.launches, names)]
+        # The hot path's view of the same: outputs to allocate, and (for CUDA) each launch's
+        # argument order with the constants its launcher does not take already dropped.
+        self._out_allocs = [(m, program.init_of(i)) for i, m in enumerate(spec.outputs)]
+        if backend == "cuda":
+            self._cuda_plans = [(k, [a for j, a in enumerate(order) if j not in k.dropped], grid)
+                                for k, (_, order, grid) in zip(self._kernels, self._plans)]
 
     def _plan(self, launch: Launch, names: list[str]):
         runtime = [n for n in names if n not in launch.constexprs]
@@ -115,9 +129,8 @@ class ProgramRunner:
 
     def allocate(self, device: torch.device, poison: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         outs = []
-        for i, m in enumerate(self._out_metas):
+        for m, init in self._out_allocs:
             t = torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device=device)
-            init = self.program.init_of(i)
             if init is not None:
                 t.fill_(init)
             elif poison:
@@ -136,10 +149,11 @@ class ProgramRunner:
     def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
         bufs = {"in": inputs, "out": outs, "tmp": temps}
         if self.backend == "cuda":
-            if any(t.data_ptr() % 16 for t in inputs):
-                raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
-            stream = torch.cuda.current_stream(inputs[0].device if inputs else None).cuda_stream
-            for kernel, (launch, order, grid) in zip(self._kernels, self._plans):
+            for t in inputs:
+                if t.data_ptr() % 16:
+                    raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
+            stream = _raw_stream(inputs[0].device if inputs else torch.device("cuda"))
+            for kernel, order, grid in self._cuda_plans:
                 kernel(grid, stream, [bufs[k][v] if k in bufs else v for k, v in order])
             return
         for kernel, (launch, order, grid) in zip(self._kernels, self._plans):
