@@ -333,3 +333,37 @@ def test_plan_levels():
     assert plan.passes == 3 and plan.N == 48 and plan.M == 5
     assert [n.shape for n in plan.nodes if n.role == "reduce"] == ["row", "row"]
     assert [t.cls for t in plan.inputs] == ["full", "col", "col"]
+
+
+def rope_gqa_k(kv, cos, sin):
+    """RoPE on k of a GQA layer (benchmarks/workloads.py DecoderLayer/Rope, scaled down: 2 kv heads
+    of 16): k is a select of a permute of the packed kv projection, a view with gaps (v between)."""
+    b, s, _ = kv.shape
+    k, v = kv.view(b, s, 2, 2, 16).permute(2, 0, 3, 1, 4)
+    c, sn = cos[:s].to(k.dtype), sin[:s].to(k.dtype)
+    k1, k2 = k.chunk(2, -1)
+    return k * c + torch.cat([-k2, k1], -1) * sn, v
+
+
+def test_rope_over_gqa_k_view(tmp_path):
+    """Regression (fill_cache on an H200, Llama k RoPE: no correct candidate, ~93% of elements wrong).
+
+    The kernel was right; its validation inputs were not: sample_inputs moved them to the GPU with
+    Tensor.to, which keeps strides only for dense tensors, so k arrived contiguous while the kernel
+    bakes in k's spec strides. The interpreter runs on the CPU, where that move is a no-op: the
+    "meta" device stands in for the GPU here."""
+    b, s, kvh, hd = 2, 16, 2, 16
+    t = torch.arange(32.0)[:, None] * (1.0 / 10000 ** (torch.arange(0, hd, 2) / hd))
+    emb = torch.cat([t, t], -1)
+    spec = one_region(rope_gqa_k, torch.randn(b, s, 2 * kvh * hd, dtype=F16), emb.cos(), emb.sin(), kind="pointwise")
+    k_stride = (s * 2 * kvh * hd, hd, 2 * kvh * hd, 1)
+    assert spec.inputs[0].stride == k_stride and spec.outputs[0].stride == (s * kvh * hd, hd, kvh * hd, 1)
+    assert_valid(FAMILY, spec, tmp_path, seeds=(0, 1))
+    for kind in ("random", "special"):
+        moved = FAMILY.sample_inputs(spec, 0, kind, "meta")
+        assert [x.stride() for x in moved] == [m.stride for m in spec.inputs], kind
+    # captured inputs (repros) go through the same move: v's storage offset is kept too
+    from torch_kernelize.lowering.kernels.base import to_device
+    v = torch.randn(b, s, 2, kvh, hd).permute(2, 0, 3, 1, 4)[1]
+    on_meta = to_device(v, "meta")
+    assert (on_meta.stride(), on_meta.storage_offset()) == (v.stride(), v.storage_offset())

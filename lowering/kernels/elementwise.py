@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, to_device, unique
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -479,7 +479,7 @@ class ElementwiseFamily(KernelFamily):
                     _restrict(t, m, lambda f: f.abs())
             else:
                 t = sample_tensor(m, g, kind)
-            tensors.append(t.to(device))
+            tensors.append(to_device(t, device))
         return tensors
 
 

@@ -33,7 +33,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, to_device, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -334,11 +334,11 @@ class HistcFamily(KernelFamily):
         m = spec.inputs[0]
         x = sample_tensor(m, g, kind)
         if isinstance(plan, str) or not m.numel:
-            return [x.to(device)]
+            return [to_device(x, device)]
         span = 1 + sum((n - 1) * st for n, st in zip(m.shape, m.stride))
         flat = torch.as_strided(x, (span,), (1,), x.storage_offset())
         flat.copy_(_unambiguous(flat.clone(), plan))
-        return [x.to(device)]
+        return [to_device(x, device)]
 
 
 def _bin_positions(x32: torch.Tensor, lo: float, hi: float, bins: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,7 +35,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -294,7 +294,7 @@ class IndexingFamily(KernelFamily):
                 t = sample_tensor(m, g, "random", low=lo, high=plan.dim_size)
             else:
                 t = sample_tensor(m, g, kind)
-            out.append(t.to(device))
+            out.append(to_device(t, device))
         return out
 
 

@@ -19,7 +19,7 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels import fused
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, to_device
 from torch_kernelize.lowering.kernels.program import KernelProgram
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -156,7 +156,7 @@ class LayerNormFamily(KernelFamily):
                     span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
                     flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
                     flat.copy_(torch.where(flat.isinf(), torch.full_like(flat, float("nan")), flat))
-        return [t.to(device) for t in inputs]
+        return [to_device(t, device) for t in inputs]
 
 
 FAMILY = LayerNormFamily()

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -252,7 +252,7 @@ class ReductionFamily(KernelFamily):
                     span = 1 + sum((n - 1) * st for n, st in zip(m.shape, m.stride))
                     flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
                     flat.copy_(torch.where(flat.isinf(), torch.full_like(flat, float("nan")), flat))
-        return [t.to(device) for t in inputs]
+        return [to_device(t, device) for t in inputs]
 
 
 # --- code generation -------------------------------------------------------------------------

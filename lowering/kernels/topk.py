@@ -24,7 +24,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, to_device, unique
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -208,13 +208,13 @@ class TopkFamily(KernelFamily):
         g = torch.Generator().manual_seed(seed)
         m = spec.inputs[0]
         if isinstance(plan, str):
-            return [sample_tensor(mm, g, kind).to(device) for mm in spec.inputs]
+            return [to_device(sample_tensor(mm, g, kind), device) for mm in spec.inputs]
         rows = _distinct_rows(plan.M, plan.N, m.torch_dtype, g, kind)
         keep = [j for j in range(len(m.shape)) if j != plan.dim]
         logical = rows.reshape([m.shape[j] for j in keep] + [plan.N]).movedim(-1, plan.dim)
         x = sample_tensor(m, g, "zeros")
         x.copy_(logical)
-        return [x.to(device)]
+        return [to_device(x, device)]
 
 
 def _distinct_rows(M: int, N: int, dtype: torch.dtype, g: torch.Generator, kind: str) -> torch.Tensor:

@@ -18,6 +18,7 @@ from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.benchmark import median_ms, timing_available
 from torch_kernelize.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
+from torch_kernelize.lowering.kernels.base import to_device
 from torch_kernelize.lowering.targets import Target
 from torch_kernelize.spec import KernelSpec
 from torch_kernelize.validate import validate
@@ -83,7 +84,7 @@ class Measurer:
 
     def _sample(self, spec: KernelSpec, seed: int, kind: str, device: Any) -> list[torch.Tensor]:
         if kind == "captured":
-            return [t.to(device) for t in self.extra_inputs[seed]]
+            return [to_device(t, device) for t in self.extra_inputs[seed]]  # keep their strides
         return self.family.sample_inputs(spec, seed, kind, device)
 
     def evaluate(self, config: Config) -> Evaluation:
