@@ -96,7 +96,8 @@ class Measurer:
             # edge inputs (inf, NaN, huge) make the interpreter's numpy warn; validation judges them
             warnings.simplefilter("ignore", RuntimeWarning)
             record = validate(runner.run_poisoned, self.spec, self._sample, self.family.edge_kinds,
-                              device=self.device, extra_trials=len(self.extra_inputs))
+                              device=self.device, extra_trials=len(self.extra_inputs),
+                              trial_cache=self._trials, reference_device=self.reference_device)
         if not record.ok:
             return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
         if not self.timed:
