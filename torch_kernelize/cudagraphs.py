@@ -3,7 +3,8 @@
 Per input signature (shapes, strides, dtypes) the lowered graph is run twice on a side stream
 (warm-up: allocator and first-call work settle), then captured. A replay copies the call's
 inputs into the captured input buffers (skipped for inputs that are the very same tensors, e.g.
-parameters) and returns the captured outputs. As with torch.compile's "reduce-overhead", the
+parameters) and returns the captured outputs; inputs the graph writes to (in-place ops such as
+``index_add_``) are copied back from their buffers after the replay. As with torch.compile's "reduce-overhead", the
 returned tensors are overwritten by the next call of the same compiled graph: clone what you
 keep. Graphs that are not inference graphs, or whose inputs are not all CUDA tensors, are not
 captured (logged once) and run as they are.
@@ -19,7 +20,8 @@ log = logging.getLogger("torch_kernelize.cudagraphs")
 
 
 class _Captured:
-    def __init__(self, run: Callable[[list], Any], args: list):
+    def __init__(self, run: Callable[[list], Any], args: list, mutated: Sequence[int] = ()):
+        self.mutated = list(mutated)
         # Inputs are copied into buffers the graph reads; parameters and buffers passed again as
         # the same tensors are used in place (their copy would be a no-op costing bandwidth).
         self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter)
@@ -39,6 +41,9 @@ class _Captured:
             if isinstance(src, torch.Tensor) and dst.data_ptr() != src.data_ptr():
                 dst.copy_(src)
         self.graph.replay()
+        for i in self.mutated:  # the replay wrote to the buffer: the caller's tensor must see it
+            if self.static_inputs[i].data_ptr() != args[i].data_ptr():
+                args[i].copy_(self.static_inputs[i])
         return self.outputs
 
 
@@ -46,18 +51,29 @@ def _signature(args: Sequence[Any]) -> tuple:
     return tuple((tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def _mutates_inputs(gm: torch.fx.GraphModule) -> bool:
-    """A replay would write to the captured copy of an input, not to the caller's tensor."""
-    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-               and n.target._schema.is_mutable and n.args and getattr(n.args[0], "op", None) == "placeholder"
-               for n in gm.graph.nodes)
+def mutated_inputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the graph's inputs that an op writes to (per the ops' schemas)."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    written: set[int] = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        for arg, value in zip(n.target._schema.arguments, n.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
+                written.add(placeholders[value])
+        for name, value in n.kwargs.items():
+            arg = next((a for a in n.target._schema.arguments if a.name == name), None)
+            if arg is not None and arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
+                written.add(placeholders[value])
+    return sorted(written)
 
 
 def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], kind: str) -> Callable[[list], Any]:
     plan = getattr(run, "plan", None)
-    if plan is not None and _mutates_inputs(plan.gm):
-        log.info("cudagraphs: this graph writes to its inputs; it runs without CUDA graphs")
+    if plan is None:  # nothing says which inputs it writes to: capturing could lose a write
+        log.info("cudagraphs: not a lowered graph; it runs without CUDA graphs")
         return run
+    mutated = mutated_inputs(plan.gm)
     if kind != "inference":
         log.info("cudagraphs: %s graphs run without CUDA graphs (only inference graphs are captured)", kind)
         return run
@@ -71,6 +87,6 @@ def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], k
         key = _signature(args)
         captured = graphs.get(key)
         if captured is None:
-            captured = graphs[key] = _Captured(run, list(args))
+            captured = graphs[key] = _Captured(run, list(args), mutated)
         return captured.replay(args)
     return replay
