@@ -223,7 +223,7 @@ print(json.dumps({{"first_call_s": t1 - t0, "process_s": t1 - t_start, **counts}
 """
 
 
-def phase_firstcall(args, names) -> dict:
+def phase_firstcall(args, names, save=lambda rows: None) -> dict:
     results = {}
     for name in names:
         row = {}
@@ -241,6 +241,7 @@ def phase_firstcall(args, names) -> dict:
                 row[f"{backend}_error"] = f"{type(e).__name__}: {e}"[:500]
         print(name, json.dumps(row), flush=True)
         results[name] = row
+        save(results)  # a run stopped by its time limit keeps the rows measured so far
     return results
 
 
@@ -277,7 +278,10 @@ def main() -> int:
         elif phase == "overhead":
             results["overhead"] = phase_overhead(args)
         elif phase == "firstcall":
-            results.setdefault("firstcall", {}).update(phase_firstcall(args, names))
+            def save(rows):
+                results.setdefault("firstcall", {}).update(rows)
+                results_path.write_text(json.dumps(results, indent=1))
+            save(phase_firstcall(args, names, save))
         print(f"== phase {phase}: {time.perf_counter() - t0:.1f}s", flush=True)
         results_path.write_text(json.dumps(results, indent=1))
     try:

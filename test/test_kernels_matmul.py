@@ -248,7 +248,7 @@ def test_broken_programs_fail_validation(what, tmp_path):
         bad = _broken(FAMILY.generate(spec, interp_config(spec)), "rm[:, None] * 36 + rn[None, :]", "rn[None, :]")
     elif what == "epilogue_constant":
         spec = matmul_regions(REGIONS["linear_gelu"][0], *[rand(*s) for s in REGIONS["linear_gelu"][1]])[0]
-        bad = _broken(FAMILY.generate(spec, interp_config(spec)), "0.7071067811865476", "0.7")
+        bad = _broken(FAMILY.generate(spec, interp_config(spec)), "0.7071067811865476", "0.5")  # beyond the mm's rounding
     else:
         spec = spec_of(aten.addmm.default, (rand(36), rand(24, 40), rand(40, 36)), {"alpha": 0.5})
         bad = _broken(FAMILY.generate(spec, interp_config(spec)), "acc * 0.5", "acc * 0.25")
