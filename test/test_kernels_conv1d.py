@@ -160,7 +160,7 @@ def test_every_seed_config_validates(tmp_path):
     """The benchmark's channel structure at a size the interpreter runs (N=2, L=40)."""
     spec = conv(N=2, Cin=96, Cout=96, L=40, dtype=F16)
     seeds = FAMILY.seed_configs(spec)
-    assert 3 <= len(seeds) <= 9
+    assert 3 <= len(seeds) <= 10  # a search budget of 16 still leaves room for neighbours
     for config in seeds:
         check(spec, tmp_path, config, seeds=(0,), eager=False, kinds=("special",))
     bf = conv(N=2, Cin=32, Cout=48, L=20, dtype=BF16, stride=2)

@@ -231,6 +231,10 @@ class Conv1dFamily(KernelFamily):
             self._fit(plan, 128, bco, None, bci, 8, 2, flat=not row, tiles=4),
             # smaller tiles: twice the programs, for occupancy
             self._fit(plan, 64, bco, None, bci, 4, 3, flat=not row),
+            # one program per (n, whole row) even when rows do not fill the tile: no n/l division
+            # in the addresses, so the centre tap's loads stay contiguous and vectorize
+            self._fit(plan, 256, bco, None, bci, 8, 2, flat=False),
+            self._fit(plan, 256, big_co, 1, bci, 8, 2, flat=False, layout="CL"),
             # the first with the run-time alignment test (for builds without alignment facts)
             self._fit(plan, 128, bco, None, bci, 8, 3, flat=not row, align=True),
             # fp32-upcast dots (what the interpreter validates for bf16)
