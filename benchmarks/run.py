@@ -219,6 +219,8 @@ with torch.no_grad():
     fn(*inputs)
     torch.cuda.synchronize()
     t1 = time.perf_counter()
+gc = sys.modules.get("torch_kernelize.graph_cache")
+counts["graph_cache_hits"] = gc.stats["hit"] if gc is not None else 0
 print(json.dumps({{"first_call_s": t1 - t0, "process_s": t1 - t_start, **counts}}))
 """
 
@@ -227,7 +229,9 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
     results = {}
     for name in names:
         row = {}
-        for backend, warm in (("eager", False), ("inductor", True), ("kernelize", False)):
+        # Each compiler's own caches are warmed by an earlier process (Inductor's FX graph and
+        # AOTAutograd caches; kernelize's graph cache), kernelize's kernel cache by fill_cache.
+        for backend, warm in (("eager", False), ("inductor", True), ("kernelize", True)):
             code = FIRST_CALL.format(here=str(HERE), backend=backend, name=name, cache=str(args.cache_dir))
             try:
                 if warm:  # an earlier process fills Inductor's on-disk caches
@@ -237,6 +241,7 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
                 row[f"{backend}_first_call_s"] = round(r["first_call_s"], 3)
                 if backend == "kernelize":
                     row["kernelize_triton_compiles"] = r["triton_compile"]
+                    row["kernelize_graph_cache_hits"] = r["graph_cache_hits"]
             except Exception as e:
                 row[f"{backend}_error"] = f"{type(e).__name__}: {e}"[:500]
         print(name, json.dumps(row), flush=True)
