@@ -18,7 +18,8 @@ def _isolated_dirs(tmp_path, monkeypatch):
     """No test reads or writes the user's cache, or leaves repros in the working directory."""
     monkeypatch.setenv("KERNELIZE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("KERNELIZE_REPRO_DIR", str(tmp_path / "repros"))
-    for var in ("KERNELIZE_TARGET", "KERNELIZE_REPORT", "KERNELIZE_STRICT", "KERNELIZE_CHECK"):
+    for var in ("KERNELIZE_TARGET", "KERNELIZE_REPORT", "KERNELIZE_STRICT", "KERNELIZE_CHECK",
+                "KERNELIZE_GRAPH_CACHE"):
         monkeypatch.delenv(var, raising=False)
     yield
 

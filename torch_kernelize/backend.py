@@ -5,6 +5,8 @@
 Dynamo's FX graph goes through aot_autograd (functional ATen, torch's core decompositions except
 the fused ops vendors run whole, see lowering.decompositions.KEEP_WHOLE_AT_TRACE;
 inference, forward and backward graphs), and each ATen graph is lowered by ``lower.LoweredGraph``.
+Inference graphs are kept in the graph cache (graph_cache.py): a later process loads the ATen
+graph instead of running aot_autograd again.
 """
 from __future__ import annotations
 
@@ -21,46 +23,65 @@ def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | 
     """Backend entry: Dynamo calls it with its FX graph and example inputs."""
     from torch_kernelize.lower import Session
 
-    return compile_with_session(gm, example_inputs, Session(Options.resolve(options, mode)))
+    return compile_with_session(gm, example_inputs, Session(Options.resolve(options, mode)), use_graph_cache=True)
+
+
+def _executable(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any], session: Any, kind: str,
+                on_lowered: Callable[[Any], None] | None) -> Callable[[list], Any]:
+    """Lower one ATen graph and return its boxed executable (one list of arguments)."""
+    from torch_kernelize.lower import LoweredGraph
+
+    try:
+        lowered = LoweredGraph(aten_gm, aten_inputs, session, kind)
+    except KernelizeError:
+        raise
+    except Exception as e:  # a bug in lowering: leave a minified repro, then say where
+        from torch_kernelize.repro.dump import dump_lowering_failure
+        folder = dump_lowering_failure(aten_gm, aten_inputs, e, session.target_for(aten_inputs), session.options)
+        raise LoweringError(f"kernelize could not lower a {kind} graph: {type(e).__name__}: {e}"
+                            + (f"\nminified repro: {folder}" if folder else "")) from e
+    if on_lowered is not None:
+        on_lowered(lowered)
+    run = lowered
+    if session.options.cudagraphs:
+        from torch_kernelize.cudagraphs import wrap_cudagraphs
+        run = wrap_cudagraphs(lowered, aten_inputs, kind)
+
+    def boxed(args: list) -> Any:
+        return run(args)
+    # aot_autograd passes one list of arguments to functions marked this way; a plain
+    # function keeps the mark through the wrappers aot_autograd puts around it.
+    boxed._boxed_call = True
+    boxed.lowered = lowered
+    return boxed
 
 
 def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], session: Any,
-                         on_lowered: Callable[[Any], None] | None = None):
-    """aot_autograd around kernelize's lowering; ``on_lowered`` sees each LoweredGraph (fill_cache)."""
+                         on_lowered: Callable[[Any], None] | None = None, use_graph_cache: bool = False):
+    """aot_autograd around kernelize's lowering; ``on_lowered`` sees each LoweredGraph (fill_cache).
+    With ``use_graph_cache`` (and the option on), a cached ATen graph replaces aot_autograd."""
+    session.target_for(example_inputs)  # resolve (and validate) the target before tracing
+    cache = probe = None
+    if use_graph_cache and session.options.graph_cache_dir is not None:
+        from torch_kernelize import graph_cache
+        cache = graph_cache.GraphCache(session.options.graph_cache_dir)
+        probe = graph_cache.probe(gm, example_inputs)
+        if probe.key is not None:
+            hit = cache.load(probe, example_inputs)
+            if hit is not None:
+                run = _executable(hit.gm, example_inputs, session, "inference", on_lowered)
+                return graph_cache.cached_runtime(run, hit.version_bumps)
+
     from torch._dynamo.backends.common import aot_autograd
 
     from torch_kernelize.lowering.decompositions import trace_decompositions
 
-    from torch_kernelize.lower import LoweredGraph
-
-    session.target_for(example_inputs)  # resolve (and validate) the target before tracing
-
     def compiler(kind: str):
         def compile_graph(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any]):
-            try:
-                lowered = LoweredGraph(aten_gm, aten_inputs, session, kind)
-            except KernelizeError:
-                raise
-            except Exception as e:  # a bug in lowering: leave a minified repro, then say where
-                from torch_kernelize.repro.dump import dump_lowering_failure
-                folder = dump_lowering_failure(aten_gm, aten_inputs, e, session.target_for(aten_inputs),
-                                               session.options)
-                raise LoweringError(f"kernelize could not lower a {kind} graph: {type(e).__name__}: {e}"
-                                    + (f"\nminified repro: {folder}" if folder else "")) from e
-            if on_lowered is not None:
-                on_lowered(lowered)
-            run = lowered
-            if session.options.cudagraphs:
-                from torch_kernelize.cudagraphs import wrap_cudagraphs
-                run = wrap_cudagraphs(lowered, aten_inputs, kind)
-
-            def boxed(args: list) -> Any:
-                return run(args)
-            # aot_autograd passes one list of arguments to functions marked this way; a plain
-            # function keeps the mark through the wrappers aot_autograd puts around it.
-            boxed._boxed_call = True
-            boxed.lowered = lowered
-            return boxed
+            run = _executable(aten_gm, aten_inputs, session, kind, on_lowered)
+            if kind == "inference" and probe is not None and probe.key is not None:
+                cache.save(probe, aten_gm, len(example_inputs))
+            return run
         return compile_graph
 
     backend = aot_autograd(

@@ -45,6 +45,13 @@ def _as_optional_path(name: str, value: Any) -> Path | None:
     return _as_path(name, value)
 
 
+def _as_graph_cache(name: str, value: Any) -> Path | str | None:
+    """"auto" (inside the kernel cache dir), off, or a folder."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return _as_optional_path(name, value)
+
+
 def _as_target(name: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -79,6 +86,9 @@ OPTIONS: dict[str, _Option] = {
                      "run every Triton kernel beside its vendor op and minify any mismatch"),
     "cudagraphs": _Option("KERNELIZE_CUDAGRAPHS", _as_bool, lambda: False,
                           "wrap compiled CUDA graphs in CUDA graphs (mode='reduce-overhead' sets it)"),
+    "graph_cache": _Option("KERNELIZE_GRAPH_CACHE", _as_graph_cache, lambda: "auto",
+                           "folder of cached ATen graphs that let a new process skip aot_autograd "
+                           "('auto': <cache_dir>/graphs; 'off' disables)"),
 }
 
 _MODES = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True}}
@@ -93,6 +103,7 @@ class Options:
     strict: bool = False
     check: bool = False
     cudagraphs: bool = False
+    graph_cache: Path | str | None = "auto"
 
     @classmethod
     def resolve(cls, options: Mapping[str, Any] | None = None, mode: str | None = None,
@@ -117,6 +128,13 @@ class Options:
             else:
                 values[name] = opt.default()
         return cls(**values)
+
+    @property
+    def graph_cache_dir(self) -> Path | None:
+        """Where the graph cache lives (None: off)."""
+        if self.graph_cache == "auto":
+            return Path(self.cache_dir) / "graphs"
+        return None if self.graph_cache is None else Path(self.graph_cache)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}

@@ -1,0 +1,178 @@
+"""First-call time in fresh processes: eager, Inductor (cold, then warm caches) and kernelize
+(cold, then warm caches), on small CPU instances of the benchmark workloads.
+
+    python tools/first_call.py [--workloads conv1d,rmsnorm,...] [--repeat 3] [--breakdown]
+
+Each number is the median over ``--repeat`` fresh interpreters of the time from just before the
+first call of the compiled model to its return (torch is imported before; Dynamo's tracing, the
+backend's imports and compile work all count). "warm" runs after a process with the same cache
+directories: Inductor's TORCHINDUCTOR_CACHE_DIR, kernelize's cache_dir (kernel cache and graph
+cache). ``--breakdown`` times the phases of kernelize's first call in one extra warm process.
+"kz nogc" is a warm kernelize process with KERNELIZE_GRAPH_CACHE=off: kernelize as it was before
+its graph cache, measured under the same machine load as the other columns.
+
+Children may write bytecode (.pyc) as an installed package would have it, even where the
+environment sets PYTHONDONTWRITEBYTECODE (``--keep-env`` keeps that: every import of
+torch_kernelize then compiles its sources, ~0.07 s more for kernelize's first call on CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("KERNELIZE_BENCH_DEVICE", "cpu")
+
+
+def _workloads() -> dict:
+    """Small CPU instances of benchmarks/workloads.py's models (tracing cost depends on the graph,
+    not on the sizes)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    import workloads as w
+
+    def conv1d():
+        return w.Conv1d().eval(), (torch.randn(4, 96, 200),)
+
+    def histc():
+        return w.HistcFixed().eval(), (torch.randn(1 << 16),)
+
+    def rmsnorm():
+        return w.RMSNorm(1024).eval(), (torch.randn(64, 1024),)
+
+    def moe():
+        return w.MoE(d=64, f=32, experts=4, k=2).eval(), (torch.randn(64, 64),)
+
+    def llama():
+        return w.Llama(layers=4, d=256, vocab=1000).eval(), (torch.randint(0, 1000, (1, 64)),)
+    return {"conv1d": conv1d, "histc": histc, "rmsnorm": rmsnorm, "moe": moe, "llama4L": llama}
+
+
+def _install_timers(t: dict[str, float]) -> None:
+    """Wrap kernelize's phases with inclusive timers (seconds summed over calls)."""
+    import torch_kernelize.backend as backend
+    import torch_kernelize.lower as lower
+    from torch_kernelize.lowering import decompositions
+
+    def timed(owner, name, label):
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                t[label] = t.get(label, 0.0) + time.perf_counter() - t0
+        setattr(owner, name, wrapper)
+
+    timed(backend, "kernelize", "backend (all)")
+    timed(decompositions, "trace_decompositions", "trace_decompositions")
+    from torch._dynamo.backends import common
+    timed(common, "aot_module_simplified", "aot_module_simplified (incl. lowering)")
+    timed(lower, "plan_graph", "lowering: plan_graph")
+    timed(lower, "find_regions", "lowering: find_regions")
+    timed(lower.LoweredGraph, "_specialize", "lowering: specialise (lookups, bind, FX codegen)")
+    timed(lower.LoweredGraph, "__init__", "lowering: LoweredGraph total")
+    try:
+        from torch_kernelize import graph_cache
+        timed(graph_cache.GraphCache, "load", "graph cache: load")
+        timed(graph_cache.GraphCache, "save", "graph cache: save")
+    except ImportError:
+        pass
+
+
+def child(backend: str, workload: str, cache_dir: str, breakdown: bool) -> None:
+    import torch
+    torch.manual_seed(0)
+    model, inputs = _workloads()[workload]()
+    timers: dict[str, float] = {}
+    if backend == "eager":
+        fn = model
+    elif backend == "inductor":
+        fn = torch.compile(model)
+    else:
+        if breakdown:
+            _install_timers(timers)
+        fn = torch.compile(model, backend="kernelize",
+                           options={"target": "cpu", "cache_dir": cache_dir, "repro_dir": "off"})
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        fn(*inputs)
+        t1 = time.perf_counter()
+    print(json.dumps({"first_call_s": t1 - t0, "timers": timers}))
+
+
+_KEEP_ENV = False
+
+
+def _run(backend: str, workload: str, cache_dir: Path, breakdown: bool = False, graph_cache: bool = True) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"), KERNELIZE_BENCH_DEVICE="cpu")
+    if not graph_cache:
+        env["KERNELIZE_GRAPH_CACHE"] = "off"
+    if not _KEEP_ENV:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    proc = subprocess.run([sys.executable, __file__, "--child", backend, workload, str(cache_dir / "kernelize"),
+                           *(["--breakdown"] if breakdown else [])], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{backend} {workload} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="conv1d,histc,rmsnorm,moe,llama4L")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--breakdown", action="store_true")
+    p.add_argument("--json", type=Path, default=None, help="write the results here too")
+    p.add_argument("--keep-env", action="store_true", help="keep PYTHONDONTWRITEBYTECODE if set")
+    p.add_argument("--child", nargs=3, metavar=("BACKEND", "WORKLOAD", "CACHE_DIR"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(*args.child, breakdown=args.breakdown)
+        return 0
+    global _KEEP_ENV
+    _KEEP_ENV = args.keep_env
+    with tempfile.TemporaryDirectory(prefix="first_call_") as d:  # imports settle (bytecode written)
+        _run("kernelize", "histc", Path(d))
+    results = {}
+    print(f"{'workload':10} {'eager':>7} {'ind cold':>9} {'ind warm':>9} {'kz cold':>8} {'kz nogc':>8} "
+          f"{'kz warm':>8} {'nogc/ind':>9} {'kz/ind':>7}")
+    for name in args.workloads.split(","):
+        row: dict[str, float] = {}
+        samples: dict[str, list[float]] = {}
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory(prefix="first_call_") as d:
+                d = Path(d)
+                samples.setdefault("eager", []).append(_run("eager", name, d)["first_call_s"])
+                for backend in ("inductor", "kernelize"):
+                    samples.setdefault(f"{backend}_cold", []).append(_run(backend, name, d)["first_call_s"])
+                    samples.setdefault(f"{backend}_warm", []).append(_run(backend, name, d)["first_call_s"])
+                samples.setdefault("kernelize_warm_nogc", []).append(
+                    _run("kernelize", name, d, graph_cache=False)["first_call_s"])
+                if args.breakdown and "breakdown" not in row:
+                    row["breakdown"] = _run("kernelize", name, d, breakdown=True)  # type: ignore[assignment]
+        row.update({k: round(statistics.median(v), 3) for k, v in samples.items()})
+        results[name] = row
+        print(f"{name:10} {row['eager']:7.3f} {row['inductor_cold']:9.3f} {row['inductor_warm']:9.3f} "
+              f"{row['kernelize_cold']:8.3f} {row['kernelize_warm_nogc']:8.3f} {row['kernelize_warm']:8.3f} "
+              f"{row['kernelize_warm_nogc'] / row['inductor_warm']:9.2f} "
+              f"{row['kernelize_warm'] / row['inductor_warm']:7.2f}", flush=True)
+        if "breakdown" in row:
+            b = row["breakdown"]
+            print(f"    breakdown of one warm kernelize first call ({b['first_call_s']:.3f} s):")
+            for label, s in sorted(b["timers"].items(), key=lambda kv: -kv[1]):
+                print(f"      {label:50} {s:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
