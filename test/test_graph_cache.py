@@ -163,6 +163,14 @@ class _WritesInput(nn.Module):
         return acc * 2
 
 
+class _ReturnsWrittenInput(nn.Module):
+    """Returns the input it wrote (as a graph break after an accumulation does): the caller gets its own tensor."""
+
+    def forward(self, x, acc, idx):
+        acc.index_add_(0, idx, x)
+        return acc, x.sum()
+
+
 def test_graph_that_writes_its_inputs_is_cached_and_writes_them(tmp_path):
     model, (x,) = make_inplace()  # writes its buffer under no_grad
     ref, _ = make_inplace()
@@ -180,6 +188,13 @@ def test_graph_that_writes_its_inputs_is_cached_and_writes_them(tmp_path):
     assert (s1, s2) == ({"miss": 1, "save": 1}, {"hit": 1})
     assert acc.tolist() == acc_cold.tolist() == [1.0] * 4 and out.tolist() == [2.0] * 4
     assert acc._version == acc_cold._version, "version counters must move as after aot_autograd's wrapper"
+
+    acc, acc_cold, x, idx = torch.zeros(3), torch.zeros(3), torch.ones(2), torch.tensor([0, 2])
+    (cold_acc, _), s1 = _run(_ReturnsWrittenInput(), (x, acc_cold, idx), tmp_path)
+    (warm_acc, total), s2 = _run(_ReturnsWrittenInput(), (x, acc, idx), tmp_path)
+    assert (s1, s2) == ({"miss": 1, "save": 1}, {"hit": 1})
+    assert cold_acc is acc_cold and warm_acc is acc, "an input returned as is must be the caller's object"
+    assert acc.tolist() == acc_cold.tolist() == [1.0, 0.0, 1.0] and total.item() == 2.0
 
 
 class _AliasingOutput(nn.Module):

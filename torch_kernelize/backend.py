@@ -70,7 +70,7 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
             hit = cache.load(probe, example_inputs)
             if hit is not None:
                 run = _executable(hit.gm, example_inputs, session, "inference", on_lowered)
-                return graph_cache.cached_runtime(run, hit.version_bumps)
+                return graph_cache.cached_runtime(run, hit.version_bumps, hit.returned_inputs)
 
     from torch._dynamo.backends.common import aot_autograd
 

@@ -9,11 +9,12 @@ it is now). So this cache stores the step in between: the ATen graph, pickled wi
 (planning and specialisation are cheap), skipping aot_autograd's trace, the decomposition table
 and the imports they pull in.
 
-Only graphs for which aot_autograd's runtime wrapper does nothing but switch grad off (and bump
-the version counters of inputs the graph writes in place) are stored: inference graphs of static
-shapes whose inputs are plain dense tensors, that write inputs only inside the graph (the
-``copy_`` nodes of keep_inference_input_mutations), return no aliases of inputs, use no effect
-tokens, functionalized RNG or autocast, and made aot_autograd add no guard. Every other graph
+Only graphs for which aot_autograd's runtime wrapper does no more than switch grad off, bump the
+version counters of inputs the graph writes in place and hand back inputs that are returned as
+they are, are stored: inference graphs of static shapes whose inputs are plain dense tensors,
+that write inputs only inside the graph (the ``copy_`` nodes of keep_inference_input_mutations),
+return no views of inputs, use no effect tokens, functionalized RNG or autocast, and made
+aot_autograd add no guard. Every other graph
 takes the normal path (the reason is logged at DEBUG).
 
 An entry is ``<dir>/<key>.graph``: one JSON header line (format, key, sha256 of the payload,
@@ -166,9 +167,10 @@ def _unsafe_result(probe: Probe, aten_gm: fx.GraphModule, n_inputs: int) -> str:
         if meta.num_mutated_inp_runtime_indices or any(
                 i.mutates_metadata or getattr(i, "mutates_storage_metadata", False) for i in meta.input_info):
             return "an input is written outside the graph (by aot_autograd's runtime wrapper)"
-        list(meta.mutated_graph_handled_indices_seen_by_autograd)  # what _version_bumps reads
-        if any(o.output_type != OutputType.non_alias or o.dynamic_dims for o in meta.output_info):
-            return "an output aliases an input or an intermediate, or has dynamic dims"
+        list(meta.mutated_graph_handled_indices_seen_by_autograd)  # what _wrapper_work reads
+        if any(o.output_type not in (OutputType.non_alias, OutputType.is_input) or o.dynamic_dims
+               for o in meta.output_info):
+            return "an output is a view of an input or of an intermediate, or has dynamic dims"
         if (meta.num_intermediate_bases or meta.tokens or meta.is_rng_op_functionalized
                 or meta.grad_enabled_mutation is not None
                 or any(isinstance(m, SubclassCreationMeta)
@@ -194,9 +196,16 @@ def _unsafe_result(probe: Probe, aten_gm: fx.GraphModule, n_inputs: int) -> str:
     return ""
 
 
-def _version_bumps() -> list[int]:
-    """The inputs whose version counter aot_autograd's wrapper bumps (in-graph writes autograd sees)."""
-    return [int(i) for i in _tracing_context().fw_metadata.mutated_graph_handled_indices_seen_by_autograd]
+def _wrapper_work() -> dict[str, list]:
+    """What aot_autograd's runtime wrapper does around this graph, for cached_runtime to do the same:
+    bump the version counters of inputs written in the graph (the writes autograd sees), and return
+    the caller's input object for outputs that are an input itself ([output index, input index])."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    meta = _tracing_context().fw_metadata
+    return {"version_bumps": [int(i) for i in meta.mutated_graph_handled_indices_seen_by_autograd],
+            "returned_inputs": [[i, int(o.base_idx)] for i, o in enumerate(meta.output_info)
+                                if o.output_type == OutputType.is_input]}
 
 
 def _dumps(gm: fx.GraphModule) -> bytes:
@@ -221,6 +230,11 @@ class Loaded:
     """A cache hit: the ATen graph and what the runtime wrapper must do around it."""
     gm: fx.GraphModule
     version_bumps: list[int]
+    returned_inputs: list[list[int]]
+
+
+def _index(i: Any, n: int) -> bool:
+    return isinstance(i, int) and 0 <= i < n
 
 
 class GraphCache:
@@ -273,11 +287,14 @@ class GraphCache:
             if not (_static_tensor(v) and v.shape == a.shape and v.stride() == a.stride()
                     and v.dtype == a.dtype and v.device == a.device):
                 raise ValueError(f"input {n.name} does not match the call's")
-        bumps = header.get("version_bumps")
-        if not (isinstance(bumps, list) and all(isinstance(i, int) and 0 <= i < len(example_inputs) for i in bumps)):
-            raise ValueError(f"bad version_bumps {bumps!r}")
+        bumps, returned = header.get("version_bumps"), header.get("returned_inputs")
+        n_out = len(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
+        if not (isinstance(bumps, list) and all(_index(i, len(example_inputs)) for i in bumps)
+                and isinstance(returned, list) and all(isinstance(p, list) and len(p) == 2 and _index(p[0], n_out)
+                                                      and _index(p[1], len(example_inputs)) for p in returned)):
+            raise ValueError(f"bad wrapper work {bumps!r} {returned!r}")
         gm.recompile()  # the forward the repro tools run
-        return Loaded(gm, bumps)
+        return Loaded(gm, bumps, returned)
 
     def _corrupt(self, path: Path, why: str) -> None:
         stats["corrupt"] += 1
@@ -297,7 +314,7 @@ class GraphCache:
                 return False
             payload = _dumps(aten_gm)
             header = {"format": FORMAT, "key": probe.key, "sha256": hashlib.sha256(payload).hexdigest(),
-                      "version_bumps": _version_bumps(), "torch": torch.__version__, "created": time.time(),
+                      **_wrapper_work(), "torch": torch.__version__, "created": time.time(),
                       "nodes": len(aten_gm.graph.nodes)}
             from torch_kernelize.kernel_cache.integrity import write_file_atomic
             self.root.mkdir(parents=True, exist_ok=True)
@@ -312,10 +329,12 @@ class GraphCache:
         return True
 
 
-def cached_runtime(run: Callable[[list], Any], version_bumps: Sequence[int] = ()) -> Callable[..., Any]:
+def cached_runtime(run: Callable[[list], Any], version_bumps: Sequence[int] = (),
+                   returned_inputs: Sequence[Sequence[int]] = ()) -> Callable[..., Any]:
     """What aot_autograd's runtime wrapper does for the graphs this cache holds: bump the version
     counters of inputs written in the graph, run with grad off (an inference graph may get inputs
-    that require grad) and return the outputs as a list."""
+    that require grad), return the outputs as a list, an input returned as is being the caller's
+    own object."""
     def forward(*args: Any) -> Any:
         for i in version_bumps:
             torch.autograd.graph.increment_version(args[i])
@@ -327,5 +346,8 @@ def cached_runtime(run: Callable[[list], Any], version_bumps: Sequence[int] = ()
         finally:
             if grad:
                 torch._C._set_grad_enabled(True)
-        return list(out) if isinstance(out, tuple) else out
+        out = list(out)
+        for o, i in returned_inputs:
+            out[o] = args[i]
+        return out
     return torch._dynamo.disable(forward)
