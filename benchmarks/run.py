@@ -53,13 +53,23 @@ def _fill(args, names: list[str], budget: int, timeout: int, tag: str) -> dict:
         cmd += ["--model", f"{HERE / 'workloads.py'}:{WORKLOADS[n].__name__}"]
     if args.resume:
         cmd.append("--resume")
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        code, out, err = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:  # what was stored so far stays valid in the cache
-        code, out, err = "timeout", e.stdout or "", e.stderr or ""
-        out, err = (out.decode() if isinstance(out, bytes) else out), (err.decode() if isinstance(err, bytes) else err)
+    t0, faults = time.perf_counter(), 0
+    while True:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  timeout=max(1, timeout - (time.perf_counter() - t0)))
+            code, out, err = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as e:  # what was stored so far stays valid in the cache
+            code, out, err = "timeout", e.stdout or "", e.stderr or ""
+            out, err = (out.decode() if isinstance(out, bytes) else out), (err.decode() if isinstance(err, bytes) else err)
+        if code != 3 or faults >= 5:
+            break
+        faults += 1
+        # exit 3: a candidate faulted the GPU and is journaled; a new process resumes the search
+        with open(args.out / "fill.log", "a") as f:
+            f.write(f"=== {tag}: device fault, resuming\n{out}\n--- stderr (tail) ---\n{err[-30000:]}\n")
+        if "--resume" not in cmd:
+            cmd = cmd + ["--resume"]
     seconds = time.perf_counter() - t0
     with open(args.out / "fill.log", "a") as f:
         f.write(f"=== {tag}: {names} budget {budget}: {seconds:.1f}s exit {code}\n{out}\n--- stderr (tail) ---\n"

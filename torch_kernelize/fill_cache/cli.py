@@ -29,7 +29,7 @@ from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_mode
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer
-from torch_kernelize.fill_cache.search import SearchResult, run_search
+from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.lowering.kernels import Config, family_for
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import OPTIONS, default_cache_dir
@@ -101,9 +101,12 @@ class FillRun:
             row["status"] = "in a fused region"
             return row
         journal = Journal(self.cache.journal_path(spec.key))
-        previous = journal.records() if self.resume else []
-        if not self.resume:
+        previous = journal.records()
+        if not self.resume:  # a fresh search; candidates that faulted the device stay excluded
+            previous = [r for r in previous if r.get("fault")]
             journal.archive()
+            for r in previous:
+                journal.append(r)
         measurer = Measurer(spec, family, self.target, [work.captured] if work.captured else [], self.builder)
 
         def evaluate(config):
@@ -248,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     except KernelizeError as e:
         print(f"fill_cache: error: {e}", file=sys.stderr)
         return 2
+    except DeviceFault as e:  # the CUDA context is gone: report what was done, then stop
+        print(format_table(run.rows))
+        print(f"fill_cache: {e}\nIt is recorded as failed and will not be run again. This process can no "
+              f"longer use the GPU: run the same command with --resume to continue.", file=sys.stderr)
+        return 3
     print(format_table(rows))
     summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
     summary = {"search_id": run.search_id, "target": target.describe(), "cache": str(cache.dir),

@@ -37,9 +37,20 @@ class Evaluation:
     error: str = ""
     validation: dict[str, Any] | None = None
     measured: bool = False
+    fault: bool = False  # the candidate faulted the device: the process can no longer use it
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# CUDA errors that leave the context unusable (every later call fails): the candidate that raised
+# one is journaled as failed and the run must end (search.DeviceFault).
+_FAULTS = ("illegal memory access", "misaligned address", "unspecified launch failure",
+           "illegal instruction", "hardware stack error")
+
+
+def device_fault(error: str) -> bool:
+    return any(f in error for f in _FAULTS)
 
 
 class Measurer:
@@ -88,6 +99,11 @@ class Measurer:
         return self.family.sample_inputs(spec, seed, kind, device)
 
     def evaluate(self, config: Config) -> Evaluation:
+        ev = self._evaluate(config)
+        ev.fault = self.device == "cuda" and device_fault(ev.error)
+        return ev
+
+    def _evaluate(self, config: Config) -> Evaluation:
         try:
             _, runner = self.build(config)
         except Exception as e:

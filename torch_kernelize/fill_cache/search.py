@@ -3,6 +3,8 @@
 Start from the family's seed configurations, in order; when they are spent, expand the best
 correct ones (their neighbours: one block size, warp count or stage count away), best first.
 The order is deterministic, so a resumed search takes up exactly where the journal stops.
+A candidate that faults the device (an illegal memory access leaves the CUDA context unusable)
+is journaled as failed, then DeviceFault ends the run; no later run evaluates it again.
 Measurement is injected (``evaluate``): the policy knows nothing of Triton or devices.
 """
 from __future__ import annotations
@@ -14,6 +16,15 @@ from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.spec import KernelSpec
 
 BEAM = 3  # how many of the best correct candidates are expanded at each step
+
+
+class DeviceFault(RuntimeError):
+    """A candidate faulted the device. Its evaluation is in the journal; this process must end."""
+
+    def __init__(self, spec: KernelSpec, result: dict[str, Any]):
+        self.spec, self.result = spec, result
+        config = " ".join(f"{k}={v}" for k, v in sorted(result["config"].items()))
+        super().__init__(f"candidate {config} of {spec.describe()} faulted the device: {result['error'][:300]}")
 
 
 @dataclasses.dataclass
@@ -73,6 +84,8 @@ def run_search(spec: KernelSpec, family: KernelFamily, evaluate: Callable[[Confi
         record(result)
         evaluated[config.key] = result
         on_step(result)
+        if result.get("fault"):
+            raise DeviceFault(spec, result)
 
     correct = [r for r in evaluated.values() if r["correct"]]
     best = max(correct, key=lambda r: r["fitness"], default=None)
