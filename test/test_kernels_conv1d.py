@@ -154,6 +154,11 @@ def test_benchmark_seeds():
     for n in FAMILY.neighbours(spec, first):
         assert n.key != first.key
         FAMILY.generate(spec, n)
+    # the candidate that faulted the H200: 8 warps on a 64-row MMA is never proposed
+    faulted = first.replace(BLOCK_L=64, num_warps=8)
+    assert not FAMILY._valid(FAMILY._plan(spec), faulted)
+    assert all(not (c["num_warps"] == 8 and c["BLOCK_L"] < 128 and c["LAYOUT"] == "LC")
+               for s in seeds for c in [s, *FAMILY.neighbours(spec, s)])
 
 
 def test_every_seed_config_validates(tmp_path):

@@ -173,6 +173,10 @@ class Conv1dFamily(KernelFamily):
             return False
         if c["num_warps"] not in (4, 8) or not 1 <= c["num_stages"] <= 4:
             return False
+        # Two warpgroups on an MMA whose M is 64: on the H200 (Triton 3.6) such a candidate made an
+        # illegal memory access (BLOCK_L=64, LC, num_warps=8); M is BLOCK_L in LC, BLOCK_CO in CL.
+        if c["num_warps"] == 8 and (c["BLOCK_L"] if c["LAYOUT"] == "LC" else c["BLOCK_CO"]) < 128:
+            return False
         if c["DOT_UPCAST"] not in (True, False) or (c["DOT_UPCAST"] and plan.dtype == "float32"):
             return False
         if c.get("ALIGN", False) not in (True, False):
