@@ -106,3 +106,39 @@ def test_sm90_compile(tmp_path):
         configs = FAMILY.seed_configs(spec)
         for config in configs if which is None else [c for c in configs if c["BLOCK_M"] == which][:2]:
             compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+
+
+def _tied_rows():
+    x = torch.tensor([[3.0, 1.0, 3.0, 0.0, 3.0], [2.0, 2.0, -1.0, 5.0, 2.0]])
+    return x, spec_of(aten.topk.default, (x, 2))
+
+
+def test_ties_accept_any_index_naming_an_equal_element():
+    from torch_kernelize.validate import compare_all
+    x, spec = _tied_rows()
+    ref_v, ref_i = aten.topk.default(x.double(), 2)
+    other = torch.tensor([[4, 2], [3, 4]])  # equal values, other columns than the reference's
+    assert not torch.equal(other, ref_i)
+    settled = FAMILY.resolve_ties(spec, [x], (ref_v.float(), other), (ref_v, ref_i))
+    assert compare_all(settled, (ref_v, ref_i), spec).ok
+    assert not compare_all((ref_v.float(), other), (ref_v, ref_i), spec).ok  # without the rule
+    twice = torch.tensor([[0, 0], [3, 0]])      # names one element twice: no tie, rejected
+    assert not compare_all(FAMILY.resolve_ties(spec, [x], (ref_v.float(), twice), (ref_v, ref_i)),
+                           (ref_v, ref_i), spec).ok
+    wrong = torch.tensor([[0, 1], [3, 0]])      # column 1 holds 1.0, not the tied 3.0
+    assert not compare_all(FAMILY.resolve_ties(spec, [x], (ref_v.float(), wrong), (ref_v, ref_i)),
+                           (ref_v, ref_i), spec).ok
+
+
+def test_validation_on_captured_ties_takes_the_rule():
+    from torch_kernelize.validate import validate
+    x, spec = _tied_rows()
+
+    def run(inputs):  # a correct top-k that breaks ties towards the last column
+        v, i = aten.topk.default(inputs[0].flip(-1), 2)
+        return v, inputs[0].shape[-1] - 1 - i
+
+    sample = lambda spec, seed, kind, device: [x.clone()]
+    assert not validate(run, spec, sample, (), seeds=(0,)).ok
+    rec = validate(run, spec, sample, (), seeds=(0,), resolve_ties=FAMILY.resolve_ties)
+    assert rec.ok, rec.reason

@@ -85,6 +85,13 @@ class KernelFamily:
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         raise NotImplementedError
 
+    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """Where the op leaves a choice open (which of equal elements an index names), make the
+        candidate's outputs take the reference's choice when theirs is as good; compared after.
+        The default: the op leaves nothing open."""
+        return outs
+
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """Inputs for validation: fresh random values of the spec's metas, or an edge kind."""

@@ -14,12 +14,15 @@ indices are unpacked from the selected keys (the value bits are exact, NaN comes
 canonical NaN) and stored sorted, largest first (smallest first for largest=False).
 
 Ties: ATen does not specify which of equal values comes first; on exact ties the values agree and
-the indices may differ, so validation draws rows without ties (``sample_inputs``).
+the indices may differ. Random trials draw rows without ties (``sample_inputs``); on inputs with
+ties (captured from a model, or check mode) ``resolve_ties`` accepts any index that names an
+element equal to the reference's, as long as a row names no element twice.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence
 
 import torch
 
@@ -198,6 +201,27 @@ class TopkFamily(KernelFamily):
         launch = Launch("topk_kernel", (-(-p.M // bm),), (("in", 0), ("out", 0), ("out", 1)),
                         {"BLOCK_M": bm, "BLOCK_N": bn, "K": kp}, warps, 1)
         return KernelProgram(s.text(), (launch,))
+
+    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        plan = self._plan(spec)
+        if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
+            return outs
+        values, got = outs
+        want = refs[1].to(got.device)
+        if got.shape != want.shape or got.dtype != want.dtype or got.numel() == 0:
+            return outs
+        x = inputs[cg.tensor_index(cg.bind(spec).get("self"))].to(got.device, torch.float64)
+        n = x.shape[plan.dim] if x.dim() else 1
+        if bool(((got < 0) | (got >= n)).any()):
+            return outs  # out of range: left for the comparison to reject
+        if x.dim() == 0:
+            return outs
+        if bool((got.sort(plan.dim).values.diff(dim=plan.dim) == 0).any()):
+            return outs  # an element named twice is no tie: left for the comparison to reject
+        a, b = x.gather(plan.dim, got), x.gather(plan.dim, want)
+        same = (a == b) | (a.isnan() & b.isnan())
+        return values, torch.where(same, want, got)
 
     # --- validation inputs --------------------------------------------------------------------
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",

@@ -113,7 +113,8 @@ class Measurer:
             warnings.simplefilter("ignore", RuntimeWarning)
             record = validate(runner.run_poisoned, self.spec, self._sample, self.family.edge_kinds,
                               device=self.device, extra_trials=len(self.extra_inputs),
-                              trial_cache=self._trials, reference_device=self.reference_device)
+                              trial_cache=self._trials, reference_device=self.reference_device,
+                              resolve_ties=self.family.resolve_ties)
         if not record.ok:
             return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
         if not self.timed:
