@@ -10,10 +10,12 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
+
+from torch_kernelize.lowering.kernels.base import to_device
 
 log = logging.getLogger("torch_kernelize.fallbacks")
 
@@ -44,8 +46,12 @@ def reset_fallback_stats() -> None:
 class HostFallback:
     """Callable standing in for ``op`` in a lowered graph."""
 
-    def __init__(self, op: Any, name: str, target_name: str, repro: str | None = None):
+    def __init__(self, op: Any, name: str, target_name: str, repro: str | None = None,
+                 out_strides: Sequence[tuple[int, ...] | None] | None = None):
         self.op = op
+        # The strides the graph was traced with: later nodes (Triton kernels bake strides in)
+        # read the outputs that way, whatever layout the host op or the copy back produced.
+        self.out_strides = list(out_strides) if out_strides else None
         self.name = name
         self.target_name = target_name
         self.repro = repro
@@ -60,10 +66,27 @@ class HostFallback:
             flat = [torch.device("cpu") if isinstance(a, torch.device) else a for a in flat]
         host_args, host_kwargs = pytree.tree_unflatten(flat, spec)
         out = self.op(*host_args, **host_kwargs)
-        if device.type != "cpu":
-            out = pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, out)
+        if device.type != "cpu" or self.out_strides:
+            out = self._place(out, device)
         self._account(time.perf_counter() - start)
         return out
+
+    def _place(self, out: Any, device: torch.device) -> Any:
+        """Outputs on ``device`` with the traced strides (where known)."""
+        flat, spec = pytree.tree_flatten(out)
+        strides = self.out_strides or []
+        tensors = iter(range(len(flat)))
+        placed = []
+        for a in flat:
+            if isinstance(a, torch.Tensor):
+                i = next(tensors)
+                want = strides[i] if i < len(strides) else None
+                if want is not None and tuple(a.stride()) != tuple(want) and a.numel() > 1:
+                    a = torch.empty_strided(a.shape, want, dtype=a.dtype, device=device).copy_(a)
+                elif a.device != device:
+                    a = to_device(a, device)
+            placed.append(a)
+        return pytree.tree_unflatten(placed, spec)
 
     def _account(self, seconds: float) -> None:
         with _lock:

@@ -169,7 +169,9 @@ class LoweredGraph:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
                     d.repro = str(repros.folder_for(d.spec))
             gm = bind_graph(self.plan, decisions, lambda d: self._triton_call(d.spec, runners[d.node]),
-                            lambda d, op: HostFallback(op, d.op, self.target.name, d.repro), fused)
+                            lambda d, op: HostFallback(op, d.op, self.target.name, d.repro,
+                                                         [m.stride for m in d.spec.outputs] if d.spec else None),
+                            fused)
             pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
             missing = {d.op: d.repro for d in decisions if d.missing}
             strict = session.options.strict and missing
