@@ -1,0 +1,56 @@
+"""View folding: chains of views in a static inference graph become one re-striding of their root,
+with the same values, strides and storage as the original views, and the original ops replayed
+when the root arrives in another layout than traced."""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torch_kernelize.view_folding import FoldedView, fold_views
+
+aten = torch.ops.aten
+
+
+def _chains(x, w):
+    h = aten.mm.default(aten.view.default(x, [8, 6]), w)          # view feeding a compute op
+    q = aten.permute.default(aten.view.default(h, [2, 4, 2, 2]), [0, 2, 1, 3])
+    k = aten.select.int(aten.slice.Tensor(q, 3, 1, 2), 3, 0)     # a chain of four views
+    e = aten.expand.default(aten.unsqueeze.default(k, 0), [3, 2, 2, 4])
+    return aten.add.Tensor(aten.t.default(aten.view.default(h, [8, 4])), 1.0), k, e
+
+
+def test_chains_fold_into_one_call_with_the_same_views():
+    x, w = torch.randn(2, 4, 6), torch.randn(6, 4)
+    gm = make_fx(_chains)(x, w)
+    views = sum(n.target in (aten.view.default, aten.permute.default, aten.select.int, aten.slice.Tensor,
+                             aten.unsqueeze.default, aten.expand.default, aten.t.default) for n in gm.graph.nodes)
+    want = gm(x, w)
+    assert views == 9 and fold_views(gm) == 4
+    assert not any(n.target in (aten.view.default, aten.permute.default) for n in gm.graph.nodes)
+    left = [n for n in gm.graph.nodes if n.op == "call_function" and not isinstance(n.target, FoldedView)]
+    assert [n.target for n in left] == [aten.mm.default, aten.add.Tensor]
+    # one call per chain end that something reads: mm's input, k, e, and the add's input
+    assert sum(isinstance(n.target, FoldedView) for n in gm.graph.nodes) == 4
+    got = gm(x, w)
+    for g, r in zip(got, want):
+        assert torch.equal(g, r) and g.stride() == r.stride() and g.storage_offset() == r.storage_offset()
+    assert got[1].untyped_storage().data_ptr() == got[2].untyped_storage().data_ptr()  # still views of h
+
+
+def test_a_root_in_another_layout_replays_the_original_ops():
+    x = torch.randn(4, 6)
+    gm = make_fx(lambda x: aten.permute.default(aten.view.default(x, [2, 2, 6]), [2, 0, 1]))(x)
+    fold_views(gm)
+    base = torch.randn(8, 6)[::2]  # strides (12, 1): view needs no copy, folding must not assume (6, 1)
+    got = gm(base)
+    assert torch.equal(got, base.reshape(2, 2, 6).permute(2, 0, 1))
+
+
+def test_symbolic_layouts_are_left_alone():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    v = g.call_function(aten.view.default, (x, [-1]))
+    g.output(v)
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    assert fold_views(gm) == 0  # no traced values: nothing known about layouts

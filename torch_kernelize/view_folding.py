@@ -1,0 +1,133 @@
+"""View folding: chains of view ops in a bound inference graph become one cheap re-striding.
+
+A decomposed ATen graph is full of views (a Llama layer has ~45: view, permute, select, slice,
+unsqueeze, expand, t). Each costs a trip through the dispatcher on every call (~5 us of host
+time), which dominates when the graph is not captured in CUDA graphs. For a graph of static
+shapes, a view's size, stride and storage offset relative to the tensor it views follow from the
+traced layout of that tensor (replayed on a meta tensor), so each chain of views (x -> view -> permute -> select) collapses into one call that
+re-strides the chain's root the way Inductor's generated code does (``reinterpret_tensor``).
+
+That is only right if the root has, at run time, the layout it was traced with. Graph inputs are
+guarded by Dynamo, and our kernels allocate exactly the traced layout, but a vendor op could
+return another one; so every folded call compares the root's strides first and, if they differ,
+replays the original view ops instead (always correct, the fast path when it can be).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+log = logging.getLogger("torch_kernelize.runtime")
+
+aten = torch.ops.aten
+
+# Single-output view ops whose result is determined by the input's layout and the op's arguments
+# (as_strided is not: its offset is absolute).
+VIEW_OPS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.permute.default, aten.select.int,
+    aten.slice.Tensor, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.expand.default, aten.t.default, aten.transpose.int, aten.alias.default, aten.diagonal.default,
+    aten.unfold.default,
+})
+
+
+def _reinterpret_fn() -> Callable[[torch.Tensor, tuple, tuple, int], torch.Tensor]:
+    fn = getattr(torch._C._dynamo.guards, "_reinterpret_tensor", None)  # what Inductor's code uses
+    if fn is not None:
+        return fn
+    return lambda t, size, stride, delta: t.as_strided(size, stride, t.storage_offset() + delta)
+
+
+_reinterpret = _reinterpret_fn()
+
+
+def _layout(node: Any) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """(size, stride, storage offset) of a node's traced value, if it is a tensor of static layout."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        layout = tuple(val.shape), tuple(val.stride()), val.storage_offset()
+    except Exception:  # e.g. a sparse or opaque tensor
+        return None
+    if not all(type(v) is int for v in (*layout[0], *layout[1], layout[2])):
+        return None  # symbolic: the layout is only known per shape signature
+    return layout
+
+
+def _replayed(root: fx.Node, chain: list) -> tuple[tuple, tuple, int] | None:
+    """(size, stride, storage offset relative to the root) of the chain's result, from replaying
+    the view ops on a meta tensor of the root's traced layout (traced values keep sizes and
+    strides, but not always a view's storage offset)."""
+    base = _layout(root)
+    if base is None:
+        return None
+    try:
+        probe = torch.empty_strided(base[0], base[1], dtype=root.meta["val"].dtype, device="meta")
+        out = probe
+        for op, args, kwargs in chain:
+            out = op(out, *args, **kwargs)
+        return tuple(out.shape), tuple(out.stride()), out.storage_offset() - probe.storage_offset()
+    except Exception:
+        return None
+
+
+class FoldedView:
+    """One chain of views from ``root``: re-strides the root when its layout is the traced one."""
+
+    def __init__(self, size: tuple, stride: tuple, delta: int, root_stride: tuple,
+                 chain: tuple[tuple[Any, tuple, dict], ...]):
+        self.size, self.stride, self.delta, self.root_stride, self.chain = size, stride, delta, root_stride, chain
+        self.__name__ = "folded_view"
+
+    def __call__(self, root: torch.Tensor) -> torch.Tensor:
+        if root.stride() == self.root_stride:
+            return _reinterpret(root, self.size, self.stride, self.delta)
+        out = root  # another layout than traced: the original ops give the right view of it
+        for op, args, kwargs in self.chain:
+            out = op(out, *args, **kwargs)
+        return out
+
+
+def fold_views(gm: fx.GraphModule) -> int:
+    """Replace each view node of static layout that something other than a view reads by one
+    FoldedView call on the root of its chain; the views are removed. Returns the number of calls."""
+    graph = gm.graph
+
+    def foldable(n: fx.Node) -> bool:
+        return (n.op == "call_function" and n.target in VIEW_OPS and n.args and isinstance(n.args[0], fx.Node)
+                and _layout(n) is not None
+                and not any(isinstance(a, fx.Node) for a in (*n.args[1:], *n.kwargs.values())))
+
+    # Chains are read off the original graph first, so that each folded call starts at the root
+    # (the first value that is not a foldable view) however the chain's views are shared.
+    chains: dict[fx.Node, tuple[fx.Node, list]] = {}
+    for n in graph.nodes:
+        if foldable(n):
+            root, chain = n.args[0], [(n.target, tuple(n.args[1:]), dict(n.kwargs))]
+            if root in chains:
+                root, chain = chains[root][0], chains[root][1] + chain
+            chains[n] = (root, chain)
+    folded = 0
+    for n, (root, chain) in chains.items():
+        if all(u in chains for u in n.users):
+            continue  # read only by other views: those fold from the root themselves
+        layout = _replayed(root, chain)
+        if layout is None or layout[:2] != _layout(n)[:2]:
+            continue  # the root's layout is unknown, or the replay disagrees with the trace
+        size, stride, delta = layout
+        call = FoldedView(size, stride, delta, _layout(root)[1], tuple(chain))
+        with graph.inserting_before(n):
+            new = graph.call_function(call, (root,))
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        folded += 1
+    for n in reversed(list(chains)):  # the views themselves, once nothing reads them
+        if not n.users:
+            graph.erase_node(n)
+    graph.lint()
+    gm.recompile()
+    return folded
