@@ -21,7 +21,7 @@ from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.planner import Decision, GraphPlan, tensor_input_nodes
 from torch_kernelize.launch import MisalignedInput
 from torch_kernelize.spec import KernelSpec
-from torch_kernelize.validate import compare
+from torch_kernelize.validate import compare_all
 
 log = logging.getLogger("torch_kernelize.runtime")
 
@@ -78,6 +78,11 @@ class CheckedTritonCall(TritonCall):
     """Check mode: every launch also runs the vendor op; a mismatch disables the kernel, is
     recorded (and minified by the owner), and the vendor's answer is returned."""
 
+    def __init__(self, spec: KernelSpec, runner: Callable, state: KernelState,
+                 on_failure: Callable | None = None):
+        super().__init__(spec, runner, state, on_failure)
+        self.family = family_for(spec)
+
     def __call__(self, *tensors: torch.Tensor):
         if self.state.disabled is not None:
             return self.vendor(*tensors)
@@ -90,14 +95,13 @@ class CheckedTritonCall(TritonCall):
             return self.vendor(*tensors)
         want = self.vendor(*tensors)
         gots, wants = (got, want) if self.spec.tuple_output else ((got,), (want,))
-        family = family_for(self.spec)
-        if family is not None:  # e.g. topk: an index naming an equal element is as right as the vendor's
-            gots = family.resolve_ties(self.spec, tensors, gots, wants)
-        for g, w in zip(gots, wants):
-            c = compare(g, w.to(torch.float64) if w.is_floating_point() else w, self.spec.op, g.dtype, factor=2.0)
-            if not c.ok:
-                self.disable(f"mismatch against the vendor op: {c.reason}", tensors, "mismatch")
-                return want
+        wants64 = [w.to(torch.float64) if w.is_floating_point() else w for w in wants]
+        if self.family is not None:  # e.g. topk: an index naming an equal element is as right as the vendor's
+            gots = self.family.resolve_ties(self.spec, tensors, gots, wants64)
+        c = compare_all(gots, wants64, self.spec, factor=2.0)  # the tolerances validation uses
+        if not c.ok:
+            self.disable(f"mismatch against the vendor op: {c.reason}", tensors, "mismatch")
+            return want
         return got
 
 

@@ -7,13 +7,14 @@ with the reference under the tolerances of ``torch_kernelize.tolerances``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.spec import KernelSpec, TensorMeta, dtype_from_name
 from torch_kernelize.tolerances import region_tolerance, tolerance
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -104,9 +105,14 @@ def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec
 
 def _region_tolerance(spec: KernelSpec) -> tuple[float, float]:
     """A region is judged by every value it rounds on the way, not only its output dtype."""
-    graph = json.loads(spec.graph)
-    dtypes = [m.torch_dtype for m in spec.inputs] + [TensorMeta.from_json(n["meta"]).torch_dtype
-                                                     for n in graph["nodes"]]
+    return _graph_tolerance(spec.graph, tuple(m.dtype for m in spec.inputs))
+
+
+@functools.lru_cache(maxsize=1024)
+def _graph_tolerance(graph_json: str, input_dtypes: tuple[str, ...]) -> tuple[float, float]:
+    graph = json.loads(graph_json)  # once per region, not once per trial or checked call
+    dtypes = [TensorMeta.from_json(n["meta"]).torch_dtype for n in graph["nodes"]]
+    dtypes += [dtype_from_name(d) for d in input_dtypes]
     return region_tolerance(dtypes, [n["op"] for n in graph["nodes"]])
 
 
