@@ -93,6 +93,11 @@ CONFIGS = {
     "persistent_over": (dict(L=40, N=3), dict(TILES=4, BLOCK_L=16)),          # 8 tiles: 2 programs, last over
     "persistent_rows": (dict(L=40, N=3, Cin=40), dict(TILES=2, BLOCK_L=32, FLAT=False, BLOCK_CI=16)),
     "persistent_cl": (dict(Cout=40, stride=2), dict(TILES=2, LAYOUT="CL", BLOCK_L=16, BLOCK_CO=16, CO_PROG=3)),
+    # grid-stride persistent programs: 8 tiles over 3 programs (uneven), rows in CL, more programs than tiles
+    "grid_stride": (dict(L=40, N=3), dict(GRID=3, BLOCK_L=16)),
+    "grid_rows_cl": (dict(L=40, N=3, Cout=40, pad=2, dil=2), dict(GRID=4, FLAT=False, BLOCK_L=16, LAYOUT="CL",
+                                                                BLOCK_CO=16, CO_PROG=3)),
+    "grid_over_tiles": (dict(L=20), dict(GRID=64, BLOCK_L=16, BLOCK_CI=16)),
 }
 
 
@@ -140,7 +145,11 @@ def test_benchmark_seeds():
     # (L=200 is no multiple of a power-of-2 tile), 128 positions x 32 input channels per dot
     assert (first["FLAT"], first["LAYOUT"], first["BLOCK_CO"], first["CO_PROG"], first["BLOCK_CI"], first["BLOCK_L"]) == \
         (True, "LC", 32, 3, 32, 128)
-    assert any(c["TILES"] > 1 for c in seeds) and any(c["LAYOUT"] == "CL" for c in seeds)
+    assert any(c["GRID"] > 0 for c in seeds) and any(c["LAYOUT"] == "CL" for c in seeds)
+    persistent = FAMILY.generate(spec, next(c for c in seeds if c["GRID"] == 264))
+    # a grid-stride loop over the 3200 tiles; the 27 weight tiles loaded once, before it
+    assert persistent.launches[0].grid == (264,) and "for tile in range(pp, 3200, 264):" in persistent.source
+    assert persistent.source.index("w2_2_2 = tl.load") < persistent.source.index("for tile in range")
     assert {c["DOT_UPCAST"] for c in seeds} == {True, False} and {c["ALIGN"] for c in seeds} == {True, False}
     aligned = FAMILY.generate(spec, next(c for c in seeds if c["ALIGN"])).source
     # output tile and centre-tap input: runs of 8 positions (gcd of the tile and L=200) start 16-byte aligned
@@ -263,6 +272,18 @@ def gpu_bench(out: str | None = None) -> list[dict]:
     configs = [c for c in FAMILY.seed_configs(spec) if not c["DOT_UPCAST"]]
     if "--neighbours" in sys.argv:
         configs += [n for c in list(configs) for n in FAMILY.neighbours(spec, c) if not n["DOT_UPCAST"]]
+    if "--sweep" in sys.argv:  # persistent grids x pipelining depth x tile shapes around the seeds
+        plan = FAMILY._plan(spec)
+        base = configs[0]
+        grid = [dict(GRID=g, num_stages=st) for g in (132, 264, 528) for st in (2, 3, 4)]
+        grid += [dict(GRID=g, num_stages=3, **kw) for g in (132, 264) for kw in
+                 (dict(ALIGN=True), dict(BLOCK_L=256), dict(FLAT=False), dict(FLAT=False, BLOCK_L=256))]
+        configs += [c for c in (base.replace(TILES=1, **kw) for kw in grid) if FAMILY._valid(plan, c)]
+        configs += [base.replace(TILES=t, GRID=0) for t in (1, 4, 8)]
+    only = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")), None)
+    if only is not None:  # one config (its str()), launched a few times: for ncu
+        value = lambda v: int(v) if v.isdigit() else {"True": True, "False": False}.get(v, v)
+        configs = [Config.of(**{k: value(v) for k, v in (kv.split("=") for kv in only.split() if "=" in kv)})]
     rows, seen = [], set()
     with tempfile.TemporaryDirectory() as tmp:
         for config in configs:
@@ -273,6 +294,11 @@ def gpu_bench(out: str | None = None) -> list[dict]:
             got = runner.run_poisoned([x, w, b])[0]
             err = float((got.float() - want).abs().max())
             outs, temps = runner.allocate(x.device)
+            if only is not None:
+                for _ in range(3):
+                    runner.launch([x, w, b], outs, temps)
+                torch.cuda.synchronize()
+                continue
             t = do_bench(lambda: runner.launch([x, w, b], outs, temps), warmup=25, rep=200)
             row = {"config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4),
                    "speedup": round(eager / t, 2), "max_abs_err": err}

@@ -23,6 +23,11 @@ Configuration:
   BLOCK_CI   input channels per reduction step
   TILES      position tiles per program; above 1 the program loads all its weights once (in
              registers) before walking its tiles, and the tile loop is what num_stages pipelines
+  GRID       0, or a persistent grid of GRID programs (one channel program per position tile
+             only) that walk the tiles with a grid stride: the weights are loaded once per program
+             and the loop, pipelined num_stages deep, keeps the next tiles' loads in flight while
+             the tensor cores work on the current one (without it one program per SM waits on
+             each tile's loads: the kernel is latency-bound far below the bandwidth)
   DOT_UPCAST fp16/bf16 tiles upcast to fp32 before the dot (the CPU interpreter's bf16 dot is
              wrong; the search keeps what validates), num_warps, num_stages
   ALIGN      for builds that compile without alignment facts (no vector accesses then): test
@@ -50,6 +55,7 @@ MAX_ACC_REGS = 128         # fp32 accumulator registers per thread
 MAX_W_REGS = 96            # 32-bit registers per thread for weights held across tiles (TILES > 1)
 MAX_DOTS = 96              # dots written out in one program (code size)
 MAX_TAPS = 64
+SMS = 132                  # multiprocessors of an H100 SXM/H200: seed persistent grids (searched)
 HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 
 
@@ -171,6 +177,11 @@ class Conv1dFamily(KernelFamily):
             return False
         if c["FLAT"] not in (True, False) or c["LAYOUT"] not in ("LC", "CL") or tiles not in (1, 2, 4, 8):
             return False
+        grid = c.get("GRID", 0)
+        if isinstance(grid, bool) or not isinstance(grid, int) or grid < 0:
+            return False
+        if grid and (tiles != 1 or plan.G != 1 or cop * bco < plan.Cout_g):
+            return False  # persistent programs each own every output channel of their tiles
         if c["num_warps"] not in (4, 8) or not 1 <= c["num_stages"] <= 4:
             return False
         # Two warpgroups on an MMA whose M is 64: on the H200 (Triton 3.6) such a candidate made an
@@ -190,17 +201,19 @@ class Conv1dFamily(KernelFamily):
         if cop * bco * bl > MAX_ACC_REGS * threads:
             return False
         chunks = -(-plan.Cin_g // bci)
-        dots = plan.K * cop * (chunks if tiles > 1 else 1)
+        hoist = tiles > 1 or grid > 0
+        dots = plan.K * cop * (chunks if hoist else 1)
         if dots > MAX_DOTS:
             return False
-        if tiles > 1:
+        if hoist:
             elt = 4 if plan.dtype == "float32" else 2
             if chunks * plan.K * cop * bco * bci * elt / 4 > MAX_W_REGS * threads:
                 return False
         return True
 
     def _fit(self, plan: _Plan, bl: int, bco: int, cop: int | None, bci: int, warps: int, stages: int,
-             flat: bool = True, layout: str = "LC", tiles: int = 1, upcast: bool = False, align: bool = False) -> Config:
+             flat: bool = True, layout: str = "LC", tiles: int = 1, upcast: bool = False, align: bool = False,
+             grid: int = 0) -> Config:
         bl = max(16, min(bl, self._l_cap(plan, flat)))
         bco = max(16, min(bco, next_pow2(plan.Cout_g)))
         cop = min(8, -(-plan.Cout_g // bco)) if cop is None else max(1, min(cop, -(-plan.Cout_g // bco)))
@@ -209,9 +222,9 @@ class Conv1dFamily(KernelFamily):
             bl //= 2
         c = Config.of(BLOCK_L=bl, BLOCK_CO=bco, CO_PROG=cop, BLOCK_CI=bci, FLAT=flat, LAYOUT=layout, TILES=tiles,
                       num_warps=warps, num_stages=stages, DOT_UPCAST=bool(upcast and plan.dtype != "float32"),
-                      ALIGN=align)
-        if tiles > 1 and not self._valid(plan, c):
-            c = c.replace(TILES=1)  # the weights do not fit registers: no persistent variant
+                      ALIGN=align, GRID=grid)
+        if (tiles > 1 or grid) and not self._valid(plan, c):
+            c = c.replace(TILES=1, GRID=0)  # the weights do not fit registers: no persistent variant
         return c
 
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
@@ -231,8 +244,11 @@ class Conv1dFamily(KernelFamily):
             self._fit(plan, 256, bco, None, bci, 8, 2, flat=not row),
             # one wide channel tile (96 -> 128 masked), channels as the MMA's M
             self._fit(plan, 128, big_co, 1, bci, 8, 3, flat=not row, layout="CL"),
-            # persistent: 4 tiles per program, the whole [Cout, Cin/groups * K] weight in registers
-            self._fit(plan, 128, bco, None, bci, 8, 2, flat=not row, tiles=4),
+            # persistent grids, the whole [Cout, Cin/groups * K] weight in registers (1 and 2
+            # programs per SM of an H100/H200; the search moves GRID, and TILES as the alternative)
+            self._fit(plan, 128, bco, None, bci, 8, 3, flat=not row, grid=2 * SMS),
+            self._fit(plan, 128, bco, None, bci, 8, 2, flat=not row, grid=SMS),
+            self._fit(plan, 64, bco, None, bci, 4, 3, flat=not row, grid=2 * SMS),
             # smaller tiles: twice the programs, for occupancy
             self._fit(plan, 64, bco, None, bci, 4, 3, flat=not row),
             # one program per (n, whole row) even when rows do not fill the tile: no n/l division
@@ -255,6 +271,8 @@ class Conv1dFamily(KernelFamily):
         cands = []
         for k in ("BLOCK_L", "BLOCK_CO", "BLOCK_CI", "TILES"):
             cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: c[k] // 2})]
+        grid = c.get("GRID", 0)
+        cands += [c.replace(GRID=g, TILES=1) for g in ((grid * 2, grid // 2, grid + SMS // 2) if grid else (SMS, 2 * SMS))]
         cands += [c.replace(BLOCK_CO=c["BLOCK_CO"] * 2, CO_PROG=max(1, c["CO_PROG"] // 2)),
                   c.replace(BLOCK_CO=c["BLOCK_CO"] // 2, CO_PROG=c["CO_PROG"] * 2),
                   c.replace(CO_PROG=c["CO_PROG"] + 1), c.replace(CO_PROG=c["CO_PROG"] - 1)]
@@ -299,18 +317,22 @@ class _Gen:
         self.co_progs = p.G * self.ct
         self.lt = -(-p.Lout // self.bl)                            # row mode: l tiles per batch element
         self.pos_tiles = -(-(p.N * p.Lout) // self.bl) if self.flat else p.N * self.lt
-        self.pos_progs = -(-self.pos_tiles // self.tiles)
-        self.over = self.pos_progs * self.tiles != self.pos_tiles  # the last program runs past the end
+        self.grid = int(c.get("GRID", 0))
+        if self.grid:  # grid-stride loop: every tile a program visits exists
+            self.pos_progs, self.over = min(self.grid, self.pos_tiles), False
+        else:
+            self.pos_progs = -(-self.pos_tiles // self.tiles)
+            self.over = self.pos_progs * self.tiles != self.pos_tiles  # the last program runs past the end
         # chunks of output channels that exist (CO_PROG never exceeds the channels when ct == 1)
         self.co_chunks = [j for j in range(self.cop) if self.ct > 1 or j * self.bco < p.Cout_g]
         self.co_masked = p.Cout_g % self.co_span != 0
         self.ci_masked = p.Cin_g % self.bci != 0
-        self.hoist = self.tiles > 1
+        self.hoist = self.tiles > 1 or self.grid > 0
         # int64 when an offset of a valid element (plus a block of slack) or a position index can pass int32
         metas = [spec.inputs[i] for i in range(len(spec.inputs))] + [spec.outputs[0]]
         slack = (self.bl + p.K * p.dil + p.pad) * p.stride * max(p.x_strides[2], 1) + self.co_span + self.bci
         reach = max(cg.max_offset(m.shape, m.stride) for m in metas) + slack
-        positions = self.pos_progs * self.tiles * self.bl + self.bl
+        positions = max(self.pos_progs * self.tiles, self.pos_tiles) * self.bl + self.bl
         self.wide = max(reach, positions, p.N * p.Lout * p.stride) > cg.INT32_MAX
         self.src = cg.Source()
 
@@ -386,7 +408,7 @@ class _Gen:
           f"x[n, g * {p.Cin_g} + ci, l * {p.stride} + k * {p.dil} - {p.pad}]  (zero outside [0, {p.L}))",
           f"# N={p.N} Cin={p.Cin} L={p.L} -> Cout={p.Cout} Lout={p.Lout}, groups={p.G}; strides x {list(p.x_strides)}, "
           f"w {list(p.w_strides)}, out {list(p.out_strides)}",
-          f"# program = {'TILES=' + str(self.tiles) + ' x ' if self.tiles > 1 else ''}{self.bl} "
+          f"# program = {'every ' + str(self.pos_progs) + 'th tile of ' if self.grid else 'TILES=' + str(self.tiles) + ' x ' if self.tiles > 1 else ''}{self.bl} "
           f"{'flattened (n, l)' if self.flat else 'l'} positions x {self.co_span} output channels "
           f"({len(self.co_chunks)} dot(s) of {self.bco}); acc[{'BLOCK_L, BLOCK_CO' if self.lc else 'BLOCK_CO, BLOCK_L'}]")
         if self.co_progs > 1:
@@ -415,14 +437,18 @@ class _Gen:
                 local = _sum(local_base, str(off) if off else '', 'tl.arange(0, BLOCK_CO)')
                 s(f"com{j} = {local} < {p.Cout_g}")
         if self.hoist:
-            s(f"# the weights of these channels, loaded once for the program's {self.tiles} tiles")
+            s(f"# the weights of these channels, loaded once for the program's {'tiles' if self.grid else self.tiles}"
+              f"{'' if self.grid else ' tiles'}")
             for c in range(self.chunks):
                 self.ci_vars(f"{c * self.bci} + rci" if c else "rci", c)
                 for k in range(p.K):
                     for j in self.co_chunks:
                         self.load_w(f"w{c}_{k}_{j}", c, k, j)
-            s(f"for t in range({self.tiles}):").indent()
-            s(f"tile = pp * {self.tiles} + t")
+            if self.grid:
+                s(f"for tile in range(pp, {self.pos_tiles}, {self.pos_progs}):").indent()
+            else:
+                s(f"for t in range({self.tiles}):").indent()
+                s(f"tile = pp * {self.tiles} + t")
         else:
             s("tile = pp")
         self.positions()
