@@ -98,6 +98,9 @@ CONFIGS = {
     "grid_rows_cl": (dict(L=40, N=3, Cout=40, pad=2, dil=2), dict(GRID=4, FLAT=False, BLOCK_L=16, LAYOUT="CL",
                                                                 BLOCK_CO=16, CO_PROG=3)),
     "grid_over_tiles": (dict(L=20), dict(GRID=64, BLOCK_L=16, BLOCK_CI=16)),
+    "loads_first": (dict(L=40, N=3, Cin=40), dict(GRID=5, BLOCK_L=16, BLOCK_CI=16, LOADS_FIRST=True)),
+    "loads_first_tiles_cl": (dict(Cout=40, stride=2), dict(TILES=2, LAYOUT="CL", BLOCK_L=16, BLOCK_CO=16, CO_PROG=3,
+                                                         LOADS_FIRST=True)),
 }
 
 
@@ -146,9 +149,9 @@ def test_benchmark_seeds():
     assert (first["FLAT"], first["LAYOUT"], first["BLOCK_CO"], first["CO_PROG"], first["BLOCK_CI"], first["BLOCK_L"]) == \
         (True, "LC", 32, 3, 32, 128)
     assert any(c["GRID"] > 0 for c in seeds) and any(c["LAYOUT"] == "CL" for c in seeds)
-    persistent = FAMILY.generate(spec, next(c for c in seeds if c["GRID"] == 264))
+    persistent = FAMILY.generate(spec, next(c for c in seeds if c["GRID"] == 132))
     # a grid-stride loop over the 3200 tiles; the 27 weight tiles loaded once, before it
-    assert persistent.launches[0].grid == (264,) and "for tile in range(pp, 3200, 264):" in persistent.source
+    assert persistent.launches[0].grid == (132,) and "for tile in range(pp, 3200, 132):" in persistent.source
     assert persistent.source.index("w2_2_2 = tl.load") < persistent.source.index("for tile in range")
     assert {c["DOT_UPCAST"] for c in seeds} == {True, False} and {c["ALIGN"] for c in seeds} == {True, False}
     aligned = FAMILY.generate(spec, next(c for c in seeds if c["ALIGN"])).source
@@ -275,7 +278,7 @@ def gpu_bench(out: str | None = None) -> list[dict]:
     if "--sweep" in sys.argv:  # persistent grids x pipelining depth x tile shapes around the seeds
         plan = FAMILY._plan(spec)
         base = configs[0]
-        grid = [dict(GRID=g, num_stages=st) for g in (132, 264, 528) for st in (2, 3, 4)]
+        grid = [dict(GRID=g, num_stages=st, LOADS_FIRST=lf) for g in (132, 264) for st in (2, 3, 4) for lf in (False, True)]
         grid += [dict(GRID=g, num_stages=3, **kw) for g in (132, 264) for kw in
                  (dict(ALIGN=True), dict(BLOCK_L=256), dict(FLAT=False), dict(FLAT=False, BLOCK_L=256))]
         configs += [c for c in (base.replace(TILES=1, **kw) for kw in grid) if FAMILY._valid(plan, c)]

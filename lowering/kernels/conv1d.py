@@ -30,6 +30,9 @@ Configuration:
              each tile's loads: the kernel is latency-bound far below the bandwidth)
   DOT_UPCAST fp16/bf16 tiles upcast to fp32 before the dot (the CPU interpreter's bf16 dot is
              wrong; the search keeps what validates), num_warps, num_stages
+  LOADS_FIRST  issue every tap's input tile of a position tile before the first dot (the shifted
+             taps are unaligned: plain 2-byte loads that Triton does not pipeline, whose latencies
+             otherwise add up one after another); with unrolled channel chunks only
   ALIGN      for builds that compile without alignment facts (no vector accesses then): test
              x/out for 16-byte alignment once at run time and run a body whose output tile and
              centre-tap input tile carry tl.multiple_of / tl.max_contiguous hints (16-byte vector
@@ -190,8 +193,10 @@ class Conv1dFamily(KernelFamily):
             return False
         if c["DOT_UPCAST"] not in (True, False) or (c["DOT_UPCAST"] and plan.dtype == "float32"):
             return False
-        if c.get("ALIGN", False) not in (True, False):
+        if c.get("ALIGN", False) not in (True, False) or c.get("LOADS_FIRST", False) not in (True, False):
             return False
+        if c.get("LOADS_FIRST") and not (tiles > 1 or grid or -(-plan.Cin_g // bci) == 1):
+            return False  # only where the channel chunks are unrolled
         if bl > self._l_cap(plan, c["FLAT"]) or bco > max(16, next_pow2(plan.Cout_g)) \
                 or bci > max(16, next_pow2(plan.Cin_g)):
             return False
@@ -213,7 +218,7 @@ class Conv1dFamily(KernelFamily):
 
     def _fit(self, plan: _Plan, bl: int, bco: int, cop: int | None, bci: int, warps: int, stages: int,
              flat: bool = True, layout: str = "LC", tiles: int = 1, upcast: bool = False, align: bool = False,
-             grid: int = 0) -> Config:
+             grid: int = 0, loads_first: bool = False) -> Config:
         bl = max(16, min(bl, self._l_cap(plan, flat)))
         bco = max(16, min(bco, next_pow2(plan.Cout_g)))
         cop = min(8, -(-plan.Cout_g // bco)) if cop is None else max(1, min(cop, -(-plan.Cout_g // bco)))
@@ -222,9 +227,9 @@ class Conv1dFamily(KernelFamily):
             bl //= 2
         c = Config.of(BLOCK_L=bl, BLOCK_CO=bco, CO_PROG=cop, BLOCK_CI=bci, FLAT=flat, LAYOUT=layout, TILES=tiles,
                       num_warps=warps, num_stages=stages, DOT_UPCAST=bool(upcast and plan.dtype != "float32"),
-                      ALIGN=align, GRID=grid)
+                      ALIGN=align, GRID=grid, LOADS_FIRST=loads_first)
         if (tiles > 1 or grid) and not self._valid(plan, c):
-            c = c.replace(TILES=1, GRID=0)  # the weights do not fit registers: no persistent variant
+            c = c.replace(TILES=1, GRID=0, LOADS_FIRST=False)  # the weights do not fit registers
         return c
 
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
@@ -246,8 +251,8 @@ class Conv1dFamily(KernelFamily):
             self._fit(plan, 128, big_co, 1, bci, 8, 3, flat=not row, layout="CL"),
             # persistent grids, the whole [Cout, Cin/groups * K] weight in registers (1 and 2
             # programs per SM of an H100/H200; the search moves GRID, and TILES as the alternative)
-            self._fit(plan, 128, bco, None, bci, 8, 3, flat=not row, grid=2 * SMS),
-            self._fit(plan, 128, bco, None, bci, 8, 2, flat=not row, grid=SMS),
+            self._fit(plan, 128, bco, None, bci, 8, 3, flat=not row, grid=SMS),
+            self._fit(plan, 128, bco, None, bci, 8, 3, flat=not row, grid=SMS, loads_first=True),
             self._fit(plan, 64, bco, None, bci, 4, 3, flat=not row, grid=2 * SMS),
             # smaller tiles: twice the programs, for occupancy
             self._fit(plan, 64, bco, None, bci, 4, 3, flat=not row),
@@ -279,7 +284,8 @@ class Conv1dFamily(KernelFamily):
         cands += [c.replace(num_warps=8 if c["num_warps"] == 4 else 4),
                   c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1),
                   c.replace(FLAT=not c["FLAT"]), c.replace(LAYOUT="CL" if c["LAYOUT"] == "LC" else "LC"),
-                  c.replace(DOT_UPCAST=not c["DOT_UPCAST"]), c.replace(ALIGN=not c.get("ALIGN", False))]
+                  c.replace(DOT_UPCAST=not c["DOT_UPCAST"]), c.replace(ALIGN=not c.get("ALIGN", False)),
+                  c.replace(LOADS_FIRST=not c.get("LOADS_FIRST", False))]
         return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
 
     # --- generation ---------------------------------------------------------------------------
@@ -455,10 +461,18 @@ class _Gen:
         for j in self.co_chunks:
             s(f"acc{j} = tl.zeros([{'BLOCK_L, BLOCK_CO' if self.lc else 'BLOCK_CO, BLOCK_L'}], dtype=tl.float32)")
         if self.hoist or self.chunks == 1:
-            for c in range(self.chunks):
-                if not self.hoist:
-                    self.ci_vars("rci", c)
-                self.reduce_chunk(c)
+            if not self.hoist:
+                self.ci_vars("rci", 0)
+            if self.c.get("LOADS_FIRST", False):
+                s("# every tap's input tile first: the unaligned (shifted) loads are plain loads, not",
+                  "# pipelined copies, so their latencies overlap only when they are issued together")
+                for c in range(self.chunks):
+                    self.reduce_chunk(c, dots=False)
+                for c in range(self.chunks):
+                    self.reduce_chunk(c, loads=False)
+            else:
+                for c in range(self.chunks):
+                    self.reduce_chunk(c)
         else:
             s(f"for c in range({self.chunks}):  # Cin/groups = {p.Cin_g}: {self.chunks} chunks of BLOCK_CI").indent()
             self.ci_vars("c * BLOCK_CI + rci", "")
@@ -546,11 +560,17 @@ class _Gen:
         kw = f", mask={' & '.join(masks)}, other=0.0" if masks else ""
         self.src(f"{var} = tl.load({self.w} + {off}{kw})")
 
-    def reduce_chunk(self, c) -> None:
-        """The K taps of one input-channel chunk: shifted input tile x weight slice, per channel dot."""
+    def reduce_chunk(self, c, loads: bool = True, dots: bool = True) -> None:
+        """The K taps of one input-channel chunk: shifted input tile x weight slice, per channel dot
+        (loads only, or dots only on tiles loaded earlier, when the loads are issued first)."""
         p, s = self.p, self.src
         xs = p.x_strides
+        xv = "x" if loads and dots else None
         for k in range(p.K):
+            xt = xv or f"x{c}_{k}"
+            if not loads:
+                self.tap_dots(c, k, xt)
+                continue
             shift = (k * p.dil - p.pad) * xs[2]
             pos = f"(xpos + {shift})" if shift > 0 else f"(xpos - {-shift})" if shift < 0 else "xpos"
             tm, cm = self.tap_mask(k), self.ci_mask(c)
@@ -564,14 +584,18 @@ class _Gen:
             ptr = self.hinted("x_ptrs", f"{self.x} + {off}", self.hint_x if shift == 0 else None)
             sh = k * p.dil - p.pad
             where = f"{self.ls}{f' + {sh}' if sh > 0 else f' - {-sh}' if sh < 0 else ''}"
-            s(f"x = tl.load({ptr}{kw})  # tap {k}: input position {where}")
-            for j in self.co_chunks:
-                w = f"w{c}_{k}_{j}"
-                if not self.hoist:
-                    self.load_w("w", c, k, j)
-                    w = "w"
-                a, b = ("x", w) if self.lc else (w, "x")
-                s(self.dot(a, b, f"acc{j}"))
+            s(f"{xt} = tl.load({ptr}{kw})  # tap {k}: input position {where}")
+            if dots:
+                self.tap_dots(c, k, xt)
+
+    def tap_dots(self, c, k: int, xt: str) -> None:
+        for j in self.co_chunks:
+            w = f"w{c}_{k}_{j}"
+            if not self.hoist:
+                self.load_w("w", c, k, j)
+                w = "w"
+            a, b = (xt, w) if self.lc else (w, xt)
+            self.src(self.dot(a, b, f"acc{j}"))
 
     def dot(self, a: str, b: str, acc: str) -> str:
         if self.p.dtype == "float32":
