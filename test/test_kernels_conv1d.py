@@ -98,6 +98,13 @@ CONFIGS = {
     "grid_rows_cl": (dict(L=40, N=3, Cout=40, pad=2, dil=2), dict(GRID=4, FLAT=False, BLOCK_L=16, LAYOUT="CL",
                                                                 BLOCK_CO=16, CO_PROG=3)),
     "grid_over_tiles": (dict(L=20), dict(GRID=64, BLOCK_L=16, BLOCK_CI=16)),
+    # taps at shift -1/+1 gathered from the shift-0 tile (+ halo): flattened tiles spanning rows,
+    # rows in CL with masked channels, loop over channel chunks, a row tile past the end (K=2: Lout=L+1)
+    "gather_flat": (dict(L=40, N=3), dict(GRID=3, BLOCK_L=16, GATHER=True)),
+    "gather_rows_cl": (dict(L=40, N=3, Cin=40, Cout=40), dict(FLAT=False, BLOCK_L=16, LAYOUT="CL", BLOCK_CO=16,
+                                                            CO_PROG=3, BLOCK_CI=16, TILES=2, GATHER=True)),
+    "gather_ci_loop": (dict(Cin=40, L=30), dict(BLOCK_L=16, BLOCK_CI=16, GATHER=True, LOADS_FIRST=False)),
+    "gather_k2_rows": (dict(K=2, pad=1, L=20), dict(FLAT=False, BLOCK_L=16, GATHER=True)),
     "loads_first": (dict(L=40, N=3, Cin=40), dict(GRID=5, BLOCK_L=16, BLOCK_CI=16, LOADS_FIRST=True)),
     "loads_first_tiles_cl": (dict(Cout=40, stride=2), dict(TILES=2, LAYOUT="CL", BLOCK_L=16, BLOCK_CO=16, CO_PROG=3,
                                                          LOADS_FIRST=True)),
@@ -278,9 +285,12 @@ def gpu_bench(out: str | None = None) -> list[dict]:
     if "--sweep" in sys.argv:  # persistent grids x pipelining depth x tile shapes around the seeds
         plan = FAMILY._plan(spec)
         base = configs[0]
-        grid = [dict(GRID=g, num_stages=st, LOADS_FIRST=lf) for g in (132, 264) for st in (2, 3, 4) for lf in (False, True)]
-        grid += [dict(GRID=g, num_stages=3, **kw) for g in (132, 264) for kw in
-                 (dict(ALIGN=True), dict(BLOCK_L=256), dict(FLAT=False), dict(FLAT=False, BLOCK_L=256))]
+        grid = [dict(GRID=g, num_stages=st, LOADS_FIRST=lf, GATHER=ga) for g in (132, 264) for st in (2, 3, 4)
+                for lf in (False, True) for ga in (False, True)]
+        grid += [dict(GRID=g, num_stages=3, GATHER=True, **kw) for g in (132, 264) for kw in
+                 (dict(ALIGN=True), dict(BLOCK_L=256), dict(FLAT=False), dict(FLAT=False, BLOCK_L=256),
+                  dict(BLOCK_L=64, num_warps=4), dict(LAYOUT="CL", BLOCK_CO=128, CO_PROG=1))]
+        grid += [dict(GATHER=True, num_stages=st) for st in (2, 3)]
         configs += [c for c in (base.replace(TILES=1, **kw) for kw in grid) if FAMILY._valid(plan, c)]
         configs += [base.replace(TILES=t, GRID=0) for t in (1, 4, 8)]
     only = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")), None)

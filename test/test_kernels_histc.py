@@ -1,5 +1,5 @@
 """The histc family on the Triton interpreter: fixed and data-derived ranges, fp32/fp16/bf16,
-both variants; counts equal torch.histc on CPU exactly, and validation against float64 passes."""
+every variant; counts equal torch.histc on CPU exactly, and validation against float64 passes."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ import torch
 from kernel_testing import assert_valid, aten_counts, compare_eager, compile_sm90, load, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
-from torch_kernelize.lowering.kernels.histc import FAMILY
+from torch_kernelize.lowering.kernels.histc import FAMILY, _dot_tile
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy casting NaN in masked lanes
 
@@ -25,6 +25,9 @@ CASES = {
     "data_range": (10, 0, 0),
     "data_range_equal_args": (25, 3.0, 3.0),  # min == max (not 0) also means "from the data"
 }
+
+
+DOT = Config.of(BLOCK=128, ITERS=2, num_warps=4, VARIANT="dot", ONEHOT="int8")
 
 
 def inputs(dtype, layout="contiguous", n=(23, 40), seed=0):
@@ -58,7 +61,9 @@ def test_histc_matches_torch_exactly(case, dtype, layout, tmp_path):
     dict(BLOCK=128, ITERS=4, num_warps=4, VARIANT="local"),
     dict(BLOCK=256, ITERS=2, num_warps=2, VARIANT="atomic"),
     dict(BLOCK=128, ITERS=1, num_warps=1, VARIANT="local"),
-], ids=["iters4", "atomic_iters2", "small"])
+    dict(BLOCK=256, ITERS=4, num_warps=2, VARIANT="dot", ONEHOT="int8"),
+    dict(BLOCK=128, ITERS=1, num_warps=1, VARIANT="dot", ONEHOT="float16"),
+], ids=["iters4", "atomic_iters2", "small", "dot_iters4", "dot_fp16_small"])
 @pytest.mark.parametrize("case", ["fixed_16", "data_range"])
 def test_histc_configs(case, config, tmp_path):
     bins, lo, hi = CASES[case]
@@ -72,12 +77,14 @@ def test_every_seed_config_and_neighbours(tmp_path):
     x = inputs(F32, n=(64, 70))
     spec = spec_of(aten.histc.default, (x, 64, -2, 2))
     configs = FAMILY.seed_configs(spec)
-    assert {c["VARIANT"] for c in configs} == {"local", "atomic"}
+    assert {c["VARIANT"] for c in configs} == {"local", "atomic", "dot"}
+    assert {c["ONEHOT"] for c in configs if c["VARIANT"] == "dot"} == {"int8", "float16"}
     for config in configs:
         program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0,), eager=False)
         compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
         for n in FAMILY.neighbours(spec, config):
             FAMILY.generate(spec, n)
+    assert {c["VARIANT"] for c in FAMILY.seed_configs(spec_of(aten.histc.default, (x, 2000, -2, 2)))} == {"dot", "atomic"}
     many = spec_of(aten.histc.default, (x, 5000, -2, 2))
     assert {c["VARIANT"] for c in FAMILY.seed_configs(many)} == {"atomic"}
 
@@ -87,11 +94,12 @@ def test_all_equal_and_edges(tmp_path):
     spec = spec_of(aten.histc.default, (torch.full((50,), 2.5), 4, 0, 0))
     program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
     compare_eager(FAMILY, spec, program, tmp_path, exact=True)
+    compare_eager(FAMILY, spec, FAMILY.generate(spec, DOT.replace(ITERS=1)), tmp_path, exact=True)
     x = torch.tensor([-1.0, -0.5, 0.0, 0.25, 0.5, 1.0, 1.5, float("nan"), float("inf"), -float("inf"), 0.999999])
     for dtype in (F32, F16, BF16):
         spec = spec_of(aten.histc.default, (x.to(dtype), 4, -0.5, 1.0))
-        compare_eager(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[-1]), tmp_path, exact=True,
-                      inputs=[x.to(dtype)])
+        for config in (FAMILY.seed_configs(spec)[-1], DOT.replace(ITERS=1, ONEHOT="float16")):
+            compare_eager(FAMILY, spec, FAMILY.generate(spec, config), tmp_path, exact=True, inputs=[x.to(dtype)])
 
 
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
@@ -113,11 +121,13 @@ def test_seeds_bin_32_elements_per_thread():
     assert any(c["VARIANT"] == "local" and c["BLOCK"] // (32 * c["num_warps"]) == 32 for c in FAMILY.seed_configs(spec))
 
 
-def test_data_range_with_nan_gives_nan(tmp_path):
+@pytest.mark.parametrize("variant", ["local", "dot"])
+def test_data_range_with_nan_gives_nan(variant, tmp_path):
     """ATen raises for a NaN/inf data range; a kernel cannot raise, so every bin is NaN (never silently wrong)."""
     x = torch.randn(100)
     spec = spec_of(aten.histc.default, (x, 8))
-    runner = load(tmp_path, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]))
+    config = next(c for c in FAMILY.seed_configs(spec) if c["VARIANT"] == variant)
+    runner = load(tmp_path, spec, FAMILY.generate(spec, config))
     for bad in (float("nan"), float("inf")):
         y = x.clone()
         y[17] = bad
@@ -126,14 +136,16 @@ def test_data_range_with_nan_gives_nan(tmp_path):
         assert runner.run_poisoned([y])[0].isnan().all()
 
 
-@pytest.mark.parametrize("what", ["bins", "last_bin", "range"])
+@pytest.mark.parametrize("what", ["bins", "last_bin", "range", "dot_split", "dot_skip"])
 def test_broken_programs_fail_validation(what, tmp_path):
     x = inputs(F32)
-    spec = spec_of(aten.histc.default, (x, 16, -2.0, 2.0) if what != "range" else (x, 16))
-    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    spec = spec_of(aten.histc.default, (x, 100 if what.startswith("dot") else 16, -2.0, 2.0) if what != "range" else (x, 16))
+    program = FAMILY.generate(spec, DOT if what.startswith("dot") else FAMILY.seed_configs(spec)[0])
     old, new = {"bins": ("* 16.0", "* 15.0"),
                 "last_bin": ("tl.minimum(tl.maximum(pos, 0), 15)", "tl.minimum(tl.maximum(pos, 0), 14)"),
-                "range": ("mn.to(tl.float64) - 1.0", "mn.to(tl.float64) - 2.0")}[what]
+                "range": ("mn.to(tl.float64) - 1.0", "mn.to(tl.float64) - 2.0"),
+                "dot_split": ("pos & 15", "pos & 7"),
+                "dot_skip": ("tl.where(keep, pos >> 4, -1)", "tl.where(keep, pos >> 4, 0)")}[what]
     if what == "range":  # only matters for all-equal data: the "zeros" edge trial catches it
         old, new = "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0", "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 3.0"
     assert old in program.source
@@ -153,9 +165,55 @@ def test_refusals():
     assert family_for(s) is FAMILY
 
 
-def test_sm90_compile(tmp_path):
-    x = torch.randn(4096 * 64)
-    for args in [(x, 256, -3.0, 3.0), (x.half(), 100), (x.bfloat16(), 200, -1, 1), (x, 4000, -1, 1)]:
-        spec = spec_of(aten.histc.default, args)
-        for config in FAMILY.seed_configs(spec):
-            compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+@pytest.mark.parametrize("dtype,args", [(F32, (256, -3.0, 3.0)), (F16, (100,)), (BF16, (200, -1, 1)), (F32, (4000, -1, 1))],
+                         ids=["f32_256", "f16_100_data", "bf16_200", "f32_4000"])
+def test_sm90_compile(dtype, args, tmp_path):
+    """Every seed (the "dot" ones included: 4000 bins is a [64, 64] tile) compiles for sm_90."""
+    spec = spec_of(aten.histc.default, (torch.randn(4096 * 64).to(dtype), *args))
+    configs = FAMILY.seed_configs(spec)
+    assert "dot" in {c["VARIANT"] for c in configs}
+    for config in configs:
+        compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+
+
+DOT_CASES = {"fixed_256": (256, -2.0, 2.0), "fixed_100": (100, -0.3, 1.7), "data_256": (256, 0, 0), "data_100": (100, 0, 0)}
+
+
+@pytest.mark.parametrize("case,dtype,onehot", [  # each one-hot dtype meets every case and every input dtype
+    (case, dtype, ("int8", "float16")[(i + j) % 2]) for i, case in enumerate(DOT_CASES) for j, dtype in enumerate((F32, F16, BF16))],
+    ids=str)
+def test_dot_variant_matches_torch_exactly(case, dtype, onehot, tmp_path):
+    """The tensor-core count: the same bins as ATen, 100 bins (a partly used [16, 16] tile) included."""
+    bins, lo, hi = DOT_CASES[case]
+    layout = "sliced" if bins == 100 else "contiguous"
+    x = inputs(dtype, layout)
+    spec = spec_of(aten.histc.default, (x, bins, lo, hi))
+    program = assert_valid(FAMILY, spec, tmp_path, DOT.replace(ONEHOT=onehot), seeds=(0, 1), eager=False)
+    assert "tl.dot(" in program.source and "tl.histogram" not in program.source
+    runner = load(tmp_path, spec, program)
+    for seed in range(2):  # unrestricted data, edges included
+        xs = torch.empty_strided(x.shape, x.stride(), dtype=dtype).copy_(inputs(dtype, layout, seed=seed + 5) * (1 + seed))
+        assert torch.equal(runner.run_poisoned([xs])[0], aten_counts(xs, bins, lo, hi))
+
+
+def test_dot_counts_one_crowded_bin(tmp_path):
+    """Every element in one bin: per-program counts well past int8/fp16 range still add up exactly."""
+    x = torch.full((3000,), 0.7)
+    x[::7] = 1.0   # the max: the last bin
+    spec = spec_of(aten.histc.default, (x, 256, -1.0, 1.0))
+    for onehot in ("int8", "float16"):
+        program = FAMILY.generate(spec, Config.of(BLOCK=1024, ITERS=2, num_warps=4, VARIANT="dot", ONEHOT=onehot))
+        assert torch.equal(load(tmp_path, spec, program).run_poisoned([x])[0], torch.histc(x, 256, -1.0, 1.0))
+
+
+def test_dot_tile_and_limits():
+    assert [_dot_tile(b) for b in (1, 100, 256, 257, 1024, 4096)] == [(16, 16), (16, 16), (16, 16), (16, 32), (32, 32), (64, 64)]
+    assert max(_dot_tile(4097)) > 64
+    spec = spec_of(aten.histc.default, (torch.empty(1 << 24), 256, -3.0, 3.0))
+    dots = [c for c in FAMILY.seed_configs(spec) if c["VARIANT"] == "dot"]
+    assert len(dots) == 3 and all(256 <= (1 << 24) // (c["BLOCK"] * c["ITERS"]) <= 1024 for c in dots)
+    plan = FAMILY._plan(spec)
+    assert not FAMILY._valid(plan, DOT.replace(ONEHOT=None))            # a dot config names its one-hot dtype
+    assert not FAMILY._valid(plan, DOT.replace(VARIANT="local"))       # and only a dot config does
+    assert not FAMILY._valid(plan, DOT.replace(BLOCK=8192))            # one-hots over 128 KiB of shared memory
+    assert not FAMILY._valid(plan, DOT.replace(num_warps=16))

@@ -33,6 +33,10 @@ Configuration:
   LOADS_FIRST  issue every tap's input tile of a position tile before the first dot (the shifted
              taps are unaligned: plain 2-byte loads that Triton does not pipeline, whose latencies
              otherwise add up one after another); with unrolled channel chunks only
+  GATHER     the taps at shift -1/+1 (stride 1) are the aligned shift-0 tile moved by one row
+             (tl.gather: warp shuffles) plus a one-position halo load, instead of unaligned loads:
+             the unaligned 2-byte loads of the other taps bound the kernel on L1 traffic (ncu on
+             the H200: L1/TEX 64% busy, DRAM 15%)
   ALIGN      for builds that compile without alignment facts (no vector accesses then): test
              x/out for 16-byte alignment once at run time and run a body whose output tile and
              centre-tap input tile carry tl.multiple_of / tl.max_contiguous hints (16-byte vector
@@ -195,6 +199,11 @@ class Conv1dFamily(KernelFamily):
             return False
         if c.get("ALIGN", False) not in (True, False) or c.get("LOADS_FIRST", False) not in (True, False):
             return False
+        if c.get("GATHER", False) not in (True, False):
+            return False
+        if c.get("GATHER") and not (plan.stride == 1 and all(abs(k * plan.dil - plan.pad) <= 1 for k in range(plan.K))
+                                    and (plan.Lout == plan.L or not c["FLAT"])):
+            return False  # shifts of one position, inside a row of the flattened numbering
         if c.get("LOADS_FIRST") and not (tiles > 1 or grid or -(-plan.Cin_g // bci) == 1):
             return False  # only where the channel chunks are unrolled
         if bl > self._l_cap(plan, c["FLAT"]) or bco > max(16, next_pow2(plan.Cout_g)) \
@@ -218,7 +227,7 @@ class Conv1dFamily(KernelFamily):
 
     def _fit(self, plan: _Plan, bl: int, bco: int, cop: int | None, bci: int, warps: int, stages: int,
              flat: bool = True, layout: str = "LC", tiles: int = 1, upcast: bool = False, align: bool = False,
-             grid: int = 0, loads_first: bool = False) -> Config:
+             grid: int = 0, loads_first: bool = False, gather: bool = False) -> Config:
         bl = max(16, min(bl, self._l_cap(plan, flat)))
         bco = max(16, min(bco, next_pow2(plan.Cout_g)))
         cop = min(8, -(-plan.Cout_g // bco)) if cop is None else max(1, min(cop, -(-plan.Cout_g // bco)))
@@ -227,7 +236,7 @@ class Conv1dFamily(KernelFamily):
             bl //= 2
         c = Config.of(BLOCK_L=bl, BLOCK_CO=bco, CO_PROG=cop, BLOCK_CI=bci, FLAT=flat, LAYOUT=layout, TILES=tiles,
                       num_warps=warps, num_stages=stages, DOT_UPCAST=bool(upcast and plan.dtype != "float32"),
-                      ALIGN=align, GRID=grid, LOADS_FIRST=loads_first)
+                      ALIGN=align, GRID=grid, LOADS_FIRST=loads_first, GATHER=gather)
         if (tiles > 1 or grid) and not self._valid(plan, c):
             c = c.replace(TILES=1, GRID=0, LOADS_FIRST=False)  # the weights do not fit registers
         return c
@@ -285,7 +294,7 @@ class Conv1dFamily(KernelFamily):
                   c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1),
                   c.replace(FLAT=not c["FLAT"]), c.replace(LAYOUT="CL" if c["LAYOUT"] == "LC" else "LC"),
                   c.replace(DOT_UPCAST=not c["DOT_UPCAST"]), c.replace(ALIGN=not c.get("ALIGN", False)),
-                  c.replace(LOADS_FIRST=not c.get("LOADS_FIRST", False))]
+                  c.replace(LOADS_FIRST=not c.get("LOADS_FIRST", False)), c.replace(GATHER=not c.get("GATHER", False))]
         return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
 
     # --- generation ---------------------------------------------------------------------------
@@ -334,6 +343,7 @@ class _Gen:
         self.co_masked = p.Cout_g % self.co_span != 0
         self.ci_masked = p.Cin_g % self.bci != 0
         self.hoist = self.tiles > 1 or self.grid > 0
+        self.gather = bool(c.get("GATHER", False))
         # int64 when an offset of a valid element (plus a block of slack) or a position index can pass int32
         metas = [spec.inputs[i] for i in range(len(spec.inputs))] + [spec.outputs[0]]
         slack = (self.bl + p.K * p.dil + p.pad) * p.stride * max(p.x_strides[2], 1) + self.co_span + self.bci
@@ -435,6 +445,8 @@ class _Gen:
         co_base = _sum(f"{g} * {p.Cout_g}" if g else "", f"{ct} * {self.co_span}" if ct else "")
         local_base = f"{ct} * {self.co_span}" if ct else ""
         s(f"rci = tl.arange(0, BLOCK_CI){'.to(tl.int64)' if self.wide else ''}")
+        if self.gather:
+            s("rl = tl.arange(0, BLOCK_L)  # tile rows, for the shifted (gathered) taps")
         for j in self.co_chunks:
             off = j * self.bco
             rco = "tl.arange(0, BLOCK_CO)" + (".to(tl.int64)" if self.wide else "")
@@ -533,8 +545,10 @@ class _Gen:
 
     def tap_mask(self, k: int) -> str | None:
         """Positions whose input l*stride + k*dil - pad lies inside [0, L) (else zero padding)."""
+        return self.shift_mask(k * self.p.dil - self.p.pad)
+
+    def shift_mask(self, shift: int) -> str | None:
         p = self.p
-        shift = k * p.dil - p.pad
         conds = []
         if shift < 0:
             conds.append(f"({self.ls} >= {-shift})")
@@ -571,6 +585,11 @@ class _Gen:
             if not loads:
                 self.tap_dots(c, k, xt)
                 continue
+            if self.gather:
+                self.gather_tap(c, k, xt)
+                if dots:
+                    self.tap_dots(c, k, xt)
+                continue
             shift = (k * p.dil - p.pad) * xs[2]
             pos = f"(xpos + {shift})" if shift > 0 else f"(xpos - {-shift})" if shift < 0 else "xpos"
             tm, cm = self.tap_mask(k), self.ci_mask(c)
@@ -587,6 +606,52 @@ class _Gen:
             s(f"{xt} = tl.load({ptr}{kw})  # tap {k}: input position {where}")
             if dots:
                 self.tap_dots(c, k, xt)
+
+    def gather_tap(self, c, k: int, xt: str) -> None:
+        """GATHER: the aligned tile at shift 0 is loaded once per chunk (vector loads, pipelined
+        copies); the taps at shift -1/+1 are that tile moved by one position (tl.gather: warp
+        shuffles) with the one position past the tile's edge loaded apart (the halo)."""
+        p, s = self.p, self.src
+        xs = p.x_strides
+        sh = k * p.dil - p.pad
+        cm = self.ci_mask(c)
+        ax = 0 if self.lc else 1
+        bt = f"xb{c}"
+        par = lambda v: v if v.isidentifier() or (v[0] == "(" and v[-1] == ")") else f"({v})"
+        row = lambda v: f"{par(v)}[:, None]" if self.lc else f"{par(v)}[None, :]"
+        col = lambda v: f"{par(v)}[None, :]" if self.lc else f"{par(v)}[:, None]"
+        if k == 0:  # the base tile: every shift is taken from it
+            tm = self.shift_mask(0)
+            off = f"{row('xpos')} + {col(_t(f'ci{c}', xs[1]))}"
+            masks = ([f"{row(wrap(tm))}"] if tm else []) + ([col(cm)] if cm else [])
+            kw = f", mask={' & '.join(masks)}, other=0.0" if masks else ""
+            ptr = self.hinted("x_ptrs", f"{self.x} + {off}", self.hint_x)
+            s(f"{bt} = tl.load({ptr}{kw})  # positions {self.ls} (shift 0): aligned")
+        if sh == 0:
+            s(f"{xt} = {bt}  # tap {k}: shift 0")
+            return
+        shape = "BLOCK_L, BLOCK_CI" if self.lc else "BLOCK_CI, BLOCK_L"
+        edge = "0" if sh < 0 else "BLOCK_L - 1"
+        # the position just past the tile's edge, as a (n, l) pair
+        if self.flat:
+            s(f"hq = tile * BLOCK_L {'- 1' if sh < 0 else '+ BLOCK_L'}",
+              f"hn = hq // {p.Lout}", f"hl = hq % {p.Lout}")
+            inside = f"(hq >= 0)" if sh < 0 else f"(hq < {p.N * p.Lout})"
+        else:
+            s(f"hl = {f'(tile % {self.lt}) * BLOCK_L' if self.lt > 1 else '0'} {'- 1' if sh < 0 else '+ BLOCK_L'}",
+              f"hn = {f'tile // {self.lt}' if self.lt > 1 else 'tile'}")
+            inside = f"(hl >= 0)" if sh < 0 else f"(hl < {p.L})"
+            if self.nmask:
+                inside += f" & (hn < {p.N})"
+        hpos = _sum(_t("hn", xs[0]), self.xg, _t("hl", xs[2]), _t(f"ci{c}", xs[1]))
+        hm = f"{cm} & {inside}" if cm else inside
+        sign = "-" if sh < 0 else "+"
+        s(f"halo = tl.load({self.x} + {hpos}, mask={hm}, other=0.0)",
+          f"gi = tl.broadcast_to({row(f'tl.minimum(tl.maximum(rl {sign} 1, 0), BLOCK_L - 1)')}, ({shape}))",
+          f"{xt} = tl.where({row(f'rl == {edge}')}, {col('halo')}, tl.gather({bt}, gi, axis={ax}))")
+        tm = self.shift_mask(sh)
+        if tm:
+            s(f"{xt} = tl.where({row(wrap(tm))}, {xt}, 0.0)  # tap {k}: shift {sh:+d}, zero padding")
 
     def tap_dots(self, c, k: int, xt: str) -> None:
         for j in self.co_chunks:
