@@ -74,6 +74,18 @@ def table(results: dict) -> str:
                          f"{_f(r.get('kernelize_first_call_s'))} | {_f(ratio, '{:.2f}')} | "
                          f"{'—' if ratio is None else 'yes' if ratio <= 0.5 else 'no'} | "
                          f"{r.get('kernelize_triton_compiles', '—')} | {r.get('kernelize_graph_cache_hits', '—')} |")
+    prof = results.get("profile", {})
+    if prof:
+        lines += ["", "GPU time per call by backend (torch.profiler, sum of kernel times; launches per call), and "
+                  "kernelize's three most expensive kernels:", "",
+                  "| workload | eager GPU ms (launches) | inductor GPU ms (launches) | kernelize GPU ms (launches) "
+                  "| kernelize top kernels (ms) |", "|---|---|---|---|---|"]
+        for name, r in prof.items():
+            cell = lambda b: (f"{_f(r[b].get('gpu_ms'))} ({r[b].get('launches', '—')})" if isinstance(r.get(b), dict)
+                              else "—")
+            top = "; ".join(f"{k['name'][:48]} x{k['calls']:g}: {k['ms']:.3f}"
+                            for k in (r.get("kernelize") or {}).get("kernels", [])[:3])
+            lines.append(f"| {name} | {cell('eager')} | {cell('inductor')} | {cell('kernelize')} | {top or '—'} |")
     if "fill" in results:
         f = results["fill"]
         lines += ["", f"fill_cache for all workloads: {f.get('seconds')} s (budget {f.get('budget')} candidates per "

@@ -1,6 +1,6 @@
 """The benchmark suite: one command on a GPU machine.
 
-    python benchmarks/run.py --out OUT [--cache-dir DIR] [--phases fill,measure,overhead,firstcall]
+    python benchmarks/run.py --out OUT [--cache-dir DIR] [--phases fill,measure,profile,overhead,firstcall]
 
 fill       python -m torch_kernelize.fill_cache for every workload (timed; summary kept)
 measure    medians (triton.testing.do_bench, same process, same inputs) of eager, torch.compile's
@@ -8,6 +8,8 @@ measure    medians (triton.testing.do_bench, same process, same inputs) of eager
 overhead   launch cost: a direct Triton launch vs kernelize's runner vs a compiled one-op graph
 firstcall  first-call time of each backend in a fresh process (Inductor's caches warmed by an
            earlier process; kernelize with its kernel cache filled; eager beside them)
+profile    GPU time per call by kernel (torch.profiler) for eager, Inductor and kernelize: where
+           each backend's device time goes (kernel names and counts, top kernels)
 
 Results go to OUT/results.json; benchmarks/report.py turns them into the README table and chart.
 """
@@ -156,6 +158,56 @@ def phase_measure(args, names) -> dict:
     return results
 
 
+def _kernel_times(fn, iters: int = 5) -> dict:
+    """GPU time per call of fn, in total and by kernel name (torch.profiler, after a warm-up)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    kernels = {}
+    for evt in prof.key_averages():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        ms = getattr(evt, "self_device_time_total", None)
+        ms = (ms if ms is not None else evt.self_cuda_time_total) / 1e3 / iters
+        if ms > 0:
+            kernels[evt.key] = (evt.count / iters, ms)
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+    return {"gpu_ms": round(sum(ms for _, ms in kernels.values()), 4),
+            "launches": round(sum(c for c, _ in kernels.values()), 1),
+            "kernels": [{"name": k[:120], "calls": round(c, 2), "ms": round(ms, 4)} for k, (c, ms) in top[:15]]}
+
+
+def phase_profile(args, names) -> dict:
+    import torch
+    from workloads import WORKLOADS
+    results = {}
+    for name in names:
+        row = {}
+        try:
+            model, inputs = WORKLOADS[name]()
+            with torch.no_grad():
+                backends = {"eager": lambda m: m, "inductor": torch.compile,
+                            "kernelize": lambda m: torch.compile(m, backend="kernelize", options={
+                                "target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off"})}
+                for label, make in backends.items():
+                    torch._dynamo.reset()
+                    fn = make(model)
+                    row[label] = _kernel_times(lambda: fn(*inputs))
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+        print("profile", name, json.dumps({k: v.get("gpu_ms") for k, v in row.items() if isinstance(v, dict)}), flush=True)
+        results[name] = row
+        torch._dynamo.reset()
+    return results
+
+
 def phase_overhead(args) -> dict:
     """Per-call host cost of a tiny kernel: direct Triton launch vs kernelize's paths."""
     import torch
@@ -264,7 +316,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--cache-dir", type=Path, default=None)
-    p.add_argument("--phases", default="fill,measure,overhead,firstcall")
+    p.add_argument("--phases", default="fill,measure,profile,overhead,firstcall")
     p.add_argument("--workloads", default=None, help="comma-separated names (default: all)")
     p.add_argument("--budget", type=int, default=6)
     p.add_argument("--fill-timeout", type=int, default=420)
@@ -290,6 +342,8 @@ def main() -> int:
             results["fill"] = phase_fill(args, names)
         elif phase == "measure":
             results.setdefault("measure", {}).update(phase_measure(args, names))
+        elif phase == "profile":
+            results.setdefault("profile", {}).update(phase_profile(args, names))
         elif phase == "overhead":
             results["overhead"] = phase_overhead(args)
         elif phase == "firstcall":
