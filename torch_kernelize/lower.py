@@ -21,6 +21,7 @@ from torch_kernelize.lowering.regions import Region, describe_region, find_regio
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
 from torch_kernelize.planner import Decision, GraphPlan, plan_graph
+from torch_kernelize.reinplace import reinplace_accumulations
 from torch_kernelize.view_folding import fold_views
 from torch_kernelize.report import GraphReport, ReportWriter
 from torch_kernelize.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
@@ -175,6 +176,7 @@ class LoweredGraph:
                             fused)
             if self.kind == "inference":  # grad is off: views need no autograd bookkeeping
                 fold_views(gm)
+                reinplace_accumulations(gm)
             pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
             missing = {d.op: d.repro for d in decisions if d.missing}
             strict = session.options.strict and missing

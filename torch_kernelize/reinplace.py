@@ -1,0 +1,52 @@
+"""Reinplacing: a functional accumulation runs in place when its input buffer is private to it.
+
+Functionalization turns ``out.index_add_(...)`` into ``out1 = index_add(out0, ...)``, and ATen's
+functional index_add copies ``out0`` before adding: in the MoE benchmark's expert loop that is
+one full copy of the [T, d] output per expert (16 x 8 MB on the H200, 0.065 ms of its GPU time).
+When ``out0`` is memory nobody else sees -- made by an op that returns a new buffer (zeros_like,
+full, clone, or an accumulation that is itself fresh) and read by this node alone -- the in-place
+op leaves the same values in it, without the copy, as Inductor's reinplacing does.
+
+Only vendor nodes are touched (a node that a cached kernel replaced is no longer an ATen op), and
+only in inference graphs: autograd may save a buffer for backward without it showing as a use.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+INPLACE = {
+    aten.index_add.default: aten.index_add_.default,
+    aten.index_put.default: aten.index_put_.default,
+    aten.scatter_add.default: aten.scatter_add_.default,
+}
+
+# Ops whose result is a new buffer, not a view of an argument.
+FRESH = frozenset({
+    aten.zeros_like.default, aten.full_like.default, aten.empty_like.default, aten.ones_like.default,
+    aten.zeros.default, aten.full.default, aten.empty.memory_format, aten.new_zeros.default,
+    aten.clone.default, *INPLACE,
+})
+
+
+def reinplace_accumulations(gm: fx.GraphModule) -> int:
+    """Turn each accumulation whose buffer is fresh and used by it alone into the in-place op;
+    returns how many were changed."""
+    changed = 0
+    reinplaced: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in INPLACE:
+            continue
+        buf = node.args[0] if node.args else None
+        if not isinstance(buf, fx.Node) or buf.op != "call_function" or len(buf.users) != 1:
+            continue  # a graph input, or a buffer someone else still reads
+        if buf.target not in FRESH and buf not in reinplaced:
+            continue
+        node.target = INPLACE[node.target]
+        reinplaced.add(node)
+        changed += 1
+    if changed:
+        gm.recompile()
+    return changed
