@@ -37,6 +37,9 @@ from torch_kernelize.options import OPTIONS, default_cache_dir
 log = logging.getLogger("torch_kernelize.fill_cache")
 
 DEFAULT_BUDGET = {"cuda": 12, "interpreter": 2}
+# Measured on the H200: matmuls stored at "1.01x" of cuBLAS in their own 50 ms median ran 4% slower
+# than cuBLAS inside the Llama benchmark; a winner must be clearly faster than the vendor kernel.
+MIN_SPEEDUP = 1.03
 LOOKAHEAD = 3  # specs whose seed candidates are compiled ahead
 INTERPRETER_NOTE = ("interpreter target: timings are not measured (the Triton interpreter's speed means "
                     "nothing); this validated kernel is stored so that the Triton tier can be exercised on CPU")
@@ -56,8 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "cuda, 2 on the interpreter)")
     p.add_argument("--resume", action="store_true", help="continue searches from their journals")
     p.add_argument("--force", action="store_true", help="search specs that already have an entry")
-    p.add_argument("--min-speedup", type=float, default=1.0,
-                   help="a Triton winner must beat the vendor kernel by this factor (default 1.0)")
+    p.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP,
+                   help=f"a Triton winner must beat the vendor kernel by this factor (default {MIN_SPEEDUP}: "
+                   "closer than that is timing noise, and the vendor kernel is the safer one to run)")
     p.add_argument("--summary", type=Path, default=None, help="JSON summary path (default: in the cache)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
