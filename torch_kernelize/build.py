@@ -2,7 +2,8 @@
 
 Files: kernel.py (the Triton source), program.json (launch list), and on CUDA one compiled
 binary per launch (launch<i>.cubin + launch<i>.json metadata), compiled ahead of time here so
-that serving never compiles. ``gpu_target`` (backend, arch, warp size) lets a process without
+that serving never compiles; the kernel that fill_cache stores also gets the binaries for
+unaligned views (``add_unaligned_binaries``: candidates are not compiled twice). ``gpu_target`` (backend, arch, warp size) lets a process without
 CUDA (a build worker) compile for the GPU.
 """
 from __future__ import annotations
@@ -27,3 +28,14 @@ def write_program(directory: Path, spec: KernelSpec, program: KernelProgram, bac
         from torch_kernelize.cuda_binaries import compile_launches
         files += compile_launches(directory, spec, program, gpu_target)
     return files
+
+
+def add_unaligned_binaries(directory: Path, spec: KernelSpec, gpu_target: tuple | None = None) -> list[str]:
+    """Compile the program in ``directory`` again without assuming 16-byte aligned pointers (the
+    runner's path for unaligned views); return the new files."""
+    from torch_kernelize.cuda_binaries import compile_launches
+
+    directory = Path(directory)
+    source = (directory / SOURCE_FILE).read_text()
+    program = KernelProgram.from_json(json.loads((directory / PROGRAM_FILE).read_text()), source)
+    return compile_launches(directory, spec, program, gpu_target, aligned=False)

@@ -5,8 +5,12 @@ cubin and Triton's metadata. ``load_launch`` turns those files back into a launc
 compiling anything: through torch's static CUDA launcher when it takes the kernel (no C
 compilation either), else through Triton's own launcher rebuilt from the stored binary.
 
-Pointer arguments are compiled as 16-byte aligned (Triton's ``tt.divisibility``: vector loads);
-the runner checks its inputs' alignment before each launch (see launch.MisalignedInput).
+Pointer arguments are compiled as 16-byte aligned (Triton's ``tt.divisibility``: vector loads).
+A stored kernel also gets a second binary per launch compiled without that assumption
+(``launch<i>.unaligned.cubin``): the runner checks its inputs' alignment before each launch and
+takes it for views that start off a 16-byte boundary (a slice ``t[start:end]`` of int64 with an
+odd ``start``), instead of sending the call to the vendor op. Entries without it (older, or where
+it did not compile) fall back to the vendor op for such calls (see launch.MisalignedInput).
 """
 from __future__ import annotations
 
@@ -27,12 +31,18 @@ def _gpu_target():
     return driver.active.get_current_target()
 
 
-def _launch_files(i: int) -> tuple[str, str]:
-    return f"launch{i}.cubin", f"launch{i}.json"
+def _launch_files(i: int, aligned: bool = True) -> tuple[str, str]:
+    tag = "" if aligned else ".unaligned"
+    return f"launch{i}{tag}.cubin", f"launch{i}{tag}.json"
 
 
-def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec):
-    """ASTSource with the signature, constexprs and alignment facts of one launch."""
+def has_unaligned(directory: Path, launches: int) -> bool:
+    return all((Path(directory) / _launch_files(i, False)[0]).exists() for i in range(launches))
+
+
+def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, aligned: bool = True):
+    """ASTSource with the signature, constexprs and alignment facts of one launch (pointers
+    16-byte aligned unless ``aligned`` is False; integer arguments by their values)."""
     from triton.compiler import ASTSource
 
     signature = program.signature(launch, spec)
@@ -43,13 +53,15 @@ def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec):
         if signature[name] == "constexpr":
             continue
         kind, value = next(runtime)
-        if signature[name].startswith("*") or (kind in ("i32", "i64") and value % 16 == 0):
+        if (signature[name].startswith("*") and aligned) or (kind in ("i32", "i64") and value % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return ASTSource(fn, signature=signature, constexprs=dict(launch.constexprs), attrs=attrs)
 
 
 def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
-                     gpu_target: tuple | None = None) -> list[str]:
+                     gpu_target: tuple | None = None, aligned: bool = True) -> list[str]:
+    """Compile every launch of ``program`` (written in ``directory``) and store its binary and
+    metadata there; return the file names."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -57,10 +69,10 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
     target = GPUTarget(*gpu_target) if gpu_target is not None else _gpu_target()
     files = []
     for i, launch in enumerate(program.launches):
-        src = _source(getattr(module, launch.kernel), launch, program, spec)
+        src = _source(getattr(module, launch.kernel), launch, program, spec, aligned)
         compiled = triton.compile(src, target=target,
                                   options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
-        cubin, meta = _launch_files(i)
+        cubin, meta = _launch_files(i, aligned)
         (directory / cubin).write_bytes(compiled.asm["cubin"])
         metadata = dict(compiled.metadata._asdict())
         metadata["target"] = {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
@@ -105,12 +117,12 @@ class CudaLaunch:
 
 
 def load_launch(directory: Path, i: int, fn: Any, launch: Launch, program: KernelProgram,
-                spec: KernelSpec) -> CudaLaunch:
+                spec: KernelSpec, aligned: bool = True) -> CudaLaunch:
     """The launcher of launch ``i`` from its stored cubin and metadata (no compilation)."""
     from triton.compiler import CompiledKernel
 
-    cubin, meta = _launch_files(i)
-    src = _source(fn, launch, program, spec)
+    cubin, meta = _launch_files(i, aligned)
+    src = _source(fn, launch, program, spec, aligned)
     group = {cubin: str(directory / cubin), meta: str(directory / meta)}
     compiled = CompiledKernel(src, group, json.loads((directory / meta).read_text()).get("hash", spec.key))
     names = program.kernel_arg_names(launch.kernel)

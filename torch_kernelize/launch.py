@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -22,11 +23,13 @@ SOURCE_FILE = "kernel.py"
 PROGRAM_FILE = "program.json"
 
 _import_lock = threading.Lock()
+log = logging.getLogger("torch_kernelize.launch")
 
 
 class MisalignedInput(RuntimeError):
-    """A CUDA kernel was compiled for 16-byte aligned pointers and got an unaligned view: the
-    caller runs the vendor op for this one call (the kernel stays enabled)."""
+    """A CUDA kernel was compiled for 16-byte aligned pointers, got an unaligned view and has no
+    binary for unaligned pointers: the caller runs the vendor op for this one call (the kernel
+    stays enabled)."""
 
 
 def poison_value(dtype: torch.dtype) -> float | int | bool:
@@ -102,7 +105,10 @@ def _raw_stream(device: torch.device) -> int:
 class ProgramRunner:
     """A loaded program for one spec: call it with the spec's input tensors."""
 
-    def __init__(self, spec: KernelSpec, program: KernelProgram, kernels: Sequence[Any], backend: str):
+    def __init__(self, spec: KernelSpec, program: KernelProgram, kernels: Sequence[Any], backend: str,
+                 unaligned: Callable[[], Sequence[Any]] | None = None):
+        """``unaligned`` loads (once, on the first unaligned input) the launchers compiled without
+        the 16-byte alignment assumption (CUDA)."""
         self.spec = spec
         self.program = program
         self.backend = backend
@@ -116,8 +122,26 @@ class ProgramRunner:
         # argument order with the constants its launcher does not take already dropped.
         self._out_allocs = [(m, program.init_of(i)) for i, m in enumerate(spec.outputs)]
         if backend == "cuda":
-            self._cuda_plans = [(k, [a for j, a in enumerate(order) if j not in k.dropped], grid)
-                                for k, (_, order, grid) in zip(self._kernels, self._plans)]
+            self._cuda_plans = self._cuda_plans_for(self._kernels)
+        self._load_unaligned = unaligned
+        self._unaligned_plans: list | None = None
+
+    def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
+        return [(k, [a for j, a in enumerate(order) if j not in k.dropped], grid)
+                for k, (_, order, grid) in zip(kernels, self._plans)]
+
+    def _plans_for_unaligned(self) -> list:
+        if self._unaligned_plans is None:
+            load, self._load_unaligned = self._load_unaligned, None
+            if load is None:
+                raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
+            try:
+                self._unaligned_plans = self._cuda_plans_for(load())
+            except Exception as e:  # e.g. the entry was replaced meanwhile: the vendor op, per call
+                log.warning("%s: the binary for unaligned inputs did not load (%s: %s)",
+                            self.spec.describe(), type(e).__name__, e)
+                raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned") from e
+        return self._unaligned_plans
 
     def _plan(self, launch: Launch, names: list[str]):
         runtime = [n for n in names if n not in launch.constexprs]
@@ -149,11 +173,13 @@ class ProgramRunner:
     def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
         bufs = {"in": inputs, "out": outs, "tmp": temps}
         if self.backend == "cuda":
+            plans = self._cuda_plans
             for t in inputs:
                 if t.data_ptr() % 16:
-                    raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
+                    plans = self._plans_for_unaligned()
+                    break
             stream = _raw_stream(inputs[0].device if inputs else torch.device("cuda"))
-            for kernel, order, grid in self._cuda_plans:
+            for kernel, order, grid in plans:
                 kernel(grid, stream, [bufs[k][v] if k in bufs else v for k, v in order])
             return
         for kernel, (launch, order, grid) in zip(self._kernels, self._plans):
@@ -184,10 +210,14 @@ def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: s
         module = import_source(directory / SOURCE_FILE, name)
         kernels = [_interpreted(getattr(module, l.kernel)) for l in program.launches]
     elif backend == "cuda":
-        from torch_kernelize.cuda_binaries import load_launch
+        from torch_kernelize.cuda_binaries import has_unaligned, load_launch
         module = import_source(directory / SOURCE_FILE, name)
-        kernels = [load_launch(directory, i, getattr(module, l.kernel), l, program, spec)
-                   for i, l in enumerate(program.launches)]
+
+        def launchers(aligned: bool = True) -> list:
+            return [load_launch(directory, i, getattr(module, l.kernel), l, program, spec, aligned)
+                    for i, l in enumerate(program.launches)]
+        unaligned = (lambda: launchers(False)) if has_unaligned(directory, len(program.launches)) else None
+        return ProgramRunner(spec, program, launchers(), backend, unaligned)
     else:
         raise ValueError(f"no Triton runner for backend {backend!r}")
     return ProgramRunner(spec, program, kernels, backend)

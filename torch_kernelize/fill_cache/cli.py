@@ -146,12 +146,24 @@ class FillRun:
         record.update(winner="triton", note="" if best["measured"] else INTERPRETER_NOTE)
         try:
             built, _ = measurer.build(Config.from_json(best["config"]))
+            if self.target.triton == "cuda":
+                self._add_unaligned(built, spec)
             self.cache.put(record, built, replace=work.replace or self.force)
         finally:
             self.builder.discard(spec)
         row.update(status="stored", winner=f"{family.name} " + " ".join(f"{k}={v}" for k, v in sorted(best["config"].items())),
                    speedup=timings["speedup"])
         return row
+
+    @staticmethod
+    def _add_unaligned(built: Path, spec: Any) -> None:
+        """The winner's binaries for unaligned views; without them such calls run the vendor op."""
+        from torch_kernelize.build import add_unaligned_binaries
+        try:
+            add_unaligned_binaries(built, spec)
+        except Exception as e:
+            log.warning("%s: no binary for unaligned views (%s: %s); unaligned calls will run the vendor op",
+                        spec.describe()[:90], type(e).__name__, str(e)[:300])
 
     def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
         started = time.perf_counter()

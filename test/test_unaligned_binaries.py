@@ -1,0 +1,104 @@
+"""Binaries for unaligned views: a stored CUDA kernel carries a second cubin per launch compiled
+without the 16-byte pointer alignment assumption, and the runner takes it for inputs that start
+off a 16-byte boundary (before: the vendor op ran those calls). Compiled here for sm_90 with
+Triton's bundled ptxas (no GPU); the runner's choice is checked with stand-in launchers."""
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_kernelize.launch as launch_mod
+from kernel_testing import spec_of
+from torch_kernelize.build import add_unaligned_binaries, write_program
+from torch_kernelize.cuda_binaries import has_unaligned
+from torch_kernelize.launch import MisalignedInput, ProgramRunner
+from torch_kernelize.lowering.kernels.elementwise import FAMILY
+
+SM90 = ("cuda", 90, 32)
+aten = torch.ops.aten
+
+
+def _add_program():
+    spec = spec_of(aten.add.Tensor, (torch.randn(1 << 12), torch.randn(1 << 12)))
+    return spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+
+
+def _sass(cubin: Path) -> str:
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def test_stored_kernel_gets_a_binary_without_the_alignment_assumption(tmp_path):
+    spec, program = _add_program()
+    files = write_program(tmp_path, spec, program, "cuda", SM90)
+    assert "launch0.cubin" in files and not has_unaligned(tmp_path, 1)
+    added = add_unaligned_binaries(tmp_path, spec, SM90)
+    assert added == ["launch0.unaligned.cubin", "launch0.unaligned.json"] and has_unaligned(tmp_path, 1)
+    # aligned: 16-byte vector loads; unaligned: none (each element loaded on its own)
+    vector = re.compile(r"LDG\.E\.128")
+    assert vector.search(_sass(tmp_path / "launch0.cubin"))
+    assert not vector.search(_sass(tmp_path / "launch0.unaligned.cubin"))
+
+
+class _Launcher:
+    dropped = frozenset()
+
+    def __init__(self, calls: list, tag: str):
+        self.calls, self.tag = calls, tag
+
+    def __call__(self, grid, stream, args):
+        self.calls.append(self.tag)
+
+
+def _runner(loader):
+    spec, program = _add_program()
+    calls: list[str] = []
+    unaligned = None if loader is None else (lambda: loader(calls))
+    return ProgramRunner(spec, program, [_Launcher(calls, "aligned")], "cuda", unaligned), calls
+
+
+@pytest.fixture
+def no_stream(monkeypatch):
+    monkeypatch.setattr(launch_mod, "_raw_stream", lambda device: 0)
+
+
+def test_runner_takes_the_unaligned_binary_for_an_unaligned_view(no_stream):
+    loads = []
+
+    def loader(calls):
+        loads.append(1)
+        return [_Launcher(calls, "unaligned")]
+
+    runner, calls = _runner(loader)
+    x = torch.randn((1 << 12) + 1)
+    aligned, shifted = x[:-1], x[1:]  # shifted starts 4 bytes past the allocation
+    assert aligned.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 4
+    outs, temps = runner.allocate(torch.device("cpu"))
+    runner.launch([aligned, aligned], outs, temps)
+    runner.launch([aligned, shifted], outs, temps)
+    runner.launch([shifted, aligned], outs, temps)
+    assert calls == ["aligned", "unaligned", "unaligned"] and loads == [1]  # loaded once, when first needed
+
+
+def test_without_an_unaligned_binary_the_call_goes_to_the_vendor_op(no_stream, caplog):
+    runner, _ = _runner(None)
+    x = torch.randn((1 << 12) + 1)
+    outs, temps = runner.allocate(torch.device("cpu"))
+    with pytest.raises(MisalignedInput):
+        runner.launch([x[1:], x[:-1]], outs, temps)
+
+    def broken(calls):
+        raise FileNotFoundError("launch0.unaligned.cubin")
+
+    runner, _ = _runner(broken)
+    with caplog.at_level(logging.WARNING, logger="torch_kernelize.launch"), pytest.raises(MisalignedInput):
+        runner.launch([x[1:], x[:-1]], outs, temps)
+    assert "did not load" in caplog.text
+    with pytest.raises(MisalignedInput):  # not retried on every call
+        runner.launch([x[1:], x[:-1]], outs, temps)
