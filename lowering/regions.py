@@ -7,7 +7,9 @@ replaces the region's nodes by one launch, a miss leaves each node to its own de
 recorded (for fill_cache) like any miss.
 
 Region kinds (the ``kind`` field of the canonical graph):
-  pointwise   connected pointwise nodes over one iteration shape (inputs may broadcast);
+  pointwise   connected pointwise nodes over one iteration shape (inputs may broadcast), and
+              ``cat`` of region inputs (each piece read where the output index falls in it:
+              RoPE's rotated halves); a cat starts a group, it does not join its producers';
   rowwise     pointwise nodes around reductions over the last dim (RMSNorm, LayerNorm, softmax
               with their neighbours): full-shape [.., N] and row-shape [.., 1] values;
   matmul      mm / addmm / bmm followed by a chain of pointwise epilogue nodes on its output.
@@ -83,8 +85,15 @@ def _reduces_last_dim(node: fx.Node) -> bool:
     return dims[0] in (-1, x.dim() - 1) and bool(keepdim) and not node.kwargs.get("dtype")
 
 
+def _cat_pieces_ok(node: fx.Node) -> bool:
+    """cat of tensors of the output's rank and dtype (the fused family checks the sizes)."""
+    pieces, v = node.args[0] if node.args else None, _val(node)
+    return (isinstance(pieces, (list, tuple)) and len(pieces) > 1 and all(_is_tensor_node(a) for a in pieces)
+            and all(_val(a).dim() == v.dim() and _val(a).dtype == v.dtype for a in pieces))
+
+
 def _role(node: fx.Node, pointwise: frozenset[str], target: Target) -> str | None:
-    """pointwise | reduction | matmul | None (not fusible)."""
+    """pointwise | reduction | matmul | cat | None (not fusible)."""
     if node.op != "call_function" or classify(node)[0] is not NodeClass.COMPUTE:
         return None
     if not target.vendor_runs(node.target) or not _is_tensor_node(node):
@@ -95,6 +104,8 @@ def _role(node: fx.Node, pointwise: frozenset[str], target: Target) -> str | Non
         return "reduction"
     if op_name(node.target) in pointwise:
         return "pointwise"
+    if node.target is aten.cat.default and _cat_pieces_ok(node):
+        return "cat"
     return None
 
 
@@ -144,7 +155,7 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
         if role is None:
             continue
         t = None
-        if role != "matmul":
+        if role not in ("matmul", "cat"):  # a cat's pieces are its region's inputs
             producer_groups = sorted({group_of[a] for a in node.all_input_nodes if a in group_of},
                                      key=lambda g: groups[g]["start"])
             for g in producer_groups:
@@ -152,7 +163,8 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
                     continue
                 members = {g} if t is None else {t, g}
                 if t is not None and (groups[g]["seed"] == "matmul" or groups[t]["seed"] == "matmul"
-                                      or not _same_shape(groups[g]["full"], groups[t]["full"])):
+                                      or not _same_shape(groups[g]["full"], groups[t]["full"])
+                                      or _cat_in_rowwise(groups[g], groups[t])):
                     continue
                 if len(groups[g]["nodes"]) + (len(groups[t]["nodes"]) if t is not None else 0) >= MAX_REGION_NODES:
                     continue
@@ -171,12 +183,13 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
                     groups[t]["start"] = min(groups[t]["start"], groups[g]["start"])
                     if groups[g]["kind"] == "rowwise":
                         groups[t]["kind"] = "rowwise"
+                    groups[t]["cat"] = groups[t]["cat"] or groups[g]["cat"]
                     del groups[g]
         if t is None:
             full = _val(node.args[0]) if role == "reduction" else _val(node)
             t = len(group_of) + len(groups) + 1 + max(groups, default=0)
             groups[t] = {"kind": {"matmul": "matmul", "reduction": "rowwise"}.get(role, "pointwise"),
-                         "full": full, "nodes": [], "start": order[node], "seed": role}
+                         "full": full, "nodes": [], "start": order[node], "seed": role, "cat": role == "cat"}
         groups[t]["nodes"].append(node)
         if role == "reduction":
             groups[t]["kind"] = "rowwise"
@@ -199,6 +212,11 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
     return regions
 
 
+def _cat_in_rowwise(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Rowwise regions do not take cat (only the pointwise variant generates it)."""
+    return (a["cat"] and b["kind"] == "rowwise") or (b["cat"] and a["kind"] == "rowwise")
+
+
 def _compatible(group: dict[str, Any], node: fx.Node, role: str) -> bool:
     full, v = group["full"], _val(node)
     if group["seed"] == "matmul":
@@ -206,7 +224,7 @@ def _compatible(group: dict[str, Any], node: fx.Node, role: str) -> bool:
         return role == "pointwise" and _same_shape(v, full)
     if role == "reduction":
         x = _val(node.args[0])
-        return group["kind"] in ("pointwise", "rowwise") and _same_shape(x, full)
+        return group["kind"] in ("pointwise", "rowwise") and not group["cat"] and _same_shape(x, full)
     if _same_shape(v, full):
         return True
     return group["kind"] == "rowwise" and _row_shape_of(full, v)

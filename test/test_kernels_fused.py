@@ -367,3 +367,47 @@ def test_rope_over_gqa_k_view(tmp_path):
     v = torch.randn(b, s, 2, kvh, hd).permute(2, 0, 3, 1, 4)[1]
     on_meta = to_device(v, "meta")
     assert (on_meta.stride(), on_meta.storage_offset()) == (v.stride(), v.storage_offset())
+
+
+def rope_halves(q, cos, sin):
+    """Llama's RoPE (benchmarks/workloads.py Rope): the rotated halves are a cat of a negated slice
+    and a slice, which the region reads in place (the neg runs before it, on its own)."""
+    q1, q2 = q.chunk(2, -1)
+    return q * cos + torch.cat([-q2, q1], -1) * sin
+
+
+def cat_three(a, b, c, w):
+    return torch.cat([a, b, c], 1) * w + 1
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+def test_cat_pieces_read_in_place(dtype, tmp_path):
+    q = torch.randn(2, 20, 3, 16).to(dtype).transpose(1, 2)  # a transposed view, like q in attention
+    spec = one_region(rope_halves, q, torch.randn(20, 16).to(dtype), torch.randn(20, 16).to(dtype), kind="pointwise")
+    nodes = [n["op"] for n in json.loads(spec.graph)["nodes"]]
+    assert "aten.cat.default" in nodes and "aten.neg.default" not in nodes  # the neg feeds the cat from outside
+    assert FAMILY.supports(spec) is None
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
+    assert "c1 = " in program.source or "index along the cat dim" in program.source
+    # three pieces along a middle dim, one of them broadcast-free but non-contiguous; a tail block
+    a, b, c = torch.randn(3, 2, 7), torch.randn(3, 5, 7)[:, ::2], torch.randn(3, 1, 7)
+    spec = one_region(cat_three, a, b, c, torch.randn(7), kind="pointwise")
+    assert FAMILY.supports(spec) is None
+    assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
+
+
+def test_cat_refusals_and_no_cat_in_rowwise():
+    # a cat whose piece is computed inside the region is refused by the family (the region former
+    # never makes one: a cat's pieces are its inputs)
+    spec = one_region(rope_halves, torch.randn(2, 8, 16), torch.randn(8, 16), torch.randn(8, 16))
+    graph = json.loads(spec.graph)
+    cat = next(n for n in graph["nodes"] if n["op"] == "aten.cat.default")
+    cat["args"][0][0] = {"node": 0}
+    bad = dataclasses.replace(spec, graph=json.dumps(graph))
+    assert "computed values" in FAMILY.supports(bad)
+    # a softmax over a cat: the cat stays out of the rowwise region
+    specs = region_specs(lambda a, b, m: torch.softmax(torch.cat([a, b], -1) + m, -1),
+                         torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 16))
+    for sp in specs:
+        kinds = [n["op"] for n in json.loads(sp.graph)["nodes"]]
+        assert "aten.cat.default" not in kinds or json.loads(sp.graph)["kind"] == "pointwise"

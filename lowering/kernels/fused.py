@@ -13,6 +13,10 @@ is stored with its own dtype and strides.
 pointwise  all nodes share one iteration shape, walked flat in the first output's memory order
            (dims merged where every tensor is contiguous), one program per BLOCK, as in
            elementwise.py; a broadcast input is indexed by div/mod, or loaded once (a scalar).
+           ``cat`` of region inputs: each piece is loaded (masked) where the index along the cat
+           dim falls in it and the pieces are selected with tl.where, so RoPE's rotated halves
+           are read in place instead of being copied by a cat kernel first (the cat dim is kept
+           apart from its neighbours when dims are merged, to know that index).
 rowwise    the iteration shape is [rows, N], N the last dim. A program owns BLOCK_M rows; values
            are [BLOCK_M, BLOCK_N] tiles (full shape), [BLOCK_M, 1] (row shape: reductions and
            what follows them), [1, BLOCK_N] (an input broadcast over rows, e.g. a weight [N]) or
@@ -56,6 +60,7 @@ MAX_TILE = 16384        # elements of one [BLOCK_M, BLOCK_N] tile (a row of up t
 MAX_PASSES = 4          # looped variant: passes over the row
 SCALAR_ARGS = ("alpha", "min", "max", "min_val", "max_val", "negative_slope", "exponent")
 INF = "float('inf')"
+CAT_OP = "aten.cat.default"
 HALF = ("float16", "bfloat16")
 
 Ref = tuple  # ("in", i) | ("node", j) | ("const", number)
@@ -79,6 +84,7 @@ class _Node:
     level: int = 0
     exact: bool = False           # the variable holds a value exactly representable in meta.dtype
     rounds: bool = False          # a cast to fp16/bf16: the value is rounded to it
+    cat: tuple | None = None      # cat: (dim, ((input, start, size), ...)) along the output
 
 
 @dataclasses.dataclass
@@ -108,6 +114,8 @@ class _Plan:
     lead_strides: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # inputs then outputs
     flat_sizes: tuple[int, ...] = ()
     flat_strides: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # outputs then inputs
+    cat_coords: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # cat dim -> its
+    # coordinate as a stride set over flat_sizes
     passes: int = 1
     helpers: tuple[str, ...] = ()
 
@@ -237,6 +245,8 @@ class _Analysis:
                 return why
         if op in REDUCE_OPS or op in SOFTMAX_OPS:
             return self.reduction(j, op, args, meta)
+        if op == CAT_OP:
+            return self.cat_node(j, args, meta)
         if op not in OPS:
             return f"node {j}: {op} is not a pointwise op this family generates"
         return self.pointwise_node(j, op, args, meta)
@@ -266,6 +276,32 @@ class _Analysis:
         if tuple(meta.shape) != tuple(xm.shape[:-1]) + (1,):
             return f"node {j}: {op} output shape {meta.shape} is not the row shape of {xm.shape}"
         return _Node(j, op, "reduce", meta, args, [x], "float32", reduce=REDUCE_OPS[op], shape="row")
+
+    def cat_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
+        pieces = args.get("tensors")
+        refs = [_ref(v) for v in pieces] if isinstance(pieces, list) else []
+        if not refs or any(r is None or r[0] != "in" for r in refs):
+            return f"node {j}: cat of computed values is not generated (only of region inputs)"
+        ndim, d = len(meta.shape), args.get("dim", 0)
+        if isinstance(d, bool) or not isinstance(d, int) or not -ndim <= d < ndim:
+            return f"node {j}: cat dim {d!r}"
+        d %= ndim
+        start, branches = 0, []
+        for r in refs:
+            m = self.meta_of(r)
+            if len(m.shape) != ndim or m.dtype != meta.dtype:
+                return f"node {j}: cat piece {m.short()} is not of the output's rank and dtype"
+            if any(a != b for k, (a, b) in enumerate(zip(m.shape, meta.shape)) if k != d):
+                return f"node {j}: cat piece {m.short()} does not match {meta.short()} off dim {d}"
+            if m.shape[d]:
+                branches.append((r[1], start, m.shape[d]))
+            start += m.shape[d]
+        if start != meta.shape[d]:
+            return f"node {j}: cat pieces add up to {start} along dim {d}, not {meta.shape[d]}"
+        if len({i for i, _, _ in branches}) != len(branches):
+            return f"node {j}: a region input is two pieces of one cat"
+        return _Node(j, CAT_OP, "pointwise", meta, args, [("in", i) for i, _, _ in branches],
+                     _vtype(meta.dtype), exact=True, cat=(d, tuple(branches)))
 
     def pointwise_node(self, j: int, op: str, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         pw = OPS[op]
@@ -368,8 +404,20 @@ class _Analysis:
                 return f"node {n.index} has shape {n.meta.shape}, the region iterates {shape}"
         if math.prod(shape) == 0:
             return "empty region: nothing to compute"
+        pieces = {i: n.index for n in self.nodes if n.cat for i, _, _ in n.cat[1]}
+        for n in self.nodes:
+            if n.cat is None and any(r[0] == "in" and r[1] in pieces for r in n.operands):
+                return f"input {next(r[1] for r in n.operands if r[0] == 'in' and r[1] in pieces)} is a cat piece " \
+                       f"and an operand of node {n.index}"
+            if n.cat is not None and len({pieces[i] for i, _, _ in n.cat[1]}) != 1:
+                return f"a region input is a piece of two cats"
         ins = []
         for i, m in enumerate(self.in_metas):
+            if i in pieces:  # read through the cat's index remap, at its own strides (kept along the
+                d = self.nodes[pieces[i]].cat[0]  # cat dim even at size 1: the shift cancels it)
+                ins.append(_Tensor(f"in{i}", m, "cat", tuple(0 if sz == 1 and k != d else st
+                                                              for k, (sz, st) in enumerate(zip(m.shape, m.stride)))))
+                continue
             try:
                 st = cg.broadcast_strides(m, shape)
             except ValueError as e:
@@ -378,13 +426,16 @@ class _Analysis:
         outs = [_Tensor(f"out{k}", m, "block", tuple(0 if s == 1 else st for s, st in zip(m.shape, m.stride)))
                 for k, m in enumerate(self.out_metas)]
         sets = [t.strides for t in outs] + [t.strides for t in ins]
-        sizes, strides = cg.simplify(shape, sets, order_by=0)
+        # a cat needs its dim's index: a unit stride set along it keeps that dim unmerged
+        cat_dims = sorted({n.cat[0] for n in self.nodes if n.cat})
+        coords = [tuple(int(k == d) for k in range(len(shape))) for d in cat_dims]
+        sizes, strides = cg.simplify(shape, sets + coords, order_by=0)
         if not sizes:
-            sizes, strides = (1,), [(0,) for _ in sets]
+            sizes, strides = (1,), [(0,) for _ in sets + coords]
         for t, st in zip(outs + ins, strides):
             t.strides = st
         plan = _Plan("pointwise", self.nodes, ins, outs, out_nodes, shape, flat_sizes=sizes,
-                     flat_strides=strides)
+                     flat_strides=strides[:len(sets)], cat_coords=dict(zip(cat_dims, strides[len(sets):])))
         plan.helpers = _helpers(self.nodes)
         return plan
 
@@ -591,9 +642,13 @@ class _PointwiseEmitter(_Emitter):
         sizes, strides = p.flat_sizes, p.flat_strides
         numel = math.prod(sizes)
         self.wide = cg.needs_int64(sizes, strides, slack=block)
-        self.coord_lines, offsets = cg.decompose("idx", sizes, strides, "i")
+        coords = list(p.cat_coords.items())
+        self.coord_lines, offsets = cg.decompose("idx", sizes, list(strides) + [st for _, st in coords], "i")
+        self.cat_index = {d: off for (d, _), off in zip(coords, offsets[len(strides):])}
         for t, off in zip(p.outputs + p.inputs, offsets):
             t.flat_off = off
+            if t.cls == "cat":  # loaded inside the cat, off by its piece's start: never assumed aligned
+                continue
             t.cls = "scalar" if off == "0" else "block"
             t.hint = off == "idx" and (block * _itemsize(t.meta.dtype)) % 16 == 0
         self.masked = numel % block != 0
@@ -626,16 +681,41 @@ class _PointwiseEmitter(_Emitter):
             conv = "" if _vtype(t.meta.dtype) == t.meta.dtype else ".to(tl.float32)"
             if t.cls == "scalar":
                 s(f"x{i} = tl.load({t.name}_ptr){conv}  # broadcast: one element")
-            else:
+            elif t.cls != "cat":
                 s(f"x{i} = tl.load({self.pointer(t, hinted)}{mask}){conv}")
         for n in p.nodes:
             s(self.describe(n))
-            s(f"v{n.index} = {self.pointwise_expr(n)}")
+            if n.cat is not None:
+                self.cat(n)
+            else:
+                s(f"v{n.index} = {self.pointwise_expr(n)}")
         for t, j in zip(p.outputs, p.out_nodes):
             v = self.store_value(p.nodes[j], t)
             if self._scalar(("node", j)):
                 v = f"tl.broadcast_to({v}, (BLOCK,))"
             s(f"tl.store({self.pointer(t, hinted)}, {v}{mask})")
+
+    def cat(self, n: _Node) -> None:
+        """Each piece loaded where the index along the cat dim falls in it, then selected."""
+        s, d = self.s, n.cat[0]
+        c = f"c{n.index}"
+        s(f"{c} = {self.cat_index[d]}  # index along the cat dim ({d})")
+        ends = []
+        for i, start, size in n.cat[1]:
+            t = self.p.inputs[i]
+            conds = ([f"({c} >= {start})"] if start else []) + ([f"({c} < {start + size})"] if start + size < n.meta.shape[d] else [])
+            if self.masked:
+                conds.append("mask")
+            shift = start * t.meta.stride[d]
+            ptr = f"{t.name}_ptr + {t.flat_off}" + (f" - {shift}" if shift else "")
+            kw = f", mask={' & '.join(conds)}, other=0" if conds else ""
+            conv = "" if _vtype(t.meta.dtype) == t.meta.dtype else ".to(tl.float32)"
+            s(f"x{i} = tl.load({ptr}{kw}){conv}  # piece [{start}, {start + size})")
+            ends.append((i, start + size))
+        expr = f"x{ends[-1][0]}"
+        for i, end in reversed(ends[:-1]):
+            expr = f"tl.where({c} < {end}, x{i}, {expr})"
+        s(f"v{n.index} = {expr}")
 
     def _scalar(self, r: Ref) -> bool:
         """Whether a value is a scalar (computed only from inputs loaded as one element)."""
