@@ -107,15 +107,16 @@ def _check_mode(model, inputs, ref, args) -> dict:
     logging.getLogger("torch_kernelize.runtime").addHandler(handler)
     try:
         torch._dynamo.reset()
-        k = torch.compile(model, backend="kernelize", options={"target": "cuda", "cache_dir": str(args.cache_dir),
-                                                                 "repro_dir": "off", "check": True})
+        k = _kernelize(args, check=True)(model)
         err = _err(k(*inputs), ref)
     finally:
         logging.getLogger("torch_kernelize.runtime").removeHandler(handler)
     return {"err": err, "disabled": handler.messages[:20]}
 
 
-def phase_measure(args, names) -> dict:
+def _each_workload(names, run_one, summary=lambda row: row) -> dict:
+    """run_one(name, model, inputs, row) for each workload under no_grad; an error is recorded in
+    its row and the next workload runs."""
     import torch
     from workloads import WORKLOADS
     results = {}
@@ -124,38 +125,59 @@ def phase_measure(args, names) -> dict:
         try:
             model, inputs = WORKLOADS[name]()
             with torch.no_grad():
-                ref = model(*inputs)
-                row["eager_ms"] = bench(lambda: model(*inputs))
-                torch._dynamo.reset()
-                ind = torch.compile(model)
-                row["inductor_err"] = _err(ind(*inputs), ref)
-                row["inductor_ms"] = bench(lambda: ind(*inputs))
-                for label, extra in (("kernelize", {}), ("kernelize_cudagraphs", {"cudagraphs": True})):
-                    torch._dynamo.reset()
-                    report = args.reports / f"report_{name}_{label}.json"
-                    k = torch.compile(model, backend="kernelize", options=dict(
-                        {"target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off",
-                         "report": str(report)}, **extra))
-                    row[f"{label}_err"] = _err(k(*inputs), ref)
-                    row[f"{label}_ms"] = bench(lambda: k(*inputs))
-                    if label == "kernelize":
-                        doc = json.loads(report.read_text())
-                        nodes = [n for g in doc["graphs"] for n in g["nodes"]]
-                        row["nodes"] = len(nodes)
-                        row["nodes_on_triton"] = sum(n["tier"] == "triton" for n in nodes)
-                        row["fused_regions"] = sum(g["summary"].get("fused_regions", 0) for g in doc["graphs"])
-                        row["graphs"] = len(doc["graphs"])
-                if row["kernelize_err"] > 1e-2:  # which kernels disagree with the vendor? (check mode)
-                    row["check_mode"] = _check_mode(model, inputs, ref, args)
-            row["speedup_vs_eager"] = row["eager_ms"] / row["kernelize_ms"]
-            row["speedup_vs_inductor"] = row["inductor_ms"] / row["kernelize_ms"]
+                run_one(name, model, inputs, row)
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:2000]
-        print(name, json.dumps(row), flush=True)
+        print(name, json.dumps(summary(row)), flush=True)
         results[name] = row
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     return results
+
+
+def _kernelize(args, **options):
+    import torch
+    return lambda model: torch.compile(model, backend="kernelize", options=dict(
+        {"target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off"}, **options))
+
+
+def phase_measure(args, names) -> dict:
+    import torch
+
+    def measure(name, model, inputs, row):
+        ref = model(*inputs)
+        row["eager_ms"] = bench(lambda: model(*inputs))
+        torch._dynamo.reset()
+        ind = torch.compile(model)
+        row["inductor_err"] = _err(ind(*inputs), ref)
+        row["inductor_ms"] = bench(lambda: ind(*inputs))
+        for label, extra in (("kernelize", {}), ("kernelize_cudagraphs", {"cudagraphs": True})):
+            torch._dynamo.reset()
+            report = args.reports / f"report_{name}_{label}.json"
+            k = _kernelize(args, report=str(report), **extra)(model)
+            row[f"{label}_err"] = _err(k(*inputs), ref)
+            row[f"{label}_ms"] = bench(lambda: k(*inputs))
+            if label == "kernelize":
+                doc = json.loads(report.read_text())
+                nodes = [n for g in doc["graphs"] for n in g["nodes"]]
+                row["nodes"] = len(nodes)
+                row["nodes_on_triton"] = sum(n["tier"] == "triton" for n in nodes)
+                row["fused_regions"] = sum(g["summary"].get("fused_regions", 0) for g in doc["graphs"])
+                row["graphs"] = len(doc["graphs"])
+        if row["kernelize_err"] > 1e-2:  # which kernels disagree with the vendor? (check mode)
+            row["check_mode"] = _check_mode(model, inputs, ref, args)
+        row["speedup_vs_eager"] = row["eager_ms"] / row["kernelize_ms"]
+        row["speedup_vs_inductor"] = row["inductor_ms"] / row["kernelize_ms"]
+
+    return _each_workload(names, measure)
+
+
+def _calls(fn, n: int) -> None:
+    """n calls of fn, then wait for the GPU."""
+    import torch
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
 
 
 def _kernel_times(fn, iters: int = 5) -> dict:
@@ -163,13 +185,9 @@ def _kernel_times(fn, iters: int = 5) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
+    _calls(fn, 3)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
+        _calls(fn, iters)
     kernels = {}
     for evt in prof.key_averages():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
@@ -186,26 +204,31 @@ def _kernel_times(fn, iters: int = 5) -> dict:
 
 def phase_profile(args, names) -> dict:
     import torch
-    from workloads import WORKLOADS
-    results = {}
-    for name in names:
-        row = {}
-        try:
-            model, inputs = WORKLOADS[name]()
-            with torch.no_grad():
-                backends = {"eager": lambda m: m, "inductor": torch.compile,
-                            "kernelize": lambda m: torch.compile(m, backend="kernelize", options={
-                                "target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off"})}
-                for label, make in backends.items():
-                    torch._dynamo.reset()
-                    fn = make(model)
-                    row[label] = _kernel_times(lambda: fn(*inputs))
-        except Exception as e:
-            row["error"] = f"{type(e).__name__}: {e}"[:2000]
-        print("profile", name, json.dumps({k: v.get("gpu_ms") for k, v in row.items() if isinstance(v, dict)}), flush=True)
-        results[name] = row
-        torch._dynamo.reset()
-    return results
+
+    def profile(name, model, inputs, row):
+        for label, make in (("eager", lambda m: m), ("inductor", torch.compile), ("kernelize", _kernelize(args))):
+            torch._dynamo.reset()
+            fn = make(model)
+            row[label] = _kernel_times(lambda: fn(*inputs))
+
+    return _each_workload(names, profile,
+                          lambda row: {k: v.get("gpu_ms") if isinstance(v, dict) else v for k, v in row.items()})
+
+
+def per_call_us(fn, n: int = 3000) -> float:
+    """Host time per call of a function whose GPU work is tiny (launch-bound), in microseconds."""
+    _calls(fn, 50)
+    t0 = time.perf_counter()
+    _calls(fn, n)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def host_speed_us() -> float:
+    """eager torch.add of two 4096-element tensors, per call: the host's speed, recorded with every
+    run (host-bound rows, e.g. Inductor's MoE, move with it from one lent machine to the next)."""
+    import torch
+    x = torch.randn(4096, device="cuda")
+    return round(per_call_us(lambda: torch.add(x, x)), 2)
 
 
 def phase_overhead(args) -> dict:
@@ -222,17 +245,6 @@ def phase_overhead(args) -> dict:
 
     x, y = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
     out = torch.empty_like(x)
-
-    def per_call_us(fn, n=3000):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / n * 1e6
-
     res = {"direct_triton_launch_us": per_call_us(lambda: add_kernel[(4,)](x, y, out, 4096, BLOCK=1024)),
            "eager_torch_add_us": per_call_us(lambda: torch.add(x, y))}
     torch._dynamo.reset()
@@ -335,7 +347,8 @@ def main() -> int:
     import torch
     import triton
     results["env"] = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
-                      "torch": torch.__version__, "triton": triton.__version__}
+                      "torch": torch.__version__, "triton": triton.__version__,
+                      "host_us_per_eager_add": host_speed_us()}
     for phase in args.phases.split(","):
         t0 = time.perf_counter()
         if phase == "fill":
