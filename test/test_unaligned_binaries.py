@@ -102,3 +102,53 @@ def test_without_an_unaligned_binary_the_call_goes_to_the_vendor_op(no_stream, c
     assert "did not load" in caplog.text
     with pytest.raises(MisalignedInput):  # not retried on every call
         runner.launch([x[1:], x[:-1]], outs, temps)
+
+
+def test_worker_compiles_the_unaligned_binaries_or_leaves_none(tmp_path):
+    from torch_kernelize.fill_cache.builder import _build_unaligned
+
+    spec, program = _add_program()
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    write_program(good, spec, program, "cuda", SM90)
+    assert _build_unaligned(spec.to_json(), str(good), SM90) is None and has_unaligned(good, 1)
+    write_program(bad, spec, program, "cuda", SM90)
+    (bad / "kernel.py").write_text(program.source.replace("tl.arange(0, BLOCK)", "tl.arange(0, BLOCK + 1)"))
+    error = _build_unaligned(spec.to_json(), str(bad), SM90)
+    assert error and not list(bad.glob("*.unaligned.*"))
+
+
+def test_fill_stores_a_winner_once_its_unaligned_binaries_are_built(tmp_path, caplog):
+    """fill_cache does not wait for that compile: the winner is stored when its future is done,
+    and every pending winner is stored before the run ends (also after a fault)."""
+    import concurrent.futures
+
+    from torch_kernelize.fill_cache.cli import FillRun
+    from torch_kernelize.lowering.targets import get_target
+
+    class Cache:
+        def __init__(self):
+            self.stored = []
+
+        def put(self, record, built, replace=False):
+            assert Path(built).is_dir()  # not discarded before its put
+            self.stored.append(record["key"])
+
+    cache = Cache()
+    run = FillRun(get_target("interpreter"), cache, 2, False, False, 1.03)
+    try:
+        futures = {k: concurrent.futures.Future() for k in "abc"}
+        for k, fut in futures.items():
+            spec, program = _add_program()
+            built = run.builder.root / f"spec-{k}" / "0"
+            write_program(built, spec, program, "interpreter")
+            run._pending.append((fut, {"key": k}, built, False, spec))
+        futures["a"].set_result(None)
+        futures["c"].set_result("CompilationError: too many registers")
+        run._store_pending(wait=False)
+        assert cache.stored == ["a", "c"] and [p[1]["key"] for p in run._pending] == ["b"]
+        assert "no binary for unaligned views" in caplog.text
+        futures["b"].set_result(None)
+        run._store_pending(wait=True)
+        assert cache.stored == ["a", "c", "b"] and not run._pending
+    finally:
+        run.builder.close()

@@ -3,8 +3,8 @@
 Files: kernel.py (the Triton source), program.json (launch list), and on CUDA one compiled
 binary per launch (launch<i>.cubin + launch<i>.json metadata), compiled ahead of time here so
 that serving never compiles; the kernel that fill_cache stores also gets the binaries for
-unaligned views (``add_unaligned_binaries``: candidates are not compiled twice). ``gpu_target`` (backend, arch, warp size) lets a process without
-CUDA (a build worker) compile for the GPU.
+unaligned views (``add_unaligned_binaries``; candidates are not compiled twice). ``gpu_target``
+(backend, arch, warp size) lets a process without CUDA (a build worker) compile for the GPU.
 """
 from __future__ import annotations
 

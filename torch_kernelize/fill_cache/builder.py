@@ -36,6 +36,20 @@ def _build(spec_json: dict, family_name: str, config_json: dict, directory: str,
         return text if len(text) < 2000 else text[:2000] + " ..."
 
 
+def _build_unaligned(spec_json: dict, directory: str, gpu_target: tuple | None) -> str | None:
+    """Worker: add the binaries for unaligned views to a built program; the error text, or None
+    (then no such binary is left behind: the runner sends unaligned calls to the vendor op)."""
+    from torch_kernelize.build import add_unaligned_binaries
+
+    try:
+        add_unaligned_binaries(Path(directory), KernelSpec.from_json(spec_json), gpu_target)
+        return None
+    except Exception as e:
+        for f in Path(directory).glob("*.unaligned.*"):
+            f.unlink(missing_ok=True)
+        return f"{type(e).__name__}: {e}"[:2000]
+
+
 class Builder:
     def __init__(self, target: Target, workers: int | None = None):
         self.backend = target.triton
@@ -80,6 +94,15 @@ class Builder:
         if error is not None:
             raise RuntimeError(error)
         return self.directory(spec, config)
+
+    def submit_unaligned(self, spec: KernelSpec, directory: Path) -> concurrent.futures.Future:
+        """Compile a built program again for unaligned views (CUDA: in the pool, so that the next
+        specs' searches go on meanwhile); the future's result is the error text or None."""
+        if self._pool is not None:
+            return self._pool.submit(_build_unaligned, spec.to_json(), str(directory), self._gpu_target)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.set_result(None)  # the interpreter runs the source: nothing to compile
+        return fut
 
     def discard(self, spec: KernelSpec) -> None:
         shutil.rmtree(self.root / spec.key, ignore_errors=True)

@@ -77,6 +77,7 @@ class FillRun:
         self.target, self.cache, self.budget = target, cache, budget
         self.builder = Builder(target)
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
+        self._pending: list[tuple[Any, dict, Path, bool, Any]] = []  # winners awaiting their put (with spec)
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
 
@@ -144,26 +145,43 @@ class FillRun:
                        speedup=best["fitness"])
             return row
         record.update(winner="triton", note="" if best["measured"] else INTERPRETER_NOTE)
+        pending = False
         try:
             built, _ = measurer.build(Config.from_json(best["config"]))
             if self.target.triton == "cuda":
-                self._add_unaligned(built, spec)
-            self.cache.put(record, built, replace=work.replace or self.force)
+                # stored once its binaries for unaligned views are compiled (in the build pool, while
+                # the next specs are searched): see _store_pending
+                self._pending.append((self.builder.submit_unaligned(spec, built), record, built,
+                                      work.replace or self.force, spec))
+                pending = True
+            else:
+                self.cache.put(record, built, replace=work.replace or self.force)
         finally:
-            self.builder.discard(spec)
+            if not pending:
+                self.builder.discard(spec)
         row.update(status="stored", winner=f"{family.name} " + " ".join(f"{k}={v}" for k, v in sorted(best["config"].items())),
                    speedup=timings["speedup"])
         return row
 
-    @staticmethod
-    def _add_unaligned(built: Path, spec: Any) -> None:
-        """The winner's binaries for unaligned views; without them such calls run the vendor op."""
-        from torch_kernelize.build import add_unaligned_binaries
-        try:
-            add_unaligned_binaries(built, spec)
-        except Exception as e:
-            log.warning("%s: no binary for unaligned views (%s: %s); unaligned calls will run the vendor op",
-                        spec.describe()[:90], type(e).__name__, str(e)[:300])
+    def _store_pending(self, wait: bool) -> None:
+        """Store the winners whose binaries for unaligned views are compiled (all of them: wait)."""
+        waiting = []
+        for fut, record, built, replace, spec in self._pending:
+            if not wait and not fut.done():
+                waiting.append((fut, record, built, replace, spec))
+                continue
+            try:
+                error = fut.result()
+            except Exception as e:  # the pool itself failed
+                error = f"{type(e).__name__}: {e}"
+            if error is not None:
+                log.warning("%s: no binary for unaligned views (%s); such calls will run the vendor op",
+                            spec.describe()[:90], error[:300])
+            try:
+                self.cache.put(record, built, replace=replace)
+            finally:
+                self.builder.discard(spec)
+        self._pending = waiting
 
     def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
         started = time.perf_counter()
@@ -177,7 +195,10 @@ class FillRun:
         try:
             return self._run(work, quiet)
         finally:
-            self.builder.close()
+            try:  # winners found before a fault or an interrupt are kept
+                self._store_pending(wait=True)
+            finally:
+                self.builder.close()
 
     def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
         from filelock import Timeout
@@ -205,6 +226,7 @@ class FillRun:
                 self.rows.append(self._timed(w, bar))
             finally:
                 lock.release()
+            self._store_pending(wait=False)
             bar.update(1)
         for w in deferred:
             with self.cache.lock(w.spec.key):
