@@ -8,8 +8,8 @@ recorded (for fill_cache) like any miss.
 
 Region kinds (the ``kind`` field of the canonical graph):
   pointwise   connected pointwise nodes over one iteration shape (inputs may broadcast), and
-              ``cat`` of region inputs (each piece read where the output index falls in it:
-              RoPE's rotated halves); a cat starts a group, it does not join its producers';
+              ``cat``: a cat starts a group and takes in the pointwise groups that compute only
+              its pieces (RoPE's ``-x2``), which the kernel evaluates where it reads that piece;
   rowwise     pointwise nodes around reductions over the last dim (RMSNorm, LayerNorm, softmax
               with their neighbours): full-shape [.., N] and row-shape [.., 1] values;
   matmul      mm / addmm / bmm followed by a chain of pointwise epilogue nodes on its output.
@@ -150,6 +150,28 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
     def external_inputs(g: int) -> set[fx.Node]:
         return {a for n in groups[g]["nodes"] for a in n.all_input_nodes if group_of.get(a) != g}
 
+    def take_pieces(cat: fx.Node, t: int) -> None:
+        """Pointwise groups whose values only this cat reads join its group (as its pieces), if
+        they read nothing that another piece reads (the kernel loads an input in one piece)."""
+        seen = {a for a in cat.args[0] if a not in group_of}
+        for a in dict.fromkeys(cat.args[0]):
+            g = group_of.get(a)
+            if g is None or g == t:
+                continue
+            piece = groups[g]
+            members = set(piece["nodes"])
+            reads = external_inputs(g)
+            if piece["kind"] != "pointwise" or piece["cat"] or piece["seed"] == "matmul" \
+                    or any(u not in members and u is not cat for n in piece["nodes"] for u in n.users) \
+                    or reads & seen or len(piece["nodes"]) + len(groups[t]["nodes"]) >= MAX_REGION_NODES:
+                continue
+            seen |= reads
+            for n in piece["nodes"]:
+                group_of[n] = t
+            groups[t]["nodes"] = sorted(groups[t]["nodes"] + piece["nodes"], key=order.get)
+            groups[t]["start"] = min(groups[t]["start"], piece["start"])
+            del groups[g]
+
     for node in gm.graph.nodes:
         role = _role(node, pointwise, target)
         if role is None:
@@ -194,6 +216,8 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
         if role == "reduction":
             groups[t]["kind"] = "rowwise"
         group_of[node] = t
+        if role == "cat":
+            take_pieces(node, t)
 
     regions = []
     for g in sorted(groups.values(), key=lambda g: g["start"]):

@@ -371,7 +371,7 @@ def test_rope_over_gqa_k_view(tmp_path):
 
 def rope_halves(q, cos, sin):
     """Llama's RoPE (benchmarks/workloads.py Rope): the rotated halves are a cat of a negated slice
-    and a slice, which the region reads in place (the neg runs before it, on its own)."""
+    and a slice, which the region reads in place (the neg computed where its piece is read)."""
     q1, q2 = q.chunk(2, -1)
     return q * cos + torch.cat([-q2, q1], -1) * sin
 
@@ -380,31 +380,51 @@ def cat_three(a, b, c, w):
     return torch.cat([a, b, c], 1) * w + 1
 
 
+def cat_computed_pieces(a, b, c, s, w):
+    """Pieces computed from broadcast inputs and a scalar; one piece also read by a later node
+    (it stays outside the region: the region former only takes values that only the cat reads),
+    and one that reads an input another piece reads (it stays outside too)."""
+    p0 = torch.sigmoid(a * s) + w[:2]
+    p1 = b.exp()
+    p2 = c * 3
+    return torch.cat([p0, p1, p2, c], 0) * 2, p1
+
+
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
 def test_cat_pieces_read_in_place(dtype, tmp_path):
     q = torch.randn(2, 20, 3, 16).to(dtype).transpose(1, 2)  # a transposed view, like q in attention
     spec = one_region(rope_halves, q, torch.randn(20, 16).to(dtype), torch.randn(20, 16).to(dtype), kind="pointwise")
     nodes = [n["op"] for n in json.loads(spec.graph)["nodes"]]
-    assert "aten.cat.default" in nodes and "aten.neg.default" not in nodes  # the neg feeds the cat from outside
+    assert "aten.cat.default" in nodes and "aten.neg.default" in nodes  # one kernel: no neg, no cat launch
     assert FAMILY.supports(spec) is None
     program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
-    assert "c1 = " in program.source or "index along the cat dim" in program.source
+    assert "index along the cat dim" in program.source and "# piece 1: [8, 16)" in program.source
+    if dtype == F16:
+        compile_sm90(spec, program, tmp_path)  # what the GPU build does (the interpreter is lenient)
     # three pieces along a middle dim, one of them broadcast-free but non-contiguous; a tail block
     a, b, c = torch.randn(3, 2, 7), torch.randn(3, 5, 7)[:, ::2], torch.randn(3, 1, 7)
     spec = one_region(cat_three, a, b, c, torch.randn(7), kind="pointwise")
     assert FAMILY.supports(spec) is None
     assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
+    if dtype == F32:
+        specs = region_specs(cat_computed_pieces, torch.randn(2, 9), torch.randn(3, 9), torch.randn(1, 9),
+                             torch.tensor(0.5), torch.randn(4, 9))
+        spec = next(sp for sp in specs if "aten.cat.default" in sp.graph)
+        ops = [n["op"] for n in json.loads(spec.graph)["nodes"]]
+        assert "aten.sigmoid.default" in ops and "aten.exp.default" not in ops and ops.count("aten.mul.Tensor") == 2
+        assert FAMILY.supports(spec) is None
+        assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
 
 
 def test_cat_refusals_and_no_cat_in_rowwise():
-    # a cat whose piece is computed inside the region is refused by the family (the region former
-    # never makes one: a cat's pieces are its inputs)
+    # a piece computed in the region must be read by that piece alone (the region former only
+    # takes such values in): the same value as both pieces is refused
     spec = one_region(rope_halves, torch.randn(2, 8, 16), torch.randn(8, 16), torch.randn(8, 16))
     graph = json.loads(spec.graph)
     cat = next(n for n in graph["nodes"] if n["op"] == "aten.cat.default")
-    cat["args"][0][0] = {"node": 0}
+    cat["args"][0][1] = cat["args"][0][0]
     bad = dataclasses.replace(spec, graph=json.dumps(graph))
-    assert "computed values" in FAMILY.supports(bad)
+    assert "read outside its cat piece" in FAMILY.supports(bad)
     # a softmax over a cat: the cat stays out of the rowwise region
     specs = region_specs(lambda a, b, m: torch.softmax(torch.cat([a, b], -1) + m, -1),
                          torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 16))

@@ -13,10 +13,12 @@ is stored with its own dtype and strides.
 pointwise  all nodes share one iteration shape, walked flat in the first output's memory order
            (dims merged where every tensor is contiguous), one program per BLOCK, as in
            elementwise.py; a broadcast input is indexed by div/mod, or loaded once (a scalar).
-           ``cat`` of region inputs: each piece is loaded (masked) where the index along the cat
-           dim falls in it and the pieces are selected with tl.where, so RoPE's rotated halves
-           are read in place instead of being copied by a cat kernel first (the cat dim is kept
-           apart from its neighbours when dims are merged, to know that index).
+           ``cat``: each piece is loaded (masked) where the index along the cat dim falls in it,
+           or computed there (the pointwise nodes only that piece reads, e.g. RoPE's ``-x2``, at
+           the piece's shape, from inputs read at the index shifted by the piece's start), and
+           the pieces are selected with tl.where: RoPE's rotated halves are read in place
+           instead of being copied by a neg and a cat kernel first (the cat dim is kept apart
+           from its neighbours when dims are merged, to know that index).
 rowwise    the iteration shape is [rows, N], N the last dim. A program owns BLOCK_M rows; values
            are [BLOCK_M, BLOCK_N] tiles (full shape), [BLOCK_M, 1] (row shape: reductions and
            what follows them), [1, BLOCK_N] (an input broadcast over rows, e.g. a weight [N]) or
@@ -98,6 +100,8 @@ class _Tensor:
     col_stride: int = 0           # rowwise: stride of the last dim
     flat_off: str = "0"           # pointwise: offset expression over idx
     hint: bool = False            # 16-byte alignment of the base pointer implies aligned vectors
+    piece: tuple[int, int] | None = None  # pointwise, read in a cat piece: (cat node, piece)
+    shift: int = 0                # ... and the element offset of that piece's start
 
 
 @dataclasses.dataclass
@@ -116,6 +120,8 @@ class _Plan:
     flat_strides: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # outputs then inputs
     cat_coords: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # cat dim -> its
     # coordinate as a stride set over flat_sizes
+    pieces: dict[tuple[int, int], list[int]] = dataclasses.field(default_factory=dict)  # (cat, piece) ->
+    # the nodes computed for that piece, in order
     passes: int = 1
     helpers: tuple[str, ...] = ()
 
@@ -280,8 +286,8 @@ class _Analysis:
     def cat_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         pieces = args.get("tensors")
         refs = [_ref(v) for v in pieces] if isinstance(pieces, list) else []
-        if not refs or any(r is None or r[0] != "in" for r in refs):
-            return f"node {j}: cat of computed values is not generated (only of region inputs)"
+        if not refs or any(r is None for r in refs):
+            return f"node {j}: cat pieces {pieces!r} are not tensors"
         ndim, d = len(meta.shape), args.get("dim", 0)
         if isinstance(d, bool) or not isinstance(d, int) or not -ndim <= d < ndim:
             return f"node {j}: cat dim {d!r}"
@@ -294,14 +300,12 @@ class _Analysis:
             if any(a != b for k, (a, b) in enumerate(zip(m.shape, meta.shape)) if k != d):
                 return f"node {j}: cat piece {m.short()} does not match {meta.short()} off dim {d}"
             if m.shape[d]:
-                branches.append((r[1], start, m.shape[d]))
+                branches.append((r, start, m.shape[d]))
             start += m.shape[d]
         if start != meta.shape[d]:
             return f"node {j}: cat pieces add up to {start} along dim {d}, not {meta.shape[d]}"
-        if len({i for i, _, _ in branches}) != len(branches):
-            return f"node {j}: a region input is two pieces of one cat"
-        return _Node(j, CAT_OP, "pointwise", meta, args, [("in", i) for i, _, _ in branches],
-                     _vtype(meta.dtype), exact=True, cat=(d, tuple(branches)))
+        return _Node(j, CAT_OP, "pointwise", meta, args, [r for r, _, _ in branches],
+                     _vtype(meta.dtype), exact=all(self.exact_of(r) for r, _, _ in branches), cat=(d, tuple(branches)))
 
     def pointwise_node(self, j: int, op: str, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         pw = OPS[op]
@@ -395,28 +399,64 @@ class _Analysis:
         return node
 
     # region kinds ---------------------------------------------------------------------------
+    def piece_contexts(self, out_nodes: list[int]) -> dict[Ref, tuple[int, int]] | str:
+        """Which values are computed inside a cat piece: the piece itself and what only it reads
+        (each read by that piece alone, never a region output)."""
+        users: dict[Ref, list[int]] = {}
+        for n in self.nodes:
+            for r in n.operands:
+                if r[0] != "const":
+                    users.setdefault(r, []).append(n.index)
+        context: dict[Ref, tuple[int, int]] = {}
+        for c in (n for n in self.nodes if n.cat):
+            for b, (ref, _, _) in enumerate(c.cat[1]):
+                members, stack = {ref}, [ref]
+                while stack:
+                    r = stack.pop()
+                    for x in (self.nodes[r[1]].operands if r[0] == "node" else []):
+                        if x[0] != "const" and x not in members:
+                            members.add(x)
+                            stack.append(x)
+                inside = {r[1] for r in members if r[0] == "node"} | {c.index}
+                for r in members:
+                    if r in context or (r[0] == "node" and r[1] in out_nodes):
+                        return f"{r[0]} {r[1]} is read outside its cat piece"
+                    if any(u not in inside for u in users[r]) or (r == ref and users[r].count(c.index) != 1):
+                        return f"{r[0]} {r[1]} is read outside its cat piece"
+                    context[r] = (c.index, b)
+        return context
+
     def pointwise(self, out_nodes: list[int]) -> _Plan | str:
         shape = tuple(self.nodes[out_nodes[0]].meta.shape)
+        context = self.piece_contexts(out_nodes)
+        if isinstance(context, str):
+            return context
+
+        def piece_shape(where: tuple[int, int]) -> tuple[int, ...]:
+            d, branches = self.nodes[where[0]].cat
+            return shape[:d] + (branches[where[1]][2],) + shape[d + 1:]
         for n in self.nodes:
             if n.role != "pointwise":
                 return f"node {n.index}: {n.op} in a pointwise region"
-            if tuple(n.meta.shape) != shape:
-                return f"node {n.index} has shape {n.meta.shape}, the region iterates {shape}"
+            want = piece_shape(context[("node", n.index)]) if ("node", n.index) in context else shape
+            if tuple(n.meta.shape) != want:
+                return f"node {n.index} has shape {n.meta.shape}, where it is computed the region iterates {want}"
         if math.prod(shape) == 0:
             return "empty region: nothing to compute"
-        pieces = {i: n.index for n in self.nodes if n.cat for i, _, _ in n.cat[1]}
-        for n in self.nodes:
-            if n.cat is None and any(r[0] == "in" and r[1] in pieces for r in n.operands):
-                return f"input {next(r[1] for r in n.operands if r[0] == 'in' and r[1] in pieces)} is a cat piece " \
-                       f"and an operand of node {n.index}"
-            if n.cat is not None and len({pieces[i] for i, _, _ in n.cat[1]}) != 1:
-                return f"a region input is a piece of two cats"
+        pieces: dict[tuple[int, int], list[int]] = {}
+        for r, where in sorted(context.items()):
+            if r[0] == "node":
+                pieces.setdefault(where, []).append(r[1])
         ins = []
         for i, m in enumerate(self.in_metas):
-            if i in pieces:  # read through the cat's index remap, at its own strides (kept along the
-                d = self.nodes[pieces[i]].cat[0]  # cat dim even at size 1: the shift cancels it)
-                ins.append(_Tensor(f"in{i}", m, "cat", tuple(0 if sz == 1 and k != d else st
-                                                              for k, (sz, st) in enumerate(zip(m.shape, m.stride)))))
+            if ("in", i) in context:  # read where its piece is, through the cat's index remap
+                where = context[("in", i)]
+                try:
+                    st = cg.broadcast_strides(m, piece_shape(where))
+                except ValueError as e:
+                    return f"input {i}: {e}"
+                d, branches = self.nodes[where[0]].cat
+                ins.append(_Tensor(f"in{i}", m, "cat", st, piece=where, shift=branches[where[1]][1] * st[d]))
                 continue
             try:
                 st = cg.broadcast_strides(m, shape)
@@ -435,7 +475,8 @@ class _Analysis:
         for t, st in zip(outs + ins, strides):
             t.strides = st
         plan = _Plan("pointwise", self.nodes, ins, outs, out_nodes, shape, flat_sizes=sizes,
-                     flat_strides=strides[:len(sets)], cat_coords=dict(zip(cat_dims, strides[len(sets):])))
+                     flat_strides=strides[:len(sets)], cat_coords=dict(zip(cat_dims, strides[len(sets):])),
+                     pieces={w: sorted(ns) for w, ns in pieces.items()})
         plan.helpers = _helpers(self.nodes)
         return plan
 
@@ -683,7 +724,10 @@ class _PointwiseEmitter(_Emitter):
                 s(f"x{i} = tl.load({t.name}_ptr){conv}  # broadcast: one element")
             elif t.cls != "cat":
                 s(f"x{i} = tl.load({self.pointer(t, hinted)}{mask}){conv}")
+        in_pieces = {k for ns in p.pieces.values() for k in ns}
         for n in p.nodes:
+            if n.index in in_pieces:
+                continue  # computed inside its cat piece
             s(self.describe(n))
             if n.cat is not None:
                 self.cat(n)
@@ -701,20 +745,28 @@ class _PointwiseEmitter(_Emitter):
         c = f"c{n.index}"
         s(f"{c} = {self.cat_index[d]}  # index along the cat dim ({d})")
         ends = []
-        for i, start, size in n.cat[1]:
-            t = self.p.inputs[i]
+        for b, (ref, start, size) in enumerate(n.cat[1]):
             conds = ([f"({c} >= {start})"] if start else []) + ([f"({c} < {start + size})"] if start + size < n.meta.shape[d] else [])
             if self.masked:
                 conds.append("mask")
-            shift = start * t.meta.stride[d]
-            ptr = f"{t.name}_ptr + {t.flat_off}" + (f" - {shift}" if shift else "")
             kw = f", mask={' & '.join(conds)}, other=0" if conds else ""
-            conv = "" if _vtype(t.meta.dtype) == t.meta.dtype else ".to(tl.float32)"
-            s(f"x{i} = tl.load({ptr}{kw}){conv}  # piece [{start}, {start + size})")
-            ends.append((i, start + size))
-        expr = f"x{ends[-1][0]}"
-        for i, end in reversed(ends[:-1]):
-            expr = f"tl.where({c} < {end}, x{i}, {expr})"
+            s(f"# piece {b}: [{start}, {start + size}) along dim {d}")
+            for i, t in enumerate(self.p.inputs):
+                if t.piece != (n.index, b):
+                    continue
+                conv = "" if _vtype(t.meta.dtype) == t.meta.dtype else ".to(tl.float32)"
+                if t.flat_off == "0":  # broadcast over the piece: one element
+                    s(f"x{i} = tl.load({t.name}_ptr){conv}")
+                    continue
+                ptr = f"{t.name}_ptr + {t.flat_off}" + (f" - {t.shift}" if t.shift else "")
+                s(f"x{i} = tl.load({ptr}{kw}){conv}")
+            for k in self.p.pieces.get((n.index, b), []):  # where no element of the piece is, the
+                s(self.describe(self.p.nodes[k]))           # loads give 0: those values are dropped
+                s(f"v{k} = {self.pointwise_expr(self.p.nodes[k])}")
+            ends.append((_convert(self.var(ref), self.vtype(ref), n.vtype), start + size))
+        expr = ends[-1][0]
+        for v, end in reversed(ends[:-1]):
+            expr = f"tl.where({c} < {end}, {v}, {expr})"
         s(f"v{n.index} = {expr}")
 
     def _scalar(self, r: Ref) -> bool:
