@@ -118,8 +118,8 @@ def test_worker_compiles_the_unaligned_binaries_or_leaves_none(tmp_path):
 
 
 def test_fill_stores_a_winner_once_its_unaligned_binaries_are_built(tmp_path, caplog):
-    """fill_cache does not wait for that compile: the winner is stored when its future is done,
-    and every pending winner is stored before the run ends (also after a fault)."""
+    """fill_cache does not wait for that compile: the winner is stored when its future is done and
+    the binaries pass validation (else without them), every pending winner before the run ends."""
     import concurrent.futures
 
     from torch_kernelize.fill_cache.cli import FillRun
@@ -127,28 +127,52 @@ def test_fill_stores_a_winner_once_its_unaligned_binaries_are_built(tmp_path, ca
 
     class Cache:
         def __init__(self):
-            self.stored = []
+            self.stored, self.files = [], {}
 
         def put(self, record, built, replace=False):
             assert Path(built).is_dir()  # not discarded before its put
             self.stored.append(record["key"])
+            self.files[record["key"]] = sorted(p.name for p in Path(built).iterdir())
+
+    class Measurer:  # what the pending store asks of the spec's measurer
+        def __init__(self, spec, verdict):
+            self.spec, self.verdict = spec, verdict
+
+        def validate_unaligned(self, built):
+            return self.verdict
 
     cache = Cache()
     run = FillRun(get_target("interpreter"), cache, 2, False, False, 1.03)
     try:
-        futures = {k: concurrent.futures.Future() for k in "abc"}
+        futures = {k: concurrent.futures.Future() for k in "abcd"}
+        dirs = {}
         for k, fut in futures.items():
             spec, program = _add_program()
-            built = run.builder.root / f"spec-{k}" / "0"
+            dirs[k] = built = run.builder.root / f"spec-{k}" / "0"
             write_program(built, spec, program, "interpreter")
-            run._pending.append((fut, {"key": k}, built, False, spec))
+            (built / "launch0.unaligned.cubin").write_bytes(b"stand-in")
+            verdict = "output 0: 3 of 4096 elements differ" if k == "d" else None
+            run._pending.append((fut, {"key": k}, built, False, Measurer(spec, verdict)))
         futures["a"].set_result(None)
         futures["c"].set_result("CompilationError: too many registers")
+        futures["d"].set_result(None)
         run._store_pending(wait=False)
-        assert cache.stored == ["a", "c"] and [p[1]["key"] for p in run._pending] == ["b"]
-        assert "no binary for unaligned views" in caplog.text
+        assert cache.stored == ["a", "c", "d"] and [p[1]["key"] for p in run._pending] == ["b"]
+        assert "launch0.unaligned.cubin" in cache.files["a"]
+        assert "launch0.unaligned.cubin" not in cache.files["c"] + cache.files["d"]  # nothing half-made is stored
+        assert "no binary for unaligned views" in caplog.text and "failed validation" in caplog.text
         futures["b"].set_result(None)
         run._store_pending(wait=True)
-        assert cache.stored == ["a", "c", "b"] and not run._pending
+        assert cache.stored == ["a", "c", "d", "b"] and not run._pending
     finally:
         run.builder.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
+def test_unaligned_copy_keeps_values_and_strides(dtype):
+    from torch_kernelize.fill_cache.measure import unaligned_copy
+
+    t = (torch.arange(60) % 7).to(dtype).reshape(3, 4, 5).transpose(0, 2)[:, 1:]
+    u = unaligned_copy(t)
+    assert u.data_ptr() % 16 != 0 and u.stride() == t.stride() and u.shape == t.shape
+    assert torch.equal(u, t)

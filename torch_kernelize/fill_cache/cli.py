@@ -28,7 +28,7 @@ from torch_kernelize.errors import KernelizeError
 from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.journal import Journal
-from torch_kernelize.fill_cache.measure import Measurer
+from torch_kernelize.fill_cache.measure import Measurer, device_fault
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.lowering.kernels import Config, family_for
 from torch_kernelize.lowering.targets import Target, get_target
@@ -77,7 +77,7 @@ class FillRun:
         self.target, self.cache, self.budget = target, cache, budget
         self.builder = Builder(target)
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
-        self._pending: list[tuple[Any, dict, Path, bool, Any]] = []  # winners awaiting their put (with spec)
+        self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
 
@@ -152,7 +152,7 @@ class FillRun:
                 # stored once its binaries for unaligned views are compiled (in the build pool, while
                 # the next specs are searched): see _store_pending
                 self._pending.append((self.builder.submit_unaligned(spec, built), record, built,
-                                      work.replace or self.force, spec))
+                                      work.replace or self.force, measurer))
                 pending = True
             else:
                 self.cache.put(record, built, replace=work.replace or self.force)
@@ -166,21 +166,31 @@ class FillRun:
     def _store_pending(self, wait: bool) -> None:
         """Store the winners whose binaries for unaligned views are compiled (all of them: wait)."""
         waiting = []
-        for fut, record, built, replace, spec in self._pending:
+        for fut, record, built, replace, measurer in self._pending:
             if not wait and not fut.done():
-                waiting.append((fut, record, built, replace, spec))
+                waiting.append((fut, record, built, replace, measurer))
                 continue
+            spec = measurer.spec
             try:
                 error = fut.result()
-            except Exception as e:  # the pool itself failed
+                if error is None:
+                    error = measurer.validate_unaligned(built)
+                    if error is not None:
+                        error = f"failed validation: {error}"
+            except Exception as e:  # the pool failed, or the unaligned binary did not run
                 error = f"{type(e).__name__}: {e}"
             if error is not None:
+                for f in Path(built).glob("*.unaligned.*"):
+                    f.unlink(missing_ok=True)
                 log.warning("%s: no binary for unaligned views (%s); such calls will run the vendor op",
                             spec.describe()[:90], error[:300])
             try:
                 self.cache.put(record, built, replace=replace)
             finally:
                 self.builder.discard(spec)
+            if error is not None and device_fault(error):  # the CUDA context is gone: end the run
+                self._pending = waiting
+                raise DeviceFault(spec, {"config": record["config"], "error": f"unaligned binary: {error}"})
         self._pending = waiting
 
     def _timed(self, work: Work, progress: Any) -> dict[str, Any]:

@@ -98,6 +98,18 @@ class Measurer:
             return [to_device(t, device) for t in self.extra_inputs[seed]]  # keep their strides
         return self.family.sample_inputs(spec, seed, kind, device)
 
+    def validate_unaligned(self, directory: Path) -> str | None:
+        """Validate the winner's binaries for unaligned views (launch.ProgramRunner takes them for
+        inputs off a 16-byte boundary) on the same trials, every input moved one element off;
+        None if they pass, else why not."""
+        runner = load_program(directory, self.spec, self.target.triton,
+                              module_name=f"torch_kernelize_candidates.k{self.spec.key}_unaligned")
+        record = validate(lambda inputs: runner.run_poisoned([unaligned_copy(t) for t in inputs]), self.spec,
+                          self._sample, self.family.edge_kinds, device=self.device,
+                          extra_trials=len(self.extra_inputs), trial_cache=self._trials,
+                          reference_device=self.reference_device, resolve_ties=self.family.resolve_ties)
+        return None if record.ok else record.reason
+
     def evaluate(self, config: Config) -> Evaluation:
         ev = self._evaluate(config)
         ev.fault = self.device == "cuda" and device_fault(ev.error)
@@ -128,6 +140,18 @@ class Measurer:
         vendor = self.vendor_ms()
         return Evaluation(config.to_json(), True, vendor / cand if cand > 0 else 0.0, cand, vendor,
                           validation=record.to_json(), measured=True)
+
+
+def unaligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values at its strides, in memory that starts one element past a 16-byte boundary
+    (as a view such as ``x[1:]`` does); elements of 16 bytes or more cannot be off it."""
+    if t.element_size() >= 16 or t.numel() == 0:
+        return t.clone()
+    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
+    buf = torch.empty(span + 1, dtype=t.dtype, device=t.device)  # allocations are 16-byte aligned
+    out = buf.as_strided(t.shape, t.stride(), storage_offset=1)
+    out.copy_(t)
+    return out
 
 
 def _short(e: BaseException) -> str:
