@@ -419,6 +419,8 @@ class _Analysis:
                             stack.append(x)
                 inside = {r[1] for r in members if r[0] == "node"} | {c.index}
                 for r in members:
+                    if r[0] == "node" and self.nodes[r[1]].cat is not None:
+                        return f"node {r[1]}: a cat inside a piece of cat {c.index} is not generated"
                     if r in context or (r[0] == "node" and r[1] in out_nodes):
                         return f"{r[0]} {r[1]} is read outside its cat piece"
                     if any(u not in inside for u in users[r]) or (r == ref and users[r].count(c.index) != 1):
