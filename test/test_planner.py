@@ -106,6 +106,25 @@ def test_attention_stays_whole_and_decomposes_only_where_the_target_lacks_it():
                                f(q, q, q), rtol=1e-4, atol=1e-5)
 
 
+def test_index_add_stays_whole_and_decomposes_only_where_the_target_lacks_it():
+    """Kept whole at trace time (its decomposition, index_put with accumulate, is a sort plus checks
+    on CUDA); a chip without index_add still runs it, decomposed."""
+    from torch_kernelize.lowering.decompositions import trace_decompositions
+
+    def f(x, i, s):
+        return aten.index_add.default(x * 1, 0, i, s) + 1
+
+    args = (torch.randn(6, 3), torch.tensor([0, 5, 5, 2]), torch.randn(4, 3))
+    want = f(*args)
+    for chip, tier in ((_chip(), "vendor"), (_chip("aten.index_add"), "decompose")):
+        gm = make_fx(f, tracing_mode="fake", decomposition_table=trace_decompositions())(*args)
+        assert aten.index_add.default in {n.target for n in gm.graph.nodes}
+        lowered = lower(gm, list(args), {"repro_dir": "off"}, target=chip)
+        assert _by_op(lowered)["aten.index_add.default"][0].tier == tier
+        got = lowered(list(args))
+        torch.testing.assert_close(got[0] if isinstance(got, (tuple, list)) else got, want)
+
+
 def test_random_ops_never_take_a_cached_kernel():
     x = torch.randn(4, 8)
     lowered = _lower(lambda t: torch.ops.aten.native_dropout.default(t, 0.5, True)[0] + 1, (x,),
