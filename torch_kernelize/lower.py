@@ -22,7 +22,7 @@ from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
 from torch_kernelize.planner import Decision, GraphPlan, plan_graph
 from torch_kernelize.reinplace import reinplace_accumulations
-from torch_kernelize.view_folding import fold_views
+from torch_kernelize.view_folding import fold_view_chains
 from torch_kernelize.report import GraphReport, ReportWriter
 from torch_kernelize.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
@@ -170,13 +170,13 @@ class LoweredGraph:
             for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
                     d.repro = str(repros.folder_for(d.spec))
+            # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
+            # saved for a backward pass
+            passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
             gm = bind_graph(self.plan, decisions, lambda d: self._triton_call(d.spec, runners[d.node]),
                             lambda d, op: HostFallback(op, d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
-                            fused)
-            if self.kind == "inference":  # grad is off: views need no autograd bookkeeping
-                fold_views(gm)
-                reinplace_accumulations(gm)
+                            fused, passes)
             pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
             missing = {d.op: d.repro for d in decisions if d.missing}
             strict = session.options.strict and missing

@@ -31,12 +31,12 @@ FRESH = frozenset({
 })
 
 
-def reinplace_accumulations(gm: fx.GraphModule) -> int:
+def reinplace_accumulations(graph: fx.Graph) -> int:
     """Turn each accumulation whose buffer is fresh and used by it alone into the in-place op;
-    returns how many were changed."""
+    returns how many were changed (the caller regenerates the module's code)."""
     changed = 0
     reinplaced: set[fx.Node] = set()
-    for node in gm.graph.nodes:
+    for node in graph.nodes:
         if node.op != "call_function" or node.target not in INPLACE:
             continue
         buf = node.args[0] if node.args else None
@@ -47,6 +47,4 @@ def reinplace_accumulations(gm: fx.GraphModule) -> int:
         node.target = INPLACE[node.target]
         reinplaced.add(node)
         changed += 1
-    if changed:
-        gm.recompile()
     return changed

@@ -129,11 +129,13 @@ class Specialization:
 def bind_graph(plan: GraphPlan, decisions: list[Decision],
                make_triton: Callable[[Decision], Callable],
                make_fallback: Callable[[Decision, Any], Callable],
-               fused: Sequence[tuple[Any, Callable]] = ()) -> fx.GraphModule:
+               fused: Sequence[tuple[Any, Callable]] = (),
+               passes: Sequence[Callable[[fx.Graph], Any]] = ()) -> fx.GraphModule:
     """A copy of the planned graph with every node bound to its decided implementation.
 
     ``fused`` lists (Region, launcher) pairs: each region's nodes are replaced by one call of
-    its launcher (the decisions of those nodes are then not consulted).
+    its launcher (the decisions of those nodes are then not consulted). ``passes`` then rewrite
+    the bound graph (view folding, reinplacing) before its code is generated, once.
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -158,6 +160,8 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
                               launcher))
     if fused:
         _stable_toposort(graph)
+    for rewrite in passes:
+        rewrite(graph)
     graph.lint()
     return fx.GraphModule(plan.gm, graph)
 

@@ -62,15 +62,20 @@ def _replayed(root: fx.Node, chain: list) -> tuple[tuple, tuple, int] | None:
     """(size, stride, storage offset relative to the root) of the chain's result, from replaying
     the view ops on a meta tensor of the root's traced layout (traced values keep sizes and
     strides, but not always a view's storage offset)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     base = _layout(root)
     if base is None:
         return None
     try:
-        probe = torch.empty_strided(base[0], base[1], dtype=root.meta["val"].dtype, device="meta")
-        out = probe
-        for op, args, kwargs in chain:
-            out = op(out, *args, **kwargs)
-        return tuple(out.shape), tuple(out.stride()), out.storage_offset() - probe.storage_offset()
+        # plain meta tensors, outside the fake mode the graph was traced in (Dynamo's is still
+        # active here): a fake dispatch per view op made this the larger part of lowering a graph
+        with unset_fake_temporarily():
+            probe = torch.empty_strided(base[0], base[1], dtype=root.meta["val"].dtype, device="meta")
+            out = probe
+            for op, args, kwargs in chain:
+                out = op(out, *args, **kwargs)
+            return tuple(out.shape), tuple(out.stride()), out.storage_offset() - probe.storage_offset()
     except Exception:
         return None
 
@@ -93,9 +98,15 @@ class FoldedView:
 
 
 def fold_views(gm: fx.GraphModule) -> int:
+    """fold_view_chains on ``gm``'s graph, then its code regenerated."""
+    folded = fold_view_chains(gm.graph)
+    gm.recompile()
+    return folded
+
+
+def fold_view_chains(graph: fx.Graph) -> int:
     """Replace each view node of static layout that something other than a view reads by one
     FoldedView call on the root of its chain; the views are removed. Returns the number of calls."""
-    graph = gm.graph
 
     def foldable(n: fx.Node) -> bool:
         return (n.op == "call_function" and n.target in VIEW_OPS and n.args and isinstance(n.args[0], fx.Node)
@@ -129,5 +140,4 @@ def fold_views(gm: fx.GraphModule) -> int:
         if not n.users:
             graph.erase_node(n)
     graph.lint()
-    gm.recompile()
     return folded
