@@ -14,6 +14,7 @@ it did not compile) fall back to the vendor op for such calls (see launch.Misali
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -116,9 +117,34 @@ class CudaLaunch:
             self._run(grid[0], grid[1], grid[2], stream, self._function, self._packed, None, None, None, *args)
 
 
+class KernelSignature:
+    """What launching a stored binary needs of its ``@triton.jit`` function -- the name and the
+    parameters (Triton's launcher maps constants by name; torch's static launcher reads which are
+    constexprs) -- taken from the program, so that serving does not import and decorate every
+    kernel's source (a few ms each: a graph loads hundreds of kernels on its first call)."""
+
+    def __init__(self, name: str, arg_names: Sequence[str], constexprs: Sequence[str]):
+        self.__name__ = name
+        self.arg_names = list(arg_names)
+        self.params = [_Param(k, n, n in constexprs) for k, n in enumerate(self.arg_names)]
+        self.constexprs = [p.num for p in self.params if p.is_constexpr]
+
+    @classmethod
+    def of(cls, launch: Launch, program: KernelProgram) -> "KernelSignature":
+        return cls(launch.kernel, program.kernel_arg_names(launch.kernel), list(launch.constexprs))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Param:
+    num: int
+    name: str
+    is_constexpr: bool
+
+
 def load_launch(directory: Path, i: int, fn: Any, launch: Launch, program: KernelProgram,
                 spec: KernelSpec, aligned: bool = True) -> CudaLaunch:
-    """The launcher of launch ``i`` from its stored cubin and metadata (no compilation)."""
+    """The launcher of launch ``i`` from its stored cubin and metadata (no compilation); ``fn`` is
+    the kernel's function or its KernelSignature."""
     from triton.compiler import CompiledKernel
 
     cubin, meta = _launch_files(i, aligned)

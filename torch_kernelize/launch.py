@@ -209,12 +209,11 @@ def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: s
     if backend == "interpreter":
         module = import_source(directory / SOURCE_FILE, name)
         kernels = [_interpreted(getattr(module, l.kernel)) for l in program.launches]
-    elif backend == "cuda":
-        from torch_kernelize.cuda_binaries import has_unaligned, load_launch
-        module = import_source(directory / SOURCE_FILE, name)
+    elif backend == "cuda":  # the stored binaries; the source is not imported (KernelSignature)
+        from torch_kernelize.cuda_binaries import KernelSignature, has_unaligned, load_launch
 
         def launchers(aligned: bool = True) -> list:
-            return [load_launch(directory, i, getattr(module, l.kernel), l, program, spec, aligned)
+            return [load_launch(directory, i, KernelSignature.of(l, program), l, program, spec, aligned)
                     for i, l in enumerate(program.launches)]
         unaligned = (lambda: launchers(False)) if has_unaligned(directory, len(program.launches)) else None
         return ProgramRunner(spec, program, launchers(), backend, unaligned)

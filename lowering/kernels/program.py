@@ -8,6 +8,7 @@ sizes are plain numbers: nothing is computed at launch time but the pointers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -98,11 +99,7 @@ class KernelProgram:
 
     def kernel_arg_names(self, kernel: str) -> list[str]:
         """Parameter names of a kernel, read from the source without importing it."""
-        import ast
-        for node in ast.walk(ast.parse(self.source)):
-            if isinstance(node, ast.FunctionDef) and node.name == kernel:
-                return [a.arg for a in node.args.args]
-        raise ValueError(f"kernel {kernel!r} is not defined in the program source")
+        return list(_arg_names(self.source, kernel))
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the source, which is stored as its own file."""
@@ -120,3 +117,13 @@ class KernelProgram:
 
 def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _arg_names(source: str, kernel: str) -> tuple[str, ...]:
+    """Parsed once per program (loading a graph's kernels asks for each several times)."""
+    import ast
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == kernel:
+            return tuple(a.arg for a in node.args.args)
+    raise ValueError(f"kernel {kernel!r} is not defined in the program source")

@@ -1,7 +1,10 @@
-"""Binaries for unaligned views: a stored CUDA kernel carries a second cubin per launch compiled
-without the 16-byte pointer alignment assumption, and the runner takes it for inputs that start
-off a 16-byte boundary (before: the vendor op ran those calls). Compiled here for sm_90 with
-Triton's bundled ptxas (no GPU); the runner's choice is checked with stand-in launchers."""
+"""Stored CUDA binaries, compiled here for sm_90 with Triton's bundled ptxas (no GPU):
+
+- binaries for unaligned views: a stored kernel carries a second cubin per launch compiled
+  without the 16-byte pointer alignment assumption, validated by fill_cache, which the runner
+  takes for inputs off a 16-byte boundary (before: the vendor op ran those calls); the runner's
+  choice is checked with stand-in launchers;
+- loading without importing the kernel source (KernelSignature)."""
 from __future__ import annotations
 
 import logging
@@ -176,3 +179,31 @@ def test_unaligned_copy_keeps_values_and_strides(dtype):
     u = unaligned_copy(t)
     assert u.data_ptr() % 16 != 0 and u.stride() == t.stride() and u.shape == t.shape
     assert torch.equal(u, t)
+
+
+def test_launchers_need_no_import_of_the_source(tmp_path):
+    """Serving loads stored binaries with a KernelSignature instead of importing each kernel's
+    source: Triton's launch source and torch's static launcher see the same kernel either way."""
+    from triton.compiler import CompiledKernel
+    from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+
+    from torch_kernelize.cuda_binaries import KernelSignature, _launch_files, _source
+    from torch_kernelize.launch import import_source
+    from torch_kernelize.lowering.kernels.histc import FAMILY as HISTC
+
+    spec = spec_of(aten.histc.default, (torch.randn(4096), 64, -2.0, 2.0))  # constexprs, several launches
+    program = HISTC.generate(spec, HISTC.seed_configs(spec)[0])
+    write_program(tmp_path, spec, program, "cuda", SM90)
+    module = import_source(tmp_path / "kernel.py", "tk_test_signature")
+    for i, launch in enumerate(program.launches):
+        cubin, meta = _launch_files(i)
+        files = {cubin: str(tmp_path / cubin), meta: str(tmp_path / meta)}
+        seen = []
+        for fn in (getattr(module, launch.kernel), KernelSignature.of(launch, program)):
+            src = _source(fn, launch, program, spec)
+            compiled = CompiledKernel(src, files, "h")
+            compiled._cubin_path = files[cubin]
+            static = StaticallyLaunchedCudaKernel(compiled)  # no CUDA needed until load_kernel
+            seen.append((src.name, src.constants, src.signature, src.attrs, compiled.name,
+                         {k: v for k, v in vars(static).items() if k != "cubin_raw"}))
+        assert seen[0] == seen[1], launch.kernel
