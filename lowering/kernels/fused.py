@@ -86,7 +86,7 @@ class _Node:
     level: int = 0
     exact: bool = False           # the variable holds a value exactly representable in meta.dtype
     rounds: bool = False          # a cast to fp16/bf16: the value is rounded to it
-    cat: tuple | None = None      # cat: (dim, ((input, start, size), ...)) along the output
+    cat: tuple | None = None      # cat: (dim, ((piece ref, start, size), ...)) along the output
 
 
 @dataclasses.dataclass
