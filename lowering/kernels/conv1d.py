@@ -425,7 +425,7 @@ class _Gen:
           f"x[n, g * {p.Cin_g} + ci, l * {p.stride} + k * {p.dil} - {p.pad}]  (zero outside [0, {p.L}))",
           f"# N={p.N} Cin={p.Cin} L={p.L} -> Cout={p.Cout} Lout={p.Lout}, groups={p.G}; strides x {list(p.x_strides)}, "
           f"w {list(p.w_strides)}, out {list(p.out_strides)}",
-          f"# program = {'every ' + str(self.pos_progs) + 'th tile of ' if self.grid else 'TILES=' + str(self.tiles) + ' x ' if self.tiles > 1 else ''}{self.bl} "
+          f"# program = {f'tiles pp, pp + {self.pos_progs}, ... of ' if self.grid else 'TILES=' + str(self.tiles) + ' x ' if self.tiles > 1 else ''}{self.bl} "
           f"{'flattened (n, l)' if self.flat else 'l'} positions x {self.co_span} output channels "
           f"({len(self.co_chunks)} dot(s) of {self.bco}); acc[{'BLOCK_L, BLOCK_CO' if self.lc else 'BLOCK_CO, BLOCK_L'}]")
         if self.co_progs > 1:
