@@ -41,6 +41,12 @@ def has_unaligned(directory: Path, launches: int) -> bool:
     return all((Path(directory) / _launch_files(i, False)[0]).exists() for i in range(launches))
 
 
+def remove_unaligned(directory: Path) -> None:
+    """Drop the binaries for unaligned views (a failed or partial set): such calls go to the vendor op."""
+    for f in Path(directory).glob("launch*.unaligned.*"):
+        f.unlink(missing_ok=True)
+
+
 def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, aligned: bool = True):
     """ASTSource with the signature, constexprs and alignment facts of one launch (pointers
     16-byte aligned unless ``aligned`` is False; integer arguments by their values)."""

@@ -201,15 +201,16 @@ class ProgramRunner:
 
 
 def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: str | None = None) -> ProgramRunner:
-    """Load a built program from ``directory`` (kernel.py, program.json, launch binaries)."""
+    """Load a built program from ``directory`` (kernel.py, program.json, launch binaries);
+    ``module_name`` names the imported source (interpreter)."""
     directory = Path(directory)
     source = (directory / SOURCE_FILE).read_text()
     program = KernelProgram.from_json(json.loads((directory / PROGRAM_FILE).read_text()), source)
-    name = module_name or f"torch_kernelize_kernels.k{spec.key}"
     if backend == "interpreter":
-        module = import_source(directory / SOURCE_FILE, name)
-        kernels = [_interpreted(getattr(module, l.kernel)) for l in program.launches]
-    elif backend == "cuda":  # the stored binaries; the source is not imported (KernelSignature)
+        module = import_source(directory / SOURCE_FILE, module_name or f"torch_kernelize_kernels.k{spec.key}")
+        return ProgramRunner(spec, program, [_interpreted(getattr(module, l.kernel)) for l in program.launches],
+                             backend)
+    if backend == "cuda":  # the stored binaries; the source is not imported (KernelSignature)
         from torch_kernelize.cuda_binaries import KernelSignature, has_unaligned, load_launch
 
         def launchers(aligned: bool = True) -> list:
@@ -217,6 +218,4 @@ def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: s
                     for i, l in enumerate(program.launches)]
         unaligned = (lambda: launchers(False)) if has_unaligned(directory, len(program.launches)) else None
         return ProgramRunner(spec, program, launchers(), backend, unaligned)
-    else:
-        raise ValueError(f"no Triton runner for backend {backend!r}")
-    return ProgramRunner(spec, program, kernels, backend)
+    raise ValueError(f"no Triton runner for backend {backend!r}")

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 log = logging.getLogger("torch_kernelize.runtime")
 
@@ -62,8 +63,6 @@ def _replayed(root: fx.Node, chain: list) -> tuple[tuple, tuple, int] | None:
     """(size, stride, storage offset relative to the root) of the chain's result, from replaying
     the view ops on a meta tensor of the root's traced layout (traced values keep sizes and
     strides, but not always a view's storage offset)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     base = _layout(root)
     if base is None:
         return None

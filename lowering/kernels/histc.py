@@ -35,7 +35,7 @@ accumulation, exact below 2^24 per program); both are exact in the interpreter t
 "local"'s. Caveat, from sm_90 SASS compiled here (ptxas, no GPU): Triton builds each one-hot entry
 with a compare, a select and a byte store to shared memory (the operand's way into the MMA layout),
 32 entries per element, so ~136 instructions per 32 elements against ~69 for "local" (bin arithmetic
-included in both) — the tuner's timing decides; the one-hots take (HI + LO) * BLOCK bytes (x2 fp16)
+included in both) — and on the H200 fill_cache's search kept "local" (third session); the one-hots take (HI + LO) * BLOCK bytes (x2 fp16)
 of shared memory, capped at 128 KiB.
 """
 from __future__ import annotations

@@ -40,13 +40,13 @@ def _build_unaligned(spec_json: dict, directory: str, gpu_target: tuple | None) 
     """Worker: add the binaries for unaligned views to a built program; the error text, or None
     (then no such binary is left behind: the runner sends unaligned calls to the vendor op)."""
     from torch_kernelize.build import add_unaligned_binaries
+    from torch_kernelize.cuda_binaries import remove_unaligned
 
     try:
         add_unaligned_binaries(Path(directory), KernelSpec.from_json(spec_json), gpu_target)
         return None
     except Exception as e:
-        for f in Path(directory).glob("*.unaligned.*"):
-            f.unlink(missing_ok=True)
+        remove_unaligned(Path(directory))
         return f"{type(e).__name__}: {e}"[:2000]
 
 

@@ -26,6 +26,7 @@ import torch
 
 from torch_kernelize.errors import KernelizeError
 from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_model, specs_from_repros
+from torch_kernelize.cuda_binaries import remove_unaligned
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault
@@ -180,8 +181,7 @@ class FillRun:
             except Exception as e:  # the pool failed, or the unaligned binary did not run
                 error = f"{type(e).__name__}: {e}"
             if error is not None:
-                for f in Path(built).glob("*.unaligned.*"):
-                    f.unlink(missing_ok=True)
+                remove_unaligned(built)
                 log.warning("%s: no binary for unaligned views (%s); such calls will run the vendor op",
                             spec.describe()[:90], error[:300])
             try:

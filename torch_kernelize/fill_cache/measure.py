@@ -102,8 +102,7 @@ class Measurer:
         """Validate the winner's binaries for unaligned views (launch.ProgramRunner takes them for
         inputs off a 16-byte boundary) on the same trials, every input moved one element off;
         None if they pass, else why not."""
-        runner = load_program(directory, self.spec, self.target.triton,
-                              module_name=f"torch_kernelize_candidates.k{self.spec.key}_unaligned")
+        runner = load_program(directory, self.spec, self.target.triton)
         record = validate(lambda inputs: runner.run_poisoned([unaligned_copy(t) for t in inputs]), self.spec,
                           self._sample, self.family.edge_kinds, device=self.device,
                           extra_trials=len(self.extra_inputs), trial_cache=self._trials,
