@@ -255,7 +255,11 @@ def phase_overhead(args) -> dict:
                              options={"target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off"})
     compiled(x, y)
     from torch_kernelize.lower import Session
-    runners = [r for r in Session._runners.values() if r is not None and r.spec.op == "aten.add.Tensor"]
+    from torch_kernelize.spec import TensorMeta
+    # this add's runner: the process has loaded the earlier workloads' runners too (other shapes)
+    want = [TensorMeta.of(x), TensorMeta.of(y)]
+    runners = [r for r in Session._runners.values()
+               if r is not None and r.spec.op == "aten.add.Tensor" and list(r.spec.inputs) == want]
     res["fill_returncode"] = code
     if runners:
         runner = runners[0]

@@ -1,0 +1,72 @@
+"""Where kernelize's host time goes, per call of one workload (cProfile), on a GPU machine.
+
+For a host-bound row of the results table: compiles the workload with a filled cache, warms it
+up, then profiles calls and prints the functions that take the host's time, how each cached
+kernel is launched (torch's static launcher or Triton's), and the host time per call beside
+the GPU time per call:
+
+    python -m torch_kernelize.fill_cache --model benchmarks/workloads.py:make_llama --cache-dir DIR
+    python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("workload")
+    p.add_argument("--cache-dir", required=True)
+    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--cudagraphs", action="store_true")
+    args = p.parse_args(argv)
+
+    import torch
+    from workloads import WORKLOADS
+    from torch_kernelize.lower import Session
+
+    model, inputs = WORKLOADS[args.workload]()
+    fn = torch.compile(model, backend="kernelize", options={
+        "target": "cuda", "cache_dir": args.cache_dir, "repro_dir": "off", "cudagraphs": args.cudagraphs})
+    with torch.no_grad():
+        for _ in range(3):
+            fn(*inputs)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            fn(*inputs)
+        host = (time.perf_counter() - t0) / args.calls * 1e3
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / args.calls * 1e3
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.calls):
+            fn(*inputs)
+        torch.cuda.synchronize()
+        prof.disable()
+
+    launchers = collections.Counter()
+    for runner in Session._runners.values():
+        for k in getattr(runner, "_kernels", ()) if runner is not None else ():
+            launchers["static" if getattr(k, "static", False) else type(k).__name__ + " (Triton's launcher)"] += 1
+    print(f"{args.workload}: host {host:.3f} ms per call to enqueue, {wall:.3f} ms per call with the GPU; "
+          f"launchers loaded: {dict(launchers)}")
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
+    print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
