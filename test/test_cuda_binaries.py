@@ -43,10 +43,26 @@ def test_stored_kernel_gets_a_binary_without_the_alignment_assumption(tmp_path):
     assert "launch0.cubin" in files and not has_unaligned(tmp_path, 1)
     added = add_unaligned_binaries(tmp_path, spec, SM90)
     assert added == ["launch0.unaligned.cubin", "launch0.unaligned.json"] and has_unaligned(tmp_path, 1)
-    # aligned: 16-byte vector loads; unaligned: none (each element loaded on its own)
-    vector = re.compile(r"LDG\.E\.128")
-    assert vector.search(_sass(tmp_path / "launch0.cubin"))
-    assert not vector.search(_sass(tmp_path / "launch0.unaligned.cubin"))
+    # aligned: 16-byte vector loads; unaligned: none (each element loaded on its own), but the
+    # output is the runner's own aligned allocation in both: still stored 16 bytes at a time
+    load, store = re.compile(r"LDG\.E\.128"), re.compile(r"STG\.E\.128")
+    aligned, unaligned = _sass(tmp_path / "launch0.cubin"), _sass(tmp_path / "launch0.unaligned.cubin")
+    assert load.search(aligned) and store.search(aligned)
+    assert not load.search(unaligned) and store.search(unaligned)
+
+
+def test_unaligned_binary_keeps_fp16_atomics_on_its_own_output(tmp_path):
+    # MoE's index_add with an odd slice of token indices: a compare-and-swap loop per element
+    # (10x slower on the H200) when the output lost its alignment too; the runner allocates it.
+    from torch_kernelize.lowering.kernels import family_for
+    out, src = torch.zeros(256, 64, dtype=torch.half), torch.randn(40, 64, dtype=torch.half)
+    spec = spec_of(aten.index_add.default, (out, 0, torch.randperm(256)[:40], src))
+    family = family_for(spec)
+    write_program(tmp_path, spec, family.generate(spec, family.seed_configs(spec)[0]), "cuda", SM90)
+    add_unaligned_binaries(tmp_path, spec, SM90)
+    for cubin in tmp_path.glob("launch*.cubin"):
+        assert "ATOMG.E.CAS" not in _sass(cubin), cubin.name
+    assert any("REDG.E.ADD.F16" in _sass(c) for c in tmp_path.glob("launch*.unaligned.cubin"))
 
 
 class _Launcher:

@@ -6,10 +6,11 @@ compiling anything: through torch's static CUDA launcher when it takes the kerne
 compilation either), else through Triton's own launcher rebuilt from the stored binary.
 
 Pointer arguments are compiled as 16-byte aligned (Triton's ``tt.divisibility``: vector loads).
-A stored kernel also gets a second binary per launch compiled without that assumption
-(``launch<i>.unaligned.cubin``, validated by fill_cache with unaligned inputs): the runner checks its inputs' alignment before each launch and
-takes it for views that start off a 16-byte boundary (a slice ``t[start:end]`` of int64 with an
-odd ``start``), instead of sending the call to the vendor op. Entries without it (older, or where
+A stored kernel also gets a second binary per launch compiled without that assumption for its
+inputs (``launch<i>.unaligned.cubin``, validated by fill_cache with unaligned inputs): the
+runner checks its inputs' alignment before each launch and takes it for views that start off a
+16-byte boundary (a slice ``t[start:end]`` of int64 with an odd ``start``), instead of sending
+the call to the vendor op. Entries without it (older, or where
 it did not compile) fall back to the vendor op for such calls (see launch.MisalignedInput).
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ def remove_unaligned(directory: Path) -> None:
 
 def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, aligned: bool = True):
     """ASTSource with the signature, constexprs and alignment facts of one launch (pointers
-    16-byte aligned unless ``aligned`` is False; integer arguments by their values)."""
+    16-byte aligned, except the inputs' where ``aligned`` is False; integer arguments by their values)."""
     from triton.compiler import ASTSource
 
     signature = program.signature(launch, spec)
@@ -60,7 +61,11 @@ def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, a
         if signature[name] == "constexpr":
             continue
         kind, value = next(runtime)
-        if (signature[name].startswith("*") and aligned) or (kind in ("i32", "i64") and value % 16 == 0):
+        # Outputs and temporaries are the runner's own allocations, aligned in both binaries:
+        # only the caller's inputs can be views off a boundary. (Dropping the assumption for an
+        # output costs its vector stores, and for fp16 atomics a compare-and-swap loop per element.)
+        if (signature[name].startswith("*") and (aligned or kind != "in")) \
+                or (kind in ("i32", "i64") and value % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return ASTSource(fn, signature=signature, constexprs=dict(launch.constexprs), attrs=attrs)
 
