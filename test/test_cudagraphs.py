@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.cudagraphs import mutated_inputs
+from torch_kernelize.cudagraphs import is_static_input, mutated_inputs
 
 aten = torch.ops.aten
 
@@ -21,6 +21,32 @@ def test_mutated_inputs_follow_the_schemas():
     gm = make_fx(f)(x.clone(), x.clone(), x.clone(), torch.tensor([0, 1]))
     assert mutated_inputs(gm) == [0, 2]
     assert mutated_inputs(make_fx(lambda a, b: a + b)(x, x)) == []
+
+
+def test_parameters_and_buffers_are_static_inputs_activations_are_not():
+    # a replay reads static inputs in place; anything else is copied into the captured buffer
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("scale", torch.ones(4), persistent=False)
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            seen.append([is_static_input(a) for a in args])
+            return gm(*args)
+        return run
+
+    model, x = M(), torch.randn(2, 4)
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(x)
+    assert sorted(seen[0]) == [False, True, True, True]  # weight, bias, buffer; x is not
+    assert not is_static_input(x)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

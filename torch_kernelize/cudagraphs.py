@@ -2,8 +2,8 @@
 
 Per input signature (shapes, strides, dtypes) the lowered graph is run twice on a side stream
 (warm-up: allocator and first-call work settle), then captured. A replay copies the call's
-inputs into the captured input buffers (skipped for inputs that are the very same tensors, e.g.
-parameters) and returns the captured outputs; inputs the graph writes to (in-place ops such as
+inputs into the captured input buffers (skipped for inputs that are the very same tensors:
+parameters and buffers) and returns the captured outputs; inputs the graph writes to (in-place ops such as
 ``index_add_``) are copied back from their buffers after the replay. As with torch.compile's
 "reduce-overhead", the returned tensors are overwritten by the next call of the same compiled
 graph: clone what you keep. Graphs that are not inference graphs, or whose inputs are not all CUDA tensors, are not
@@ -19,13 +19,20 @@ import torch
 log = logging.getLogger("torch_kernelize.cudagraphs")
 
 
+def is_static_input(a: Any) -> bool:
+    """A tensor whose address Dynamo treats as fixed across calls: a parameter, or a module buffer
+    or other tensor Dynamo marked so (``_dynamo_static_input_type``; e.g. RoPE's cos/sin tables)."""
+    return isinstance(a, torch.nn.Parameter) or getattr(a, "_dynamo_static_input_type", None) is not None
+
+
 class _Captured:
     def __init__(self, run: Callable[[list], Any], args: list, mutated: Sequence[int] = ()):
         self.mutated = list(mutated)
-        # Inputs are copied into buffers the graph reads; parameters and buffers passed again as
-        # the same tensors are used in place (their copy would be a no-op costing bandwidth).
-        self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter)
-                              else a for a in args]
+        # Inputs are copied into buffers the graph reads; parameters and buffers, passed again as
+        # the same tensors, are read in place (their copy would be a no-op costing a launch and
+        # bandwidth per call). One that moves is copied into the captured one, like any input.
+        self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) and not is_static_input(a) else a
+                              for a in args]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
