@@ -78,13 +78,17 @@ def table(results: dict) -> str:
                          f"{r.get('kernelize_triton_compiles', '—')} | {r.get('kernelize_graph_cache_hits', '—')} |")
     prof = results.get("profile", {})
     if prof:
-        lines += ["", "GPU time per call by backend (torch.profiler, sum of kernel times; launches per call), and "
-                  "kernelize's three most expensive kernels:", "",
-                  "| workload | eager GPU ms (launches) | inductor GPU ms (launches) | kernelize GPU ms (launches) "
-                  "| kernelize top kernels (ms) |", "|---|---|---|---|---|"]
+        lines += ["", "GPU time per call by backend (torch.profiler, sum of kernel times; launches per call; "
+                  "host ms: the host's time per call to enqueue it, where recorded — above the GPU time, that "
+                  "backend is host-bound), and kernelize's three most expensive kernels:", "",
+                  "| workload | eager GPU ms (launches) host ms | inductor GPU ms (launches) host ms "
+                  "| kernelize GPU ms (launches) host ms | kernelize top kernels (ms) |", "|---|---|---|---|---|"]
         for name, r in prof.items():
-            cell = lambda b: (f"{_f(r[b].get('gpu_ms'))} ({r[b].get('launches', '—')})" if isinstance(r.get(b), dict)
-                              else "—")
+            def cell(b: str) -> str:
+                if not isinstance(r.get(b), dict):
+                    return "—"
+                host = f" {_f(r[b]['host_ms'])}" if "host_ms" in r[b] else ""
+                return f"{_f(r[b].get('gpu_ms'))} ({r[b].get('launches', '—')}){host}"
             top = "; ".join(f"{k['name'][:48]} x{k['calls']:g}: {k['ms']:.3f}"
                             for k in (r.get("kernelize") or {}).get("kernels", [])[:3])
             lines.append(f"| {name} | {cell('eager')} | {cell('inductor')} | {cell('kernelize')} | {top or '—'} |")

@@ -75,6 +75,36 @@ def test_every_seed_config(case, dtype, tmp_path):
         assert {c["VARIANT"] for c in configs} == {"direct", "fp32"}
 
 
+@pytest.mark.parametrize("op", [aten.index_add.default, aten.scatter_add.default], ids=str)
+def test_accumulation_into_a_donated_buffer_skips_the_copy(op, tmp_path):
+    # reinplace.py hands a dead ``self`` to the kernel: the same sums, in that buffer, one launch
+    out = rnd(12, 6)
+    args = (out, 0, ix(12, 5), rnd(5, 6)) if op == aten.index_add.default else (out, 0, ix(12, 5, 6), rnd(5, 6))
+    spec = spec_of(op, args)
+    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    assert [(d.out, d.input, d.skip) for d in program.donations] == [(0, 0, (0,))]
+    assert program.launches[0].kernel == "clone_kernel"
+    runner = load(tmp_path, spec, program)
+    donating = runner.donating()
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    want = runner(*tensors)
+    buf = tensors[0].clone()
+    got = donating(buf, *tensors[1:])
+    assert got is buf and donating._keep == [1]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(runner(*tensors), want, rtol=0, atol=0)  # the original still copies
+
+
+def test_no_donation_when_self_has_another_layout_or_an_fp32_accumulator():
+    out = rnd(6, 12).t()  # a transposed ``self``: the output is allocated contiguous
+    spec = spec_of(aten.index_add.default, (out, 0, ix(12, 5), rnd(5, 6)))
+    assert spec.inputs[0] != spec.outputs[0]
+    assert not FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]).donations
+    spec = spec_of(aten.index_add.default, (rnd(12, 6, dtype=F16), 0, ix(12, 5), rnd(5, 6, dtype=F16)))
+    fp32 = next(c for c in FAMILY.seed_configs(spec) if c["VARIANT"] == "fp32")
+    assert not FAMILY.generate(spec, fp32).donations
+
+
 def test_integer_values_and_small_tiles(tmp_path):
     x = torch.randint(-100, 100, (9, 12))
     spec = spec_of(aten.index_select.default, (x, 0, ix(9, 5)))

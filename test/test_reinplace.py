@@ -82,3 +82,39 @@ def test_compiled_expert_loop_is_reinplaced_and_correct():
         torch._dynamo.reset()
     torch.testing.assert_close(got, loop(x, idx))
     assert seen and seen[0][0] == 3 and seen[0][1] == [aten.index_add_.default] * 3
+
+
+def test_cached_index_add_kernels_take_over_a_private_buffer(tmp_path):
+    """Nodes a cached kernel replaced (runtime.TritonCall) run in place too: the first on the
+    fresh zeros, the next on the first one's output; a buffer read elsewhere keeps its copy."""
+    from kernel_testing import load, spec_of
+    from torch_kernelize.lowering.kernels.indexing import FAMILY
+    from torch_kernelize.runtime import KernelState, TritonCall
+
+    def f(x, i, j):
+        out = torch.zeros_like(x)
+        out = aten.index_add.default(out, 0, i, x[:4])
+        out = aten.index_add.default(out, 0, j, x[4:7] * 2)
+        kept = aten.index_add.default(x, 0, j, x[4:7])  # x is the caller's: copied
+        return out, kept
+
+    args = _args()
+    gm = make_fx(f)(*args)
+    want = f(*args)
+    calls = []
+    for node in gm.graph.nodes:
+        if node.target == aten.index_add.default:
+            tensors = [torch.zeros(a.meta["val"].shape, dtype=a.meta["val"].dtype)
+                       for a in node.args if isinstance(a, torch.fx.Node)]
+            spec = spec_of(aten.index_add.default, (tensors[0], 0, tensors[1], tensors[2]))
+            runner = load(tmp_path, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]))
+            node.target = TritonCall(spec, runner, KernelState(spec.key))
+            node.args = tuple(a for a in node.args if isinstance(a, torch.fx.Node))
+            calls.append(node)
+    assert reinplace_accumulations(gm.graph) == 2
+    gm.recompile()
+    assert [getattr(n.target, "donated_inputs", None) for n in calls] == [frozenset({0})] * 2 + [None]
+    x_before = args[0].clone()
+    for got, w in zip(gm(*args), want):
+        torch.testing.assert_close(got, w, rtol=0, atol=1e-6)
+    torch.testing.assert_close(args[0], x_before, rtol=0, atol=0)

@@ -54,3 +54,26 @@ def test_symbolic_layouts_are_left_alone():
     g.output(v)
     gm = fx.GraphModule(torch.nn.Module(), g)
     assert fold_views(gm) == 0  # no traced values: nothing known about layouts
+
+
+def test_pieces_of_split_and_unbind_fold_like_slices_and_selects():
+    # RoPE's chunk(2, -1) and the K/V unpacking of a Llama layer: a dispatch per split and per
+    # piece before; now each piece read is one re-striding of the split's input
+    def f(x):
+        a, b = aten.split.Tensor(x, 3, -1)                       # sizes 3, 2
+        c, d = aten.split_with_sizes.default(x, [1, 3], 0)
+        k, v = aten.unbind.int(aten.permute.default(x, [1, 0, 2]), 0)[1:3]
+        return aten.mul.Tensor(a, 2), b + 1, c * d[:1], k - v
+
+    x = torch.randn(4, 3, 5)
+    gm = make_fx(f)(x)
+    want = gm(x)
+    assert {aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int} <= {n.target for n in gm.graph.nodes}
+    fold_views(gm)
+    left = {n.target for n in gm.graph.nodes if n.op == "call_function" and not isinstance(n.target, FoldedView)}
+    assert left == {aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor}
+    for g, r in zip(gm(x), want):
+        assert torch.equal(g, r)
+    base = torch.randn(8, 3, 5)[::2]  # another layout: the replayed slices and selects are still right
+    for g, r in zip(gm(base), f(base)):
+        assert torch.equal(g, r)

@@ -6,6 +6,7 @@ the serving path. Outputs are allocated with the spec's exact shape, stride and 
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import logging
@@ -120,23 +121,48 @@ class ProgramRunner:
         self._plans = [self._plan(l, n) for l, n in zip(program.launches, names)]
         # The hot path's view of the same: outputs to allocate, and (for CUDA) each launch's
         # argument order with the constants its launcher does not take already dropped.
-        self._out_allocs = [(m, program.init_of(i)) for i, m in enumerate(spec.outputs)]
+        self._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i))
+                            for i, m in enumerate(spec.outputs)]
+        self._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) for b in program.temps]
+        self._keep = list(range(len(program.launches)))  # the launches a call runs
+        self._donated: dict[int, int] = {}  # output -> the input it is written into (donating())
         if backend == "cuda":
             self._cuda_plans = self._cuda_plans_for(self._kernels)
         self._load_unaligned = unaligned
+        self._unaligned_tried = False
         self._unaligned_plans: list | None = None
 
+    def donating(self) -> "ProgramRunner | None":
+        """This program writing its donated outputs into the caller's inputs and leaving out the
+        launches that only copied them (see Donation); the caller guarantees that nothing reads
+        those inputs afterwards. None if the program declares no donation."""
+        donations = self.program.donations
+        if not donations:
+            return None
+        runner = copy.copy(self)
+        skip = {i for d in donations for i in d.skip}
+        runner._keep = [i for i in self._keep if i not in skip]
+        runner._donated = {d.out: d.input for d in donations}
+        runner._out_allocs = [None if i in runner._donated else a for i, a in enumerate(self._out_allocs)]
+        if self.backend == "cuda":
+            runner._cuda_plans = runner._cuda_plans_for(self._kernels)
+        runner._unaligned_tried, runner._unaligned_plans = False, None
+        return runner
+
     def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
-        return [(k, [a for j, a in enumerate(order) if j not in k.dropped], grid)
-                for k, (_, order, grid) in zip(kernels, self._plans)]
+        plans = []
+        for i in self._keep:
+            k, (_, order, grid) = kernels[i], self._plans[i]
+            plans.append((k, [a for j, a in enumerate(order) if j not in k.dropped], grid))
+        return plans
 
     def _plans_for_unaligned(self) -> list:
         if self._unaligned_plans is None:
-            load, self._load_unaligned = self._load_unaligned, None
-            if load is None:
+            if self._load_unaligned is None or self._unaligned_tried:
                 raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
+            self._unaligned_tried = True
             try:
-                self._unaligned_plans = self._cuda_plans_for(load())
+                self._unaligned_plans = self._cuda_plans_for(self._load_unaligned())
             except Exception as e:  # e.g. the entry was replaced meanwhile: the vendor op, per call
                 log.warning("%s: the binary for unaligned inputs did not load (%s: %s)",
                             self.spec.describe(), type(e).__name__, e)
@@ -153,18 +179,22 @@ class ProgramRunner:
 
     def allocate(self, device: torch.device, poison: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         outs = []
-        for m, init in self._out_allocs:
-            t = torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device=device)
+        for alloc in self._out_allocs:
+            if alloc is None:  # donated: the caller's input (see donating())
+                outs.append(None)
+                continue
+            shape, stride, dtype, init = alloc
+            t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
             if init is not None:
                 t.fill_(init)
             elif poison:
                 t.fill_(poison_value(t.dtype))
             outs.append(t)
         temps = []
-        for b in self.program.temps:
-            t = torch.empty(b.shape, dtype=getattr(torch, b.dtype), device=device)
-            if b.init is not None:
-                t.fill_(b.init)
+        for shape, dtype, init in self._temp_allocs:
+            t = torch.empty(shape, dtype=dtype, device=device)
+            if init is not None:
+                t.fill_(init)
             elif poison:
                 t.fill_(poison_value(t.dtype))
             temps.append(t)
@@ -182,13 +212,18 @@ class ProgramRunner:
             for kernel, order, grid in plans:
                 kernel(grid, stream, [bufs[k][v] if k in bufs else v for k, v in order])
             return
-        for kernel, (launch, order, grid) in zip(self._kernels, self._plans):
+        for i in self._keep:
+            kernel, (launch, order, grid) = self._kernels[i], self._plans[i]
             args = [bufs[k][v] if k in bufs else v for k, v in order]
             kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
     def __call__(self, *inputs: torch.Tensor):
         device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")
         outs, temps = self.allocate(device)
+        for out, given in self._donated.items():
+            if self.backend == "cuda" and inputs[given].data_ptr() % 16:  # outputs are compiled aligned
+                raise MisalignedInput(f"the buffer donated to {self.spec.describe()} is not 16-byte aligned")
+            outs[out] = inputs[given]
         self.launch(inputs, outs, temps)
         return tuple(outs) if self._tuple else outs[0]
 

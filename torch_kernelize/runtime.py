@@ -50,6 +50,19 @@ class TritonCall:
         out = self.spec.run_vendor(tensors)
         return out if self.spec.tuple_output else out[0]
 
+    def donating(self) -> "TritonCall | None":
+        """This call writing into the inputs its program may take over (see Donation), for a
+        node whose such inputs nothing reads afterwards (reinplace.py decides); None if it has
+        none. A failure still answers with the functional vendor op, which leaves them alone."""
+        donating = getattr(self.runner, "donating", None)
+        runner = donating() if donating is not None else None
+        if runner is None:
+            return None
+        call = TritonCall(self.spec, runner, self.state, self.on_failure)
+        call.donated_inputs = frozenset(d.input for d in runner.program.donations)
+        call.__name__ = self.__name__ + "_inplace"
+        return call
+
     def __call__(self, *tensors: torch.Tensor):
         if self.state.disabled is None:
             try:
@@ -82,6 +95,9 @@ class CheckedTritonCall(TritonCall):
                  on_failure: Callable | None = None):
         super().__init__(spec, runner, state, on_failure)
         self.family = family_for(spec)
+
+    def donating(self) -> None:
+        return None  # the vendor op runs after the kernel on the same inputs: they must stay intact
 
     def __call__(self, *tensors: torch.Tensor):
         if self.state.disabled is not None:

@@ -15,6 +15,7 @@ replays the original view ops instead (always correct, the fast path when it can
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, Callable
 
 import torch
@@ -103,9 +104,46 @@ def fold_views(gm: fx.GraphModule) -> int:
     return folded
 
 
+# Multi-output views: ``getitem(split(x, ...), i)`` is a slice of x, ``getitem(unbind(x, d), i)``
+# a select; rewritten as those first, so that they fold like any other view.
+SPLIT_OPS = frozenset({aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int})
+
+
+def _pieces_as_views(graph: fx.Graph) -> None:
+    """Each getitem of a split or unbind of static layout becomes the slice or select it is; the
+    split itself goes once nothing reads it."""
+    for split in list(graph.nodes):
+        if split.op != "call_function" or split.target not in SPLIT_OPS or not isinstance(split.args[0], fx.Node):
+            continue
+        pieces, base = split.meta.get("val"), _layout(split.args[0])
+        users = list(split.users)
+        if base is None or not isinstance(pieces, (list, tuple)) or not all(
+                u.op == "call_function" and u.target is operator.getitem and type(u.args[1]) is int for u in users):
+            continue
+        unbind = split.target is aten.unbind.int
+        at = 1 if unbind else 2  # where the dim argument sits
+        dim = (split.args[at] if len(split.args) > at else split.kwargs.get("dim", 0)) % len(base[0])
+        starts = [0]
+        for piece in pieces:
+            starts.append(starts[-1] + (1 if unbind else int(piece.shape[dim])))
+        for u in users:
+            i = u.args[1]
+            if unbind:
+                op, args = aten.select.int, (split.args[0], dim, i)
+            else:
+                op, args = aten.slice.Tensor, (split.args[0], dim, starts[i], starts[i + 1])
+            with graph.inserting_before(u):
+                view = graph.call_function(op, args)
+            view.meta = dict(u.meta)
+            u.replace_all_uses_with(view)
+            graph.erase_node(u)
+        graph.erase_node(split)
+
+
 def fold_view_chains(graph: fx.Graph) -> int:
     """Replace each view node of static layout that something other than a view reads by one
     FoldedView call on the root of its chain; the views are removed. Returns the number of calls."""
+    _pieces_as_views(graph)
 
     def foldable(n: fx.Node) -> bool:
         return (n.op == "call_function" and n.target in VIEW_OPS and n.args and isinstance(n.args[0], fx.Node)

@@ -36,7 +36,7 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device, unique
-from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
+from torch_kernelize.lowering.kernels.program import Buffer, Donation, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
 OPS = {
@@ -350,7 +350,10 @@ class _Gen:
         if self.temp:
             launches.append(self.copy_kernel("round_kernel", ("tmp", 0), ("out", 0), cg.contiguous_strides(O.shape),
                                              O.stride, cast=self.T))
-        return KernelProgram(self.s.text(), tuple(launches), temps=tuple(temps))
+        donations = ()
+        if p.accumulate and not self.temp and self.spec.inputs[p.self_in] == O:
+            donations = (Donation(0, p.self_in, (0,)),)  # a dead ``self`` is accumulated into as it is
+        return KernelProgram(self.s.text(), tuple(launches), temps=tuple(temps), donations=donations)
 
     def copy_kernel(self, name: str, src, dst, src_strides, dst_strides, cast: str | None = None) -> Launch:
         s, O = self.s, self.spec.outputs[0]

@@ -68,11 +68,30 @@ class Launch:
 
 
 @dataclasses.dataclass(frozen=True)
+class Donation:
+    """Output ``out`` may be the caller's input ``input`` itself (same shape, strides and dtype),
+    written in place, when nothing reads that buffer after this call: the launches in ``skip``
+    only copied the input into the output and are left out then. That is how a functional
+    accumulation (out = self.clone(); out[idx] += src) runs in place (see reinplace.py)."""
+    out: int
+    input: int
+    skip: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"out": self.out, "input": self.input, "skip": list(self.skip)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Donation":
+        return cls(d["out"], d["input"], tuple(d["skip"]))
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelProgram:
     source: str
     launches: tuple[Launch, ...]
     output_init: tuple[float | int | None, ...] = ()  # per spec output; () means all uninitialised
     temps: tuple[Buffer, ...] = ()
+    donations: tuple[Donation, ...] = ()
 
     def init_of(self, i: int) -> float | int | None:
         return self.output_init[i] if i < len(self.output_init) else None
@@ -104,12 +123,13 @@ class KernelProgram:
     def to_json(self) -> dict[str, Any]:
         """Everything but the source, which is stored as its own file."""
         return {"launches": [l.to_json() for l in self.launches], "output_init": list(self.output_init),
-                "temps": [t.to_json() for t in self.temps]}
+                "temps": [t.to_json() for t in self.temps], "donations": [d.to_json() for d in self.donations]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str) -> "KernelProgram":
         return cls(source, tuple(Launch.from_json(l) for l in d["launches"]), tuple(d.get("output_init", ())),
-                   tuple(Buffer.from_json(t) for t in d.get("temps", ())))
+                   tuple(Buffer.from_json(t) for t in d.get("temps", ())),
+                   tuple(Donation.from_json(x) for x in d.get("donations", ())))
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
