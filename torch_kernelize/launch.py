@@ -95,11 +95,13 @@ def _interpret_nested_jit_calls() -> None:
     JITFunction.__call__ = call
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a cheap call, where torch has it
+
+
 def _raw_stream(device: torch.device) -> int:
-    """The current CUDA stream's handle; torch's raw accessor where it has one (a cheap call)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    """The current CUDA stream's handle."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index if device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
 
 
