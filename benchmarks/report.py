@@ -46,7 +46,8 @@ def table(results: dict) -> str:
     host = (f" Host speed: {env['host_us_per_eager_add']} us per eager torch.add call (host-bound rows move with it)."
             if "host_us_per_eager_add" in env else "")
     lines = [f"Measured {env.get('date', '?')} on {env.get('gpu', '?')}, torch {env.get('torch', '?')}, "
-             f"triton {env.get('triton', '?')}; medians of triton.testing.do_bench in one process, same inputs.{host}", "",
+             f"triton {env.get('triton', '?')}; medians of triton.testing.do_bench in one process"
+             f"{' per workload' if env.get('measure_isolated') else ''}, same inputs.{host}", "",
              "| workload | eager ms | inductor ms | kernelize ms | kernelize+CUDA graphs ms | vs eager | vs inductor "
              "| target | met | nodes on triton | max rel err |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -4,7 +4,10 @@
 
 fill       python -m torch_kernelize.fill_cache for every workload (timed; summary kept)
 measure    medians (triton.testing.do_bench, same process, same inputs) of eager, torch.compile's
-           default backend (Inductor), kernelize, and kernelize with CUDA graphs; max error vs eager
+           default backend (Inductor), kernelize, and kernelize with CUDA graphs; max error vs eager.
+           With several workloads, measure and profile run in one fresh process per workload:
+           inside the process that had run the others, kernelize's MoE took 2.3 ms of host time
+           per call, against 1.8 ms in a process of its own (host_profile.py, same host)
 overhead   launch cost: a direct Triton launch vs kernelize's runner vs a compiled one-op graph
 firstcall  first-call time of each backend in a fresh process (Inductor's caches warmed by an
            earlier process; kernelize with its kernel cache filled; eager beside them)
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -320,9 +324,11 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
         for backend, warm in (("eager", False), ("inductor", True), ("kernelize", True)):
             code = FIRST_CALL.format(here=str(HERE), backend=backend, name=name, cache=str(args.cache_dir))
             try:
-                if warm:  # an earlier process fills Inductor's on-disk caches
-                    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+                if warm:  # an earlier process fills Inductor's on-disk caches (and writes bytecode)
+                    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                   env=_child_env())
+                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                      env=_child_env())
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
                 row[f"{backend}_first_call_s"] = round(r["first_call_s"], 3)
                 if backend == "kernelize":
@@ -334,6 +340,32 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
         results[name] = row
         save(results)  # a run stopped by its time limit keeps the rows measured so far
     return results
+
+
+def _isolated(args, names, phases) -> dict:
+    """Run ``phases`` for each workload in a fresh process of this script; {name: its results}."""
+    out = {}
+    for name in names:
+        child = args.out / "isolated" / name
+        cmd = [sys.executable, __file__, "--out", str(child), "--cache-dir", str(args.cache_dir),
+               "--phases", ",".join(phases), "--workloads", name, "--reports", str(args.reports)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        print(proc.stdout[-3000:], flush=True)
+        try:
+            out[name] = json.loads((child / "results.json").read_text())
+        except (OSError, ValueError) as e:
+            out[name] = {"error": f"exit {proc.returncode}: {type(e).__name__}: {e}; {proc.stderr[-1500:]}"}
+    return out
+
+
+def _child_env() -> dict:
+    """The environment of a first-call process: bytecode may be written, as an installed package
+    has it (a fresh editable checkout under PYTHONDONTWRITEBYTECODE recompiles kernelize's ~45
+    modules in every process: ~0.25 s of its first call on the H200 host, which torch's own
+    compiled modules never pay)."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def main() -> int:
@@ -361,10 +393,19 @@ def main() -> int:
     results["env"] = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
                       "torch": torch.__version__, "triton": triton.__version__,
                       "host_us_per_eager_add": host_speed_us()}
-    for phase in args.phases.split(","):
+    phases = args.phases.split(",")
+    isolated = [p for p in ("measure", "profile") if p in phases] if len(names) > 1 else []
+    if isolated:
+        results["env"]["measure_isolated"] = True
+    for phase in phases:
         t0 = time.perf_counter()
         if phase == "fill":
             results["fill"] = phase_fill(args, names)
+        elif phase in isolated:
+            if phase == isolated[0]:  # one child per workload runs them all
+                for name, child in _isolated(args, names, isolated).items():
+                    for p in isolated:
+                        results.setdefault(p, {})[name] = child.get(p, {}).get(name, {"error": child.get("error")})
         elif phase == "measure":
             results.setdefault("measure", {}).update(phase_measure(args, names))
         elif phase == "profile":

@@ -1,0 +1,57 @@
+"""benchmarks/report.py: the README table of a results.json, targets judged per workload (met,
+met only with CUDA graphs, missed), host time beside GPU time in the profile table."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPORT = Path(__file__).resolve().parent.parent / "benchmarks" / "report.py"
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("bench_report", REPORT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RESULTS = {
+    "env": {"date": "2026-11-30", "gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0",
+            "host_us_per_eager_add": 7.08, "measure_isolated": True},
+    "measure": {
+        "rmsnorm_4096x8192_fp16": {"eager_ms": 0.448, "inductor_ms": 0.037, "kernelize_ms": 0.037,
+                                   "kernelize_cudagraphs_ms": 0.076, "kernelize_err": 3e-4,
+                                   "speedup_vs_eager": 12.1, "speedup_vs_inductor": 1.0},
+        "llama4L_d1024_b8_s512_fp16": {"eager_ms": 2.5, "inductor_ms": 1.396, "kernelize_ms": 1.631,
+                                       "kernelize_cudagraphs_ms": 1.348, "kernelize_cudagraphs_err": 6e-4,
+                                       "kernelize_err": 6e-4, "speedup_vs_eager": 1.5, "speedup_vs_inductor": 0.86},
+        "conv1d_B2048_C96_L200_k3_fp16": {"eager_ms": 0.34, "inductor_ms": 0.258, "kernelize_ms": 0.137,
+                                          "kernelize_err": 6e-4, "speedup_vs_eager": 2.5, "speedup_vs_inductor": 1.9},
+        "moe_T4096_d1024_E16_top4_fp16": {"error": "RuntimeError: boom"},
+    },
+    "profile": {"llama4L_d1024_b8_s512_fp16": {
+        "eager": {"gpu_ms": 2.139, "launches": 179.0},
+        "kernelize": {"gpu_ms": 1.217, "launches": 72.0, "host_ms": 1.91,
+                      "kernels": [{"name": "nvjet_sm90", "calls": 8, "ms": 0.263}]}}},
+}
+
+
+def test_table_judges_targets_and_shows_host_time():
+    report = _report()
+    text = report.table(RESULTS)
+    speed, profile = text.split("GPU time per call")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in speed.splitlines() if line.startswith("| ")}
+    assert "one process per workload" in text and "7.08 us" in text
+    assert "| within 10% of inductor | yes |" in rows["rmsnorm_4096x8192_fp16"]
+    assert "| with CUDA graphs |" in rows["llama4L_d1024_b8_s512_fp16"]
+    assert "| no |" in rows["conv1d_B2048_C96_L200_k3_fp16"]
+    assert "error: RuntimeError: boom" in rows["moe_T4096_d1024_E16_top4_fp16"]
+    llama = [line for line in profile.splitlines() if line.startswith("| llama4L")]
+    assert llama == ["| llama4L_d1024_b8_s512_fp16 | 2.139 (179.0) | — | 1.217 (72.0) 1.910 | nvjet_sm90 x8: 0.263 |"]
+
+
+def test_target_met_needs_a_correct_graph_run():
+    report = _report()
+    row = dict(RESULTS["measure"]["llama4L_d1024_b8_s512_fp16"], kernelize_cudagraphs_err=0.5)
+    assert report.target_met("llama4L_d1024_b8_s512_fp16", row) == "no"  # fast but wrong: not met
+    assert report.target_met("unknown", row) is None
