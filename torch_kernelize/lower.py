@@ -202,11 +202,11 @@ class LoweredGraph:
             spec = region_spec(region, bindings)
             if spec is None or any(decisions[by_node[n.name]].tier == "fallback" for n in region.nodes):
                 continue
-            family = family_for(spec)
             status, entry, why = cache.lookup(spec.key)
+            family = entry.family if entry is not None and entry.family else getattr(family_for(spec), "name", None)
             what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
             d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
-                         shapes=what, family=family.name if family else None, spec=spec, entry=entry)
+                         shapes=what, family=family, spec=spec, entry=entry)
             self._region_of[spec.key] = region
             if status == "hit":
                 runner = self.session.load_runner(d)

@@ -88,25 +88,29 @@ class GraphPlan:
             return Decision(f.node.name, f.op, "vendor", f.klass_reason)
         rejected = {"decompose": "the target runs it" if f.vendor else f.no_decompose_reason}
         spec = None
-        status = "miss"
-        entry = None
         try:
             spec = build_spec(f.node, bindings)
         except (TypeError, ValueError) as e:
             spec_problem = f"no KernelSpec: {e}"
         else:
             spec_problem = "data-dependent shape: no fixed KernelSpec" if spec is None else ""
-        family = family_for(spec) if spec is not None and not is_random(f.node.target) else None
+        random = is_random(f.node.target)
+        status, entry, why = "miss", None, ""
+        if self.target.has_triton and spec is not None and not random:
+            status, entry, why = cache.lookup(spec.key) if cache is not None else ("miss", None, "no kernel cache")
+        # the family that generates the spec: a stored entry names it; asking the families is
+        # needed for misses only (the first question imports every generator module)
+        family = (entry.family if entry is not None and entry.family else
+                  getattr(family_for(spec), "name", None) if spec is not None and not random else None)
         common = dict(spec_key=spec.key if spec else None, shapes=spec.describe() if spec else None,
-                      family=family.name if family else None, spec=spec)
+                      family=family, spec=spec)
         if not self.target.has_triton:
             rejected["triton"] = f"target {self.target.name!r} has no Triton backend"
-        elif is_random(f.node.target):
+        elif random:
             rejected["triton"] = "random op: never replaced by a cached kernel"
         elif spec is None:
             rejected["triton"] = spec_problem
         else:
-            status, entry, why = cache.lookup(spec.key) if cache is not None else ("miss", None, "no kernel cache")
             if status == "hit":
                 return Decision(f.node.name, f.op, "triton", why, rejected, entry=entry, **common)
             if status == "miss":
