@@ -65,13 +65,17 @@ def _replayed(root: fx.Node, chain: list) -> tuple[tuple, tuple, int] | None:
     the view ops on a meta tensor of the root's traced layout (traced values keep sizes and
     strides, but not always a view's storage offset)."""
     base = _layout(root)
-    if base is None:
-        return None
+    return None if base is None else _replay(base[0], base[1], root.meta["val"].dtype, chain)
+
+
+def _replay(size: tuple, stride: tuple, dtype: torch.dtype, chain) -> tuple[tuple, tuple, int] | None:
+    """(size, stride, storage offset delta) of the chain's result on a root of this layout, or
+    None if the ops refuse it (a view that needs a copy there)."""
     try:
         # plain meta tensors, outside the fake mode the graph was traced in (Dynamo's is still
-        # active here): a fake dispatch per view op made this the larger part of lowering a graph
+        # active when lowering): a fake dispatch per view op made this the larger part of lowering
         with unset_fake_temporarily():
-            probe = torch.empty_strided(base[0], base[1], dtype=root.meta["val"].dtype, device="meta")
+            probe = torch.empty_strided(size, stride, dtype=dtype, device="meta")
             out = probe
             for op, args, kwargs in chain:
                 out = op(out, *args, **kwargs)
@@ -80,18 +84,37 @@ def _replayed(root: fx.Node, chain: list) -> tuple[tuple, tuple, int] | None:
         return None
 
 
+_UNSEEN = object()
+
+
 class FoldedView:
-    """One chain of views from ``root``: re-strides the root when its layout is the traced one."""
+    """One chain of views from ``root``: re-strides the root when its layout is the traced one.
+
+    A root can arrive in another layout than traced (a vendor kernel whose output strides differ
+    from its meta function's, e.g. an attention kernel's): the chain's result for that layout is
+    worked out once on a meta tensor and re-strided from then on, instead of replaying the view
+    ops (a dispatch each) on every call; a layout the ops refuse replays them (they raise)."""
+
+    MAX_LAYOUTS = 8  # other root layouts remembered
 
     def __init__(self, size: tuple, stride: tuple, delta: int, root_stride: tuple,
                  chain: tuple[tuple[Any, tuple, dict], ...]):
         self.size, self.stride, self.delta, self.root_stride, self.chain = size, stride, delta, root_stride, chain
+        self._layouts: dict[tuple, tuple | None] = {}
         self.__name__ = "folded_view"
 
     def __call__(self, root: torch.Tensor) -> torch.Tensor:
-        if root.stride() == self.root_stride:
+        stride = root.stride()
+        if stride == self.root_stride:
             return _reinterpret(root, self.size, self.stride, self.delta)
-        out = root  # another layout than traced: the original ops give the right view of it
+        layout = self._layouts.get(stride, _UNSEEN)
+        if layout is _UNSEEN:
+            layout = _replay(tuple(root.shape), stride, root.dtype, self.chain)
+            if len(self._layouts) < self.MAX_LAYOUTS:
+                self._layouts[stride] = layout
+        if layout is not None:
+            return _reinterpret(root, *layout)
+        out = root
         for op, args, kwargs in self.chain:
             out = op(out, *args, **kwargs)
         return out
