@@ -70,9 +70,11 @@ class _Launcher:
 
     def __init__(self, calls: list, tag: str):
         self.calls, self.tag = calls, tag
+        self.args: list[tuple] = []
 
-    def __call__(self, grid, stream, args):
+    def run(self, gx, gy, gz, stream, *args):
         self.calls.append(self.tag)
+        self.args.append(((gx, gy, gz), stream, args))
 
 
 def _runner(loader):
@@ -223,3 +225,24 @@ def test_launchers_need_no_import_of_the_source(tmp_path):
             seen.append((src.name, src.constants, src.signature, src.attrs, compiled.name,
                          {k: v for k, v in vars(static).items() if k != "cubin_raw"}))
         assert seen[0] == seen[1], launch.kernel
+
+
+def test_runner_passes_the_launch_arguments_in_order(no_stream):
+    # inputs, outputs and literal scalars in the kernel's parameter order; the constexprs the
+    # static launcher does not take are left out (``dropped``)
+    spec, program = _add_program()
+    (launch,) = program.launches
+    names = program.kernel_arg_names(launch.kernel)
+    calls: list[str] = []
+    launcher = _Launcher(calls, "aligned")
+    launcher.dropped = frozenset(i for i, n in enumerate(names) if n in launch.constexprs)
+    runner = ProgramRunner(spec, program, [launcher], "cuda")
+    x, y = torch.randn(1 << 12), torch.randn(1 << 12)
+    out = runner(x, y)
+    (grid, stream, args), = launcher.args
+    runtime = [n for n in names if n not in launch.constexprs]
+    assert len(args) == len(runtime) == len(launch.args) and stream == 0
+    assert grid == tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+    for got, (kind, value) in zip(args, launch.args):
+        want = {"in": (x, y), "out": (out,)}.get(kind)
+        assert got is want[value] if want is not None else got == value

@@ -94,8 +94,9 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
 
 
 class CudaLaunch:
-    """One stored kernel, loaded into the driver; call with (grid, stream, arguments), where the
-    arguments leave out the positions in ``dropped`` (constexprs the static launcher does not take)."""
+    """One stored kernel, loaded into the driver. ``run(grid_x, grid_y, grid_z, stream, *args)``
+    launches it (the runner's hot path); the arguments leave out the positions in ``dropped``
+    (constexprs the static launcher does not take)."""
 
     def __init__(self, compiled: Any, cubin_path: Path, constexpr_positions: Sequence[int]):
         import torch
@@ -109,23 +110,23 @@ class CudaLaunch:
             static = StaticallyLaunchedCudaKernel(compiled)
             static.load_kernel(torch.cuda.current_device())
             self._static = static
-            self._run = static.run
+            self.run = static.run
             self.dropped = frozenset(constexpr_positions)
         except Exception as e:  # not every kernel/torch version takes the static path
             log.debug("static launcher refused %s (%s); using Triton's launcher", self.name, e)
-            self._run = compiled.run  # builds Triton's launcher for the stored binary (no Triton compile)
-            self._function = compiled.function
-            self._packed = compiled.packed_metadata
+            launch = compiled.run  # builds Triton's launcher for the stored binary (no Triton compile)
+            function, packed = compiled.function, compiled.packed_metadata
+
+            def run(gx: int, gy: int, gz: int, stream: int, *args: Any) -> None:
+                launch(gx, gy, gz, stream, function, packed, None, None, None, *args)
+            self.run = run
 
     @property
     def static(self) -> bool:
         return self._static is not None
 
     def __call__(self, grid: tuple[int, int, int], stream: int, args: Sequence[Any]) -> None:
-        if self._static is not None:
-            self._run(grid[0], grid[1], grid[2], stream, *args)
-        else:
-            self._run(grid[0], grid[1], grid[2], stream, self._function, self._packed, None, None, None, *args)
+        self.run(grid[0], grid[1], grid[2], stream, *args)
 
 
 class KernelSignature:

@@ -10,6 +10,7 @@ import copy
 import importlib.util
 import json
 import logging
+import operator
 import sys
 import threading
 from pathlib import Path
@@ -105,6 +106,14 @@ def _raw_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
+    """pool -> the tuple of the pool's items at ``positions`` (itemgetter, always a tuple)."""
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda pool: (pool[only],)
+    return operator.itemgetter(*positions) if positions else (lambda pool: ())
+
+
 class ProgramRunner:
     """A loaded program for one spec: call it with the spec's input tensors."""
 
@@ -122,7 +131,10 @@ class ProgramRunner:
         # Pre-resolve each launch's argument list into (kind, value) pairs plus constexpr order.
         self._plans = [self._plan(l, n) for l, n in zip(program.launches, names)]
         # The hot path's view of the same: outputs to allocate, and (for CUDA) each launch's
-        # argument order with the constants its launcher does not take already dropped.
+        # arguments as positions in one pool (inputs, outputs, temps, constants) with the
+        # constants its launcher does not take already dropped.
+        self._pool_base = {"in": 0, "out": len(spec.inputs), "tmp": len(spec.inputs) + len(spec.outputs)}
+        self._consts: tuple = ()
         self._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i))
                             for i, m in enumerate(spec.outputs)]
         self._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) for b in program.temps]
@@ -152,10 +164,22 @@ class ProgramRunner:
         return runner
 
     def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
-        plans = []
+        """Per kept launch: (its launcher's run, a getter of its arguments from the pool, grid)."""
+        plans, consts = [], list(self._consts)
+        first_const = self._pool_base["tmp"] + len(self.program.temps)
         for i in self._keep:
             k, (_, order, grid) = kernels[i], self._plans[i]
-            plans.append((k, [a for j, a in enumerate(order) if j not in k.dropped], grid))
+            where = []
+            for j, (kind, value) in enumerate(order):
+                if j in k.dropped:
+                    continue
+                if kind in self._pool_base:
+                    where.append(self._pool_base[kind] + value)
+                else:
+                    where.append(first_const + len(consts))
+                    consts.append(value)
+            plans.append((k.run, _getter(where), *grid))
+        self._consts = tuple(consts)
         return plans
 
     def _plans_for_unaligned(self) -> list:
@@ -203,17 +227,18 @@ class ProgramRunner:
         return outs, temps
 
     def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
-        bufs = {"in": inputs, "out": outs, "tmp": temps}
-        if self.backend == "cuda":
+        if self.backend == "cuda":  # the serving path: no per-call dicts or argument lists
             plans = self._cuda_plans
             for t in inputs:
                 if t.data_ptr() % 16:
                     plans = self._plans_for_unaligned()
                     break
+            pool = (*inputs, *outs, *temps, *self._consts)
             stream = _raw_stream(inputs[0].device if inputs else torch.device("cuda"))
-            for kernel, order, grid in plans:
-                kernel(grid, stream, [bufs[k][v] if k in bufs else v for k, v in order])
+            for run, args, gx, gy, gz in plans:
+                run(gx, gy, gz, stream, *args(pool))
             return
+        bufs = {"in": inputs, "out": outs, "tmp": temps}
         for i in self._keep:
             kernel, (launch, order, grid) = self._kernels[i], self._plans[i]
             args = [bufs[k][v] if k in bufs else v for k, v in order]
