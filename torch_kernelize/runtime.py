@@ -7,6 +7,7 @@ fallback) and the bound graph is compiled to Python code by FX. The hot path is 
 """
 from __future__ import annotations
 
+import copy
 import heapq
 import logging
 import operator
@@ -22,6 +23,7 @@ from torch_kernelize.planner import Decision, GraphPlan, tensor_input_nodes
 from torch_kernelize.launch import MisalignedInput
 from torch_kernelize.spec import KernelSpec
 from torch_kernelize.validate import compare_all
+from torch_kernelize.view_folding import VIEW_OPS, FoldedView
 
 log = logging.getLogger("torch_kernelize.runtime")
 
@@ -32,6 +34,7 @@ class KernelState:
     def __init__(self, key: str):
         self.key = key
         self.disabled: str | None = None
+        self.layout_noted = False  # an input arrived in another layout than traced (logged once)
 
 
 class TritonCall:
@@ -44,10 +47,18 @@ class TritonCall:
         self.runner = runner
         self.state = state
         self.on_failure = on_failure
+        # (input index, strides the kernel was built for) of the inputs whose layout is not
+        # certain: made by a vendor op, whose output strides can differ from its meta function's
+        # (guard_vendor_layouts); such a call runs on the vendor op instead of misreading them
+        self.layout_checks: tuple[tuple[int, tuple[int, ...]], ...] = ()
         self.__name__ = f"triton_{spec.short_name}_{spec.key[:8]}"
 
     def vendor(self, *tensors: torch.Tensor):
-        out = self.spec.run_vendor(tensors)
+        """The spec's op on the vendor kernel, its outputs in the traced layout (later kernels
+        read them with the traced strides, as they would this call's kernel's outputs)."""
+        out = tuple(o if not isinstance(o, torch.Tensor) or o.stride() == m.stride
+                    else torch.empty_strided(m.shape, m.stride, dtype=o.dtype, device=o.device).copy_(o)
+                    for o, m in zip(self.spec.run_vendor(tensors), self.spec.outputs))
         return out if self.spec.tuple_output else out[0]
 
     def donating(self) -> "TritonCall | None":
@@ -59,12 +70,17 @@ class TritonCall:
         if runner is None:
             return None
         call = TritonCall(self.spec, runner, self.state, self.on_failure)
+        call.layout_checks = self.layout_checks
         call.donated_inputs = frozenset(d.input for d in runner.program.donations)
         call.__name__ = self.__name__ + "_inplace"
         return call
 
     def __call__(self, *tensors: torch.Tensor):
         if self.state.disabled is None:
+            for i, stride in self.layout_checks:
+                if tensors[i].stride() != stride:
+                    self._other_layout(i, tensors[i])
+                    return self.vendor(*tensors)
             try:
                 return self.runner(*tensors)
             except MisalignedInput:
@@ -72,6 +88,14 @@ class TritonCall:
             except Exception as e:
                 self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
         return self.vendor(*tensors)
+
+    def _other_layout(self, i: int, t: torch.Tensor) -> None:
+        if not self.state.layout_noted:
+            self.state.layout_noted = True
+            log.warning("Triton kernel for %s (spec %s): input %d arrived with strides %s, not the traced %s "
+                        "(a vendor op laid out its output differently from its meta function); such calls run "
+                        "on the vendor op", self.spec.describe(), self.spec.key, i, tuple(t.stride()),
+                        self.spec.inputs[i].stride)
 
     def disable(self, why: str, tensors: Sequence[torch.Tensor] = (), kind: str = "failure") -> None:
         first = self.state.disabled is None
@@ -178,8 +202,41 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
         _stable_toposort(graph)
     for rewrite in passes:
         rewrite(graph)
+    guard_vendor_layouts(graph)
     graph.lint()
     return fx.GraphModule(plan.gm, graph)
+
+
+def guard_vendor_layouts(graph: fx.Graph) -> int:
+    """Give each cached-kernel call a stride check for the inputs whose layout the trace does not
+    pin down. A kernel bakes its inputs' traced strides in; graph inputs are guarded by Dynamo,
+    and kernels and host fallbacks produce exactly the traced layout, but a vendor op's output
+    can be laid out otherwise than its meta function said. Returns the number of checks."""
+
+    def exact(node: Any) -> bool:
+        while isinstance(node, fx.Node) and node.op == "call_function" and (
+                node.target is operator.getitem or node.target in VIEW_OPS or isinstance(node.target, FoldedView)):
+            node = node.args[0]  # a piece of a tuple, or a view: exact if what it views is
+        if not isinstance(node, fx.Node):
+            return False
+        if node.op == "placeholder":
+            return True
+        target = node.target
+        return isinstance(target, TritonCall) or bool(getattr(target, "out_strides", None))
+
+    checks = 0
+    for node in graph.nodes:
+        call = node.target
+        if node.op != "call_function" or not isinstance(call, TritonCall):
+            continue
+        unsure = tuple((i, call.spec.inputs[i].stride) for i, a in enumerate(node.args)
+                       if i < len(call.spec.inputs) and not exact(a))
+        if unsure:
+            checked = copy.copy(call)
+            checked.layout_checks = unsure
+            node.target = checked
+            checks += len(unsure)
+    return checks
 
 
 def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
