@@ -73,3 +73,10 @@ def test_vendor_fallback_outputs_keep_the_traced_layout(tmp_path):
     out = call.vendor(x.contiguous())  # the vendor op on a contiguous input answers contiguously
     assert out.stride() == spec.outputs[0].stride == (1, 6)
     torch.testing.assert_close(out, x * 2.0)
+
+
+def test_a_backward_graph_checks_its_inputs_too(tmp_path):
+    # a backward graph's inputs are saved tensors, laid out by whatever made them: not guarded
+    gm, (from_mm, from_input), _, _ = _graph(tmp_path)
+    assert guard_vendor_layouts(gm.graph, guarded_inputs=False) == 4  # h, the slice of a, a and a
+    assert [i for i, _ in from_input.target.layout_checks] == [0, 1]

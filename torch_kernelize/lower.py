@@ -176,7 +176,7 @@ class LoweredGraph:
             gm = bind_graph(self.plan, decisions, lambda d: self._triton_call(d.spec, runners[d.node]),
                             lambda d, op: HostFallback(op, d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
-                            fused, passes)
+                            fused, passes, guarded_inputs=self.kind != "backward")
             pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
             missing = {d.op: d.repro for d in decisions if d.missing}
             strict = session.options.strict and missing

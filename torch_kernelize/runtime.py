@@ -170,12 +170,15 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
                make_triton: Callable[[Decision], Callable],
                make_fallback: Callable[[Decision, Any], Callable],
                fused: Sequence[tuple[Any, Callable]] = (),
-               passes: Sequence[Callable[[fx.Graph], Any]] = ()) -> fx.GraphModule:
+               passes: Sequence[Callable[[fx.Graph], Any]] = (),
+               guarded_inputs: bool = True) -> fx.GraphModule:
     """A copy of the planned graph with every node bound to its decided implementation.
 
     ``fused`` lists (Region, launcher) pairs: each region's nodes are replaced by one call of
     its launcher (the decisions of those nodes are then not consulted). ``passes`` then rewrite
     the bound graph (view folding, reinplacing) before its code is generated, once.
+    ``guarded_inputs``: the graph's inputs have their traced layouts (Dynamo guards them; not so
+    a backward graph's saved tensors), see guard_vendor_layouts.
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -202,16 +205,17 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
         _stable_toposort(graph)
     for rewrite in passes:
         rewrite(graph)
-    guard_vendor_layouts(graph)
+    guard_vendor_layouts(graph, guarded_inputs)
     graph.lint()
     return fx.GraphModule(plan.gm, graph)
 
 
-def guard_vendor_layouts(graph: fx.Graph) -> int:
+def guard_vendor_layouts(graph: fx.Graph, guarded_inputs: bool = True) -> int:
     """Give each cached-kernel call a stride check for the inputs whose layout the trace does not
-    pin down. A kernel bakes its inputs' traced strides in; graph inputs are guarded by Dynamo,
-    and kernels and host fallbacks produce exactly the traced layout, but a vendor op's output
-    can be laid out otherwise than its meta function said. Returns the number of checks."""
+    pin down. A kernel bakes its inputs' traced strides in; graph inputs are guarded by Dynamo
+    (``guarded_inputs``), and kernels and host fallbacks produce exactly the traced layout, but a
+    vendor op's output can be laid out otherwise than its meta function said. Returns the number
+    of checks."""
 
     def exact(node: Any) -> bool:
         while isinstance(node, fx.Node) and node.op == "call_function" and (
@@ -220,7 +224,7 @@ def guard_vendor_layouts(graph: fx.Graph) -> int:
         if not isinstance(node, fx.Node):
             return False
         if node.op == "placeholder":
-            return True
+            return guarded_inputs
         target = node.target
         return isinstance(target, TritonCall) or bool(getattr(target, "out_strides", None))
 
