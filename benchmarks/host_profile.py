@@ -24,6 +24,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
+def census(graphs: list) -> dict[str, int]:
+    """Calls per graph run, by kind: cached kernels, folded views, and each other op by name."""
+    from torch_kernelize.runtime import TritonCall
+    from torch_kernelize.view_folding import FoldedView
+    counts = collections.Counter()
+    for gm in graphs:
+        for n in gm.graph.nodes:
+            if n.op != "call_function":
+                continue
+            kind = ("cached kernel" if isinstance(n.target, TritonCall) else
+                    "folded view" if isinstance(n.target, FoldedView) else str(getattr(n.target, "__name__", n.target)))
+            counts[kind] += 1
+    return dict(counts.most_common())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("workload")
@@ -36,9 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+    import torch_kernelize.lower as lower
     from workloads import WORKLOADS
     from torch_kernelize.lower import Session
 
+    bound = []  # the executable graphs, for the census of what a call runs
+    bind = lower.bind_graph
+    lower.bind_graph = lambda *a, **k: bound.append(bind(*a, **k)) or bound[-1]
     model, inputs = WORKLOADS[args.workload]()
     fn = torch.compile(model, backend="kernelize", options={
         "target": "cuda", "cache_dir": args.cache_dir, "repro_dir": "off", "cudagraphs": args.cudagraphs})
@@ -79,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             launchers["static" if getattr(k, "static", False) else type(k).__name__ + " (Triton's launcher)"] += 1
     print(f"{args.workload}: host {host:.3f} ms per call to enqueue, {wall:.3f} ms per call with the GPU; "
           f"launchers loaded: {dict(launchers)}")
+    print("what one call runs, by callable:", census(bound))
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
