@@ -68,15 +68,18 @@ def table(results: dict) -> str:
                   "process, kernelize with a filled kernel cache and its graph cache warmed by an earlier process; "
                   "target: kernelize <= half of Inductor):", "",
                   "| workload | eager | inductor (warm) | kernelize (warm caches) | ratio | target met | Triton compiles "
-                  "in kernelize | kernelize graph-cache hits |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "in kernelize | kernelize graph-cache hits | Dynamo's tracing: inductor / kernelize | backend "
+                  "compile: inductor / kernelize |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for name, r in fc.items():
             ratio = (r["kernelize_first_call_s"] / r["inductor_first_call_s"]
                      if "kernelize_first_call_s" in r and "inductor_first_call_s" in r else None)
             lines.append(f"| {name} | {_f(r.get('eager_first_call_s'))} | {_f(r.get('inductor_first_call_s'))} | "
                          f"{_f(r.get('kernelize_first_call_s'))} | {_f(ratio, '{:.2f}')} | "
                          f"{'—' if ratio is None else 'yes' if ratio <= 0.5 else 'no'} | "
-                         f"{r.get('kernelize_triton_compiles', '—')} | {r.get('kernelize_graph_cache_hits', '—')} |")
+                         f"{r.get('kernelize_triton_compiles', '—')} | {r.get('kernelize_graph_cache_hits', '—')} | "
+                         f"{_f(r.get('inductor_dynamo_s'))} / {_f(r.get('kernelize_dynamo_s'))} | "
+                         f"{_f(r.get('inductor_backend_s'))} / {_f(r.get('kernelize_backend_s'))} |")
     prof = results.get("profile", {})
     if prof:
         lines += ["", "GPU time per call by backend (torch.profiler, sum of kernel times; launches per call; "

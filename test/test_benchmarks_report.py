@@ -29,6 +29,10 @@ RESULTS = {
                                           "kernelize_err": 6e-4, "speedup_vs_eager": 2.5, "speedup_vs_inductor": 1.9},
         "moe_T4096_d1024_E16_top4_fp16": {"error": "RuntimeError: boom"},
     },
+    "firstcall": {"llama4L_d1024_b8_s512_fp16": {
+        "eager_first_call_s": 0.305, "inductor_first_call_s": 1.665, "kernelize_first_call_s": 0.8,
+        "kernelize_triton_compiles": 0, "kernelize_graph_cache_hits": 1,
+        "inductor_dynamo_s": 0.9, "kernelize_dynamo_s": 0.85, "inductor_backend_s": 0.4, "kernelize_backend_s": 0.1}},
     "profile": {"llama4L_d1024_b8_s512_fp16": {
         "eager": {"gpu_ms": 2.139, "launches": 179.0},
         "kernelize": {"gpu_ms": 1.217, "launches": 72.0, "host_ms": 1.91,
@@ -40,6 +44,9 @@ def test_table_judges_targets_and_shows_host_time():
     report = _report()
     text = report.table(RESULTS)
     speed, profile = text.split("GPU time per call")
+    speed, first = speed.split("First call in a fresh process")
+    assert "| llama4L_d1024_b8_s512_fp16 | 0.305 | 1.665 | 0.800 | 0.48 | yes | 0 | 1 | 0.900 / 0.850 | 0.400 / 0.100 |" \
+        in first
     rows = {line.split(" | ")[0].lstrip("| "): line for line in speed.splitlines() if line.startswith("| ")}
     assert "one process per workload" in text and "7.08 us" in text
     assert "| within 10% of inductor | yes |" in rows["rmsnorm_4096x8192_fp16"]
