@@ -10,8 +10,8 @@ A stored kernel also gets a second binary per launch compiled without that assum
 inputs (``launch<i>.unaligned.cubin``, validated by fill_cache with unaligned inputs): the
 runner checks its inputs' alignment before each launch and takes it for views that start off a
 16-byte boundary (a slice ``t[start:end]`` of int64 with an odd ``start``), instead of sending
-the call to the vendor op. Entries without it (older, or where
-it did not compile) fall back to the vendor op for such calls (see launch.MisalignedInput).
+the call to the vendor op. Entries without it (older, or where it did not compile) fall back to
+the vendor op for such calls (see launch.MisalignedInput).
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Per input signature (shapes, strides, dtypes) the lowered graph is run twice on a side stream
 (warm-up: allocator and first-call work settle), then captured. A replay copies the call's
 inputs into the captured input buffers (skipped for inputs that are the very same tensors:
-parameters and buffers) and returns the captured outputs; inputs the graph writes to (in-place ops such as
-``index_add_``) are copied back from their buffers after the replay. As with torch.compile's
+parameters and buffers) and returns the captured outputs; inputs the graph writes to (in-place
+ops such as ``index_add_``) are copied back from their buffers after the replay. As with torch.compile's
 "reduce-overhead", the returned tensors are overwritten by the next call of the same compiled
 graph: clone what you keep. Graphs that are not inference graphs, or whose inputs are not all CUDA tensors, are not
 captured (logged once) and run as they are.
