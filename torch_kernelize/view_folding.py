@@ -1,16 +1,17 @@
 """View folding: chains of view ops in a bound inference graph become one cheap re-striding.
 
 A decomposed ATen graph is full of views (a Llama layer has ~45: view, permute, select, slice,
-unsqueeze, expand, t). Each costs a trip through the dispatcher on every call (~5 us of host
-time), which dominates when the graph is not captured in CUDA graphs. For a graph of static
-shapes, a view's size, stride and storage offset relative to the tensor it views follow from the
-traced layout of that tensor (replayed on a meta tensor), so each chain of views (x -> view -> permute -> select) collapses into one call that
-re-strides the chain's root the way Inductor's generated code does (``reinterpret_tensor``).
+unsqueeze, expand, t, and the pieces of split and unbind). Each costs a trip through the
+dispatcher on every call (~5 us of host time), which dominates when the graph is not captured in
+CUDA graphs. For a graph of static shapes, a view's size, stride and storage offset relative to
+the tensor it views follow from the traced layout of that tensor (replayed on a meta tensor), so
+each chain of views (x -> view -> permute -> select) collapses into one call that re-strides the
+chain's root the way Inductor's generated code does (``reinterpret_tensor``).
 
 That is only right if the root has, at run time, the layout it was traced with. Graph inputs are
 guarded by Dynamo, and our kernels allocate exactly the traced layout, but a vendor op could
 return another one; so every folded call compares the root's strides first and, if they differ,
-replays the original view ops instead (always correct, the fast path when it can be).
+uses the chain's result for that layout (worked out once) instead.
 """
 from __future__ import annotations
 
