@@ -125,9 +125,6 @@ class CudaLaunch:
     def static(self) -> bool:
         return self._static is not None
 
-    def __call__(self, grid: tuple[int, int, int], stream: int, args: Sequence[Any]) -> None:
-        self.run(grid[0], grid[1], grid[2], stream, *args)
-
 
 class KernelSignature:
     """What launching a stored binary needs of its ``@triton.jit`` function -- the name and the
