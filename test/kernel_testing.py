@@ -95,6 +95,15 @@ def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> No
         assert compiled.asm.get("cubin"), f"{launch.kernel}: no cubin"
 
 
+def sass(cubin: Path) -> str:
+    """The SASS of a cubin (Triton's bundled cuobjdump: no GPU needed)."""
+    import subprocess
+
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
 def aten_counts(x: torch.Tensor, bins: int = 100, lo: float = 0, hi: float = 0) -> torch.Tensor:
     """torch.histc's counts with ATen's (CPU) bin arithmetic, but exact: ATen CPU accumulates counts
     in the input dtype per thread, so bf16 counts stop growing at 256 (fp16 at 2048). Chunks of 128
@@ -192,10 +201,17 @@ def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) 
     aten = torch.ops.aten
     r = lambda *shape, dtype=torch.float32: torch.randn(*shape, device="cuda").to(dtype)
     cases = [
-        ("histc fixed", aten.histc.default, (r(1 << 24), 256, -3.0, 3.0),
-         [Config.of(BLOCK=b, ITERS=i, num_warps=w, VARIANT=v) for b, i, w, v in
-          it.product((1024, 2048, 4096), (1, 4, 16), (4, 8, 16), ("local",))] +
-         [Config.of(BLOCK=1024, ITERS=1, num_warps=4, VARIANT="atomic")]),
+        ("histc fixed", aten.histc.default, (r(1 << 24), 256, -4.0, 4.0),
+         [Config.of(BLOCK=b, ITERS=i, num_warps=w, VARIANT="shared", COPIES=k) for b, i, w, k in
+          it.product((2048, 4096, 8192), (4, 16), (8,), (1, 8, 32))] +
+         [Config.of(BLOCK=4096, ITERS=i, num_warps=w, VARIANT="shared", COPIES=32) for i, w in
+          it.product((8, 32), (4, 16))] +
+         [Config.of(BLOCK=4096, ITERS=4, num_warps=4, VARIANT="local"),
+          Config.of(BLOCK=1024, ITERS=1, num_warps=4, VARIANT="atomic")]),
+        ("histc data range", aten.histc.default, (r(1 << 24), 256),
+         [Config.of(BLOCK=b, ITERS=i, num_warps=8, VARIANT="shared", COPIES=k) for b, i, k in
+          it.product((2048, 4096), (4, 16), (1, 32))] +
+         [Config.of(BLOCK=4096, ITERS=4, num_warps=4, VARIANT="local")]),
         ("sum full", aten.sum.default, (r(1 << 24),),
          [Config.of(BLOCK_M=1, BLOCK_R=b, SPLIT=s, num_warps=w, num_stages=2) for b, s, w in
           it.product((1024, 2048, 4096), (256, 512, 1024, 2048), (4, 8))]),
@@ -217,9 +233,10 @@ def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) 
                 if not family._valid(spec if family.name == "elementwise" else plan, config):
                     continue
                 runner = jit_runner(Path(tmp), spec, family.generate(spec, config))
-                runner(*inputs)
+                same = bool(torch.equal(runner(*inputs), op(*args)))
                 t = do_bench(lambda: runner(*inputs), warmup=10, rep=50)
-                row = {"case": name, "config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4)}
+                row = {"case": name, "config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4),
+                       "equals_eager": same}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if out:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 import torch_kernelize.launch as launch_mod
-from kernel_testing import spec_of
+from kernel_testing import sass as _sass, spec_of
 from torch_kernelize.build import add_unaligned_binaries, write_program
 from torch_kernelize.cuda_binaries import has_unaligned
 from torch_kernelize.launch import MisalignedInput, ProgramRunner
@@ -29,12 +28,6 @@ aten = torch.ops.aten
 def _add_program():
     spec = spec_of(aten.add.Tensor, (torch.randn(1 << 12), torch.randn(1 << 12)))
     return spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
-
-
-def _sass(cubin: Path) -> str:
-    import triton
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
 def test_stored_kernel_gets_a_binary_without_the_alignment_assumption(tmp_path):

@@ -63,7 +63,9 @@ def test_histc_matches_torch_exactly(case, dtype, layout, tmp_path):
     dict(BLOCK=128, ITERS=1, num_warps=1, VARIANT="local"),
     dict(BLOCK=256, ITERS=4, num_warps=2, VARIANT="dot", ONEHOT="int8"),
     dict(BLOCK=128, ITERS=1, num_warps=1, VARIANT="dot", ONEHOT="float16"),
-], ids=["iters4", "atomic_iters2", "small", "dot_iters4", "dot_fp16_small"])
+    dict(BLOCK=128, ITERS=4, num_warps=4, VARIANT="shared", COPIES=1),
+    dict(BLOCK=256, ITERS=1, num_warps=8, VARIANT="shared", COPIES=32),
+], ids=["iters4", "atomic_iters2", "small", "dot_iters4", "dot_fp16_small", "shared_iters4", "shared_copies32"])
 @pytest.mark.parametrize("case", ["fixed_16", "data_range"])
 def test_histc_configs(case, config, tmp_path):
     bins, lo, hi = CASES[case]
@@ -77,15 +79,17 @@ def test_every_seed_config_and_neighbours(tmp_path):
     x = inputs(F32, n=(64, 70))
     spec = spec_of(aten.histc.default, (x, 64, -2, 2))
     configs = FAMILY.seed_configs(spec)
-    assert {c["VARIANT"] for c in configs} == {"local", "atomic", "dot"}
+    assert {c["VARIANT"] for c in configs} == {"shared", "local", "atomic", "dot"}
     assert {c["ONEHOT"] for c in configs if c["VARIANT"] == "dot"} == {"int8", "float16"}
+    assert {c["COPIES"] for c in configs if c["VARIANT"] == "shared"} == {1, 8, 32}
     for config in configs:
         program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0,), eager=False)
         compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
         for n in FAMILY.neighbours(spec, config):
             FAMILY.generate(spec, n)
-    assert {c["VARIANT"] for c in FAMILY.seed_configs(spec_of(aten.histc.default, (x, 2000, -2, 2)))} == {"dot", "atomic"}
-    many = spec_of(aten.histc.default, (x, 5000, -2, 2))
+    assert {c["VARIANT"] for c in FAMILY.seed_configs(spec_of(aten.histc.default, (x, 2000, -2, 2)))} == {"shared", "dot", "atomic"}
+    assert {c["VARIANT"] for c in FAMILY.seed_configs(spec_of(aten.histc.default, (x, 5000, -2, 2)))} == {"shared", "atomic"}
+    many = spec_of(aten.histc.default, (x, 20000, -2, 2))
     assert {c["VARIANT"] for c in FAMILY.seed_configs(many)} == {"atomic"}
 
 
@@ -121,10 +125,11 @@ def test_seeds_bin_32_elements_per_thread():
     assert any(c["VARIANT"] == "local" and c["BLOCK"] // (32 * c["num_warps"]) == 32 for c in FAMILY.seed_configs(spec))
 
 
-@pytest.mark.parametrize("variant", ["local", "dot"])
-def test_data_range_with_nan_gives_nan(variant, tmp_path):
+@pytest.mark.parametrize("dtype", [F32, F16], ids=str)  # fp32: the histogram kernel writes the NaNs; fp16: the last one
+@pytest.mark.parametrize("variant", ["shared", "local", "dot"])
+def test_data_range_with_nan_gives_nan(variant, dtype, tmp_path):
     """ATen raises for a NaN/inf data range; a kernel cannot raise, so every bin is NaN (never silently wrong)."""
-    x = torch.randn(100)
+    x = torch.randn(100).to(dtype)
     spec = spec_of(aten.histc.default, (x, 8))
     config = next(c for c in FAMILY.seed_configs(spec) if c["VARIANT"] == variant)
     runner = load(tmp_path, spec, FAMILY.generate(spec, config))
@@ -217,3 +222,59 @@ def test_dot_tile_and_limits():
     assert not FAMILY._valid(plan, DOT.replace(VARIANT="local"))       # and only a dot config does
     assert not FAMILY._valid(plan, DOT.replace(BLOCK=8192))            # one-hots over 128 KiB of shared memory
     assert not FAMILY._valid(plan, DOT.replace(num_warps=16))
+
+
+def test_data_range_needs_no_fills():
+    """The range kernel stores per-program partial ranges and zeroes the counts: an fp32 call is two
+    launches and nothing to initialise (fp16: a third launch converts the counts)."""
+    for dtype, launches in ((F32, 2), (F16, 3)):
+        spec = spec_of(aten.histc.default, (torch.randn(1 << 20).to(dtype), 256))
+        for config in FAMILY.seed_configs(spec):
+            program = FAMILY.generate(spec, config)
+            assert len(program.launches) == launches, config
+            assert not program.output_init and all(t.init is None for t in program.temps), config
+            parts = program.launches[0].grid[0]
+            assert parts <= 1024 and program.temps[0].shape == (3 * parts,)
+
+
+def test_data_range_reduces_many_partials(tmp_path):
+    """More blocks than MAX_PARTIALS: the range kernel's programs take more blocks each."""
+    import torch_kernelize.lowering.kernels.histc as histc
+    x = torch.randn(40, 130) * 2
+    spec = spec_of(aten.histc.default, (x, 16))
+    config = Config.of(BLOCK=128, ITERS=1, num_warps=4, VARIANT="shared", COPIES=8)
+    old = histc.MAX_PARTIALS
+    histc.MAX_PARTIALS = 8
+    try:
+        program = FAMILY.generate(spec, config)
+    finally:
+        histc.MAX_PARTIALS = old
+    assert program.launches[0].grid == (6,) and program.launches[1].grid == (41,)
+    assert torch.equal(load(tmp_path, spec, program).run_poisoned([x])[0], aten_counts(x, 16))
+
+
+@pytest.mark.parametrize("copies", [1, 32])
+def test_shared_variant_counts_in_shared_memory_on_sm90(copies, tmp_path):
+    """The PTX helpers compile (the interpreter runs their twins): one warp-aggregated shared atomic
+    per element, no tl.histogram (ballots), no local memory; the read-back stays inside the array
+    (100 bins read 128: an out-of-bounds read of 32 copies was an illegal address on the H200)."""
+    from kernel_testing import sass
+    from torch_kernelize.build import write_program
+    from torch_kernelize.lowering.kernels.histc import _shared_words
+    spec = spec_of(aten.histc.default, (torch.randn(1 << 16), 100))
+    config = Config.of(BLOCK=2048, ITERS=4, num_warps=8, VARIANT="shared", COPIES=copies)
+    program = FAMILY.generate(spec, config)
+    assert f"tk_shist[{_shared_words(100, copies)}]" in program.source and _shared_words(100, copies) >= 128 * copies
+    write_program(tmp_path, spec, program, "cuda", ("cuda", 90, 32))
+    code = sass(tmp_path / "launch1.cubin")  # launch 0: the range kernel
+    per_thread = 2048 // (32 * 8)
+    assert code.count("ATOMS.POPC.INC.32") == per_thread
+    assert "VOTE" not in code and "LDL" not in code and "STL" not in code
+
+
+def test_programs_without_their_interpreter_twins_are_refused(tmp_path):
+    spec = spec_of(aten.histc.default, (torch.randn(1000), 16, -1.0, 1.0))
+    program = FAMILY.generate(spec, Config.of(BLOCK=256, ITERS=1, num_warps=4, VARIANT="shared", COPIES=1))
+    broken = dataclasses.replace(program, source=program.source.replace('"_shist_add_twin"', '"_shist_add_missing"'))
+    with pytest.raises(ValueError, match="interpreter twin '_shist_add_missing' of '_shist_add' is not defined"):
+        load(tmp_path, spec, broken)

@@ -61,6 +61,24 @@ def import_source(path: Path, module_name: str):
     return module
 
 
+INTERPRETER_TWINS = "INTERPRETER_TWINS"
+
+
+def use_interpreter_twins(module: Any) -> None:
+    """Swap a kernel module's inline-PTX helpers for their interpreter twins.
+
+    The interpreter runs no PTX. A source whose helpers use ``tl.inline_asm_elementwise`` names,
+    in a module-level dict ``INTERPRETER_TWINS = {"helper": "helper_twin"}``, a ``@triton.jit``
+    twin of each that computes the same result in plain Triton; the kernels resolve helpers
+    through the module's globals, so the interpreted kernels call the twins. (CPU tests thus
+    check everything but the PTX itself, which fill_cache validates on the GPU.)
+    """
+    for name, twin in getattr(module, INTERPRETER_TWINS, {}).items():
+        if not hasattr(module, twin):
+            raise ValueError(f"{module.__name__}: interpreter twin {twin!r} of {name!r} is not defined")
+        setattr(module, name, getattr(module, twin))
+
+
 def _interpreted(fn: Any):
     from triton.runtime.interpreter import InterpretedFunction
     _interpret_nested_jit_calls()
@@ -270,6 +288,7 @@ def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: s
     program = KernelProgram.from_json(json.loads((directory / PROGRAM_FILE).read_text()), source)
     if backend == "interpreter":
         module = import_source(directory / SOURCE_FILE, module_name or f"torch_kernelize_kernels.k{spec.key}")
+        use_interpreter_twins(module)
         return ProgramRunner(spec, program, [_interpreted(getattr(module, l.kernel)) for l in program.launches],
                              backend)
     if backend == "cuda":  # the stored binaries; the source is not imported (KernelSignature)
