@@ -55,3 +55,45 @@ def test_a_fresh_search_keeps_the_candidates_that_faulted(tmp_path):
     assert lines[0]["fault"] and lines[0]["config"] == first["config"]
     assert [r["config"] for r in lines].count(first["config"]) == 1, "the faulted candidate ran again"
     assert len(lines) == 2
+
+
+def test_paired_timing_alternates_vendor_and_candidate(monkeypatch):
+    import torch_kernelize.fill_cache.benchmark as bench
+    calls = []
+    monkeypatch.setattr(bench, "median_ms", lambda fn: calls.append(fn()) or {"v": 2.0, "c": 1.0}[calls[-1]] + len(calls) / 100)
+    vendor, cand = bench.paired_ms(lambda: "v", lambda: "c", rounds=3)
+    assert calls == ["v", "c"] * 3
+    assert (vendor, cand) == (2.03, 1.04)  # medians of 2.01/2.03/2.05 and 1.02/1.04/1.06
+
+
+@pytest.mark.parametrize("search,paired,status", [
+    (1.05, (1.0, 1.02), "vendor wins"),   # a near tie, reversed when timed alternately
+    (1.05, (1.0, 0.9), "stored"),         # confirmed
+    (2.0, None, "stored"),                # far from a tie: not timed again
+])
+def test_near_ties_are_timed_again_before_the_decision(search, paired, status, tmp_path, monkeypatch):
+    """fill_cache stores a Triton winner only if it still beats the vendor kernel when both are
+    timed alternately (the search times the vendor once, at its start)."""
+    import torch_kernelize.fill_cache.measure as measure
+    from torch_kernelize.fill_cache.cli import FillRun
+    from torch_kernelize.fill_cache.collect import Work
+    from torch_kernelize.kernel_cache import KernelCache
+    from torch_kernelize.lowering.targets import get_target
+
+    target = get_target("interpreter")
+    confirmed = []
+    monkeypatch.setattr(measure, "timing_available", lambda t: True)  # time on the interpreter: faked
+    monkeypatch.setattr(measure, "median_ms", lambda fn: 1.0 / search)
+    monkeypatch.setattr(measure.Measurer, "vendor_ms", lambda self: 1.0)
+    monkeypatch.setattr(measure, "paired_ms", lambda v, c, rounds: confirmed.append(rounds) or paired)
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    spec = spec_of(torch.ops.aten.sigmoid.default, (torch.randn(300),))
+    run = FillRun(target, cache, budget=1, resume=False, force=False, min_speedup=1.03)
+    row = run.process(Work(spec, "test"))
+    run._store_pending(wait=True)
+    assert row["status"] == status, row
+    assert bool(confirmed) == (paired is not None)
+    kind, entry, _ = cache.lookup(spec.key)
+    assert kind == ("vendor" if status == "vendor wins" else "hit")
+    if paired is not None:
+        assert row["speedup"] == pytest.approx(paired[0] / paired[1])

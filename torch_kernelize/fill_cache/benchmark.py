@@ -4,6 +4,7 @@ Only a real device gives times that mean anything; on the interpreter target not
 """
 from __future__ import annotations
 
+import statistics
 from typing import Callable
 
 from torch_kernelize.lowering.targets import Target
@@ -17,3 +18,18 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 5
     """Median over ~50 ms of repetitions: enough to rank candidates (benchmarks/ time longer)."""
     from triton.testing import do_bench
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def paired_ms(vendor: Callable[[], object], candidate: Callable[[], object], rounds: int = 3) -> tuple[float, float]:
+    """(vendor ms, candidate ms): medians over ``rounds`` alternating measurements of each.
+
+    The search times the vendor kernel once, at its start, and each candidate later; the GPU's
+    clocks drift between the two (power and temperature), and near a tie that drift can decide
+    (a Llama head matmul stored at 1.03x ran 11% slower than cuBLAS in its graph). Alternating
+    puts both under the same conditions.
+    """
+    v, c = [], []
+    for _ in range(rounds):
+        v.append(median_ms(vendor))
+        c.append(median_ms(candidate))
+    return statistics.median(v), statistics.median(c)

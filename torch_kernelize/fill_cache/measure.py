@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from torch_kernelize.fill_cache.builder import Builder
-from torch_kernelize.fill_cache.benchmark import median_ms, timing_available
+from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_available
 from torch_kernelize.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.lowering.kernels.base import to_device
@@ -139,6 +139,16 @@ class Measurer:
         vendor = self.vendor_ms()
         return Evaluation(config.to_json(), True, vendor / cand if cand > 0 else 0.0, cand, vendor,
                           validation=record.to_json(), measured=True)
+
+
+    def confirm(self, config: Config, rounds: int = 3) -> tuple[float, float] | None:
+        """(vendor ms, candidate ms) of a built candidate, timed alternately (benchmark.paired_ms);
+        None where nothing is timed."""
+        if not self.timed:
+            return None
+        _, runner = self.build(config)
+        inputs = self.bench_inputs()
+        return paired_ms(lambda: self.spec.run_vendor(inputs), lambda: runner(*inputs), rounds)
 
 
 def unaligned_copy(t: torch.Tensor) -> torch.Tensor:
