@@ -18,8 +18,9 @@ data-derived range first runs a min/max kernel whose programs each store a parti
 -max, a NaN flag) and zero the counts; each histogram program reduces those partials (at most
 MAX_PARTIALS) itself. So nothing needs initialising: a call is two launches (fp32) and no fills.
 Counts accumulate straight into an fp32 output (float atomics, as ATen's CUDA kernel: exact while
-a bin holds fewer than 2^24); fp16/bf16 outputs count in an int32 temp that a last small kernel converts. Where ATen
-raises (NaN or inf in the data when the range comes from the data), the output is NaN.
+a bin holds fewer than 2^24); fp16/bf16 outputs count in an int32 temp that a last small kernel
+converts. Where ATen raises (NaN or inf in the data when the range comes from the data), the
+output is NaN.
 
 "shared": Triton has no shared-memory atomics, so the kernel's counting helpers are inline PTX
 (a static ``.shared`` array, ``red.shared.add``, barriers; see _shared_helpers). The interpreter
@@ -64,7 +65,7 @@ LOCAL_MAX_BINS = 1024     # tl.histogram keeps next_pow2(bins) counters per prog
 DOT_MAX_SIDE = 64         # "dot": a [HI, LO] count tile, HI, LO <= 64 (at most 4096 bins, 32 regs/thread at 4 warps)
 DOT_MAX_SMEM = 128 * 1024  # "dot": the one-hots pass through shared memory whole, (HI + LO) * BLOCK elements
 ONEHOTS = ("int8", "float16")  # "dot" one-hot dtype: int8 dots accumulate in int32, fp16 dots in fp32
-SHARED_MAX_WORDS = 10240  # "shared": (bins + 1) * COPIES int32 counters in static shared memory (40 KiB of 48)
+SHARED_MAX_WORDS = 10240  # "shared": _shared_words int32 counters in static shared memory (40 KiB of 48)
 SHARED_COPIES = (1, 8, 32)
 VARIANTS = ("shared", "local", "dot", "atomic")
 MAX_PARTIALS = 1024       # a data range: partial ranges (per range-kernel program) each histogram program reduces
@@ -97,8 +98,8 @@ def _shared_helpers(bins: int, nb: int, copies: int) -> str:
     """
     words = _shared_words(bins, copies)
     zero = _p2(words)
-    lane = "" if copies == 1 else f" mov.u32 l, %laneid; and.b32 l, l, {copies - 1}; mad.lo.u32 a, $1, {copies}, l;"
-    index = " mov.u32 a, $1;" if copies == 1 else lane
+    index = (" mov.u32 a, $1;" if copies == 1 else
+             f" mov.u32 l, %laneid; and.b32 l, l, {copies - 1}; mad.lo.u32 a, $1, {copies}, l;")
     read = ("tl.inline_asm_elementwise(\"{ .reg .u32 a; mov.u32 a, tk_shist; mad.lo.u32 a, $1, 4, a; ld.shared.u32 $0, [a]; }\",\n"
             f"                                     \"=r,r\", [tl.arange(0, {nb})], dtype=tl.int32, is_pure=False, pack=1)")
     if copies > 1:
@@ -300,7 +301,7 @@ class HistcFamily(KernelFamily):
         bins, dtype, n = plan["bins"], plan["dtype"], plan["N"]
         data_range = plan["data_range"]
         half = dtype != "float32"
-        direct = not half            # fp32: count into the output (exact: counts < 2^24 per atomic add)
+        direct = not half            # fp32: count into the output (float atomics, as ATen)
         nb = max(32, _p2(bins))
         per_prog = block * iters
         grid = (-(-n // per_prog),)

@@ -140,7 +140,6 @@ class Measurer:
         return Evaluation(config.to_json(), True, vendor / cand if cand > 0 else 0.0, cand, vendor,
                           validation=record.to_json(), measured=True)
 
-
     def confirm(self, config: Config, rounds: int = 3) -> tuple[float, float] | None:
         """(vendor ms, candidate ms) of a built candidate, timed alternately (benchmark.paired_ms);
         None where nothing is timed."""
