@@ -84,7 +84,8 @@ def table(results: dict) -> str:
     if prof:
         lines += ["", "GPU time per call by backend (torch.profiler, sum of kernel times; launches per call; "
                   "host ms: the host's time per call to enqueue it, where recorded — above the GPU time, that "
-                  "backend is host-bound), and kernelize's three most expensive kernels:", "",
+                  "backend is host-bound; syncs: the host waits for the GPU that often per call), and "
+                  "kernelize's three most expensive kernels:", "",
                   "| workload | eager GPU ms (launches) host ms | inductor GPU ms (launches) host ms "
                   "| kernelize GPU ms (launches) host ms | kernelize top kernels (ms) |", "|---|---|---|---|---|"]
         for name, r in prof.items():
@@ -92,6 +93,8 @@ def table(results: dict) -> str:
                 if not isinstance(r.get(b), dict):
                     return "—"
                 host = f" {_f(r[b]['host_ms'])}" if "host_ms" in r[b] else ""
+                if r[b].get("syncs_per_call"):  # the host waits for the GPU within each call
+                    host += f", {r[b]['syncs_per_call']:g} syncs"
                 return f"{_f(r[b].get('gpu_ms'))} ({r[b].get('launches', '—')}){host}"
             top = "; ".join(f"{k['name'][:48]} x{k['calls']:g}: {k['ms']:.3f}"
                             for k in (r.get("kernelize") or {}).get("kernels", [])[:3])

@@ -184,6 +184,24 @@ def _calls(fn, n: int) -> None:
     torch.cuda.synchronize()
 
 
+def _syncs_per_call(fn, calls: int = 3) -> float:
+    """Synchronizing CUDA operations per call (torch's sync debug mode): a backend whose host
+    waits for the GPU on every call is host-bound by as much as its GPU time."""
+    import warnings
+
+    import torch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(calls):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum("synchroniz" in str(w.message) for w in caught) / calls
+
+
 def _kernel_times(fn, iters: int = 5) -> dict:
     """GPU time per call of fn, in total and by kernel name (torch.profiler, after a warm-up), and
     the host's time per call to enqueue it."""
@@ -210,6 +228,7 @@ def _kernel_times(fn, iters: int = 5) -> dict:
             kernels[evt.key] = (evt.count / iters, ms)
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])
     return {"gpu_ms": round(sum(ms for _, ms in kernels.values()), 4), "host_ms": round(host_ms, 4),
+            "syncs_per_call": round(_syncs_per_call(fn), 2),
             "launches": round(sum(c for c, _ in kernels.values()), 1),
             "kernels": [{"name": k[:120], "calls": round(c, 2), "ms": round(ms, 4)} for k, (c, ms) in top[:15]]}
 

@@ -34,7 +34,7 @@ RESULTS = {
         "kernelize_triton_compiles": 0, "kernelize_graph_cache_hits": 1,
         "inductor_dynamo_s": 0.9, "kernelize_dynamo_s": 0.85, "inductor_backend_s": 0.4, "kernelize_backend_s": 0.1}},
     "profile": {"llama4L_d1024_b8_s512_fp16": {
-        "eager": {"gpu_ms": 2.139, "launches": 179.0},
+        "eager": {"gpu_ms": 2.139, "launches": 179.0, "host_ms": 3.82, "syncs_per_call": 1.0},
         "kernelize": {"gpu_ms": 1.217, "launches": 72.0, "host_ms": 1.91,
                       "kernels": [{"name": "nvjet_sm90", "calls": 8, "ms": 0.263}]}}},
 }
@@ -54,7 +54,8 @@ def test_table_judges_targets_and_shows_host_time():
     assert "| no |" in rows["conv1d_B2048_C96_L200_k3_fp16"]
     assert "error: RuntimeError: boom" in rows["moe_T4096_d1024_E16_top4_fp16"]
     llama = [line for line in profile.splitlines() if line.startswith("| llama4L")]
-    assert llama == ["| llama4L_d1024_b8_s512_fp16 | 2.139 (179.0) | — | 1.217 (72.0) 1.910 | nvjet_sm90 x8: 0.263 |"]
+    assert llama == ["| llama4L_d1024_b8_s512_fp16 | 2.139 (179.0) 3.820, 1 syncs | — | 1.217 (72.0) 1.910 | "
+                     "nvjet_sm90 x8: 0.263 |"]
 
 
 def test_target_met_needs_a_correct_graph_run():
