@@ -233,10 +233,11 @@ def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) 
                 if not family._valid(spec if family.name == "elementwise" else plan, config):
                     continue
                 runner = jit_runner(Path(tmp), spec, family.generate(spec, config))
-                same = bool(torch.equal(runner(*inputs), op(*args)))
+                got, want = runner(*inputs), op(*args)  # a sanity check beside the time (validation is the tests')
+                same = bool(torch.allclose(got.double(), want.double(), rtol=1e-3, atol=1e-3, equal_nan=True))
                 t = do_bench(lambda: runner(*inputs), warmup=10, rep=50)
                 row = {"case": name, "config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4),
-                       "equals_eager": same}
+                       "matches_eager": same}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if out:
