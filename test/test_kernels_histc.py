@@ -237,18 +237,13 @@ def test_data_range_needs_no_fills():
             assert parts <= 1024 and program.temps[0].shape == (3 * parts,)
 
 
-def test_data_range_reduces_many_partials(tmp_path):
+def test_data_range_reduces_many_partials(tmp_path, monkeypatch):
     """More blocks than MAX_PARTIALS: the range kernel's programs take more blocks each."""
     import torch_kernelize.lowering.kernels.histc as histc
+    monkeypatch.setattr(histc, "MAX_PARTIALS", 8)
     x = torch.randn(40, 130) * 2
     spec = spec_of(aten.histc.default, (x, 16))
-    config = Config.of(BLOCK=128, ITERS=1, num_warps=4, VARIANT="shared", COPIES=8)
-    old = histc.MAX_PARTIALS
-    histc.MAX_PARTIALS = 8
-    try:
-        program = FAMILY.generate(spec, config)
-    finally:
-        histc.MAX_PARTIALS = old
+    program = FAMILY.generate(spec, Config.of(BLOCK=128, ITERS=1, num_warps=4, VARIANT="shared", COPIES=8))
     assert program.launches[0].grid == (6,) and program.launches[1].grid == (41,)
     assert torch.equal(load(tmp_path, spec, program).run_poisoned([x])[0], aten_counts(x, 16))
 
