@@ -273,3 +273,12 @@ def test_programs_without_their_interpreter_twins_are_refused(tmp_path):
     broken = dataclasses.replace(program, source=program.source.replace('"_shist_add_twin"', '"_shist_add_missing"'))
     with pytest.raises(ValueError, match="interpreter twin '_shist_add_missing' of '_shist_add' is not defined"):
         load(tmp_path, spec, broken)
+
+
+def test_no_inline_ptx_seeds_on_rocm(monkeypatch):
+    spec = spec_of(aten.histc.default, (torch.randn(1000), 16, -1.0, 1.0))
+    assert "shared" in {c["VARIANT"] for c in FAMILY.seed_configs(spec)}
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    configs = FAMILY.seed_configs(spec)
+    assert "shared" not in {c["VARIANT"] for c in configs}
+    assert all(n["VARIANT"] != "shared" for c in configs for n in FAMILY.neighbours(spec, c))

@@ -263,7 +263,7 @@ class HistcFamily(KernelFamily):
         # "shared" first (H200, 16M fp32 in 256 bins: ~0.03 ms against 0.071 for "local"; the
         # copies hardly matter there: 0.029-0.032 ms over 1, 8 and 32)
         fits = [k for k in SHARED_COPIES[::-1] if _shared_words(plan["bins"], k) <= SHARED_MAX_WORDS]
-        if fits:
+        if fits and _inline_ptx():
             seeds += [self._cfg(plan, 8192, 8, "shared", 512, COPIES=fits[0]),
                       self._cfg(plan, 4096, 8, "shared", 256, COPIES=fits[-1]),
                       self._cfg(plan, 4096, 16, "shared", 512, COPIES=fits[0]),
@@ -289,7 +289,7 @@ class HistcFamily(KernelFamily):
                  c.replace(num_warps=c["num_warps"] * 2), c.replace(num_warps=max(1, c["num_warps"] // 2))]
         base = {k: v for k, v in c.params if k not in ("VARIANT", "ONEHOT", "COPIES")}
         cands += [Config.of(**base, VARIANT=v) for v in ("local", "atomic")]
-        cands += [Config.of(**base, VARIANT="shared", COPIES=k) for k in SHARED_COPIES]
+        cands += [Config.of(**base, VARIANT="shared", COPIES=k) for k in SHARED_COPIES if _inline_ptx()]
         cands += [Config.of(**base, VARIANT="dot", ONEHOT=o) for o in ONEHOTS]
         return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
 
@@ -590,6 +590,11 @@ def _exact_inverse(width: float) -> float | None:
         return None
     inv = 1.0 / width
     return inv if 2.0 ** -149 <= inv <= 2.0 ** 127 else None
+
+
+def _inline_ptx() -> bool:
+    """Whether "shared" (inline PTX) can build here: NVIDIA (or the interpreter, on its twins); not ROCm."""
+    return torch.version.hip is None
 
 
 def _shared_words(bins: int, copies: int) -> int:
