@@ -100,12 +100,12 @@ def _shared_helpers(bins: int, nb: int, copies: int) -> str:
     zero = _p2(words)
     index = (" mov.u32 a, $1;" if copies == 1 else
              f" mov.u32 l, %laneid; and.b32 l, l, {copies - 1}; mad.lo.u32 a, $1, {copies}, l;")
-    read = ("tl.inline_asm_elementwise(\"{ .reg .u32 a; mov.u32 a, tk_shist; mad.lo.u32 a, $1, 4, a; ld.shared.u32 $0, [a]; }\",\n"
-            f"                                     \"=r,r\", [tl.arange(0, {nb})], dtype=tl.int32, is_pure=False, pack=1)")
-    if copies > 1:
-        read = ("tl.sum(tl.inline_asm_elementwise(\"{ .reg .u32 a; mov.u32 a, tk_shist; mad.lo.u32 a, $1, 4, a; ld.shared.u32 $0, [a]; }\",\n"
-                f"        \"=r,r\", [tl.arange(0, {nb})[:, None] * {copies} + tl.arange(0, {copies})[None, :]],\n"
-                "        dtype=tl.int32, is_pure=False, pack=1), axis=1)")
+    counters = (f"tl.arange(0, {nb})" if copies == 1 else
+                f"tl.arange(0, {nb})[:, None] * {copies} + tl.arange(0, {copies})[None, :]")
+    read = ('tl.inline_asm_elementwise("{ .reg .u32 a; mov.u32 a, tk_shist; mad.lo.u32 a, $1, 4, a; '
+            f'ld.shared.u32 $0, [a]; }}",\n        "=r,r", [{counters}], dtype=tl.int32, is_pure=False, pack=1)')
+    if copies > 1:  # the bin's copies summed
+        read = f"tl.sum({read}, axis=1)"
     return f'''
 # Counting in shared memory, as ATen does: inline PTX (Triton has no shared-memory atomics), run by
 # the compiled kernel; the interpreter runs no PTX and calls the twins (tl.histogram) instead.

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from torch_kernelize.errors import KernelizeError
-from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_model, specs_from_repros
 from torch_kernelize.cuda_binaries import remove_unaligned
 from torch_kernelize.fill_cache.builder import Builder
+from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
