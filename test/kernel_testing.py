@@ -202,16 +202,12 @@ def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) 
     r = lambda *shape, dtype=torch.float32: torch.randn(*shape, device="cuda").to(dtype)
     cases = [
         ("histc fixed", aten.histc.default, (r(1 << 24), 256, -4.0, 4.0),
-         [Config.of(BLOCK=b, ITERS=i, num_warps=w, VARIANT="shared", COPIES=k) for b, i, w, k in
-          it.product((2048, 4096, 8192), (4, 16), (8,), (1, 8, 32))] +
-         [Config.of(BLOCK=4096, ITERS=i, num_warps=w, VARIANT="shared", COPIES=32) for i, w in
-          it.product((8, 32), (4, 16))] +
-         [Config.of(BLOCK=4096, ITERS=4, num_warps=4, VARIANT="local"),
-          Config.of(BLOCK=1024, ITERS=1, num_warps=4, VARIANT="atomic")]),
-        ("histc data range", aten.histc.default, (r(1 << 24), 256),
-         [Config.of(BLOCK=b, ITERS=i, num_warps=8, VARIANT="shared", COPIES=k) for b, i, k in
-          it.product((2048, 4096), (4, 16), (1, 32))] +
+         [Config.of(BLOCK=b, ITERS=i, num_warps=8, VARIANT="shared", COPIES=k, STREAM=st) for b, i, k, st in
+          it.product((4096, 8192), (4, 16), (8, 32), ("", "evict_first"))] +
          [Config.of(BLOCK=4096, ITERS=4, num_warps=4, VARIANT="local")]),
+        ("histc data range", aten.histc.default, (r(1 << 24), 256),
+         [Config.of(BLOCK=b, ITERS=i, num_warps=8, VARIANT="shared", COPIES=k, STREAM=st, REVERSE=rev)
+          for b, i, k, st, rev in it.product((2048, 4096), (4, 16), (1, 32), ("", "evict_first"), (False, True))]),
         ("sum full", aten.sum.default, (r(1 << 24),),
          [Config.of(BLOCK_M=1, BLOCK_R=b, SPLIT=s, num_warps=w, num_stages=2) for b, s, w in
           it.product((1024, 2048, 4096), (256, 512, 1024, 2048), (4, 8))]),

@@ -267,6 +267,36 @@ def test_shared_variant_counts_in_shared_memory_on_sm90(copies, tmp_path):
     assert "VOTE" not in code and "LDL" not in code and "STL" not in code
 
 
+@pytest.mark.parametrize("stream", ["", "evict_first"])
+def test_reverse_order_and_stream_hint(stream, tmp_path):
+    """REVERSE (a range from the data only): the histogram programs take the blocks last-first and
+    still count every element once; STREAM="evict_first" puts the hint on the x loads (sm_90:
+    LDG.E.EF) and nowhere else."""
+    from kernel_testing import sass
+    from torch_kernelize.build import write_program
+    x = torch.randn(40, 130) * 2
+    spec = spec_of(aten.histc.default, (x, 16))
+    config = Config.of(BLOCK=128, ITERS=4, num_warps=4, VARIANT="shared", COPIES=8, REVERSE=True,
+                       **({"STREAM": stream} if stream else {}))
+    program = assert_valid(FAMILY, spec, tmp_path / "interp", config, eager=False)
+    assert "blk = 10 - pid" in program.source  # 41 blocks of 128 in 11 programs of 4
+    assert torch.equal(load(tmp_path / "interp", spec, program).run_poisoned([x])[0], aten_counts(x, 16))
+    write_program(tmp_path / "sm90", spec, program, "cuda", ("cuda", 90, 32))
+    assert ("LDG.E.EF" in sass(tmp_path / "sm90" / "launch1.cubin")) == bool(stream)
+    assert "LDG.E.EF" not in sass(tmp_path / "sm90" / "launch0.cubin")  # the range pass keeps its lines
+    fixed = spec_of(aten.histc.default, (x, 16, -2.0, 2.0))
+    assert not FAMILY._valid(FAMILY._plan(fixed), config)  # nothing to reuse without a range pass
+
+
+def test_neighbours_toggle_the_read_order_and_hint():
+    spec = spec_of(aten.histc.default, (torch.randn(1 << 16), 256))
+    seed = FAMILY.seed_configs(spec)[0]
+    near = FAMILY.neighbours(spec, seed)
+    assert any(c.get("STREAM", "") != seed.get("STREAM", "") for c in near)
+    assert any(c.get("REVERSE", False) != seed.get("REVERSE", False) for c in near)
+    assert all(c.get("STREAM", None) != "" and c.get("REVERSE", None) is not False for c in near)  # defaults left out
+
+
 def test_programs_without_their_interpreter_twins_are_refused(tmp_path):
     spec = spec_of(aten.histc.default, (torch.randn(1000), 16, -1.0, 1.0))
     program = FAMILY.generate(spec, Config.of(BLOCK=256, ITERS=1, num_warps=4, VARIANT="shared", COPIES=1))
