@@ -149,6 +149,9 @@ def phase_measure(args, names) -> dict:
     import torch
 
     def measure(name, model, inputs, row):
+        # the host's speed while this workload is measured: a row measured on a slowed host (other
+        # load on a lent machine) shows it here, not only in the run's overall figure
+        row["host_add_us"] = host_speed_us()
         ref = model(*inputs)
         row["eager_ms"] = bench(lambda: model(*inputs))
         torch._dynamo.reset()
