@@ -2,6 +2,11 @@
 markers) and a PNG chart. Runs anywhere matplotlib is installed:
 
     python benchmarks/report.py OUT/results.json [--readme benchmarks/README.md] [--png benchmarks/results.png]
+        [--rerun RERUN/results.json ...]
+
+``--rerun`` takes the measured and profiled rows of the workloads a later, partial run measured
+(e.g. after a fix, or where the first run's host was slowed by other load) in place of the
+first run's; the table says which rows came from which run.
 """
 from __future__ import annotations
 
@@ -37,6 +42,23 @@ def target_met(name: str, r: dict) -> str | None:
     return "no"
 
 
+def merge_reruns(results: dict, reruns: list[tuple[str, dict]]) -> dict:
+    """``results`` with the measure/profile rows of each re-run's workloads taken from that re-run
+    (each row still compares the backends within one run); env["reruns"] lists them."""
+    merged = json.loads(json.dumps(results))
+    notes = merged.setdefault("env", {}).setdefault("reruns", [])
+    for label, rerun in reruns:
+        names = [n for n, r in rerun.get("measure", {}).items() if "error" not in r]
+        for phase in ("measure", "profile"):
+            for n in names:
+                if n in rerun.get(phase, {}):
+                    merged.setdefault(phase, {})[n] = rerun[phase][n]
+        if names:
+            notes.append({"file": label, "workloads": names, "date": rerun.get("env", {}).get("date"),
+                          "host_us_per_eager_add": rerun.get("env", {}).get("host_us_per_eager_add")})
+    return merged
+
+
 def _f(v, fmt="{:.3f}"):
     return fmt.format(v) if isinstance(v, (int, float)) else "—"
 
@@ -47,7 +69,9 @@ def table(results: dict) -> str:
             if "host_us_per_eager_add" in env else "")
     lines = [f"Measured {env.get('date', '?')} on {env.get('gpu', '?')}, torch {env.get('torch', '?')}, "
              f"triton {env.get('triton', '?')}; medians of triton.testing.do_bench in one process"
-             f"{' per workload' if env.get('measure_isolated') else ''}, same inputs.{host}", "",
+             f"{' per workload' if env.get('measure_isolated') else ''}, same inputs.{host}"
+             + "".join(f" Rows of {', '.join(r['workloads'])}: from a re-run ({r['file']}; host speed "
+                       f"{r.get('host_us_per_eager_add')} us per eager add)." for r in env.get("reruns", [])), "",
              "| workload | eager ms | inductor ms | kernelize ms | kernelize+CUDA graphs ms | vs eager | vs inductor "
              "| target | met | nodes on triton | max rel err | host µs per eager add |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -158,8 +182,12 @@ def main() -> int:
     p.add_argument("results", type=Path)
     p.add_argument("--readme", type=Path, default=HERE / "README.md")
     p.add_argument("--png", type=Path, default=HERE / "results.png")
+    p.add_argument("--rerun", type=Path, action="append", default=[],
+                   help="a later run's results.json: its workloads' measure/profile rows replace these")
     args = p.parse_args()
     results = json.loads(args.results.read_text())
+    if args.rerun:
+        results = merge_reruns(results, [(r.name, json.loads(r.read_text())) for r in args.rerun])
     write_report(results, args.results.parent, args.readme, args.png)
     print(table(results))
     return 0

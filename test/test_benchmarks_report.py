@@ -65,3 +65,19 @@ def test_target_met_needs_a_correct_graph_run():
     row = dict(RESULTS["measure"]["llama4L_d1024_b8_s512_fp16"], kernelize_cudagraphs_err=0.5)
     assert report.target_met("llama4L_d1024_b8_s512_fp16", row) == "no"  # fast but wrong: not met
     assert report.target_met("unknown", row) is None
+
+
+def test_rerun_rows_replace_the_first_runs_and_are_named():
+    report = _report()
+    rerun = {"env": {"date": "2026-11-30", "host_us_per_eager_add": 9.3},
+             "measure": {"conv1d_B2048_C96_L200_k3_fp16": {
+                 "eager_ms": 0.344, "inductor_ms": 0.283, "kernelize_ms": 0.08, "kernelize_err": 6e-4,
+                 "speedup_vs_eager": 4.3, "speedup_vs_inductor": 3.5}},
+             "profile": {"conv1d_B2048_C96_L200_k3_fp16": {"kernelize": {"gpu_ms": 0.07, "launches": 1.0}}}}
+    merged = report.merge_reruns(RESULTS, [("rerun.json", rerun)])
+    assert RESULTS["measure"]["conv1d_B2048_C96_L200_k3_fp16"]["kernelize_ms"] == 0.137  # the input stays as it was
+    text = report.table(merged)
+    assert "Rows of conv1d_B2048_C96_L200_k3_fp16: from a re-run (rerun.json; host speed 9.3 us per eager add)." in text
+    conv = [line for line in text.splitlines() if line.startswith("| conv1d")][0]
+    assert "| 0.080 |" in conv and "| yes |" in conv
+    assert merged["measure"]["llama4L_d1024_b8_s512_fp16"] == RESULTS["measure"]["llama4L_d1024_b8_s512_fp16"]
