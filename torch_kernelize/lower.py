@@ -16,11 +16,10 @@ import torch.fx as fx
 
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
-from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.regions import Region, describe_region, find_regions, region_spec
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
-from torch_kernelize.planner import Decision, GraphPlan, plan_graph
+from torch_kernelize.planner import Decision, GraphPlan, family_name, plan_graph
 from torch_kernelize.reinplace import reinplace_accumulations
 from torch_kernelize.view_folding import fold_view_chains
 from torch_kernelize.report import GraphReport, ReportWriter
@@ -203,7 +202,7 @@ class LoweredGraph:
             if spec is None or any(decisions[by_node[n.name]].tier == "fallback" for n in region.nodes):
                 continue
             status, entry, why = cache.lookup(spec.key)
-            family = entry.family if entry is not None and entry.family else getattr(family_for(spec), "name", None)
+            family = family_name(spec, entry)
             what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
             d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
                          shapes=what, family=family, spec=spec, entry=entry)

@@ -98,10 +98,7 @@ class GraphPlan:
         status, entry, why = "miss", None, ""
         if self.target.has_triton and spec is not None and not random:
             status, entry, why = cache.lookup(spec.key) if cache is not None else ("miss", None, "no kernel cache")
-        # the family that generates the spec: a stored entry names it; asking the families is
-        # needed for misses only (the first question imports every generator module)
-        family = (entry.family if entry is not None and entry.family else
-                  getattr(family_for(spec), "name", None) if spec is not None and not random else None)
+        family = family_name(spec, entry) if spec is not None and not random else None
         common = dict(spec_key=spec.key if spec else None, shapes=spec.describe() if spec else None,
                       family=family, spec=spec)
         if not self.target.has_triton:
@@ -124,6 +121,14 @@ class GraphPlan:
         rejected["vendor"] = f"target {self.target.name!r} does not run {f.op}"
         return Decision(f.node.name, f.op, "fallback", "nothing on the target runs it: host fallback",
                         rejected, missing=True, **common)
+
+
+def family_name(spec: KernelSpec, entry: Any = None) -> str | None:
+    """The name of the family that generates ``spec``: a stored cache entry names it; asking the
+    families is needed for misses only (the first question imports every generator module)."""
+    if entry is not None and entry.family:
+        return entry.family
+    return getattr(family_for(spec), "name", None)
 
 
 def build_spec(node: fx.Node, bindings: dict[sympy.Symbol, int]) -> KernelSpec | None:
