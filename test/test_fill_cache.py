@@ -170,8 +170,13 @@ def test_serving_from_a_warm_cache_compiles_nothing(tmp_path):
                 compiled(*inputs)
         lowered = [g for g in __import__("gc").get_objects() if type(g).__name__ == "LoweredGraph"]
         on_triton = sum(d.tier == "triton" for g in lowered for d in g.report.decisions)
-        print(json.dumps(dict(counts, on_triton=on_triton)))
+        families = sorted({{str(d.family) for g in lowered for d in g.report.decisions if d.tier == "triton"}})
+        # every node hit (alone or in a fused region): no generator family was asked about any
+        asked = "torch_kernelize.lowering.kernels.registry" in __import__("sys").modules
+        print(json.dumps(dict(counts, on_triton=on_triton, families=families, asked=asked)))
     """)
     res = last_json(proc)
     assert res["on_triton"] >= 4
     assert res["compile"] == 0 and res["jit_run"] == 0, res
+    assert not res["asked"], res
+    assert "None" not in res["families"], res  # covered nodes name the region's family

@@ -19,7 +19,7 @@ from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.lowering.regions import Region, describe_region, find_regions, region_spec
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
-from torch_kernelize.planner import Decision, GraphPlan, family_name, plan_graph
+from torch_kernelize.planner import Decision, GraphPlan, family_name, plan_graph, resolve_family
 from torch_kernelize.reinplace import reinplace_accumulations
 from torch_kernelize.view_folding import fold_view_chains
 from torch_kernelize.report import GraphReport, ReportWriter
@@ -155,7 +155,7 @@ class LoweredGraph:
                 return self._specializations[key]
             session = self.session
             bindings = self.binder.bindings(key)
-            decisions = self.plan.decide(bindings, session.cache)
+            decisions = self.plan.decide(bindings, session.cache, resolve=False)
             runners = {}
             for i, d in enumerate(decisions):
                 if d.tier == "triton":
@@ -165,6 +165,8 @@ class LoweredGraph:
                     else:
                         runners[d.node] = runner
             fused, region_decisions = self._decide_regions(bindings, decisions)
+            # misses' families only now: nodes a fused region covers are no misses
+            decisions = [resolve_family(d) for d in decisions]
             repros = session.repros
             for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
@@ -215,7 +217,8 @@ class LoweredGraph:
                     for n in region.nodes:
                         i = by_node[n.name]
                         decisions[i] = dataclasses.replace(
-                            decisions[i], tier="triton", miss=False, reason=f"in fused region {spec.key}: {what}")
+                            decisions[i], tier="triton", miss=False, family=family,
+                            reason=f"in fused region {spec.key}: {what}")
                     region_decisions.append(d)
                     continue
                 why = "the cache entry could not be loaded"

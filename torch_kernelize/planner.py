@@ -51,9 +51,12 @@ class Decision:
     repro: str | None = None
     spec: KernelSpec | None = dataclasses.field(default=None, repr=False, compare=False)
     entry: Any = dataclasses.field(default=None, repr=False, compare=False)
+    # a cache miss whose family (and so ``family``, ``miss`` and the rejection text) is not yet
+    # known: see ``resolve_family``
+    family_pending: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("spec", "entry")}
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("spec", "entry", "family_pending")}
         return {k: v for k, v in d.items() if v not in (None, False) or k in ("tier", "reason")}
 
 
@@ -76,12 +79,15 @@ class GraphPlan:
         self.decompositions = decompositions
         self.facts = facts
 
-    def decide(self, bindings: dict[sympy.Symbol, int], cache: Any) -> list[Decision]:
-        """Decisions for one concrete shape signature (``bindings`` fix every size symbol)."""
+    def decide(self, bindings: dict[sympy.Symbol, int], cache: Any, resolve: bool = True) -> list[Decision]:
+        """Decisions for one concrete shape signature (``bindings`` fix every size symbol).
+
+        ``resolve=False`` leaves cache misses' families pending, for a caller that may cover those
+        nodes with a fused region first (then ``resolve_family`` the decisions that remain)."""
         decisions = list(self.decompositions)
         for f in self.facts:
             decisions.append(self._decide_node(f, bindings, cache))
-        return decisions
+        return [resolve_family(d) for d in decisions] if resolve else decisions
 
     def _decide_node(self, f: NodeFacts, bindings, cache) -> Decision:
         if f.klass is not NodeClass.COMPUTE:
@@ -98,9 +104,12 @@ class GraphPlan:
         status, entry, why = "miss", None, ""
         if self.target.has_triton and spec is not None and not random:
             status, entry, why = cache.lookup(spec.key) if cache is not None else ("miss", None, "no kernel cache")
-        family = family_name(spec, entry) if spec is not None and not random else None
+        # which family generates a missed spec is asked later (resolve_family): a fused region
+        # may cover the node, and the first question imports every generator module
+        pending = status == "miss" and spec is not None and not random and self.target.has_triton
+        family = family_name(spec, entry) if spec is not None and not random and not pending else None
         common = dict(spec_key=spec.key if spec else None, shapes=spec.describe() if spec else None,
-                      family=family, spec=spec)
+                      family=family, spec=spec, family_pending=pending)
         if not self.target.has_triton:
             rejected["triton"] = f"target {self.target.name!r} has no Triton backend"
         elif random:
@@ -111,8 +120,7 @@ class GraphPlan:
             if status == "hit":
                 return Decision(f.node.name, f.op, "triton", why, rejected, entry=entry, **common)
             if status == "miss":
-                why = (f"cache miss (spec {spec.key})" if family else
-                       f"no Triton generator for {f.op} with these arguments")
+                why = f"cache miss (spec {spec.key})"  # or no generator at all: resolve_family says
             rejected["triton"] = why
         if f.vendor:
             miss = bool(self.target.has_triton and status == "miss" and family is not None)
@@ -121,6 +129,20 @@ class GraphPlan:
         rejected["vendor"] = f"target {self.target.name!r} does not run {f.op}"
         return Decision(f.node.name, f.op, "fallback", "nothing on the target runs it: host fallback",
                         rejected, missing=True, **common)
+
+
+def resolve_family(d: Decision) -> Decision:
+    """Complete a cache miss's decision: the family that generates its spec, whether that makes
+    the vendor run a MISS (recorded for fill_cache), and the rejection's text. A node that ended
+    up on Triton (covered by a fused region) needs none of it."""
+    if not d.family_pending:
+        return d
+    if d.tier == "triton":
+        return dataclasses.replace(d, family_pending=False)
+    family = family_name(d.spec)
+    why = f"cache miss (spec {d.spec_key})" if family else f"no Triton generator for {d.op} with these arguments"
+    return dataclasses.replace(d, family=family, miss=d.tier == "vendor" and family is not None,
+                               rejected=dict(d.rejected, triton=why), family_pending=False)
 
 
 def family_name(spec: KernelSpec, entry: Any = None) -> str | None:
