@@ -95,15 +95,6 @@ def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> No
         assert compiled.asm.get("cubin"), f"{launch.kernel}: no cubin"
 
 
-def sass(cubin: Path) -> str:
-    """The SASS of a cubin (Triton's bundled cuobjdump: no GPU needed)."""
-    import subprocess
-
-    import triton
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-
-
 def aten_counts(x: torch.Tensor, bins: int = 100, lo: float = 0, hi: float = 0) -> torch.Tensor:
     """torch.histc's counts with ATen's (CPU) bin arithmetic, but exact: ATen CPU accumulates counts
     in the input dtype per thread, so bf16 counts stop growing at 256 (fp16 at 2048). Chunks of 128

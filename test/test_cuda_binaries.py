@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import torch_kernelize.launch as launch_mod
-from kernel_testing import sass as _sass, spec_of
+from kernel_testing import spec_of
 from torch_kernelize.build import add_unaligned_binaries, write_program
-from torch_kernelize.cuda_binaries import has_unaligned
+from torch_kernelize.cuda_binaries import has_unaligned, sass as _sass
 from torch_kernelize.launch import MisalignedInput, ProgramRunner
 from torch_kernelize.lowering.kernels.elementwise import FAMILY
 

@@ -33,6 +33,16 @@ def _gpu_target():
     return driver.active.get_current_target()
 
 
+def sass(cubin: Path) -> str:
+    """The SASS of a stored binary, disassembled by Triton's bundled cuobjdump (no GPU needed):
+    what tests and experiments inspect to check what a kernel compiled to."""
+    import subprocess
+
+    import triton
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
 def _launch_files(i: int, aligned: bool = True) -> tuple[str, str]:
     tag = "" if aligned else ".unaligned"
     return f"launch{i}{tag}.cubin", f"launch{i}{tag}.json"

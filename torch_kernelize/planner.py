@@ -122,10 +122,8 @@ class GraphPlan:
             if status == "miss":
                 why = f"cache miss (spec {spec.key})"  # or no generator at all: resolve_family says
             rejected["triton"] = why
-        if f.vendor:
-            miss = bool(self.target.has_triton and status == "miss" and family is not None)
-            return Decision(f.node.name, f.op, "vendor", "the target's vendor kernel runs it", rejected,
-                            miss=miss, **common)
+        if f.vendor:  # a MISS (a generator exists, no entry) once resolve_family knows the family
+            return Decision(f.node.name, f.op, "vendor", "the target's vendor kernel runs it", rejected, **common)
         rejected["vendor"] = f"target {self.target.name!r} does not run {f.op}"
         return Decision(f.node.name, f.op, "fallback", "nothing on the target runs it: host fallback",
                         rejected, missing=True, **common)

@@ -56,7 +56,6 @@ import collections
 import importlib.util
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -226,12 +225,11 @@ def compile_sm90(src: str, directory: Path, name: str, num_warps: int):
 
 
 def sass_counts(cubin: bytes, directory: Path) -> dict[str, int]:
-    import triton
+    """Shared/global memory and MMA instructions in the SASS of ``cubin``, by opcode."""
+    from torch_kernelize.cuda_binaries import sass
     path = directory / "k.cubin"
     path.write_bytes(cubin)
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    sass = subprocess.run([str(tool), "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-    return dict(collections.Counter(re.findall(r"\b((?:LDS|STS|LDSM|STSM|LDG|STG|HGMMA)[.\w]*)", sass)))
+    return dict(collections.Counter(re.findall(r"\b((?:LDS|STS|LDSM|STSM|LDG|STG|HGMMA)[.\w]*)", sass(path))))
 
 
 SHAPE = dict(N=2048, Cin=96, Cout=96, L=200, K=3, pad=1, dil=1)
