@@ -44,7 +44,8 @@ def target_met(name: str, r: dict) -> str | None:
 
 def merge_reruns(results: dict, reruns: list[tuple[str, dict]]) -> dict:
     """``results`` with the measure/profile rows of each re-run's workloads taken from that re-run
-    (each row still compares the backends within one run); env["reruns"] lists them."""
+    (each row still compares the backends within one run; a later re-run's row replaces an
+    earlier one's); env["reruns"] lists which rows came from which re-run."""
     merged = json.loads(json.dumps(results))
     notes = merged.setdefault("env", {}).setdefault("reruns", [])
     for label, rerun in reruns:
@@ -54,8 +55,11 @@ def merge_reruns(results: dict, reruns: list[tuple[str, dict]]) -> dict:
                 if n in rerun.get(phase, {}):
                     merged.setdefault(phase, {})[n] = rerun[phase][n]
         if names:
+            for note in notes:
+                note["workloads"] = [n for n in note["workloads"] if n not in names]
             notes.append({"file": label, "workloads": names, "date": rerun.get("env", {}).get("date"),
                           "host_us_per_eager_add": rerun.get("env", {}).get("host_us_per_eager_add")})
+    notes[:] = [note for note in notes if note["workloads"]]
     return merged
 
 

@@ -91,7 +91,8 @@ def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> No
         fn = getattr(module, launch.kernel)
         src = ASTSource(fn, signature=program.signature(launch, spec), constexprs=dict(launch.constexprs))
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+                                  options={"num_warps": launch.num_warps, "num_stages": launch.num_stages,
+                                           "launch_cooperative_grid": launch.synchronized})
         assert compiled.asm.get("cubin"), f"{launch.kernel}: no cubin"
 
 

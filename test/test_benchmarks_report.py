@@ -81,3 +81,20 @@ def test_rerun_rows_replace_the_first_runs_and_are_named():
     conv = [line for line in text.splitlines() if line.startswith("| conv1d")][0]
     assert "| 0.080 |" in conv and "| yes |" in conv
     assert merged["measure"]["llama4L_d1024_b8_s512_fp16"] == RESULTS["measure"]["llama4L_d1024_b8_s512_fp16"]
+
+
+def test_a_later_rerun_takes_its_rows_from_the_earlier_ones():
+    report = _report()
+    row = {"eager_ms": 0.344, "inductor_ms": 0.283, "kernelize_err": 6e-4, "speedup_vs_inductor": 3.5}
+    first = {"env": {"host_us_per_eager_add": 9.3},
+             "measure": {"conv1d_B2048_C96_L200_k3_fp16": dict(row, kernelize_ms=0.1, speedup_vs_eager=3.4),
+                         "llama4L_d1024_b8_s512_fp16": RESULTS["measure"]["llama4L_d1024_b8_s512_fp16"]}}
+    later = {"env": {"host_us_per_eager_add": 7.0},
+             "measure": {"conv1d_B2048_C96_L200_k3_fp16": dict(row, kernelize_ms=0.08, speedup_vs_eager=4.3)}}
+    merged = report.merge_reruns(RESULTS, [("first.json", first), ("later.json", later)])
+    assert merged["measure"]["conv1d_B2048_C96_L200_k3_fp16"]["kernelize_ms"] == 0.08
+    assert [(r["file"], r["workloads"]) for r in merged["env"]["reruns"]] == [
+        ("first.json", ["llama4L_d1024_b8_s512_fp16"]), ("later.json", ["conv1d_B2048_C96_L200_k3_fp16"])]
+    only_later = report.merge_reruns(RESULTS, [("first.json", {"measure": {"conv1d_B2048_C96_L200_k3_fp16": row}}),
+                                               ("later.json", later)])
+    assert [r["file"] for r in only_later["env"]["reruns"]] == ["later.json"]  # nothing left from the first

@@ -86,3 +86,30 @@ def test_gpu_aot_cuda_path(name, tmp_path):
     runner = load_program(tmp_path / "p", spec, "cuda")
     rec = validate(runner.run_poisoned, spec, family.sample_inputs, family.edge_kinds, device="cuda")
     assert rec.ok, rec.reason
+
+
+def test_gpu_one_launch_histc_waits_at_its_grid_barrier(tmp_path):
+    """A data-range histc in one cooperative launch (ONE_LAUNCH): the programs wait at a grid
+    barrier whose semaphore the runner keeps per stream. Repeated calls (the semaphore is never
+    reset), a second stream, and a grid too large to be resident (refused, not hung)."""
+    from torch_kernelize.lowering.kernels.base import Config
+    from torch_kernelize.lowering.kernels.histc import FAMILY
+
+    x = torch.randn(1 << 22, device="cuda")
+    spec = KernelSpec.from_call(aten.histc.default, [x, 256], {}, torch.histc(x, 256))
+    config = Config.of(BLOCK=1024, ITERS=1, num_warps=8, VARIANT="shared", COPIES=1, ONE_LAUNCH=528)
+    write_program(tmp_path / "p", spec, FAMILY.generate(spec, config), "cuda")
+    runner = load_program(tmp_path / "p", spec, "cuda")
+    assert not runner._kernels[0].static  # torch's static launcher has no cooperative launch
+    side = torch.cuda.Stream()
+    for i in range(20):
+        xi = torch.randn(1 << 22, device="cuda") * (1 + i % 3) + i
+        with torch.cuda.stream(side if i % 2 else torch.cuda.current_stream()):
+            got = runner(xi)
+            want = torch.histc(xi, 256)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), i
+    too_many = Config.of(BLOCK=1024, ITERS=1, num_warps=16, VARIANT="shared", COPIES=1, ONE_LAUNCH=1024)
+    write_program(tmp_path / "q", spec, FAMILY.generate(spec, too_many), "cuda")
+    with pytest.raises(RuntimeError, match="cooperative"):
+        load_program(tmp_path / "q", spec, "cuda")(x)

@@ -10,6 +10,7 @@ import torch
 from kernel_testing import assert_valid, aten_counts, compare_eager, compile_sm90, load, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
+from torch_kernelize.lowering.kernels.program import Buffer
 from torch_kernelize.lowering.kernels.histc import FAMILY, _dot_tile
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy casting NaN in masked lanes
@@ -225,16 +226,63 @@ def test_dot_tile_and_limits():
 
 
 def test_data_range_needs_no_fills():
-    """The range kernel stores per-program partial ranges and zeroes the counts: an fp32 call is two
-    launches and nothing to initialise (fp16: a third launch converts the counts)."""
-    for dtype, launches in ((F32, 2), (F16, 3)):
+    """The range pass stores per-program partial ranges and zeroes the counts: nothing to initialise
+    per call. Two launches with fp32 (fp16: a third converts the counts), or ONE_LAUNCH: one
+    grid-synchronized launch (2 phases; fp16 3), whose only state is the barrier's semaphore."""
+    for dtype, launches, phases in ((F32, 2, 2), (F16, 3, 3)):
         spec = spec_of(aten.histc.default, (torch.randn(1 << 20).to(dtype), 256))
+        one = 0
         for config in FAMILY.seed_configs(spec):
             program = FAMILY.generate(spec, config)
-            assert len(program.launches) == launches, config
             assert not program.output_init and all(t.init is None for t in program.temps), config
             parts = program.launches[0].grid[0]
             assert parts <= 1024 and program.temps[0].shape == (3 * parts,)
+            if config.get("ONE_LAUNCH"):
+                one += 1
+                (launch,) = program.launches
+                assert launch.phases == phases and parts == config["ONE_LAUNCH"], config
+                assert program.state == (Buffer((1,), "int32", 0),)
+            else:
+                assert len(program.launches) == launches and not program.state, config
+        assert one == 2
+
+
+ONE_LAUNCH = {
+    "local_p3": dict(BLOCK=128, ITERS=1, num_warps=4, VARIANT="local", ONE_LAUNCH=3),
+    "shared_p8": dict(BLOCK=128, ITERS=1, num_warps=4, VARIANT="shared", COPIES=8, ONE_LAUNCH=8),
+    "atomic_p2": dict(BLOCK=256, ITERS=1, num_warps=2, VARIANT="atomic", ONE_LAUNCH=2),
+    "dot_p5": dict(BLOCK=128, ITERS=1, num_warps=4, VARIANT="dot", ONEHOT="int8", ONE_LAUNCH=5),
+}
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+@pytest.mark.parametrize("config", ONE_LAUNCH.values(), ids=ONE_LAUNCH.keys())
+def test_one_launch_data_range_matches_torch_exactly(config, dtype, tmp_path):
+    """Programs walk blocks pid, pid + P, ... (the last ones partial, some programs a block fewer),
+    reduce every program's partial range behind the barrier (in the interpreter: a launch per
+    phase), and count; the runner's semaphore carries over from call to call."""
+    x = inputs(dtype, n=(23, 41))  # 943 elements: 8 blocks of 128, 4 of 256
+    spec = spec_of(aten.histc.default, (x, 10))
+    program = assert_valid(FAMILY, spec, tmp_path, Config.of(**config), eager=False)
+    assert f"for blk in range(pid, {-(-943 // config['BLOCK'])}, {config['ONE_LAUNCH']})" in program.source
+    runner = load(tmp_path, spec, program)
+    for seed in range(3):
+        xs = inputs(dtype, n=(23, 41), seed=seed) * (1 + seed)
+        assert torch.equal(runner.run_poisoned([xs])[0], aten_counts(xs, 10)), seed
+    nan = x.clone()
+    nan[5, 7] = float("nan")
+    assert runner.run_poisoned([nan])[0].isnan().all()
+
+
+def test_one_launch_refusals():
+    x = torch.randn(1000)
+    data, fixed = (FAMILY._plan(spec_of(aten.histc.default, (x, 16, *r))) for r in ((), (-1.0, 1.0)))
+    ok = Config.of(BLOCK=128, ITERS=1, num_warps=4, VARIANT="local", ONE_LAUNCH=8)
+    assert FAMILY._valid(data, ok)
+    assert not FAMILY._valid(fixed, ok)                                 # no range pass to wait for
+    assert not FAMILY._valid(data, ok.replace(ONE_LAUNCH=9))            # more programs than blocks
+    assert not FAMILY._valid(data, ok.replace(ITERS=2))                 # programs walk their blocks
+    assert not FAMILY._valid(data, ok.replace(REVERSE=True))            # always last-first already
 
 
 def test_data_range_reduces_many_partials(tmp_path, monkeypatch):
@@ -288,13 +336,19 @@ def test_reverse_order_and_stream_hint(stream, tmp_path):
     assert not FAMILY._valid(FAMILY._plan(fixed), config)  # nothing to reuse without a range pass
 
 
-def test_neighbours_toggle_the_read_order_and_hint():
+def test_neighbours_toggle_the_read_order_hint_and_one_launch():
     spec = spec_of(aten.histc.default, (torch.randn(1 << 16), 256))
-    seed = FAMILY.seed_configs(spec)[0]
-    near = FAMILY.neighbours(spec, seed)
-    assert any(c.get("STREAM", "") != seed.get("STREAM", "") for c in near)
-    assert any(c.get("REVERSE", False) != seed.get("REVERSE", False) for c in near)
-    assert all(c.get("STREAM", None) != "" and c.get("REVERSE", None) is not False for c in near)  # defaults left out
+    seeds = FAMILY.seed_configs(spec)
+    one = next(c for c in seeds if c.get("ONE_LAUNCH"))
+    two = next(c for c in seeds if not c.get("ONE_LAUNCH"))
+    for seed in (one, two):
+        near = FAMILY.neighbours(spec, seed)
+        assert any(c.get("STREAM", "") != seed.get("STREAM", "") for c in near)
+        assert all(c.get(k, None) not in ("", False, 0) for c in near for k in ("STREAM", "REVERSE", "ONE_LAUNCH"))  # defaults left out
+        assert {bool(c.get("ONE_LAUNCH")) for c in near} == {True, False}
+    assert any(c.get("REVERSE", False) != two.get("REVERSE", False) for c in FAMILY.neighbours(spec, two))
+    programs = {c["ONE_LAUNCH"] for c in FAMILY.neighbours(spec, one) if c.get("ONE_LAUNCH")}
+    assert {one["ONE_LAUNCH"] // 2, one["ONE_LAUNCH"] * 2} & programs
 
 
 def test_programs_without_their_interpreter_twins_are_refused(tmp_path):

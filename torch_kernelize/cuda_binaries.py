@@ -92,8 +92,10 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
     files = []
     for i, launch in enumerate(program.launches):
         src = _source(getattr(module, launch.kernel), launch, program, spec, aligned)
-        compiled = triton.compile(src, target=target,
-                                  options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+        options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+        if launch.synchronized:  # a grid barrier: the driver must place every program at once
+            options["launch_cooperative_grid"] = True
+        compiled = triton.compile(src, target=target, options=options)
         cubin, meta = _launch_files(i, aligned)
         (directory / cubin).write_bytes(compiled.asm["cubin"])
         metadata = dict(compiled.metadata._asdict())
@@ -115,6 +117,10 @@ class CudaLaunch:
         self.dropped: frozenset[int] = frozenset()
         self._static = None
         try:
+            if getattr(compiled.metadata, "launch_cooperative_grid", False):
+                # torch's static launcher has no cooperative launch: it would start a grid
+                # barrier's programs without the driver's check that they all fit at once
+                raise NotImplementedError("cooperative launch")
             from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
             compiled._cubin_path = str(cubin_path)
             static = StaticallyLaunchedCudaKernel(compiled)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+from torch_kernelize.lowering.kernels.program import PHASE, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
 SOURCE_FILE = "kernel.py"
@@ -151,11 +151,16 @@ class ProgramRunner:
         # The hot path's view of the same: outputs to allocate, and (for CUDA) each launch's
         # arguments as positions in one pool (inputs, outputs, temps, constants) with the
         # constants its launcher does not take already dropped.
-        self._pool_base = {"in": 0, "out": len(spec.inputs), "tmp": len(spec.inputs) + len(spec.outputs)}
+        tmp = len(spec.inputs) + len(spec.outputs)
+        self._pool_base = {"in": 0, "out": len(spec.inputs), "tmp": tmp, "state": tmp + len(program.temps)}
         self._consts: tuple = ()
         self._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i))
                             for i, m in enumerate(spec.outputs)]
         self._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) for b in program.temps]
+        # state buffers (grid-barrier semaphores), zeroed once per (device, stream) and kept: calls
+        # on one stream run one after another, so they take turns on one set
+        self._state_allocs = [(b.shape, getattr(torch, b.dtype)) for b in program.state]
+        self._states: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         self._keep = list(range(len(program.launches)))  # the launches a call runs
         self._donated: dict[int, int] = {}  # output -> the input it is written into (donating())
         if backend == "cuda":
@@ -184,7 +189,7 @@ class ProgramRunner:
     def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
         """Per kept launch: (its launcher's run, a getter of its arguments from the pool, grid)."""
         plans, consts = [], list(self._consts)
-        first_const = self._pool_base["tmp"] + len(self.program.temps)
+        first_const = self._pool_base["state"] + len(self.program.state)
         for i in self._keep:
             k, (_, order, grid) = kernels[i], self._plans[i]
             where = []
@@ -244,6 +249,15 @@ class ProgramRunner:
             temps.append(t)
         return outs, temps
 
+    def state(self, device: torch.device, stream: int = 0) -> tuple[torch.Tensor, ...]:
+        """The state buffers of calls on ``stream`` of ``device``: zeroed when first asked for."""
+        key = (device.index if device.index is not None else -1, stream)
+        bufs = self._states.get(key)
+        if bufs is None:
+            bufs = self._states[key] = tuple(torch.zeros(shape, dtype=dtype, device=device)
+                                             for shape, dtype in self._state_allocs)
+        return bufs
+
     def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
         if self.backend == "cuda":  # the serving path: no per-call dicts or argument lists
             plans = self._cuda_plans
@@ -251,16 +265,27 @@ class ProgramRunner:
                 if t.data_ptr() % 16:
                     plans = self._plans_for_unaligned()
                     break
-            pool = (*inputs, *outs, *temps, *self._consts)
-            stream = _raw_stream(inputs[0].device if inputs else torch.device("cuda"))
+            device = inputs[0].device if inputs else torch.device("cuda")
+            stream = _raw_stream(device)
+            state = self.state(device, stream) if self._state_allocs else ()
+            pool = (*inputs, *outs, *temps, *state, *self._consts)
             for run, args, gx, gy, gz in plans:
                 run(gx, gy, gz, stream, *args(pool))
             return
-        bufs = {"in": inputs, "out": outs, "tmp": temps}
+        device = inputs[0].device if inputs else torch.device("cpu")
+        bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device)}
         for i in self._keep:
             kernel, (launch, order, grid) = self._kernels[i], self._plans[i]
             args = [bufs[k][v] if k in bufs else v for k, v in order]
-            kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
+            if not launch.synchronized:
+                kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
+                continue
+            # The interpreter runs the programs one after another, so a grid barrier would wait
+            # forever: one launch per phase instead (a launch's end is a grid barrier).
+            at = self.program.kernel_arg_names(launch.kernel).index(PHASE)
+            for phase in range(1, launch.phases + 1):
+                args[at] = phase
+                kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
     def __call__(self, *inputs: torch.Tensor):
         device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")

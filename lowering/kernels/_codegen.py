@@ -247,6 +247,33 @@ class Source:
 HEADER = "import triton\nimport triton.language as tl\n"
 
 
+def first_arrival_add(programs: int) -> int:
+    """What program 0 adds to a grid barrier's int32 semaphore: 2^31 - (programs - 1), wrapped to
+    int32, so that with the others' 1 each the sum is 2^31 (the sign bit flips, the rest stays)."""
+    v = (2**31 - (programs - 1)) % 2**32
+    return v - 2**32 if v >= 2**31 else v
+
+
+def grid_barrier_source(programs: int) -> str:
+    """``_grid_barrier(sem_ptr)``: each program of a grid of ``programs`` waits there until all have
+    arrived (a grid-synchronized launch: see program.py; the cooperative launch guarantees they are
+    all resident). The int32 semaphore starts at zero and is never reset: each barrier flips its
+    sign bit exactly when the last program arrives and leaves its other bits as they were, ready
+    for the next barrier; a program waits for the flip of the sign bit it saw on arrival. Stores
+    before the barrier are released by the arrival and acquired by the wait (gpu scope)."""
+    return f'''
+@triton.jit
+def _grid_barrier(sem_ptr):
+    tl.debug_barrier()  # every thread of the program has issued its stores
+    arrived = tl.atomic_add(sem_ptr, tl.where(tl.program_id(0) == 0, {first_arrival_add(programs)}, 1),
+                            sem="release", scope="gpu")
+    now = tl.atomic_add(sem_ptr, 0, sem="acquire", scope="gpu")
+    while (arrived ^ now) >= 0:  # the sign bit has not flipped: not everyone is here yet
+        now = tl.atomic_add(sem_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+'''
+
+
 def describe_spec(spec: KernelSpec) -> str:
     """A comment block naming the spec (op, argument values, metas) at the top of a module."""
     lines = [f"# {spec.describe()}"]

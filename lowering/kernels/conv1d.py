@@ -54,7 +54,7 @@ import math
 
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, next_pow2, unique
+from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2, unique
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -62,7 +62,6 @@ MAX_ACC_REGS = 128         # fp32 accumulator registers per thread
 MAX_W_REGS = 96            # 32-bit registers per thread for weights held across tiles (TILES > 1)
 MAX_DOTS = 96              # dots written out in one program (code size)
 MAX_TAPS = 64
-SMS = 132                  # multiprocessors of an H100 SXM/H200: seed persistent grids (searched)
 HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 
 

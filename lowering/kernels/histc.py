@@ -17,6 +17,11 @@ non-empty bin. Variant "atomic" issues one global atomic per element (for many b
 data-derived range first runs a min/max kernel whose programs each store a partial range (min,
 -max, a NaN flag) and zero the counts; each histogram program reduces those partials (at most
 MAX_PARTIALS) itself. So nothing needs initialising: a call is two launches (fp32) and no fills.
+ONE_LAUNCH=P makes that one launch of P persistent programs instead (a grid-synchronized launch, see
+program.py): each takes blocks pid, pid + P, ..., stores its partial range, waits at a grid barrier,
+then counts the same blocks last-first (the last ones read are still in L2). It is there for the
+host: a compiled call's host time per launch exceeded the GPU time of a data range's two kernels
+on slower hosts (H200: 0.086 ms of host time for two launches, 0.043 ms on the GPU).
 Counts accumulate straight into an fp32 output (float atomics, as ATen's CUDA kernel: exact while
 a bin holds fewer than 2^24); fp16/bf16 outputs count in an int32 temp that a last small kernel
 converts. Where ATen raises (NaN or inf in the data when the range comes from the data), the
@@ -63,8 +68,8 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, to_device, unique
-from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
+from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.program import PHASE, Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
 LOCAL_MAX_BINS = 1024     # tl.histogram keeps next_pow2(bins) counters per program (registers/smem)
@@ -254,6 +259,13 @@ class HistcFamily(KernelFamily):
             return False
         if c.get("REVERSE") and not plan["data_range"]:
             return False  # the reversed order reuses what the range pass left in L2
+        p = c.get("ONE_LAUNCH", 0)
+        if p:  # programs walk their blocks (ITERS 1) and always take them last-first (no REVERSE)
+            if not plan["data_range"] or isinstance(p, bool) or not isinstance(p, int) or c.get("REVERSE") \
+                    or c["ITERS"] != 1:
+                return False
+            if not 1 <= p <= min(MAX_PARTIALS, -(-plan["N"] // b)):
+                return False
         cap = max(128, min(16384, _p2(plan["N"])))
         if not (_is_pow2(b) and 128 <= b <= cap and b >= 32 * w):
             return False
@@ -268,6 +280,11 @@ class HistcFamily(KernelFamily):
             iters *= 2
         return Config.of(BLOCK=block, ITERS=iters, num_warps=warps, VARIANT=variant, **extra)
 
+    def _one_launch(self, plan: dict, block: int, warps: int, programs: int, **extra) -> Config:
+        """A ONE_LAUNCH config of at most ``programs`` programs (no more than there are blocks)."""
+        c = self._cfg(plan, block, warps, extra.pop("VARIANT"), **extra)
+        return c.replace(ITERS=1, ONE_LAUNCH=max(1, min(programs, -(-plan["N"] // c["BLOCK"]))))
+
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
         plan = self._plan(spec)
         if isinstance(plan, str):
@@ -279,7 +296,17 @@ class HistcFamily(KernelFamily):
         fits = [k for k in SHARED_COPIES[::-1] if _shared_words(plan["bins"], k) <= SHARED_MAX_WORDS]
         if fits and _inline_ptx():
             order = {"REVERSE": True} if plan["data_range"] else {}
-            if plan["data_range"]:  # the sweep's best there (0.054 ms): smaller blocks, 16 per program
+            if plan["data_range"]:
+                # One launch (range pass, grid barrier, histogram): on a slow host a data range's two
+                # launches cost more host time than the GPU time they take (H200: 0.086 ms of host
+                # time against 0.043 on the GPU). Swept on the H200 (16M fp32, 256 bins, L2 flushed):
+                # 4-6 programs of 8 warps per SM 0.052-0.053 ms (two launches: 0.055), 2 per SM
+                # 0.062-0.064, 1 per SM 0.110
+                seeds += [self._one_launch(plan, 2048, 8, 4 * SMS, VARIANT="shared", COPIES=fits[-1],
+                                           STREAM="evict_first"),
+                          self._one_launch(plan, 1024, 8, 6 * SMS, VARIANT="shared", COPIES=fits[-1],
+                                           STREAM="evict_first")]
+                # the two-launch sweep's best (0.054 ms): smaller blocks, 16 per program
                 seeds.append(self._cfg(plan, 2048, 8, "shared", 512, COPIES=fits[-1], STREAM="evict_first"))
             seeds += [self._cfg(plan, 8192, 8, "shared", 512, COPIES=fits[0], STREAM="evict_first"),
                       self._cfg(plan, 4096, 8, "shared", 256, COPIES=fits[-1], STREAM="evict_first", **order),
@@ -305,6 +332,10 @@ class HistcFamily(KernelFamily):
                  c.replace(ITERS=c["ITERS"] * 2), c.replace(ITERS=max(1, c["ITERS"] // 2)),
                  c.replace(num_warps=c["num_warps"] * 2), c.replace(num_warps=max(1, c["num_warps"] // 2))]
         cands += [c.replace(STREAM=h) for h in STREAMS] + [c.replace(REVERSE=not c.get("REVERSE", False))]
+        p = c.get("ONE_LAUNCH", 0)
+        cands += ([c.replace(ONE_LAUNCH=p * 2), c.replace(ONE_LAUNCH=max(1, p // 2)), c.replace(ONE_LAUNCH=0)] if p
+                  else [self._one_launch(plan, c["BLOCK"], c["num_warps"], 4 * SMS,
+                                         **{k: v for k, v in c.params if k not in ("BLOCK", "num_warps", "ITERS", "REVERSE")})])
         base = {k: v for k, v in c.params if k not in ("VARIANT", "ONEHOT", "COPIES")}
         cands += [Config.of(**base, VARIANT=v) for v in ("local", "atomic")]
         cands += [Config.of(**base, VARIANT="shared", COPIES=k) for k in SHARED_COPIES if _inline_ptx()]
@@ -330,15 +361,24 @@ class HistcFamily(KernelFamily):
         while -(-n // (block * r_iters)) > MAX_PARTIALS:
             r_iters *= 2
         parts = -(-n // (block * r_iters))
+        # ONE_LAUNCH: a data range in one launch of sync_p persistent programs (a grid barrier
+        # between the range and the histogram), each taking blocks pid, pid + sync_p, ...
+        sync_p = int(config.get("ONE_LAUNCH", 0))
+        if sync_p:
+            parts, r_iters = sync_p, 1
         wide = cg.needs_int64(plan["sizes"], plan["strides"], slack=block * r_iters)
         ostride = plan["out_stride"]
         T = cg.tl_type(dtype)
 
         s = cg.Source()
         s(cg.HEADER, cg.describe_spec(spec))
-        s(f"# {n} elements over sizes {list(plan['sizes'])}, strides {list(plan['strides'][0])}; {bins} bins",
-          f"# each program bins {iters} block(s) of BLOCK elements ({per_prog} in all)")
-        if data_range:
+        s(f"# {n} elements over sizes {list(plan['sizes'])}, strides {list(plan['strides'][0])}; {bins} bins")
+        if sync_p:
+            s(f"# one launch of {sync_p} programs, each taking blocks pid, pid + {sync_p}, ...: the range pass, a grid",
+              "# barrier, the histogram; range_ptr = per program [min], [-max], [NaN flag (-1 = NaN seen)]")
+        else:
+            s(f"# each program bins {iters} block(s) of BLOCK elements ({per_prog} in all)")
+        if data_range and not sync_p:
             s(f"# range from the data: histc_range_kernel -> tmp0 = per program [min] * {parts}, [-max] * {parts},",
               f"# [NaN flag (-1 = NaN seen)] * {parts}; the programs after it reduce those partials")
         s.blank()
@@ -377,14 +417,16 @@ class HistcFamily(KernelFamily):
 
         inf = cg.float_literal(math.inf)
 
-        def read_range():
-            """Emit mn, mx and nan_seen: the data's range, reduced from the range kernel's partials."""
+        def read_range(fresh: bool = False):
+            """Emit mn, mx and nan_seen: the data's range, reduced from the programs' partials;
+            ``fresh``: written in this launch (behind a grid barrier), so read from L2, not L1."""
             p2 = max(2, _p2(parts))
             kw = f", mask=r < {parts}, other=" if p2 != parts else None
+            cg_ = ', cache_modifier=".cg"' if fresh else ""
             s(f"r = tl.arange(0, {p2})",
-              f"mn = tl.min(tl.load(range_ptr + r{kw + inf if kw else ''}), 0)",
-              f"mx = -tl.min(tl.load(range_ptr + {parts} + r{kw + inf if kw else ''}), 0)",
-              f"nan_seen = tl.min(tl.load(range_ptr + {2 * parts} + r{kw + '0.0' if kw else ''}), 0)")
+              f"mn = tl.min(tl.load(range_ptr + r{kw + inf if kw else ''}{cg_}), 0)",
+              f"mx = -tl.min(tl.load(range_ptr + {parts} + r{kw + inf if kw else ''}{cg_}), 0)",
+              f"nan_seen = tl.min(tl.load(range_ptr + {2 * parts} + r{kw + '0.0' if kw else ''}{cg_}), 0)")
 
         def bins_slice(programs: int) -> str:
             """Emit zb/zmask: this program's share of the bins (for zeroing or NaN-filling them)."""
@@ -395,44 +437,40 @@ class HistcFamily(KernelFamily):
             return "zmask"
 
         launches, temps = [], []
-        # 1. range from the data
         counts_arg = ("out", 0) if direct else ("tmp", 1 if data_range else 0)
         cstride = ostride if direct else 1
-        if data_range:
-            # Partial ranges per program, no atomics: nothing to initialise, so a call makes two
-            # launches (three for fp16/bf16) and no fills. This kernel also zeroes the counts.
-            s("@triton.jit", "def histc_range_kernel(in0_ptr, range_ptr, hist_ptr, BLOCK: tl.constexpr):").indent()
-            s("pid = tl.program_id(0)",
-              f"lo = tl.full([BLOCK], {inf}, dtype=tl.float32)",
+
+        def range_pass(blocks: int | None = None):
+            """Emit this program's partial range (min, -max, a NaN flag) into range_ptr[pid] and the
+            zeroing of its share of the counts; ``blocks``: iterate pid, pid + P, ... over that many
+            blocks (one launch), else the program's r_iters blocks."""
+            s(f"lo = tl.full([BLOCK], {inf}, dtype=tl.float32)",
               f"neg_hi = tl.full([BLOCK], {inf}, dtype=tl.float32)",
               "nan_seen = tl.zeros([BLOCK], dtype=tl.float32)")
-            loop_header(r_iters)
-            mask = elements(r_iters)
+            if blocks is None:
+                loop_header(r_iters)
+                mask = elements(r_iters)
+            else:
+                s(f"for blk in range(pid, {blocks}, {parts}):").indent()
+                mask = elements(1, blk="blk")
             ok = f"{mask} & (x == x)" if mask else "x == x"
             s(f"lo = tl.minimum(lo, tl.where({ok}, x, {inf}))",
               f"neg_hi = tl.minimum(neg_hi, tl.where({ok}, -x, {inf}))",
               f"nan_seen = tl.minimum(nan_seen, tl.where({(mask + ' & ') if mask else ''}(x != x), -1.0, 0.0))")
-            loop_end(r_iters)
+            if blocks is None:
+                loop_end(r_iters)
+            else:
+                s.dedent()
             s("tl.store(range_ptr + pid, tl.min(lo, 0))",
               f"tl.store(range_ptr + {parts} + pid, tl.min(neg_hi, 0))",
               f"tl.store(range_ptr + {2 * parts} + pid, tl.min(nan_seen, 0))",
-              "# the counts start at zero (the histogram kernel runs after this one)")
+              "# the counts start at zero (every program adds to them after this)")
             zmask = bins_slice(parts)
             s(f"tl.store(hist_ptr + {cg.scaled('zb', cstride)}, {'0.0' if direct else '0'}, mask={zmask})")
-            s.dedent().blank()
-            temps.append(Buffer((3 * parts,), "float32", None))
-            launches.append(Launch("histc_range_kernel", (parts,), (("in", 0), ("tmp", 0), counts_arg),
-                                   {"BLOCK": block}, warps, 1))
 
-        # 2. the histogram
-        if not direct:  # zeroed by the range kernel, when there is one
-            temps.append(Buffer((bins,), "int32", None if data_range else 0))
-        params = ["in0_ptr", "hist_ptr"] + (["range_ptr"] if data_range else []) + ["BLOCK: tl.constexpr"]
-        s("@triton.jit", f"def histc_kernel({', '.join(params)}):").indent()
-        s("pid = tl.program_id(0)")
-        bins_f = float(bins) if not half else _to_dtype(float(bins), dtype)
-        if data_range:
-            read_range()
+        def data_edges(fresh: bool):
+            """Emit lo, hi, valid and width from the partial ranges (ATen's arithmetic)."""
+            read_range(fresh)
             s("# ATen: an empty data range widens by 1 each way (in double), then edges round to the dtype",
               "lo64 = tl.where(mn == mx, mn.to(tl.float64) - 1.0, mn.to(tl.float64))",
               "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0, mx.to(tl.float64))",
@@ -444,70 +482,154 @@ class HistcFamily(KernelFamily):
               f"hi = tl.where(valid, hi, -{inf})")
             width = "_round_bf16(hi - lo)" if dtype == "bfloat16" else f"(hi - lo).to({T}).to(tl.float32)" if half else "hi - lo"
             s(f"width = {width}")
-            lo_e, hi_e, width_e = "lo", "hi", "width"
-        else:
-            lo_e, hi_e, width_e = (cg.float_literal(plan[k]) for k in ("lo", "hi", "width"))
-            lo_e = f"({lo_e})" if lo_e.startswith("-") else lo_e
-            s(f"# range [{plan['lo']!r}, {plan['hi']!r}] in {dtype}; width hi - lo = {plan['width']!r} in {dtype}")
-        if variant == "local":
-            s(f"counts = tl.zeros([{nb}], dtype=tl.int32)")
-        elif variant == "shared":
-            s("counts = _shist_init()")
-        elif variant == "dot":
-            nhi, nlo = _dot_tile(bins)
-            int8 = config["ONEHOT"] == "int8"
-            oh = "tl.int8" if int8 else "tl.float16"
-            s(f"# bin = hi * {nlo} + lo: counts[hi, lo] += one_hot(hi)^T @ one_hot(lo) on the tensor cores",
-              f"counts = tl.zeros([{nhi}, {nlo}], dtype={'tl.int32' if int8 else 'tl.float32'})")
-        stream, reverse = config.get("STREAM", ""), bool(config.get("REVERSE", False))
-        if reverse:
-            s("# blocks in reverse order: the first programs read what the range pass read last, while",
-              "# it is still in L2")
-            s(f"blk = {grid[0] - 1} - pid")
-        loop_header(reverse=reverse)
-        mask = elements(blk="blk" if reverse else "pid", hint=stream)
-        keep = " & ".join(([mask] if mask else []) + [f"(x >= {lo_e})", f"(x <= {hi_e})"])
-        s(f"keep = {keep}  # NaN fails both comparisons")
-        inv = None if data_range else _exact_inverse(plan["width"])
-        if inv is not None:
-            s(f"# the width is a power of two: q * {inv!r} is q / width exactly (the same single rounding)")
-        div = (lambda q: f"tl.div_rn({q}, {width_e})") if inv is None else (lambda q: f"({q} * {cg.float_literal(inv)})")
-        if half:
-            rnd = (lambda v: f"_round_bf16({v})") if dtype == "bfloat16" else (lambda v: f"({v}).to({T}).to(tl.float32)")
-            s(f"# ATen's {dtype} arithmetic rounds after every step",
-              f"d = {rnd(f'x - {lo_e}')}",
-              f"q = {rnd(f'd * {cg.float_literal(bins_f)}')}",
-              f"pos = {rnd(div('q'))}.to(tl.int32)")
-        else:
-            s(f"pos = {div(f'((x - {lo_e}) * {cg.float_literal(bins_f)})')}.to(tl.int32)")
-        s(f"pos = tl.minimum(tl.maximum(pos, 0), {bins - 1})  # x == max lands in the last bin")
-        one = "1.0" if direct else "1"
-        if variant == "local":
-            s(f"counts += tl.histogram(pos, {nb}, mask=keep)")
-        elif variant == "shared":
-            s(f"counts = _shist_add(counts, tl.where(keep, pos, {bins}))  # no bin: the spare counter {bins}")
-        elif variant == "dot":
-            s(f"sel = tl.where(keep, pos >> {nlo.bit_length() - 1}, -1)  # no bin: an all-zero one-hot column",
-              "# one-hots as [HI|LO, BLOCK]: with BLOCK minor each element's bin stays in one thread",
-              "# ([BLOCK, 16] made Triton recompute the bin arithmetic in 16 threads: ~4x the SASS)",
-              f"oh_hi = (sel[None, :] == tl.arange(0, {nhi})[:, None]).to({oh})",
-              f"oh_lo = ((pos & {nlo - 1})[None, :] == tl.arange(0, {nlo})[:, None]).to({oh})",
-              f"counts = tl.dot(oh_hi, tl.trans(oh_lo), counts{', out_dtype=tl.int32' if int8 else ''})")
-        else:
-            s(f"tl.atomic_add(hist_ptr + {cg.scaled('pos', cstride)}, {one}, mask=keep, sem=\"relaxed\")")
-        loop_end()
-        if variant == "shared":
-            s("counts = _shist_counts(counts)  # after a barrier: the program's counts from shared memory")
-        if variant != "atomic":  # one atomic per non-empty bin; counts[hi, lo] is bin hi * LO + lo
-            s(f"b = tl.arange(0, {nb})" if variant in ("local", "shared") else
-              f"b = tl.arange(0, {nhi})[:, None] * {nlo} + tl.arange(0, {nlo})[None, :]")
-            cast = ".to(tl.float32)" if direct else "" if variant != "dot" or int8 else ".to(tl.int32)"
-            s(f"tl.atomic_add(hist_ptr + {cg.scaled('b', cstride)}, "
-              f"counts{cast}, mask=(b < {bins}) & (counts > 0), sem=\"relaxed\")")
-        if data_range and direct:
-            s("# where ATen raises, every bin is NaN (nothing was counted: the range was made empty)")
-            zmask = bins_slice(grid[0])
-            s(f"tl.store(hist_ptr + {cg.scaled('zb', cstride)}, float('nan'), mask={zmask} & (valid == 0))")
+
+        def histogram_pass(blocks: int | None = None):
+            """Emit the counting of this program's elements into hist_ptr; ``blocks`` as in
+            range_pass (then walked last-first, so it starts on what the range pass read last)."""
+            bins_f = float(bins) if not half else _to_dtype(float(bins), dtype)
+            if data_range:
+                data_edges(fresh=blocks is not None)
+                lo_e, hi_e, width_e = "lo", "hi", "width"
+            else:
+                lo_e, hi_e, width_e = (cg.float_literal(plan[k]) for k in ("lo", "hi", "width"))
+                lo_e = f"({lo_e})" if lo_e.startswith("-") else lo_e
+                s(f"# range [{plan['lo']!r}, {plan['hi']!r}] in {dtype}; width hi - lo = {plan['width']!r} in {dtype}")
+            if variant == "local":
+                s(f"counts = tl.zeros([{nb}], dtype=tl.int32)")
+            elif variant == "shared":
+                s("counts = _shist_init()")
+            elif variant == "dot":
+                nhi, nlo = _dot_tile(bins)
+                int8 = config["ONEHOT"] == "int8"
+                oh = "tl.int8" if int8 else "tl.float16"
+                s(f"# bin = hi * {nlo} + lo: counts[hi, lo] += one_hot(hi)^T @ one_hot(lo) on the tensor cores",
+                  f"counts = tl.zeros([{nhi}, {nlo}], dtype={'tl.int32' if int8 else 'tl.float32'})")
+            stream = config.get("STREAM", "")
+            if blocks is not None:
+                s(f"count = ({blocks - 1} - pid) // {parts} + 1  # this program's blocks: pid, pid + {parts}, ...",
+                  "for i in range(count):").indent()
+                s(f"blk = pid + (count - 1 - i) * {parts}")
+                mask = elements(1, blk="blk", hint=stream)
+            else:
+                reverse = bool(config.get("REVERSE", False))
+                if reverse:
+                    s("# blocks in reverse order: the first programs read what the range pass read last, while",
+                      "# it is still in L2")
+                    s(f"blk = {grid[0] - 1} - pid")
+                loop_header(reverse=reverse)
+                mask = elements(blk="blk" if reverse else "pid", hint=stream)
+            keep = " & ".join(([mask] if mask else []) + [f"(x >= {lo_e})", f"(x <= {hi_e})"])
+            s(f"keep = {keep}  # NaN fails both comparisons")
+            inv = None if data_range else _exact_inverse(plan["width"])
+            if inv is not None:
+                s(f"# the width is a power of two: q * {inv!r} is q / width exactly (the same single rounding)")
+            div = (lambda q: f"tl.div_rn({q}, {width_e})") if inv is None else (lambda q: f"({q} * {cg.float_literal(inv)})")
+            if half:
+                rnd = (lambda v: f"_round_bf16({v})") if dtype == "bfloat16" else (lambda v: f"({v}).to({T}).to(tl.float32)")
+                s(f"# ATen's {dtype} arithmetic rounds after every step",
+                  f"d = {rnd(f'x - {lo_e}')}",
+                  f"q = {rnd(f'd * {cg.float_literal(bins_f)}')}",
+                  f"pos = {rnd(div('q'))}.to(tl.int32)")
+            else:
+                s(f"pos = {div(f'((x - {lo_e}) * {cg.float_literal(bins_f)})')}.to(tl.int32)")
+            s(f"pos = tl.minimum(tl.maximum(pos, 0), {bins - 1})  # x == max lands in the last bin")
+            if variant == "local":
+                s(f"counts += tl.histogram(pos, {nb}, mask=keep)")
+            elif variant == "shared":
+                s(f"counts = _shist_add(counts, tl.where(keep, pos, {bins}))  # no bin: the spare counter {bins}")
+            elif variant == "dot":
+                s(f"sel = tl.where(keep, pos >> {nlo.bit_length() - 1}, -1)  # no bin: an all-zero one-hot column",
+                  "# one-hots as [HI|LO, BLOCK]: with BLOCK minor each element's bin stays in one thread",
+                  "# ([BLOCK, 16] made Triton recompute the bin arithmetic in 16 threads: ~4x the SASS)",
+                  f"oh_hi = (sel[None, :] == tl.arange(0, {nhi})[:, None]).to({oh})",
+                  f"oh_lo = ((pos & {nlo - 1})[None, :] == tl.arange(0, {nlo})[:, None]).to({oh})",
+                  f"counts = tl.dot(oh_hi, tl.trans(oh_lo), counts{', out_dtype=tl.int32' if int8 else ''})")
+            else:
+                s(f"tl.atomic_add(hist_ptr + {cg.scaled('pos', cstride)}, {'1.0' if direct else '1'}, "
+                  "mask=keep, sem=\"relaxed\")")
+            if blocks is not None:
+                s.dedent()
+            else:
+                loop_end()
+            if variant == "shared":
+                s("counts = _shist_counts(counts)  # after a barrier: the program's counts from shared memory")
+            if variant != "atomic":  # one atomic per non-empty bin; counts[hi, lo] is bin hi * LO + lo
+                s(f"b = tl.arange(0, {nb})" if variant in ("local", "shared") else
+                  f"b = tl.arange(0, {nhi})[:, None] * {nlo} + tl.arange(0, {nlo})[None, :]")
+                cast = ".to(tl.float32)" if direct else "" if variant != "dot" or int8 else ".to(tl.int32)"
+                s(f"tl.atomic_add(hist_ptr + {cg.scaled('b', cstride)}, "
+                  f"counts{cast}, mask=(b < {bins}) & (counts > 0), sem=\"relaxed\")")
+            if data_range and direct:
+                s("# where ATen raises, every bin is NaN (nothing was counted: the range was made empty)")
+                zmask = bins_slice(parts if blocks is not None else grid[0])
+                s(f"tl.store(hist_ptr + {cg.scaled('zb', cstride)}, float('nan'), mask={zmask} & (valid == 0))")
+
+        def finish(counts: str, b: str, bmask: str | None, fresh: bool = False):
+            """Emit the conversion of the exact int32 counts at ``counts`` + bins ``b`` to the output
+            dtype (NaN where ATen would have raised)."""
+            kw = f", mask={bmask}" if bmask else ""
+            kw += ', cache_modifier=".cg"' if fresh else ""
+            s(f"y = tl.load({counts} + {b}{kw}).to(tl.float32)")
+            if data_range:
+                read_range(fresh)
+                s(f"valid = (nan_seen == 0.0) & (mn > -{inf}) & (mx < {inf})",
+                  "y = tl.where(valid, y, float('nan'))")
+            v = {"float32": "y", "float16": "y.to(tl.float16)",
+                 "bfloat16": "_round_bf16(y).to(tl.bfloat16)"}[dtype]
+            s(f"tl.store(out0_ptr + {cg.scaled(b, ostride)}, {v}{f', mask={bmask}' if bmask else ''})")
+
+        if sync_p:
+            # One launch of sync_p programs: the range pass, a grid barrier, the histogram pass
+            # (and for fp16/bf16 another barrier, then the conversion of the counts).
+            phases = 2 if direct else 3
+            nblk = -(-n // block)
+            s(cg.grid_barrier_source(sync_p).strip("\n")).blank()
+            temps.append(Buffer((3 * parts,), "float32", None))
+            if not direct:
+                temps.append(Buffer((bins,), "int32", None))
+            params = ["in0_ptr", "hist_ptr", "range_ptr", "sync_ptr"] + ([] if direct else ["out0_ptr"])
+            s("@triton.jit", f"def histc_kernel({', '.join(params)}, BLOCK: tl.constexpr, PHASE: tl.constexpr):").indent()
+            s("# PHASE 0: every phase, with grid barriers between them (the GPU); k: phase k alone (the",
+              "# interpreter launches phase after phase)",
+              "pid = tl.program_id(0)",
+              "if PHASE == 0 or PHASE == 1:").indent()
+            s("# 1. this program's share of the range; zero its share of the counts")
+            range_pass(nblk)
+            s.dedent()("if PHASE == 0:").indent()("_grid_barrier(sync_ptr)").dedent()
+            s("if PHASE == 0 or PHASE == 2:").indent()
+            s("# 2. the histogram, with the range reduced from every program's partial")
+            histogram_pass(nblk)
+            s.dedent()
+            if not direct:
+                s("if PHASE == 0:").indent()("_grid_barrier(sync_ptr)").dedent()
+                s("if PHASE == 0 or PHASE == 3:").indent()("# 3. the exact counts to the output dtype")
+                bins_slice(parts)
+                finish("hist_ptr", "zb", "zmask", fresh=True)
+                s.dedent()
+            s.dedent().blank()
+            args = (("in", 0), counts_arg, ("tmp", 0), ("state", 0)) + (() if direct else (("out", 0),))
+            launches.append(Launch("histc_kernel", (sync_p,), args, {"BLOCK": block, PHASE: 0}, warps, 1, phases))
+            return KernelProgram(s.text(), tuple(launches), temps=tuple(temps), state=(Buffer((1,), "int32", 0),))
+
+        # 1. range from the data
+        if data_range:
+            # Partial ranges per program, no atomics: nothing to initialise, so a call makes two
+            # launches (three for fp16/bf16) and no fills. This kernel also zeroes the counts.
+            s("@triton.jit", "def histc_range_kernel(in0_ptr, range_ptr, hist_ptr, BLOCK: tl.constexpr):").indent()
+            s("pid = tl.program_id(0)")
+            range_pass()
+            s.dedent().blank()
+            temps.append(Buffer((3 * parts,), "float32", None))
+            launches.append(Launch("histc_range_kernel", (parts,), (("in", 0), ("tmp", 0), counts_arg),
+                                   {"BLOCK": block}, warps, 1))
+
+        # 2. the histogram
+        if not direct:  # zeroed by the range kernel, when there is one
+            temps.append(Buffer((bins,), "int32", None if data_range else 0))
+        params = ["in0_ptr", "hist_ptr"] + (["range_ptr"] if data_range else []) + ["BLOCK: tl.constexpr"]
+        s("@triton.jit", f"def histc_kernel({', '.join(params)}):").indent()
+        s("pid = tl.program_id(0)")
+        histogram_pass()
         s.dedent().blank()
         args = (("in", 0), counts_arg) + ((("tmp", 0),) if data_range else ())
         launches.append(Launch("histc_kernel", grid, args, {"BLOCK": block}, warps, 1))
@@ -521,15 +643,7 @@ class HistcFamily(KernelFamily):
             bmask = bins % fb != 0
             if bmask:
                 s(f"bmask = b < {bins}")
-            kw = ", mask=bmask" if bmask else ""
-            s(f"y = tl.load(counts_ptr + b{kw}).to(tl.float32)")
-            if data_range:
-                read_range()
-                s(f"valid = (nan_seen == 0.0) & (mn > -{inf}) & (mx < {inf})",
-                  "y = tl.where(valid, y, float('nan'))")
-            v = {"float32": "y", "float16": "y.to(tl.float16)",
-                 "bfloat16": "_round_bf16(y).to(tl.bfloat16)"}[dtype]
-            s(f"tl.store(out0_ptr + {cg.scaled('b', ostride)}, {v}{kw})")
+            finish("counts_ptr", "b", "bmask" if bmask else None)
             s.dedent()
             args = (("tmp", len(temps) - 1), ("out", 0)) + ((("tmp", 0),) if data_range else ())
             launches.append(Launch("histc_finish_kernel", (-(-bins // fb),), args, {"BLOCK": fb},
@@ -623,7 +737,7 @@ def _exact_inverse(width: float) -> float | None:
 def _canonical(c: Config) -> Config:
     """The same config without the optional keys at their defaults (one key per candidate)."""
     d = dict(c.params)
-    for k, default in (("STREAM", ""), ("REVERSE", False)):
+    for k, default in (("STREAM", ""), ("REVERSE", False), ("ONE_LAUNCH", 0)):
         if d.get(k, default) == default:
             d.pop(k, None)
     return Config.of(**d)

@@ -4,6 +4,16 @@ A program is a Python module of ``@triton.jit`` kernels plus an explicit launch 
 kernel, on which grid, with which arguments (spec inputs, spec outputs, temporaries, literal
 scalars), constexprs, warps and stages. Shapes are concrete (a spec is per shape), so grids and
 sizes are plain numbers: nothing is computed at launch time but the pointers.
+
+A launch may be grid-synchronized (``phases`` > 1): its kernel takes a constexpr ``PHASE`` and
+runs its phases one after another, every program waiting at a grid barrier between them (e.g. a
+reduction whose result all programs need, then a pass that uses it, in one launch). On CUDA it is
+compiled once with PHASE=0 (all phases, barriers between) and launched cooperatively, so the driver
+refuses a grid whose programs cannot all be resident at once instead of letting the barrier hang.
+The interpreter runs programs one after another, where a barrier would wait forever: it launches
+the kernel once per phase with PHASE=1..phases instead, and the end of a launch is a grid barrier.
+The barrier's semaphore lives in a ``state`` buffer: zeroed once, then kept from call to call
+(a barrier leaves its semaphore ready for the next), one per device and stream.
 """
 from __future__ import annotations
 
@@ -14,10 +24,11 @@ from typing import Any
 
 import torch
 
-# An argument of a launch: ("in", i) | ("out", i) | ("tmp", i) | ("i32"|"i64"|"fp32", value)
+# An argument of a launch: ("in", i) | ("out", i) | ("tmp", i) | ("state", i) | ("i32"|"i64"|"fp32", value)
 Arg = tuple[str, Any]
 SCALAR_KINDS = ("i32", "i64", "fp32")
-BUFFER_KINDS = ("in", "out", "tmp")
+BUFFER_KINDS = ("in", "out", "tmp", "state")
+PHASE = "PHASE"  # the constexpr of a grid-synchronized launch: 0 = every phase, k = phase k alone
 
 # Triton signature type of a tensor pointer, by torch dtype name.
 POINTER_TYPES = {
@@ -49,6 +60,7 @@ class Launch:
     constexprs: dict[str, Any] = dataclasses.field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 2
+    phases: int = 1  # > 1: grid-synchronized (see the module docstring); constexprs hold PHASE=0
 
     def __post_init__(self):
         for kind, _ in self.args:
@@ -56,15 +68,27 @@ class Launch:
                 raise ValueError(f"launch {self.kernel}: unknown argument kind {kind!r}")
         if not 1 <= len(self.grid) <= 3 or any(g < 1 for g in self.grid):
             raise ValueError(f"launch {self.kernel}: bad grid {self.grid}")
+        if self.phases < 1 or (self.phases > 1) != (PHASE in self.constexprs):
+            raise ValueError(f"launch {self.kernel}: {self.phases} phase(s) needs the constexpr {PHASE} "
+                             "exactly when there are several")
+        if self.phases > 1 and self.constexprs[PHASE] != 0:
+            raise ValueError(f"launch {self.kernel}: {PHASE} must be 0 (all phases) in the launch")
+
+    @property
+    def synchronized(self) -> bool:
+        return self.phases > 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"kernel": self.kernel, "grid": list(self.grid), "args": [list(a) for a in self.args],
-                "constexprs": self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        d = {"kernel": self.kernel, "grid": list(self.grid), "args": [list(a) for a in self.args],
+             "constexprs": self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.phases > 1:
+            d["phases"] = self.phases
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Launch":
         return cls(d["kernel"], tuple(d["grid"]), tuple((k, v) for k, v in d["args"]), dict(d["constexprs"]),
-                   d["num_warps"], d["num_stages"])
+                   d["num_warps"], d["num_stages"], d.get("phases", 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +116,17 @@ class KernelProgram:
     output_init: tuple[float | int | None, ...] = ()  # per spec output; () means all uninitialised
     temps: tuple[Buffer, ...] = ()
     donations: tuple[Donation, ...] = ()
+    state: tuple[Buffer, ...] = ()  # kept across calls, zeroed once (grid-barrier semaphores)
+
+    def __post_init__(self):
+        for b in self.state:
+            if b.init not in (None, 0):
+                raise ValueError(f"state buffers start at zero, not {b.init!r}")
+        for launch in self.launches:
+            for kind, i in launch.args:
+                pool = {"tmp": self.temps, "state": self.state}.get(kind)
+                if pool is not None and not 0 <= i < len(pool):
+                    raise ValueError(f"launch {launch.kernel}: no {kind} buffer {i}")
 
     def init_of(self, i: int) -> float | int | None:
         return self.output_init[i] if i < len(self.output_init) else None
@@ -108,8 +143,8 @@ class KernelProgram:
                 sig[name] = POINTER_TYPES[spec.inputs[value].dtype]
             elif kind == "out":
                 sig[name] = POINTER_TYPES[spec.outputs[value].dtype]
-            elif kind == "tmp":
-                sig[name] = POINTER_TYPES[self.temps[value].dtype]
+            elif kind in ("tmp", "state"):
+                sig[name] = POINTER_TYPES[(self.temps if kind == "tmp" else self.state)[value].dtype]
             else:
                 sig[name] = kind
         for name in launch.constexprs:
@@ -122,14 +157,18 @@ class KernelProgram:
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the source, which is stored as its own file."""
-        return {"launches": [l.to_json() for l in self.launches], "output_init": list(self.output_init),
-                "temps": [t.to_json() for t in self.temps], "donations": [d.to_json() for d in self.donations]}
+        d = {"launches": [l.to_json() for l in self.launches], "output_init": list(self.output_init),
+             "temps": [t.to_json() for t in self.temps], "donations": [d.to_json() for d in self.donations]}
+        if self.state:
+            d["state"] = [b.to_json() for b in self.state]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any], source: str) -> "KernelProgram":
         return cls(source, tuple(Launch.from_json(l) for l in d["launches"]), tuple(d.get("output_init", ())),
                    tuple(Buffer.from_json(t) for t in d.get("temps", ())),
-                   tuple(Donation.from_json(x) for x in d.get("donations", ())))
+                   tuple(Donation.from_json(x) for x in d.get("donations", ())),
+                   tuple(Buffer.from_json(b) for b in d.get("state", ())))
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
