@@ -43,28 +43,39 @@ def target_met(name: str, r: dict) -> str | None:
 
 
 def merge_reruns(results: dict, reruns: list[tuple[str, dict]]) -> dict:
-    """``results`` with the measure/profile rows of each re-run's workloads taken from that re-run
-    (each row still compares the backends within one run; a later re-run's row replaces an
-    earlier one's); env["reruns"] lists which rows came from which re-run."""
+    """``results`` with the rows of each re-run's workloads taken from that re-run: measure and
+    profile rows together, first-call rows on their own (each row still compares the backends
+    within one run; a later re-run's row replaces an earlier one's); env["reruns"] and
+    env["firstcall_reruns"] list which rows came from which re-run."""
     merged = json.loads(json.dumps(results))
-    notes = merged.setdefault("env", {}).setdefault("reruns", [])
-    for label, rerun in reruns:
-        names = [n for n, r in rerun.get("measure", {}).items() if "error" not in r]
-        for phase in ("measure", "profile"):
-            for n in names:
-                if n in rerun.get(phase, {}):
-                    merged.setdefault(phase, {})[n] = rerun[phase][n]
-        if names:
-            for note in notes:
-                note["workloads"] = [n for n in note["workloads"] if n not in names]
-            notes.append({"file": label, "workloads": names, "date": rerun.get("env", {}).get("date"),
-                          "host_us_per_eager_add": rerun.get("env", {}).get("host_us_per_eager_add")})
-    notes[:] = [note for note in notes if note["workloads"]]
+    env = merged.setdefault("env", {})
+    for phases, key in ((("measure", "profile"), "reruns"), (("firstcall",), "firstcall_reruns")):
+        notes = env.setdefault(key, [])
+        for label, rerun in reruns:
+            names = [n for n, r in rerun.get(phases[0], {}).items() if "error" not in r]
+            for phase in phases:
+                for n in names:
+                    if n in rerun.get(phase, {}):
+                        merged.setdefault(phase, {})[n] = rerun[phase][n]
+            if names:
+                for note in notes:
+                    note["workloads"] = [n for n in note["workloads"] if n not in names]
+                notes.append({"file": label, "workloads": names, "date": rerun.get("env", {}).get("date"),
+                              "host_us_per_eager_add": rerun.get("env", {}).get("host_us_per_eager_add")})
+        notes[:] = [note for note in notes if note["workloads"]]
     return merged
 
 
 def _f(v, fmt="{:.3f}"):
     return fmt.format(v) if isinstance(v, (int, float)) else "—"
+
+
+def _aot(row: dict, backend: str) -> str:
+    """A saved artifact's first call, or why there is none (one graph only: a break refuses it)."""
+    if f"{backend}_aot_first_call_s" in row:
+        return _f(row[f"{backend}_aot_first_call_s"])
+    error = row.get(f"{backend}_aot_error", "")
+    return "graph break" if "graph" in error.lower() else "error" if error else "—"
 
 
 def table(results: dict) -> str:
@@ -95,11 +106,13 @@ def table(results: dict) -> str:
     if fc:
         lines += ["", "First call in a fresh process (seconds; Inductor with its caches warmed by an earlier "
                   "process, kernelize with a filled kernel cache and its graph cache warmed by an earlier process; "
-                  "target: kernelize <= half of Inductor):", "",
+                  "target: kernelize <= half of Inductor)"
+                  + "".join(f"; rows of {', '.join(r['workloads'])} from a re-run ({r['file']})"
+                            for r in results.get("env", {}).get("firstcall_reruns", [])) + ":", "",
                   "| workload | eager | inductor (warm) | kernelize (warm caches) | ratio | target met | Triton compiles "
                   "in kernelize | kernelize graph-cache hits | Dynamo's tracing: inductor / kernelize | backend "
-                  "compile: inductor / kernelize |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "compile: inductor / kernelize | saved artifact, loaded without Dynamo: inductor / kernelize |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, r in fc.items():
             ratio = (r["kernelize_first_call_s"] / r["inductor_first_call_s"]
                      if "kernelize_first_call_s" in r and "inductor_first_call_s" in r else None)
@@ -108,7 +121,8 @@ def table(results: dict) -> str:
                          f"{'—' if ratio is None else 'yes' if ratio <= 0.5 else 'no'} | "
                          f"{r.get('kernelize_triton_compiles', '—')} | {r.get('kernelize_graph_cache_hits', '—')} | "
                          f"{_f(r.get('inductor_dynamo_s'))} / {_f(r.get('kernelize_dynamo_s'))} | "
-                         f"{_f(r.get('inductor_backend_s'))} / {_f(r.get('kernelize_backend_s'))} |")
+                         f"{_f(r.get('inductor_backend_s'))} / {_f(r.get('kernelize_backend_s'))} | "
+                         f"{_aot(r, 'inductor')} / {_aot(r, 'kernelize')} |")
     prof = results.get("profile", {})
     if prof:
         lines += ["", "GPU time per call by backend (torch.profiler, sum of kernel times; launches per call; "

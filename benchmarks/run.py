@@ -305,7 +305,7 @@ def phase_overhead(args) -> dict:
 
 
 FIRST_CALL = r"""
-import json, sys, time
+import functools, json, os, sys, time
 t_start = time.perf_counter()
 import torch
 sys.path.insert(0, {here!r})
@@ -320,14 +320,32 @@ def counting(*a, **k):
 cc.compile = triton.compile = counting
 model, inputs = WORKLOADS[{name!r}]()
 torch.cuda.synchronize()
+options = {{"target": "cuda", "cache_dir": {cache!r}, "repro_dir": "off"}}
+artifact = {artifact!r}
 if backend == "eager":
     fn = model
 elif backend == "inductor":
     fn = torch.compile(model)
-else:
-    fn = torch.compile(model, backend="kernelize", options={{"target": "cuda", "cache_dir": {cache!r}, "repro_dir": "off"}})
+elif backend == "kernelize":
+    fn = torch.compile(model, backend="kernelize", options=options)
+elif not os.path.exists(artifact):  # a saved artifact (no Dynamo when loaded): this process saves it
+    with torch.no_grad():
+        if backend == "kernelize_aot":
+            from torch_kernelize import aot
+            aot.save(model.forward, inputs, artifact, options=options)
+        else:  # torch's own aot_compile with Inductor
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                torch.compile(model.forward, fullgraph=True).aot_compile((inputs, {{}})).save_compiled_function(artifact)
+if backend.endswith("_aot"):  # what the other rows do before their first call: the same imports
+    torch.compile(model)
 with torch.no_grad():
     t0 = time.perf_counter()
+    if backend == "kernelize_aot":
+        from torch_kernelize import aot
+        fn = aot.load(artifact, model)
+    elif backend == "inductor_aot":
+        with open(artifact, "rb") as f:
+            fn = functools.partial(torch.compiler.load_compiled_function(f), model)
     fn(*inputs)
     torch.cuda.synchronize()
     t1 = time.perf_counter()
@@ -352,14 +370,23 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
         row = {}
         # Each compiler's own caches are warmed by an earlier process (Inductor's FX graph and
         # AOTAutograd caches; kernelize's graph cache), kernelize's kernel cache by fill_cache.
-        for backend, warm in (("eager", False), ("inductor", True), ("kernelize", True)):
-            code = FIRST_CALL.format(here=str(HERE), backend=backend, name=name, cache=str(args.cache_dir))
+        # The *_aot rows load an artifact that the warm-up process saved (torch's aot_compile: no
+        # Dynamo tracing when loaded; one graph only, so not every workload has them).
+        for backend, warm in (("eager", False), ("inductor", True), ("kernelize", True),
+                              ("inductor_aot", True), ("kernelize_aot", True)):
+            artifact = str(args.cache_dir / "aot" / f"{name}.{backend}")
+            Path(artifact).unlink(missing_ok=True)
+            Path(artifact).parent.mkdir(parents=True, exist_ok=True)
+            code = FIRST_CALL.format(here=str(HERE), backend=backend, name=name, cache=str(args.cache_dir),
+                                     artifact=artifact)
             try:
                 if warm:  # an earlier process fills Inductor's on-disk caches (and writes bytecode)
                     subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                                    env=_child_env())
                 proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                                       env=_child_env())
+                if proc.returncode:
+                    raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output")
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
                 row[f"{backend}_first_call_s"] = round(r["first_call_s"], 3)
                 for part in ("dynamo_s", "backend_s"):

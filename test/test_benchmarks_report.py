@@ -32,7 +32,11 @@ RESULTS = {
     "firstcall": {"llama4L_d1024_b8_s512_fp16": {
         "eager_first_call_s": 0.305, "inductor_first_call_s": 1.665, "kernelize_first_call_s": 0.8,
         "kernelize_triton_compiles": 0, "kernelize_graph_cache_hits": 1,
-        "inductor_dynamo_s": 0.9, "kernelize_dynamo_s": 0.85, "inductor_backend_s": 0.4, "kernelize_backend_s": 0.1}},
+        "inductor_dynamo_s": 0.9, "kernelize_dynamo_s": 0.85, "inductor_backend_s": 0.4, "kernelize_backend_s": 0.1,
+        "inductor_aot_first_call_s": 0.35, "kernelize_aot_first_call_s": 0.25},
+        "moe_T4096_d1024_E16_top4_fp16": {
+            "inductor_aot_error": "RuntimeError: Graph breaks are not supported with aot compile",
+            "kernelize_aot_error": "RuntimeError: KernelizeError: an artifact must be one graph, and Dynamo broke it"}},
     "profile": {"llama4L_d1024_b8_s512_fp16": {
         "eager": {"gpu_ms": 2.139, "launches": 179.0, "host_ms": 3.82, "syncs_per_call": 1.0},
         "kernelize": {"gpu_ms": 1.217, "launches": 72.0, "host_ms": 1.91,
@@ -45,8 +49,9 @@ def test_table_judges_targets_and_shows_host_time():
     text = report.table(RESULTS)
     speed, profile = text.split("GPU time per call")
     speed, first = speed.split("First call in a fresh process")
-    assert "| llama4L_d1024_b8_s512_fp16 | 0.305 | 1.665 | 0.800 | 0.48 | yes | 0 | 1 | 0.900 / 0.850 | 0.400 / 0.100 |" \
-        in first
+    assert "| llama4L_d1024_b8_s512_fp16 | 0.305 | 1.665 | 0.800 | 0.48 | yes | 0 | 1 | 0.900 / 0.850 | 0.400 / 0.100 " \
+           "| 0.350 / 0.250 |" in first
+    assert first.splitlines()[-2].endswith("| graph break / graph break |")  # moe: no artifact
     rows = {line.split(" | ")[0].lstrip("| "): line for line in speed.splitlines() if line.startswith("| ")}
     assert "one process per workload" in text and "7.08 us" in text
     assert "| within 10% of inductor | yes |" in rows["rmsnorm_4096x8192_fp16"]
@@ -98,3 +103,15 @@ def test_a_later_rerun_takes_its_rows_from_the_earlier_ones():
     only_later = report.merge_reruns(RESULTS, [("first.json", {"measure": {"conv1d_B2048_C96_L200_k3_fp16": row}}),
                                                ("later.json", later)])
     assert [r["file"] for r in only_later["env"]["reruns"]] == ["later.json"]  # nothing left from the first
+
+
+def test_a_first_call_rerun_replaces_only_first_call_rows():
+    report = _report()
+    row = {"eager_first_call_s": 0.3, "inductor_first_call_s": 1.6, "kernelize_first_call_s": 1.4,
+           "kernelize_aot_first_call_s": 0.58}
+    merged = report.merge_reruns(RESULTS, [("fc.json", {"firstcall": {"llama4L_d1024_b8_s512_fp16": row}})])
+    assert merged["firstcall"]["llama4L_d1024_b8_s512_fp16"] == row
+    assert merged["measure"] == RESULTS["measure"] and not merged["env"]["reruns"]
+    text = report.table(merged)
+    assert "; rows of llama4L_d1024_b8_s512_fp16 from a re-run (fc.json):" in text
+    assert "| llama4L_d1024_b8_s512_fp16 | 0.300 | 1.600 | 1.400 | 0.87 | no |" in text and "| — / 0.580 |" in text
