@@ -149,7 +149,7 @@ class ProgramRunner:
         # Pre-resolve each launch's argument list into (kind, value) pairs plus constexpr order.
         self._plans = [self._plan(l, n) for l, n in zip(program.launches, names)]
         # The hot path's view of the same: outputs to allocate, and (for CUDA) each launch's
-        # arguments as positions in one pool (inputs, outputs, temps, constants) with the
+        # arguments as positions in one pool (inputs, outputs, temps, state, constants) with the
         # constants its launcher does not take already dropped.
         tmp = len(spec.inputs) + len(spec.outputs)
         self._pool_base = {"in": 0, "out": len(spec.inputs), "tmp": tmp, "state": tmp + len(program.temps)}
@@ -273,7 +273,7 @@ class ProgramRunner:
                 run(gx, gy, gz, stream, *args(pool))
             return
         device = inputs[0].device if inputs else torch.device("cpu")
-        bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device)}
+        bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device) if self._state_allocs else ()}
         for i in self._keep:
             kernel, (launch, order, grid) = self._kernels[i], self._plans[i]
             args = [bufs[k][v] if k in bufs else v for k, v in order]
