@@ -10,7 +10,8 @@ measure    medians (triton.testing.do_bench, same process, same inputs) of eager
            per call, against 1.8 ms in a process of its own (host_profile.py, same host)
 overhead   launch cost: a direct Triton launch vs kernelize's runner vs a compiled one-op graph
 firstcall  first-call time of each backend in a fresh process (Inductor's caches warmed by an
-           earlier process; kernelize with its kernel cache filled; eager beside them)
+           earlier process; kernelize with its kernel cache filled; eager beside them), and of
+           saved artifacts loaded without Dynamo (torch_kernelize.aot; Inductor's own aot_compile)
 profile    GPU time per call by kernel (torch.profiler) for eager, Inductor and kernelize: where
            each backend's device time goes (kernel names and counts, top kernels)
 
