@@ -109,7 +109,44 @@ def test_gpu_one_launch_histc_waits_at_its_grid_barrier(tmp_path):
             want = torch.histc(xi, 256)
         torch.cuda.synchronize()
         assert torch.equal(got, want), i
+    # captured in a CUDA graph on a stream the runner has not seen: its semaphore is allocated
+    # (and zeroed) inside the capture, so every replay starts from zero
+    xg = torch.randn(1 << 22, device="cuda")
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        got = runner(xg)
+    for i in range(5):
+        xg.copy_(torch.randn(1 << 22, device="cuda") * (i + 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, torch.histc(xg, 256)), i
     too_many = Config.of(BLOCK=1024, ITERS=1, num_warps=16, VARIANT="shared", COPIES=1, ONE_LAUNCH=1024)
     write_program(tmp_path / "q", spec, FAMILY.generate(spec, too_many), "cuda")
     with pytest.raises(RuntimeError, match="cooperative"):
         load_program(tmp_path / "q", spec, "cuda")(x)
+
+
+class _Norm(torch.nn.Module):  # at module level: a saved artifact refers to the class by its name
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.rand(512, device="cuda", dtype=torch.float16) + 0.5)
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).half() * self.w
+
+
+def test_gpu_saved_artifact_runs_the_cached_kernels(tmp_path):
+    """torch_kernelize.aot on the GPU: save, load (no Dynamo), same result as eager; the loaded
+    function runs kernelize's graph with the CUDA target."""
+    from torch_kernelize import aot
+
+    model = _Norm().eval()
+    x = torch.randn(64, 512, device="cuda", dtype=torch.float16)
+    options = {"target": "cuda", "cache_dir": str(tmp_path / "kc"), "repro_dir": "off"}
+    with torch.no_grad():
+        aot.save(model.forward, (x,), tmp_path / "norm.kz", options=options)
+        run = aot.load(tmp_path / "norm.kz", model)
+        torch.testing.assert_close(run(x), model(x), rtol=2e-3, atol=2e-3)
