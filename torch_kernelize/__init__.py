@@ -5,7 +5,8 @@
     compiled(x)
 
 The backend is found through the ``torch_dynamo_backends`` entry point: importing this package
-is not needed to use it.
+is not needed to use it. ``torch_kernelize.aot`` saves a compiled function once and loads it in a
+later process without Dynamo's tracing.
 """
 from __future__ import annotations
 
