@@ -8,6 +8,8 @@ first call of the compiled model to its return (torch is imported before; Dynamo
 backend's imports and compile work all count). "warm" runs after a process with the same cache
 directories: Inductor's TORCHINDUCTOR_CACHE_DIR, kernelize's cache_dir (kernel cache and graph
 cache). ``--breakdown`` times the phases of kernelize's first call in one extra warm process.
+"kz aot" loads an artifact an earlier process saved (torch_kernelize.aot: no Dynamo; "—" where the
+model breaks its graph), after the same imports that ``torch.compile(...)`` makes for the others.
 "kz nogc" is a warm kernelize process with KERNELIZE_GRAPH_CACHE=off: kernelize as it was before
 its graph cache, measured under the same machine load as the other columns.
 
@@ -93,17 +95,26 @@ def child(backend: str, workload: str, cache_dir: str, breakdown: bool) -> None:
     torch.manual_seed(0)
     model, inputs = _workloads()[workload]()
     timers: dict[str, float] = {}
+    options = {"target": "cpu", "cache_dir": cache_dir, "repro_dir": "off"}
+    artifact = Path(cache_dir) / f"{workload}.kz"
     if backend == "eager":
         fn = model
     elif backend == "inductor":
         fn = torch.compile(model)
+    elif backend == "kernelize_aot":  # a saved artifact: saved by the first such process, loaded after
+        from torch_kernelize import aot
+        if not artifact.exists():
+            with torch.no_grad():
+                aot.save(model.forward, inputs, artifact, options=options)
+        torch.compile(model)  # the imports the other rows make before their first call
     else:
         if breakdown:
             _install_timers(timers)
-        fn = torch.compile(model, backend="kernelize",
-                           options={"target": "cpu", "cache_dir": cache_dir, "repro_dir": "off"})
+        fn = torch.compile(model, backend="kernelize", options=options)
     with torch.no_grad():
         t0 = time.perf_counter()
+        if backend == "kernelize_aot":
+            fn = aot.load(artifact, model)
         fn(*inputs)
         t1 = time.perf_counter()
     print(json.dumps({"first_call_s": t1 - t0, "timers": timers}))
@@ -143,7 +154,7 @@ def main() -> int:
         _run("kernelize", "histc", Path(d))
     results = {}
     print(f"{'workload':10} {'eager':>7} {'ind cold':>9} {'ind warm':>9} {'kz cold':>8} {'kz nogc':>8} "
-          f"{'kz warm':>8} {'nogc/ind':>9} {'kz/ind':>7}")
+          f"{'kz warm':>8} {'nogc/ind':>9} {'kz/ind':>7} {'kz aot':>7} {'aot/ind':>8}")
     for name in args.workloads.split(","):
         row: dict[str, float] = {}
         samples: dict[str, list[float]] = {}
@@ -156,6 +167,11 @@ def main() -> int:
                     samples.setdefault(f"{backend}_warm", []).append(_run(backend, name, d)["first_call_s"])
                 samples.setdefault("kernelize_warm_nogc", []).append(
                     _run("kernelize", name, d, graph_cache=False)["first_call_s"])
+                try:  # one process saves the artifact, the next loads it (one graph only)
+                    _run("kernelize_aot", name, d)
+                    samples.setdefault("kernelize_aot", []).append(_run("kernelize_aot", name, d)["first_call_s"])
+                except RuntimeError:
+                    pass  # a graph break (MoE): no artifact
                 if args.breakdown and "breakdown" not in row:
                     row["breakdown"] = _run("kernelize", name, d, breakdown=True)  # type: ignore[assignment]
         row.update({k: round(statistics.median(v), 3) for k, v in samples.items()})
@@ -163,7 +179,9 @@ def main() -> int:
         print(f"{name:10} {row['eager']:7.3f} {row['inductor_cold']:9.3f} {row['inductor_warm']:9.3f} "
               f"{row['kernelize_cold']:8.3f} {row['kernelize_warm_nogc']:8.3f} {row['kernelize_warm']:8.3f} "
               f"{row['kernelize_warm_nogc'] / row['inductor_warm']:9.2f} "
-              f"{row['kernelize_warm'] / row['inductor_warm']:7.2f}", flush=True)
+              f"{row['kernelize_warm'] / row['inductor_warm']:7.2f} "
+              + (f"{row['kernelize_aot']:7.3f} {row['kernelize_aot'] / row['inductor_warm']:8.2f}"
+                 if "kernelize_aot" in row else f"{'—':>7} {'—':>8}"), flush=True)
         if "breakdown" in row:
             b = row["breakdown"]
             print(f"    breakdown of one warm kernelize first call ({b['first_call_s']:.3f} s):")
