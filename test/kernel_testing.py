@@ -81,6 +81,7 @@ def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> No
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from torch_kernelize.cuda_binaries import compile_options
     from torch_kernelize.launch import import_source
 
     d = Path(tmp_path) / f"sm90_{next(_counter)}"
@@ -90,9 +91,7 @@ def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> No
     for launch in program.launches:
         fn = getattr(module, launch.kernel)
         src = ASTSource(fn, signature=program.signature(launch, spec), constexprs=dict(launch.constexprs))
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": launch.num_warps, "num_stages": launch.num_stages,
-                                           "launch_cooperative_grid": launch.synchronized})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=compile_options(launch))
         assert compiled.asm.get("cubin"), f"{launch.kernel}: no cubin"
 
 

@@ -80,6 +80,14 @@ def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, a
     return ASTSource(fn, signature=signature, constexprs=dict(launch.constexprs), attrs=attrs)
 
 
+def compile_options(launch: Launch) -> dict[str, Any]:
+    """Triton's compile options for a launch."""
+    options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+    if launch.synchronized:  # a grid barrier: the driver must place every program at once
+        options["launch_cooperative_grid"] = True
+    return options
+
+
 def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
                      gpu_target: tuple | None = None, aligned: bool = True) -> list[str]:
     """Compile every launch of ``program`` (written in ``directory``) and store its binary and
@@ -92,10 +100,7 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
     files = []
     for i, launch in enumerate(program.launches):
         src = _source(getattr(module, launch.kernel), launch, program, spec, aligned)
-        options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
-        if launch.synchronized:  # a grid barrier: the driver must place every program at once
-            options["launch_cooperative_grid"] = True
-        compiled = triton.compile(src, target=target, options=options)
+        compiled = triton.compile(src, target=target, options=compile_options(launch))
         cubin, meta = _launch_files(i, aligned)
         (directory / cubin).write_bytes(compiled.asm["cubin"])
         metadata = dict(compiled.metadata._asdict())
