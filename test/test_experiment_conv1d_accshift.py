@@ -1,0 +1,28 @@
+"""The accumulator-shift conv1d experiment (benchmarks/experiments/conv1d_accshift.py) stays correct.
+
+Its numbers come from a GPU run (benchmarks/results/*-conv1d-accshift.json); what a CPU can check
+is that every variant, scaled down, computes the convolution on the Triton interpreter: rows that
+end inside a tile, tiles that span two rows, and the halo columns at both edges of a tile.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "conv1d_accshift.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("conv1d_accshift", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("shift", ["gather", "dot"])
+def test_variants_match_float64(shift, tmp_path):
+    m = _module()
+    for i, v in enumerate(x for x in m.VARIANTS if x["SHIFT"] == shift):
+        assert m.check_small(v, tmp_path, f"v{i}") < 2e-3, v
