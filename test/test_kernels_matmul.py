@@ -228,6 +228,21 @@ def test_seed_configs_big_shape():
     assert not FAMILY._valid(FAMILY._plan(spec), big)   # 256 accumulator registers per thread
 
 
+
+def test_seed_configs_fill_the_gpu():
+    """An MoE expert's GEMM ([~1000, 1024] x [1024, 512]) makes 32 tiles of 128x128 for 132 SMs: a
+    seed with tiles small enough for every SM comes second, inside a small search budget; a big
+    GEMM gets none."""
+    def mm(m, k, n):
+        a, b, o = TensorMeta((m, k), (k, 1), "float16"), TensorMeta((k, n), (1, k), "float16"), \
+            TensorMeta((m, n), (n, 1), "float16")
+        return KernelSpec("aten.mm.default", [{"tensor": 0}, {"tensor": 1}], {}, (a, b), (o,))
+    tile = lambda c: (c["BLOCK_M"], c["BLOCK_N"])
+    assert tile(FAMILY.seed_configs(mm(1013, 1024, 512))[1]) == (64, 64)     # 16 x 8 = 128 tiles
+    assert tile(FAMILY.seed_configs(mm(1013, 512, 1024))[1]) == (64, 64)     # 128x64 would give 128
+    assert tile(FAMILY.seed_configs(mm(1408, 1024, 768))[1]) == (128, 64)    # 11 x 12 = 132 tiles
+    assert (64, 64) not in {tile(c) for c in FAMILY.seed_configs(mm(8192, 1024, 4096))}
+
 # --- validation catches broken programs -----------------------------------------------------------
 
 def _broken(program, old: str, new: str):

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, next_pow2, unique
+from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.lowering.targets import resolve_op
@@ -368,6 +368,18 @@ class MatmulFamily(KernelFamily):
         return Config.of(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps, num_stages=stages,
                          DOT_UPCAST=bool(upcast and plan.dtype != "float32"), ALIGN=align)
 
+    def _filling(self, plan: _Plan) -> list[Config]:
+        """A tile small enough to give every SM a program, where 128x128 tiles would leave most of
+        them idle (an MoE expert's [~1000, 1024] x [1024, 512] makes 32 such tiles for 132 SMs):
+        the largest of 128x64, 64x128, 64x64 that makes at least SMS tiles, else 64x64."""
+        tiles = lambda bm, bn: plan.B * -(-plan.M // bm) * -(-plan.N // bn)
+        if tiles(128, 128) * 2 > SMS:
+            return []
+        for bm, bn in ((128, 64), (64, 128), (64, 64)):
+            if tiles(bm, bn) >= SMS:
+                break
+        return [self._fit(plan, bm, bn, 64, 4, 4)]
+
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
         plan = self._plan(spec)
         if isinstance(plan, str):
@@ -383,7 +395,7 @@ class MatmulFamily(KernelFamily):
             # test (for builds that compile without alignment facts); fp32-upcast variants of the
             # first and the small one (the interpreter's bf16 dot is wrong; the search keeps what
             # validates on the target)
-            seeds = [self._fit(plan, 128, 128, 64, 8, 3), self._fit(plan, 128, 256, 64, 8, 3),
+            seeds = [self._fit(plan, 128, 128, 64, 8, 3), *self._filling(plan), self._fit(plan, 128, 256, 64, 8, 3),
                      self._fit(plan, 64, 128, 32, 4, 4), self._fit(plan, 128, 64, 32, 4, 4),
                      self._fit(plan, 256, 128, 64, 8, 3), self._fit(plan, 32, 32, 32, 4, 2),
                      self._fit(plan, 128, 128, 64, 8, 3, align=True),
