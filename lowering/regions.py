@@ -12,12 +12,17 @@ Region kinds (the ``kind`` field of the canonical graph):
               its pieces (RoPE's ``-x2``), which the kernel evaluates where it reads that piece;
   rowwise     pointwise nodes around reductions over the last dim (RMSNorm, LayerNorm, softmax
               with their neighbours): full-shape [.., N] and row-shape [.., 1] values;
-  matmul      mm / addmm / bmm followed by a chain of pointwise epilogue nodes on its output.
+  matmul      mm / addmm / bmm followed by a chain of pointwise epilogue nodes on its output;
+  matmul_group  independent matmul regions (or lone mm/addmm nodes) of one structure that differ
+              only in their row count M: an MoE's expert GEMMs, attention's Q/K/V projections.
+              One launch computes them all (horizontal fusion; ``group_matmuls``). Groups are
+              tried before their members: a group miss leaves each member to its own lookup.
 
 Canonical graph format (JSON, part of the spec key):
   {"kind": ..., "nodes": [{"op": "aten.mul.Tensor", "args": [...], "kwargs": {...},
                            "meta": TensorMeta json}, ...],
    "outputs": [node index, ...]}
+plus, for a matmul_group, "members": [[node index, ...], ...] (each member's nodes, in order).
 where an argument is {"input": i} (region input i), {"node": j} (value of node j) or a constant
 encoded as in KernelSpec (spec.encode_arg).
 """
@@ -56,6 +61,7 @@ class Region:
     nodes: list[fx.Node]          # topological order
     inputs: list[fx.Node]         # external tensor inputs, in order of first use
     outputs: list[fx.Node]        # nodes whose values are used outside the region
+    members: list[list[fx.Node]] | None = None  # matmul_group: the nodes of each member GEMM
 
     @property
     def names(self) -> set[str]:
@@ -259,6 +265,106 @@ def _tensor_args(node: fx.Node) -> list[fx.Node]:
     return [a for a in flat if _is_tensor_node(a)]
 
 
+# --- horizontal groups of GEMMs ----------------------------------------------------------------
+
+MAX_GROUP_MEMBERS = 32   # pointer arguments grow with the members (each 2-5 tensors)
+GROUPED_MM = {aten.mm.default, aten.addmm.default}
+
+
+def group_matmuls(gm: fx.GraphModule, regions: Sequence[Region], target: Target) -> list[Region]:
+    """Groups of independent GEMMs of one structure (matmul regions, or lone mm/addmm nodes) that
+    differ only in their row count M, as ``matmul_group`` regions.
+
+    A unit joins the open group of its structure unless either reads, directly or not, a value
+    the other computes (one launch computes them all: none may wait for another). The structure
+    is the unit's canonical graph with M abstracted (``_structure``); the kernel family checks the
+    rest. Groups of fewer than two members are dropped."""
+    pointwise = _pointwise_ops()
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    in_region = {n for r in regions for n in r.nodes}
+    units: list[Region] = [r for r in regions if r.kind == "matmul"]
+    for node in gm.graph.nodes:
+        if node not in in_region and node.target in GROUPED_MM and _role(node, pointwise, target) == "matmul":
+            units.append(Region("matmul", [node], _tensor_args(node), [node]))
+    units.sort(key=lambda u: order[u.nodes[0]])
+
+    def reads(unit: Region, nodes: set[fx.Node]) -> bool:
+        """Whether ``unit``'s inputs depend on any of ``nodes``."""
+        stop = min(order[n] for n in nodes)
+        seen, stack = set(), [a for a in unit.inputs]
+        while stack:
+            a = stack.pop()
+            if a in nodes:
+                return True
+            if a not in seen and order[a] > stop:
+                seen.add(a)
+                stack.extend(a.all_input_nodes)
+        return False
+
+    open_groups: dict[str, list[Region]] = {}
+    closed: list[list[Region]] = []
+    for u in units:
+        key = _structure(u)
+        if key is None:
+            continue
+        group = open_groups.get(key)
+        if group is not None:
+            nodes = {n for m in group for n in m.nodes}
+            if len(group) >= MAX_GROUP_MEMBERS or reads(u, nodes) or any(reads(m, set(u.nodes)) for m in group):
+                closed.append(group)
+                group = None
+        if group is None:
+            open_groups[key] = group = []
+        group.append(u)
+    closed += open_groups.values()
+
+    out = []
+    for group in closed:
+        if len(group) < 2:
+            continue
+        nodes = sorted({n for m in group for n in m.nodes}, key=order.get)
+        inputs = list(dict.fromkeys(a for m in group for a in m.inputs))
+        outputs = [o for m in group for o in m.outputs]
+        out.append(Region("matmul_group", nodes, inputs, outputs, [list(m.nodes) for m in group]))
+    return sorted(out, key=lambda r: order[r.nodes[0]])
+
+
+def _structure(unit: Region) -> str | None:
+    """The unit's graph as a string with its row count M abstracted (None: not groupable): ops,
+    argument wiring, dtypes, strides, and every size but a leading dim equal to M."""
+    mm = unit.nodes[0]
+    out = _val(mm)
+    if mm.target not in GROUPED_MM or out is None or out.dim() != 2:
+        return None
+    M = str(out.shape[0])
+    index = {n: i for i, n in enumerate(unit.nodes)}
+    inputs = {n: i for i, n in enumerate(unit.inputs)}
+    weight = mm.args[1] if mm.target is aten.mm.default else mm.args[2]   # its rows are K, not M
+
+    def meta(v: Any, rows: bool = True) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return None
+        shape = [str(d) for d in v.shape]
+        if rows and shape and shape[0] == M:
+            shape[0] = "M"
+        return [str(v.dtype), shape, [str(st) for st in v.stride()]]
+
+    def enc(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            return {"node": index[a]} if a in index else {"input": inputs[a]} if a in inputs else repr(_val(a))
+        if isinstance(a, (list, tuple)):
+            return [enc(x) for x in a]
+        return repr(a)
+
+    try:
+        return json.dumps({"nodes": [[op_name(n.target), enc(list(n.args)), enc(sorted(n.kwargs.items())), meta(_val(n))]
+                                     for n in unit.nodes],
+                           "inputs": [meta(_val(a), a is not weight) for a in unit.inputs],
+                           "outputs": [index[o] for o in unit.outputs]}, sort_keys=True)
+    except (KeyError, TypeError):
+        return None
+
+
 # --- specs ---------------------------------------------------------------------------------------
 
 def region_spec(region: Region, bindings: dict) -> KernelSpec | None:
@@ -288,6 +394,8 @@ def region_spec(region: Region, bindings: dict) -> KernelSpec | None:
         nodes.append({"op": op_name(n.target), "args": [enc(a) for a in n.args],
                       "kwargs": {k: enc(v) for k, v in sorted(n.kwargs.items())}, "meta": meta.to_json()})
     graph = {"kind": region.kind, "nodes": nodes, "outputs": [index[o] for o in region.outputs]}
+    if region.members is not None:
+        graph["members"] = [[index[n] for n in m] for m in region.members]
     outs = tuple(TensorMeta.from_json(nodes[i]["meta"]) for i in graph["outputs"])
     return KernelSpec("region", [], {}, tuple(in_metas), outs, len(outs) > 1,
                       json.dumps(graph, sort_keys=True, separators=(",", ":")))

@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
-from torch_kernelize.lowering.regions import Region, describe_region, find_regions, region_spec
+from torch_kernelize.lowering.regions import Region, describe_region, find_regions, group_matmuls, region_spec
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
 from torch_kernelize.planner import Decision, GraphPlan, family_name, plan_graph, resolve_family
@@ -107,7 +107,11 @@ class LoweredGraph:
         graph.output(graph.graph_copy(gm.graph, {}))
         self.plan: GraphPlan = plan_graph(fx.GraphModule(gm, graph), self.target)
         self.binder = SymbolBinder(self.plan.gm)
-        self.regions = find_regions(self.plan.gm, self.target) if self.target.has_triton else []
+        self.regions: list[Region] = []
+        if self.target.has_triton:
+            regions = find_regions(self.plan.gm, self.target)
+            # groups first: a hit covers its members, a miss leaves them to their own lookups
+            self.regions = group_matmuls(self.plan.gm, regions, self.target) + regions
         self._region_of: dict[str, Region] = {}
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
@@ -199,7 +203,10 @@ class LoweredGraph:
         if cache is None:
             return fused, region_decisions
         by_node = {d.node: i for i, d in enumerate(decisions) if d.tier != "decompose"}
+        covered: set[str] = set()
         for region in self.regions:
+            if covered & region.names:
+                continue  # a member of a group that runs fused
             spec = region_spec(region, bindings)
             if spec is None or any(decisions[by_node[n.name]].tier == "fallback" for n in region.nodes):
                 continue
@@ -214,6 +221,7 @@ class LoweredGraph:
                 if runner is not None:
                     d.tier, d.reason = "triton", f"fused {what}: {why}"
                     fused.append((region, self._triton_call(spec, runner)))
+                    covered |= region.names
                     for n in region.nodes:
                         i = by_node[n.name]
                         decisions[i] = dataclasses.replace(

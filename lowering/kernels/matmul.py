@@ -124,6 +124,84 @@ def _pad3(strides: tuple[int, ...]) -> tuple[int, int, int]:
     return (0,) * (3 - len(strides)) + tuple(strides)
 
 
+@dataclasses.dataclass
+class _Group:
+    """A matmul_group region: its members' plans, each in its own numbering (member specs), and
+    the maps from a member's input / output numbers to the group's."""
+    spec: KernelSpec
+    members: list[_Plan]
+    member_specs: list[KernelSpec]
+    in_maps: list[list[int]]
+    out_maps: list[list[int]]
+
+    @property
+    def template(self) -> int:
+        """The member whose code every member runs: one with the largest M (a member of one row
+        may carry any stride along M, or 0 for its broadcast inputs; the template's must be real)."""
+        return max(range(len(self.members)), key=lambda j: self.members[j].M)
+
+    @property
+    def rep(self) -> _Plan:
+        """The template's plan: tile sizes are checked against the largest M."""
+        return self.members[self.template]
+
+    def tiles(self, bm: int, bn: int) -> int:
+        return sum(-(-m.M // bm) * -(-m.N // bn) for m in self.members)
+
+
+def _member_specs(spec: KernelSpec, graph: dict[str, Any]) -> list[tuple[KernelSpec, list[int], list[int]]] | str:
+    """Each member of a matmul_group graph as a matmul region spec of its own (inputs numbered
+    by first use), with its input and output maps into the group's numbering."""
+    members, nodes, outputs = graph.get("members"), graph["nodes"], list(graph["outputs"])
+    if not members or len(members) < 2:
+        return "a matmul group needs two members or more"
+    if sorted(j for m in members for j in m) != list(range(len(nodes))):
+        return "the members do not partition the group's nodes"
+    out = []
+    for idxs in members:
+        local = {j: k for k, j in enumerate(idxs)}
+        ins: list[int] = []
+
+        def enc(a: Any) -> Any:
+            r = _ref(a)
+            if r is not None and r[0] == "input" and "input" in a:
+                if r[1] not in ins:
+                    ins.append(r[1])
+                return {"input": ins.index(r[1])}
+            if r is not None and r[0] == "node":
+                if r[1] not in local:
+                    raise ValueError(f"a member reads node {r[1]} of another member")
+                return {"node": local[r[1]]}
+            return [enc(x) for x in a] if isinstance(a, list) else a
+
+        try:
+            sub = [{"op": nodes[j]["op"], "args": enc(nodes[j]["args"]),
+                    "kwargs": {k: enc(v) for k, v in nodes[j]["kwargs"].items()}, "meta": nodes[j]["meta"]}
+                   for j in idxs]
+        except ValueError as e:
+            return str(e)
+        outs = [o for o, j in enumerate(outputs) if j in local]
+        sub_graph = {"kind": "matmul", "nodes": sub, "outputs": [local[outputs[o]] for o in outs]}
+        out.append((KernelSpec("region", [], {}, tuple(spec.inputs[i] for i in ins), tuple(spec.outputs[o] for o in outs),
+                               len(outs) > 1, json.dumps(sub_graph, sort_keys=True, separators=(",", ":"))), ins, outs))
+    if sorted(o for _, _, outs in out for o in outs) != list(range(len(spec.outputs))):
+        return "the members do not partition the group's outputs"
+    return out
+
+
+def _shape_free(plan: _Plan, spec: KernelSpec, one_row: bool = False) -> tuple:
+    """Everything the generated GEMM bakes in, except M: members that agree here share a body.
+    ``one_row``: leave out the strides along M too (a member of one row reads row 0 only)."""
+    m = (lambda st, i: st[:i] + (None,) + st[i + 1:]) if one_row else (lambda st, i: tuple(st))
+    nodes = tuple((n.index, n.op, json.dumps(n.args, sort_keys=True, default=str), tuple(n.operands), n.dtype,
+                   n.compare_dtype) for n in plan.nodes)
+    return (plan.op, plan.dtype, plan.B, plan.N, plan.K, plan.a, m(plan.a_strides, 1), plan.b, plan.b_strides,
+            plan.bias, plan.beta, plan.alpha, nodes, tuple(plan.outputs),
+            tuple(sorted((i, m(st, 1)) for i, st in plan.tile_inputs.items())), tuple(plan.helpers),
+            tuple((o.dtype, m(tuple(o.stride), 0)) for o in spec.outputs),
+            tuple((i.dtype, tuple(i.shape[1:]), i.device) for i in spec.inputs))
+
+
 class MatmulFamily(KernelFamily):
     name = "matmul"
     ops = frozenset(MM_OPS) | {"region"}
@@ -142,6 +220,8 @@ class MatmulFamily(KernelFamily):
             if spec.op != "region":
                 return f"{self.name} does not handle {spec.op}"
             graph = json.loads(spec.graph)
+            if graph.get("kind") == "matmul_group":
+                return self._group_plan(spec, graph)
             if graph.get("kind") != "matmul":
                 return f"{graph.get('kind')} regions are not matmul regions"
             nodes, outputs = graph["nodes"], list(graph["outputs"])
@@ -236,6 +316,26 @@ class MatmulFamily(KernelFamily):
                 return f"output {o} strides overlap (some elements share memory)"
         return _Plan(op0, dtype, B, M, N, K, a_i, _pad3(am.stride), b_i, _pad3(bm_.stride), bias, beta, alpha,
                      epi, outputs, tile_inputs, helpers, spec.graph is not None)
+
+    def _group_plan(self, spec: KernelSpec, graph: dict[str, Any]) -> _Group | str:
+        parts = _member_specs(spec, graph)
+        if isinstance(parts, str):
+            return parts
+        plans = []
+        for j, (sub, _, _) in enumerate(parts):
+            plan = self._plan(sub)
+            if isinstance(plan, str):
+                return f"member {j}: {plan}"
+            if plan.B != 1:
+                return f"member {j}: batched (bmm) GEMMs are not grouped"
+            plans.append(plan)
+        group = _Group(spec, plans, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts])
+        t = group.template
+        for j in range(len(plans)):
+            one = plans[j].M == 1
+            if _shape_free(plans[j], parts[j][0], one) != _shape_free(plans[t], parts[t][0], one):
+                return f"member {j} differs from member {t} in more than M (operands, strides, epilogue or sizes)"
+        return group
 
     def _epilogue_node(self, j: int, nd: dict[str, Any], spec: KernelSpec, out_shape: tuple[int, ...],
                        held: dict[int, str], tile_inputs: dict[int, tuple[int, int, int]], tile_strides) -> _Node | str:
@@ -338,7 +438,11 @@ class MatmulFamily(KernelFamily):
     def _caps(plan: _Plan) -> tuple[int, int, int]:
         return (max(16, next_pow2(plan.M)), max(16, next_pow2(plan.N)), max(16, next_pow2(plan.K)))
 
-    def _valid(self, plan: _Plan, c: Config) -> bool:
+    def _valid(self, plan: _Plan | _Group, c: Config) -> bool:
+        if isinstance(plan, _Group):
+            # no ALIGN body: a group selects its pointers at run time (the build compiles them
+            # 16-byte aligned, with a launch-time check)
+            return not c.get("ALIGN", False) and self._valid(plan.rep, c)
         bm, bn, bk = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
         if not all(16 <= v <= 256 and v & (v - 1) == 0 for v in (bm, bn, bk)):
             return False
@@ -368,11 +472,12 @@ class MatmulFamily(KernelFamily):
         return Config.of(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_warps=warps, num_stages=stages,
                          DOT_UPCAST=bool(upcast and plan.dtype != "float32"), ALIGN=align)
 
-    def _filling(self, plan: _Plan) -> list[Config]:
+    def _filling(self, plan: _Plan, tiles: Any = None) -> list[Config]:
         """A tile small enough to give every SM a program, where 128x128 tiles would leave most of
         them idle (an MoE expert's [~1000, 1024] x [1024, 512] makes 32 such tiles for 132 SMs):
-        the largest of 128x64, 64x128, 64x64 that makes at least SMS tiles, else 64x64."""
-        tiles = lambda bm, bn: plan.B * -(-plan.M // bm) * -(-plan.N // bn)
+        the largest of 128x64, 64x128, 64x64 that makes at least SMS tiles, else 64x64.
+        ``tiles(bm, bn)``: the launch's tile count (a group's, over its members)."""
+        tiles = tiles or (lambda bm, bn: plan.B * -(-plan.M // bm) * -(-plan.N // bn))
         if tiles(128, 128) * 2 > SMS:
             return []
         for bm, bn in ((128, 64), (64, 128), (64, 64)):
@@ -384,6 +489,9 @@ class MatmulFamily(KernelFamily):
         plan = self._plan(spec)
         if isinstance(plan, str):
             raise ValueError(plan)
+        group = plan if isinstance(plan, _Group) else None
+        plan = group.rep if group else plan
+        filling = self._filling(plan, group.tiles if group else None)
         if plan.dtype == "float32":
             # ieee fp32 dots run on FMA units, not tensor cores: moderate tiles, shallow pipelines
             seeds = [self._fit(plan, 64, 64, 32, 4, 3), self._fit(plan, 128, 64, 32, 8, 3),
@@ -395,12 +503,12 @@ class MatmulFamily(KernelFamily):
             # test (for builds that compile without alignment facts); fp32-upcast variants of the
             # first and the small one (the interpreter's bf16 dot is wrong; the search keeps what
             # validates on the target)
-            seeds = [self._fit(plan, 128, 128, 64, 8, 3), *self._filling(plan), self._fit(plan, 128, 256, 64, 8, 3),
+            seeds = [self._fit(plan, 128, 128, 64, 8, 3), *filling, self._fit(plan, 128, 256, 64, 8, 3),
                      self._fit(plan, 64, 128, 32, 4, 4), self._fit(plan, 128, 64, 32, 4, 4),
                      self._fit(plan, 256, 128, 64, 8, 3), self._fit(plan, 32, 32, 32, 4, 2),
                      self._fit(plan, 128, 128, 64, 8, 3, align=True),
                      self._fit(plan, 128, 128, 64, 8, 3, upcast=True), self._fit(plan, 32, 32, 32, 4, 2, upcast=True)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+        return unique([c for c in seeds if self._valid(group or plan, c)])
 
     def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
         plan = self._plan(spec)
@@ -420,6 +528,8 @@ class MatmulFamily(KernelFamily):
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         plan = self.checked_plan(spec, config)
+        if isinstance(plan, _Group):
+            return _Gen(plan.member_specs[plan.template], plan.rep, config, plan).program()
         return _Gen(spec, plan, config).program()
 
 
@@ -436,20 +546,29 @@ def _join(terms: list[str]) -> str:
 
 
 class _Gen:
-    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config):
-        self.spec, self.p, self.c = spec, plan, config
+    """The kernel of one GEMM (a plan), or of a group: then ``spec`` and ``plan`` are the template
+    member's (in its own numbering), and ``program`` adds the selection of each member's pointers
+    and M."""
+
+    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config, group: _Group | None = None):
+        self.spec, self.p, self.c, self.group = spec, plan, config, group
         self.bm, self.bn, self.bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
         self.mb, self.nb = -(-plan.M // self.bm), -(-plan.N // self.bn)
         self.src = cg.Source()
         p = plan
         # int64 offsets when any tensor's reach (with the padded tile edges) passes int32
-        pm, pn, pk = self.mb * self.bm, self.nb * self.bn, -(-p.K // self.bk) * self.bk
+        mbs = [-(-m.M // self.bm) for m in group.members] if group else [self.mb]
+        pm, pn, pk = max(mbs) * self.bm, self.nb * self.bn, -(-p.K // self.bk) * self.bk
         reach = [cg.max_offset((p.B, pm, pk), p.a_strides), cg.max_offset((p.B, pk, pn), p.b_strides)]
         reach += [cg.max_offset((p.B, pm, pn), st) for st in p.tile_inputs.values()]
         reach += [cg.max_offset((p.B, pm, pn), _pad3(m.stride)) for m in spec.outputs]
         self.wide = max(reach) > cg.INT32_MAX
+        # a group's programs: member g owns [starts[g], starts[g + 1])
+        self.starts = [sum(mbs[:g]) * self.nb for g in range(len(mbs) + 1)]
 
     def program(self) -> KernelProgram:
+        if self.group:
+            return self.group_program()
         p, s = self.p, self.src
         s(cg.HEADER)
         self.header()
@@ -485,6 +604,40 @@ class _Gen:
         s.dedent()
         grid = (self.mb * self.nb,) + ((p.B,) if p.B > 1 else ())
         launch = Launch(kname, grid, tuple(("in", i) for i in inputs) + tuple(("out", o) for o in range(len(p.outputs))),
+                        {"BLOCK_M": self.bm, "BLOCK_N": self.bn, "BLOCK_K": self.bk, "GROUP_M": int(self.c["GROUP_M"])},
+                        num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]))
+        return KernelProgram(s.text(), (launch,))
+
+    def group_program(self) -> KernelProgram:
+        """One launch for every member: program ``pid`` finds its member (a chain of comparisons
+        with the members' first programs), takes that member's pointers and M under the template's
+        names, and runs the GEMM body on its tile ``pid - start``."""
+        p, s, g = self.p, self.src, self.group
+        s(cg.HEADER)
+        s(f"# matmul group: {len(g.members)} GEMMs of one structure, M = {[m.M for m in g.members]}")
+        self.header()
+        for h in p.helpers:
+            s.blank()(HELPERS[h].strip("\n"))
+        s.blank()("")
+        n_in, n_out = len(g.spec.inputs), len(g.spec.outputs)
+        params = [f"g_in{i}_ptr" for i in range(n_in)] + [f"g_out{o}_ptr" for o in range(n_out)]
+        consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"]
+        s("@triton.jit", f"def region_group_{p.op}_kernel({', '.join(params + [c + ': tl.constexpr' for c in consts])}):").indent()
+        s(f"pid = tl.program_id(0){'.to(tl.int64)' if self.wide else ''}")
+        local = sorted({p.a, p.b} | set(p.tile_inputs))
+        for j, (member, ins, outs) in enumerate(zip(g.members, g.in_maps, g.out_maps)):
+            assign = [f"in{i}_ptr = g_in{ins[i]}_ptr" for i in local] + \
+                     [f"out{o}_ptr = g_out{outs[o]}_ptr" for o in range(len(outs))] + \
+                     [f"M = pid * 0 + {member.M}", f"start = {self.starts[j]}"]
+            if j == 0:
+                s(f"# member 0: programs [0, {self.starts[1]})", *assign)
+            else:
+                s(f"if pid >= {self.starts[j]}:  # member {j}").indent()(*assign).dedent()
+        s(f"mb = (M + {self.bm - 1}) // BLOCK_M", "pid = pid - start")
+        self.body(hints=False)
+        s.dedent()
+        launch = Launch(f"region_group_{p.op}_kernel", (self.starts[-1],),
+                        tuple(("in", i) for i in range(n_in)) + tuple(("out", o) for o in range(n_out)),
                         {"BLOCK_M": self.bm, "BLOCK_N": self.bn, "BLOCK_K": self.bk, "GROUP_M": int(self.c["GROUP_M"])},
                         num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]))
         return KernelProgram(s.text(), (launch,))
@@ -555,10 +708,11 @@ class _Gen:
         p, s = self.p, self.src
         self.use_hints, self.hint_of = hints, self.hints()
         batch = f"batch {p.B} x " if p.op == "bmm" else ""
-        s(f"# C[{batch}M={p.M}, N={p.N}] = A[{p.M}, K={p.K}] @ B[{p.K}, {p.N}], fp32 accumulation; "
-          f"{self.mb} x {self.nb} tiles")
+        M, mb = (("M", "mb") if self.group else (p.M, self.mb))
+        s(f"# C[{batch}M={M}, N={p.N}] = A[{M}, K={p.K}] @ B[{p.K}, {p.N}], fp32 accumulation; "
+          f"{mb} x {self.nb} tiles")
         s(f"# strides (batch, row, col): A {list(p.a_strides)}, B {list(p.b_strides)}")
-        if self.mb == 1:
+        if mb == 1:
             s("pid_m = 0", "pid_n = pid")
         elif self.nb == 1:
             s("pid_m = pid", "pid_n = 0")
@@ -566,16 +720,17 @@ class _Gen:
             s("# grouped order: GROUP_M row blocks walk the column blocks together (A and B stay in L2)",
               f"width = GROUP_M * {self.nb}",
               "first_m = (pid // width) * GROUP_M",
-              f"rows = tl.minimum({self.mb} - first_m, GROUP_M)",
+              f"rows = tl.minimum({mb} - first_m, GROUP_M)",
               "pid_m = first_m + (pid % width) % rows",
               "pid_n = (pid % width) // rows")
         cast = ".to(tl.int64)" if self.wide else ""
-        s(f"rm = {'' if self.mb == 1 else 'pid_m * BLOCK_M + '}tl.arange(0, BLOCK_M){cast}",
+        s(f"rm = {'' if mb == 1 else 'pid_m * BLOCK_M + '}tl.arange(0, BLOCK_M){cast}",
           f"rn = {'' if self.nb == 1 else 'pid_n * BLOCK_N + '}tl.arange(0, BLOCK_N){cast}",
           "rk = tl.arange(0, BLOCK_K)")
-        self.m_masked, self.n_masked = p.M % self.bm != 0, p.N % self.bn != 0
+        ms = [m.M for m in self.group.members] if self.group else [p.M]
+        self.m_masked, self.n_masked = any(m % self.bm for m in ms), p.N % self.bn != 0
         if self.m_masked:
-            s(f"m_mask = rm < {p.M}")
+            s(f"m_mask = rm < {M}")
         if self.n_masked:
             s(f"n_mask = rn < {p.N}")
         # operand rows/cols at the edges: contiguous dims are masked, others wrapped into range
@@ -585,7 +740,7 @@ class _Gen:
             if asm == 1:
                 a_mask = "m_mask[:, None]"
             else:
-                s(f"ram = rm % {p.M}  # rows past M re-read valid rows; they are never stored")
+                s(f"ram = rm % {M}  # rows past M re-read valid rows; they are never stored")
                 a_rows = "ram"
         b_cols, b_mask = "rn", None
         if self.n_masked:

@@ -82,6 +82,7 @@ class FillRun:
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
+        self.inside: set[str] = set()   # region specs skipped: a region holding them hit
 
     def provenance(self, family: str, result: SearchResult) -> dict[str, Any]:
         import triton
@@ -104,8 +105,9 @@ class FillRun:
             row["status"] = "no generator"
             return row
         if work.covered_by and not self.force and all(
-                self.cache.lookup(k)[0] == "hit" for k in work.covered_by):
+                k in self.inside or self.cache.lookup(k)[0] == "hit" for k in work.covered_by):
             row["status"] = "in a fused region"
+            self.inside.add(spec.key)
             return row
         journal = Journal(self.cache.journal_path(spec.key))
         previous = journal.records()

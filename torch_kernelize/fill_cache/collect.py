@@ -100,11 +100,16 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
                     nodes[d.spec.key].node = (g.name, d.node)
     # Regions first: a node inside a region that gets a kernel never runs alone, so its own
     # search is skipped then (see FillRun); it still runs if its region finds no correct kernel.
+    # Likewise a region inside a larger one (a member of a matmul group) after that one.
     for w in regions.values():
         for member in w.members:
             for n in nodes.values():
                 if n.node == member:
                     n.covered_by.append(w.spec.key)
+        inside = set(w.members)
+        for r in regions.values():
+            if r is not w and set(r.members) < inside:
+                r.covered_by.append(w.spec.key)
     return list(regions.values()) + list(nodes.values())
 
 

@@ -1,0 +1,147 @@
+"""Horizontal groups of GEMMs (matmul_group regions): formation on real graphs (make_fx + core
+decompositions + find_regions + group_matmuls), the family's checks, and the grouped kernel on the
+Triton interpreter against the float64 reference."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kernel_testing import assert_valid, compile_sm90
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.lowering.kernels.matmul import FAMILY
+from torch_kernelize.lowering.regions import find_regions, group_matmuls, region_spec
+from torch_kernelize.lowering.targets import get_target
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/NaN edge trials
+
+F16 = torch.float16
+
+
+def experts(x, w1, w3, w2, ends):
+    """An MoE's expert loop (fixed routing): rows [start, end) of x go through expert e."""
+    out, start = [], 0
+    for e, end in enumerate(ends):
+        h = x[start:end]
+        h = F.silu(h @ w1[e].t()) * (h @ w3[e].t())
+        out.append(h @ w2[e].t())
+        start = end
+    return torch.cat(out)
+
+
+def groups_of(fn, *args):
+    gm = make_fx(fn, decomposition_table=core_aten_decompositions(), tracing_mode="fake")(*args)
+    target = get_target("interpreter")
+    regions = find_regions(gm, target)
+    return gm, regions, group_matmuls(gm, regions, target)
+
+
+def moe_args(ends=(5, 24, 40), d=32, f=16, dtype=torch.float32):
+    E = len(ends)
+    return (torch.randn(ends[-1], d, dtype=dtype), torch.randn(E, f, d, dtype=dtype) * 0.2,
+            torch.randn(E, f, d, dtype=dtype) * 0.2, torch.randn(E, d, f, dtype=dtype) * 0.2, ends)
+
+
+def test_expert_loop_forms_one_group_per_gemm_kind():
+    _, regions, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, (5, 24, 40)), *moe_args()[:4])
+    # per expert: mm(h, w1) -> silu -> mul(., mm(h, w3)) is a region, mm(h, w3) and mm(., w2) are lone mms
+    assert len(groups) == 3
+    for g in groups:
+        assert g.kind == "matmul_group" and len(g.members) == 3
+        assert set(g.nodes) == {n for m in g.members for n in m}
+    covered = {n for g in groups for n in g.nodes}
+    assert {n for r in regions if r.kind == "matmul" for n in r.nodes} <= covered
+
+
+def test_dependent_gemms_are_not_grouped():
+    """A chain x @ w0 @ w1 @ w2 has three GEMMs of one structure, each reading the previous one."""
+    def chain(x, w):
+        for i in range(3):
+            x = x @ w[i]
+        return x
+    _, _, groups = groups_of(chain, torch.randn(8, 16), torch.randn(3, 16, 16))
+    assert groups == []
+
+
+def test_qkv_projections_group_with_the_same_rows():
+    def qkv(x, wq, wk, wv):
+        return x @ wq.t(), x @ wk.t(), x @ wv.t()
+    _, _, groups = groups_of(qkv, torch.randn(24, 32), *[torch.randn(16, 32) for _ in range(3)])
+    assert len(groups) == 1 and len(groups[0].members) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F16], ids=str)
+def test_grouped_kernel_matches_float64(dtype, tmp_path):
+    """Members of 5, 19 and 16 rows (masked tile edges), an epilogue with an extra input."""
+    args = moe_args(dtype=dtype)
+    gm, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, args[4]), *args[:4])
+    specs = [region_spec(g, {}) for g in groups]
+    assert all(family_for(s) is FAMILY for s in specs)
+    for spec in specs:
+        config = FAMILY.seed_configs(spec)[0]
+        program = assert_valid(FAMILY, spec, tmp_path, config.replace(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16))
+        launch = program.launches[0]
+        assert launch.kernel == "region_group_mm_kernel"
+        # one program per tile of every member: 1 + 2 + 1 row blocks of 16
+        n = spec.outputs[0].shape[1]
+        assert launch.grid == (4 * -(-n // 16),)
+
+
+def test_group_seeds_count_every_members_tiles():
+    args = moe_args(ends=(1000, 2013, 3047, 4000), d=1024, f=512, dtype=F16)
+    gm = make_fx(lambda x, a, b, c: experts(x, a, b, c, args[4]), decomposition_table=core_aten_decompositions(),
+                 tracing_mode="fake")(*args[:4])
+    target = get_target("interpreter")
+    spec = region_spec(group_matmuls(gm, find_regions(gm, target), target)[0], {})
+    seeds = FAMILY.seed_configs(spec)
+    assert not any(c.get("ALIGN") for c in seeds)      # pointers are selected at run time
+    # 4 members of ~1000 rows x 512 columns: 128 tiles of 128x128 fill the GPU, no smaller seed
+    assert (64, 64) not in {(c["BLOCK_M"], c["BLOCK_N"]) for c in seeds}
+
+
+def test_family_refuses_members_that_differ_beyond_m(tmp_path):
+    args = moe_args()
+    gm, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, args[4]), *args[:4])
+    spec = region_spec(groups[0], {})
+    graph = json.loads(spec.graph)
+    graph["members"] = [graph["members"][0] + graph["members"][1]] + graph["members"][2:]
+    bad = spec.__class__(spec.op, spec.args, spec.kwargs, spec.inputs, spec.outputs, spec.tuple_output,
+                         json.dumps(graph, sort_keys=True, separators=(",", ":")))
+    assert "matmul" in (FAMILY.supports(bad) or "") or FAMILY.supports(bad) is not None
+    graph["members"] = graph["members"][:1]
+    one = spec.__class__(spec.op, spec.args, spec.kwargs, spec.inputs, spec.outputs, spec.tuple_output,
+                         json.dumps(graph, sort_keys=True, separators=(",", ":")))
+    assert "two members" in FAMILY.supports(one)
+
+
+def test_grouped_kernel_compiles_for_sm90(tmp_path):
+    args = moe_args(ends=(100, 300, 301, 512), d=64, f=32, dtype=F16)
+    gm, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, args[4]), *args[:4])
+    for g in groups:
+        spec = region_spec(g, {})
+        compile_sm90(spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), tmp_path)
+
+
+def test_fill_then_serve_runs_the_groups_fused(tmp_path):
+    """fill_cache stores the groups (and their members); a fresh process then runs each group as
+    one launch, with the eager result."""
+    from test_fill_cache import MODELS, compile_in_fresh_process, fill_cache
+    cache = tmp_path / "cache"
+    fill_cache("--model", f"{MODELS}:make_experts", "--target", "interpreter", "--cache-dir", str(cache), "--budget", "1")
+    summary = json.loads(sorted(cache.glob("*/runs/*.json"))[-1].read_text())
+    statuses = [r["status"] for r in summary["specs"]]
+    # the three groups are searched; their member regions and nodes are not (the groups hold them)
+    assert statuses.count("stored") == 3 and set(statuses) == {"stored", "in a fused region"}, statuses
+    res, _ = compile_in_fresh_process(tmp_path, cache, fn="make_experts")
+    assert res["err"] < 1e-4
+    doc = json.loads((tmp_path / "report.json").read_text())
+    regions = [r for g in doc["graphs"] for r in g["regions"]]
+    groups = [r for r in regions if "matmul_group" in r["shapes"]]
+    assert len(groups) == 3 and all(r["tier"] == "triton" for r in groups), regions
+    # the members were covered: not looked up on their own
+    assert not [r for r in regions if "matmul_group" not in r["shapes"]], regions
+    assert all(n["tier"] == "triton" for g in doc["graphs"] for n in g["nodes"] if n["op"] == "aten.mm.default")
