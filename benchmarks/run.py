@@ -387,7 +387,7 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
                 proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                                       env=_child_env())
                 if proc.returncode:
-                    raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output")
+                    raise RuntimeError(_exception_text(proc.stderr))
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
                 row[f"{backend}_first_call_s"] = round(r["first_call_s"], 3)
                 for part in ("dynamo_s", "backend_s"):
@@ -418,6 +418,20 @@ def _isolated(args, names, phases) -> dict:
         except (OSError, ValueError) as e:
             out[name] = {"error": f"exit {proc.returncode}: {type(e).__name__}: {e}; {proc.stderr[-1500:]}"}
     return out
+
+
+def _exception_text(stderr: str) -> str:
+    """The last exception a child process printed, with its whole (multi-line) message: the
+    lines after the last traceback's frames (the last line alone can be a message's tail)."""
+    lines = stderr.strip().splitlines()
+    if not lines:
+        return "no output"
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback")), default=len(lines) - 1)
+    body = lines[start + 1:] or lines[-1:]
+    i = max((i for i, line in enumerate(body) if line.startswith("  File ")), default=-1) + 1
+    while i and i < len(body) and body[i].startswith("    "):  # the frame's source lines
+        i += 1
+    return " ".join(line.strip() for line in body[i:]) or lines[-1]
 
 
 def _child_env() -> dict:
