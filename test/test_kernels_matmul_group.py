@@ -145,3 +145,27 @@ def test_fill_then_serve_runs_the_groups_fused(tmp_path):
     # the members were covered: not looked up on their own
     assert not [r for r in regions if "matmul_group" not in r["shapes"]], regions
     assert all(n["tier"] == "triton" for g in doc["graphs"] for n in g["nodes"] if n["op"] == "aten.mm.default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_grouped_kernels_validate(tmp_path):
+    """On the GPU: every seed of each group (one member of a single row) validates, through
+    Triton's JIT and through the project's ahead-of-time CUDA path."""
+    from kernel_testing import jit_runner
+    from torch_kernelize.build import write_program
+    from torch_kernelize.launch import load_program
+    from torch_kernelize.validate import validate
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in moe_args(ends=(100, 300, 301, 812), d=256, f=128, dtype=F16)]
+    _, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, args[4]), *args[:4])
+    assert len(groups) == 3
+    for i, g in enumerate(groups):
+        spec = region_spec(g, {})
+        for config in FAMILY.seed_configs(spec):
+            program = FAMILY.generate(spec, config)
+            rec = validate(jit_runner(tmp_path, spec, program).run_poisoned, spec, FAMILY.sample_inputs,
+                           FAMILY.edge_kinds, device="cuda")
+            assert rec.ok, f"[{config}]: {rec.reason}\n{program.source}"
+        write_program(tmp_path / f"aot{i}", spec, program, "cuda")
+        runner = load_program(tmp_path / f"aot{i}", spec, "cuda")
+        rec = validate(runner.run_poisoned, spec, FAMILY.sample_inputs, FAMILY.edge_kinds, device="cuda")
+        assert rec.ok, rec.reason
