@@ -2,17 +2,15 @@
 met only with CUDA graphs, missed), host time beside GPU time in the profile table."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from torch_kernelize.launch import import_source
 
 REPORT = Path(__file__).resolve().parent.parent / "benchmarks" / "report.py"
 
 
 def _report():
-    spec = importlib.util.spec_from_file_location("bench_report", REPORT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_source(REPORT, "bench_report")
 
 
 RESULTS = {

@@ -1,19 +1,17 @@
 """benchmarks/run.py's helpers that run on any machine."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+from torch_kernelize.launch import import_source
 
 RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
 
 
 def _run_module():
-    spec = importlib.util.spec_from_file_location("bench_run", RUN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_source(RUN, "bench_run")
 
 
 def test_a_child_processs_exception_keeps_its_whole_message():

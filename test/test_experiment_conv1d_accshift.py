@@ -6,19 +6,17 @@ end inside a tile, tiles that span two rows, and the halo columns at both edges 
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from torch_kernelize.launch import import_source
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "conv1d_accshift.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("conv1d_accshift", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_source(SCRIPT, "conv1d_accshift")
 
 
 @pytest.mark.parametrize("shift", ["gather", "dot"])

@@ -6,21 +6,18 @@ The numbers it documents come from a GPU run (benchmarks/results/*-conv1d-gluon.
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from kernel_testing import GPU_COMPILE
+from torch_kernelize.launch import import_source
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "conv1d_gluon_slab.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("conv1d_gluon_slab", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_source(SCRIPT, "conv1d_gluon_slab")
 
 
 @pytest.mark.parametrize("L,K,pad,dil", [(200, 3, 1, 1), (64, 5, 2, 1), (48, 3, 2, 2), (40, 3, 0, 1), (32, 1, 0, 1)])
@@ -59,7 +56,7 @@ def test_variants_compile_for_sm90(variant, tmp_path):
     m = _module()
     shape = dict(m.SHAPE, N=64)
     compiled = m.compile_sm90(m.source(**shape, **variant), tmp_path, "v", variant["num_warps"])
-    counts = m.sass_counts(compiled.asm["cubin"], tmp_path)
+    counts = m.sass_counts(compiled.asm["cubin"])
     assert any(op.startswith("HGMMA") for op in counts), counts
     # the taps come out of shared memory, not from shifted global loads
     assert any(op.startswith(("LDS", "LDSM")) for op in counts), counts

@@ -43,6 +43,24 @@ def sass(cubin: Path) -> str:
     return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
+SASS_OPCODES = ("LDS", "STS", "LDSM", "STSM", "LDG", "STG", "LDGSTS", "LDL", "STL", "HGMMA", "HMMA", "SHFL")
+
+
+def sass_counts(cubin: bytes, opcodes: tuple[str, ...] = SASS_OPCODES, suffixes: bool = True) -> dict[str, int]:
+    """How often each instruction of ``opcodes`` occurs in a binary's SASS: by full name
+    (``LDS.U16`` apart from ``LDS.128``), or summed per opcode when ``suffixes`` is False."""
+    import collections
+    import re
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        text = sass(path)
+    names = re.findall(rf"\b((?:{'|'.join(opcodes)})(?:\.[\w.]*)?)\b", text)
+    return dict(sorted(collections.Counter(n if suffixes else n.split(".")[0] for n in names).items()))
+
+
 def _launch_files(i: int, aligned: bool = True) -> tuple[str, str]:
     tag = "" if aligned else ".unaligned"
     return f"launch{i}{tag}.cubin", f"launch{i}{tag}.json"

@@ -41,7 +41,8 @@ So it is slower than the family by 1.8x at best, and the shift is not what costs
 variant, which has no gather, runs as slowly. What every variant shares is the structure: Cout
 (96) padded to an MMA M of 128 (a third more tensor-core work), 15 small wgmmas per tile, each
 waited on before the next, and three [Cout, positions] fp32 accumulators live at once (the
-4-warp BL=64 and the BL=128 variants spill registers, --compile-only shows it). `tl.gather` also
+4-warp BL=64 variants spill 42-52 registers, BL=128 and the 4-warp `dot` a few; --compile-only
+shows it). `tl.gather` also
 runs in a blocked layout, not in the MMA's, so each gathered tap converts its accumulator's layout
 through shared memory twice. A negative result, kept as a data point: shifting the accumulators
 does not close the conv1d gap in Triton.
@@ -53,10 +54,7 @@ Usage (GPU): python benchmarks/experiments/conv1d_accshift.py --out DIR
 from __future__ import annotations
 
 import argparse
-import collections
-import importlib.util
 import json
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -133,12 +131,10 @@ def source(C: int, L: int, CP: int, BL: int, BCI: int, SHIFT: str, GRID: int, ST
 
 
 def load_kernel(src: str, directory: Path, name: str):
+    from torch_kernelize.launch import import_source
     path = directory / f"{name}.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.conv1d_accshift
+    return import_source(path, f"{__name__}_{name}").conv1d_accshift
 
 
 def compile_sm90(src: str, directory: Path, name: str, num_warps: int):
@@ -153,12 +149,10 @@ def compile_sm90(src: str, directory: Path, name: str, num_warps: int):
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def sass_counts(cubin: bytes, directory: Path) -> dict[str, int]:
-    from torch_kernelize.cuda_binaries import sass
-    path = directory / "k.cubin"
-    path.write_bytes(cubin)
-    ops = re.findall(r"\b((?:LDS|STS|LDSM|STSM|LDG|STG|HGMMA|HMMA|SHFL|LDL|STL|LDGSTS)[.\w]*)", sass(path))
-    return dict(sorted(collections.Counter(o.split(".")[0] for o in ops).items()))
+def sass_counts(cubin: bytes) -> dict[str, int]:
+    """Shared/global memory and MMA instructions in the SASS of ``cubin``, by opcode."""
+    from torch_kernelize.cuda_binaries import sass_counts as counts
+    return counts(cubin, suffixes=False)
 
 
 SHAPE = dict(N=2048, C=96, L=200)
@@ -208,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_only:
         for i, v in enumerate(VARIANTS):
             c = compile_sm90(source(**SHAPE, **v), work, f"v{i}", v["num_warps"])
-            print(v, f"smem {c.metadata.shared}", sass_counts(c.asm["cubin"], work), flush=True)
+            print(v, f"smem {c.metadata.shared}", sass_counts(c.asm["cubin"]), flush=True)
         return 0
 
     if args.check:

@@ -52,10 +52,7 @@ Usage (GPU): python benchmarks/experiments/conv1d_gluon_slab.py --out DIR
 from __future__ import annotations
 
 import argparse
-import collections
-import importlib.util
 import json
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -204,12 +201,10 @@ def source(*, N: int, Cin: int, Cout: int, L: int, K: int, pad: int, dil: int, B
 
 
 def load_kernel(src: str, directory: Path, name: str):
+    from torch_kernelize.launch import import_source
     path = directory / f"{name}.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.conv1d_gl
+    return import_source(path, f"{__name__}_{name}").conv1d_gl
 
 
 def compile_sm90(src: str, directory: Path, name: str, num_warps: int):
@@ -224,12 +219,10 @@ def compile_sm90(src: str, directory: Path, name: str, num_warps: int):
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def sass_counts(cubin: bytes, directory: Path) -> dict[str, int]:
-    """Shared/global memory and MMA instructions in the SASS of ``cubin``, by opcode."""
-    from torch_kernelize.cuda_binaries import sass
-    path = directory / "k.cubin"
-    path.write_bytes(cubin)
-    return dict(collections.Counter(re.findall(r"\b((?:LDS|STS|LDSM|STSM|LDG|STG|HGMMA)[.\w]*)", sass(path))))
+def sass_counts(cubin: bytes) -> dict[str, int]:
+    """Shared/global memory and MMA instructions in the SASS of ``cubin``, by full name."""
+    from torch_kernelize.cuda_binaries import sass_counts as counts
+    return counts(cubin, ("LDS", "STS", "LDSM", "STSM", "LDG", "STG", "HGMMA"))
 
 
 SHAPE = dict(N=2048, Cin=96, Cout=96, L=200, K=3, pad=1, dil=1)
@@ -244,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile_only:
         for i, v in enumerate(VARIANTS):
             c = compile_sm90(source(**SHAPE, **v), work, f"v{i}", v["num_warps"])
-            print(v, f"smem {c.metadata.shared}", sass_counts(c.asm["cubin"], work))
+            print(v, f"smem {c.metadata.shared}", sass_counts(c.asm["cubin"]))
         return 0
 
     import torch
