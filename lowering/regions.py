@@ -291,7 +291,7 @@ def group_matmuls(gm: fx.GraphModule, regions: Sequence[Region], target: Target)
     def reads(unit: Region, nodes: set[fx.Node]) -> bool:
         """Whether ``unit``'s inputs depend on any of ``nodes``."""
         stop = min(order[n] for n in nodes)
-        seen, stack = set(), [a for a in unit.inputs]
+        seen, stack = set(), list(unit.inputs)
         while stack:
             a = stack.pop()
             if a in nodes:
@@ -327,6 +327,27 @@ def group_matmuls(gm: fx.GraphModule, regions: Sequence[Region], target: Target)
         outputs = [o for m in group for o in m.outputs]
         out.append(Region("matmul_group", nodes, inputs, outputs, [list(m.nodes) for m in group]))
     return sorted(out, key=lambda r: order[r.nodes[0]])
+
+
+def closes_cycle(region: Region, fused: Sequence[Region]) -> bool:
+    """Whether running ``region`` as one call, beside the ``fused`` regions (each one call that
+    needs all its inputs), would make a call wait for itself: some input of ``region`` depends on
+    a node of it. Each region is acyclic alone; two groups can still wait for each other (group
+    X's member a feeds group Y's member b while Y's c feeds X's d)."""
+    owner = {n: r for r in fused for n in r.nodes}
+    mine = set(region.nodes)
+    seen: set[fx.Node] = set()
+    stack = list(region.inputs)
+    while stack:
+        a = stack.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if a in mine:
+            return True
+        r = owner.get(a)
+        stack.extend(r.inputs if r is not None else a.all_input_nodes)
+    return False
 
 
 def _structure(unit: Region) -> str | None:

@@ -54,3 +54,25 @@ class Experts(nn.Module):
 def make_experts():
     torch.manual_seed(0)
     return Experts(), (torch.randn(40, 32),)
+
+
+class Crossed(nn.Module):
+    """Two GEMM structures, each feeding the other's second member: grouped both ways, the two
+    groups would wait for each other, so only one may run fused."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 16, 32) * 0.2)   # [m, 16] @ [16, 32]
+        self.v = nn.Parameter(torch.randn(2, 32, 16) * 0.2)   # [m, 32] @ [32, 16]
+
+    def forward(self, x, z):
+        xa = x @ self.w[0]
+        yb = xa @ self.v[0]
+        yc = z @ self.v[1]
+        xd = yc @ self.w[1]
+        return yb, xd
+
+
+def make_crossed():
+    torch.manual_seed(0)
+    return Crossed(), (torch.randn(8, 16), torch.randn(4, 32))

@@ -14,7 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kernel_testing import assert_valid, compile_sm90
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.matmul import FAMILY
-from torch_kernelize.lowering.regions import find_regions, group_matmuls, region_spec
+from torch_kernelize.lowering.regions import closes_cycle, find_regions, group_matmuls, region_spec
 from torch_kernelize.lowering.targets import get_target
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/NaN edge trials
@@ -65,6 +65,18 @@ def test_dependent_gemms_are_not_grouped():
         return x
     _, _, groups = groups_of(chain, torch.randn(8, 16), torch.randn(3, 16, 16))
     assert groups == []
+
+
+def test_two_groups_feeding_each_other_close_a_cycle():
+    """X = {xa, xd}, Y = {yb, yc}: yb reads xa and xd reads yc. Each group is independent inside,
+    but fused together they would wait for each other: the second one fused is refused."""
+    import fill_models
+    model, inputs = fill_models.make_crossed()
+    _, regions, groups = groups_of(lambda x, z, w, v: torch.func.functional_call(model, {"w": w, "v": v}, (x, z)),
+                                   *inputs, model.w.detach(), model.v.detach())
+    assert len(groups) == 2
+    assert not closes_cycle(groups[0], []) and not closes_cycle(groups[1], [])
+    assert closes_cycle(groups[1], [groups[0]]) and closes_cycle(groups[0], [groups[1]])
 
 
 def test_qkv_projections_group_with_the_same_rows():
@@ -169,3 +181,16 @@ def test_gpu_grouped_kernels_validate(tmp_path):
         runner = load_program(tmp_path / f"aot{i}", spec, "cuda")
         rec = validate(runner.run_poisoned, spec, FAMILY.sample_inputs, FAMILY.edge_kinds, device="cuda")
         assert rec.ok, rec.reason
+
+
+def test_serving_two_crossed_groups_fuses_one(tmp_path):
+    """Both groups are stored; serving fuses the first and runs the other's members on their own."""
+    from test_fill_cache import MODELS, compile_in_fresh_process, fill_cache
+    cache = tmp_path / "cache"
+    fill_cache("--model", f"{MODELS}:make_crossed", "--target", "interpreter", "--cache-dir", str(cache), "--budget", "1")
+    res, _ = compile_in_fresh_process(tmp_path, cache, fn="make_crossed")
+    assert res["err"] < 1e-4
+    doc = json.loads((tmp_path / "report.json").read_text())
+    groups = [r for g in doc["graphs"] for r in g["regions"] if "matmul_group" in r["shapes"]]
+    assert sorted(r["tier"] for r in groups) == ["triton", "vendor"], groups
+    assert any("wait for its own outputs" in r["reason"] for r in groups), groups

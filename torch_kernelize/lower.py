@@ -16,7 +16,8 @@ import torch.fx as fx
 
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
-from torch_kernelize.lowering.regions import Region, describe_region, find_regions, group_matmuls, region_spec
+from torch_kernelize.lowering.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
+                                              region_spec)
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
 from torch_kernelize.planner import Decision, GraphPlan, family_name, plan_graph, resolve_family
@@ -216,6 +217,9 @@ class LoweredGraph:
             d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
                          shapes=what, family=family, spec=spec, entry=entry)
             self._region_of[spec.key] = region
+            if status == "hit" and closes_cycle(region, [r for r, _ in fused]):
+                # (only groups can: two of them each feeding the other; the first one fused stays)
+                status, why = "cycle", "fused with the regions before it, it would wait for its own outputs"
             if status == "hit":
                 runner = self.session.load_runner(d)
                 if runner is not None:
