@@ -472,5 +472,7 @@ def region_graph_module(spec: KernelSpec) -> fx.GraphModule:
 
 def describe_region(spec: KernelSpec) -> str:
     graph = region_graph(spec)
-    ops = [n["op"].split(".")[1] for n in graph["nodes"]]
-    return f"{graph['kind']} region [{' '.join(ops)}]"
+    members = graph.get("members")
+    ops = [graph["nodes"][j]["op"].split(".")[1] for j in (members[0] if members else range(len(graph["nodes"])))]
+    group = f" of {len(members)} GEMMs, each" if members else ""
+    return f"{graph['kind']} region{group} [{' '.join(ops)}]"
