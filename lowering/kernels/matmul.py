@@ -625,6 +625,8 @@ class _Gen:
         s("@triton.jit", f"def region_group_{p.op}_kernel({', '.join(params + [c + ': tl.constexpr' for c in consts])}):").indent()
         s(f"pid = tl.program_id(0){'.to(tl.int64)' if self.wide else ''}")
         local = sorted({p.a, p.b} | set(p.tile_inputs))
+        # M is a run-time value (``pid * 0 + m``: a tensor, which the if-blocks may rebind; a
+        # literal would be a constexpr)
         for j, (member, ins, outs) in enumerate(zip(g.members, g.in_maps, g.out_maps)):
             assign = [f"in{i}_ptr = g_in{ins[i]}_ptr" for i in local] + \
                      [f"out{o}_ptr = g_out{outs[o]}_ptr" for o in range(len(outs))] + \
