@@ -3,6 +3,7 @@ decompositions + find_regions + group_matmuls), the family's checks, and the gro
 Triton interpreter against the float64 reference."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -115,19 +116,27 @@ def test_group_seeds_count_every_members_tiles():
     assert (64, 64) not in {(c["BLOCK_M"], c["BLOCK_N"]) for c in seeds}
 
 
-def test_family_refuses_members_that_differ_beyond_m(tmp_path):
+def test_family_refuses_members_that_differ_beyond_m():
+    """The family, not the formation heuristic, is the authority: members that are not one GEMM
+    each, GEMMs of different N, or a single member are refused with the reason."""
+    from torch_kernelize.lowering.regions import Region
     args = moe_args()
-    gm, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, args[4]), *args[:4])
+    _, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, args[4]), *args[:4])
     spec = region_spec(groups[0], {})
-    graph = json.loads(spec.graph)
-    graph["members"] = [graph["members"][0] + graph["members"][1]] + graph["members"][2:]
-    bad = spec.__class__(spec.op, spec.args, spec.kwargs, spec.inputs, spec.outputs, spec.tuple_output,
-                         json.dumps(graph, sort_keys=True, separators=(",", ":")))
-    assert "matmul" in (FAMILY.supports(bad) or "") or FAMILY.supports(bad) is not None
-    graph["members"] = graph["members"][:1]
-    one = spec.__class__(spec.op, spec.args, spec.kwargs, spec.inputs, spec.outputs, spec.tuple_output,
-                         json.dumps(graph, sort_keys=True, separators=(",", ":")))
-    assert "two members" in FAMILY.supports(one)
+
+    def regraph(members):
+        graph = dict(json.loads(spec.graph), members=members)
+        return dataclasses.replace(spec, graph=json.dumps(graph, sort_keys=True, separators=(",", ":")))
+    members = json.loads(spec.graph)["members"]
+    assert "not a pointwise op" in FAMILY.supports(regraph([members[0] + members[1]] + members[2:]))
+    assert "two members" in FAMILY.supports(regraph(members[:1]))
+    # two lone mms of different N, grouped by hand
+    gm = make_fx(lambda x, w, v: (x @ w, x @ v), tracing_mode="fake")(torch.randn(8, 16), torch.randn(16, 32),
+                                                                      torch.randn(16, 24))
+    mms = [n for n in gm.graph.nodes if n.target == torch.ops.aten.mm.default]
+    inputs = list(dict.fromkeys(a for n in mms for a in n.args))
+    odd = region_spec(Region("matmul_group", mms, inputs, mms, [[n] for n in mms]), {})
+    assert "differs from member" in FAMILY.supports(odd)
 
 
 def test_grouped_kernel_compiles_for_sm90(tmp_path):
