@@ -109,9 +109,19 @@ def compile_options(launch: Launch) -> dict[str, Any]:
 def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
                      gpu_target: tuple | None = None, aligned: bool = True) -> list[str]:
     """Compile every launch of ``program`` (written in ``directory``) and store its binary and
-    metadata there; return the file names."""
+    metadata there; return the file names. CUDA C++ programs build with nvcc (cuda_cxx.py) and
+    have no binaries for unaligned views."""
     import triton
     from triton.backends.compiler import GPUTarget
+
+    if program.language == "cuda":
+        if not aligned:
+            raise ValueError("CUDA C++ kernels take 16-byte aligned pointers only; unaligned views run the vendor op")
+        from torch_kernelize import cuda_cxx
+        if gpu_target is None:
+            t = _gpu_target()
+            gpu_target = (t.backend, t.arch, t.warp_size)
+        return cuda_cxx.compile_launches(directory, program, gpu_target)
 
     module = import_source(directory / "kernel.py", f"torch_kernelize_build.k{spec.key}_{id(program)}")
     target = GPUTarget(*gpu_target) if gpu_target is not None else _gpu_target()
@@ -194,6 +204,10 @@ def load_launch(directory: Path, i: int, fn: Any, launch: Launch, program: Kerne
     """The launcher of launch ``i`` from its stored cubin and metadata (no compilation); ``fn`` is
     the kernel's function or its KernelSignature."""
     from triton.compiler import CompiledKernel
+
+    if program.language == "cuda":
+        from torch_kernelize import cuda_cxx
+        return cuda_cxx.load_launch(directory, i, launch)
 
     cubin, meta = _launch_files(i, aligned)
     src = _source(fn, launch, program, spec, aligned)

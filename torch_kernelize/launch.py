@@ -18,10 +18,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels.program import PHASE, KernelProgram, Launch
+from torch_kernelize.lowering.kernels.program import PHASE, SOURCE_FILES, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
-SOURCE_FILE = "kernel.py"
 PROGRAM_FILE = "program.json"
 
 _import_lock = threading.Lock()
@@ -305,14 +304,23 @@ class ProgramRunner:
         return tuple(outs)
 
 
+def read_program(directory: Path) -> KernelProgram:
+    """A built program's launch list and source (whichever language it is written in)."""
+    meta = json.loads((Path(directory) / PROGRAM_FILE).read_text())
+    source = (Path(directory) / SOURCE_FILES[meta.get("language", "triton")]).read_text()
+    return KernelProgram.from_json(meta, source)
+
+
 def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: str | None = None) -> ProgramRunner:
-    """Load a built program from ``directory`` (kernel.py, program.json, launch binaries);
-    ``module_name`` names the imported source (interpreter)."""
+    """Load a built program from ``directory`` (kernel.py or kernel.cu, program.json, launch
+    binaries); ``module_name`` names the imported source (interpreter)."""
     directory = Path(directory)
-    source = (directory / SOURCE_FILE).read_text()
-    program = KernelProgram.from_json(json.loads((directory / PROGRAM_FILE).read_text()), source)
+    program = read_program(directory)
+    if program.language != "triton" and backend != "cuda":
+        raise ValueError(f"{spec.describe()}: a {program.language} program runs on the cuda target only, "
+                         f"not on {backend!r}")
     if backend == "interpreter":
-        module = import_source(directory / SOURCE_FILE, module_name or f"torch_kernelize_kernels.k{spec.key}")
+        module = import_source(directory / program.source_file, module_name or f"torch_kernelize_kernels.k{spec.key}")
         use_interpreter_twins(module)
         return ProgramRunner(spec, program, [_interpreted(getattr(module, l.kernel)) for l in program.launches],
                              backend)

@@ -5,6 +5,12 @@ kernel, on which grid, with which arguments (spec inputs, spec outputs, temporar
 scalars), constexprs, warps and stages. Shapes are concrete (a spec is per shape), so grids and
 sizes are plain numbers: nothing is computed at launch time but the pointers.
 
+A program may instead be CUDA C++ (``language="cuda"``), for a kernel that needs what Triton does
+not express (shared-memory addresses of its own, bulk copies): its kernels are ``extern "C"
+__global__`` functions, a launch's constexprs are the ``-D`` macros it is compiled with, its block
+is ``32 * num_warps`` threads and ``shared`` bytes of dynamic shared memory. Such a program runs
+on the cuda target only (cuda_cxx.py builds and launches it); the interpreter cannot run it.
+
 A launch may be grid-synchronized (``phases`` > 1): its kernel takes a constexpr ``PHASE`` and
 runs its phases one after another, every program waiting at a grid barrier between them (e.g. a
 reduction whose result all programs need, then a pass that uses it, in one launch). On CUDA it is
@@ -29,6 +35,8 @@ Arg = tuple[str, Any]
 SCALAR_KINDS = ("i32", "i64", "fp32")
 BUFFER_KINDS = ("in", "out", "tmp", "state")
 PHASE = "PHASE"  # the constexpr of a grid-synchronized launch: 0 = every phase, k = phase k alone
+LANGUAGES = ("triton", "cuda")
+SOURCE_FILES = {"triton": "kernel.py", "cuda": "kernel.cu"}  # the source's file name in a built program
 
 # Triton signature type of a tensor pointer, by torch dtype name.
 POINTER_TYPES = {
@@ -61,6 +69,7 @@ class Launch:
     num_warps: int = 4
     num_stages: int = 2
     phases: int = 1  # > 1: grid-synchronized (see the module docstring); constexprs hold PHASE=0
+    shared: int = 0  # dynamic shared memory in bytes (CUDA C++ launches; Triton sizes its own)
 
     def __post_init__(self):
         for kind, _ in self.args:
@@ -73,6 +82,8 @@ class Launch:
                              "exactly when there are several")
         if self.phases > 1 and self.constexprs[PHASE] != 0:
             raise ValueError(f"launch {self.kernel}: {PHASE} must be 0 (all phases) in the launch")
+        if self.shared < 0:
+            raise ValueError(f"launch {self.kernel}: negative shared memory {self.shared}")
 
     @property
     def synchronized(self) -> bool:
@@ -83,12 +94,14 @@ class Launch:
              "constexprs": self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.phases > 1:
             d["phases"] = self.phases
+        if self.shared:
+            d["shared"] = self.shared
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Launch":
         return cls(d["kernel"], tuple(d["grid"]), tuple((k, v) for k, v in d["args"]), dict(d["constexprs"]),
-                   d["num_warps"], d["num_stages"], d.get("phases", 1))
+                   d["num_warps"], d["num_stages"], d.get("phases", 1), d.get("shared", 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +130,13 @@ class KernelProgram:
     temps: tuple[Buffer, ...] = ()
     donations: tuple[Donation, ...] = ()
     state: tuple[Buffer, ...] = ()  # kept across calls, zeroed once (grid-barrier semaphores)
+    language: str = "triton"  # or "cuda": CUDA C++ (see the module docstring)
 
     def __post_init__(self):
+        if self.language not in LANGUAGES:
+            raise ValueError(f"unknown kernel language {self.language!r}; expected one of {LANGUAGES}")
+        if self.language == "cuda" and any(l.synchronized for l in self.launches):
+            raise ValueError("grid-synchronized launches are Triton programs only")
         for b in self.state:
             if b.init not in (None, 0):
                 raise ValueError(f"state buffers start at zero, not {b.init!r}")
@@ -131,8 +149,14 @@ class KernelProgram:
     def init_of(self, i: int) -> float | int | None:
         return self.output_init[i] if i < len(self.output_init) else None
 
+    @property
+    def source_file(self) -> str:
+        return SOURCE_FILES[self.language]
+
     def signature(self, launch: Launch, spec) -> dict[str, str]:
         """Triton signature (arg name -> type) of one launch, for ahead-of-time compilation."""
+        if self.language != "triton":
+            raise ValueError(f"a {self.language} program has no Triton signature")
         names = self.kernel_arg_names(launch.kernel)
         runtime_names = [n for n in names if n not in launch.constexprs]
         if len(runtime_names) != len(launch.args):
@@ -153,6 +177,8 @@ class KernelProgram:
 
     def kernel_arg_names(self, kernel: str) -> list[str]:
         """Parameter names of a kernel, read from the source without importing it."""
+        if self.language == "cuda":
+            return list(_cuda_arg_names(self.source, kernel))
         return list(_arg_names(self.source, kernel))
 
     def to_json(self) -> dict[str, Any]:
@@ -161,6 +187,8 @@ class KernelProgram:
              "temps": [t.to_json() for t in self.temps], "donations": [d.to_json() for d in self.donations]}
         if self.state:
             d["state"] = [b.to_json() for b in self.state]
+        if self.language != "triton":
+            d["language"] = self.language
         return d
 
     @classmethod
@@ -168,7 +196,7 @@ class KernelProgram:
         return cls(source, tuple(Launch.from_json(l) for l in d["launches"]), tuple(d.get("output_init", ())),
                    tuple(Buffer.from_json(t) for t in d.get("temps", ())),
                    tuple(Donation.from_json(x) for x in d.get("donations", ())),
-                   tuple(Buffer.from_json(b) for b in d.get("state", ())))
+                   tuple(Buffer.from_json(b) for b in d.get("state", ())), d.get("language", "triton"))
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
@@ -186,3 +214,15 @@ def _arg_names(source: str, kernel: str) -> tuple[str, ...]:
         if isinstance(node, ast.FunctionDef) and node.name == kernel:
             return tuple(a.arg for a in node.args.args)
     raise ValueError(f"kernel {kernel!r} is not defined in the program source")
+
+
+@functools.lru_cache(maxsize=256)
+def _cuda_arg_names(source: str, kernel: str) -> tuple[str, ...]:
+    """Parameter names of an ``extern "C" __global__`` kernel in CUDA C++ source."""
+    import re
+    m = re.search(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?" + re.escape(kernel) + r"\s*\(([^)]*)\)",
+                  source)
+    if m is None:
+        raise ValueError(f"kernel {kernel!r} is not defined in the program source")
+    params = [p.strip() for p in m.group(1).split(",") if p.strip()]
+    return tuple(re.search(r"(\w+)\s*$", p).group(1) for p in params)

@@ -1,0 +1,166 @@
+"""CUDA C++ kernels: compiled with nvcc when a program is built (fill_cache), and served from the
+stored cubin through the CUDA driver API.
+
+A family emits CUDA C++ (``KernelProgram.language == "cuda"``, see program.py) where Triton cannot
+express the kernel it needs: shared-memory addresses of its own, the copy engine's bulk copies.
+Building needs nvcc, the CUDA toolkit's compiler, and only where the cache is filled: it is found
+through ``TORCH_KERNELIZE_NVCC``, then ``PATH``, then ``CUDA_HOME``/``CUDA_PATH``, then
+/usr/local/cuda. Serving needs only the driver that torch has loaded already: no compiler runs.
+
+Such kernels assume 16-byte aligned pointers (they move 16-byte vectors), and have no second
+binary for unaligned views: the runner sends those calls to the vendor op (launch.MisalignedInput).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from torch_kernelize.cuda_binaries import _launch_files
+from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+
+log = logging.getLogger("torch_kernelize.launch")
+
+NVCC_ENV = "TORCH_KERNELIZE_NVCC"
+MIN_CAPABILITY = (9, 0)  # the kernels use sm_90's bulk copies and transaction-count barriers
+_C_SCALARS = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "fp32": ctypes.c_float}
+
+
+def nvcc() -> str | None:
+    """The nvcc to build with, or None where there is none."""
+    given = os.environ.get(NVCC_ENV)
+    if given:
+        return given if Path(given).is_file() else None
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (Path(root) / "bin" / "nvcc").is_file():
+            return str(Path(root) / "bin" / "nvcc")
+    return None
+
+
+def available() -> bool:
+    """Whether this process can build and run CUDA C++ candidates: nvcc is found, and the current
+    CUDA device has compute capability MIN_CAPABILITY or above."""
+    import torch
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() >= MIN_CAPABILITY
+            and nvcc() is not None)
+
+
+def _define(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    raise ValueError(f"a CUDA C++ constant must be an int or bool, not {value!r}")
+
+
+def nvcc_command(source: Path, out: Path, launch: Launch, arch: int, tool: str = "nvcc") -> list[str]:
+    """The nvcc command that compiles ``launch``'s kernel for sm_<arch> into ``out`` (a cubin)."""
+    return [tool, "-cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17", "-Xptxas", "-v",
+            *[f"-D{k}={_define(v)}" for k, v in sorted(launch.constexprs.items())], str(source), "-o", str(out)]
+
+
+def compile_launches(directory: Path, program: KernelProgram, gpu_target: tuple) -> list[str]:
+    """Compile every launch of a CUDA C++ program (written in ``directory``) with nvcc for the
+    GPU of ``gpu_target`` (backend, arch, warp size); store each cubin with its metadata (kernel
+    name, threads, shared memory, ptxas's register and spill report). Returns the file names."""
+    tool = nvcc()
+    if tool is None:
+        raise RuntimeError(f"building a CUDA C++ kernel needs nvcc: put the CUDA toolkit's nvcc on PATH "
+                           f"or name it in {NVCC_ENV}")
+    backend, arch = gpu_target[0], int(gpu_target[1])
+    if backend != "cuda":
+        raise RuntimeError(f"CUDA C++ kernels build for NVIDIA GPUs, not for {backend!r}")
+    directory = Path(directory)
+    files = []
+    for i, launch in enumerate(program.launches):
+        cubin, meta = _launch_files(i)
+        cmd = nvcc_command(directory / program.source_file, directory / cubin, launch, arch, tool)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"nvcc failed on {launch.kernel} ({' '.join(cmd[5:-3])}):\n{done.stderr[-3000:]}")
+        report = " ".join(l.split(":", 1)[-1].strip() for l in done.stderr.splitlines() if "registers" in l or "spill" in l)
+        metadata = {"name": launch.kernel, "language": "cuda", "threads": 32 * launch.num_warps,
+                    "shared": launch.shared, "ptxas": report,
+                    "target": {"backend": backend, "arch": arch, "warp_size": int(gpu_target[2])}}
+        (directory / meta).write_text(json.dumps(metadata, sort_keys=True))
+        files += [cubin, meta]
+    return files
+
+
+class _Driver:
+    """The few CUDA driver entry points the launcher calls (libcuda, loaded by torch already)."""
+
+    _lib: ctypes.CDLL | None = None
+
+    @classmethod
+    def lib(cls) -> ctypes.CDLL:
+        if cls._lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 6, ctypes.c_uint, ctypes.c_void_p,
+                                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+            cls._lib = lib
+        return cls._lib
+
+    @classmethod
+    def check(cls, rc: int, what: str) -> None:
+        if rc:
+            msg = ctypes.c_char_p()
+            cls.lib().cuGetErrorString(rc, ctypes.byref(msg))
+            text = msg.value.decode() if msg.value else "unknown error"
+            raise RuntimeError(f"CUDA driver error {rc} ({text}) in {what}")
+
+
+class CubinLaunch:
+    """One stored CUDA C++ kernel, loaded into the driver per device on first use.
+    ``run(grid_x, grid_y, grid_z, stream, *args)`` launches it: the runner's hot path."""
+
+    dropped: frozenset[int] = frozenset()  # every parameter is a runtime argument
+    static = False
+
+    def __init__(self, cubin: bytes, metadata: dict[str, Any], launch: Launch):
+        self.name = metadata["name"]
+        self.threads = int(metadata["threads"])
+        self.shared = int(metadata["shared"])
+        self._cubin = cubin
+        self._kinds = [_C_SCALARS.get(kind) for kind, _ in launch.args]  # None: a pointer
+        self._functions: dict[int, ctypes.c_void_p] = {}
+
+    def _function(self, device: int) -> ctypes.c_void_p:
+        fn = self._functions.get(device)
+        if fn is None:
+            import torch
+            lib = _Driver.lib()
+            with torch.cuda.device(device):
+                torch.cuda.init()
+                torch.empty(0, device=f"cuda:{device}")  # the device's primary context, current here
+                module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+                _Driver.check(lib.cuModuleLoadData(ctypes.byref(module), self._cubin), f"loading {self.name}")
+                _Driver.check(lib.cuModuleGetFunction(ctypes.byref(fn), module, self.name.encode()),
+                              f"finding {self.name}")
+                if self.shared > 48 * 1024:  # above the default, a kernel must ask for it
+                    _Driver.check(lib.cuFuncSetAttribute(fn, 8, self.shared),  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+                                  f"reserving {self.shared} B of shared memory for {self.name}")
+            self._functions[device] = fn
+        return fn
+
+    def run(self, gx: int, gy: int, gz: int, stream: int, *args: Any) -> None:
+        import torch
+        fn = self._function(torch.cuda.current_device())
+        values = [ctypes.c_void_p(a.data_ptr()) if kind is None else kind(a) for kind, a in zip(self._kinds, args)]
+        argv = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        _Driver.check(_Driver.lib().cuLaunchKernel(fn, gx, gy, gz, self.threads, 1, 1, self.shared, stream, argv, None),
+                      f"launching {self.name}")
+
+
+def load_launch(directory: Path, i: int, launch: Launch) -> CubinLaunch:
+    """The launcher of launch ``i`` of a built CUDA C++ program (no compilation)."""
+    cubin, meta = _launch_files(i)
+    return CubinLaunch((Path(directory) / cubin).read_bytes(), json.loads((Path(directory) / meta).read_text()), launch)
