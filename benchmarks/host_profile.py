@@ -2,7 +2,7 @@
 
 For a host-bound row of the results table: compiles the workload with a filled cache, warms it
 up, then profiles calls and prints the functions that take the host's time, how each cached
-kernel is launched (torch's static launcher or Triton's), and the host time per call beside
+kernel is launched (torch's static launcher, Triton's, or the driver for CUDA C++), and the host time per call beside
 the GPU time per call:
 
     python -m torch_kernelize.fill_cache --model benchmarks/workloads.py:make_llama --cache-dir DIR
@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     launchers = collections.Counter()
     for runner in Session._runners.values():
         for k in getattr(runner, "_kernels", ()) if runner is not None else ():
-            launchers["static" if getattr(k, "static", False) else type(k).__name__ + " (Triton's launcher)"] += 1
+            kind = ("torch's static launcher" if getattr(k, "static", False) else
+                    "CUDA driver (CUDA C++ kernel)" if type(k).__name__ == "CubinLaunch" else "Triton's launcher")
+            launchers[kind] += 1
     print(f"{args.workload}: host {host:.3f} ms per call to enqueue, {wall:.3f} ms per call with the GPU; "
           f"launchers loaded: {dict(launchers)}")
     print("what one call runs, by callable:", census(bound))

@@ -1,18 +1,39 @@
 """Experiment: conv1d (stride 1, groups 1) as a CUDA C++ implicit GEMM on mma.sync.
 
 Why it exists: three sessions showed that Triton and Gluon 3.6 cannot give conv1d's shifted taps
-both vectorized and bank-conflict-free shared-memory access (see benchmarks/README.md, seventh to
+both vectorized and bank-conflict-free shared-memory access (benchmarks/README.md, seventh to
 ninth sessions), and named a kernel that computes its own shared-memory addresses as what would
-close the target (0.086 ms for B2048 C96 L200 k3 fp16). This is that kernel (conv1d_mma.cu):
+close the target (0.086 ms for B2048 C96 L200 k3 fp16). Two such kernels, both holding each
+batch element's input as a slab [position][Cin + 8] in shared memory (a tap's shift is then a
+shift by whole rows, and the odd number of 16-byte units per row keeps every ldmatrix
+conflict-free), with weights resident and mma.sync m16n8k16 on fp32 accumulators:
 
-- one persistent program per slot walks the batch elements; its weights sit in shared memory as
-  [tap][Cout][Cin + 8] for its whole life;
-- each batch element's input is loaded with 16-byte reads along positions, transposed 8x8 in
-  registers (byte permutes) and stored with 16-byte writes as a slab [position][Cin + 8]: a tap's
-  shift is then a shift by whole rows, and the padded row stride (an odd number of 16-byte units)
-  keeps every ldmatrix conflict-free at any shift;
-- warps tile (Cout x positions) and run mma.sync m16n8k16 with fp32 accumulators; the bias is
-  added in fp32 and the result stored as half2 pairs.
+- ``mma`` (conv1d_mma.cu, beside this script): every thread reads 8x8 blocks of the input with
+  16-byte loads, transposes them with byte permutes and stores them as 16-byte rows; outputs go
+  straight from the accumulators to global memory (4-byte stores). PREFETCH keeps the next
+  element's loads in flight in registers; STAGES leaves a stage out, to place the time.
+- ``bulk`` (lowering/kernels/conv1d_bulk.cu, the conv1d family's CUDA C++ configuration): every
+  global transfer is one bulk copy per batch element (the copy engine, completing on an
+  mbarrier), the next one or two inputs in flight; the output is staged in shared memory.
+
+Measured on the H200 (2026-11-30, torch 2.11, triton 3.6; eager 0.340 ms, Inductor 0.281, a
+157 MB copy 0.042; results/2026-11-30-h200-session10-conv1d-cuda-*.json). Every variant is
+correct (max rel. error 2.6e-4 against float64), as are the other shapes in CHECKS:
+
+    kernel  warps (M x N)  per SM  variant            ms
+    mma     3 x 2          2       -                  0.140
+    mma     3 x 2          2       no input load      0.096
+    mma     3 x 2          2       no MMA             0.131
+    mma     3 x 2          2       no output store    0.097
+    mma     3 x 2          2       store only         0.117
+    mma     3 x 2          1       PREFETCH           0.117
+    bulk    3 x 2          1       1 input in flight  0.105
+    bulk    3 x 4          1       1 input in flight  0.090
+    bulk    3 x 4          1       2 inputs           0.082
+    bulk    2 x 4          1       2 inputs           0.084
+
+The register path is bound by its global stores and loads (each stage left out saves about 0.04
+ms); the bulk copies take both off the threads.
 
 Usage (GPU): python benchmarks/experiments/conv1d_mma_cuda.py --out DIR
        (CPU with nvcc): python benchmarks/experiments/conv1d_mma_cuda.py --compile-only
@@ -27,7 +48,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).parent
+SOURCES = {"mma": Path(__file__).with_name("conv1d_mma.cu"),
+           # the bulk-copy kernel became the conv1d family's CUDA C++ configuration
+           "bulk": Path(__file__).resolve().parents[2] / "lowering" / "kernels" / "conv1d_bulk.cu"}
 SHAPE = dict(N=2048, CIN=96, COUT=96, L=200, KT=3, PAD=1, DIL=1)
 # warps over Cout x warps over positions, m16 tiles and n8 tiles per warp, programs per SM;
 # PREFETCH: the next element's input in flight during the MMAs; LDG_HINT 1: ld.global.nc reads;
@@ -35,6 +58,10 @@ SHAPE = dict(N=2048, CIN=96, COUT=96, L=200, KT=3, PAD=1, DIL=1)
 BASE = dict(KERNEL="mma", WARPS_M=3, WARPS_N=2, M_TILES=2, N_TILES=13, MIN_BLOCKS=2)
 VARIANTS = [
     BASE,
+    {**BASE, "STAGES": 6},
+    {**BASE, "STAGES": 5},
+    {**BASE, "STAGES": 3},
+    {**BASE, "STAGES": 4},
     {**BASE, "MIN_BLOCKS": 1, "PREFETCH": 1},
 ] + [dict(KERNEL="bulk", WARPS_M=wm, WARPS_N=wn, M_TILES=mt, N_TILES=nt, IN_BUFS=bufs)
      for wm, wn, mt, nt, bufs in [(3, 2, 2, 13, 1), (3, 2, 2, 13, 2), (3, 4, 2, 7, 1), (3, 4, 2, 7, 2),
@@ -69,8 +96,9 @@ def build(s: dict, directory: Path, name: str) -> tuple[bytes, str]:
     """nvcc -> sm_90a cubin; returns it and ptxas's register/spill report."""
     defs = {"HAS_BIAS": 1, "DTYPE_BF16": 0, **{k: v for k, v in s.items() if k not in ("N", "KERNEL")}, "LOUT": lout(s)}
     out = directory / f"{name}.cubin"
-    cmd = ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xptxas", "-v",
-           *[f"-D{k}={int(v)}" for k, v in defs.items()], str(HERE / f"conv1d_{s['KERNEL']}.cu"), "-o", str(out)]
+    from torch_kernelize.cuda_cxx import nvcc
+    cmd = [nvcc() or "nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xptxas", "-v",
+           *[f"-D{k}={int(v)}" for k, v in defs.items()], str(SOURCES[s["KERNEL"]]), "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     report = " ".join(l.strip() for l in r.stderr.splitlines() if "registers" in l or "spill" in l)
     return out.read_bytes(), report
