@@ -111,9 +111,6 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
     """Compile every launch of ``program`` (written in ``directory``) and store its binary and
     metadata there; return the file names. CUDA C++ programs build with nvcc (cuda_cxx.py) and
     have no binaries for unaligned views."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     if program.language == "cuda":
         if not aligned:
             raise ValueError("CUDA C++ kernels take 16-byte aligned pointers only; unaligned views run the vendor op")
@@ -122,8 +119,10 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
             t = _gpu_target()
             gpu_target = (t.backend, t.arch, t.warp_size)
         return cuda_cxx.compile_launches(directory, program, gpu_target)
+    import triton
+    from triton.backends.compiler import GPUTarget
 
-    module = import_source(directory / "kernel.py", f"torch_kernelize_build.k{spec.key}_{id(program)}")
+    module = import_source(directory / program.source_file, f"torch_kernelize_build.k{spec.key}_{id(program)}")
     target = GPUTarget(*gpu_target) if gpu_target is not None else _gpu_target()
     files = []
     for i, launch in enumerate(program.launches):

@@ -181,7 +181,7 @@ class Conv1dFamily(KernelFamily):
         return max(16, next_pow2(plan.N * plan.Lout if flat else plan.Lout))
 
     def _valid(self, plan: _Plan, c: Config) -> bool:
-        if "IMPL" in dict(c.params):
+        if c.get("IMPL") is not None:  # another implementation's configuration
             return conv1d_bulk.valid(plan, c)
         bl, bco, bci, cop, tiles = c["BLOCK_L"], c["BLOCK_CO"], c["BLOCK_CI"], c["CO_PROG"], c["TILES"]
         pow2 = lambda v: v >= 1 and v & (v - 1) == 0
@@ -297,7 +297,7 @@ class Conv1dFamily(KernelFamily):
         plan = self._plan(spec)
         if isinstance(plan, str):
             return []
-        if "IMPL" in dict(config.params):
+        if config.get("IMPL") is not None:
             return conv1d_bulk.neighbours(plan, config)
         c = config
         cands = []
@@ -318,7 +318,7 @@ class Conv1dFamily(KernelFamily):
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         plan = self.checked_plan(spec, config)
-        if "IMPL" in dict(config.params):
+        if config.get("IMPL") is not None:
             return conv1d_bulk.generate(spec, plan, config)
         return _Gen(spec, plan, config).program()
 
