@@ -76,3 +76,10 @@ class Crossed(nn.Module):
 def make_crossed():
     torch.manual_seed(0)
     return Crossed(), (torch.randn(8, 16), torch.randn(4, 32))
+
+
+def make_conv1d():
+    """A conv1d that the conv1d family's CUDA C++ configurations take (fp16, stride 1, on the GPU)."""
+    torch.manual_seed(0)
+    model = nn.Conv1d(32, 48, 3, padding=1).cuda().half()
+    return model, (torch.randn(6, 32, 64, device="cuda", dtype=torch.float16),)

@@ -22,7 +22,7 @@ import importlib.util, json, sys, torch
 spec = importlib.util.spec_from_file_location("fill_models", {models!r})
 mods = importlib.util.module_from_spec(spec); spec.loader.exec_module(mods)
 model, inputs = mods.{fn}()
-compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter", "cache_dir": {cache!r},
+compiled = torch.compile(model, backend="kernelize", options={{"target": {target!r}, "cache_dir": {cache!r},
                          "repro_dir": {repros!r}, "report": {report!r}}})
 with torch.no_grad():
     outs, refs = compiled(*inputs), model(*inputs)
@@ -36,8 +36,8 @@ print(json.dumps({{"err": err, "tiers": tiers, "misses": misses}}))
 """
 
 
-def compile_in_fresh_process(tmp_path, cache, fn="make_small", name="report.json", env=None):
-    proc = run_python(COMPILE_SNIPPET.format(models=str(MODELS), fn=fn, cache=str(cache),
+def compile_in_fresh_process(tmp_path, cache, fn="make_small", name="report.json", env=None, target="interpreter"):
+    proc = run_python(COMPILE_SNIPPET.format(models=str(MODELS), fn=fn, cache=str(cache), target=target,
                                              repros=str(tmp_path / "repros"), report=str(tmp_path / name)), env=env)
     return last_json(proc), proc
 

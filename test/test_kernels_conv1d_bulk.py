@@ -218,3 +218,19 @@ def test_gpu_unaligned_input_goes_to_the_vendor_op(tmp_path):
     shifted.copy_(x)
     with pytest.raises(MisalignedInput):
         runner(shifted, w, b)
+
+
+@pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU and nvcc")
+def test_gpu_fill_then_serve_runs_the_cuda_kernel(tmp_path):
+    """fill_cache stores a CUDA C++ winner (kernel.cu and its cubin); a fresh process serves the
+    convolution from it, with the eager result."""
+    from test_fill_cache import MODELS, compile_in_fresh_process, fill_cache
+    cache = tmp_path / "cache"
+    # a winner however its time compares with cuDNN's: this checks the path, not the speed
+    fill_cache("--model", f"{MODELS}:make_conv1d", "--target", "cuda", "--cache-dir", str(cache), "--budget", "2",
+               "--min-speedup", "0")
+    sources = list(cache.glob("**/kernel.cu"))
+    assert len(sources) == 1 and (sources[0].parent / "launch0.cubin").exists()
+    res, _ = compile_in_fresh_process(tmp_path, cache, fn="make_conv1d", target="cuda")
+    assert res["tiers"]["aten.convolution.default"] == "triton" and res["misses"] == []
+    assert res["err"] < 2e-2
