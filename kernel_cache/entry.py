@@ -198,6 +198,14 @@ class CacheEntry:
         return self.path / PROGRAM_DIR if self.winner == "triton" else None
 
     @property
+    def language(self) -> str | None:
+        """The stored program's language: "triton", or "cuda" (CUDA C++, whose source is kernel.cu);
+        None for vendor. (``winner`` says "triton" for either: the tier of generated kernels.)"""
+        if self.program_dir is None:
+            return None
+        return "cuda" if (self.program_dir / "kernel.cu").exists() else "triton"
+
+    @property
     def speedup(self) -> float | None:
         return self.timings.get("speedup")
 

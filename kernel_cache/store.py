@@ -283,7 +283,8 @@ class KernelCache:
             return "vendor", entry, f"vendor wins for {key}: {why}{note}"
         measured = entry.measured and entry.speedup is not None
         speed = f"speedup {entry.speedup:.3g}x" if measured else "speed not measured"
-        return "hit", entry, f"triton kernel {entry.family or '(unnamed family)'} for {key}, {speed}"
+        kind = "CUDA C++" if entry.language == "cuda" else "triton"
+        return "hit", entry, f"{kind} kernel {entry.family or '(unnamed family)'} for {key}, {speed}"
 
     def keys(self) -> list[str]:
         """Keys with an entry folder (valid or not); temp and removal folders are not entries."""

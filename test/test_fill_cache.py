@@ -125,6 +125,7 @@ def test_two_concurrent_runs_leave_a_valid_cache(tmp_path):
     # each spec was searched once: the other process found it stored
     statuses = [r["status"] for f in cache.glob("*/runs/*.json") for r in json.loads(f.read_text())["specs"]]
     assert statuses.count("stored") == len(kc.keys())
+    assert {kc.get(k).language for k in kc.keys()} == {"triton"}  # kernel.py programs
     after, _ = compile_in_fresh_process(tmp_path, cache)
     assert after["err"] < 1e-5 and all(after["tiers"][op] == "triton" for op in OPS)
 

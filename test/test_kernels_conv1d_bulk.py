@@ -231,6 +231,12 @@ def test_gpu_fill_then_serve_runs_the_cuda_kernel(tmp_path):
                "--min-speedup", "0")
     sources = list(cache.glob("**/kernel.cu"))
     assert len(sources) == 1 and (sources[0].parent / "launch0.cubin").exists()
+    from torch_kernelize.kernel_cache import KernelCache
+    from torch_kernelize.lowering.targets import get_target
+    kc = KernelCache.for_target(cache, get_target("cuda"))
+    (key,) = kc.keys()
+    status, entry, why = kc.lookup(key)
+    assert status == "hit" and entry.language == "cuda" and why.startswith("CUDA C++ kernel conv1d"), why
     res, _ = compile_in_fresh_process(tmp_path, cache, fn="make_conv1d", target="cuda")
     assert res["tiers"]["aten.convolution.default"] == "triton" and res["misses"] == []
     assert res["err"] < 2e-2
