@@ -285,9 +285,9 @@ def gpu_bench(out: str | None = None) -> list[dict]:
     spec = bench_spec()
     eager = do_bench(lambda: aten.convolution.default(*args), warmup=25, rep=200)
     want = aten.convolution.default(*args).float()
-    configs = [c for c in FAMILY.seed_configs(spec) if not c["DOT_UPCAST"]]
+    configs = [c for c in FAMILY.seed_configs(spec) if not c.get("DOT_UPCAST")]
     if "--neighbours" in sys.argv:
-        configs += [n for c in list(configs) for n in FAMILY.neighbours(spec, c) if not n["DOT_UPCAST"]]
+        configs += [n for c in list(configs) for n in FAMILY.neighbours(spec, c) if not n.get("DOT_UPCAST")]
     if "--sweep" in sys.argv:  # persistent grids x pipelining depth x tile shapes around the seeds
         plan = FAMILY._plan(spec)
         base = configs[0]

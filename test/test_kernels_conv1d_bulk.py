@@ -49,6 +49,11 @@ SHAPES = {
 }
 
 
+def _gpu_spec(spec):
+    on = lambda m: dataclasses.replace(m, device="cuda")
+    return dataclasses.replace(spec, inputs=tuple(map(on, spec.inputs)), outputs=tuple(map(on, spec.outputs)))
+
+
 def plan_of(spec):
     plan = FAMILY._plan(spec)
     assert not isinstance(plan, str), plan
@@ -105,7 +110,7 @@ def test_invalid_configs_are_refused():
 
 
 def test_family_offers_cuda_configs_only_where_they_build_and_run(monkeypatch):
-    spec = bench_spec()
+    spec = _gpu_spec(bench_spec())
     monkeypatch.setattr(cuda_cxx, "available", lambda: False)
     assert not [c for c in FAMILY.seed_configs(spec) if c.get("IMPL")]
     monkeypatch.setattr(cuda_cxx, "available", lambda: True)
@@ -113,7 +118,9 @@ def test_family_offers_cuda_configs_only_where_they_build_and_run(monkeypatch):
     assert seeds[0].get("IMPL") == "cuda" and [c for c in seeds if not c.get("IMPL")]  # Triton ones follow
     assert all(n.get("IMPL") == "cuda" for n in FAMILY.neighbours(spec, seeds[0]))
     # convolutions the kernel does not take get Triton seeds only
-    assert not [c for c in FAMILY.seed_configs(conv(stride=2)) if c.get("IMPL")]
+    assert not [c for c in FAMILY.seed_configs(_gpu_spec(conv(stride=2))) if c.get("IMPL")]
+    # nor do CPU specs (the interpreter target): the interpreter cannot run CUDA C++
+    assert not [c for c in FAMILY.seed_configs(bench_spec()) if c.get("IMPL")]
 
 
 def test_cuda_program_round_trips_through_its_files(tmp_path):
@@ -189,10 +196,6 @@ def test_benchmark_shape_builds_for_sm90_without_spills(tmp_path):
 
 GPU = torch.cuda.is_available() and cuda_cxx.available()
 
-
-def _gpu_spec(spec):
-    on = lambda m: dataclasses.replace(m, device="cuda")
-    return dataclasses.replace(spec, inputs=tuple(map(on, spec.inputs)), outputs=tuple(map(on, spec.outputs)))
 
 
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU and nvcc")

@@ -43,7 +43,7 @@ Configuration:
              stores along positions), or the plain body; with 16-byte aligned pointer arguments
              (tt.divisibility) the plain body (ALIGN=False) gets the same facts
 
-Where CUDA C++ can be built and run (sm_90 and nvcc), the family also offers the configurations
+For specs on a CUDA device, where CUDA C++ can be built and run (sm_90 and nvcc), the family also offers the configurations
 of conv1d_bulk.py (``IMPL="cuda"``: bulk copies and a transposed input slab, for stride 1, groups 1,
 fp16/bf16); the search compares them with the Triton ones.
 
@@ -282,13 +282,13 @@ class Conv1dFamily(KernelFamily):
             self._fit(plan, 128, bco, None, bci, 8, 3, flat=not row, upcast=True),
             self._fit(plan, 64, bco, None, bci, 4, 2, flat=True, upcast=True),
         ]
-        return unique(self._cuda_seeds(plan) + [c for c in seeds if self._valid(plan, c)])
+        return unique(self._cuda_seeds(spec, plan) + [c for c in seeds if self._valid(plan, c)])
 
     @staticmethod
-    def _cuda_seeds(plan: _Plan) -> list[Config]:
+    def _cuda_seeds(spec: KernelSpec, plan: _Plan) -> list[Config]:
         """CUDA C++ candidates first (on the H200 they beat every Triton one: 0.082 against 0.137
-        ms on B2048 C96 L200 k3), where they can be built and run here."""
-        if conv1d_bulk.reason(plan) is not None:
+        ms on B2048 C96 L200 k3), for a spec on a CUDA device where they can be built and run."""
+        if spec.inputs[0].device != "cuda" or conv1d_bulk.reason(plan) is not None:
             return []
         from torch_kernelize import cuda_cxx
         return conv1d_bulk.seeds(plan) if cuda_cxx.available() else []
