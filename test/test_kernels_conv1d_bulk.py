@@ -174,6 +174,14 @@ NVCC = cuda_cxx.nvcc()
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
+def test_nvcc_errors_reach_the_build_error(tmp_path):
+    broken = KernelProgram('extern "C" __global__ void k(float* y, int n) { y[0] = UNDEFINED_NAME; }',
+                           (Launch("k", (1,), (("out", 0), ("i32", 1)), {"A": 2}),), language="cuda")
+    with pytest.raises(RuntimeError, match=r"(?s)nvcc failed on k \(-DA=2\).*UNDEFINED_NAME"):
+        write_program(tmp_path, conv(), broken, "cuda", ("cuda", 90, 32))
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
 @pytest.mark.parametrize("name", ["k3_pad1", "k5_pad2_no_bias", "dilation2_bf16", "long_rows"])
 def test_seeds_build_for_sm90_without_spills(name, tmp_path):
     spec = conv(**SHAPES[name])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -23,8 +22,6 @@ from typing import Any
 
 from torch_kernelize.cuda_binaries import _launch_files
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-
-log = logging.getLogger("torch_kernelize.launch")
 
 NVCC_ENV = "TORCH_KERNELIZE_NVCC"
 MIN_CAPABILITY = (9, 0)  # the kernels use sm_90's bulk copies and transaction-count barriers
@@ -61,10 +58,15 @@ def _define(value: Any) -> str:
     raise ValueError(f"a CUDA C++ constant must be an int or bool, not {value!r}")
 
 
+def defines(launch: Launch) -> list[str]:
+    """A launch's constants as nvcc's -D options."""
+    return [f"-D{k}={_define(v)}" for k, v in sorted(launch.constexprs.items())]
+
+
 def nvcc_command(source: Path, out: Path, launch: Launch, arch: int, tool: str = "nvcc") -> list[str]:
     """The nvcc command that compiles ``launch``'s kernel for sm_<arch> into ``out`` (a cubin)."""
     return [tool, "-cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17", "-Xptxas", "-v",
-            *[f"-D{k}={_define(v)}" for k, v in sorted(launch.constexprs.items())], str(source), "-o", str(out)]
+            *defines(launch), str(source), "-o", str(out)]
 
 
 def compile_launches(directory: Path, program: KernelProgram, gpu_target: tuple) -> list[str]:
@@ -85,7 +87,7 @@ def compile_launches(directory: Path, program: KernelProgram, gpu_target: tuple)
         cmd = nvcc_command(directory / program.source_file, directory / cubin, launch, arch, tool)
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"nvcc failed on {launch.kernel} ({' '.join(cmd[5:-3])}):\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"nvcc failed on {launch.kernel} ({' '.join(defines(launch))}):\n{done.stderr[-3000:]}")
         report = " ".join(l.split(":", 1)[-1].strip() for l in done.stderr.splitlines() if "registers" in l or "spill" in l)
         metadata = {"name": launch.kernel, "language": "cuda", "threads": 32 * launch.num_warps,
                     "shared": launch.shared, "ptxas": report,
