@@ -1,5 +1,6 @@
 // conv1d (stride 1, groups 1, fp16/bf16) as an implicit GEMM on mma.sync, one persistent program
-// per SM walking the batch elements, every global transfer a bulk copy (the copy engine):
+// per SM walking the batch elements; each element's input and output move by one bulk copy (the
+// copy engine), the weights and bias are read once per program:
 //
 //   x[n] (contiguous Cin x L) --bulk copy--> xin  --8x8 transposes--> slab [position][Cin + 8]
 //   slab rows shifted by tap k * dilation --ldmatrix--> mma.sync B operands; weights (A) resident
@@ -8,6 +9,9 @@
 // In the slab a tap's shift is a shift by whole rows; the row stride, an odd number of 16-byte
 // units, keeps every ldmatrix conflict-free at any shift. The next elements' inputs are in flight
 // (IN_BUFS of them) and the previous output drains while the tensor cores work.
+//
+// Compile-time constants (-D, from conv1d_bulk.py): CIN COUT L LOUT KT PAD DIL (the convolution),
+// WARPS_M x WARPS_N warps with M_TILES m16 x N_TILES n8 tiles each, IN_BUFS, HAS_BIAS, DTYPE_BF16.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
