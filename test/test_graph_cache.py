@@ -99,6 +99,56 @@ def test_key_follows_graph_inputs_state_and_sources(monkeypatch):
     assert len(set(changed.values())) == len(changed)
 
 
+def test_key_of_a_lazy_module_is_the_key_of_its_code():
+    """Dynamo hands over lazy modules; keying one must not compile it, nor change the key."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+    def f(x):
+        return torch.relu(x) * 2 + x.sum()
+    x = torch.randn(4, 8)
+    gm = torch.fx.symbolic_trace(f)
+    for n in gm.graph.find_nodes(op="placeholder"):
+        n.meta["val"] = x
+    lazy = _LazyGraphModule(gm, gm.graph)
+    assert lazy._needs_recompile()
+    key = graph_cache._probe(gm, [x]).key
+    assert key is not None and graph_cache._probe(lazy, [x]).key == key
+    assert lazy._needs_recompile(), "keying compiled the module's code"
+
+
+def test_warm_compile_generates_code_only_for_the_graph_it_runs(tmp_path, monkeypatch):
+    """A graph-cache hit is lowered without FX codegen of the loaded or planned copies (each costs
+    ~10 ms on a graph of 300 nodes): the bound executable is the only module compiled, and the
+    loaded ATen graph's code is still there for the repro tools."""
+    model, inputs = make_transformer()
+    _run(model, inputs, tmp_path)
+    from torch_kernelize import backend
+    compiled, inside = [], []
+    real, compile_with_session = torch.fx.GraphModule.recompile, backend.compile_with_session
+
+    def counting(gm):
+        if inside:  # Dynamo's own module is compiled before the backend is called
+            compiled.append(gm)
+        return real(gm)
+
+    def in_backend(*a, **k):
+        inside.append(True)
+        try:
+            return compile_with_session(*a, **k)
+        finally:
+            inside.pop()
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", counting)
+    monkeypatch.setattr(backend, "compile_with_session", in_backend)
+    loaded = []
+    load = graph_cache.GraphCache.load
+    monkeypatch.setattr(graph_cache.GraphCache, "load", lambda *a: loaded.append(load(*a)) or loaded[-1])
+    out, stats = _run(model, inputs, tmp_path)
+    assert stats == {"hit": 1}
+    assert len(compiled) == 1, [type(gm).__name__ for gm in compiled]
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(*inputs), rtol=1e-5, atol=1e-5)
+    assert "def forward" in loaded[0].gm.code  # generated when asked for (the repro writer does)
+
+
 def test_dynamic_shapes_are_not_keyed():
     model, (x,) = make_mlp()
     p = _probe(model, x, dynamic=True)

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 log = logging.getLogger("torch_kernelize.graph_cache")
 
@@ -108,6 +109,14 @@ def _source_hash() -> str:
     return h.hexdigest()
 
 
+def _code(gm: fx.GraphModule) -> str:
+    """``gm.code`` without compiling it where Dynamo's module is still lazy (a warm process never
+    runs that module: the key is all it is asked for)."""
+    if isinstance(gm, _LazyGraphModule) and gm._needs_recompile():
+        return gm.graph.python_code(root_module="self").src
+    return gm.code
+
+
 def probe(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Probe:
     """The cache key of a Dynamo graph: its code, its inputs' metadata and everything else that
     shapes the ATen graph aot_autograd makes of it (global state, configs, versions)."""
@@ -141,7 +150,7 @@ def _probe(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Probe:
         return _fail("autocast is enabled")
     material = {
         "format": FORMAT,
-        "code": gm.code,
+        "code": _code(gm),
         "inputs": inputs,
         "grad_enabled": torch.is_grad_enabled(),
         "inference_mode": torch.is_inference_mode_enabled(),
@@ -293,8 +302,8 @@ class GraphCache:
                 and isinstance(returned, list) and all(isinstance(p, list) and len(p) == 2 and _index(p[0], n_out)
                                                       and _index(p[1], len(example_inputs)) for p in returned)):
             raise ValueError(f"bad wrapper work {bumps!r} {returned!r}")
-        gm.recompile()  # the forward the repro tools run
-        return Loaded(gm, bumps, returned)
+        # Lowering only reads this graph; the repro tools that run it get its code generated then.
+        return Loaded(_LazyGraphModule(gm, gm.graph), bumps, returned)
 
     def _corrupt(self, path: Path, why: str) -> None:
         stats["corrupt"] += 1

@@ -8,6 +8,7 @@ on. A spec can run itself (the vendor op) and rebuild its own float64 CPU refere
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -176,7 +177,7 @@ class KernelSpec:
             d["graph"] = self.graph
         return d
 
-    @property
+    @functools.cached_property  # a spec is immutable; lowering asks for its key many times
     def key(self) -> str:
         blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
