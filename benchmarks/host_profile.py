@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cudagraphs", action="store_true")
     p.add_argument("--first-call", action="store_true",
                    help="profile the first call instead (run in a fresh process, caches warm)")
+    p.add_argument("--save", type=Path, default=None, help="also write the cProfile stats here (pstats format)")
     args = p.parse_args(argv)
 
     import torch
@@ -71,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             prof.disable()
         print(f"{args.workload}: first call {time.perf_counter() - t0:.3f} s (under cProfile)")
+        from torch._dynamo.utils import compile_times
+        phases = dict(zip(*compile_times(repr="csv", aggregate=True)))
+        backend_s = float(phases.get("OutputGraph.call_user_compiler", 0.0))
+        print(f"Dynamo's tracing {float(phases.get('_compile.compile_inner', 0.0)) - backend_s:.3f} s, "
+              f"kernelize's backend {backend_s:.3f} s (both under cProfile)")
+        if args.save:
+            prof.dump_stats(args.save)
         for order in ("cumtime", "tottime"):  # where the time is spent below, and in itself
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats(order).print_stats(args.top)
