@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
+    if args.save:
+        prof.dump_stats(args.save)
     return 0
 
 
