@@ -7,7 +7,7 @@ the GPU time per call:
 
     python -m torch_kernelize.fill_cache --model benchmarks/workloads.py:make_llama --cache-dir DIR
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR
-    python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR --first-call
+    python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR --first-call [--timers]
 """
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cudagraphs", action="store_true")
     p.add_argument("--first-call", action="store_true",
                    help="profile the first call instead (run in a fresh process, caches warm)")
+    p.add_argument("--timers", action="store_true",
+                   help="with --first-call: wall-clock time of kernelize's phases instead of cProfile "
+                        "(which inflates Python-heavy phases several times)")
     p.add_argument("--save", type=Path, default=None, help="also write the cProfile stats here (pstats format)")
     args = p.parse_args(argv)
 
@@ -63,23 +66,33 @@ def main(argv: list[str] | None = None) -> int:
     fn = torch.compile(model, backend="kernelize", options={
         "target": "cuda", "cache_dir": args.cache_dir, "repro_dir": "off", "cudagraphs": args.cudagraphs})
     if args.first_call:
-        prof = cProfile.Profile()
+        timers: dict[str, float] = {}
+        prof = None if args.timers else cProfile.Profile()
+        if args.timers:
+            sys.path.insert(0, str(HERE.parent / "tools"))
+            from first_call import _install_timers
+            _install_timers(timers)
         with torch.no_grad():
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            prof.enable()
+            if prof:
+                prof.enable()
             fn(*inputs)
             torch.cuda.synchronize()
-            prof.disable()
-        print(f"{args.workload}: first call {time.perf_counter() - t0:.3f} s (under cProfile)")
+            if prof:
+                prof.disable()
+        how = "wall-clock timers" if args.timers else "cProfile"
+        print(f"{args.workload}: first call {time.perf_counter() - t0:.3f} s (under {how})")
         from torch._dynamo.utils import compile_times
         phases = dict(zip(*compile_times(repr="csv", aggregate=True)))
         backend_s = float(phases.get("OutputGraph.call_user_compiler", 0.0))
         print(f"Dynamo's tracing {float(phases.get('_compile.compile_inner', 0.0)) - backend_s:.3f} s, "
-              f"kernelize's backend {backend_s:.3f} s (both under cProfile)")
-        if args.save:
+              f"kernelize's backend {backend_s:.3f} s (both under {how})")
+        for label, seconds in sorted(timers.items(), key=lambda kv: -kv[1]):
+            print(f"  {label:58s} {seconds:.3f}")
+        if prof and args.save:
             prof.dump_stats(args.save)
-        for order in ("cumtime", "tottime"):  # where the time is spent below, and in itself
+        for order in ("cumtime", "tottime") if prof else ():  # where the time is spent below, and in itself
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats(order).print_stats(args.top)
             print(out.getvalue())

@@ -78,6 +78,13 @@ def _aot(row: dict, backend: str) -> str:
     return "graph break" if "graph" in error.lower() else "error" if error else "—"
 
 
+def _gc(row: dict, backend: str) -> str:
+    """Seconds the call spent in garbage collections (full ones counted), where recorded."""
+    if f"{backend}_gc_s" not in row:
+        return "—"
+    return f"{row[f'{backend}_gc_s']:.3f} ({row.get(f'{backend}_gc_full', 0)} full)"
+
+
 def table(results: dict) -> str:
     env = results.get("env", {})
     host = (f" Host speed: {env['host_us_per_eager_add']} us per eager torch.add call (host-bound rows move with it)."
@@ -106,13 +113,15 @@ def table(results: dict) -> str:
     if fc:
         lines += ["", "First call in a fresh process (seconds; Inductor with its caches warmed by an earlier "
                   "process, kernelize with a filled kernel cache and its graph cache warmed by an earlier process; "
-                  "target: kernelize <= half of Inductor)"
+                  "where the garbage-collection column has figures, the median of several fresh processes, each "
+                  "timed from a collected heap; target: kernelize <= half of Inductor)"
                   + "".join(f"; rows of {', '.join(r['workloads'])} from a re-run ({r['file']})"
                             for r in results.get("env", {}).get("firstcall_reruns", [])) + ":", "",
                   "| workload | eager | inductor (warm) | kernelize (warm caches) | ratio | target met | Triton compiles "
                   "in kernelize | kernelize graph-cache hits | Dynamo's tracing: inductor / kernelize | backend "
-                  "compile: inductor / kernelize | saved artifact, loaded without Dynamo: inductor / kernelize |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "compile: inductor / kernelize | garbage collection in the call: inductor / kernelize "
+                  "| saved artifact, loaded without Dynamo: inductor / kernelize |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, r in fc.items():
             ratio = (r["kernelize_first_call_s"] / r["inductor_first_call_s"]
                      if "kernelize_first_call_s" in r and "inductor_first_call_s" in r else None)
@@ -122,6 +131,7 @@ def table(results: dict) -> str:
                          f"{r.get('kernelize_triton_compiles', '—')} | {r.get('kernelize_graph_cache_hits', '—')} | "
                          f"{_f(r.get('inductor_dynamo_s'))} / {_f(r.get('kernelize_dynamo_s'))} | "
                          f"{_f(r.get('inductor_backend_s'))} / {_f(r.get('kernelize_backend_s'))} | "
+                         f"{_gc(r, 'inductor')} / {_gc(r, 'kernelize')} | "
                          f"{_aot(r, 'inductor')} / {_aot(r, 'kernelize')} |")
     prof = results.get("profile", {})
     if prof:

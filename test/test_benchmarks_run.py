@@ -21,3 +21,18 @@ def test_a_child_processs_exception_keeps_its_whole_message():
     text = _run_module()._exception_text(proc.stderr)
     assert text == "ValueError: an artifact must be one graph: a graph break . Use torch.compile"
     assert _run_module()._exception_text("") == "no output"
+
+
+def test_first_call_script_reports_the_collections_inside_the_call(tmp_path):
+    """The first-call child (here eager, on the CPU) starts from a collected heap and reports the
+    time its call spent in garbage collections beside the call's time."""
+    import json
+    import os
+    run = _run_module()
+    code = run.FIRST_CALL.format(here=str(RUN.parent), backend="eager", name="histc_16M_256bins_fixed",
+                                 cache=str(tmp_path), artifact=str(tmp_path / "a"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, KERNELIZE_BENCH_DEVICE="cpu"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["first_call_s"] > 0 and 0 <= r["gc_s"] < r["first_call_s"] and r["gc_full"] >= 0
