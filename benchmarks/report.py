@@ -75,7 +75,9 @@ def _aot(row: dict, backend: str) -> str:
     if f"{backend}_aot_first_call_s" in row:
         return _f(row[f"{backend}_aot_first_call_s"])
     error = row.get(f"{backend}_aot_error", "")
-    return "graph break" if "graph" in error.lower() else "error" if error else "—"
+    # Dynamo names the user code where a data-dependent branch broke the one graph aot needs
+    broken = "graph" in error.lower() or "from user code" in error
+    return "graph break" if broken else "error" if error else "—"
 
 
 def _gc(row: dict, backend: str) -> str:
