@@ -12,7 +12,7 @@ overhead   launch cost: a direct Triton launch vs kernelize's runner vs a compil
 firstcall  first-call time of each backend in a fresh process (Inductor's caches warmed by an
            earlier process; kernelize with its kernel cache filled; eager beside them), and of
            saved artifacts loaded without Dynamo (torch_kernelize.aot; Inductor's own aot_compile);
-           the median of --firstcall-repeat fresh processes (one process varies by ~0.1-0.2 s)
+           the median of --firstcall-repeat fresh processes (one process alone varies by 0.1 s and more)
 profile    GPU time per call by kernel (torch.profiler) for eager, Inductor and kernelize: where
            each backend's device time goes (kernel names and counts, top kernels)
 
