@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         prof = None if args.timers else cProfile.Profile()
         if args.timers:
             sys.path.insert(0, str(HERE.parent / "tools"))
-            from first_call import _install_timers
-            _install_timers(timers)
+            from first_call import install_timers
+            install_timers(timers)
         with torch.no_grad():
             torch.cuda.synchronize()
             t0 = time.perf_counter()

@@ -408,7 +408,7 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
                     if proc.returncode:
                         raise RuntimeError(_exception_text(proc.stderr))
                     runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                r = runs[sorted(range(len(runs)), key=lambda i: runs[i]["first_call_s"])[(len(runs) - 1) // 2]]
+                r = sorted(runs, key=lambda x: x["first_call_s"])[(len(runs) - 1) // 2]
                 row[f"{backend}_first_call_s"] = round(r["first_call_s"], 3)
                 if len(runs) > 1:
                     row[f"{backend}_first_call_samples_s"] = [round(x["first_call_s"], 3) for x in runs]

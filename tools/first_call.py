@@ -57,7 +57,7 @@ def _workloads() -> dict:
     return {"conv1d": conv1d, "histc": histc, "rmsnorm": rmsnorm, "moe": moe, "llama4L": llama}
 
 
-def _install_timers(t: dict[str, float]) -> None:
+def install_timers(t: dict[str, float]) -> None:
     """Wrap kernelize's phases with inclusive timers (seconds summed over calls)."""
     import torch_kernelize.backend as backend
     import torch_kernelize.lower as lower
@@ -114,7 +114,7 @@ def child(backend: str, workload: str, cache_dir: str, breakdown: bool) -> None:
         torch.compile(model)  # the imports the other rows make before their first call
     else:
         if breakdown:
-            _install_timers(timers)
+            install_timers(timers)
         fn = torch.compile(model, backend="kernelize", options=options)
     import gc
     gc.collect()  # a collected heap for every backend (see benchmarks/run.py's FIRST_CALL)
