@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     from workloads import WORKLOADS
     from torch_kernelize.lower import Session
 
-    bound = []  # the executable graphs, for the census of what a call runs
-    bind = lower.bind_graph
-    lower.bind_graph = lambda *a, **k: bound.append(bind(*a, **k)) or bound[-1]
+    lowered = []  # the executables (bound by lowering or restored from the executable cache)
+    publish = lower.LoweredGraph._publish
+    lower.LoweredGraph._publish = lambda self, *a: lowered.append(self) or publish(self, *a)
     model, inputs = WORKLOADS[args.workload]()
     fn = torch.compile(model, backend="kernelize", options={
         "target": "cuda", "cache_dir": args.cache_dir, "repro_dir": "off", "cudagraphs": args.cudagraphs})
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             launchers[kind] += 1
     print(f"{args.workload}: host {host:.3f} ms per call to enqueue, {wall:.3f} ms per call with the GPU; "
           f"launchers loaded: {dict(launchers)}")
-    print("what one call runs, by callable:", census(bound))
+    print("what one call runs, by callable:", census([lo.static_specialization().gm for lo in lowered]))
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())

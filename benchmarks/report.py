@@ -114,13 +114,14 @@ def table(results: dict) -> str:
     fc = results.get("firstcall", {})
     if fc:
         lines += ["", "First call in a fresh process (seconds; Inductor with its caches warmed by an earlier "
-                  "process, kernelize with a filled kernel cache and its graph cache warmed by an earlier process; "
+                  "process, kernelize with a filled kernel cache and its graph and executable caches warmed "
+                  "by an earlier process; "
                   "where the garbage-collection column has figures, the median of several fresh processes, each "
                   "timed from a collected heap; target: kernelize <= half of Inductor)"
                   + "".join(f"; rows of {', '.join(r['workloads'])} from a re-run ({r['file']})"
                             for r in results.get("env", {}).get("firstcall_reruns", [])) + ":", "",
                   "| workload | eager | inductor (warm) | kernelize (warm caches) | ratio | target met | Triton compiles "
-                  "in kernelize | kernelize graph-cache hits | Dynamo's tracing: inductor / kernelize | backend "
+                  "in kernelize | kernelize cache hits: graph / executable | Dynamo's tracing: inductor / kernelize | backend "
                   "compile: inductor / kernelize | garbage collection in the call: inductor / kernelize "
                   "| saved artifact, loaded without Dynamo: inductor / kernelize |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -130,7 +131,8 @@ def table(results: dict) -> str:
             lines.append(f"| {name} | {_f(r.get('eager_first_call_s'))} | {_f(r.get('inductor_first_call_s'))} | "
                          f"{_f(r.get('kernelize_first_call_s'))} | {_f(ratio, '{:.2f}')} | "
                          f"{'—' if ratio is None else 'yes' if ratio <= 0.5 else 'no'} | "
-                         f"{r.get('kernelize_triton_compiles', '—')} | {r.get('kernelize_graph_cache_hits', '—')} | "
+                         f"{r.get('kernelize_triton_compiles', '—')} | {r.get('kernelize_graph_cache_hits', '—')} / "
+                         f"{r.get('kernelize_executable_cache_hits', '—')} | "
                          f"{_f(r.get('inductor_dynamo_s'))} / {_f(r.get('kernelize_dynamo_s'))} | "
                          f"{_f(r.get('inductor_backend_s'))} / {_f(r.get('kernelize_backend_s'))} | "
                          f"{_gc(r, 'inductor')} / {_gc(r, 'kernelize')} | "

@@ -367,8 +367,9 @@ with torch.no_grad():
     t1 = time.perf_counter()
 gc.callbacks.remove(gc_timer)
 counts["gc_s"], counts["gc_full"] = in_gc["s"], in_gc["full"]
-cache = sys.modules.get("torch_kernelize.graph_cache")
-counts["graph_cache_hits"] = cache.stats["hit"] if cache is not None else 0
+for kind in ("graph", "executable"):
+    cache = sys.modules.get(f"torch_kernelize.{{kind}}_cache")
+    counts[f"{{kind}}_cache_hits"] = cache.stats["hit"] if cache is not None else 0
 try:  # Dynamo's own tracing vs the backend's compile (the rest is running the graph)
     from torch._dynamo.utils import compile_times
     phases = dict(zip(*compile_times(repr="csv", aggregate=True)))
@@ -418,6 +419,7 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
                 if backend == "kernelize":
                     row["kernelize_triton_compiles"] = r["triton_compile"]
                     row["kernelize_graph_cache_hits"] = r["graph_cache_hits"]
+                    row["kernelize_executable_cache_hits"] = r["executable_cache_hits"]
             except Exception as e:
                 row[f"{backend}_error"] = f"{type(e).__name__}: {e}"[:500]
         print(name, json.dumps(row), flush=True)

@@ -8,9 +8,9 @@ from torch_kernelize.errors import CacheError
 
 from .archive import export_cache, import_cache, verify_archive
 from .entry import FORMAT, CacheEntry, better, check_key, normalize_record
-from .store import KernelCache, clear_memo
+from .store import KernelCache, LookupLog, clear_memo
 
 __all__ = [
-    "CacheEntry", "CacheError", "FORMAT", "KernelCache", "better", "check_key", "clear_memo",
+    "CacheEntry", "CacheError", "FORMAT", "KernelCache", "LookupLog", "better", "check_key", "clear_memo",
     "export_cache", "import_cache", "normalize_record", "verify_archive",
 ]

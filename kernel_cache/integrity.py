@@ -81,6 +81,25 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def seal(magic: bytes, header: Mapping[str, Any], payload: bytes) -> bytes:
+    """One self-checking file: ``magic``, a JSON header line holding the payload's sha256, the payload."""
+    header = {**header, "sha256": sha256_bytes(payload)}
+    return magic + json.dumps(header).encode() + b"\n" + payload
+
+
+def unseal(data: bytes, magic: bytes) -> tuple[dict[str, Any], bytes]:
+    """(header, payload) of a file ``seal`` wrote; ValueError when it is not one or fails its hash."""
+    if not data.startswith(magic):
+        raise ValueError("not an entry of this kind (its first line is not the expected one)")
+    header_line, _, payload = data[len(magic):].partition(b"\n")
+    header = json.loads(header_line)
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    if sha256_bytes(payload) != header.get("sha256"):
+        raise ValueError("payload does not match its sha256")
+    return header, payload
+
+
 # --- manifests -----------------------------------------------------------------------------------
 
 def manifest_of(files: Mapping[str, bytes]) -> dict[str, Any]:

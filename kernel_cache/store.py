@@ -269,6 +269,10 @@ class KernelCache:
     def lookup(self, key: str) -> tuple[str, CacheEntry | None, str]:
         """(status, entry, reason): status is "hit", "vendor", "miss" or "invalid"."""
         entry, problem, where = self._load(key)
+        return self._status(key, entry, problem, where)
+
+    def _status(self, key: str, entry: CacheEntry | None, problem: str | None, where: Path | None
+                ) -> tuple[str, CacheEntry | None, str]:
         if where is None:
             return "miss", None, f"no cache entry for key {key} in {self.dir}"
         if entry is None:
@@ -285,6 +289,41 @@ class KernelCache:
         speed = f"speedup {entry.speedup:.3g}x" if measured else "speed not measured"
         kind = "CUDA C++" if entry.language == "cuda" else "triton"
         return "hit", entry, f"{kind} kernel {entry.family or '(unnamed family)'} for {key}, {speed}"
+
+    # --- witnesses: one process's lookups, re-checked by another without hashing -----------------
+    def witness(self, key: str, status: str) -> dict[str, Any] | None:
+        """What lets a later process trust this process's lookup of ``key`` (which answered
+        ``status``) without hashing the entry again: the verified entry's folder, file signature
+        and record; or, for a miss, that there is no entry. None when it cannot be witnessed (an
+        invalid entry, or the cache changed since the lookup)."""
+        if status == "miss":
+            return {"absent": True} if self._locate(key) is None else None
+        cached = _MEMO.get((str(self.dir), key))
+        if cached is None or cached[2] is None or status not in ("hit", "vendor"):
+            return None
+        where, sig, entry, _ = cached
+        # the record as entry.json holds it (one put in this process may hold str subclasses)
+        return {"where": Path(where).name, "signature": sig, "record": json.loads(json.dumps(entry.record))}
+
+    def recall(self, key: str, witness: Mapping[str, Any]) -> tuple[str, CacheEntry | None, str] | None:
+        """``lookup(key)`` as an earlier process saw it, if the entry is still exactly what that
+        process verified (the same folder and file signature: inode, size, mtime and ctime of
+        every file, as the per-process memo checks) or is still absent; None when it changed.
+        A recalled entry is not hashed again, just as a memoized one is not."""
+        where = self._locate(key)
+        if witness.get("absent"):
+            return self._status(key, None, None, None) if where is None else None
+        if where is None or where.name != witness.get("where"):
+            return None
+        try:
+            sig = file_signature(where)
+        except OSError:
+            return None
+        if sig != witness.get("signature"):
+            return None
+        entry = CacheEntry.from_record(witness["record"], where)
+        _MEMO[(str(self.dir), key)] = (str(where), sig, entry, None)
+        return self._status(key, entry, None, where)
 
     def keys(self) -> list[str]:
         """Keys with an entry folder (valid or not); temp and removal folders are not entries."""
@@ -492,3 +531,18 @@ class KernelCache:
             except OSError:
                 pass
         return count
+
+
+class LookupLog:
+    """A KernelCache whose lookups are remembered with their witnesses, taken at the moment of
+    each lookup (the executable cache stores them: KernelCache.witness)."""
+
+    def __init__(self, cache: KernelCache):
+        self.cache = cache
+        self.witnesses: dict[str, dict[str, Any] | None] = {}
+
+    def lookup(self, key: str) -> tuple[str, CacheEntry | None, str]:
+        result = self.cache.lookup(key)
+        self.witnesses[key] = self.cache.witness(key, result[0])
+        return result
+

@@ -186,3 +186,23 @@ def test_repros_list_tool(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "tools" / "repros.py"), "list", str(tmp_path / "repros")],
                          capture_output=True, text=True, check=True).stdout
     assert "missing" in out and "aten.histc.default" in out and "1 reproducer(s)" in out
+
+
+def test_every_region_miss_gets_a_repro_also_when_view_folding_removed_its_inputs(tmp_path):
+    """In an inference graph, view folding replaces a chain of views by one re-striding call: a
+    region whose inputs are such views still gets its repro (the planned graph computes them)."""
+    from torch_kernelize.examples import make_transformer
+    model, inputs = make_transformer()
+    repros, report = tmp_path / "repros", tmp_path / "report.json"
+    compiled = torch.compile(model, backend="kernelize", options={
+        "target": "interpreter", "cache_dir": str(tmp_path / "cache"), "repro_dir": str(repros),
+        "report": str(report)})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    regions = [r for g in json.loads(report.read_text())["graphs"] for r in g["regions"] if r.get("miss")]
+    assert len(regions) >= 3
+    for r in regions:
+        assert (Path(r["repro"]) / "spec.json").exists(), f"no repro for {r['shapes']}"
+    folder = Path(regions[0]["repro"])
+    replay = repro_exit(folder)
+    assert replay.returncode == 1 and "REPRODUCES" in replay.stdout, replay.stdout + replay.stderr

@@ -11,7 +11,8 @@ cache). ``--breakdown`` times the phases of kernelize's first call in one extra 
 "kz aot" loads an artifact an earlier process saved (torch_kernelize.aot: no Dynamo; "—" where the
 model breaks its graph), after the same imports that ``torch.compile(...)`` makes for the others.
 "kz nogc" is a warm kernelize process with KERNELIZE_GRAPH_CACHE=off: kernelize as it was before
-its graph cache, measured under the same machine load as the other columns.
+its graph cache, measured under the same machine load as the other columns; "kz noexe" one with
+KERNELIZE_EXECUTABLE_CACHE=off (the graph cache only: lowering runs).
 
 Children may write bytecode (.pyc) as an installed package would have it, even where the
 environment sets PYTHONDONTWRITEBYTECODE (``--keep-env`` keeps that: every import of
@@ -91,6 +92,11 @@ def install_timers(t: dict[str, float]) -> None:
         timed(graph_cache, "probe", "graph cache: key")
         timed(graph_cache.GraphCache, "load", "graph cache: load")
         timed(graph_cache.GraphCache, "save", "graph cache: save")
+        from torch_kernelize import executable_cache
+        timed(executable_cache, "key_for", "executable cache: key")
+        timed(executable_cache.ExecutableCache, "load", "executable cache: load (incl. runners, codegen)")
+        timed(executable_cache.ExecutableCache, "_restore", "executable cache: load: restore")
+        timed(executable_cache.ExecutableCache, "save", "executable cache: save")
     except ImportError:
         pass
 
@@ -130,10 +136,13 @@ def child(backend: str, workload: str, cache_dir: str, breakdown: bool) -> None:
 _KEEP_ENV = False
 
 
-def _run(backend: str, workload: str, cache_dir: Path, breakdown: bool = False, graph_cache: bool = True) -> dict:
+def _run(backend: str, workload: str, cache_dir: Path, breakdown: bool = False, graph_cache: bool = True,
+         executable_cache: bool = True) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"), KERNELIZE_BENCH_DEVICE="cpu")
     if not graph_cache:
         env["KERNELIZE_GRAPH_CACHE"] = "off"
+    if not executable_cache:
+        env["KERNELIZE_EXECUTABLE_CACHE"] = "off"
     if not _KEEP_ENV:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     proc = subprocess.run([sys.executable, __file__, "--child", backend, workload, str(cache_dir / "kernelize"),
@@ -161,7 +170,7 @@ def main() -> int:
         _run("kernelize", "histc", Path(d))
     results = {}
     print(f"{'workload':10} {'eager':>7} {'ind cold':>9} {'ind warm':>9} {'kz cold':>8} {'kz nogc':>8} "
-          f"{'kz warm':>8} {'nogc/ind':>9} {'kz/ind':>7} {'kz aot':>7} {'aot/ind':>8}")
+          f"{'kz noexe':>9} {'kz warm':>8} {'nogc/ind':>9} {'kz/ind':>7} {'kz aot':>7} {'aot/ind':>8}")
     for name in args.workloads.split(","):
         row: dict[str, float] = {}
         samples: dict[str, list[float]] = {}
@@ -174,6 +183,8 @@ def main() -> int:
                     samples.setdefault(f"{backend}_warm", []).append(_run(backend, name, d)["first_call_s"])
                 samples.setdefault("kernelize_warm_nogc", []).append(
                     _run("kernelize", name, d, graph_cache=False)["first_call_s"])
+                samples.setdefault("kernelize_warm_noexe", []).append(
+                    _run("kernelize", name, d, executable_cache=False)["first_call_s"])
                 try:  # one process saves the artifact, the next loads it (one graph only)
                     _run("kernelize_aot", name, d)
                     samples.setdefault("kernelize_aot", []).append(_run("kernelize_aot", name, d)["first_call_s"])
@@ -184,7 +195,8 @@ def main() -> int:
         row.update({k: round(statistics.median(v), 3) for k, v in samples.items()})
         results[name] = row
         print(f"{name:10} {row['eager']:7.3f} {row['inductor_cold']:9.3f} {row['inductor_warm']:9.3f} "
-              f"{row['kernelize_cold']:8.3f} {row['kernelize_warm_nogc']:8.3f} {row['kernelize_warm']:8.3f} "
+              f"{row['kernelize_cold']:8.3f} {row['kernelize_warm_nogc']:8.3f} {row['kernelize_warm_noexe']:9.3f} "
+              f"{row['kernelize_warm']:8.3f} "
               f"{row['kernelize_warm_nogc'] / row['inductor_warm']:9.2f} "
               f"{row['kernelize_warm'] / row['inductor_warm']:7.2f} "
               + (f"{row['kernelize_aot']:7.3f} {row['kernelize_aot'] / row['inductor_warm']:8.2f}"

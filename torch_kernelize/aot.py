@@ -10,8 +10,8 @@ time in Dynamo tracing the Python code (H200 host, 4-layer Llama: ~1 s of ~1.6 s
 ``aot_compile`` (experimental; torch >= 2.10) saves Dynamo's result -- the graph's guards and
 bytecode -- once a backend's compiled callable can serialize itself. Here that callable keeps the
 Dynamo FX graph, the options and the example inputs' layout; loading lowers that graph again,
-and kernelize's graph cache then supplies the ATen graph (no aot_autograd) and the kernel cache
-the kernels. Dynamo does not run.
+and kernelize's graph cache then supplies the ATen graph (no aot_autograd), its executable cache
+the bound executable (no lowering) and the kernel cache the kernels. Dynamo does not run.
 
 What torch's format imposes: the whole function must be one graph (``fullgraph``); the artifact
 loads only under the same Python and torch versions; its guards (input shapes, strides, dtypes,

@@ -6,7 +6,8 @@ Dynamo's FX graph goes through aot_autograd (functional ATen, torch's core decom
 the fused ops vendors run whole, see lowering.decompositions.KEEP_WHOLE_AT_TRACE;
 inference, forward and backward graphs), and each ATen graph is lowered by ``lower.LoweredGraph``.
 Inference graphs are kept in the graph cache (graph_cache.py): a later process loads the ATen
-graph instead of running aot_autograd again.
+graph instead of running aot_autograd again; and their bound executables in the executable cache
+(executable_cache.py): a later process whose kernel cache is unchanged skips lowering too.
 """
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ def _executable(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any], session: An
                             + (f"\nminified repro: {folder}" if folder else "")) from e
     if on_lowered is not None:
         on_lowered(lowered)
+    return _boxed(lowered, aten_inputs, session, kind)
+
+
+def _boxed(lowered: Any, aten_inputs: Sequence[Any], session: Any, kind: str) -> Callable[[list], Any]:
+    """A LoweredGraph as aot_autograd's boxed executable, under CUDA graphs if asked."""
     run = lowered
     if session.options.cudagraphs:
         from torch_kernelize.cudagraphs import wrap_cudagraphs
@@ -61,15 +67,24 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
     """aot_autograd around kernelize's lowering; ``on_lowered`` sees each LoweredGraph (fill_cache).
     With ``use_graph_cache`` (and the option on), a cached ATen graph replaces aot_autograd."""
     session.target_for(example_inputs)  # resolve (and validate) the target before tracing
-    cache = probe = None
+    cache = probe = executables = exe_key = None
     if use_graph_cache and session.options.graph_cache_dir is not None:
         from torch_kernelize import graph_cache
         cache = graph_cache.GraphCache(session.options.graph_cache_dir)
         probe = graph_cache.probe(gm, example_inputs)
         if probe.key is not None:
+            if session.options.executable_cache and on_lowered is None:
+                from torch_kernelize.executable_cache import ExecutableCache, key_for
+                executables, exe_key = ExecutableCache(cache.root), key_for(probe.key, session)
+                restored = executables.load(exe_key, session, example_inputs)
+                if restored is not None:
+                    run = _boxed(restored.lowered, example_inputs, session, "inference")
+                    return graph_cache.cached_runtime(run, restored.version_bumps, restored.returned_inputs)
             hit = cache.load(probe, example_inputs)
             if hit is not None:
                 run = _executable(hit.gm, example_inputs, session, "inference", on_lowered)
+                if executables is not None:
+                    executables.save(exe_key, run.lowered, hit.version_bumps, hit.returned_inputs)
                 return graph_cache.cached_runtime(run, hit.version_bumps, hit.returned_inputs)
 
     from torch._dynamo.backends.common import aot_autograd
@@ -80,7 +95,9 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
         def compile_graph(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any]):
             run = _executable(aten_gm, aten_inputs, session, kind, on_lowered)
             if kind == "inference" and probe is not None and probe.key is not None:
-                cache.save(probe, aten_gm, len(example_inputs))
+                work = cache.save(probe, aten_gm, len(example_inputs))
+                if work is not None and executables is not None:
+                    executables.save(exe_key, run.lowered, work["version_bumps"], work["returned_inputs"])
             return run
         return compile_graph
 

@@ -76,11 +76,10 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> list[int]:
 
 
 def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], kind: str) -> Callable[[list], Any]:
-    plan = getattr(run, "plan", None)
-    if plan is None:  # nothing says which inputs it writes to: capturing could lose a write
+    mutated = getattr(run, "mutated_inputs", None)
+    if mutated is None:  # nothing says which inputs it writes to: capturing could lose a write
         log.info("cudagraphs: not a lowered graph; it runs without CUDA graphs")
         return run
-    mutated = mutated_inputs(plan.gm)
     if kind != "inference":
         log.info("cudagraphs: %s graphs run without CUDA graphs (only inference graphs are captured)", kind)
         return run

@@ -39,6 +39,8 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from torch_kernelize.kernel_cache.integrity import seal, unseal, write_file_atomic
+
 log = logging.getLogger("torch_kernelize.graph_cache")
 
 FORMAT = 1
@@ -278,14 +280,9 @@ class GraphCache:
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx._graph_pickler import GraphPickler
 
-        if not data.startswith(_MAGIC):
-            raise ValueError("not a graph cache entry")
-        header_line, _, payload = data[len(_MAGIC):].partition(b"\n")
-        header = json.loads(header_line)
+        header, payload = unseal(data, _MAGIC)
         if header.get("format") != FORMAT or header.get("key") != key:
             raise ValueError(f"entry is for format {header.get('format')} key {str(header.get('key'))[:16]}")
-        if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-            raise ValueError("payload does not match its sha256")
         ctx = _tracing_context()
         gm = GraphPickler.loads(payload, ctx.fake_mode if ctx is not None else FakeTensorMode())
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -312,30 +309,30 @@ class GraphCache:
             log.warning("graph cache entry %s is ignored (%s); it is compiled again and rewritten", path, why)
         return None
 
-    def save(self, probe: Probe, aten_gm: fx.GraphModule, n_inputs: int) -> bool:
-        """Store ``aten_gm`` (the inference graph aot_autograd just gave us) if it is safe to reuse.
+    def save(self, probe: Probe, aten_gm: fx.GraphModule, n_inputs: int) -> dict[str, list] | None:
+        """Store ``aten_gm`` (the inference graph aot_autograd just gave us) if it is safe to reuse;
+        returns the runtime wrapper's work around it (see Loaded) when stored, else None.
         Never raises: a failure to store only costs the next process the normal path."""
         try:
             why = _unsafe_result(probe, aten_gm, n_inputs)
             if why:
                 stats["bypass"] += 1
                 log.debug("graph cache: not storing %s: %s", probe.key[:16], why)
-                return False
+                return None
             payload = _dumps(aten_gm)
-            header = {"format": FORMAT, "key": probe.key, "sha256": hashlib.sha256(payload).hexdigest(),
-                      **_wrapper_work(), "torch": torch.__version__, "created": time.time(),
-                      "nodes": len(aten_gm.graph.nodes)}
-            from torch_kernelize.kernel_cache.integrity import write_file_atomic
+            work = _wrapper_work()
+            header = {"format": FORMAT, "key": probe.key, **work, "torch": torch.__version__,
+                      "created": time.time(), "nodes": len(aten_gm.graph.nodes)}
             self.root.mkdir(parents=True, exist_ok=True)
-            write_file_atomic(self.path(probe.key), _MAGIC + json.dumps(header).encode() + b"\n" + payload)
+            write_file_atomic(self.path(probe.key), seal(_MAGIC, header, payload))
         except Exception as e:
             stats["bypass"] += 1
             log.warning("graph cache: could not store %s under %s: %s: %s", probe.key[:16], self.root,
                         type(e).__name__, e)
-            return False
+            return None
         stats["save"] += 1
         log.debug("graph cache: stored %s (%d nodes)", probe.key[:16], len(aten_gm.graph.nodes))
-        return True
+        return work
 
 
 def cached_runtime(run: Callable[[list], Any], version_bumps: Sequence[int] = (),

@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 import logging
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
@@ -17,6 +17,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
+from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.lowering.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
                                               region_spec)
 from torch_kernelize.lowering.targets import Target, get_target
@@ -28,6 +29,7 @@ from torch_kernelize.report import GraphReport, ReportWriter
 from torch_kernelize.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
 from torch_kernelize.shapes import SymbolBinder
+from torch_kernelize.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize")
 _graph_ids = itertools.count()
@@ -76,22 +78,27 @@ class Session:
             self._repros = ReproWriter(self.options.repro_dir, self.options)
         return self._repros
 
-    def load_runner(self, decision: Decision):
+    def load_runner(self, spec: KernelSpec, entry: Any):
         """The launcher of a cache hit, loaded once per process; None (with a warning) if it fails."""
         from torch_kernelize.launch import load_program
         cache = self.cache
-        k = (str(cache.dir), decision.spec_key)
+        k = (str(cache.dir), spec.key)
         with self._runner_lock:
             if k in self._runners:
                 return self._runners[k]
             try:
-                runner = load_program(decision.entry.program_dir, decision.spec, self._target.triton)
+                runner = load_program(entry.program_dir, spec, self._target.triton)
             except Exception as e:
                 log.warning("cache entry %s (%s) could not be loaded and is skipped: %s: %s",
-                            decision.spec_key, decision.entry.path, type(e).__name__, e)
+                            spec.key, entry.path, type(e).__name__, e)
                 runner = None
             self._runners[k] = runner
             return runner
+
+    def runner_failed(self, key: str) -> bool:
+        """Whether this process tried to load the kernel of ``key`` and could not."""
+        cache = self.cache
+        return cache is not None and self._runners.get((str(cache.dir), key), True) is None
 
 
 class LoweredGraph:
@@ -120,13 +127,52 @@ class LoweredGraph:
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
         first = self._specialize(self.binder.key(list(example_inputs)))
-        self.report = GraphReport(self.name, kind, self.target.describe(), self._signature(first.key),
-                                  first.decisions, first.regions)
-        log.info("%s", self.report.table())
-        if session.options.report is not None:
-            ReportWriter.for_path(session.options.report).add(self.report)
+        self._publish(first, self._signature(first.key))
         self._static = first if self.binder.is_static else None
         self._check = session.options.check
+
+    @classmethod
+    def from_bound(cls, session: Session, example_inputs: Sequence[Any], kind: str,
+                   bind: Callable[["LoweredGraph"], Specialization], signature: str,
+                   mutated_inputs: list[int]) -> "LoweredGraph":
+        """The executable of a static graph whose bound form is already known (the executable
+        cache rebuilt it): no plan, and nothing to specialise again. ``bind`` makes the
+        Specialization; it gets the new object to make its kernel calls (``triton_call``)."""
+        self = cls.__new__(cls)
+        self.session = session
+        self.target = session.target_for(example_inputs)
+        self.kind = kind
+        self.name = f"{kind}_{next(_graph_ids)}"
+        self.plan = self.binder = None
+        self.regions, self._region_of, self._lock = [], {}, threading.Lock()
+        self._mutated_inputs = mutated_inputs
+        self._check = False
+        first = bind(self)
+        self._specializations = {first.key: first}
+        self._publish(first, signature)
+        self._static = first
+        return self
+
+    def _publish(self, first: Specialization, signature: str) -> None:
+        """The report of the first specialisation: to the log, and to the report file if asked."""
+        self.report = GraphReport(self.name, self.kind, self.target.describe(), signature,
+                                  first.decisions, first.regions)
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s", self.report.table())
+        if self.session.options.report is not None:
+            ReportWriter.for_path(self.session.options.report).add(self.report)
+
+    @property
+    def mutated_inputs(self) -> list[int]:
+        """Positions of the graph's inputs that it writes to (CUDA graphs copy them back)."""
+        if self.plan is None:
+            return self._mutated_inputs
+        from torch_kernelize.cudagraphs import mutated_inputs
+        return mutated_inputs(self.plan.gm)
+
+    def static_specialization(self) -> Specialization | None:
+        """The one bound executable of a graph of static shapes (None for a dynamic one)."""
+        return self._static
 
     # --- calling --------------------------------------------------------------------------------
     _current_args: list | None = None  # check mode: the call being checked (for the minifier)
@@ -163,16 +209,18 @@ class LoweredGraph:
                 return self._specializations[key]
             session = self.session
             bindings = self.binder.bindings(key)
-            decisions = self.plan.decide(bindings, session.cache, resolve=False)
+            # every lookup is kept with its witness: the executable cache stores them
+            lookups = LookupLog(session.cache) if session.cache is not None else None
+            decisions = self.plan.decide(bindings, lookups, resolve=False)
             runners = {}
             for i, d in enumerate(decisions):
                 if d.tier == "triton":
-                    runner = session.load_runner(d)
+                    runner = session.load_runner(d.spec, d.entry)
                     if runner is None:
                         decisions[i] = d = self._downgrade(d, "the cache entry could not be loaded")
                     else:
                         runners[d.node] = runner
-            fused, region_decisions = self._decide_regions(bindings, decisions)
+            fused, region_decisions = self._decide_regions(bindings, decisions, lookups)
             # misses' families only now: nodes a fused region covers are no misses
             decisions = [resolve_family(d) for d in decisions]
             repros = session.repros
@@ -182,7 +230,7 @@ class LoweredGraph:
             # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
             # saved for a backward pass
             passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
-            gm = bind_graph(self.plan, decisions, lambda d: self._triton_call(d.spec, runners[d.node]),
+            gm = bind_graph(self.plan, decisions, lambda d: self.triton_call(d.spec, runners[d.node]),
                             lambda d, op: HostFallback(op, d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
@@ -194,16 +242,16 @@ class LoweredGraph:
                 first_call = lambda s, args: self._first_call(s, args, pending, missing if strict else None)
             spec = Specialization(gm, decisions, key, first_call)
             spec.regions = region_decisions
+            spec.lookups = lookups.witnesses if lookups is not None else {}
             self._specializations[key] = spec
             if len(self._specializations) > 1:
                 log.info("%s: new shape signature %s: %d on triton, %d misses", self.name, self._signature(key),
                          sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
             return spec
 
-    def _decide_regions(self, bindings, decisions: list[Decision]):
-        """Look every fused region up; hits replace their nodes, misses are recorded."""
+    def _decide_regions(self, bindings, decisions: list[Decision], cache: Any):
+        """Look every fused region up in ``cache``; hits replace their nodes, misses are recorded."""
         fused, region_decisions = [], []
-        cache = self.session.cache
         if cache is None:
             return fused, region_decisions
         by_node = {d.node: i for i, d in enumerate(decisions) if d.tier != "decompose"}
@@ -224,10 +272,10 @@ class LoweredGraph:
                 # (only groups can: two of them each feeding the other; the first one fused stays)
                 status, why = "cycle", "fused with the regions before it, it would wait for its own outputs"
             if status == "hit":
-                runner = self.session.load_runner(d)
+                runner = self.session.load_runner(spec, entry)
                 if runner is not None:
                     d.tier, d.reason = "triton", f"fused {what}: {why}"
-                    fused.append((region, self._triton_call(spec, runner)))
+                    fused.append((region, self.triton_call(spec, runner)))
                     covered |= region.names
                     for n in region.nodes:
                         i = by_node[n.name]
@@ -255,13 +303,23 @@ class LoweredGraph:
                     strict_missing: dict[str, str | None] | None) -> Any:
         """Run once through an interpreter that captures the inputs the repros need."""
         regions = {d.spec_key: self._region_of[d.spec_key] for d in pending if d.op == "region"}
-        interp = CapturingInterpreter(spec.gm, {d.node for d in pending if d.op != "region"},
-                                      {n.name for r in regions.values() for n in r.inputs})
+        wanted = {n.name for r in regions.values() for n in r.inputs}
+        # Region inputs that view folding removed from the bound graph are computed by the planned
+        # graph (ATen ops), before the call writes any input (those it writes run on copies).
+        folded = wanted - {n.name for n in spec.gm.graph.nodes}
+        values: dict[str, torch.Tensor] = {}
+        if folded:
+            written = set(self.mutated_inputs)
+            planned = CapturingInterpreter(self.plan.gm, set(), folded)
+            planned.run(*[a.clone() if i in written else a for i, a in enumerate(args)])
+            values = planned.values
+        interp = CapturingInterpreter(spec.gm, {d.node for d in pending if d.op != "region"}, wanted - folded)
         out = interp.run(*args)
+        values = {**values, **interp.values}
         repros = self.session.repros
         for d in pending:
             if d.op == "region":
-                inputs = [interp.values.get(n.name) for n in regions[d.spec_key].inputs]
+                inputs = [values.get(n.name) for n in regions[d.spec_key].inputs]
                 if all(t is not None for t in inputs):
                     repros.write(d, inputs, self.target, kind="miss")
             elif d.node in interp.captured:
@@ -275,7 +333,8 @@ class LoweredGraph:
             raise error
         return out
 
-    def _triton_call(self, spec, runner) -> TritonCall:
+    def triton_call(self, spec: KernelSpec, runner: Callable) -> TritonCall:
+        """The call of a loaded kernel in this graph (a checked one in check mode)."""
         cls = CheckedTritonCall if self.session.options.check else TritonCall
         return cls(spec, runner, self.session.kernel_state(spec.key), self._on_kernel_failure)
 

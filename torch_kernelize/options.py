@@ -89,6 +89,9 @@ OPTIONS: dict[str, _Option] = {
     "graph_cache": _Option("KERNELIZE_GRAPH_CACHE", _as_graph_cache, lambda: "auto",
                            "folder of cached ATen graphs that let a new process skip aot_autograd "
                            "('auto': <cache_dir>/graphs; 'off' disables)"),
+    "executable_cache": _Option("KERNELIZE_EXECUTABLE_CACHE", _as_bool, lambda: True,
+                                "keep cached graphs' bound executables next to them: a new process whose "
+                                "kernel cache is unchanged skips lowering too (needs graph_cache)"),
 }
 
 _MODES = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True}}
@@ -104,6 +107,7 @@ class Options:
     check: bool = False
     cudagraphs: bool = False
     graph_cache: Path | str | None = "auto"
+    executable_cache: bool = True
 
     @classmethod
     def resolve(cls, options: Mapping[str, Any] | None = None, mode: str | None = None,

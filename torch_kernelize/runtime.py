@@ -153,6 +153,8 @@ class Specialization:
         self.gm = gm
         self.decisions = decisions
         self.key = key
+        self.regions: list[Decision] = []  # fused regions looked up, hit or miss (for the report)
+        self.lookups: dict[str, Any] = {}  # kernel-cache key -> witness of its lookup (executable cache)
         self._forward = gm.forward
         self._first_call = first_call
         self._lock = threading.Lock()
