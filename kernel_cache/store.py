@@ -545,4 +545,3 @@ class LookupLog:
         result = self.cache.lookup(key)
         self.witnesses[key] = self.cache.witness(key, result[0])
         return result
-

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
 
 from conftest import REPO, last_json, run_python, write_target
 from torch_kernelize import executable_cache, graph_cache

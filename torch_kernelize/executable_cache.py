@@ -41,7 +41,7 @@ import os
 import pickle
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.fx as fx
@@ -52,6 +52,9 @@ from torch_kernelize.planner import Decision
 from torch_kernelize.runtime import Specialization, TritonCall
 from torch_kernelize.spec import KernelSpec
 from torch_kernelize.view_folding import FoldedView
+
+if TYPE_CHECKING:
+    from torch_kernelize.lower import LoweredGraph, Session
 
 log = logging.getLogger("torch_kernelize.executable_cache")
 
@@ -94,7 +97,7 @@ def source_hash() -> str:
 _OPTIONS_NOT_KEYED = frozenset({"report", "cudagraphs", "graph_cache", "executable_cache"})
 
 
-def key_for(graph_key: str, session: Any, kind: str = "inference") -> str:
+def key_for(graph_key: str, session: "Session", kind: str = "inference") -> str:
     """The entry key of one cached graph lowered by ``session`` (its target and options)."""
     cache = session.cache
     options = {k: v for k, v in session.options.as_dict().items() if k not in _OPTIONS_NOT_KEYED}
@@ -182,8 +185,10 @@ def _resolve(a: Any, env: dict[str, fx.Node]) -> Any:
     """Node references of a loaded argument replaced by the rebuilt graph's nodes."""
     if isinstance(a, _NodeRef):
         return env[a.name]
-    if isinstance(a, (tuple, list)):
-        return type(a)(_resolve(x, env) for x in a) if type(a) in (tuple, list) else [_resolve(x, env) for x in a]
+    if isinstance(a, tuple):
+        return tuple(_resolve(x, env) for x in a)
+    if isinstance(a, list):  # immutable_list too: FX makes its own again
+        return [_resolve(x, env) for x in a]
     if isinstance(a, dict):
         return {k: _resolve(v, env) for k, v in a.items()}
     if isinstance(a, slice):
@@ -196,7 +201,7 @@ def _resolve(a: Any, env: dict[str, fx.Node]) -> Any:
 _STORABLE_TARGETS = (torch._ops.OpOverload, FoldedView)
 
 
-def _unstorable(lowered: Any, first: Specialization | None) -> str:
+def _unstorable(lowered: "LoweredGraph", first: Specialization | None) -> str:
     """Why this lowered graph's executable may not be stored ("" when it may)."""
     if lowered.kind != "inference":
         return f"a {lowered.kind} graph"
@@ -204,7 +209,7 @@ def _unstorable(lowered: Any, first: Specialization | None) -> str:
         return "check mode"
     if first is None:
         return "the graph's shapes are not static"
-    if first._first_call is not None:
+    if first.has_first_call_work:
         return "its first call captures repros (or refuses missing ops)"
     if any(w is None for w in first.lookups.values()):
         return "a kernel cache entry changed while it was planned, or is invalid"
@@ -223,7 +228,7 @@ def _unstorable(lowered: Any, first: Specialization | None) -> str:
 @dataclasses.dataclass
 class Restored:
     """A hit: the executable, and what the runtime wrapper does around it (graph_cache.Loaded's)."""
-    lowered: Any
+    lowered: "LoweredGraph"
     version_bumps: list[int]
     returned_inputs: list[list[int]]
 
@@ -238,7 +243,7 @@ class ExecutableCache:
         return self.root / f"{key}{SUFFIX}"
 
     # --- storing ----------------------------------------------------------------------------------
-    def save(self, key: str, lowered: Any, version_bumps: Sequence[int],
+    def save(self, key: str, lowered: "LoweredGraph", version_bumps: Sequence[int],
              returned_inputs: Sequence[Sequence[int]]) -> bool:
         """Store ``lowered``'s bound executable if it may be; never raises."""
         try:
@@ -277,7 +282,7 @@ class ExecutableCache:
         return True
 
     # --- loading ----------------------------------------------------------------------------------
-    def load(self, key: str, session: Any, example_inputs: Sequence[Any]) -> Restored | None:
+    def load(self, key: str, session: "Session", example_inputs: Sequence[Any]) -> Restored | None:
         """The executable stored under ``key`` if it is still what lowering would bind; else None."""
         path = self.path(key)
         try:
@@ -303,7 +308,7 @@ class ExecutableCache:
         log.info("executable cache hit %s (%s): planning and binding skipped", key[:16], path)
         return restored
 
-    def _restore(self, data: dict, session: Any, example_inputs: Sequence[Any]) -> Restored:
+    def _restore(self, data: dict, session: "Session", example_inputs: Sequence[Any]) -> Restored:
         from torch_kernelize.lower import LoweredGraph
 
         cache = session.cache

@@ -2,12 +2,12 @@
 
 Inductor's warm processes skip aot_autograd through its AOTAutogradCache, but that cache stores
 Inductor's compiled output (an ``OutputCode`` found in the FX graph cache) and keys on Inductor's
-configuration: it has no place for another compiler's artifact. kernelize's executable cannot be
-stored either (it holds loaded kernel launchers, and its decisions must follow the kernel cache as
-it is now). So this cache stores the step in between: the ATen graph, pickled with torch's own
-``GraphPickler`` (fake-tensor metadata included). A warm process loads it and lowers it as usual
-(planning and specialisation are cheap), skipping aot_autograd's trace, the decomposition table
-and the imports they pull in.
+configuration: it has no place for another compiler's artifact. So this cache stores the ATen
+graph, pickled with torch's own ``GraphPickler`` (fake-tensor metadata included). A warm process
+loads it and lowers it as usual, skipping aot_autograd's trace, the decomposition table and the
+imports they pull in. kernelize's bound executable is kept beside each entry by the executable
+cache (executable_cache.py), which a warm process asks first: it holds loaded kernels' keys, not
+the kernels, and is trusted only while the kernel-cache lookups it was planned from still hold.
 
 Only graphs for which aot_autograd's runtime wrapper does no more than switch grad off, bump the
 version counters of inputs the graph writes in place and hand back inputs that are returned as

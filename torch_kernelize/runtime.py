@@ -159,6 +159,11 @@ class Specialization:
         self._first_call = first_call
         self._lock = threading.Lock()
 
+    @property
+    def has_first_call_work(self) -> bool:
+        """Whether the first call still has work of its own to do (capture repros, refuse ops)."""
+        return self._first_call is not None
+
     def __call__(self, args: list) -> Any:
         if self._first_call is not None:
             with self._lock:
