@@ -8,6 +8,11 @@ the GPU time per call:
     python -m torch_kernelize.fill_cache --model benchmarks/workloads.py:make_llama --cache-dir DIR
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR --first-call [--timers]
+    python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR --first-run
+
+``--first-run`` times each node of the bound graphs' first run, with a sync after each, beside
+their second run: what a first call pays for the first use of the vendor libraries (cuBLAS,
+cuDNN) and of lazily loaded kernel modules, which no compiler's cache removes.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import pstats
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -39,6 +45,53 @@ def census(graphs: list) -> dict[str, int]:
     return dict(counts.most_common())
 
 
+def time_runs_by_node(runs: list, sync) -> Any:
+    """Make ``Specialization.__call__`` run its graph node by node, appending to ``runs`` one
+    [(seconds, node name, callable name)] per run (``sync`` after each node); returns the original."""
+    import torch.fx as fx
+    from torch_kernelize.runtime import Specialization
+
+    original = Specialization.__call__
+
+    def timed(self, args: list) -> Any:
+        times = []
+
+        class Timed(fx.Interpreter):
+            def run_node(self, n: fx.Node) -> Any:
+                if n.op != "call_function":
+                    return super().run_node(n)
+                sync()
+                t0 = time.perf_counter()
+                out = super().run_node(n)
+                sync()
+                times.append((time.perf_counter() - t0, n.name, getattr(n.target, "__name__", str(n.target))))
+                return out
+        out = Timed(self.gm).run(*args)
+        runs.append(times)
+        return out
+    Specialization.__call__ = timed
+    return original
+
+
+def first_run_table(first: list, second: list, top: int) -> str:
+    """Per callable (cached kernels by family, ATen ops by name): first run against second run, ms."""
+    def by_callable(runs: list) -> collections.Counter:
+        c = collections.Counter()
+        for times in runs:
+            for seconds, _, name in times:
+                c[name.split("_")[0] + "_" + name.split("_")[1] if name.startswith("triton_") else name] += seconds
+        return c
+    a, b = by_callable(first), by_callable(second)
+    lines = [f"first run {sum(a.values()) * 1e3:.1f} ms, second {sum(b.values()) * 1e3:.1f} ms (sync after each node)",
+             f"  {'callable':50s} {'first ms':>9} {'second ms':>10}"]
+    for name in sorted(a, key=lambda k: b.get(k, 0.0) - a[k])[:top]:
+        lines.append(f"  {name:50s} {a[name] * 1e3:9.2f} {b.get(name, 0.0) * 1e3:10.2f}")
+    lines.append("  slowest nodes of the first run:")
+    for seconds, node, name in sorted((t for times in first for t in times), reverse=True)[:top // 2]:
+        lines.append(f"    {seconds * 1e3:8.2f} ms  {node} ({name})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("workload")
@@ -52,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --first-call: wall-clock time of kernelize's phases instead of cProfile "
                         "(which inflates Python-heavy phases several times)")
     p.add_argument("--save", type=Path, default=None, help="also write the cProfile stats here (pstats format)")
+    p.add_argument("--first-run", action="store_true",
+                   help="time each node of the graphs' first run against their second (fresh process, caches warm)")
+    p.add_argument("--target", default="cuda", help="kernelize target (a CPU dry run: interpreter or cpu)")
     args = p.parse_args(argv)
 
     import torch
@@ -64,7 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     lower.LoweredGraph._publish = lambda self, *a: lowered.append(self) or publish(self, *a)
     model, inputs = WORKLOADS[args.workload]()
     fn = torch.compile(model, backend="kernelize", options={
-        "target": "cuda", "cache_dir": args.cache_dir, "repro_dir": "off", "cudagraphs": args.cudagraphs})
+        "target": args.target, "cache_dir": args.cache_dir, "repro_dir": "off", "cudagraphs": args.cudagraphs})
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    if args.first_run:
+        runs: list = []
+        time_runs_by_node(runs, sync)
+        with torch.no_grad():
+            fn(*inputs)
+            n = len(runs)  # one run per graph (MoE: two)
+            fn(*inputs)
+        print(f"{args.workload}: {n} graph(s)")
+        print(first_run_table(runs[:n], runs[n:], args.top))
+        return 0
     if args.first_call:
         timers: dict[str, float] = {}
         prof = None if args.timers else cProfile.Profile()

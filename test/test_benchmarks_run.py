@@ -36,3 +36,26 @@ def test_first_call_script_reports_the_collections_inside_the_call(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["first_call_s"] > 0 and 0 <= r["gc_s"] < r["first_call_s"] and r["gc_full"] >= 0
+
+
+def test_first_run_table_times_each_node_of_a_bound_graph(tmp_path):
+    """host_profile --first-run: every call_function node of each run is timed, and the table
+    compares the first run with the second per callable."""
+    import torch
+    from torch_kernelize.lower import lower
+    from torch_kernelize.runtime import Specialization
+
+    hp = import_source(RUN.parent / "host_profile.py", "bench_host_profile")
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.relu.default(torch.ops.aten.mul.Tensor(x, 2.0)))
+    lowered = lower(gm, [torch.randn(8)], {"target": "cpu", "cache_dir": str(tmp_path), "repro_dir": "off"})
+    runs: list = []
+    original = hp.time_runs_by_node(runs, lambda: None)
+    try:
+        x = torch.randn(8)
+        assert torch.equal(lowered([x]), torch.relu(x * 2.0))
+        lowered([x])
+    finally:
+        Specialization.__call__ = original
+    assert [[name for _, _, name in run] for run in runs] == [["mul.Tensor", "relu.default"]] * 2
+    table = hp.first_run_table(runs[:1], runs[1:], top=10)
+    assert "relu.default" in table and "mul.Tensor" in table and "slowest nodes of the first run" in table
