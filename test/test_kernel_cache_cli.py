@@ -67,8 +67,14 @@ def test_export_import_gc(cli, filled, tmp_path, capsys):
     assert cli.main(["export", str(archive), "--cache-dir", str(cache.root), "--keys", "0" * 24]) == 2
     assert "no cache entry" in capsys.readouterr().err
     (cache.entries_dir / ".tmp-leftover").mkdir()
+    graphs = cache.root / "graphs"  # a graph or executable cache writer killed mid-write
+    graphs.mkdir()
+    (graphs / ".k.exe.tmp-123-abcd").write_bytes(b"half")
+    (graphs / "k.exe").write_bytes(b"an entry")
     assert cli.main(["gc", "--cache-dir", str(cache.root), "--max-age-minutes", "0"]) == 0
-    assert "removed 1" in capsys.readouterr().out and not (cache.entries_dir / ".tmp-leftover").exists()
+    out = capsys.readouterr().out
+    assert f"{cache.dir}: removed 1" in out and not (cache.entries_dir / ".tmp-leftover").exists()
+    assert f"{graphs}: removed 1" in out and [p.name for p in graphs.iterdir()] == ["k.exe"]
 
 
 def test_runs_as_a_script(filled):

@@ -6,7 +6,7 @@
     python tools/cache.py verify --cache-dir DIR --target T # re-validate by running every kernel
     python tools/cache.py export OUT.tar.gz --cache-dir DIR [--namespace NS] [--keys K ...]
     python tools/cache.py import IN.tar.gz --cache-dir DIR [--replace]
-    python tools/cache.py gc     --cache-dir DIR [--max-age-minutes M]
+    python tools/cache.py gc     --cache-dir DIR [--max-age-minutes M]   # also DIR/graphs' temp files
 
 Without --namespace, list/check/gc cover every namespace under DIR; show/export need exactly one
 (given, or the only one there). Repo-side tool (tools/ is not installed); it imports torch_kernelize.
@@ -115,6 +115,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for cache in _caches(args):
         n = cache.gc(max_age_s=args.max_age_minutes * 60)
         print(f"{cache.dir}: removed {n} leftover(s)")
+    graphs = Path(args.cache_dir) / "graphs"  # the graph and executable caches' default place
+    if graphs.is_dir():
+        from torch_kernelize.graph_cache import GraphCache
+        n = GraphCache(graphs).gc(max_age_s=args.max_age_minutes * 60)
+        print(f"{graphs}: removed {n} leftover(s)")
     return EXIT_OK
 
 

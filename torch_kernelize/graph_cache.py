@@ -257,6 +257,19 @@ class GraphCache:
     def path(self, key: str) -> Path:
         return self.root / f"{key}{SUFFIX}"
 
+    def gc(self, max_age_s: float) -> int:
+        """Remove the temp files of writers killed mid-write (graph and executable entries alike,
+        older than ``max_age_s``); returns how many."""
+        count, now = 0, time.time()
+        for path in self.root.glob(".*.tmp-*"):
+            try:
+                if now - path.lstat().st_mtime >= max_age_s:
+                    path.unlink()
+                    count += 1
+            except OSError as e:
+                log.warning("graph cache: gc could not remove %s: %s", path, e)
+        return count
+
     def load(self, probe: Probe, example_inputs: Sequence[Any]) -> Loaded | None:
         """The cached ATen graph for ``probe``'s key, checked against the inputs; None on a miss."""
         path = self.path(probe.key)
