@@ -294,10 +294,10 @@ class KernelCache:
     def witness(self, key: str, status: str) -> dict[str, Any] | None:
         """What lets a later process trust this process's lookup of ``key`` (which answered
         ``status``) without hashing the entry again: the verified entry's folder, file signature
-        and record; or, for a miss, that there is no entry. None when it cannot be witnessed (an
-        invalid entry, or the cache changed since the lookup)."""
+        and record; or, for a miss, that the lookup found no entry. None when it cannot be
+        witnessed (an invalid entry, or one re-read since the lookup)."""
         if status == "miss":
-            return {"absent": True} if self._locate(key) is None else None
+            return {"absent": True}
         cached = _MEMO.get((str(self.dir), key))
         if cached is None or cached[2] is None or status not in ("hit", "vendor"):
             return None
