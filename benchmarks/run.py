@@ -329,7 +329,7 @@ if backend == "eager":
     fn = model
 elif backend == "inductor":
     fn = torch.compile(model)
-elif backend == "kernelize":
+elif backend in ("kernelize", "kernelize_noprewarm"):  # (the latter's process has KERNELIZE_PREWARM=off)
     fn = torch.compile(model, backend="kernelize", options=options)
 elif not os.path.exists(artifact):  # a saved artifact (no Dynamo when loaded): this process saves it
     with torch.no_grad():
@@ -370,6 +370,11 @@ counts["gc_s"], counts["gc_full"] = in_gc["s"], in_gc["full"]
 for kind in ("graph", "executable"):
     cache = sys.modules.get(f"torch_kernelize.{{kind}}_cache")
     counts[f"{{kind}}_cache_hits"] = cache.stats["hit"] if cache is not None else 0
+prewarm = sys.modules.get("torch_kernelize.prewarm")
+if prewarm is not None:  # what the background warm-up did (and whether it was done when the call was)
+    alive = prewarm._thread is not None and prewarm._thread.is_alive()
+    prewarm.wait()
+    counts["prewarm"] = {{**prewarm.stats, "alive_after_call": alive}}
 try:  # Dynamo's own tracing vs the backend's compile (the rest is running the graph)
     from torch._dynamo.utils import compile_times
     phases = dict(zip(*compile_times(repr="csv", aggregate=True)))
@@ -391,21 +396,23 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
         # AOTAutograd caches; kernelize's graph cache), kernelize's kernel cache by fill_cache.
         # The *_aot rows load an artifact that the warm-up process saved (torch's aot_compile: no
         # Dynamo tracing when loaded; one graph only, so not every workload has them).
+        # kernelize_noprewarm: kernelize without the background warm-up during tracing (prewarm.py).
         for backend, warm in (("eager", False), ("inductor", True), ("kernelize", True),
-                              ("inductor_aot", True), ("kernelize_aot", True)):
+                              ("kernelize_noprewarm", True), ("inductor_aot", True), ("kernelize_aot", True)):
             artifact = str(args.cache_dir / "aot" / f"{name}.{backend}")
             Path(artifact).unlink(missing_ok=True)
             Path(artifact).parent.mkdir(parents=True, exist_ok=True)
             code = FIRST_CALL.format(here=str(HERE), backend=backend, name=name, cache=str(args.cache_dir),
                                      artifact=artifact)
             try:
+                env = _child_env(**({"KERNELIZE_PREWARM": "off"} if backend == "kernelize_noprewarm" else {}))
                 if warm:  # an earlier process fills Inductor's on-disk caches (and writes bytecode)
                     subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                                   env=_child_env())
+                                   env=env)
                 runs = []
                 for _ in range(args.firstcall_repeat):  # each a fresh process; the median is reported
                     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                          timeout=120, env=_child_env())
+                                          timeout=120, env=env)
                     if proc.returncode:
                         raise RuntimeError(_exception_text(proc.stderr))
                     runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -417,6 +424,7 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
                     if part in r:
                         row[f"{backend}_{part}"] = round(r[part], 3)
                 if backend == "kernelize":
+                    row["kernelize_prewarm"] = r.get("prewarm")
                     row["kernelize_triton_compiles"] = r["triton_compile"]
                     row["kernelize_graph_cache_hits"] = r["graph_cache_hits"]
                     row["kernelize_executable_cache_hits"] = r["executable_cache_hits"]
@@ -458,14 +466,14 @@ def _exception_text(stderr: str) -> str:
     return " ".join(line.strip() for line in body[i:]) or lines[-1]
 
 
-def _child_env() -> dict:
+def _child_env(**extra: str) -> dict:
     """The environment of a first-call process: bytecode may be written, as an installed package
     has it (a fresh editable checkout under PYTHONDONTWRITEBYTECODE recompiles kernelize's ~45
     modules in every process: ~0.25 s of its first call on the H200 host, which torch's own
     compiled modules never pay)."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+    return {**env, **extra}
 
 
 def main() -> int:

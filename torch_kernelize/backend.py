@@ -15,8 +15,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch.fx as fx
 
+from torch_kernelize import prewarm
 from torch_kernelize.errors import KernelizeError, LoweringError
 from torch_kernelize.options import Options
+
+prewarm.install()  # imported when torch.compile looks the backend up: before Dynamo's first trace
 
 
 def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 import torch.fx as fx
 
+from torch_kernelize import prewarm
 from torch_kernelize.kernel_cache.integrity import seal, unseal, write_file_atomic
 from torch_kernelize.lowering.targets import op_name, resolve_op
 from torch_kernelize.planner import Decision
@@ -96,7 +97,7 @@ def source_hash() -> str:
 
 # Options that do not change the bound executable: the report is written from the stored
 # decisions, CUDA graphs wrap the executable afterwards, and the caches' own switches.
-_OPTIONS_NOT_KEYED = frozenset({"report", "cudagraphs", "graph_cache", "executable_cache"})
+_OPTIONS_NOT_KEYED = frozenset({"report", "cudagraphs", "graph_cache", "executable_cache", "prewarm"})
 
 
 def key_for(graph_key: str, session: "Session", kind: str = "inference") -> str:
@@ -271,9 +272,11 @@ class ExecutableCache:
             payload = _dumps(data)
             _loads(payload)  # what cannot be read back is not written
             header = {"format": FORMAT, "key": key, "torch": torch.__version__, "created": time.time(),
-                      "nodes": len(nodes), "kernels": sum(type(n[2]) is TritonCall for n in nodes)}
+                      "nodes": len(nodes), "kernels": sum(type(n[2]) is TritonCall for n in nodes),
+                      "prewarm": prewarm.section(first)}  # a hit copies it to the program's prewarm index
             self.root.mkdir(parents=True, exist_ok=True)
             write_file_atomic(self.path(key), seal(_MAGIC, header, payload))
+            prewarm.note(self.path(key), header["prewarm"], wanted=lowered.session.options.prewarm)
         except Exception as e:
             stats["bypass"] += 1
             log.warning("executable cache: could not store %s under %s: %s: %s", key[:16], self.root,
@@ -308,6 +311,7 @@ class ExecutableCache:
             return self._corrupt(path, f"{type(e).__name__}: {e}")
         stats["hit"] += 1
         log.info("executable cache hit %s (%s): planning and binding skipped", key[:16], path)
+        prewarm.note(path, header.get("prewarm"), wanted=session.options.prewarm)
         return restored
 
     def _restore(self, data: dict, session: "Session", example_inputs: Sequence[Any]) -> Restored:

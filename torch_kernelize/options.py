@@ -92,6 +92,10 @@ OPTIONS: dict[str, _Option] = {
     "executable_cache": _Option("KERNELIZE_EXECUTABLE_CACHE", _as_bool, lambda: True,
                                 "keep cached graphs' bound executables next to them: a new process whose "
                                 "kernel cache is unchanged skips lowering too (needs graph_cache)"),
+    "prewarm": _Option("KERNELIZE_PREWARM", _as_bool, lambda: True,
+                       "while Dynamo traces a process's first frame, warm in the background the vendor ops "
+                       "of the executables this program ran last time (read from the environment: the "
+                       "warm-up starts before the backend gets its options; see prewarm.py)"),
 }
 
 _MODES = {None: {}, "default": {}, "reduce-overhead": {"cudagraphs": True}}
@@ -108,6 +112,7 @@ class Options:
     cudagraphs: bool = False
     graph_cache: Path | str | None = "auto"
     executable_cache: bool = True
+    prewarm: bool = True
 
     @classmethod
     def resolve(cls, options: Mapping[str, Any] | None = None, mode: str | None = None,
