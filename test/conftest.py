@@ -19,7 +19,7 @@ def _isolated_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELIZE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("KERNELIZE_REPRO_DIR", str(tmp_path / "repros"))
     for var in ("KERNELIZE_TARGET", "KERNELIZE_REPORT", "KERNELIZE_STRICT", "KERNELIZE_CHECK",
-                "KERNELIZE_GRAPH_CACHE", "KERNELIZE_EXECUTABLE_CACHE"):
+                "KERNELIZE_GRAPH_CACHE", "KERNELIZE_EXECUTABLE_CACHE", "KERNELIZE_PREWARM"):
         monkeypatch.delenv(var, raising=False)
     yield
 
