@@ -98,6 +98,10 @@ def test_the_rules_refuse_calls_that_zeros_would_make_unsafe(monkeypatch):
     _compile_and_run()
     [entry] = prewarm.read_index(prewarm.index_path())
     assert {c["op"] for c in entry["vendor"]} == {"aten.index.Tensor", "aten.div.Tensor_mode"}
+    # nor replayed when a record understates it (the header is not covered by the entry's hash)
+    mm = call(torch.ops.aten.mm.default, torch.randn(8, 16), torch.randn(16, 24)).to_record()
+    prewarm._replay({**mm, "bytes": 0})
+    assert prewarm.stats["skipped"] == 1 and not prewarm.stats["vendor"]
 
 
 def test_replay_runs_each_distinct_call_once_on_zeros_of_the_recorded_layout():

@@ -15,8 +15,9 @@ outside a tensor: a device-side assert would end the process's CUDA context). Th
 module loading run in C++ without the GIL, beside the tracing. Nothing here changes what runs:
 a replay that fails is logged and skipped.
 
-Not warmed: the cached kernels' binaries. Loading them in the thread measured slower on the H200
-(MoE +0.08 s, Llama +0.2 s): most of it is Python under the GIL, which the tracing needs too.
+Not warmed: the cached kernels' binaries. Also loading them in the thread made the first call
+slower on the H200 (MoE +0.06 s, Llama +0.2 s against the vendor calls alone): most of that
+loading is Python under the GIL, which the tracing needs too.
 
 Limits:
 
@@ -41,7 +42,6 @@ import os
 import sys
 import threading
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -51,7 +51,6 @@ import torch.fx as fx
 from torch_kernelize.lowering.targets import op_name, op_packet_name, resolve_op
 
 if TYPE_CHECKING:
-    from torch_kernelize.lower import LoweredGraph
     from torch_kernelize.runtime import Specialization
 
 log = logging.getLogger("torch_kernelize.prewarm")
@@ -392,8 +391,9 @@ def _replay(record: Mapping[str, Any]) -> None:
         call = Call.from_record(record)
         rule = WARMABLE.get(op_packet_name(call.op))
         tensors = call.tensors()
+        nbytes = max(call.bytes, sum(_tensor_bytes(t) for t in tensors))  # (the header is not hashed)
         if (rule is None or not tensors or not _devices_ok(t[4] for t in tensors)
-                or call.bytes > MAX_CALL_BYTES or not rule(call)):
+                or nbytes > MAX_CALL_BYTES or not rule(call)):
             stats["skipped"] += 1
             return
         call.run()
