@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,18 @@ def test_export_import_gc(cli, filled, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"{cache.dir}: removed 1" in out and not (cache.entries_dir / ".tmp-leftover").exists()
     assert f"{graphs}: removed 1" in out and [p.name for p in graphs.iterdir()] == ["k.exe"]
+    # prewarm's program indexes: one whose executables are all gone, one that lists k.exe, a temp file
+    prewarm = cache.root / "prewarm"
+    prewarm.mkdir()
+    index = {"format": 1, "executables": [{"path": str(graphs / "gone.exe"), "vendor": []}]}
+    (prewarm / "a.json").write_text(json.dumps(index))
+    (prewarm / "a.json.lock").write_text("")
+    index["executables"].append({"path": str(graphs / "k.exe"), "vendor": []})
+    (prewarm / "b.json").write_text(json.dumps(index))
+    (prewarm / ".b.json.tmp-1-ab").write_text("half")
+    assert cli.main(["gc", "--cache-dir", str(cache.root), "--max-age-minutes", "0"]) == 0
+    assert f"{prewarm}: removed 2" in capsys.readouterr().out
+    assert sorted(p.name for p in prewarm.iterdir()) == ["b.json"]
 
 
 def test_runs_as_a_script(filled):

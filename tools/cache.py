@@ -6,7 +6,7 @@
     python tools/cache.py verify --cache-dir DIR --target T # re-validate by running every kernel
     python tools/cache.py export OUT.tar.gz --cache-dir DIR [--namespace NS] [--keys K ...]
     python tools/cache.py import IN.tar.gz --cache-dir DIR [--replace]
-    python tools/cache.py gc     --cache-dir DIR [--max-age-minutes M]   # also DIR/graphs' temp files
+    python tools/cache.py gc     --cache-dir DIR [--max-age-minutes M]   # also DIR/graphs and DIR/prewarm
 
 Without --namespace, list/check/gc cover every namespace under DIR; show/export need exactly one
 (given, or the only one there). Repo-side tool (tools/ is not installed); it imports torch_kernelize.
@@ -120,6 +120,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
         from torch_kernelize.graph_cache import GraphCache
         n = GraphCache(graphs).gc(max_age_s=args.max_age_minutes * 60)
         print(f"{graphs}: removed {n} leftover(s)")
+    if (Path(args.cache_dir) / "prewarm").is_dir():
+        from torch_kernelize import prewarm
+        n = prewarm.gc(Path(args.cache_dir), max_age_s=args.max_age_minutes * 60)
+        print(f"{Path(args.cache_dir) / 'prewarm'}: removed {n} index(es) of gone executables or leftover(s)")
     return EXIT_OK
 
 

@@ -299,6 +299,27 @@ def note(executable: Path, section: Mapping[str, Any] | None, wanted: bool = Tru
         log.debug("prewarm: could not update the index for %s: %s: %s", executable, type(e).__name__, e)
 
 
+def gc(cache_dir: Path, max_age_s: float) -> int:
+    """Remove the program indexes under ``cache_dir`` none of whose executables exist any more
+    (with their lock files), and the temp files of writers killed mid-write older than
+    ``max_age_s``; returns how many indexes and temp files."""
+    count, now = 0, time.time()
+    folder = Path(cache_dir) / "prewarm"
+    for path in sorted(folder.glob("*.json")) + sorted(folder.glob(".*.tmp-*")):
+        try:
+            if path.name.startswith("."):
+                if now - path.lstat().st_mtime < max_age_s:
+                    continue
+            elif any(os.path.exists(e["path"]) for e in read_index(path)):
+                continue
+            path.unlink()
+            Path(f"{path}.lock").unlink(missing_ok=True)
+            count += 1
+        except OSError as e:
+            log.warning("prewarm: gc could not remove %s: %s", path, e)
+    return count
+
+
 # --- the warm-up ----------------------------------------------------------------------------------
 
 _triggered = False
