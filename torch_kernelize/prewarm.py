@@ -149,9 +149,16 @@ def _storage_numel(size: list[int], stride: list[int], offset: int) -> int:
     return offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
 
 
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a dtype")
+    return dtype
+
+
 def _tensor_bytes(t: list) -> int:
     size, stride, offset, dtype, _ = t
-    return _storage_numel(size, stride, offset) * getattr(torch, dtype).itemsize
+    return _storage_numel(size, stride, offset) * _dtype(dtype).itemsize
 
 
 class _NotRecordable(Exception):
@@ -184,16 +191,10 @@ def _decode(a: Any) -> Any:
         return [_decode(x) for x in a]
     if isinstance(a, dict) and "tensor" in a:
         size, stride, offset, dtype, device = a["tensor"]
-        dt = getattr(torch, dtype)
-        if not isinstance(dt, torch.dtype):
-            raise ValueError(f"{dtype!r} is not a dtype")
-        base = torch.zeros(_storage_numel(size, stride, offset), dtype=dt, device=device)
+        base = torch.zeros(_storage_numel(size, stride, offset), dtype=_dtype(dtype), device=device)
         return base.as_strided(size, stride, offset)
     if isinstance(a, dict) and "dtype" in a:
-        dt = getattr(torch, a["dtype"])
-        if not isinstance(dt, torch.dtype):
-            raise ValueError(f"{a['dtype']!r} is not a dtype")
-        return dt
+        return _dtype(a["dtype"])
     if isinstance(a, dict):
         raise ValueError(f"not a recorded argument: {a!r}")
     return a
