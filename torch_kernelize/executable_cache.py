@@ -23,11 +23,11 @@ inside the planned graph), graphs with host fallbacks, graphs whose first call c
 
 An entry is ``<graph cache dir>/<key>.exe``, sealed like the graph cache's entries (a JSON header
 with the payload's sha256) and written atomically. The header also lists the executable's vendor
-calls, which a hit copies into the program's prewarm index (prewarm.py). The payload is a pickle whose objects are plain
-Python values plus named references (nodes, ops, dtypes, devices, kernel calls, folded views),
-read back by an unpickler that builds nothing else. A bad entry is ignored with one warning. The
-hash guards against corruption, not tampering: like the kernel cache, whose programs run as they
-are, the folder must be writable only by those trusted to supply kernels.
+calls, which a hit copies into the program's prewarm index (prewarm.py). The payload is a pickle
+whose objects are plain Python values plus named references (nodes, ops, dtypes, devices, kernel
+calls, folded views), read back by an unpickler that builds nothing else. A bad entry is ignored
+with one warning. The hash guards against corruption, not tampering: like the kernel cache, whose
+programs run as they are, the folder must be writable only by those trusted to supply kernels.
 """
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ import collections
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -49,6 +50,7 @@ import torch
 import torch.fx as fx
 
 from torch_kernelize.lowering.targets import op_name, op_packet_name, resolve_op
+from torch_kernelize.spec import dtype_from_name, dtype_name
 
 if TYPE_CHECKING:
     from torch_kernelize.runtime import Specialization
@@ -109,7 +111,7 @@ def _no_dropout(call: Call) -> bool:
 
 def _nonempty(call: Call) -> bool:
     """Zero indices address element 0 of each indexed dimension, which exists when no tensor is empty."""
-    return all(_numel(t[0]) > 0 for t in call.tensors())
+    return all(math.prod(t[0]) > 0 for t in call.tensors())
 
 
 # op packet -> when a call on zero-filled tensors is safe. The ops whose first use costs most
@@ -136,29 +138,15 @@ def _leaves(x: Any) -> Iterable[Any]:
         yield x
 
 
-def _numel(size: Iterable[int]) -> int:
-    n = 1
-    for s in size:
-        n *= s
-    return n
-
-
 def _storage_numel(size: list[int], stride: list[int], offset: int) -> int:
-    if _numel(size) == 0:
+    if math.prod(size) == 0:
         return offset
     return offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"{name!r} is not a dtype")
-    return dtype
-
-
 def _tensor_bytes(t: list) -> int:
     size, stride, offset, dtype, _ = t
-    return _storage_numel(size, stride, offset) * _dtype(dtype).itemsize
+    return _storage_numel(size, stride, offset) * dtype_from_name(dtype).itemsize
 
 
 class _NotRecordable(Exception):
@@ -175,13 +163,13 @@ def _encode(a: Any) -> Any:
         if a.layout != torch.strided or any(not isinstance(s, int) for s in (*a.shape, *a.stride())):
             raise _NotRecordable("a tensor that is not strided with static sizes")
         return {"tensor": [list(a.shape), list(a.stride()), int(a.storage_offset()),
-                           str(a.dtype).removeprefix("torch."), str(a.device)]}
+                           dtype_name(a.dtype), str(a.device)]}
     if isinstance(a, (list, tuple)):
         return [_encode(x) for x in a]
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
     if isinstance(a, torch.dtype):
-        return {"dtype": str(a).removeprefix("torch.")}
+        return {"dtype": dtype_name(a)}
     raise _NotRecordable(f"an argument of type {type(a).__name__}")
 
 
@@ -191,10 +179,10 @@ def _decode(a: Any) -> Any:
         return [_decode(x) for x in a]
     if isinstance(a, dict) and "tensor" in a:
         size, stride, offset, dtype, device = a["tensor"]
-        base = torch.zeros(_storage_numel(size, stride, offset), dtype=_dtype(dtype), device=device)
+        base = torch.zeros(_storage_numel(size, stride, offset), dtype=dtype_from_name(dtype), device=device)
         return base.as_strided(size, stride, offset)
     if isinstance(a, dict) and "dtype" in a:
-        return _dtype(a["dtype"])
+        return dtype_from_name(a["dtype"])
     if isinstance(a, dict):
         raise ValueError(f"not a recorded argument: {a!r}")
     return a
@@ -218,10 +206,11 @@ def vendor_calls(gm: fx.GraphModule) -> list[dict[str, Any]]:
         except _NotRecordable:
             continue
         call.bytes = sum(_tensor_bytes(t) for t in call.tensors() + outs)
-        ident = _identity(call.to_record())
+        record = call.to_record()
+        ident = _identity(record)
         if ident not in seen and call.bytes <= MAX_CALL_BYTES and rule(call):
             seen.add(ident)
-            calls.append(call.to_record())
+            calls.append(record)
     return calls
 
 
