@@ -7,6 +7,7 @@
 - loading without importing the kernel source (KernelSignature)."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -194,11 +195,12 @@ def test_unaligned_copy_keeps_values_and_strides(dtype):
 
 def test_launchers_need_no_import_of_the_source(tmp_path):
     """Serving loads stored binaries with a KernelSignature instead of importing each kernel's
-    source: Triton's launch source and torch's static launcher see the same kernel either way."""
+    source, and reads them as a StoredBinary instead of Triton's CompiledKernel: Triton's launch
+    source and torch's static launcher see the same kernel every way."""
     from triton.compiler import CompiledKernel
     from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
 
-    from torch_kernelize.cuda_binaries import KernelSignature, _launch_files, _source
+    from torch_kernelize.cuda_binaries import KernelSignature, StoredBinary, _launch_files, _source
     from torch_kernelize.launch import import_source
     from torch_kernelize.lowering.kernels.histc import FAMILY as HISTC
 
@@ -210,14 +212,20 @@ def test_launchers_need_no_import_of_the_source(tmp_path):
         cubin, meta = _launch_files(i)
         files = {cubin: str(tmp_path / cubin), meta: str(tmp_path / meta)}
         seen = []
-        for fn in (getattr(module, launch.kernel), KernelSignature.of(launch, program)):
+        for fn, stored in ((getattr(module, launch.kernel), False), (KernelSignature.of(launch, program), False),
+                           (KernelSignature.of(launch, program), True)):
             src = _source(fn, launch, program, spec)
-            compiled = CompiledKernel(src, files, "h")
-            compiled._cubin_path = files[cubin]
+            if stored:
+                compiled = StoredBinary(src, tmp_path / cubin, tmp_path / meta, "h")
+                full = compiled.compiled()  # what Triton's launcher is built from, where torch's refuses
+                assert full.metadata == compiled.metadata and full.name == compiled.name
+            else:
+                compiled = CompiledKernel(src, files, json.loads((tmp_path / meta).read_text())["hash"])
+                compiled._cubin_path = files[cubin]
             static = StaticallyLaunchedCudaKernel(compiled)  # no CUDA needed until load_kernel
-            seen.append((src.name, src.constants, src.signature, src.attrs, compiled.name,
-                         {k: v for k, v in vars(static).items() if k != "cubin_raw"}))
-        assert seen[0] == seen[1], launch.kernel
+            seen.append((src.name, src.constants, src.signature, src.attrs, compiled.name, compiled.hash,
+                         compiled.metadata, {k: v for k, v in vars(static).items()}))
+        assert seen[0] == seen[1] == seen[2], launch.kernel
 
 
 def test_runner_passes_the_launch_arguments_in_order(no_stream):

@@ -15,7 +15,9 @@ the vendor op for such calls (see launch.MisalignedInput).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import json
 import logging
 from pathlib import Path
@@ -137,31 +139,74 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
     return files
 
 
+def import_launcher() -> None:
+    """Import torch's static launcher ahead of the first load (the backend does so when
+    torch.compile looks it up); a torch or Triton without it is left to ``CudaLaunch``."""
+    try:
+        import torch._inductor.runtime.static_triton_launcher  # noqa: F401
+    except Exception as e:  # e.g. no Triton: CudaLaunch then uses Triton's launcher, or fails there
+        log.debug("torch's static launcher is not importable (%s: %s)", type(e).__name__, e)
+
+
+class StoredBinary:
+    """One stored binary, read as far as launching it needs: Triton's metadata, the source's
+    signature and the cubin -- the fields of Triton's ``CompiledKernel`` that torch's static
+    launcher reads. ``CompiledKernel`` itself also makes a namedtuple class, a compiler backend and
+    packed metadata per binary (~0.5 ms each, where a graph's
+    first call loads dozens); ``compiled()`` builds it only where Triton's launcher is needed."""
+
+    def __init__(self, src: Any, cubin: Path, meta: Path, default_hash: str):
+        from triton.backends.compiler import GPUTarget
+
+        metadata = json.loads(meta.read_text())
+        target = metadata["target"]  # stored as a dict, as Triton's CompiledKernel reads it
+        metadata["target"] = GPUTarget(target["backend"], target["arch"], target["warp_size"])
+        self.metadata = _metadata_type(tuple(sorted(metadata)))(**metadata)
+        self.src = src
+        self.hash = metadata.get("hash", default_hash)
+        self.name = self.metadata.name
+        self.asm = {"cubin": cubin.read_bytes()}
+        self._cubin_path = str(cubin)
+        self._group = {cubin.name: str(cubin), meta.name: str(meta)}
+
+    def compiled(self) -> Any:
+        """Triton's ``CompiledKernel`` of this binary (no compilation: the stored files)."""
+        from triton.compiler import CompiledKernel
+        return CompiledKernel(self.src, self._group, self.hash)
+
+
+@functools.lru_cache(maxsize=None)
+def _metadata_type(fields: tuple[str, ...]) -> type:
+    """Triton's ``KernelMetadata`` namedtuple for one set of fields: one class per Triton
+    version's field set, where ``CompiledKernel`` makes one per binary."""
+    return collections.namedtuple("KernelMetadata", fields)
+
+
 class CudaLaunch:
     """One stored kernel, loaded into the driver. ``run(grid_x, grid_y, grid_z, stream, *args)``
     launches it (the runner's hot path); the arguments leave out the positions in ``dropped``
     (constexprs the static launcher does not take)."""
 
-    def __init__(self, compiled: Any, cubin_path: Path, constexpr_positions: Sequence[int]):
+    def __init__(self, binary: StoredBinary, constexpr_positions: Sequence[int]):
         import torch
 
-        self.name = compiled.name
+        self.name = binary.name
         self.dropped: frozenset[int] = frozenset()
         self._static = None
         try:
-            if getattr(compiled.metadata, "launch_cooperative_grid", False):
+            if getattr(binary.metadata, "launch_cooperative_grid", False):
                 # torch's static launcher has no cooperative launch: it would start a grid
                 # barrier's programs without the driver's check that they all fit at once
                 raise NotImplementedError("cooperative launch")
             from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
-            compiled._cubin_path = str(cubin_path)
-            static = StaticallyLaunchedCudaKernel(compiled)
+            static = StaticallyLaunchedCudaKernel(binary)
             static.load_kernel(torch.cuda.current_device())
             self._static = static
             self.run = static.run
             self.dropped = frozenset(constexpr_positions)
         except Exception as e:  # not every kernel/torch version takes the static path
             log.debug("static launcher refused %s (%s); using Triton's launcher", self.name, e)
+            compiled = binary.compiled()
             launch = compiled.run  # builds Triton's launcher for the stored binary (no Triton compile)
             function, packed = compiled.function, compiled.packed_metadata
 
@@ -202,15 +247,11 @@ def load_launch(directory: Path, i: int, fn: Any, launch: Launch, program: Kerne
                 spec: KernelSpec, aligned: bool = True) -> CudaLaunch:
     """The launcher of launch ``i`` from its stored cubin and metadata (no compilation); ``fn`` is
     the kernel's function or its KernelSignature."""
-    from triton.compiler import CompiledKernel
-
     if program.language == "cuda":
         from torch_kernelize import cuda_cxx
         return cuda_cxx.load_launch(directory, i, launch)
 
     cubin, meta = _launch_files(i, aligned)
-    src = _source(fn, launch, program, spec, aligned)
-    group = {cubin: str(directory / cubin), meta: str(directory / meta)}
-    compiled = CompiledKernel(src, group, json.loads((directory / meta).read_text()).get("hash", spec.key))
+    binary = StoredBinary(_source(fn, launch, program, spec, aligned), directory / cubin, directory / meta, spec.key)
     names = program.kernel_arg_names(launch.kernel)
-    return CudaLaunch(compiled, directory / cubin, [k for k, n in enumerate(names) if n in launch.constexprs])
+    return CudaLaunch(binary, [k for k, n in enumerate(names) if n in launch.constexprs])
