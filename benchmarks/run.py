@@ -12,7 +12,8 @@ overhead   launch cost: a direct Triton launch vs kernelize's runner vs a compil
 firstcall  first-call time of each backend in a fresh process (Inductor's caches warmed by an
            earlier process; kernelize with its kernel cache filled; eager beside them), and of
            saved artifacts loaded without Dynamo (torch_kernelize.aot; Inductor's own aot_compile);
-           the median of --firstcall-repeat fresh processes (one process alone varies by 0.1 s and more)
+           the median of --firstcall-repeat fresh processes (one process alone varies by 0.1 s and more),
+           the backends taking turns
 profile    GPU time per call by kernel (torch.profiler) for eager, Inductor and kernelize: where
            each backend's device time goes (kernel names and counts, top kernels)
 
@@ -388,6 +389,43 @@ print(json.dumps({{"first_call_s": t1 - t0, "process_s": t1 - t_start, **counts}
 """
 
 
+FIRST_CALL_BACKENDS = (("eager", False), ("inductor", True), ("kernelize", True), ("kernelize_noprewarm", True),
+                       ("inductor_aot", True), ("kernelize_aot", True))
+
+
+def _run_child(code: str, env: dict) -> dict:
+    """One fresh first-call process: its JSON line, or RuntimeError with the child's exception."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    if proc.returncode:
+        raise RuntimeError(_exception_text(proc.stderr))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def first_call_samples(children: dict[str, tuple[str, dict, bool]], repeat: int,
+                       run_child=_run_child) -> dict[str, list[dict] | str]:
+    """{backend: its ``repeat`` samples, or why it failed}. ``children`` maps a backend to its
+    code, environment and whether an earlier process warms its caches. After the warm-ups the
+    backends take turns, one process each per round, so that a host whose speed drifts during
+    the minutes this takes moves every backend's samples alike, not one backend's."""
+    samples: dict[str, list[dict] | str] = {}
+    for backend, (code, env, warm) in children.items():
+        samples[backend] = []
+        if warm:  # an earlier process fills the on-disk caches (and writes bytecode)
+            try:
+                run_child(code, env)
+            except Exception:  # its timed processes will say why
+                pass
+    for _ in range(repeat):
+        for backend, (code, env, _) in children.items():
+            if isinstance(samples[backend], str):
+                continue  # failed: not retried
+            try:
+                samples[backend].append(run_child(code, env))
+            except Exception as e:
+                samples[backend] = f"{type(e).__name__}: {e}"[:500]
+    return samples
+
+
 def phase_firstcall(args, names, save=lambda rows: None) -> dict:
     results = {}
     for name in names:
@@ -397,39 +435,31 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
         # The *_aot rows load an artifact that the warm-up process saved (torch's aot_compile: no
         # Dynamo tracing when loaded; one graph only, so not every workload has them).
         # kernelize_noprewarm: kernelize without the background warm-up during tracing (prewarm.py).
-        for backend, warm in (("eager", False), ("inductor", True), ("kernelize", True),
-                              ("kernelize_noprewarm", True), ("inductor_aot", True), ("kernelize_aot", True)):
+        children = {}
+        for backend, warm in FIRST_CALL_BACKENDS:
             artifact = str(args.cache_dir / "aot" / f"{name}.{backend}")
             Path(artifact).unlink(missing_ok=True)
             Path(artifact).parent.mkdir(parents=True, exist_ok=True)
             code = FIRST_CALL.format(here=str(HERE), backend=backend, name=name, cache=str(args.cache_dir),
                                      artifact=artifact)
-            try:
-                env = _child_env(**({"KERNELIZE_PREWARM": "off"} if backend == "kernelize_noprewarm" else {}))
-                if warm:  # an earlier process fills Inductor's on-disk caches (and writes bytecode)
-                    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                                   env=env)
-                runs = []
-                for _ in range(args.firstcall_repeat):  # each a fresh process; the median is reported
-                    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                          timeout=120, env=env)
-                    if proc.returncode:
-                        raise RuntimeError(_exception_text(proc.stderr))
-                    runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                r = sorted(runs, key=lambda x: x["first_call_s"])[(len(runs) - 1) // 2]
-                row[f"{backend}_first_call_s"] = round(r["first_call_s"], 3)
-                if len(runs) > 1:
-                    row[f"{backend}_first_call_samples_s"] = [round(x["first_call_s"], 3) for x in runs]
-                for part in ("dynamo_s", "backend_s", "gc_s", "gc_full"):  # of the median process
-                    if part in r:
-                        row[f"{backend}_{part}"] = round(r[part], 3)
-                if backend == "kernelize":
-                    row["kernelize_prewarm"] = r.get("prewarm")
-                    row["kernelize_triton_compiles"] = r["triton_compile"]
-                    row["kernelize_graph_cache_hits"] = r["graph_cache_hits"]
-                    row["kernelize_executable_cache_hits"] = r["executable_cache_hits"]
-            except Exception as e:
-                row[f"{backend}_error"] = f"{type(e).__name__}: {e}"[:500]
+            env = _child_env(**({"KERNELIZE_PREWARM": "off"} if backend == "kernelize_noprewarm" else {}))
+            children[backend] = (code, env, warm)
+        for backend, runs in first_call_samples(children, args.firstcall_repeat).items():
+            if isinstance(runs, str):
+                row[f"{backend}_error"] = runs
+                continue
+            r = sorted(runs, key=lambda x: x["first_call_s"])[(len(runs) - 1) // 2]  # the median process
+            row[f"{backend}_first_call_s"] = round(r["first_call_s"], 3)
+            if len(runs) > 1:
+                row[f"{backend}_first_call_samples_s"] = [round(x["first_call_s"], 3) for x in runs]
+            for part in ("dynamo_s", "backend_s", "gc_s", "gc_full"):
+                if part in r:
+                    row[f"{backend}_{part}"] = round(r[part], 3)
+            if backend == "kernelize":
+                row["kernelize_prewarm"] = r.get("prewarm")
+                row["kernelize_triton_compiles"] = r["triton_compile"]
+                row["kernelize_graph_cache_hits"] = r["graph_cache_hits"]
+                row["kernelize_executable_cache_hits"] = r["executable_cache_hits"]
         print(name, json.dumps(row), flush=True)
         results[name] = row
         save(results)  # a run stopped by its time limit keeps the rows measured so far

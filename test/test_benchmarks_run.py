@@ -38,6 +38,26 @@ def test_first_call_script_reports_the_collections_inside_the_call(tmp_path):
     assert r["first_call_s"] > 0 and 0 <= r["gc_s"] < r["first_call_s"] and r["gc_full"] >= 0
 
 
+def test_first_call_backends_take_turns_and_a_failing_one_drops_out_alone():
+    """After every backend's warm-up process, each round runs one process per backend (a drifting
+    host moves all alike); a backend whose process fails keeps the reason and is not run again."""
+    run = _run_module()
+    order: list[str] = []
+
+    def child(code, env):
+        order.append(code)
+        if code == "b" and len(order) > 4:
+            raise RuntimeError("a graph break")
+        return {"first_call_s": len(order)}
+
+    children = {"a": ("a", {}, True), "b": ("b", {}, True), "c": ("c", {}, False)}
+    samples = run.first_call_samples(children, 3, run_child=child)
+    assert order == ["a", "b", "a", "b", "c", "a", "b", "c", "a", "c"]
+    assert [s["first_call_s"] for s in samples["a"]] == [3, 6, 9]
+    assert samples["b"] == "RuntimeError: a graph break"
+    assert [s["first_call_s"] for s in samples["c"]] == [5, 8, 10]
+
+
 def test_first_run_table_times_each_node_of_a_bound_graph(tmp_path):
     """host_profile --first-run: every call_function node of each run is timed, and the table
     compares the first run with the second per callable."""
