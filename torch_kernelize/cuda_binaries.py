@@ -151,9 +151,9 @@ def import_launcher() -> None:
 class StoredBinary:
     """One stored binary, read as far as launching it needs: Triton's metadata, the source's
     signature and the cubin -- the fields of Triton's ``CompiledKernel`` that torch's static
-    launcher reads. ``CompiledKernel`` itself also makes a namedtuple class, a compiler backend and
-    packed metadata per binary (~0.5 ms each, where a graph's
-    first call loads dozens); ``compiled()`` builds it only where Triton's launcher is needed."""
+    launcher reads. ``CompiledKernel`` also makes a namedtuple class, a compiler backend and packed
+    metadata per binary (~0.5 ms each, and a graph's first call loads dozens); ``compiled()``
+    builds it only where Triton's launcher is needed."""
 
     def __init__(self, src: Any, cubin: Path, meta: Path, default_hash: str):
         from triton.backends.compiler import GPUTarget
