@@ -84,3 +84,15 @@ def test_gelu_unsupported_is_decomposed_and_still_matches(tmp_path):
     assert not any(n["tier"] == "fallback" for n in nodes)
     # the decomposition's own nodes were planned: erf runs on the vendor tier
     assert any(n["op"] == "aten.erf.default" and n["tier"] == "vendor" for n in nodes)
+
+
+def test_torch_compile_imports_the_serving_path_before_the_first_call():
+    """Looking the backend up imports what a first call runs (lowering, both caches), as
+    torch.compile(model) imports Inductor: their import is not part of the first call."""
+    proc = run_python("""
+import json, sys, torch
+torch.compile(torch.nn.Linear(4, 4), backend="kernelize", options={"target": "cpu"})
+print(json.dumps({m: m in sys.modules for m in ("torch_kernelize.lower", "torch_kernelize.graph_cache",
+                                                "torch_kernelize.executable_cache", "torch_kernelize.planner")}))
+""")
+    assert all(last_json(proc).values()), last_json(proc)
