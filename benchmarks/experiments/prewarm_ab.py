@@ -1,5 +1,6 @@
 """First calls with prewarm on and off (KERNELIZE_PREWARM) and Inductor's, in alternating fresh
-processes (the first-call code of benchmarks/run.py), MoE and Llama; writes $OUT/ab.json. The
+processes (the first-call code of benchmarks/run.py), MoE and Llama; writes $OUT/ab.json with the
+host's speed (us per eager add) before and after each workload, as first calls move with it. The
 kernel cache must be filled at /tmp/kc (run.py --phases fill --cache-dir /tmp/kc).
 
     python benchmarks/experiments/prewarm_ab.py [N]
@@ -17,7 +18,7 @@ import run  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-res = {}
+res = {"host_us_per_eager_add": [run.host_speed_us()]}  # the host's speed, before and after each workload
 for name in ("moe_T4096_d1024_E16_top4_fp16", "llama4L_d1024_b8_s512_fp16"):
     rows = {}
     variants = [("on", "kernelize"), ("off", "kernelize"), ("inductor", "inductor")]
@@ -45,4 +46,5 @@ for name in ("moe_T4096_d1024_E16_top4_fp16", "llama4L_d1024_b8_s512_fp16"):
         summary[mode] = {k: round(statistics.median(r[k] for r in ok), 3) for k in ("first_call_s", "dynamo_s", "backend_s") if ok and all(k in r for r in ok)}
     print(name, "MEDIANS", json.dumps(summary), flush=True)
     res[name] = {"samples": rows, "median": summary}
+    res["host_us_per_eager_add"].append(run.host_speed_us())
     json.dump(res, open(os.path.join(OUT, "ab.json"), "w"), indent=1)
