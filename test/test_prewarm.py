@@ -81,6 +81,30 @@ def test_an_executable_records_its_warmable_vendor_calls_with_their_layouts():
     assert calls["aten.mm.default"]["bytes"] == 4 * (8 * 16 + 24 * 16 + 8 * 24)
 
 
+def test_a_vendor_call_that_reads_a_fused_kernels_output_is_recorded():
+    """A fused region's call (and each of its outputs) keeps the traced value of the output it
+    replaces, so the vendor calls that read it are recorded like any other (the Llama attention,
+    which reads the RoPE kernel's outputs, was not)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_kernelize.runtime import _fuse
+
+    def f(x, w):
+        h = torch.sin(x) * 2.0
+        return torch.mm(h, w), torch.sort(torch.cos(x) + 1.0).values
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(8, 16), torch.randn(16, 24))
+    nodes = {str(n.target): n for n in gm.graph.nodes}
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    region = [nodes[k] for k in ("aten.sin.default", "aten.mul.Tensor", "aten.cos.default", "aten.add.Tensor")]
+    new = _fuse(gm.graph, region, [x], [nodes["aten.mul.Tensor"], nodes["aten.add.Tensor"]], lambda a: (a, a))
+    assert all(isinstance(n.meta.get("val"), torch.Tensor) for n in new.values())
+    calls = {c["op"]: c for c in prewarm.vendor_calls(gm)}
+    assert set(calls) == {"aten.mm.default", "aten.sort.default"}
+    assert calls["aten.mm.default"]["args"][0]["tensor"][:2] == [[8, 16], [16, 1]]
+    assert calls["aten.sort.default"]["args"][0]["tensor"][:2] == [[8, 16], [16, 1]]
+
+
 def test_the_rules_refuse_calls_that_zeros_would_make_unsafe(monkeypatch):
     def call(op, *args, nbytes=0, **kwargs):
         return prewarm.Call(op, [prewarm._encode(a) for a in args], {k: prewarm._encode(v) for k, v in kwargs.items()},

@@ -252,17 +252,21 @@ def guard_vendor_layouts(graph: fx.Graph, guarded_inputs: bool = True) -> int:
 
 def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
           launcher: Callable) -> dict[fx.Node, fx.Node]:
-    """Replace ``nodes`` by one call of ``launcher(*inputs)``; return {old output: new value}."""
+    """Replace ``nodes`` by one call of ``launcher(*inputs)``; return {old output: new value}.
+    Each new value keeps its output's metadata (``val``: what later passes and prewarm's record
+    of a vendor call read off an argument)."""
     with graph.inserting_after(nodes[-1]):
         call = graph.call_function(launcher, tuple(inputs))
     replacements = {}
     if len(outputs) == 1:
         replacements[outputs[0]] = call
     else:
+        call.meta["val"] = tuple(o.meta.get("val") for o in outputs)
         for i, o in enumerate(outputs):
             with graph.inserting_after(call):
                 replacements[o] = graph.call_function(operator.getitem, (call, i))
     for old, new in replacements.items():
+        new.meta.update(old.meta)
         old.replace_all_uses_with(new)
     for n in reversed(nodes):
         graph.erase_node(n)
