@@ -1,12 +1,13 @@
 """What prewarm's thread costs the main thread, and what it saves it, per kind of vendor call.
 
-First a process per workload runs its first call with kernelize (cache at /tmp/kc) and keeps the
-vendor calls prewarm recorded for it (in the index under the default cache dir). Then fresh CUDA processes (3 per mode, alternating) run
-0.6 s of Python in the main thread (a stand-in for Dynamo's tracing) while a thread replays a
-subset of those calls with prewarm's own code; ``waiting_s`` is the main thread's wall time minus
-its CPU time over those 0.6 s (time spent waiting for the GIL, or off the CPU). Afterwards the
-main thread makes every recorded call once and times each first use. Modes: ``none`` (no
-thread), ``all``, ``no_attention``, ``attention``. Writes $OUT/prewarm_gil.json.
+First a process per workload runs its first call with kernelize (a kernel cache filled at
+/tmp/kc) and keeps the vendor calls prewarm recorded for it (in the program's index under the
+default cache dir). Then fresh CUDA processes (3 per mode, alternating) run 0.6 s of Python in
+the main thread (a stand-in for Dynamo's tracing) while a thread replays a subset of those calls
+with prewarm's own code. ``waiting_s`` is the main thread's wall time minus its CPU time over
+those 0.6 s (time spent waiting for the GIL, or off the CPU). Afterwards the main thread makes
+every recorded call once and times each first use. Modes: ``none`` (no thread), ``all``,
+``no_attention``, ``attention``. Writes $OUT/prewarm_gil.json.
 
     python benchmarks/experiments/prewarm_gil_probe.py
 """
@@ -23,7 +24,6 @@ MODES = ("none", "all", "no_attention", "attention")
 
 RECORD = r'''
 import json, sys
-from pathlib import Path
 import torch
 sys.path.insert(0, sys.argv[1])
 from workloads import WORKLOADS
