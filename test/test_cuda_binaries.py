@@ -4,7 +4,8 @@
   without the 16-byte pointer alignment assumption, validated by fill_cache, which the runner
   takes for inputs off a 16-byte boundary (before: the vendor op ran those calls); the runner's
   choice is checked with stand-in launchers;
-- loading without importing the kernel source (KernelSignature)."""
+- loading without importing the kernel source (KernelSignature), whose parameter names are read
+  from the `def` alone."""
 from __future__ import annotations
 
 import json
@@ -226,6 +227,25 @@ def test_launchers_need_no_import_of_the_source(tmp_path):
             seen.append((src.name, src.constants, src.signature, src.attrs, compiled.name, compiled.hash,
                          compiled.metadata, {k: v for k, v in vars(static).items()}))
         assert seen[0] == seen[1] == seen[2], launch.kernel
+
+
+def test_triton_kernel_arg_names_come_from_the_signature_alone_or_the_whole_parse():
+    """A warm process reads each kernel's parameter names; only the ``def`` is parsed when its
+    brackets can be matched, else the whole source (a comment or string inside the signature)."""
+    from torch_kernelize.lowering.kernels.program import KernelProgram, Launch, _arg_names, _signature_source
+    src = ("import triton\n\n@triton.jit\ndef k_2(a):\n    pass\n\n@triton.jit\n"
+           "def k(x_ptr, y_ptr: 'tl.pointer', n,\n      SHAPE: tl.constexpr = (1, 2), BLOCK: tl.constexpr = 128):\n"
+           "    pass\n\n@triton.jit\ndef c(a,  # the input\n      b):\n    pass\n")
+    assert _signature_source(src, "k") is None  # the annotation is a string: left to the whole parse
+    p = KernelProgram(src, (Launch("k", (1,), ()), Launch("k_2", (1,), ()), Launch("c", (1,), ())))
+    assert p.kernel_arg_names("k") == ["x_ptr", "y_ptr", "n", "SHAPE", "BLOCK"]
+    assert p.kernel_arg_names("k_2") == ["a"]
+    assert _signature_source(src, "c") is None and p.kernel_arg_names("c") == ["a", "b"]
+    plain = src.replace("'tl.pointer'", "tl.pointer")
+    assert _signature_source(plain, "k").startswith("def k(x_ptr, y_ptr: tl.pointer, n,")
+    assert _arg_names(plain, "k") == ("x_ptr", "y_ptr", "n", "SHAPE", "BLOCK")
+    with pytest.raises(ValueError, match="not defined"):
+        _arg_names(plain, "k_")
 
 
 def test_runner_passes_the_launch_arguments_in_order(no_stream):
