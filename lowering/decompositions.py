@@ -23,12 +23,16 @@ aten = torch.ops.aten
 # matrix unit or a convolution engine still runs these models, node by node.
 
 OWN_DECOMPOSITIONS: dict[Any, Callable] = {}
+# Ops whose torch decomposition does not compute what the op returns, so that ours is used instead
+OVERRIDES: set[Any] = set()
 
 
-def _register(*ops):
+def _register(*ops, override: bool = False):
     def deco(fn):
         for op in ops:
             OWN_DECOMPOSITIONS[op] = fn
+            if override:
+                OVERRIDES.add(op)
         return fn
     return deco
 
@@ -78,6 +82,32 @@ def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_
     return out.squeeze(2) if one_d else out
 
 
+@_register(aten._scaled_dot_product_flash_attention_for_cpu.default, override=True)
+def _sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
+                    scale=None):
+    """CPU flash attention as math, with the op's real second output, the logsumexp of each row
+    of scores (fp32 for half inputs). torch's decomposition returns the attention weights there,
+    which the op's backward, reading a logsumexp, turns into wrong gradients."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    acc = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    q, k, v = query.to(acc), key.to(acc), value.to(acc)
+    if k.size(1) != q.size(1):  # grouped-query attention: each K/V head serves a group of Q heads
+        k = k.repeat_interleave(q.size(1) // k.size(1), 1)
+        v = v.repeat_interleave(q.size(1) // v.size(1), 1)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5 if scale is None else scale)
+    if is_causal:
+        keep = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask.to(acc))
+    lse = torch.logsumexp(scores, -1)
+    # a row with every score masked has lse = -inf: its weights are 0, not NaN
+    p = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
+    return torch.matmul(p, v).to(query.dtype), lse
+
+
 # Ops torch's core decomposition table would break up while tracing, but that vendors run as one
 # fused kernel (flash attention): aot_autograd keeps them whole, and the tier ladder decomposes
 # them (tier 1) only on a target that cannot run them.
@@ -104,8 +134,63 @@ def trace_decompositions() -> dict[Any, Callable]:
 
 
 def decomposition_for(op: Any) -> Callable | None:
-    """torch's decomposition first (it is the maintained one), then ours."""
+    """torch's decomposition first (it is the maintained one), then ours; ours where torch's
+    does not compute the op's outputs (OVERRIDES)."""
+    if op in OVERRIDES:
+        return OWN_DECOMPOSITIONS[op]
     return _torch_table.get(op) or OWN_DECOMPOSITIONS.get(op)
+
+
+# --- the layout contract ---------------------------------------------------------------------------
+# A decomposition computes the op's values, not its layout: the math decomposition of CPU flash
+# attention returns a contiguous (B, H, S, D) tensor where the op returns (B, S, H, D) memory,
+# and the graph then views ``out.transpose(1, 2)`` as contiguous (functionalization dropped the
+# ``.contiguous()`` that was a no-op at trace time). So each output whose strides differ from the
+# traced ones is copied into the traced layout, with ops the planner can still place.
+
+LAYOUT_COPY = "kernelize_layout_copy"  # node.meta flag: a copy into the traced layout, never decomposed
+
+
+def _hinted(v: Any) -> int:
+    return int(v.node.hint) if isinstance(v, torch.SymInt) and v.node.hint is not None else int(v)
+
+
+def _same_layout(shape, got, want) -> bool:
+    """Strides equal wherever they matter (dims of size 1 have no stride to speak of)."""
+    return all(_hinted(n) <= 1 or _hinted(g) == _hinted(w) for n, g, w in zip(shape, got, want))
+
+
+def _dense_order(shape, stride) -> list[int] | None:
+    """The dims from outermost to innermost if ``stride`` is a dense layout of ``shape`` (a
+    permutation of a contiguous tensor); None for overlapping or gapped layouts."""
+    sizes, strides = [_hinted(n) for n in shape], [_hinted(s) for s in stride]
+    order = sorted(range(len(sizes)), key=lambda d: (-strides[d], -sizes[d]))
+    expect = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expect:
+            return None
+        expect *= sizes[d]
+    return order
+
+
+def keep_layout(out: Any, traced: Any) -> Any:
+    """``out`` (a decomposition's result) with each tensor in the strides of ``traced`` (the
+    replaced node's ``val``). A dense layout is made by a contiguous clone of the permuted
+    tensor, permuted back (views and a clone: ops every tier runs); any other by a copy into an
+    ``empty_strided`` buffer."""
+    if isinstance(out, (tuple, list)) and isinstance(traced, (tuple, list)):
+        return type(out)(keep_layout(o, t) for o, t in zip(out, traced))
+    if not (isinstance(out, torch.Tensor) and isinstance(traced, torch.Tensor)) or out.dim() != traced.dim():
+        return out
+    if _same_layout(out.shape, out.stride(), traced.stride()):
+        return out
+    order = _dense_order(traced.shape, traced.stride())
+    if order is not None:
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        y = aten.clone.default(aten.permute.default(out, order), memory_format=torch.contiguous_format)
+        return aten.permute.default(y, inverse)
+    buf = aten.empty_strided.default(traced.shape, traced.stride(), dtype=out.dtype, device=out.device)
+    return aten.copy.default(buf, out)
 
 
 # --- splicing one node ---------------------------------------------------------------------------
@@ -114,12 +199,24 @@ class NotDecomposable(Exception):
     pass
 
 
+def _is_layout_copy(n: fx.Node, out: Any) -> bool:
+    """Whether ``n`` is one of keep_layout's copies: it feeds an output (through the permute back)."""
+    outs = set(out) if isinstance(out, (tuple, list)) else {out}
+    return n in outs or any(u in outs and u.target is aten.permute.default for u in n.users)
+
+
 def decompose_node(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
     """Replace ``node`` by the graph of its decomposition; return the new nodes.
 
     Raises NotDecomposable when the op has no decomposition or the decomposition declines these
     inputs (it returns NotImplemented, or its trace still contains the op itself).
     """
+    return splice_decomposition(gm, node, trace_decomposition(node))
+
+
+def trace_decomposition(node: fx.Node) -> fx.GraphModule:
+    """The decomposition of ``node`` as its own graph (inputs: the node's tensor arguments), its
+    outputs in the node's traced layout (see keep_layout). Raises NotDecomposable."""
     op = node.target
     fn = decomposition_for(op)
     if fn is None:
@@ -128,13 +225,14 @@ def decompose_node(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
     node_pos = [i for i, a in enumerate(flat) if isinstance(a, fx.Node)]
     vals = [flat[i].meta["val"] for i in node_pos]
     fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    traced = node.meta.get("val")
 
     def call(*leaves):
         new = list(flat)
         for i, v in zip(node_pos, leaves):
             new[i] = v
         args, kwargs = pytree.tree_unflatten(new, spec)
-        return op(*args, **kwargs)
+        return keep_layout(op(*args, **kwargs), traced)
 
     try:
         if fake_mode is not None:
@@ -150,7 +248,59 @@ def decompose_node(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
                     if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "prims"})
     if prims:  # e.g. aten.erf -> prims.erf: the same computation under another name, not a lowering
         raise NotDecomposable(f"{op} decomposes only to primitives ({', '.join(prims)})")
+    got = next(n for n in sub.graph.nodes if n.op == "output").args[0]
+    problem = _output_mismatch(pytree.tree_map(lambda n: n.meta.get("val") if isinstance(n, fx.Node) else n, got),
+                               traced)
+    if problem:  # a decomposition that computes something else must never stand in for the op
+        raise NotDecomposable(f"the decomposition of {op} returns other outputs than the op: {problem}")
+    return sub
 
+
+def _output_mismatch(got: Any, want: Any) -> str:
+    """What differs between a decomposition's outputs and the op's traced ones ('' if nothing)."""
+    gots, wants = pytree.tree_leaves(got), pytree.tree_leaves(want)
+    if len(gots) != len(wants):
+        return f"{len(gots)} outputs instead of {len(wants)}"
+    for i, (g, w) in enumerate(zip(gots, wants)):
+        if isinstance(w, torch.Tensor):
+            if not isinstance(g, torch.Tensor):
+                return f"output {i} is not a tensor"
+            if g.dtype != w.dtype or len(g.shape) != len(w.shape) or any(
+                    _hinted(a) != _hinted(b) for a, b in zip(g.shape, w.shape)):
+                return f"output {i} is {g.dtype} {list(g.shape)}, the op's {w.dtype} {list(w.shape)}"
+    return ""
+
+
+def _bytes(val: Any) -> int:
+    if isinstance(val, torch.Tensor):
+        return _hinted(val.numel()) * val.element_size()
+    if isinstance(val, (tuple, list)):
+        return sum(_bytes(v) for v in val)
+    return 0
+
+
+def materialized_bytes(sub: fx.GraphModule) -> int:
+    """Bytes of the fresh tensors a decomposition's graph makes besides its outputs (views and
+    factory fills excluded): what running it node by node writes to memory on the way."""
+    from torch_kernelize.lowering.op_classes import NodeClass, classify
+    outputs = set(pytree.tree_leaves(next(n for n in sub.graph.nodes if n.op == "output").args))
+    return sum(_bytes(n.meta.get("val")) for n in sub.graph.nodes
+               if n.op == "call_function" and n not in outputs and classify(n)[0] is NodeClass.COMPUTE)
+
+
+def own_bytes(node: fx.Node) -> int:
+    """Bytes of a node's own tensors: its tensor inputs and its outputs."""
+    ins = {a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, fx.Node)}
+    return sum(_bytes(a.meta.get("val")) for a in ins) + _bytes(node.meta.get("val"))
+
+
+def splice_decomposition(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule) -> list[fx.Node]:
+    """Put ``sub`` (trace_decomposition of ``node``) in the place of ``node``; return the new nodes."""
+    op = node.target
+    flat, _ = pytree.tree_flatten((node.args, node.kwargs))
+    node_pos = [i for i, a in enumerate(flat) if isinstance(a, fx.Node)]
+    if isinstance(node.meta.get("val"), (tuple, list)) and any(u.target is not operator.getitem for u in node.users):
+        raise NotDecomposable(f"tuple output of {op} used other than by getitem")  # checked before any change
     graph = gm.graph
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     val_map = {ph: flat[i] for ph, i in zip(placeholders, node_pos)}
@@ -158,10 +308,11 @@ def decompose_node(gm: fx.GraphModule, node: fx.Node) -> list[fx.Node]:
     with graph.inserting_before(node):
         out = graph.graph_copy(sub.graph, val_map)
     new_nodes = [n for n in graph.nodes if n not in before]
+    for n in new_nodes:  # the copies keep_layout made: decomposing them would lose the layout again
+        if n.target in (aten.clone.default, aten.copy.default) and _is_layout_copy(n, out):
+            n.meta[LAYOUT_COPY] = True
     if isinstance(out, (tuple, list)):
         for user in list(node.users):
-            if user.target is not operator.getitem:
-                raise NotDecomposable(f"tuple output of {op} used other than by getitem")
             user.replace_all_uses_with(out[user.args[1]])
             graph.erase_node(user)
     else:

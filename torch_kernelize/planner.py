@@ -23,7 +23,9 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.lowering.decompositions import NotDecomposable, decompose_node, decomposition_for
+from torch_kernelize.lowering.decompositions import (LAYOUT_COPY, NotDecomposable, decomposition_for,
+                                                     materialized_bytes, own_bytes, splice_decomposition,
+                                                     trace_decomposition)
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.op_classes import NodeClass, classify, is_random
 from torch_kernelize.lowering.targets import Target, op_name
@@ -34,6 +36,10 @@ log = logging.getLogger("torch_kernelize.planner")
 
 TIERS = ("decompose", "triton", "vendor", "fallback")
 MAX_DECOMPOSE_ROUNDS = 16  # a decomposition whose ops decompose again, and so on: bounded
+# A decomposition that writes more than this many times the op's own inputs and outputs on the
+# way (mm -> broadcast multiply + sum: an [M, K, N] product) is not taken while a kernel family
+# generates the op whole: the op stays for tier 2, and its miss is recorded as the op itself.
+MAX_DECOMPOSITION_GROWTH = 4.0
 
 
 @dataclasses.dataclass
@@ -178,6 +184,36 @@ def tensor_input_nodes(node: fx.Node) -> list[fx.Node]:
     return [a for a in flat if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
 
 
+def _hint_bindings(node: fx.Node) -> dict[sympy.Symbol, int]:
+    """Every size symbol of the node's graph bound to its example value."""
+    from torch._guards import detect_fake_mode
+    vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    mode = detect_fake_mode([v for v in pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)])
+    env = getattr(mode, "shape_env", None)
+    if env is None:
+        return {}
+    values = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val  # renamed after 2.11
+    return dict(values)
+
+
+def _generated_whole(node: fx.Node, sub: fx.GraphModule) -> str | None:
+    """Why ``node`` stays whole instead of taking the decomposition ``sub`` (None: decompose):
+    the decomposition materializes far more than the op's own tensors and a kernel family
+    generates the op as it is. Judged on the graph's example sizes."""
+    extra, own = materialized_bytes(sub), own_bytes(node)
+    if extra <= MAX_DECOMPOSITION_GROWTH * max(own, 1):
+        return None
+    try:
+        spec = build_spec(node, _hint_bindings(node))
+    except (TypeError, ValueError):
+        return None
+    family = family_for(spec) if spec is not None else None
+    if family is None:
+        return None
+    return (f"its decomposition would write {extra / own:.0f}x the op's own {own / 2**20:.2f} MiB on the way; "
+            f"the {family.name} family generates {op_name(node.target)} whole (tier 2)")
+
+
 def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
     """Decompose what the target cannot run (one node at a time, re-planning new nodes)."""
     decompositions: list[Decision] = []
@@ -191,11 +227,19 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
             if klass is not NodeClass.COMPUTE or target.vendor_runs(node.target):
                 continue
             name = op_name(node.target)
+            if node.meta.get(LAYOUT_COPY):
+                not_decomposable[node] = "a copy into the traced layout: its decomposition would lose the layout"
+                continue
             if decomposition_for(node.target) is None:
                 not_decomposable[node] = f"no ATen decomposition for {name}"
                 continue
             try:
-                new_nodes = decompose_node(gm, node)
+                sub = trace_decomposition(node)
+                whole = _generated_whole(node, sub) if target.has_triton else None
+                if whole is not None:
+                    not_decomposable[node] = whole
+                    continue
+                new_nodes = splice_decomposition(gm, node, sub)
             except NotDecomposable as e:
                 not_decomposable[node] = str(e)
                 continue

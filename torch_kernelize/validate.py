@@ -190,7 +190,8 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
             vendor = _vendor_outputs(spec, inputs, trial_cache, (seed, kind))
             if not compare_all(vendor, ref, spec).ok:
                 vendor = [v.to(torch.float64) if v.is_floating_point() else v for v in vendor]
-                c = compare_all(settle(spec, inputs, outs, vendor), vendor, spec, factor=2.0)
+                outs = settle(spec, inputs, outs, vendor)
+                c = compare_all(outs, nearest_expected(outs, ref, vendor), spec, factor=2.0)
                 if c.ok:
                     vendor_judged.append(kind)
         if not c.ok:
@@ -199,6 +200,29 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
         worst_abs, worst_rel, worst = max(worst_abs, c.max_abs), max(worst_rel, c.max_rel), max(worst, c.max_err)
     return ValidationRecord(True, list(seeds), [k for _, k in trials], len(trials), worst_abs, worst_rel, tol,
                             max_err=worst, reference_device=reference_device, vendor_judged=vendor_judged)
+
+
+def _distance(out: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|out - want| elementwise, 0 where both are the same NaN or infinity, inf where only one is NaN."""
+    o, w = out.detach().to(want.device, torch.float64), want.to(torch.float64)
+    same = (o.isnan() & w.isnan()) | (o == w)
+    d = (o - w).abs()
+    return torch.where(same, torch.zeros_like(d), torch.nan_to_num(d, nan=math.inf))
+
+
+def nearest_expected(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
+                     vendors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per element, the float64 reference or the vendor's output, whichever the candidate is
+    nearer: on an edge trial where the vendor leaves the reference, each element must be right
+    or be what the vendor computes (AVX-512 ATen gives gelu(+inf) = NaN, the exact answer inf)."""
+    merged = []
+    for o, r, v in zip(outs, refs, vendors):
+        if not (isinstance(o, torch.Tensor) and o.is_floating_point() and o.shape == r.shape == v.shape):
+            merged.append(v)
+            continue
+        r64 = r.to(torch.float64)
+        merged.append(torch.where(_distance(o, r64) <= _distance(o, v.to(r64.device)), r64, v.to(r64.device, torch.float64)))
+    return merged
 
 
 def _vendor_outputs(spec: KernelSpec, inputs: Sequence[torch.Tensor], trial_cache: dict | None,
