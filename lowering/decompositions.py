@@ -58,6 +58,33 @@ def _min_dim(x: torch.Tensor, dim: int, keepdim: bool = False):
     return aten.amin.default(x, [dim], keepdim), aten.argmin.default(x, dim, keepdim)
 
 
+@_register(aten.cat.default, override=True)  # torch's is prims.cat: a rename, not a lowering
+def _cat(tensors, dim: int = 0):
+    """cat from gathers and selects, for a chip whose runtime has no cat (a fused region covers
+    most cats, but not one whose pieces read the same tensor: RoPE's ``cat((freqs, freqs))``).
+    Each piece is gathered along ``dim`` to the output's size and later pieces are selected
+    where the index falls in them."""
+    pieces = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]  # cat skips legacy 1-D empties
+    if not pieces:
+        return NotImplemented
+    if len(pieces) == 1:
+        return pieces[0].clone()
+    dim = dim % pieces[0].dim()
+    n = sum(p.size(dim) for p in pieces)
+    index = torch.arange(n, device=pieces[0].device)
+    where_dim = [1] * pieces[0].dim()
+    where_dim[dim] = n
+    out, start = None, 0
+    for p in pieces:
+        size = p.size(dim)
+        if size == 0:
+            continue
+        part = p.index_select(dim, (index - start).clamp(0, size - 1))
+        out = part if out is None else torch.where((index >= start).reshape(where_dim), part, out)
+        start += size
+    return out
+
+
 @_register(aten.convolution.default)
 def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """Non-transposed 1-D and 2-D convolution as im2col (unfold) + batched matmul."""
@@ -82,14 +109,9 @@ def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_
     return out.squeeze(2) if one_d else out
 
 
-@_register(aten._scaled_dot_product_flash_attention_for_cpu.default, override=True)
-def _sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
-                    scale=None):
-    """CPU flash attention as math, with the op's real second output, the logsumexp of each row
-    of scores (fp32 for half inputs). torch's decomposition returns the attention weights there,
-    which the op's backward, reading a logsumexp, turns into wrong gradients."""
-    if dropout_p != 0.0:
-        return NotImplemented
+def _attention_math(query, key, value, attn_mask, is_causal: bool, scale):
+    """Attention as matmuls and a softmax: (output, logsumexp of each row of scores), the
+    logsumexp in fp32 for half inputs, as flash attention kernels return it."""
     acc = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     q, k, v = query.to(acc), key.to(acc), value.to(acc)
     if k.size(1) != q.size(1):  # grouped-query attention: each K/V head serves a group of Q heads
@@ -108,6 +130,48 @@ def _sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool =
     return torch.matmul(p, v).to(query.dtype), lse
 
 
+@_register(aten._scaled_dot_product_flash_attention_for_cpu.default, override=True)
+def _sdpa_flash_cpu(query, key, value, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None,
+                    scale=None):
+    """CPU flash attention as math, with the op's real second output, the logsumexp. torch's
+    decomposition returns the attention weights there, which the op's backward, reading a
+    logsumexp, turns into wrong gradients."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    return _attention_math(query, key, value, attn_mask, is_causal, scale)
+
+
+# The CUDA attention ops have no decomposition in torch. Ours computes the output and the
+# logsumexp; their bookkeeping outputs (sequence offsets, RNG state, debug mask) are None, so the
+# decomposition applies only where nothing reads them (decompose_node checks): inference graphs,
+# and training graphs whose backward reads a logsumexp of the same shape.
+@_register(aten._scaled_dot_product_flash_attention.default)
+def _sdpa_flash_cuda(query, key, value, dropout_p: float = 0.0, is_causal: bool = False,
+                     return_debug_mask: bool = False, *, scale=None):
+    if dropout_p != 0.0 or return_debug_mask:
+        return NotImplemented
+    out, lse = _attention_math(query, key, value, None, is_causal, scale)
+    return out, lse, None, None, query.size(2), key.size(2), None, None, None
+
+
+@_register(aten._scaled_dot_product_efficient_attention.default)
+def _sdpa_efficient_cuda(query, key, value, attn_bias, compute_log_sumexp: bool, dropout_p: float = 0.0,
+                         is_causal: bool = False, *, scale=None):
+    if dropout_p != 0.0:
+        return NotImplemented
+    out, lse = _attention_math(query, key, value, attn_bias, is_causal, scale)
+    return out, lse, None, None
+
+
+@_register(aten._scaled_dot_product_cudnn_attention.default)
+def _sdpa_cudnn_cuda(query, key, value, attn_bias, compute_log_sumexp: bool, dropout_p: float = 0.0,
+                     is_causal: bool = False, return_debug_mask: bool = False, *, scale=None):
+    if dropout_p != 0.0 or return_debug_mask:
+        return NotImplemented
+    out, lse = _attention_math(query, key, value, attn_bias, is_causal, scale)
+    return out, lse, None, None, query.size(2), key.size(2), None, None, None
+
+
 # Ops torch's core decomposition table would break up while tracing, but that vendors run as one
 # fused kernel (flash attention): aot_autograd keeps them whole, and the tier ladder decomposes
 # them (tier 1) only on a target that cannot run them.
@@ -122,6 +186,19 @@ KEEP_WHOLE_AT_TRACE = (
     aten.index_add.default,
     aten.index_add_.default,
 )
+
+
+def host_implementation(op: Any) -> Callable:
+    """What runs ``op`` on the host CPU for the host fallback: the op itself, or, for an op the
+    CPU has no kernel for (CUDA's flash attention), its decomposition run eagerly there."""
+    if isinstance(op, torch._ops.OpOverload):
+        name = op.name()
+        if not any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+                   for key in ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")):
+            fn = decomposition_for(op)
+            if fn is not None:
+                return fn
+    return op
 
 
 def trace_decompositions() -> dict[Any, Callable]:
@@ -250,17 +327,28 @@ def trace_decomposition(node: fx.Node) -> fx.GraphModule:
         raise NotDecomposable(f"{op} decomposes only to primitives ({', '.join(prims)})")
     got = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     problem = _output_mismatch(pytree.tree_map(lambda n: n.meta.get("val") if isinstance(n, fx.Node) else n, got),
-                               traced)
+                               traced, _used_outputs(node))
     if problem:  # a decomposition that computes something else must never stand in for the op
         raise NotDecomposable(f"the decomposition of {op} returns other outputs than the op: {problem}")
     return sub
 
 
-def _output_mismatch(got: Any, want: Any) -> str:
-    """What differs between a decomposition's outputs and the op's traced ones ('' if nothing)."""
-    gots, wants = pytree.tree_leaves(got), pytree.tree_leaves(want)
-    if len(gots) != len(wants):
-        return f"{len(gots)} outputs instead of {len(wants)}"
+def _used_outputs(node: fx.Node) -> set[int] | None:
+    """The indices of a tuple-valued node's outputs that the graph reads (None: not a tuple)."""
+    if not isinstance(node.meta.get("val"), (tuple, list)):
+        return None
+    return {u.args[1] for u in node.users if u.target is operator.getitem}
+
+
+def _output_mismatch(got: Any, want: Any, used: set[int] | None = None) -> str:
+    """What differs between a decomposition's outputs and the op's traced ones ('' if nothing);
+    of a tuple, only the ``used`` outputs count."""
+    if used is not None:
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            return f"not a tuple of {len(want)} outputs"
+        gots, wants = [got[i] for i in sorted(used)], [want[i] for i in sorted(used)]
+    else:
+        gots, wants = [got], [want]
     for i, (g, w) in enumerate(zip(gots, wants)):
         if isinstance(w, torch.Tensor):
             if not isinstance(g, torch.Tensor):

@@ -102,7 +102,7 @@ def _role(node: fx.Node, pointwise: frozenset[str], target: Target) -> str | Non
     """pointwise | reduction | matmul | cat | None (not fusible)."""
     if node.op != "call_function" or classify(node)[0] is not NodeClass.COMPUTE:
         return None
-    if not target.vendor_runs(node.target) or not _is_tensor_node(node):
+    if not _is_tensor_node(node):
         return None
     if node.target in MATMUL_OPS:
         return "matmul"
@@ -228,7 +228,8 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
     regions = []
     for g in sorted(groups.values(), key=lambda g: g["start"]):
         nodes = g["nodes"]
-        if len(nodes) < 2:
+        # one node is no fusion, except a cat the vendor cannot run: no family generates it alone
+        if len(nodes) < 2 and not (g["cat"] and not target.vendor_runs(nodes[0].target)):
             continue
         members = set(nodes)
         inputs: list[fx.Node] = []

@@ -127,6 +127,19 @@ def test_logical(name, tmp_path):
     compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path), tmp_path, exact=True)
 
 
+@pytest.mark.parametrize("name", ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"])
+def test_bitwise_on_bool(name, tmp_path):
+    a, b = base(F32, (4, 30)) > 0, base(F32, (30,)) < 0.3
+    op = getattr(aten, name)
+    spec = spec_of(op.default, (a,)) if name == "bitwise_not" else spec_of(op.Tensor, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path), tmp_path, exact=True)
+
+
+def test_bitwise_on_integers_is_declined():
+    x = torch.randint(0, 7, (8,), dtype=torch.int32)
+    assert FAMILY.supports(spec_of(aten.bitwise_and.Tensor, (x, x))) == "logical ops here produce bool"
+
+
 @pytest.mark.parametrize("case", ["same", "broadcast_cond", "mixed_dtypes", "fp64", "bool_values", "zero_dim_other"])
 def test_where(case, tmp_path):
     x = base(F32, (6, 21))

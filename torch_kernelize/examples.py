@@ -159,3 +159,51 @@ def make_demo(tokens: int = 16):
 
 ZOO = {"mlp": make_mlp, "conv1d": make_conv1d, "transformer": make_transformer, "moe": make_moe,
        "inplace": make_inplace, "demo": make_demo}
+
+
+# --- model definitions we do not write: transformers' own, built from tiny configs (no weights) ---
+# Sizes fit the CPU tests and the interpreter; the same configs scaled up are the real-model suite.
+
+def _hf_causal_lm(config: object, batch: int, seq: int):
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    return model, (torch.randint(0, config.vocab_size, (batch, seq)),)
+
+
+HF_TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=64)
+
+
+def make_hf_llama(batch: int = 2, seq: int = 16):
+    import transformers
+    return _hf_causal_lm(transformers.LlamaConfig(num_key_value_heads=2, **HF_TINY), batch, seq)
+
+
+def make_hf_gpt2(batch: int = 2, seq: int = 16):
+    import transformers
+    return _hf_causal_lm(transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                                 bos_token_id=0, eos_token_id=0), batch, seq)
+
+
+def make_hf_mixtral(batch: int = 2, seq: int = 16):
+    import transformers
+    return _hf_causal_lm(transformers.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                                    **HF_TINY), batch, seq)
+
+
+def make_hf_qwen3_moe(batch: int = 2, seq: int = 16):
+    import transformers
+    return _hf_causal_lm(transformers.Qwen3MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                                     moe_intermediate_size=64, head_dim=16, **HF_TINY), batch, seq)
+
+
+def make_hf_bert(batch: int = 2, seq: int = 16):
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.AutoModelForMaskedLM.from_config(transformers.BertConfig(**HF_TINY)).eval()
+    return model, (torch.randint(0, 128, (batch, seq)),)
+
+
+HF_MODELS = {"llama": make_hf_llama, "gpt2": make_hf_gpt2, "mixtral": make_hf_mixtral,
+             "qwen3_moe": make_hf_qwen3_moe, "bert": make_hf_bert}

@@ -18,6 +18,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.kernel_cache.store import LookupLog
+from torch_kernelize.lowering.decompositions import host_implementation
 from torch_kernelize.lowering.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
                                               region_spec)
 from torch_kernelize.lowering.targets import Target, get_target
@@ -231,7 +232,7 @@ class LoweredGraph:
             # saved for a backward pass
             passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
             gm = bind_graph(self.plan, decisions, lambda d: self.triton_call(d.spec, runners[d.node]),
-                            lambda d, op: HostFallback(op, d.op, self.target.name, d.repro,
+                            lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
             pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
@@ -260,7 +261,7 @@ class LoweredGraph:
             if covered & region.names:
                 continue  # a member of a group that runs fused
             spec = region_spec(region, bindings)
-            if spec is None or any(decisions[by_node[n.name]].tier == "fallback" for n in region.nodes):
+            if spec is None:  # (a region of ops the vendor cannot run is looked up too: a bring-up chip's)
                 continue
             status, entry, why = cache.lookup(spec.key)
             family = family_name(spec, entry)

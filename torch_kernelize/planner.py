@@ -196,22 +196,33 @@ def _hint_bindings(node: fx.Node) -> dict[sympy.Symbol, int]:
     return dict(values)
 
 
-def _generated_whole(node: fx.Node, sub: fx.GraphModule) -> str | None:
-    """Why ``node`` stays whole instead of taking the decomposition ``sub`` (None: decompose):
-    the decomposition materializes far more than the op's own tensors and a kernel family
-    generates the op as it is. Judged on the graph's example sizes."""
-    extra, own = materialized_bytes(sub), own_bytes(node)
-    if extra <= MAX_DECOMPOSITION_GROWTH * max(own, 1):
-        return None
-    try:
-        spec = build_spec(node, _hint_bindings(node))
-    except (TypeError, ValueError):
-        return None
-    family = family_for(spec) if spec is not None else None
+def _generated_whole(node: fx.Node, sub: fx.GraphModule, target: Target) -> str | None:
+    """Why ``node`` stays whole instead of taking the decomposition ``sub`` (None: decompose),
+    when a kernel family generates the op as it is: the decomposition materializes far more than
+    the op's own tensors, or it needs ops that neither the vendor nor a family runs (clamp's
+    isnan of an integer tensor). Judged on the graph's example sizes."""
+    bindings = _hint_bindings(node)
+
+    def family_of(n: fx.Node) -> Any:
+        try:
+            spec = build_spec(n, bindings)
+        except (TypeError, ValueError):
+            return None
+        return family_for(spec) if spec is not None else None
+
+    family = family_of(node)
     if family is None:
         return None
-    return (f"its decomposition would write {extra / own:.0f}x the op's own {own / 2**20:.2f} MiB on the way; "
-            f"the {family.name} family generates {op_name(node.target)} whole (tier 2)")
+    whole = f"the {family.name} family generates {op_name(node.target)} whole (tier 2)"
+    extra, own = materialized_bytes(sub), own_bytes(node)
+    if extra > MAX_DECOMPOSITION_GROWTH * max(own, 1):
+        return f"its decomposition would write {extra / own:.0f}x the op's own {own / 2**20:.2f} MiB on the way; {whole}"
+    uncovered = sorted({op_name(n.target) for n in sub.graph.nodes
+                        if n.op == "call_function" and classify(n)[0] is NodeClass.COMPUTE
+                        and not target.vendor_runs(n.target) and family_of(n) is None})
+    if uncovered:
+        return f"its decomposition needs {', '.join(uncovered)}, which nothing on the target runs; {whole}"
+    return None
 
 
 def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
@@ -235,7 +246,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
                 continue
             try:
                 sub = trace_decomposition(node)
-                whole = _generated_whole(node, sub) if target.has_triton else None
+                whole = _generated_whole(node, sub, target) if target.has_triton else None
                 if whole is not None:
                     not_decomposable[node] = whole
                     continue

@@ -229,6 +229,12 @@ OPS: dict[str, PointwiseOp] = {
     "aten.logical_and.default": _binary("logical", lambda x, y: f"({x} != 0) & ({y} != 0)"),
     "aten.logical_or.default": _binary("logical", lambda x, y: f"({x} != 0) | ({y} != 0)"),
     "aten.logical_xor.default": _binary("logical", lambda x, y: f"({x} != 0) ^ ({y} != 0)"),
+    # bitwise ops on bool tensors (attention masks) are the logical ones; on integers the family
+    # declines them (a logical op must produce bool)
+    "aten.bitwise_not.default": _unary("logical", lambda x: f"{x} == 0"),
+    "aten.bitwise_and.Tensor": _binary("logical", lambda x, y: f"({x} != 0) & ({y} != 0)"),
+    "aten.bitwise_or.Tensor": _binary("logical", lambda x, y: f"({x} != 0) | ({y} != 0)"),
+    "aten.bitwise_xor.Tensor": _binary("logical", lambda x, y: f"({x} != 0) ^ ({y} != 0)"),
     # selection and copies
     "aten.where.self": PointwiseOp(("condition", "self", "other"), "select",
                                    lambda o, a, t: f"tl.where({o[0]}, {o[1]}, {o[2]})"),
