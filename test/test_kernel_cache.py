@@ -526,7 +526,7 @@ def test_export_import_round_trip(filled, tmp_path):
     cache, specs = filled
     archive = tmp_path / "out" / "cache.tar.gz"
     assert export_cache(cache, archive) == 3
-    imported = import_cache(tmp_path / "fresh", archive)
+    imported = import_cache(tmp_path / "fresh", archive).imported
     assert imported == sorted(s.key for s in specs)
     other = KernelCache(tmp_path / "fresh", NS)
     assert json.loads((other.dir / "fingerprint.json").read_text()) == FP
@@ -537,12 +537,12 @@ def test_export_import_round_trip(filled, tmp_path):
         if a.program_dir is not None:
             assert tree(a.program_dir) == tree(b.program_dir)
     # importing again keeps the equal existing entries; replace=True installs them anyway
-    assert import_cache(tmp_path / "fresh", archive) == []
-    assert import_cache(tmp_path / "fresh", archive, replace=True) == sorted(s.key for s in specs)
+    assert import_cache(tmp_path / "fresh", archive).imported == []
+    assert import_cache(tmp_path / "fresh", archive, replace=True).imported == sorted(s.key for s in specs)
     # a plain .tar and a subset of keys
     plain = tmp_path / "sub.tar"
     assert export_cache(cache, plain, [specs[1].key]) == 1
-    assert import_cache(tmp_path / "sub", plain) == [specs[1].key]
+    assert import_cache(tmp_path / "sub", plain).imported == [specs[1].key]
     assert KernelCache(tmp_path / "sub", NS).keys() == [specs[1].key]
 
 
@@ -581,7 +581,8 @@ def _rehash(members: dict[str, bytes]) -> dict[str, bytes]:
     """Make MANIFEST.json consistent with the members again (so only the deeper check can catch it)."""
     import hashlib
     manifest = json.loads(members["MANIFEST.json"])
-    manifest["files"] = {n: hashlib.sha256(d).hexdigest() for n, d in members.items() if n != "MANIFEST.json"}
+    manifest["files"] = {n: hashlib.sha256(d).hexdigest() for n, d in members.items()
+                         if n not in ("MANIFEST.json", "SIGNATURE.json")}
     return dict(members, **{"MANIFEST.json": json.dumps(manifest).encode()})
 
 
