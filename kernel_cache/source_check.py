@@ -155,6 +155,8 @@ class _Checker:
         return None
 
     def function(self, node: ast.FunctionDef) -> None:
+        if not node.decorator_list:
+            self.problem(node, f"function {node.name} is not a @triton.jit function")
         for deco in node.decorator_list:
             call = deco if isinstance(deco, ast.Call) else None
             func = call.func if call is not None else deco

@@ -112,7 +112,7 @@ class ReportWriter:
                 self._warned = True
                 log.warning("kernelize: cannot write the coverage report to %s (%s: %s); the compile goes on "
                             "without it: point the report option (or $KERNELIZE_REPORT) at a writable file",
-                            self.path, type(e).__name__, e.strerror or e)
+                            self.path, type(e).__name__, e)
 
     def write(self) -> None:
         from torch_kernelize.fallbacks import fallback_stats
