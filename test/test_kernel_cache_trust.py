@@ -6,10 +6,8 @@ histc), so that a changed kernel computes a wrong histogram, as in the probe tha
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_python
+from test_kernel_cache_cli import cli  # noqa: F401 - the fixture: tools/cache.py as a module
 from torch_kernelize.errors import CacheError
 from torch_kernelize.kernel_cache import KernelCache, clear_memo, export_cache, import_cache, signing
 from torch_kernelize.kernel_cache.integrity import dumps, manifest_of, sha256_bytes
@@ -26,7 +25,6 @@ from torch_kernelize.kernel_cache.source_check import source_problems
 from torch_kernelize.lowering.targets import get_target
 
 MODELS = REPO / "test" / "fill_models.py"
-TOOL = REPO / "tools" / "cache.py"
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +46,6 @@ def cache(filled, tmp_path) -> KernelCache:
     assert len(kc.keys()) == 2
     yield kc
     clear_memo()
-
-
-@pytest.fixture(scope="module")
-def cli():
-    spec = importlib.util.spec_from_file_location("kernelize_cache_tool_trust", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def histc_key(cache: KernelCache) -> str:
