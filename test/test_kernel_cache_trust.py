@@ -253,6 +253,8 @@ def test_verify_quarantines_a_failing_entry(cache, tmp_path, cli, capsys):
     assert cache.lookup(key)[0] == "miss" and cache.keys() == [other_key(cache)]
     assert cache.check_integrity() == []
     assert cli.main(["verify", "--cache-dir", str(cache.root), "--target", "interpreter"]) == 0
+    assert cli.main(["list", "--cache-dir", str(cache.root)]) == 0
+    assert f"1 entry out of service in {cache.dir / 'quarantine'}" in capsys.readouterr().out
 
 
 # --- the pieces -----------------------------------------------------------------------------------

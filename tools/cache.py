@@ -26,12 +26,13 @@ from typing import Callable
 from torch_kernelize.errors import CacheError, KernelizeError
 from torch_kernelize.kernel_cache import KernelCache, export_cache, import_cache
 from torch_kernelize.kernel_cache import signing
+from torch_kernelize.kernel_cache.store import QUARANTINE_DIR
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  done; every entry looked at is fine
   {EXIT_PROBLEMS}  done, but problems were found: check found bad entries, verify failed (and quarantined)
-     entries, import --revalidate rejected entries (the others were stored), show found an invalid entry
+     entries, import --revalidate rejected entries (the others were stored), show found no valid entry
   {EXIT_ERROR}  nothing was done: bad arguments, a missing cache folder or a namespace without entries,
      an archive refused (unsigned, untrusted, tampered) or unreadable, a key problem
 
@@ -96,6 +97,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             rows.append([key, entry.spec.op, shapes, entry.winner, speedup, "yes" if entry.measured else "no"])
         print(f"# {cache.dir}  ({len(rows) - 1} entries)")
         print(_table(rows))
+        quarantine = cache.dir / QUARANTINE_DIR
+        held = sorted(p.name for p in quarantine.iterdir() if p.is_dir()) if quarantine.is_dir() else []
+        if held:
+            print(f"# {len(held)} entr{'y' if len(held) == 1 else 'ies'} out of service in {quarantine} "
+                  "(failed verify; each <folder>.json says why)")
     return EXIT_OK
 
 
@@ -103,8 +109,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     cache = _caches(args, need_one=True)[0]
     status, entry, reason = cache.lookup(args.key)
     print(f"{status}: {reason}")
-    if entry is None:
-        return EXIT_PROBLEMS if status == "invalid" else EXIT_OK
+    if entry is None:  # a miss or an invalid entry: a key given by hand that is not served
+        return EXIT_PROBLEMS
     print(json.dumps(entry.record, indent=2, sort_keys=True))
     if entry.program_dir is not None:
         print(f"program files in {entry.program_dir}:")
