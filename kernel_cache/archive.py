@@ -257,13 +257,13 @@ def trusted_signer(checked: CheckedArchive) -> tuple[str | None, str]:
     return f"{trusted[key] or 'a trusted key'} ({key})", ""
 
 
-def _refusal(archive: Path, why: str, signed_by: str | None) -> str:
+def _refusal(archive: Path, root: Path, why: str, signed_by: str | None) -> str:
     trust = (f"trust its signer, if you know {signed_by} is theirs: tools/cache.py trust add {signed_by}"
              if signed_by else "ask whoever made it for an archive signed by a key you trust "
              "(tools/cache.py export signs), and trust that key: tools/cache.py trust add KEY")
     return (f"archive {archive} was refused: {why}. Its hashes only show that it agrees with itself; its "
             f"kernels could compute anything. Either {trust}; or re-validate every entry on this machine "
-            f"and store only what passes: tools/cache.py import {archive} --cache-dir DIR --revalidate "
+            f"and store only what passes: tools/cache.py import {archive} --cache-dir {root} --revalidate "
             "--target TARGET")
 
 
@@ -324,7 +324,7 @@ def import_cache(root: Path | str, archive: Path | str, replace: bool = False,
         if signer is None:
             key = (checked.signature or {}).get("public_key")
             named = key if isinstance(key, str) and "does not verify" not in why else None
-            raise CacheError(_refusal(Path(archive), why, named))
+            raise CacheError(_refusal(Path(archive), cache.root, why, named))
         result = ImportResult(cache.namespace, f"signed by {signer}")
     else:
         result = ImportResult(cache.namespace, "revalidation on this machine",
