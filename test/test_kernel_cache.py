@@ -325,6 +325,24 @@ def test_remove(cache, spec, prog):
     KernelCache(cache.root / "empty", NS).remove(spec.key)
 
 
+def test_quarantine_takes_an_entry_out_of_service(cache, spec, prog, tmp_path):
+    other = make_spec(5, 5)
+    cache.put(make_record(spec), prog)
+    cache.put(make_record(other), make_program(tmp_path / "o", "o"))
+    assert cache.get(spec.key) is not None  # memoized as a hit: the move must end that too
+    dest = cache.quarantine(spec.key, "verify: wrong results")
+    assert dest.parent == cache.dir / "quarantine" and dest.name.startswith(spec.key + "-")
+    assert (dest / "program" / "kernel.py").read_bytes() == (prog / "kernel.py").read_bytes()
+    note = json.loads(dest.with_name(dest.name + ".json").read_text())
+    assert note["reason"] == "verify: wrong results" and note["restore"] == f"mv {dest} {cache.entry_dir(spec.key)}"
+    assert cache.lookup(spec.key)[0] == "miss" and cache.keys() == [other.key]
+    assert cache.check_integrity() == [] and cache.gc(max_age_s=0) == 0 and dest.is_dir()
+    assert cache.quarantine(spec.key, "again") is None  # nothing left to move
+    os.rename(dest, cache.entry_dir(spec.key))  # what the note says: back in service
+    clear_memo()
+    assert cache.get(spec.key) is not None
+
+
 def test_gc_removes_only_stale_temp_dirs(cache, spec, prog):
     cache.put(make_record(spec), prog)
     stale = cache.entries_dir / f".tmp-{spec.key}-dead"
