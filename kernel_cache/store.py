@@ -9,6 +9,8 @@ Layout under ``<root>/<namespace>/``::
     entries/.tmp-<key>-*/            an entry being written (ignored by readers, removed by gc)
     entries/.old-<key>/              the previous entry while a replace swaps it out
     entries/.del-<key>-*/            an entry being removed
+    quarantine/<key>-<time>-<id>/    an entry that failed verification, moved out of service
+    quarantine/<key>-<time>-<id>.json  why, and when
     journals/<key>.jsonl             fill_cache's search journal
     locks/<key>.lock                 fill_cache's per-spec search lock
     locks/<key>.put.lock             the short lock put/remove/gc hold while they swap folders
@@ -26,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 from pathlib import Path
@@ -45,6 +48,7 @@ logger = logging.getLogger("torch_kernelize.kernel_cache")
 ENTRIES_DIR = "entries"
 JOURNALS_DIR = "journals"
 LOCKS_DIR = "locks"
+QUARANTINE_DIR = "quarantine"
 FINGERPRINT_FILE = "fingerprint.json"
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -139,6 +143,29 @@ class KernelCache:
         elif self.fingerprint_on_disk() != self._fingerprint:
             self._warn_once("fingerprint", f"{path} does not match this cache's fingerprint "
                             f"{self._fingerprint}; kept the one on disk")
+
+    def unusable(self) -> str | None:
+        """Why lookups in this cache cannot work (its root, namespace or entries folder is not a
+        readable folder), or None. A root that does not exist yet is an empty cache, not a fault."""
+        for path in (self.root, self.dir, self.entries_dir):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                return f"{path} cannot be read: {e.strerror or e}"
+            if not stat.S_ISDIR(st.st_mode):
+                return f"{path} is not a folder"
+            if not os.access(path, os.R_OK | os.X_OK):
+                return f"{path} is a folder this user cannot read"
+        return None
+
+    def warn_if_unusable(self) -> None:
+        """One warning per process when every lookup would silently miss (the serving path asks)."""
+        problem = self.unusable()
+        if problem is not None:
+            self._warn_once("unusable", f"cache_dir {self.root} cannot be used, so every kernel lookup misses: "
+                                f"{problem}; point cache_dir (or $KERNELIZE_CACHE_DIR) at a folder")
 
     def fingerprint_on_disk(self) -> dict[str, Any] | None:
         try:
@@ -494,6 +521,41 @@ class KernelCache:
         except filelock.Timeout:
             raise CacheError(f"kernel cache: timed out waiting for the write lock of {key} in {self.dir}") from None
         _MEMO.pop((str(self.dir), key), None)
+
+    def quarantine(self, key: str, reason: str) -> Path | None:
+        """Move ``key``'s entry out of service, to ``quarantine/<key>-<UTC time>-<id>/`` with the
+        reason beside it (``<that folder>.json``); return that folder, or None when there is no entry.
+
+        One rename under the put lock: readers see the whole entry or a miss, and no lookup looks
+        in quarantine/. The files stay as they were, for a person to inspect or move back.
+        """
+        check_key(key)
+        if not self.entries_dir.is_dir():
+            return None
+        folder = self.dir / QUARANTINE_DIR
+        final = self.entries_dir / key
+        try:
+            with self._put_lock(key):
+                self._recover(key)
+                if not final.is_dir():
+                    return None
+                folder.mkdir(exist_ok=True)
+                stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+                dest = folder / f"{key}-{stamp}-{os.urandom(3).hex()}"
+                _rename(final, dest)
+                fsync_dir(self.entries_dir)
+                fsync_dir(folder)
+        except filelock.Timeout:
+            raise CacheError(f"kernel cache: timed out waiting for the write lock of {key} in {self.dir}") from None
+        finally:
+            _MEMO.pop((str(self.dir), key), None)
+        note = {"key": key, "reason": reason, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "restore": f"mv {dest} {final}"}
+        try:
+            write_file_atomic(dest.with_name(dest.name + ".json"), dumps(note))
+        except OSError as e:  # the entry is out of service all the same
+            logger.warning("kernel cache: quarantined %s to %s but could not write why: %s", key, dest, e)
+        return dest
 
     def gc(self, max_age_s: float = GC_MAX_AGE_S) -> int:
         """Remove leftovers of killed writers: temp folders older than ``max_age_s``, removal folders,

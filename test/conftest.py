@@ -15,9 +15,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _isolated_dirs(tmp_path, monkeypatch):
-    """No test reads or writes the user's cache, or leaves repros in the working directory."""
+    """No test reads or writes the user's cache or keys, or leaves repros in the working directory."""
     monkeypatch.setenv("KERNELIZE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("KERNELIZE_REPRO_DIR", str(tmp_path / "repros"))
+    monkeypatch.setenv("KERNELIZE_CONFIG_DIR", str(tmp_path / "config"))  # signing and trusted keys
     for var in ("KERNELIZE_TARGET", "KERNELIZE_REPORT", "KERNELIZE_STRICT", "KERNELIZE_CHECK",
                 "KERNELIZE_GRAPH_CACHE", "KERNELIZE_EXECUTABLE_CACHE", "KERNELIZE_PREWARM"):
         monkeypatch.delenv(var, raising=False)

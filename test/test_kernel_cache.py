@@ -325,6 +325,24 @@ def test_remove(cache, spec, prog):
     KernelCache(cache.root / "empty", NS).remove(spec.key)
 
 
+def test_quarantine_takes_an_entry_out_of_service(cache, spec, prog, tmp_path):
+    other = make_spec(5, 5)
+    cache.put(make_record(spec), prog)
+    cache.put(make_record(other), make_program(tmp_path / "o", "o"))
+    assert cache.get(spec.key) is not None  # memoized as a hit: the move must end that too
+    dest = cache.quarantine(spec.key, "verify: wrong results")
+    assert dest.parent == cache.dir / "quarantine" and dest.name.startswith(spec.key + "-")
+    assert (dest / "program" / "kernel.py").read_bytes() == (prog / "kernel.py").read_bytes()
+    note = json.loads(dest.with_name(dest.name + ".json").read_text())
+    assert note["reason"] == "verify: wrong results" and note["restore"] == f"mv {dest} {cache.entry_dir(spec.key)}"
+    assert cache.lookup(spec.key)[0] == "miss" and cache.keys() == [other.key]
+    assert cache.check_integrity() == [] and cache.gc(max_age_s=0) == 0 and dest.is_dir()
+    assert cache.quarantine(spec.key, "again") is None  # nothing left to move
+    os.rename(dest, cache.entry_dir(spec.key))  # what the note says: back in service
+    clear_memo()
+    assert cache.get(spec.key) is not None
+
+
 def test_gc_removes_only_stale_temp_dirs(cache, spec, prog):
     cache.put(make_record(spec), prog)
     stale = cache.entries_dir / f".tmp-{spec.key}-dead"
@@ -526,7 +544,7 @@ def test_export_import_round_trip(filled, tmp_path):
     cache, specs = filled
     archive = tmp_path / "out" / "cache.tar.gz"
     assert export_cache(cache, archive) == 3
-    imported = import_cache(tmp_path / "fresh", archive)
+    imported = import_cache(tmp_path / "fresh", archive).imported
     assert imported == sorted(s.key for s in specs)
     other = KernelCache(tmp_path / "fresh", NS)
     assert json.loads((other.dir / "fingerprint.json").read_text()) == FP
@@ -537,12 +555,12 @@ def test_export_import_round_trip(filled, tmp_path):
         if a.program_dir is not None:
             assert tree(a.program_dir) == tree(b.program_dir)
     # importing again keeps the equal existing entries; replace=True installs them anyway
-    assert import_cache(tmp_path / "fresh", archive) == []
-    assert import_cache(tmp_path / "fresh", archive, replace=True) == sorted(s.key for s in specs)
+    assert import_cache(tmp_path / "fresh", archive).imported == []
+    assert import_cache(tmp_path / "fresh", archive, replace=True).imported == sorted(s.key for s in specs)
     # a plain .tar and a subset of keys
     plain = tmp_path / "sub.tar"
     assert export_cache(cache, plain, [specs[1].key]) == 1
-    assert import_cache(tmp_path / "sub", plain) == [specs[1].key]
+    assert import_cache(tmp_path / "sub", plain).imported == [specs[1].key]
     assert KernelCache(tmp_path / "sub", NS).keys() == [specs[1].key]
 
 
@@ -581,7 +599,8 @@ def _rehash(members: dict[str, bytes]) -> dict[str, bytes]:
     """Make MANIFEST.json consistent with the members again (so only the deeper check can catch it)."""
     import hashlib
     manifest = json.loads(members["MANIFEST.json"])
-    manifest["files"] = {n: hashlib.sha256(d).hexdigest() for n, d in members.items() if n != "MANIFEST.json"}
+    manifest["files"] = {n: hashlib.sha256(d).hexdigest() for n, d in members.items()
+                         if n not in ("MANIFEST.json", "SIGNATURE.json")}
     return dict(members, **{"MANIFEST.json": json.dumps(manifest).encode()})
 
 

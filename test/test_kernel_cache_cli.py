@@ -1,4 +1,4 @@
-"""tools/cache.py: list, show, check, export, import, gc on a small real cache."""
+"""tools/cache.py: list, show, check, export, import, trust, gc on a small real cache; exit codes."""
 from __future__ import annotations
 
 import importlib.util
@@ -96,3 +96,44 @@ def test_runs_as_a_script(filled):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert hit.key in r.stdout and vendor.key in r.stdout
+
+
+@pytest.mark.parametrize("command", [["list"], ["check"], ["verify", "--target", "interpreter"]])
+def test_missing_folder_or_empty_namespace_is_an_error(cli, tmp_path, capsys, command):
+    missing = tmp_path / "typo"
+    assert cli.main([*command, "--cache-dir", str(missing)]) == 2
+    assert f"no kernel cache at {missing}: the folder does not exist" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main([*command, "--cache-dir", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert str(empty) in err and ("no kernel cache namespace" in err or "no cache entries" in err)
+    KernelCache(empty, NS, FP)._ensure_dirs()  # a namespace folder without entries
+    args = [*command, "--cache-dir", str(empty)] + ([] if "verify" in command else ["--namespace", NS])
+    assert cli.main(args) == 2
+    assert "no cache entries in" in capsys.readouterr().err
+
+
+def test_trust_commands(cli, tmp_path, capsys):
+    assert cli.main(["trust", "list"]) == 0
+    assert capsys.readouterr().out == ""
+    assert cli.main(["trust", "key"]) == 0
+    mine = capsys.readouterr().out.strip()
+    assert mine.startswith("ed25519:")
+    other = "ed25519:" + "B" * 43 + "="
+    assert cli.main(["trust", "add", other, "--name", "ci runner"]) == 0
+    assert "now trusting" in capsys.readouterr().out
+    assert cli.main(["trust", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert f"{mine}  your own key" in listed and f"{other}  ci runner" in listed
+    assert cli.main(["trust", "remove", other]) == 0
+    assert cli.main(["trust", "remove", other]) == 2
+    assert cli.main(["trust", "add", "not-a-key"]) == 2
+    assert "is not a public key" in capsys.readouterr().err
+
+
+def test_help_documents_exit_codes(cli, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "exit codes:" in out and "  2  nothing was done" in out and "KERNELIZE_CONFIG_DIR" in out

@@ -39,6 +39,29 @@ def test_malformed_option_values(options, env, match):
         Options.resolve(options, env=env)
 
 
+@pytest.mark.parametrize("options,env,match", [
+    ({}, {"KERNELIZE_GRAPH_CACHE": "nonsense"}, r"graph_cache \(from \$KERNELIZE_GRAPH_CACHE\)' is 'nonsense'.*'\./nonsense'"),
+    ({"graph_cache": "true"}, {}, "graph_cache' must be a path, got 'true', which reads as a yes/no"),
+    ({}, {"KERNELIZE_REPRO_DIR": "disabled"}, "not one of 'off' and not an existing folder"),
+    ({"cache_dir": "yes"}, {}, "reads as a yes/no"),
+    ({"report": "1"}, {}, "option 'report' must be a path, got '1'"),
+])
+def test_values_that_cannot_be_what_was_meant_are_errors(options, env, match, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OptionsError, match=match):
+        Options.resolve(options, env=env)
+    assert list(tmp_path.iterdir()) == [], "nothing may be created for a rejected value"
+
+
+def test_folder_options_take_existing_folders_and_explicit_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "graphs").mkdir()
+    assert Options.resolve({}, env={"KERNELIZE_GRAPH_CACHE": "graphs"}).graph_cache_dir == Path("graphs")
+    assert Options.resolve({"graph_cache": "./new"}, env={}).graph_cache_dir == Path("new")
+    assert Options.resolve({"repro_dir": str(tmp_path / "r")}, env={}).repro_dir == tmp_path / "r"
+    assert Options.resolve({"report": "report.json"}, env={}).report == Path("report.json")
+
+
 def test_unknown_mode():
     with pytest.raises(OptionsError, match="mode"):
         Options.resolve(None, mode="max-autotune", env={})

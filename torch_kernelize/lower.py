@@ -70,6 +70,7 @@ class Session:
         if self._cache is None and self._target is not None and self._target.has_triton:
             from torch_kernelize.kernel_cache import KernelCache
             self._cache = KernelCache.for_target(self.options.cache_dir, self._target)
+            self._cache.warn_if_unusable()
         return self._cache
 
     @property

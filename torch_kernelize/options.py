@@ -34,6 +34,9 @@ def _as_bool(name: str, value: Any) -> bool:
 
 def _as_path(name: str, value: Any) -> Path:
     if isinstance(value, (str, os.PathLike)) and str(value).strip():
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            raise OptionsError(f"option {name!r} must be a path, got {value!r}, which reads as a yes/no; "
+                               f"for a file or folder of that name write './{value.strip()}'")
         return Path(os.path.expanduser(str(value)))
     raise OptionsError(f"option {name!r} must be a path, got {value!r}")
 
@@ -45,11 +48,29 @@ def _as_optional_path(name: str, value: Any) -> Path | None:
     return _as_path(name, value)
 
 
+def _as_folder_or_keyword(name: str, value: Any, keywords: str) -> Path | None:
+    """An optional folder for an option that also takes keywords: a bare word that is none of
+    them and names no existing folder is a typo far more often than a wish for ./word/, so it
+    must be written as a path."""
+    path = _as_optional_path(name, value)
+    word = str(value).strip() if isinstance(value, (str, os.PathLike)) else ""
+    if path is not None and os.sep not in word and "/" not in word and not word.startswith(("~", ".")) \
+            and not path.is_dir():
+        raise OptionsError(f"option {name!r} is {word!r}: not one of {keywords} and not an existing folder; "
+                           f"to make a new folder of that name in the current directory, write './{word}' "
+                           "(an absolute path is safer: the current directory differs between processes)")
+    return path
+
+
+def _as_repro_dir(name: str, value: Any) -> Path | None:
+    return _as_folder_or_keyword(name, value, "'off'")
+
+
 def _as_graph_cache(name: str, value: Any) -> Path | str | None:
     """"auto" (inside the kernel cache dir), off, or a folder."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    return _as_optional_path(name, value)
+    return _as_folder_or_keyword(name, value, "'auto', 'off'")
 
 
 def _as_target(name: str, value: Any) -> str | None:
@@ -76,7 +97,7 @@ OPTIONS: dict[str, _Option] = {
                       "default: follows the device of the inputs"),
     "cache_dir": _Option("KERNELIZE_CACHE_DIR", _as_path, default_cache_dir,
                          "kernel cache directory"),
-    "repro_dir": _Option("KERNELIZE_REPRO_DIR", _as_optional_path, lambda: Path("kernelize_repros"),
+    "repro_dir": _Option("KERNELIZE_REPRO_DIR", _as_repro_dir, lambda: Path("kernelize_repros"),
                          "where misses and missing ops are dumped as reproducers ('off' disables)"),
     "report": _Option("KERNELIZE_REPORT", _as_optional_path, lambda: None,
                       "path of a JSON coverage report, rewritten after each compile"),

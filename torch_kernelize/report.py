@@ -90,6 +90,7 @@ class ReportWriter:
     def __init__(self, path: Path):
         self.path = path
         self.reports: list[GraphReport] = []
+        self._warned = False
 
     @classmethod
     def for_path(cls, path: Path) -> "ReportWriter":
@@ -100,9 +101,18 @@ class ReportWriter:
             return cls._instances[path]
 
     def add(self, report: GraphReport) -> None:
+        """Record ``report`` and rewrite the file. A report that cannot be written costs one
+        warning per path, never the compile (the table is in the log all the same)."""
         with self._lock:
             self.reports.append(report)
-        self.write()
+        try:
+            self.write()
+        except OSError as e:
+            if not self._warned:
+                self._warned = True
+                log.warning("kernelize: cannot write the coverage report to %s (%s: %s); the compile goes on "
+                            "without it: point the report option (or $KERNELIZE_REPORT) at a writable file",
+                            self.path, type(e).__name__, e)
 
     def write(self) -> None:
         from torch_kernelize.fallbacks import fallback_stats
@@ -124,7 +134,10 @@ def write_json_atomic(path: Path, doc: Any) -> None:
             json.dump(doc, f, indent=1, sort_keys=False, default=str)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise
 
 
