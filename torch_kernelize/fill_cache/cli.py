@@ -31,6 +31,7 @@ from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_mode
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
+from torch_kernelize.fill_cache.trials import SpecTooLarge, device_peak, spec_bytes
 from torch_kernelize.lowering.kernels import Config, family_for
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import OPTIONS, default_cache_dir
@@ -95,7 +96,7 @@ class FillRun:
         """Search one spec (the caller holds its lock) and store the result."""
         spec = work.spec
         row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
-               "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0}
+               "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
         status, entry, _ = self.cache.lookup(spec.key)
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
@@ -117,6 +118,20 @@ class FillRun:
             for r in previous:
                 journal.append(r)
         measurer = Measurer(spec, family, self.target, [work.captured] if work.captured else [], self.builder)
+        try:
+            return self._search(work, family, journal, previous, measurer, row, progress)
+        except SpecTooLarge as e:  # no candidate is at fault: the vendor op runs it, the run goes on
+            log.warning("%s: too large to validate here (%s); the vendor op runs it", spec.describe()[:90], e)
+            row.update(status="too large", winner=str(e))
+            return row
+        finally:
+            row["time"] = {k: round(v, 2) for k, v in measurer.seconds.items()}
+            measurer.close()
+
+    def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict], measurer: Measurer,
+                row: dict[str, Any], progress: Any) -> dict[str, Any]:
+        spec = work.spec
+        measurer.check_fits()
 
         def evaluate(config):
             ev = measurer.evaluate(config).to_json()
@@ -206,8 +221,10 @@ class FillRun:
 
     def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
         started = time.perf_counter()
-        row = self.process(work, progress)
+        with device_peak(self.target) as peak:
+            row = self.process(work, progress)
         row["seconds"] = round(time.perf_counter() - started, 2)
+        row["peak_extra_bytes"] = peak.extra
         log.info("%s: %s in %.1fs (%d evaluated) %s", work.spec.describe()[:90], row["status"], row["seconds"],
                  row["evaluated"], row["winner"])
         return row
