@@ -33,3 +33,40 @@ def test_references_are_computed_once_per_trial_for_all_candidates(monkeypatch):
     assert second.correct, second.error
     assert len(calls) == per_candidate, "the second candidate recomputed the references"
     assert set(calls) == {measurer.reference_device} == {"cpu"}
+
+
+def test_trials_are_kept_once_for_all_candidates_and_their_cost_is_reported():
+    spec = spec_of(torch.ops.aten.mul.Tensor, (torch.randn(33, 17), torch.randn(33, 17)))
+    measurer = Measurer(spec, FAMILY, get_target("interpreter"))
+    configs = FAMILY.seed_configs(spec)[:2]
+    for c in configs:
+        ev = measurer.evaluate(c)
+        assert ev.correct, ev.error
+        assert "elementwise vs vendor" in ev.validation["decided_by"]
+    trials = ev.validation["trials"]
+    assert measurer.trials.computed == {"inputs": trials, "reference": trials, "vendor": trials}
+    assert measurer.seconds["reference"] > 0 and measurer.seconds["validation"] > 0
+    assert measurer.seconds["build"] > 0 and measurer.seconds["timing"] == 0  # nothing is timed here
+    measurer.close()
+    assert not measurer.trials._refs
+
+
+def test_a_spec_too_large_for_free_device_memory_is_left_to_vendor_and_the_run_goes_on(tmp_path, monkeypatch):
+    import torch_kernelize.fill_cache.trials as trials
+    from torch_kernelize.fill_cache.cli import FillRun
+    from torch_kernelize.fill_cache.collect import Work
+    from torch_kernelize.kernel_cache import KernelCache
+
+    target = get_target("interpreter")
+    big = spec_of(torch.ops.aten.tanh.default, (torch.randn(64, 256),))
+    small = spec_of(torch.ops.aten.sigmoid.default, (torch.randn(8, 8),))
+    free = 100_000  # bytes "free on the device": the small spec's validation fits, the big one's not
+    assert trials.validation_bytes(small, True) < free < trials.validation_bytes(big, False)
+    monkeypatch.setattr(trials, "free_device_memory", lambda device: free)
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    run = FillRun(target, cache, budget=1, resume=False, force=False, min_speedup=1.03)
+    rows = run.run([Work(big, "test"), Work(small, "test")], quiet=True)
+    assert [r["status"] for r in rows] == ["too large", "stored"], rows
+    assert "GiB of device memory" in rows[0]["winner"]
+    assert cache.lookup(big.key)[0] == "miss"  # nothing stored: with more memory it can be filled
+    assert set(rows[1]["time"]) == {"build", "reference", "validation", "timing"}

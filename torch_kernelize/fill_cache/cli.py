@@ -27,9 +27,9 @@ import torch
 from torch_kernelize.errors import KernelizeError
 from torch_kernelize.cuda_binaries import remove_unaligned
 from torch_kernelize.fill_cache.builder import Builder
-from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_model, specs_from_repros
+from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.journal import Journal
-from torch_kernelize.fill_cache.measure import Measurer, device_fault
+from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.trials import SpecTooLarge, device_peak, spec_bytes
 from torch_kernelize.lowering.kernels import Config, family_for
@@ -48,8 +48,13 @@ INTERPRETER_NOTE = ("interpreter target: timings are not measured (the Triton in
                     "nothing); this validated kernel is stored so that the Triton tier can be exercised on CPU")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit code 2 (argparse prints the whole usage too)
+        self.exit(2, f"fill_cache: error: {message} (see --help)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m torch_kernelize.fill_cache", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="python -m torch_kernelize.fill_cache", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], metavar="PATH.py:FN|pkg.module:FN",
                    help="a function returning (model, example_inputs); may be repeated")
@@ -309,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(use --target interpreter, cuda, or a target file with triton = ...)")
         from torch_kernelize.kernel_cache import KernelCache
         cache = KernelCache.for_target(args.cache_dir, target)
+        check_cache_dir(cache.dir)
         work: dict[str, Work] = {}
         for ref in args.model:
             for w in specs_from_model(ref, target, args.cache_dir):
@@ -327,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     except KernelizeError as e:
         print(f"fill_cache: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # every evaluation so far is journaled (fsynced); winners found are stored
+        print("fill_cache: interrupted; run the same command with --resume to continue where it stopped",
+              file=sys.stderr)
+        return 130
     except DeviceFault as e:  # the CUDA context is gone: report what was done, then stop
         print(format_table(run.rows))
         print(f"fill_cache: {e}\nIt is recorded as failed and will not be run again. This process can no "
@@ -335,12 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
     summary = {"search_id": run.search_id, "target": target.describe(), "cache": str(cache.dir),
-               "budget": budget, "seconds": round(elapsed, 2), "specs": rows}
+               "budget": budget, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
     failed = [r for r in rows if r["status"] == "no correct candidate"]
     print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; "
           f"{sum(r['status'] == 'stored' for r in rows)} stored, "
           f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, {len(failed)} without a correct "
-          f"candidate; summary: {summary_path}")
+          f"candidate, {sum(r['status'] == 'too large' for r in rows)} too large; "
+          + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items()) + f"; summary: {summary_path}")
     return 1 if failed else 0
