@@ -70,3 +70,33 @@ def test_a_spec_too_large_for_free_device_memory_is_left_to_vendor_and_the_run_g
     assert "GiB of device memory" in rows[0]["winner"]
     assert cache.lookup(big.key)[0] == "miss"  # nothing stored: with more memory it can be filled
     assert set(rows[1]["time"]) == {"build", "reference", "validation", "timing"}
+
+
+def test_a_slightly_wrong_kernel_is_not_stored_the_elementwise_bar_decides(monkeypatch):
+    """Off by 2e-4 on its small elements only: within the float64 bar (atol scaled by the largest
+    output, 1600 here) but not within torch.allclose(atol=1e-4, rtol=1e-4) of the vendor op."""
+    import torch_kernelize.fill_cache.measure as measure
+
+    load = measure.load_program
+
+    class SlightlyWrong:
+        def __init__(self, runner):
+            self.runner = runner
+
+        def run_poisoned(self, inputs):
+            return tuple(torch.where(o.abs() < 1, o + 2e-4, o) for o in self.runner.run_poisoned(inputs))
+
+    monkeypatch.setattr(measure, "load_program", lambda *a, **k: SlightlyWrong(load(*a, **k)))
+    spec = spec_of(torch.ops.aten.mul.Tensor, (torch.randn(33, 17), torch.randn(33, 17)))
+
+    def sample(spec, seed, kind, device):
+        inputs = FAMILY.sample_inputs(spec, seed, kind, device)
+        inputs[0].view(-1)[0] = inputs[1].view(-1)[0] = 40.0
+        return inputs
+
+    measurer = Measurer(spec, FAMILY, get_target("interpreter"))
+    monkeypatch.setattr(measurer, "_sample", sample)
+    measurer.trials.sample_inputs = sample
+    ev = measurer.evaluate(FAMILY.seed_configs(spec)[0])
+    assert not ev.correct and ev.validation["decided_by"] == "elementwise vs vendor", ev
+    assert "out of tolerance (atol 0.0001, rtol 0.0001)" in ev.error
