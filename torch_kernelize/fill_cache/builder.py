@@ -36,7 +36,12 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _family(name: str, module: str) -> KernelFamily:
+def family_ref(family: KernelFamily) -> tuple[str, str]:
+    """What a worker process finds ``family`` by (see find_family)."""
+    return family.name, type(family).__module__
+
+
+def find_family(name: str, module: str) -> KernelFamily:
     """The registered family ``name``, else one defined in ``module`` (a plugin's, a test's)."""
     import importlib
 
@@ -52,14 +57,14 @@ def _family(name: str, module: str) -> KernelFamily:
     return found[0]
 
 
-def _build(spec_json: dict, family_ref: tuple[str, str], config_json: dict, directory: str, backend: str,
+def _build(spec_json: dict, family: tuple[str, str], config_json: dict, directory: str, backend: str,
            gpu_target: tuple | None) -> str | None:
     """Worker: generate + write (+ compile) one candidate; the error text, or None."""
     from torch_kernelize.build import write_program
 
     try:
         spec = KernelSpec.from_json(spec_json)
-        family = _family(*family_ref)
+        family = find_family(*family)
         program = family.generate(spec, Config.from_json(config_json))
         write_program(Path(directory), spec, program, backend, gpu_target)
         return None
@@ -114,7 +119,7 @@ class Builder:
         return self.root / spec.key / str(abs(hash(config.key)))
 
     def _job(self, spec: KernelSpec, family: KernelFamily, config: Config) -> tuple:
-        return (spec.to_json(), (family.name, type(family).__module__), config.to_json(),
+        return (spec.to_json(), family_ref(family), config.to_json(),
                 str(self.directory(spec, config)), self.backend, self._gpu_target)
 
     def submit(self, spec: KernelSpec, family: KernelFamily, configs: list[Config]) -> None:

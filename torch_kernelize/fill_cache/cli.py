@@ -31,7 +31,8 @@ from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
-from torch_kernelize.fill_cache.trials import SpecTooLarge, device_peak, spec_bytes
+from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
+from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
 from torch_kernelize.lowering.kernels import Config, family_for
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import OPTIONS, default_cache_dir
@@ -81,9 +82,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class FillRun:
-    def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float):
+    def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float,
+                 isolate: bool | None = None):
+        """``isolate``: measure in a worker process (measure_worker.py; default: on CUDA)."""
         self.target, self.cache, self.budget = target, cache, budget
         self.builder = Builder(target)
+        self.isolate = target.triton == "cuda" if isolate is None else isolate
+        self._worker: MeasureWorker | None = None  # started for the first spec that is searched
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -122,7 +127,7 @@ class FillRun:
             journal.archive()
             for r in previous:
                 journal.append(r)
-        measurer = Measurer(spec, family, self.target, [work.captured] if work.captured else [], self.builder)
+        measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
         try:
             return self._search(work, family, journal, previous, measurer, row, progress)
         except SpecTooLarge as e:  # no candidate is at fault: the vendor op runs it, the run goes on
@@ -131,7 +136,16 @@ class FillRun:
             return row
         finally:
             row["time"] = {k: round(v, 2) for k, v in measurer.seconds.items()}
-            measurer.close()
+            row["peak_extra_bytes"] = measurer.peak_extra_bytes()
+            if not any(p[4] is measurer for p in self._pending):  # else kept for the winner's last check
+                measurer.close()
+
+    def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
+        if not self.isolate:
+            return Measurer(spec, family, self.target, captured, self.builder)
+        if self._worker is None:
+            self._worker = MeasureWorker()
+        return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker)
 
     def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict], measurer: Measurer,
                 row: dict[str, Any], progress: Any) -> dict[str, Any]:
@@ -219,17 +233,16 @@ class FillRun:
                 self.cache.put(record, built, replace=replace)
             finally:
                 self.builder.discard(spec)
-            if error is not None and device_fault(error):  # the CUDA context is gone: end the run
+                measurer.close()
+            if error is not None and device_fault(error) and not measurer.contains_faults:  # the CUDA context is gone
                 self._pending = waiting
                 raise DeviceFault(spec, {"config": record["config"], "error": f"unaligned binary: {error}"})
         self._pending = waiting
 
     def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
         started = time.perf_counter()
-        with device_peak(self.target) as peak:
-            row = self.process(work, progress)
+        row = self.process(work, progress)
         row["seconds"] = round(time.perf_counter() - started, 2)
-        row["peak_extra_bytes"] = peak.extra
         log.info("%s: %s in %.1fs (%d evaluated) %s", work.spec.describe()[:90], row["status"], row["seconds"],
                  row["evaluated"], row["winner"])
         return row
@@ -242,6 +255,8 @@ class FillRun:
                 self._store_pending(wait=True)
             finally:
                 self.builder.close()
+                if self._worker is not None:
+                    self._worker.close()
 
     def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
         from filelock import Timeout

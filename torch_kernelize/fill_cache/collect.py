@@ -106,6 +106,9 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
     with torch.no_grad():
         compiled(*inputs)
     torch._dynamo.reset()
+    del model, inputs, compiled
+    if device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
+        torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
     nodes: dict[str, Work] = {}
     for g in graphs:

@@ -20,7 +20,7 @@ import torch
 
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_available
-from torch_kernelize.fill_cache.trials import TrialStore
+from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore
 from torch_kernelize.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.lowering.kernels.base import to_device
@@ -41,7 +41,8 @@ class Evaluation:
     error: str = ""
     validation: dict[str, Any] | None = None
     measured: bool = False
-    fault: bool = False  # the candidate faulted the device: the process can no longer use it
+    fault: bool = False  # the candidate faulted the device (or killed its process): never run again
+    contained: bool = False  # ... in a measure worker, which was replaced: the run goes on
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -58,6 +59,8 @@ def device_fault(error: str) -> bool:
 
 
 class Measurer:
+    contains_faults = False  # a device fault here leaves this process's CUDA context unusable
+
     def __init__(self, spec: KernelSpec, family: KernelFamily, target: Target,
                  extra_inputs: Sequence[Sequence[torch.Tensor]] = (), builder: Builder | None = None):
         self.spec = spec
@@ -70,6 +73,7 @@ class Measurer:
         self._vendor_ms: float | None = None  # the vendor kernel is timed once per spec
         self.trials = TrialStore(spec, self._sample, self.device)  # shared by all candidates
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._peak = PeakMeter(self.device)
 
     @property
     def reference_device(self) -> str:
@@ -81,6 +85,10 @@ class Measurer:
 
     def close(self) -> None:
         self.trials.release()
+
+    def peak_extra_bytes(self) -> int | None:
+        """Peak device memory allocated since this Measurer began, beyond what was allocated then."""
+        return self._peak.extra()
 
     # --- builder --------------------------------------------------------------------------------
     def prepare(self, configs: Sequence[Config]) -> None:

@@ -10,11 +10,9 @@ to the vendor op, and never ends the run.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -42,25 +40,18 @@ def free_device_memory(device: str | torch.device) -> int | None:
     return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
-@dataclasses.dataclass
-class Peak:
-    extra: int | None = None  # bytes: the device's peak allocation less what was allocated before
+class PeakMeter:
+    """The peak device memory allocated since it was made, beyond what was allocated then (None
+    off CUDA): what a spec's search cost in memory, to compare with ``spec_bytes``."""
 
+    def __init__(self, device: str | torch.device):
+        self.cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        if self.cuda:
+            self.before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
 
-@contextlib.contextmanager
-def device_peak(target: Any) -> Iterator[Peak]:
-    """The peak device memory allocated inside the block, beyond what was allocated before it
-    (None off CUDA): what a spec's search cost in memory, compared with ``spec_bytes``."""
-    peak = Peak()
-    if target.device != "cuda" or not torch.cuda.is_available():
-        yield peak
-        return
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    try:
-        yield peak
-    finally:
-        peak.extra = int(torch.cuda.max_memory_allocated() - before)
+    def extra(self) -> int | None:
+        return int(torch.cuda.max_memory_allocated() - self.before) if self.cuda else None
 
 
 def available_host_memory() -> int:
