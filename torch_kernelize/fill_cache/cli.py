@@ -88,7 +88,8 @@ class FillRun:
         self.target, self.cache, self.budget = target, cache, budget
         self.builder = Builder(target)
         self.isolate = target.triton == "cuda" if isolate is None else isolate
-        self._worker: MeasureWorker | None = None  # started for the first spec that is searched
+        # started now: it imports torch and sets up the device while the first candidates compile
+        self._worker = MeasureWorker() if self.isolate else None
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -143,8 +144,6 @@ class FillRun:
     def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
         if not self.isolate:
             return Measurer(spec, family, self.target, captured, self.builder)
-        if self._worker is None:
-            self._worker = MeasureWorker()
         return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker)
 
     def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict], measurer: Measurer,

@@ -46,6 +46,7 @@ class MeasureWorker:
     """One spawned process that measures candidates; restarted when it dies or its device faults."""
 
     POLL_S = 0.2
+    TIMEOUT_S = 1800.0  # one call (a candidate's validation and timing): beyond it, a hung kernel
 
     def __init__(self) -> None:
         self._ctx = multiprocessing.get_context("spawn")
@@ -64,12 +65,18 @@ class MeasureWorker:
     def call(self, fn: Callable, *args: Any) -> Any:
         """``fn(*args)`` in the worker; its exception is raised here; WorkerDied if it dies (then
         a fresh worker is already started)."""
+        text = None
         try:
             self._conn.send((fn, args))
+            waited = 0.0
             while not self._conn.poll(self.POLL_S):
+                waited += self.POLL_S
                 if not self._proc.is_alive():
                     break
-            if self._conn.poll(0):
+                if waited > self.TIMEOUT_S:
+                    text = f"the measure worker did not answer in {self.TIMEOUT_S:.0f} s (a kernel that hangs?)"
+                    break
+            if text is None and self._conn.poll(0):
                 status, value = self._conn.recv()
                 if status == "error":
                     raise value
@@ -79,8 +86,9 @@ class MeasureWorker:
         except KeyboardInterrupt:  # its answer would come to the next call: end it, the parent stops
             self.restart()
             raise
-        self._proc.join(5)
-        text = _died_text(self._proc.exitcode)
+        if text is None:
+            self._proc.join(5)
+            text = _died_text(self._proc.exitcode)
         self.restart()
         raise WorkerDied(text)
 
@@ -108,6 +116,8 @@ class MeasureWorker:
 def _serve(conn: Any) -> None:
     """The worker's loop: run each (fn, args) it is sent, send back ("ok", result) or ("error", exc)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if torch.cuda.is_available():
+        torch.cuda.init()  # before the first candidate arrives, while the parent builds it
     while True:
         try:
             msg = conn.recv()

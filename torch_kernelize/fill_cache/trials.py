@@ -86,12 +86,13 @@ def spec_bytes(spec: KernelSpec) -> int:
 
 
 def validation_bytes(spec: KernelSpec, reference_on_device: bool) -> int:
-    """What validating one candidate on one trial holds on the device, beyond what is kept:
-    its inputs, its outputs, the vendor op's outputs, the comparison's float64 blocks, and, with
-    the reference computed there, the float64 copies of inputs and outputs it runs on."""
+    """What validating one candidate on one trial holds on the device: the trials kept there, its
+    inputs, its outputs, the vendor op's outputs, the comparison's float64 blocks, and, with the
+    reference computed there, the float64 copies of inputs and outputs it runs on."""
     outs = _bytes(spec.outputs)
     largest = max((m.numel for m in spec.outputs), default=0)
-    need = _bytes(spec.inputs) + 2 * outs + 5 * 8 * min(largest, CHUNK_ELEMENTS)
+    kept = min(DEVICE_KEEP_BYTES, spec_bytes(spec))
+    need = kept + _bytes(spec.inputs) + 2 * outs + 8 * 8 * min(largest, CHUNK_ELEMENTS)
     if reference_on_device:
         need += _bytes(spec.inputs, 8) + _bytes(spec.outputs, 8)
     return need
@@ -134,7 +135,8 @@ class TrialStore(Trials):
     def _keep(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
         """``tensors`` where they are kept (the device, else the host), or None: not kept."""
         size = sum(t.untyped_storage().nbytes() for t in tensors)
-        if self._on_device + size <= self._device_budget:  # small: they stay where they are
+        on_device = any(t.device.type != "cpu" for t in tensors)
+        if on_device and self._on_device + size <= self._device_budget:  # small: they stay there
             self._on_device += size
             return list(tensors)
         if self._on_host + size <= self._host_budget:
