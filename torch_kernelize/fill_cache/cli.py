@@ -208,8 +208,9 @@ class FillRun:
                    speedup=timings["speedup"])
         return row
 
-    def _store_pending(self, wait: bool) -> None:
-        """Store the winners whose binaries for unaligned views are compiled (all of them: wait)."""
+    def _store_pending(self, wait: bool, check: bool = True) -> None:
+        """Store the winners whose binaries for unaligned views are compiled (all of them: wait).
+        Without ``check`` (Ctrl-C: the user is waiting) they are stored without those binaries."""
         waiting = []
         for fut, record, built, replace, measurer in self._pending:
             if not wait and not fut.done():
@@ -218,6 +219,8 @@ class FillRun:
             spec = measurer.spec
             try:
                 error = fut.result()
+                if error is None and not check:
+                    error = "interrupted before they were validated"
                 if error is None:
                     error = measurer.validate_unaligned(built)
                     if error is not None:
@@ -247,11 +250,15 @@ class FillRun:
         return row
 
     def run(self, work: list[Work], quiet: bool = False) -> list[dict[str, Any]]:
+        interrupted = False
         try:
             return self._run(work, quiet)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
             try:  # winners found before a fault or an interrupt are kept
-                self._store_pending(wait=True)
+                self._store_pending(wait=True, check=not interrupted)
             finally:
                 self.builder.close()
                 if self._worker is not None:
