@@ -30,8 +30,8 @@ from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
-from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
+from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
 from torch_kernelize.lowering.kernels import Config, family_for
 from torch_kernelize.lowering.targets import Target, get_target
@@ -146,8 +146,8 @@ class FillRun:
             return Measurer(spec, family, self.target, captured, self.builder)
         return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker)
 
-    def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict], measurer: Measurer,
-                row: dict[str, Any], progress: Any) -> dict[str, Any]:
+    def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict],
+                measurer: Measurer | IsolatedMeasurer, row: dict[str, Any], progress: Any) -> dict[str, Any]:
         spec = work.spec
         measurer.check_fits()
 

@@ -72,8 +72,13 @@ class Measurer:
         self.extra_inputs = [list(x) for x in extra_inputs]
         self._vendor_ms: float | None = None  # the vendor kernel is timed once per spec
         self.trials = TrialStore(spec, self._sample, self.device)  # shared by all candidates
-        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._seconds = dict.fromkeys(PHASES, 0.0)  # "reference" is the trial store's
         self._peak = PeakMeter(self.device)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Time spent so far by phase; reference: drawing inputs, float64 references, vendor outputs."""
+        return dict(self._seconds, reference=sum(self.trials.seconds.values()))
 
     @property
     def reference_device(self) -> str:
@@ -103,7 +108,7 @@ class Measurer:
             return directory, load_program(directory, self.spec, self.target.triton,
                                            module_name=f"torch_kernelize_candidates.k{self.spec.key}_{abs(hash(config.key))}")
         finally:
-            self.seconds["build"] += time.perf_counter() - t0
+            self._seconds["build"] += time.perf_counter() - t0
 
     # --- runner ---------------------------------------------------------------------------------
     def bench_inputs(self) -> list[torch.Tensor]:
@@ -121,7 +126,7 @@ class Measurer:
         try:
             return fn()
         finally:
-            self.seconds["timing"] += time.perf_counter() - t0
+            self._seconds["timing"] += time.perf_counter() - t0
 
     def _validate(self, run) -> Any:
         """validate() on the shared trials; its time, less what the trials computed, is validation's."""
@@ -136,8 +141,7 @@ class Measurer:
                                 resolve_ties=self.family.resolve_ties, elementwise_bar=True)
         finally:
             spent = sum(self.trials.seconds.values()) - before
-            self.seconds["reference"] += spent
-            self.seconds["validation"] += time.perf_counter() - t0 - spent
+            self._seconds["validation"] += time.perf_counter() - t0 - spent
 
     def _sample(self, spec: KernelSpec, seed: int, kind: str, device: Any) -> list[torch.Tensor]:
         if kind == "captured":
