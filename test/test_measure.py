@@ -100,3 +100,21 @@ def test_a_slightly_wrong_kernel_is_not_stored_the_elementwise_bar_decides(monke
     ev = measurer.evaluate(FAMILY.seed_configs(spec)[0])
     assert not ev.correct and ev.validation["decided_by"] == "elementwise vs vendor", ev
     assert "out of tolerance (atol 0.0001, rtol 0.0001)" in ev.error
+
+
+def test_inputs_are_kept_before_references_when_host_memory_is_short(monkeypatch):
+    import torch_kernelize.fill_cache.trials as trials
+
+    spec = spec_of(torch.ops.aten.sigmoid.default, (torch.randn(64, 64),))  # 16 KiB in, 16 KiB out
+    monkeypatch.setattr(trials, "DEVICE_KEEP_BYTES", 0)  # nothing "small": everything counts as host memory
+    monkeypatch.setattr(trials, "available_host_memory", lambda: 4 * 5 * 16384)  # a quarter: 5 tensors
+    store = trials.TrialStore(spec, FAMILY.sample_inputs, "cpu", trials=3)
+    for seed in range(3):
+        inputs = store.inputs(seed, "random")
+        ref = store.reference(seed, "random", inputs)
+        store.vendor(seed, "random", inputs, ref)
+    # room is kept for all three inputs (48 KiB); the rest holds the first float64 reference (32 KiB)
+    assert len(store._inputs) == 3 and len(store._refs) == 1 and not store._vendor
+    for seed in range(3):
+        store.inputs(seed, "random")
+    assert store.computed["inputs"] == 3

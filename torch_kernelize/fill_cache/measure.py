@@ -71,7 +71,8 @@ class Measurer:
         self.timed = timing_available(target)
         self.extra_inputs = [list(x) for x in extra_inputs]
         self._vendor_ms: float | None = None  # the vendor kernel is timed once per spec
-        self.trials = TrialStore(spec, self._sample, self.device)  # shared by all candidates
+        self.trials = TrialStore(spec, self._sample, self.device,  # shared by all candidates
+                                 len(DEFAULT_SEEDS) + len(family.edge_kinds) + len(self.extra_inputs))
         self._seconds = dict.fromkeys(PHASES, 0.0)  # "reference" is the trial store's
         self._peak = PeakMeter(self.device)
 

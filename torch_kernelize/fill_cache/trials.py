@@ -4,7 +4,7 @@ Each trial's inputs, float64 reference and vendor outputs are computed once (the
 the device where it has float64, else on the CPU) and kept for the next candidates: on the
 device while they are small, else in host memory (moved back block by block as compared), and
 not at all beyond a share of the host's free memory (then recomputed, at a cost ``seconds``
-shows). Before a spec is searched, ``check_fits`` compares what validating one candidate needs
+shows). Inputs come first within that share: they are drawn on the CPU, the dearest to redo. Before a spec is searched, ``check_fits`` compares what validating one candidate needs
 on the device with what is free there: a spec that cannot fit is reported "too large" and left
 to the vendor op, and never ends the run.
 """
@@ -102,8 +102,11 @@ class TrialStore(Trials):
     """``validate.Trials`` that computes each trial once and keeps it for the spec's candidates."""
 
     def __init__(self, spec: KernelSpec, sample_inputs: Callable[[KernelSpec, int, str, Any], list[torch.Tensor]],
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", trials: int = 1):
+        """``trials``: how many trials validation has, so that every one's inputs can be kept
+        before any reference or vendor output is."""
         super().__init__(spec, sample_inputs, device, device if has_float64(device) else "cpu")
+        self._inputs_to_come = trials * _bytes(spec.inputs)
         self._inputs: dict[tuple, list[torch.Tensor]] = {}
         self._refs: dict[tuple, tuple[torch.Tensor, ...] | None] = {}
         self._vendor: dict[tuple, tuple[tuple[torch.Tensor, ...], bool]] = {}
@@ -132,14 +135,17 @@ class TrialStore(Trials):
                      self.spec.describe()[:90], free / 2**30)
             self.reference_device = "cpu"
 
-    def _keep(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+    def _keep(self, tensors: Sequence[torch.Tensor], inputs: bool = False) -> list[torch.Tensor] | None:
         """``tensors`` where they are kept (the device, else the host), or None: not kept."""
         size = sum(t.untyped_storage().nbytes() for t in tensors)
         on_device = any(t.device.type != "cpu" for t in tensors)
+        if inputs:
+            self._inputs_to_come = max(0, self._inputs_to_come - _bytes(self.spec.inputs))
         if on_device and self._on_device + size <= self._device_budget:  # small: they stay there
             self._on_device += size
             return list(tensors)
-        if self._on_host + size <= self._host_budget:
+        room = self._host_budget - (0 if inputs else self._inputs_to_come)
+        if self._on_host + size <= room:
             self._on_host += size
             return [to_device(t, "cpu") for t in tensors]
         return None
@@ -158,7 +164,7 @@ class TrialStore(Trials):
         except torch.OutOfMemoryError:
             raise self._oom("inputs") from None
         self.computed["inputs"] += 1
-        kept = self._keep(inputs)
+        kept = self._keep(inputs, inputs=True)
         if kept is not None:
             self._inputs[(seed, kind)] = kept
         return inputs
