@@ -4,9 +4,11 @@ Each trial's inputs, float64 reference and vendor outputs are computed once (the
 the device where it has float64, else on the CPU) and kept for the next candidates: on the
 device while they are small, else in host memory (moved back block by block as compared), and
 not at all beyond a share of the host's free memory (then recomputed, at a cost ``seconds``
-shows). Inputs come first within that share: they are drawn on the CPU, the dearest to redo. Before a spec is searched, ``check_fits`` compares what validating one candidate needs
-on the device with what is free there: a spec that cannot fit is reported "too large" and left
-to the vendor op, and never ends the run.
+shows). Inputs come first within that share: they are drawn on the CPU, the dearest to redo.
+
+Before a spec is searched, ``check_fits`` compares what validating one candidate needs on the
+device with what is free there: a spec that cannot fit is reported "too large" and left to the
+vendor op, and never ends the run.
 """
 from __future__ import annotations
 
