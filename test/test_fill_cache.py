@@ -181,3 +181,56 @@ def test_serving_from_a_warm_cache_compiles_nothing(tmp_path):
     assert res["compile"] == 0 and res["jit_run"] == 0, res
     assert not res["asked"], res
     assert "None" not in res["families"], res  # covered nodes name the region's family
+
+
+@pytest.mark.parametrize("case", ["cache dir is a file", "model file does not import", "model function raises",
+                                  "bad budget", "nothing to fill"])
+def test_bad_input_exits_2_with_one_clear_line(case, tmp_path):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "broken.py").write_text("import a_module_that_does_not_exist_anywhere\n")
+    (tmp_path / "raises.py").write_text("def make():\n    raise ValueError('no weights here')\n")
+    model = ["--model", f"{MODELS}:make_small"]
+    args = {"cache dir is a file": [*model, "--cache-dir", str(tmp_path / "afile")],
+            "model file does not import": ["--model", f"{tmp_path / 'broken.py'}:make"],
+            "model function raises": ["--model", f"{tmp_path / 'raises.py'}:make"],
+            "bad budget": [*model, "--budget", "0"],
+            "nothing to fill": []}[case]
+    proc = fill_cache("--target", "interpreter", *args, check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fill_cache: error: ") and "Traceback" not in proc.stderr, lines
+    expected = {"cache dir is a file": "--cache-dir", "model file does not import": "does not import",
+                "model function raises": "no weights here", "bad budget": "--budget", "nothing to fill": "--model"}
+    assert expected[case] in lines[0]
+
+
+def test_a_spec_without_a_correct_candidate_exits_1(tmp_path, monkeypatch):
+    from torch_kernelize.fill_cache import cli
+    from torch_kernelize.fill_cache.measure import Evaluation, Measurer
+
+    monkeypatch.setattr(Measurer, "evaluate", lambda self, config: Evaluation(
+        config.to_json(), False, 0.0, error="trial 1 (random, seed 0): 3 element(s) out of tolerance"))
+    code = cli.main(["--quiet", "--model", f"{MODELS}:make_wide", "--target", "interpreter",
+                     "--cache-dir", str(tmp_path / "cache"), "--budget", "1"])
+    assert code == 1
+
+
+def test_sigint_exits_130_in_one_line_and_resume_continues(tmp_path):
+    cache = tmp_path / "cache"
+    args = ["--model", f"{MODELS}:make_wide", "--target", "interpreter", "--cache-dir", str(cache), "--budget", "4"]
+    proc = subprocess.Popen([sys.executable, "-m", "torch_kernelize.fill_cache", "--quiet", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not _journal_lines(cache) and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("fill_cache: interrupted") and "--resume" in err
+    done_before = _journal_lines(cache)
+    assert 1 <= len(done_before) < 4
+    resumed = fill_cache(*args, "--resume")
+    assert resumed.returncode == 0 and "stored" in resumed.stdout
+    configs = [json.dumps(r["config"], sort_keys=True) for r in _journal_lines(cache)]
+    assert len(configs) == 4 and len(set(configs)) == 4

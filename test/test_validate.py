@@ -73,6 +73,10 @@ def test_edge_trials_the_vendor_also_misses_are_judged_against_the_vendor():
 
     rec = validate(like_vendor, spec, sample, edge_kinds=("large",))
     assert rec.ok and rec.vendor_judged == ["large"], rec
+    # the elementwise bar against the vendor output is waived there: the vendor output is the bar
+    rec = validate(like_vendor, spec, sample, edge_kinds=("large",), elementwise_bar=True)
+    assert rec.ok and rec.vendor_judged == ["large"] and rec.elementwise_waived == ["large"], rec
+    assert rec.elementwise == {"float16": [1e-2, 1e-2]}
 
     def off_on_large(inputs):  # right on normal trials, but not what the vendor does on the edge trial
         out = like_vendor(inputs)[0]
@@ -123,3 +127,74 @@ def test_a_region_is_judged_by_the_values_it_rounds():
     eager = gm(a, b)  # what a correct kernel computes: the fp16 product, widened
     assert compare_all([eager], ref, spec).ok
     assert not compare(eager, ref[0], "region", torch.float32).ok  # judged as plain fp32, it would fail
+
+
+def test_a_kernel_close_to_float64_only_at_the_scale_of_its_largest_value_fails_the_elementwise_bar():
+    # An output whose largest value is 1000: the float64 bar allows 1e-4 * 1000 on every element,
+    # so small elements 2e-4 off pass it; torch.allclose(out, eager, atol=1e-4, rtol=1e-4) fails.
+    from torch_kernelize.validate import BY_ELEMENTWISE, BY_REFERENCE
+
+    x = torch.randn(256)
+    spec = _spec(aten.mul.Tensor, x, x)
+
+    def sample(s, seed, kind, dev):
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(256, generator=g)
+        a[0] = 40.0  # 40 * 40 = 1600: a large output element
+        return [a, a.clone()]
+
+    def slightly_wrong(inputs):
+        out = inputs[0] * inputs[1]
+        return (torch.where(out.abs() < 1, out + 2e-4, out),)
+
+    rec = validate(slightly_wrong, spec, sample)
+    assert rec.ok and rec.decided_by == BY_REFERENCE and not rec.elementwise  # the bar is opt-in
+    rec = validate(slightly_wrong, spec, sample, elementwise_bar=True)
+    assert not rec.ok and rec.decided_by == BY_ELEMENTWISE, rec
+    assert "vendor" in rec.reason and rec.elementwise == {"float32": [1e-4, 1e-4]}
+    rec = validate(lambda inputs: (inputs[0] * inputs[1],), spec, sample, elementwise_bar=True)
+    assert rec.ok and BY_ELEMENTWISE in rec.decided_by and rec.trials == 3
+
+
+def test_streamed_comparison_judges_as_the_whole_tensor_does(monkeypatch):
+    import torch_kernelize.validate as v
+
+    ref = torch.randn(64, 33, dtype=torch.float64)
+    ref[50, 3] = 900.0  # the scale (max |ref|) lies in a late block
+    out = ref.float() + 0.05  # passes: 0.05 < 1e-4 * 900
+    out[7, 7] = float("nan")
+    whole = [compare(out, ref), compare(out[:, :20], ref[:, :20]), compare(out.t(), ref.t())]
+    wrong = out.clone()
+    wrong[7, 7] = ref[7, 7]
+    wrong[60, 1] += 1.0  # out of tolerance, late
+    whole.append(compare(wrong, ref))
+    monkeypatch.setattr(v, "CHUNK_ELEMENTS", 100)
+    monkeypatch.setattr(v, "MIN_CHUNK_ELEMENTS", 100)
+    streamed = [compare(out, ref), compare(out[:, :20], ref[:, :20]), compare(out.t(), ref.t()), compare(wrong, ref)]
+    assert [(c.ok, c.reason) for c in streamed] == [(c.ok, c.reason) for c in whole]
+    assert "NaN mismatch: 1 unexpected" in streamed[0].reason
+    assert not streamed[3].ok and "1 element(s)" in streamed[3].reason and "x900" in streamed[3].reason
+    assert len(list(v._blocks(ref, 100))) > 20
+
+
+def test_nothing_of_one_trial_is_held_into_the_next():
+    import gc
+    import weakref
+
+    x = torch.randn(32, 32)
+    spec = _spec(aten.sigmoid.default, x)
+    earlier: list = []
+
+    def run(inputs):
+        assert all(r() is None for r in earlier), "a tensor of an earlier trial is still alive"
+        out = (torch.sigmoid(inputs[0]),)
+        earlier.extend(weakref.ref(t) for t in (*inputs, *out))
+        return out
+
+    gc.disable()  # reference counting alone must free them
+    try:
+        rec = validate(run, spec, lambda s, seed, kind, dev: [torch.randn(32, 32)], edge_kinds=("zeros",),
+                       elementwise_bar=True)
+    finally:
+        gc.enable()
+    assert rec.ok and rec.trials == 4

@@ -1,8 +1,13 @@
-"""Validation: does a candidate compute the spec's function? Against a float64 CPU reference.
+"""Validation: does a candidate compute the spec's function? Against a float64 reference.
 
 Each trial draws fresh inputs (several seeds of random values, plus the edge kinds the op's
 family admits), runs the candidate with its outputs poisoned first, and compares every output
-with the reference under the tolerances of ``torch_kernelize.tolerances``.
+with the reference under the tolerances of ``torch_kernelize.tolerances``; with
+``elementwise_bar``, also with the vendor op's own output under the elementwise bar there.
+
+Comparisons stream over blocks of the outputs (``CHUNK_ELEMENTS`` at most, so their float64
+temporaries stay a fraction of the output's own size), and a trial's tensors are dropped
+before the next trial starts: what validation holds beyond one trial is what ``Trials`` keeps.
 """
 from __future__ import annotations
 
@@ -10,14 +15,17 @@ import dataclasses
 import functools
 import json
 import math
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from torch_kernelize.spec import KernelSpec, TensorMeta, dtype_from_name
-from torch_kernelize.tolerances import region_tolerance, tolerance
+from torch_kernelize.tolerances import elementwise_bar, region_tolerance, tolerance
 
 DEFAULT_SEEDS = (0, 1, 2)
+CHUNK_ELEMENTS = 1 << 24   # the most elements one comparison step converts to float64
+MIN_CHUNK_ELEMENTS = 1 << 16
 
 
 @dataclasses.dataclass
@@ -29,60 +37,114 @@ class Comparison:
     max_err: float = 0.0   # max |out - ref| / max(1, max |ref|): what atol is compared with
 
 
+def _blocks(t: torch.Tensor, limit: int) -> Iterator[torch.Tensor]:
+    """``t``'s elements in row-major order, as flat blocks of at most ``limit`` elements (views
+    where its strides allow; a copy of one block at most otherwise)."""
+    if t.dim() == 0 or t.numel() <= limit:
+        yield t.reshape(-1)
+        return
+    inner = t[0].numel()
+    if inner > limit:
+        for i in range(t.shape[0]):
+            yield from _blocks(t[i], limit)
+        return
+    step = max(1, limit // inner)
+    for i in range(0, t.shape[0], step):
+        yield t[i:i + step].reshape(-1)
+
+
+def _chunk_elements(numel: int) -> int:
+    # about a sixteenth of the output per step: each step holds ~5 float64 temporaries of its size
+    return max(MIN_CHUNK_ELEMENTS, min(CHUNK_ELEMENTS, numel // 16))
+
+
+def _paired_blocks(out: torch.Tensor, ref: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Matching float64 blocks of ``out`` and ``ref`` (same shape), on ``out``'s device."""
+    limit = _chunk_elements(out.numel())
+    for o, r in zip(_blocks(out.detach(), limit), _blocks(ref.detach(), limit)):
+        yield o.to(torch.float64), r.to(out.device, torch.float64)
+
+
+def _settle_range(o: torch.Tensor, r: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float):
+    """Judge a reference beyond ``dtype``'s range as the output type can hold it.
+
+    A finite reference beyond the output type's range rounds to +-inf: that is the exact answer.
+    Within tolerance of the largest finite value, both roundings are right: a sum accumulated in
+    another order may land on either side of the overflow threshold.
+    """
+    if not dtype.is_floating_point or dtype == torch.float64:
+        return o, r
+    big = torch.finfo(dtype).max
+    near = r.isfinite() & ((r.abs() - big).abs() <= (atol + rtol) * big) & ~o.isnan() & (o.sign() == r.sign())
+    if bool(near.any()):  # judge both sides of the threshold as +-max, under the usual tolerance
+        o = torch.where(near, o.clamp(-big, big), o)
+        r = torch.where(near, r.clamp(-big, big), r)
+    rounded = r.to(dtype)
+    overflow = r.isfinite() & rounded.isinf()
+    if bool(overflow.any()):
+        r = torch.where(overflow, rounded.to(torch.float64), r)
+    return o, r
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
             dtype: torch.dtype | None = None, factor: float = 1.0,
-            tol: tuple[float, float] | None = None) -> Comparison:
+            tol: tuple[float, float] | None = None, scaled: bool = True) -> Comparison:
     """Compare one candidate output with its float64 (or exact integer) reference.
 
     ``factor`` widens the tolerances, e.g. 2 when ``ref`` is itself a rounded (vendor) result;
-    ``tol`` replaces the (atol, rtol) that ``dtype`` and ``op`` would give.
+    ``tol`` replaces the (atol, rtol) that ``dtype`` and ``op`` would give. ``scaled=False``
+    drops the ``max(1, max|ref|)`` scale of atol: the elementwise bar ``torch.allclose`` checks.
+    ``ref`` may live on another device (the CPU) than ``out``: it is moved over block by block.
     """
     dtype = dtype or out.dtype
     if tuple(out.shape) != tuple(ref.shape):
         return Comparison(False, math.inf, math.inf, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
-    # Compare where the reference lives (fill_cache keeps large references on the GPU).
-    out64 = out.detach().to(ref.device, torch.float64)
-    ref64 = ref.detach().to(torch.float64)
-    if out64.numel() == 0:
+    if out.numel() == 0:
         return Comparison(True)
     atol, rtol = tol if tol is not None else tolerance(dtype, op)
     atol, rtol = atol * factor, rtol * factor
-    if dtype.is_floating_point and dtype != torch.float64:
-        # A finite reference beyond the output type's range rounds to +-inf: that is the exact
-        # answer. Within tolerance of the largest finite value, both roundings are right: a sum
-        # accumulated in another order may land on either side of the overflow threshold.
-        big = torch.finfo(dtype).max
-        near = ref64.isfinite() & ((ref64.abs() - big).abs() <= (atol + rtol) * big) & ~out64.isnan() & (
-            out64.sign() == ref64.sign())
-        if bool(near.any()):  # judge both sides of the threshold as +-max, under the usual tolerance
-            out64 = torch.where(near, out64.clamp(-big, big), out64)
-            ref64 = torch.where(near, ref64.clamp(-big, big), ref64)
-        overflow = ref64.isfinite() & ref64.to(dtype).isinf()
-        if bool(overflow.any()):
-            ref64 = torch.where(overflow, ref64.to(dtype).to(torch.float64), ref64)
-    ref_nan, out_nan = ref64.isnan(), out64.isnan()
-    if not torch.equal(ref_nan, out_nan):
-        extra = int((out_nan & ~ref_nan).sum())
-        missing = int((ref_nan & ~out_nan).sum())
+    scale = 1.0
+    if scaled:  # a first pass: the largest finite reference value
+        for o, r in _paired_blocks(out, ref):
+            o, r = _settle_range(o, r, dtype, atol, rtol)
+            r = r[r.isfinite()]
+            if r.numel():
+                scale = max(scale, float(r.abs().max()))
+    extra = missing = bad_count = 0
+    inf_differ = False
+    max_abs = max_rel = 0.0
+    first: tuple[float, float] | None = None
+    for o, r in _paired_blocks(out, ref):
+        o, r = _settle_range(o, r, dtype, atol, rtol)
+        ref_nan, out_nan = r.isnan(), o.isnan()
+        extra += int((out_nan & ~ref_nan).sum())
+        missing += int((ref_nan & ~out_nan).sum())
+        ref_inf, out_inf = r.isinf(), o.isinf()
+        if not torch.equal(ref_inf, out_inf) or not torch.equal(r[ref_inf], o[out_inf]):
+            inf_differ = True
+        finite = ~(ref_nan | ref_inf | out_nan | out_inf)
+        rf, of = r[finite], o[finite]
+        if rf.numel() == 0:
+            continue
+        diff = (of - rf).abs()
+        max_abs = max(max_abs, float(diff.max()))
+        max_rel = max(max_rel, float((diff / rf.abs().clamp_min(1e-30)).max()))
+        bad = diff > atol * scale + rtol * rf.abs()
+        n_bad = int(bad.sum())
+        if n_bad and first is None:
+            i = int(bad.nonzero()[0, 0])
+            first = (float(of[i]), float(rf[i]))
+        bad_count += n_bad
+    if extra or missing:
         return Comparison(False, math.inf, math.inf,
                           f"NaN mismatch: {extra} unexpected NaN (unwritten or wrong), {missing} missing")
-    ref_inf, out_inf = ref64.isinf(), out64.isinf()
-    if not torch.equal(ref_inf, out_inf) or not torch.equal(ref64[ref_inf], out64[out_inf]):
+    if inf_differ:
         return Comparison(False, math.inf, math.inf, "infinities differ from the reference")
-    finite = ~(ref_nan | ref_inf)
-    r, o = ref64[finite], out64[finite]
-    if r.numel() == 0:
-        return Comparison(True)
-    diff = (o - r).abs()
-    max_abs = float(diff.max())
-    max_rel = float((diff / r.abs().clamp_min(1e-30)).max())
-    scale = max(1.0, float(r.abs().max()))
-    bad = diff > atol * scale + rtol * r.abs()
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0]) if bad.dim() else 0
+    if bad_count:
+        bar = f"atol {atol:g}x{scale:.3g}" if scaled else f"atol {atol:g}"
         return Comparison(False, max_abs, max_rel, max_err=max_abs / scale, reason=
-                          f"{int(bad.sum())} element(s) out of tolerance (atol {atol:g}x{scale:.3g}, rtol {rtol:g}); "
-                          f"first: got {float(o.flatten()[i]):.6g}, expected {float(r.flatten()[i]):.6g}")
+                          f"{bad_count} element(s) out of tolerance ({bar}, rtol {rtol:g}); "
+                          f"first: got {first[0]:.6g}, expected {first[1]:.6g}")
     return Comparison(True, max_abs, max_rel, max_err=max_abs / scale)
 
 
@@ -103,17 +165,109 @@ def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec
     return worst
 
 
+def compare_elementwise(outs: Sequence[torch.Tensor], vendor: Sequence[torch.Tensor], spec: KernelSpec) -> Comparison:
+    """The elementwise bar against the vendor op's outputs (``tolerances.ELEMENTWISE_BAR``):
+    ``|out - vendor| <= atol + rtol * |vendor|`` on every element, NaN and inf where it has them."""
+    if len(outs) != len(vendor):
+        return Comparison(False, math.inf, math.inf, f"{len(outs)} outputs, the vendor op gives {len(vendor)}")
+    worst = Comparison(True)
+    for i, (o, v, m) in enumerate(zip(outs, vendor, spec.outputs)):
+        bar = _elementwise_bar(spec, m)
+        if bar is None:
+            continue
+        c = compare(o, v, spec.op, m.torch_dtype, tol=bar, scaled=False)
+        if not c.ok:
+            c.reason = f"output {i}: {c.reason.replace('expected', 'vendor')}"
+            return c
+        worst.max_abs = max(worst.max_abs, c.max_abs)
+        worst.max_rel = max(worst.max_rel, c.max_rel)
+    return worst
+
+
+def _elementwise_bar(spec: KernelSpec, out: TensorMeta) -> tuple[float, float] | None:
+    if spec.op == "region":  # judged by the loosest value it rounds on the way, as its float64 bar
+        return _graph_dtypes_bar(spec.graph, tuple(m.dtype for m in spec.inputs))
+    return elementwise_bar([out.torch_dtype])
+
+
 def _region_tolerance(spec: KernelSpec) -> tuple[float, float]:
     """A region is judged by every value it rounds on the way, not only its output dtype."""
     return _graph_tolerance(spec.graph, tuple(m.dtype for m in spec.inputs))
 
 
+def _graph_dtypes(graph_json: str, input_dtypes: tuple[str, ...]) -> tuple[list[torch.dtype], list[str]]:
+    graph = json.loads(graph_json)
+    dtypes = [TensorMeta.from_json(n["meta"]).torch_dtype for n in graph["nodes"]]
+    return dtypes + [dtype_from_name(d) for d in input_dtypes], [n["op"] for n in graph["nodes"]]
+
+
 @functools.lru_cache(maxsize=1024)
 def _graph_tolerance(graph_json: str, input_dtypes: tuple[str, ...]) -> tuple[float, float]:
-    graph = json.loads(graph_json)  # once per region, not once per trial or checked call
-    dtypes = [TensorMeta.from_json(n["meta"]).torch_dtype for n in graph["nodes"]]
-    dtypes += [dtype_from_name(d) for d in input_dtypes]
-    return region_tolerance(dtypes, [n["op"] for n in graph["nodes"]])
+    return region_tolerance(*_graph_dtypes(graph_json, input_dtypes))  # once per region, not per trial
+
+
+@functools.lru_cache(maxsize=1024)
+def _graph_dtypes_bar(graph_json: str, input_dtypes: tuple[str, ...]) -> tuple[float, float] | None:
+    return elementwise_bar(_graph_dtypes(graph_json, input_dtypes)[0])
+
+
+class Trials:
+    """The trials' inputs, float64 references and vendor outputs, computed afresh on each call.
+
+    fill_cache's ``TrialStore`` keeps them instead, so that all candidates of a spec are judged
+    on the same trials against references computed once. ``seconds`` is the time spent drawing
+    inputs and computing references (``reference``) and vendor outputs (``vendor``).
+    """
+
+    def __init__(self, spec: KernelSpec, sample_inputs: Callable[[KernelSpec, int, str, Any], list[torch.Tensor]],
+                 device: str | torch.device = "cpu", reference_device: str | torch.device = "cpu"):
+        self.spec, self.sample_inputs = spec, sample_inputs
+        self.device, self.reference_device = device, str(reference_device)
+        self.seconds = {"reference": 0.0, "vendor": 0.0}
+
+    def inputs(self, seed: int, kind: str) -> list[torch.Tensor]:
+        t0 = time.perf_counter()
+        try:
+            return self.sample_inputs(self.spec, seed, kind, self.device)
+        finally:
+            self.seconds["reference"] += time.perf_counter() - t0
+
+    def reference(self, seed: int, kind: str, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        """The float64 reference; None where the op rejects this edge kind (histc of inf)."""
+        t0 = time.perf_counter()
+        try:
+            return self.spec.reference(inputs, self.reference_device)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception:
+            if kind in ("random", "captured"):
+                raise
+            return None
+        finally:
+            _sync(self.reference_device)
+            self.seconds["reference"] += time.perf_counter() - t0
+
+    def vendor(self, seed: int, kind: str, inputs: Sequence[torch.Tensor],
+               ref: Sequence[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], bool]:
+        """The vendor op's outputs on these inputs, and whether they are far from the float64
+        reference (fail its bar): then the candidate is judged against them instead."""
+        t0 = time.perf_counter()
+        try:
+            out = self.spec.run_vendor(inputs)
+            return out, not compare_all(out, ref, self.spec).ok
+        finally:
+            _sync(self.device)
+            self.seconds["vendor"] += time.perf_counter() - t0
+
+
+def _sync(device: str | torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+# What decided a validation: the float64 bar, the elementwise bar against the vendor output, or
+# (an edge trial on which the vendor op itself is far from float64) the vendor output alone.
+BY_REFERENCE, BY_ELEMENTWISE, BY_VENDOR = "float64 reference", "elementwise vs vendor", "vendor (far from float64)"
 
 
 @dataclasses.dataclass
@@ -129,10 +283,15 @@ class ValidationRecord:
     max_err: float = 0.0  # the scaled error compared with atol (see Comparison.max_err)
     reference_device: str = "cpu"
     vendor_judged: list[str] = dataclasses.field(default_factory=list)  # edge kinds judged against the vendor
+    # the elementwise bar against the vendor output, by output dtype (absent: not applied)
+    elementwise: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    elementwise_waived: list[str] = dataclasses.field(default_factory=list)  # kinds where the vendor left float64
+    max_vendor_abs_err: float = 0.0   # max |out - vendor| over the trials the elementwise bar judged
+    decided_by: str = ""              # the bar that failed it, or the bars it passed
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for k in ("max_abs_err", "max_rel_err", "max_err"):
+        for k in ("max_abs_err", "max_rel_err", "max_err", "max_vendor_abs_err"):
             if not math.isfinite(d[k]):
                 d[k] = str(d[k])
         return d
@@ -142,64 +301,78 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
              sample_inputs: Callable[[KernelSpec, int, str, Any], list[torch.Tensor]],
              edge_kinds: Sequence[str] = (), seeds: Sequence[int] = DEFAULT_SEEDS,
              device: str | torch.device = "cpu", extra_trials: int = 0,
-             trial_cache: dict | None = None, reference_device: str = "cpu",
-             resolve_ties: Callable | None = None) -> ValidationRecord:
+             trials: Trials | None = None, reference_device: str = "cpu",
+             resolve_ties: Callable | None = None, elementwise_bar: bool = False) -> ValidationRecord:
     """Run ``run`` (inputs -> outputs, poisoned before each run) on every trial; stop at the first failure.
 
     ``sample_inputs(spec, seed, kind, device)`` draws the inputs of one trial; ``extra_trials``
     adds trials of kind "captured" (seed = index), e.g. the real inputs a repro captured.
-    ``trial_cache`` (a dict kept by the caller) keeps each trial's inputs and reference, so that
-    the candidates of one spec are all judged on the same trials without recomputing references.
-    ``resolve_ties(spec, inputs, outs, refs)`` (a family's) settles choices the op leaves open
-    before each comparison.
+    ``trials`` (e.g. fill_cache's TrialStore) supplies each trial's inputs, reference and vendor
+    outputs instead of computing them here. ``resolve_ties(spec, inputs, outs, refs)`` (a
+    family's) settles choices the op leaves open before each comparison. ``elementwise_bar``:
+    every trial must also pass ``compare_elementwise`` against the vendor op's output, except
+    where that output is itself far from float64 (then it is the bar, as ``vendor_judged``).
     """
+    source = trials or Trials(spec, sample_inputs, device, reference_device)
     settle = resolve_ties or (lambda spec, inputs, outs, refs: outs)
-    trials = [(s, "random") for s in seeds] + [(seeds[0] + 1000 + i, k) for i, k in enumerate(edge_kinds)]
-    trials += [(i, "captured") for i in range(extra_trials)]
+    plan = [(s, "random") for s in seeds] + [(seeds[0] + 1000 + i, k) for i, k in enumerate(edge_kinds)]
+    plan += [(i, "captured") for i in range(extra_trials)]
+    kinds = [k for _, k in plan]
     region_tol = _region_tolerance(spec) if spec.op == "region" else None
     tol = {m.dtype: list(region_tol or tolerance(m.torch_dtype, spec.op)) for m in spec.outputs}
-    worst_abs = worst_rel = worst = 0.0
+    bars = {m.dtype: list(b) for m in spec.outputs if (b := _elementwise_bar(spec, m)) is not None} \
+        if elementwise_bar else {}
+    worst_abs = worst_rel = worst = worst_vendor = 0.0
     vendor_judged: list[str] = []
-    for n, (seed, kind) in enumerate(trials, 1):
-        cached = trial_cache.get((seed, kind)) if trial_cache is not None else None
-        if cached is None:
-            inputs = sample_inputs(spec, seed, kind, device)
-            try:
-                ref = spec.reference(inputs, reference_device)
-            except Exception:  # the op rejects this edge kind (e.g. histc of inf): the kind does not apply
-                if kind in ("random", "captured"):
-                    raise
-                ref = None
-            if trial_cache is not None:
-                trial_cache[(seed, kind)] = (inputs, ref)
-        else:
-            inputs, ref = cached
+    waived: list[str] = []
+
+    def failed(n, seed, kind, c, by):
+        return ValidationRecord(False, list(seeds), kinds, n, c.max_abs, c.max_rel, tol,
+                                f"trial {n} ({kind}, seed {seed}): {c.reason}", c.max_err,
+                                source.reference_device, vendor_judged, bars, waived, worst_vendor, by)
+
+    for n, (seed, kind) in enumerate(plan, 1):
+        inputs = source.inputs(seed, kind)
+        ref = source.reference(seed, kind, inputs)
         if ref is None:
             continue
         try:
             outs = run(inputs)
-            if device != "cpu" and torch.device(device).type == "cuda":
-                torch.cuda.synchronize()
+            _sync(device)
         except Exception as e:
-            return ValidationRecord(False, list(seeds), [k for _, k in trials], n, math.inf, math.inf, tol,
-                                    f"trial {n} ({kind}, seed {seed}) raised {type(e).__name__}: {e}")
+            return ValidationRecord(False, list(seeds), kinds, n, math.inf, math.inf, tol,
+                                    f"trial {n} ({kind}, seed {seed}) raised {type(e).__name__}: {e}",
+                                    reference_device=source.reference_device, elementwise=bars,
+                                    decided_by=BY_REFERENCE)
         c = compare_all(settle(spec, inputs, outs, ref), ref, spec)
-        if not c.ok and kind not in ("random", "captured"):
+        vendor, far = (None, False)
+        if bars or (not c.ok and kind not in ("random", "captured")):
+            vendor, far = source.vendor(seed, kind, inputs, ref)
+        by = BY_REFERENCE
+        if not c.ok and far and kind not in ("random", "captured"):
             # On edge inputs (near overflow, inf, NaN) the vendor op may itself leave the float64
             # reference: there the candidate must match what the vendor computes instead.
-            vendor = _vendor_outputs(spec, inputs, trial_cache, (seed, kind))
-            if not compare_all(vendor, ref, spec).ok:
-                vendor = [v.to(torch.float64) if v.is_floating_point() else v for v in vendor]
-                outs = settle(spec, inputs, outs, vendor)
-                c = compare_all(outs, nearest_expected(outs, ref, vendor), spec, factor=2.0)
-                if c.ok:
-                    vendor_judged.append(kind)
+            by = BY_VENDOR
+            outs = settle(spec, inputs, outs, vendor)
+            c = compare_all(outs, nearest_expected(outs, ref, vendor), spec, factor=2.0)
+            if c.ok:
+                vendor_judged.append(kind)
         if not c.ok:
-            return ValidationRecord(False, list(seeds), [k for _, k in trials], n, c.max_abs, c.max_rel, tol,
-                                    f"trial {n} ({kind}, seed {seed}): {c.reason}", c.max_err)
+            return failed(n, seed, kind, c, by)
+        if bars and far:
+            waived.append(kind)
+        elif bars:
+            e = compare_elementwise(settle(spec, inputs, outs, vendor), vendor, spec)
+            if not e.ok:
+                return failed(n, seed, kind, e, BY_ELEMENTWISE)
+            worst_vendor = max(worst_vendor, e.max_abs)
         worst_abs, worst_rel, worst = max(worst_abs, c.max_abs), max(worst_rel, c.max_rel), max(worst, c.max_err)
-    return ValidationRecord(True, list(seeds), [k for _, k in trials], len(trials), worst_abs, worst_rel, tol,
-                            max_err=worst, reference_device=reference_device, vendor_judged=vendor_judged)
+        del inputs, ref, outs, vendor  # nothing of this trial is held into the next
+    decided = " + ".join([BY_REFERENCE] + ([BY_ELEMENTWISE] if bars else []) + ([BY_VENDOR] if vendor_judged else []))
+    return ValidationRecord(True, list(seeds), kinds, len(plan), worst_abs, worst_rel, tol, max_err=worst,
+                            reference_device=source.reference_device, vendor_judged=vendor_judged,
+                            elementwise=bars, elementwise_waived=waived, max_vendor_abs_err=worst_vendor,
+                            decided_by=decided)
 
 
 def _distance(out: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -223,14 +396,3 @@ def nearest_expected(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
         r64 = r.to(torch.float64)
         merged.append(torch.where(_distance(o, r64) <= _distance(o, v.to(r64.device)), r64, v.to(r64.device, torch.float64)))
     return merged
-
-
-def _vendor_outputs(spec: KernelSpec, inputs: Sequence[torch.Tensor], trial_cache: dict | None,
-                    key: tuple) -> tuple[torch.Tensor, ...]:
-    k = ("vendor",) + key
-    if trial_cache is not None and k in trial_cache:
-        return trial_cache[k]
-    out = spec.run_vendor(inputs)
-    if trial_cache is not None:
-        trial_cache[k] = out
-    return out

@@ -3,7 +3,13 @@
 Compiling a Triton kernel takes about a second of CPU; measuring it takes milliseconds of GPU.
 So candidates are built ahead in a process pool (spawned: the workers never touch CUDA, they
 compile for the GPU target the parent names) and the runner only loads the finished binaries.
-On the interpreter target there is nothing to compile and building happens inline.
+On the interpreter target there is nothing to compile and building happens inline (unless the
+builder is told to isolate: then in the pool as on CUDA).
+
+A worker that dies (a segfault in the compiler, the OOM killer) breaks the whole pool: every
+build in flight fails with BrokenProcessPool. The pool is then started again, the candidate
+asked for is built again alone, so that it alone is failed if it was the one that killed the
+worker, and the others are submitted again; the run goes on.
 """
 from __future__ import annotations
 
@@ -11,7 +17,9 @@ import concurrent.futures
 import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily
@@ -19,15 +27,44 @@ from torch_kernelize.lowering.targets import Target
 from torch_kernelize.spec import KernelSpec
 
 
-def _build(spec_json: dict, family_name: str, config_json: dict, directory: str, backend: str,
+WORKER_DIED = ("the build worker died while building this candidate (killed by a signal: a segfault in "
+               "code generation or the compiler, or the OOM killer)")
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which ends the run (and them) in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def family_ref(family: KernelFamily) -> tuple[str, str]:
+    """What a worker process finds ``family`` by (see find_family)."""
+    return family.name, type(family).__module__
+
+
+def find_family(name: str, module: str) -> KernelFamily:
+    """The registered family ``name``, else one defined in ``module`` (a plugin's, a test's)."""
+    import importlib
+
+    from torch_kernelize.lowering.kernels import families
+
+    for f in families():
+        if f.name == name:
+            return f
+    found = [v for v in vars(importlib.import_module(module)).values()
+             if isinstance(v, KernelFamily) and v.name == name]
+    if not found:
+        raise LookupError(f"no kernel family {name!r} (registered, or in {module})")
+    return found[0]
+
+
+def _build(spec_json: dict, family: tuple[str, str], config_json: dict, directory: str, backend: str,
            gpu_target: tuple | None) -> str | None:
     """Worker: generate + write (+ compile) one candidate; the error text, or None."""
     from torch_kernelize.build import write_program
-    from torch_kernelize.lowering.kernels import families
 
     try:
         spec = KernelSpec.from_json(spec_json)
-        family = next(f for f in families() if f.name == family_name)
+        family = find_family(*family)
         program = family.generate(spec, Config.from_json(config_json))
         write_program(Path(directory), spec, program, backend, gpu_target)
         return None
@@ -51,58 +88,102 @@ def _build_unaligned(spec_json: dict, directory: str, gpu_target: tuple | None) 
 
 
 class Builder:
-    def __init__(self, target: Target, workers: int | None = None):
+    def __init__(self, target: Target, workers: int | None = None, isolate: bool | None = None):
+        """``isolate``: build in worker processes (default: on CUDA, where compiling takes time)."""
         self.backend = target.triton
         self.root = Path(tempfile.mkdtemp(prefix="kernelize-build-"))
         self._futures: dict[tuple[str, str], concurrent.futures.Future] = {}
+        self._pools: dict[tuple[str, str], int] = {}  # which pool (by start count) each build went to
+        self._jobs: dict[tuple[str, str], tuple] = {}  # the arguments of each build, to submit again
         self._pool = None
         self._gpu_target = None
+        self.restarts = -1  # how often a dead worker broke the pool (the first start is not one)
         if self.backend == "cuda":
             from triton.runtime import driver
             t = driver.active.get_current_target()
             self._gpu_target = (t.backend, t.arch, t.warp_size)
-            n = workers or max(1, min(16, (os.cpu_count() or 2) - 1))
-            self._pool = concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+        if isolate if isolate is not None else self.backend == "cuda":
+            self._workers = workers or max(1, min(16, (os.cpu_count() or 2) - 1))
+            self._start()
+
+    def _start(self) -> None:
+        self.restarts += 1
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            self._workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
+
+    def _restart(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._start()
 
     def directory(self, spec: KernelSpec, config: Config) -> Path:
         return self.root / spec.key / str(abs(hash(config.key)))
 
+    def _job(self, spec: KernelSpec, family: KernelFamily, config: Config) -> tuple:
+        return (spec.to_json(), family_ref(family), config.to_json(),
+                str(self.directory(spec, config)), self.backend, self._gpu_target)
+
     def submit(self, spec: KernelSpec, family: KernelFamily, configs: list[Config]) -> None:
-        """Start building these candidates (CUDA: in the pool; interpreter: nothing to do yet)."""
+        """Start building these candidates (in the pool; inline builders: nothing to do yet)."""
         if self._pool is None:
             return
         for c in configs:
             k = (spec.key, c.key)
             if k not in self._futures:
-                d = self.directory(spec, c)
-                self._futures[k] = self._pool.submit(_build, spec.to_json(), family.name, c.to_json(), str(d),
-                                                     self.backend, self._gpu_target)
+                self._jobs[k] = self._job(spec, family, c)
+                self._submit(k)
+
+    def _submit(self, k: tuple[str, str]) -> None:
+        try:
+            self._futures[k] = self._pool.submit(_build, *self._jobs[k])
+        except BrokenProcessPool:  # broken since the last submit: a fresh pool takes it
+            self._restart()
+            self._futures[k] = self._pool.submit(_build, *self._jobs[k])
+        self._pools[k] = self.restarts
 
     def build(self, spec: KernelSpec, family: KernelFamily, config: Config) -> Path:
         """The built candidate's folder; raises RuntimeError with the build error."""
         k = (spec.key, config.key)
         if k not in self._futures:
             if self._pool is None:
-                error = _build(spec.to_json(), family.name, config.to_json(), str(self.directory(spec, config)),
-                               self.backend, None)
-                fut: concurrent.futures.Future = concurrent.futures.Future()
-                fut.set_result(error)
-                self._futures[k] = fut
+                self._futures[k] = _done(_build(*self._job(spec, family, config)))
             else:
                 self.submit(spec, family, [config])
-        error = self._futures[k].result()
+        try:
+            error = self._futures[k].result()
+        except BrokenProcessPool:
+            error = self._build_alone(k)
         if error is not None:
             raise RuntimeError(error)
         return self.directory(spec, config)
 
+    def _build_alone(self, k: tuple[str, str]) -> str | None:
+        """A worker died while ``k`` was in flight: build it again, alone in a fresh pool, so that
+        it fails only if it kills its worker again; then submit the other lost builds again."""
+        if self._pools[k] == self.restarts:  # the pool it went to is this one: start a fresh one
+            self._restart()
+        lost = [j for j, f in self._futures.items()
+                if j != k and self._pools.get(j, self.restarts) < self.restarts and not _built(f)]
+        try:
+            error = self._pool.submit(_build, *self._jobs[k]).result()
+        except BrokenProcessPool:
+            self._restart()
+            error = WORKER_DIED
+        self._futures[k] = _done(error)
+        self._pools.pop(k, None)
+        for j in lost:
+            self._submit(j)
+        return error
+
     def submit_unaligned(self, spec: KernelSpec, directory: Path) -> concurrent.futures.Future:
         """Compile a built program again for unaligned views (CUDA: in the pool, so that the next
         specs' searches go on meanwhile); the future's result is the error text or None."""
-        if self._pool is not None:
-            return self._pool.submit(_build_unaligned, spec.to_json(), str(directory), self._gpu_target)
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        fut.set_result(None)  # the interpreter runs the source: nothing to compile
-        return fut
+        if self._pool is not None and self.backend == "cuda":
+            try:
+                return self._pool.submit(_build_unaligned, spec.to_json(), str(directory), self._gpu_target)
+            except BrokenProcessPool:
+                self._restart()
+                return self._pool.submit(_build_unaligned, spec.to_json(), str(directory), self._gpu_target)
+        return _done(None)  # the interpreter runs the source: nothing to compile
 
     def discard(self, spec: KernelSpec) -> None:
         shutil.rmtree(self.root / spec.key, ignore_errors=True)
@@ -111,3 +192,14 @@ class Builder:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _done(result: object) -> concurrent.futures.Future:
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    fut.set_result(result)
+    return fut
+
+
+def _built(fut: concurrent.futures.Future) -> bool:
+    """Done, with a result (an error text or None), not lost with its pool."""
+    return fut.done() and not fut.cancelled() and fut.exception() is None

@@ -27,10 +27,12 @@ import torch
 from torch_kernelize.errors import KernelizeError
 from torch_kernelize.cuda_binaries import remove_unaligned
 from torch_kernelize.fill_cache.builder import Builder
-from torch_kernelize.fill_cache.collect import UsageError, Work, specs_from_model, specs_from_repros
+from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.journal import Journal
-from torch_kernelize.fill_cache.measure import Measurer, device_fault
+from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
+from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
+from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
 from torch_kernelize.lowering.kernels import Config, family_for
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import OPTIONS, default_cache_dir
@@ -47,8 +49,13 @@ INTERPRETER_NOTE = ("interpreter target: timings are not measured (the Triton in
                     "nothing); this validated kernel is stored so that the Triton tier can be exercised on CPU")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit code 2 (argparse prints the whole usage too)
+        self.exit(2, f"fill_cache: error: {message} (see --help)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m torch_kernelize.fill_cache", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="python -m torch_kernelize.fill_cache", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], metavar="PATH.py:FN|pkg.module:FN",
                    help="a function returning (model, example_inputs); may be repeated")
@@ -75,9 +82,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class FillRun:
-    def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float):
+    def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float,
+                 isolate: bool | None = None):
+        """``isolate``: measure in a worker process (measure_worker.py; default: on CUDA)."""
         self.target, self.cache, self.budget = target, cache, budget
         self.builder = Builder(target)
+        self.isolate = target.triton == "cuda" if isolate is None else isolate
+        # started now: it imports torch and sets up the device while the first candidates compile
+        self._worker = MeasureWorker() if self.isolate else None
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -95,7 +107,7 @@ class FillRun:
         """Search one spec (the caller holds its lock) and store the result."""
         spec = work.spec
         row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
-               "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0}
+               "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
         status, entry, _ = self.cache.lookup(spec.key)
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
@@ -116,7 +128,28 @@ class FillRun:
             journal.archive()
             for r in previous:
                 journal.append(r)
-        measurer = Measurer(spec, family, self.target, [work.captured] if work.captured else [], self.builder)
+        measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
+        try:
+            return self._search(work, family, journal, previous, measurer, row, progress)
+        except SpecTooLarge as e:  # no candidate is at fault: the vendor op runs it, the run goes on
+            log.warning("%s: too large to validate here (%s); the vendor op runs it", spec.describe()[:90], e)
+            row.update(status="too large", winner=str(e))
+            return row
+        finally:
+            row["time"] = {k: round(v, 2) for k, v in measurer.seconds.items()}
+            row["peak_extra_bytes"] = measurer.peak_extra_bytes()
+            if not any(p[4] is measurer for p in self._pending):  # else kept for the winner's last check
+                measurer.close()
+
+    def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
+        if not self.isolate:
+            return Measurer(spec, family, self.target, captured, self.builder)
+        return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker)
+
+    def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict],
+                measurer: Measurer | IsolatedMeasurer, row: dict[str, Any], progress: Any) -> dict[str, Any]:
+        spec = work.spec
+        measurer.check_fits()
 
         def evaluate(config):
             ev = measurer.evaluate(config).to_json()
@@ -175,8 +208,9 @@ class FillRun:
                    speedup=timings["speedup"])
         return row
 
-    def _store_pending(self, wait: bool) -> None:
-        """Store the winners whose binaries for unaligned views are compiled (all of them: wait)."""
+    def _store_pending(self, wait: bool, check: bool = True) -> None:
+        """Store the winners whose binaries for unaligned views are compiled (all of them: wait).
+        Without ``check`` (Ctrl-C: the user is waiting) they are stored without those binaries."""
         waiting = []
         for fut, record, built, replace, measurer in self._pending:
             if not wait and not fut.done():
@@ -185,6 +219,8 @@ class FillRun:
             spec = measurer.spec
             try:
                 error = fut.result()
+                if error is None and not check:
+                    error = "interrupted before they were validated"
                 if error is None:
                     error = measurer.validate_unaligned(built)
                     if error is not None:
@@ -199,7 +235,8 @@ class FillRun:
                 self.cache.put(record, built, replace=replace)
             finally:
                 self.builder.discard(spec)
-            if error is not None and device_fault(error):  # the CUDA context is gone: end the run
+                measurer.close()
+            if error is not None and device_fault(error) and not measurer.contains_faults:  # the CUDA context is gone
                 self._pending = waiting
                 raise DeviceFault(spec, {"config": record["config"], "error": f"unaligned binary: {error}"})
         self._pending = waiting
@@ -213,13 +250,19 @@ class FillRun:
         return row
 
     def run(self, work: list[Work], quiet: bool = False) -> list[dict[str, Any]]:
+        interrupted = False
         try:
             return self._run(work, quiet)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
             try:  # winners found before a fault or an interrupt are kept
-                self._store_pending(wait=True)
+                self._store_pending(wait=True, check=not interrupted)
             finally:
                 self.builder.close()
+                if self._worker is not None:
+                    self._worker.close()
 
     def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
         from filelock import Timeout
@@ -292,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(use --target interpreter, cuda, or a target file with triton = ...)")
         from torch_kernelize.kernel_cache import KernelCache
         cache = KernelCache.for_target(args.cache_dir, target)
+        check_cache_dir(cache.dir)
         work: dict[str, Work] = {}
         for ref in args.model:
             for w in specs_from_model(ref, target, args.cache_dir):
@@ -310,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     except KernelizeError as e:
         print(f"fill_cache: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # every evaluation so far is journaled (fsynced); winners found are stored
+        print("fill_cache: interrupted; run the same command with --resume to continue where it stopped",
+              file=sys.stderr)
+        return 130
     except DeviceFault as e:  # the CUDA context is gone: report what was done, then stop
         print(format_table(run.rows))
         print(f"fill_cache: {e}\nIt is recorded as failed and will not be run again. This process can no "
@@ -318,12 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
     summary = {"search_id": run.search_id, "target": target.describe(), "cache": str(cache.dir),
-               "budget": budget, "seconds": round(elapsed, 2), "specs": rows}
+               "budget": budget, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
     failed = [r for r in rows if r["status"] == "no correct candidate"]
     print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; "
           f"{sum(r['status'] == 'stored' for r in rows)} stored, "
           f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, {len(failed)} without a correct "
-          f"candidate; summary: {summary_path}")
+          f"candidate, {sum(r['status'] == 'too large' for r in rows)} too large; "
+          + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items()) + f"; summary: {summary_path}")
     return 1 if failed else 0

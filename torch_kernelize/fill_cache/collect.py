@@ -1,4 +1,5 @@
-"""Where fill_cache's work comes from: the KernelSpecs a model needs, or recorded reproducers."""
+"""Where fill_cache's work comes from: the KernelSpecs a model needs, or recorded reproducers;
+and the checks that turn a wrong argument naming them (or the cache) into one clear UsageError."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +7,9 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,18 @@ class Work:
         return self.kind in ("mismatch", "failure")
 
 
+def check_cache_dir(path: Path) -> None:
+    """Raise UsageError unless ``path`` is (or can be made) a folder this process can write."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"--cache-dir {path}: not a folder this process can write ({e.strerror or e}); "
+                         "give one it can") from None
+
+
 def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
     """``PATH.py:FN`` or ``pkg.module:FN``; FN() returns (model, example_inputs)."""
     where, _, fn_name = ref.rpartition(":")
@@ -52,16 +67,22 @@ def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
         spec = importlib.util.spec_from_file_location(f"kernelize_model_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # a syntax error, a missing import: the user's file, not ours
+            raise UsageError(f"--model {ref!r}: {path} does not import: {type(e).__name__}: {e}") from None
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as e:
-            raise UsageError(f"--model {ref!r}: cannot import {where}: {e}") from None
+        except Exception as e:
+            raise UsageError(f"--model {ref!r}: cannot import {where}: {type(e).__name__}: {e}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise UsageError(f"--model {ref!r}: {where} has no function {fn_name}")
-    result = fn()
+    try:
+        result = fn()
+    except Exception as e:
+        raise UsageError(f"--model {ref!r}: {fn_name}() raised {type(e).__name__}: {e}") from None
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], (tuple, list))):
         raise UsageError(f"--model {ref!r}: {fn_name}() must return (model, tuple_of_example_inputs)")
     return result[0], tuple(result[1])
@@ -85,6 +106,9 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
     with torch.no_grad():
         compiled(*inputs)
     torch._dynamo.reset()
+    del model, inputs, compiled
+    if device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
+        torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
     nodes: dict[str, Work] = {}
     for g in graphs:

@@ -1,11 +1,15 @@
 """Builder and runner for candidates: generate -> build -> load -> validate -> benchmark.
 
 One ``Measurer`` per spec. ``evaluate(config)`` never raises for a bad candidate: a candidate
-that fails to generate, compile, run or validate scores 0 with the error recorded.
+that fails to generate, compile, run or validate scores 0 with the error recorded (a spec whose
+validation cannot fit in device memory raises trials.SpecTooLarge: no candidate is at fault).
+Its trials (inputs, float64 references, vendor outputs) are computed once, in a TrialStore, and
+``seconds`` splits its time into build, reference, validation and timing.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -16,15 +20,15 @@ import torch
 
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_available
+from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore
 from torch_kernelize.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.lowering.kernels.base import to_device
 from torch_kernelize.lowering.targets import Target
 from torch_kernelize.spec import KernelSpec
-from torch_kernelize.validate import validate
+from torch_kernelize.validate import DEFAULT_SEEDS, validate
 
-BENCH_SEED = 12345
-LARGE_SPEC_ELEMENTS = 1 << 20
+PHASES = ("build", "reference", "validation", "timing")
 
 
 @dataclasses.dataclass
@@ -37,7 +41,8 @@ class Evaluation:
     error: str = ""
     validation: dict[str, Any] | None = None
     measured: bool = False
-    fault: bool = False  # the candidate faulted the device: the process can no longer use it
+    fault: bool = False  # the candidate faulted the device (or killed its process): never run again
+    contained: bool = False  # ... in a measure worker, which was replaced: the run goes on
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -54,6 +59,8 @@ def device_fault(error: str) -> bool:
 
 
 class Measurer:
+    contains_faults = False  # a device fault here leaves this process's CUDA context unusable
+
     def __init__(self, spec: KernelSpec, family: KernelFamily, target: Target,
                  extra_inputs: Sequence[Sequence[torch.Tensor]] = (), builder: Builder | None = None):
         self.spec = spec
@@ -63,12 +70,31 @@ class Measurer:
         self.device = "cuda" if target.device == "cuda" else "cpu"
         self.timed = timing_available(target)
         self.extra_inputs = [list(x) for x in extra_inputs]
-        self._vendor_ms: float | None = None
-        self._bench_inputs: list[torch.Tensor] | None = None
-        self._trials: dict = {}  # (seed, kind) -> (inputs, reference): shared by all candidates
-        # float64 references of large specs on the GPU: a CPU would spend seconds per trial
-        size = sum(m.numel for m in spec.inputs) + sum(m.numel for m in spec.outputs)
-        self.reference_device = "cuda" if self.device == "cuda" and size > LARGE_SPEC_ELEMENTS else "cpu"
+        self._vendor_ms: float | None = None  # the vendor kernel is timed once per spec
+        self.trials = TrialStore(spec, self._sample, self.device,  # shared by all candidates
+                                 len(DEFAULT_SEEDS) + len(family.edge_kinds) + len(self.extra_inputs))
+        self._seconds = dict.fromkeys(PHASES, 0.0)  # "reference" is the trial store's
+        self._peak = PeakMeter(self.device)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Time spent so far by phase; reference: drawing inputs, float64 references, vendor outputs."""
+        return dict(self._seconds, reference=sum(self.trials.seconds.values()))
+
+    @property
+    def reference_device(self) -> str:
+        return self.trials.reference_device
+
+    def check_fits(self) -> None:
+        """Raise trials.SpecTooLarge if validating a candidate cannot fit in free device memory."""
+        self.trials.check_fits()
+
+    def close(self) -> None:
+        self.trials.release()
+
+    def peak_extra_bytes(self) -> int | None:
+        """Peak device memory allocated since this Measurer began, beyond what was allocated then."""
+        return self._peak.extra()
 
     # --- builder --------------------------------------------------------------------------------
     def prepare(self, configs: Sequence[Config]) -> None:
@@ -77,21 +103,46 @@ class Measurer:
 
     def build(self, config: Config) -> tuple[Path, Any]:
         """The built candidate's folder and its loaded runner."""
-        directory = self.builder.build(self.spec, self.family, config)
-        return directory, load_program(directory, self.spec, self.target.triton,
-                                       module_name=f"torch_kernelize_candidates.k{self.spec.key}_{abs(hash(config.key))}")
+        t0 = time.perf_counter()
+        try:
+            directory = self.builder.build(self.spec, self.family, config)
+            return directory, load_program(directory, self.spec, self.target.triton,
+                                           module_name=f"torch_kernelize_candidates.k{self.spec.key}_{abs(hash(config.key))}")
+        finally:
+            self._seconds["build"] += time.perf_counter() - t0
 
     # --- runner ---------------------------------------------------------------------------------
     def bench_inputs(self) -> list[torch.Tensor]:
-        if self._bench_inputs is None:
-            self._bench_inputs = self.family.sample_inputs(self.spec, BENCH_SEED, "random", self.device)
-        return self._bench_inputs
+        """The first validation trial's inputs (kept by the trial store, not again here)."""
+        return self.trials.inputs(DEFAULT_SEEDS[0], "random")
 
     def vendor_ms(self) -> float | None:
         if self.timed and self._vendor_ms is None:
             inputs = self.bench_inputs()
-            self._vendor_ms = median_ms(lambda: self.spec.run_vendor(inputs))
+            self._vendor_ms = self._time(lambda: median_ms(lambda: self.spec.run_vendor(inputs)))
         return self._vendor_ms
+
+    def _time(self, fn):
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self._seconds["timing"] += time.perf_counter() - t0
+
+    def _validate(self, run) -> Any:
+        """validate() on the shared trials; its time, less what the trials computed, is validation's."""
+        before = sum(self.trials.seconds.values())
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                # edge inputs (inf, NaN, huge) make the interpreter's numpy warn; validation judges them
+                warnings.simplefilter("ignore", RuntimeWarning)
+                return validate(run, self.spec, self._sample, self.family.edge_kinds, device=self.device,
+                                extra_trials=len(self.extra_inputs), trials=self.trials,
+                                resolve_ties=self.family.resolve_ties, elementwise_bar=True)
+        finally:
+            spent = sum(self.trials.seconds.values()) - before
+            self._seconds["validation"] += time.perf_counter() - t0 - spent
 
     def _sample(self, spec: KernelSpec, seed: int, kind: str, device: Any) -> list[torch.Tensor]:
         if kind == "captured":
@@ -103,10 +154,7 @@ class Measurer:
         inputs off a 16-byte boundary) on the same trials, every input moved one element off;
         None if they pass, else why not."""
         runner = load_program(directory, self.spec, self.target.triton)
-        record = validate(lambda inputs: runner.run_poisoned([unaligned_copy(t) for t in inputs]), self.spec,
-                          self._sample, self.family.edge_kinds, device=self.device,
-                          extra_trials=len(self.extra_inputs), trial_cache=self._trials,
-                          reference_device=self.reference_device, resolve_ties=self.family.resolve_ties)
+        record = self._validate(lambda inputs: runner.run_poisoned([unaligned_copy(t) for t in inputs]))
         return None if record.ok else record.reason
 
     def evaluate(self, config: Config) -> Evaluation:
@@ -119,20 +167,14 @@ class Measurer:
             _, runner = self.build(config)
         except Exception as e:
             return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            # edge inputs (inf, NaN, huge) make the interpreter's numpy warn; validation judges them
-            warnings.simplefilter("ignore", RuntimeWarning)
-            record = validate(runner.run_poisoned, self.spec, self._sample, self.family.edge_kinds,
-                              device=self.device, extra_trials=len(self.extra_inputs),
-                              trial_cache=self._trials, reference_device=self.reference_device,
-                              resolve_ties=self.family.resolve_ties)
+        record = self._validate(runner.run_poisoned)
         if not record.ok:
             return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
         if not self.timed:
             return Evaluation(config.to_json(), True, 1.0, validation=record.to_json())
         inputs = self.bench_inputs()
         try:
-            cand = median_ms(lambda: runner(*inputs))
+            cand = self._time(lambda: median_ms(lambda: runner(*inputs)))
         except Exception as e:
             return Evaluation(config.to_json(), False, 0.0, error=f"benchmark failed: {_short(e)}",
                               validation=record.to_json())
@@ -147,7 +189,7 @@ class Measurer:
             return None
         _, runner = self.build(config)
         inputs = self.bench_inputs()
-        return paired_ms(lambda: self.spec.run_vendor(inputs), lambda: runner(*inputs), rounds)
+        return self._time(lambda: paired_ms(lambda: self.spec.run_vendor(inputs), lambda: runner(*inputs), rounds))
 
 
 def unaligned_copy(t: torch.Tensor) -> torch.Tensor:
@@ -167,3 +209,8 @@ def _short(e: BaseException) -> str:
     if len(text) > 600:
         text = text[:600] + " ..."
     return text if str(e) else "".join(traceback.format_exception_only(type(e), e)).strip()
+
+
+def phase_totals(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per phase (build, reference, validation, timing) over the summary rows of a run."""
+    return {p: round(sum((r.get("time") or {}).get(p, 0.0) for r in rows), 2) for p in PHASES}

@@ -4,7 +4,8 @@ Start from the family's seed configurations, in order; when they are spent, expa
 correct ones (their neighbours: one block size, warp count or stage count away), best first.
 The order is deterministic, so a resumed search takes up exactly where the journal stops.
 A candidate that faults the device (an illegal memory access leaves the CUDA context unusable)
-is journaled as failed, then DeviceFault ends the run; no later run evaluates it again.
+is journaled as failed, then DeviceFault ends the run, unless the fault was contained in a
+measure worker that was replaced (measure_worker.py); no later run evaluates it again.
 Measurement is injected (``evaluate``): the policy knows nothing of Triton or devices.
 """
 from __future__ import annotations
@@ -84,7 +85,7 @@ def run_search(spec: KernelSpec, family: KernelFamily, evaluate: Callable[[Confi
         record(result)
         evaluated[config.key] = result
         on_step(result)
-        if result.get("fault"):
+        if result.get("fault") and not result.get("contained"):
             raise DeviceFault(spec, result)
 
     correct = [r for r in evaluated.values() if r["correct"]]

@@ -1,5 +1,6 @@
 """Re-validate cached kernels: load each Triton entry as serving would, and validate it again on
-fresh seeds (and the edge kinds its family admits) against the float64 reference."""
+fresh seeds (and the edge kinds its family admits) against the float64 reference, and against
+the vendor op's output under the elementwise bar a stored kernel met."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,7 +47,8 @@ def verify_entries(cache: Any, target: Target, keys: Iterable[str] | None = None
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore", RuntimeWarning)
                 record = validate(runner.run_poisoned, spec, family.sample_inputs, family.edge_kinds,
-                                  seeds=VERIFY_SEEDS, device=device)
+                                  seeds=VERIFY_SEEDS, device=device, resolve_ties=family.resolve_ties,
+                                  elementwise_bar=True)
         except Exception as e:
             out.append(Verdict(key, spec.describe(), False, f"could not run: {type(e).__name__}: {e}"))
             continue

@@ -1,0 +1,74 @@
+"""The builder's worker pool: a worker that dies fails only the candidate it was building; the
+pool is started again and every other build, of this spec and the next, goes on."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fault_family import BUILD as FAMILY
+from kernel_testing import spec_of
+from torch_kernelize.fill_cache.builder import WORKER_DIED, Builder
+from torch_kernelize.fill_cache.journal import Journal
+from torch_kernelize.fill_cache.measure import Measurer
+from torch_kernelize.fill_cache.search import run_search
+from torch_kernelize.lowering.targets import get_target
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def test_a_worker_that_segfaults_fails_only_its_candidate_and_the_run_goes_on(tmp_path):
+    target = get_target("interpreter")
+    specs = [spec_of(torch.ops.aten.tanh.default, (torch.randn(40, 24),)),
+             spec_of(torch.ops.aten.sigmoid.default, (torch.randn(33, 17),))]
+    builder = Builder(target, workers=2, isolate=True)
+    try:
+        for spec in specs:  # both specs' seeds in flight at once, as fill_cache's look-ahead does
+            builder.submit(spec, FAMILY, FAMILY.seed_configs(spec)[:3])
+        journals = []
+        for spec in specs:
+            journal = Journal(tmp_path / f"{spec.key}.jsonl")
+            measurer = Measurer(spec, FAMILY, target, builder=builder)
+            result = run_search(spec, FAMILY, lambda c: measurer.evaluate(c).to_json(), 3, [], journal.append,
+                                prepare=measurer.prepare)
+            journals.append(journal.records())
+            assert len(result.evaluated) == 3 and result.best is not None
+        crashed = [r for rs in journals for r in rs if r["error"]]
+        assert len(crashed) == 2, crashed  # one candidate of each spec, and only those
+        for spec, records in zip(specs, journals):
+            for r in records:
+                from torch_kernelize.lowering.kernels import Config
+                if FAMILY.crashes(spec, Config.from_json(r["config"])):
+                    assert not r["correct"] and WORKER_DIED in r["error"], r
+                else:
+                    assert r["correct"], r
+        assert builder.restarts >= 2
+    finally:
+        builder.close()
+
+
+def test_a_candidate_that_kills_the_measure_worker_fails_alone_and_the_run_goes_on(tmp_path, monkeypatch):
+    from fault_family import MEASURE
+
+    import torch_kernelize.fill_cache.cli as cli
+    from torch_kernelize.fill_cache.collect import Work
+    from torch_kernelize.kernel_cache import KernelCache
+    from torch_kernelize.lowering.kernels import Config
+
+    monkeypatch.setattr(cli, "family_for", lambda spec: MEASURE)
+    target = get_target("interpreter")
+    specs = [spec_of(torch.ops.aten.tanh.default, (torch.randn(40, 24),)),
+             spec_of(torch.ops.aten.sigmoid.default, (torch.randn(33, 17),))]
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    run = cli.FillRun(target, cache, budget=3, resume=False, force=False, min_speedup=1.03, isolate=True)
+    rows = run.run([Work(s, "test") for s in specs], quiet=True)
+    assert [r["status"] for r in rows] == ["stored", "stored"], rows
+    for spec in specs:
+        records = Journal(cache.journal_path(spec.key)).records()
+        assert len(records) == 3
+        for r in records:
+            if MEASURE.crashes(spec, Config.from_json(r["config"])):
+                assert not r["correct"] and r["fault"] and r["contained"], r
+                assert "measure worker died" in r["error"] and "SIGSEGV" in r["error"], r
+            else:
+                assert r["correct"], r
+    assert run._worker.restarts == 2  # one fresh worker after each crash

@@ -1,0 +1,216 @@
+"""The trials of one spec, shared by all its candidates, within a memory budget.
+
+Each trial's inputs, float64 reference and vendor outputs are computed once (the reference on
+the device where it has float64, else on the CPU) and kept for the next candidates: on the
+device while they are small, else in host memory (moved back block by block as compared), and
+not at all beyond a share of the host's free memory (then recomputed, at a cost ``seconds``
+shows). Inputs come first within that share: they are drawn on the CPU, the dearest to redo.
+
+Before a spec is searched, ``check_fits`` compares what validating one candidate needs on the
+device with what is free there: a spec that cannot fit is reported "too large" and left to the
+vendor op, and never ends the run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Sequence
+
+import torch
+
+from torch_kernelize.lowering.kernels.base import to_device
+from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.validate import CHUNK_ELEMENTS, Trials
+
+log = logging.getLogger("torch_kernelize.fill_cache")
+
+DEVICE_KEEP_BYTES = 512 << 20   # kept trials stay on the device up to this (and the spec's own size)
+HOST_KEEP_SHARE = 0.25          # ... then in host memory, up to this share of what is available
+
+
+class SpecTooLarge(RuntimeError):
+    """Validating this spec does not fit in the device memory that is free: the vendor op runs it."""
+
+
+def free_device_memory(device: str | torch.device) -> int | None:
+    """Bytes a validation may still allocate on ``device``: free memory plus what torch's caching
+    allocator holds unused; None where there is no limit to check (the CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+class PeakMeter:
+    """The peak device memory allocated since it was made, beyond what was allocated then (None
+    off CUDA): what a spec's search cost in memory, to compare with ``spec_bytes``."""
+
+    def __init__(self, device: str | torch.device):
+        self.cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        if self.cuda:
+            self.before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+
+    def extra(self) -> int | None:
+        return int(torch.cuda.max_memory_allocated() - self.before) if self.cuda else None
+
+
+def available_host_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def has_float64(device: str | torch.device) -> bool:
+    device = torch.device(device)
+    if device.type in ("cpu", "cuda"):
+        return True
+    try:
+        torch.zeros(1, dtype=torch.float64, device=device)
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _bytes(metas: Sequence[TensorMeta], element_size: int | None = None) -> int:
+    return sum(m.numel * (element_size or torch.empty((), dtype=m.torch_dtype).element_size()) for m in metas)
+
+
+def spec_bytes(spec: KernelSpec) -> int:
+    """The spec's own inputs plus outputs, in bytes: what memory use is judged against."""
+    return _bytes(spec.inputs) + _bytes(spec.outputs)
+
+
+def validation_bytes(spec: KernelSpec, reference_on_device: bool) -> int:
+    """What validating one candidate on one trial holds on the device: the trials kept there, its
+    inputs, its outputs, the vendor op's outputs, the comparison's float64 blocks, and, with the
+    reference computed there, the float64 copies of inputs and outputs it runs on."""
+    outs = _bytes(spec.outputs)
+    largest = max((m.numel for m in spec.outputs), default=0)
+    kept = min(DEVICE_KEEP_BYTES, spec_bytes(spec))
+    need = kept + _bytes(spec.inputs) + 2 * outs + 8 * 8 * min(largest, CHUNK_ELEMENTS)
+    if reference_on_device:
+        need += _bytes(spec.inputs, 8) + _bytes(spec.outputs, 8)
+    return need
+
+
+class TrialStore(Trials):
+    """``validate.Trials`` that computes each trial once and keeps it for the spec's candidates."""
+
+    def __init__(self, spec: KernelSpec, sample_inputs: Callable[[KernelSpec, int, str, Any], list[torch.Tensor]],
+                 device: str | torch.device = "cpu", trials: int = 1):
+        """``trials``: how many trials validation has, so that every one's inputs can be kept
+        before any reference or vendor output is."""
+        super().__init__(spec, sample_inputs, device, device if has_float64(device) else "cpu")
+        self._inputs_to_come = trials * _bytes(spec.inputs)
+        self._inputs: dict[tuple, list[torch.Tensor]] = {}
+        self._refs: dict[tuple, tuple[torch.Tensor, ...] | None] = {}
+        self._vendor: dict[tuple, tuple[tuple[torch.Tensor, ...], bool]] = {}
+        self._on_device = 0
+        self._on_host = 0
+        self._device_budget = min(DEVICE_KEEP_BYTES, spec_bytes(spec))
+        self._host_budget = int(available_host_memory() * HOST_KEEP_SHARE)
+        self.computed = {"inputs": 0, "reference": 0, "vendor": 0}
+
+    # --- the memory plan ------------------------------------------------------------------------
+    def check_fits(self) -> None:
+        """Choose where references are computed; raise SpecTooLarge if even the CPU reference
+        leaves too little device memory to validate a candidate."""
+        free = free_device_memory(self.device)
+        if free is None:
+            return
+        on_device = torch.device(self.reference_device).type != "cpu"
+        if on_device and validation_bytes(self.spec, True) <= free:
+            return
+        need = validation_bytes(self.spec, False)
+        if need > free:
+            raise SpecTooLarge(f"validation needs ~{need / 2**30:.1f} GiB of device memory, "
+                               f"{free / 2**30:.1f} GiB are free")
+        if on_device:
+            log.info("%s: float64 references on the CPU (on the device they would not fit in %.1f GiB)",
+                     self.spec.describe()[:90], free / 2**30)
+            self.reference_device = "cpu"
+
+    def _keep(self, tensors: Sequence[torch.Tensor], inputs: bool = False) -> list[torch.Tensor] | None:
+        """``tensors`` where they are kept (the device, else the host), or None: not kept."""
+        size = sum(t.untyped_storage().nbytes() for t in tensors)
+        on_device = any(t.device.type != "cpu" for t in tensors)
+        if inputs:
+            self._inputs_to_come = max(0, self._inputs_to_come - _bytes(self.spec.inputs))
+        if on_device and self._on_device + size <= self._device_budget:  # small: they stay there
+            self._on_device += size
+            return list(tensors)
+        room = self._host_budget - (0 if inputs else self._inputs_to_come)
+        if self._on_host + size <= room:
+            self._on_host += size
+            return [to_device(t, "cpu") for t in tensors]
+        return None
+
+    def _oom(self, what: str) -> SpecTooLarge:
+        self.release()
+        return SpecTooLarge(f"out of device memory while computing the trials' {what}")
+
+    # --- Trials ---------------------------------------------------------------------------------
+    def inputs(self, seed: int, kind: str) -> list[torch.Tensor]:
+        kept = self._inputs.get((seed, kind))
+        if kept is not None:
+            return [to_device(t, self.device) for t in kept]
+        try:
+            inputs = super().inputs(seed, kind)
+        except torch.OutOfMemoryError:
+            raise self._oom("inputs") from None
+        self.computed["inputs"] += 1
+        kept = self._keep(inputs, inputs=True)
+        if kept is not None:
+            self._inputs[(seed, kind)] = kept
+        return inputs
+
+    def reference(self, seed: int, kind: str, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
+        if (seed, kind) in self._refs:
+            return self._refs[(seed, kind)]
+        try:
+            ref = super().reference(seed, kind, inputs)
+        except torch.OutOfMemoryError:
+            if torch.device(self.reference_device).type == "cpu":
+                raise self._oom("float64 references") from None
+            torch.cuda.empty_cache()
+            log.info("%s: float64 references on the CPU (out of device memory)", self.spec.describe()[:90])
+            self.reference_device = "cpu"
+            return self.reference(seed, kind, inputs)
+        self.computed["reference"] += 1
+        if ref is None:
+            self._refs[(seed, kind)] = None
+            return None
+        kept = self._keep(ref)
+        if kept is not None:
+            self._refs[(seed, kind)] = tuple(kept)
+        return ref
+
+    def vendor(self, seed: int, kind: str, inputs: Sequence[torch.Tensor],
+               ref: Sequence[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], bool]:
+        if (seed, kind) in self._vendor:
+            return self._vendor[(seed, kind)]
+        try:
+            out, far = super().vendor(seed, kind, inputs, ref)
+        except torch.OutOfMemoryError:
+            raise self._oom("vendor outputs") from None
+        self.computed["vendor"] += 1
+        kept = self._keep(out)
+        if kept is not None:
+            self._vendor[(seed, kind)] = (tuple(kept), far)
+        return out, far
+
+    def release(self) -> None:
+        """Drop everything kept (the spec is done, or the device ran out of memory)."""
+        self._inputs.clear()
+        self._refs.clear()
+        self._vendor.clear()
+        self._on_device = self._on_host = 0
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.empty_cache()
