@@ -359,7 +359,10 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
                 vendor_judged.append(kind)
         if not c.ok:
             return failed(n, seed, kind, c, by)
-        if bars and far:
+        if bars and (far or kind not in ("random", "captured")):
+            # users' allclose is a check on inputs like theirs: on edge trials (values near
+            # overflow, inf, NaN) two right fp32 GEMMs differ by more than 1e-4 on elements that
+            # cancel; those trials are judged by the float64 reference (and the vendor) above
             waived.append(kind)
         elif bars:
             e = compare_elementwise(settle(spec, inputs, outs, vendor), vendor, spec)
