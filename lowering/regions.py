@@ -427,6 +427,11 @@ def region_graph(spec: KernelSpec) -> dict[str, Any]:
     return json.loads(spec.graph)
 
 
+def spec_ops(spec: KernelSpec) -> list[str]:
+    """The ATen ops a spec computes: its op, or every node's op of a fused region."""
+    return [n["op"] for n in region_graph(spec)["nodes"]] if spec.graph is not None else [spec.op]
+
+
 def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run a region's nodes one by one with ATen on the tensors' device (vendor and reference)."""
     graph = region_graph(spec)

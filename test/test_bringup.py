@@ -207,6 +207,21 @@ def test_a_decomposition_into_ops_nothing_runs_is_not_taken_over_a_family():
     assert "aten.isnan.default" in clamp.rejected["decompose"]
 
 
+def test_fill_stores_a_slower_kernel_for_an_op_the_vendor_cannot_run():
+    # "vendor wins" means the target's library runs the op; on a bring-up chip it does not
+    from torch_kernelize.fill_cache.cli import ops_not_on_vendor
+    from torch_kernelize.lowering.regions import find_regions, region_spec
+    from torch_kernelize.planner import build_spec
+    x = torch.randn(8, 16)
+    gm = make_fx(lambda x: (x * 2).relu(), tracing_mode="fake")(x)
+    mul = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
+    spec = build_spec(mul, {})
+    assert ops_not_on_vendor(_chip(), spec) == []
+    assert ops_not_on_vendor(_chip(supported=["aten.relu"]), spec) == ["aten.mul.Tensor"]
+    [region] = find_regions(gm, _chip(supported=["aten.mul"]))
+    assert ops_not_on_vendor(_chip(supported=["aten.mul"]), region_spec(region, {})) == ["aten.relu.default"]
+
+
 # --- 5. no backend exception where aot_eager compiles --------------------------------------------
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])

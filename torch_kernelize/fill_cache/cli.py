@@ -34,7 +34,8 @@ from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureW
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
 from torch_kernelize.lowering.kernels import Config, family_for
-from torch_kernelize.lowering.targets import Target, get_target
+from torch_kernelize.lowering.regions import spec_ops
+from torch_kernelize.lowering.targets import Target, get_target, resolve_op
 from torch_kernelize.options import OPTIONS, default_cache_dir
 
 log = logging.getLogger("torch_kernelize.fill_cache")
@@ -79,6 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.budget is not None and args.budget < 1:
         p.error("--budget must be at least 1")
     return args
+
+
+def ops_not_on_vendor(target: Target, spec: Any) -> list[str]:
+    """The ops of ``spec`` that the target's own library does not run. Where there are any (a
+    bring-up chip), "vendor wins" would leave them to the host fallback: the fastest correct
+    Triton candidate is stored whatever its speed against ATen's kernel."""
+    return sorted(op for op in set(spec_ops(spec)) if not target.vendor_runs(resolve_op(op)))
 
 
 class FillRun:
@@ -182,14 +190,18 @@ class FillRun:
         record = {"format": 1, "key": spec.key, "spec": spec.to_json(), "family": family.name,
                   "config": best["config"], "validation": best["validation"], "timings": timings,
                   "provenance": self.provenance(family.name, result)}
-        if best["measured"] and best["fitness"] <= self.min_speedup:
+        if best["measured"] and best["fitness"] <= self.min_speedup and not ops_not_on_vendor(self.target, spec):
             record.update(winner="vendor", note=f"vendor wins: best Triton candidate ran at "
                           f"{best['fitness']:.3f}x the vendor kernel")
             self.cache.put(record, None, replace=True if work.replace else self.force)
             row.update(status="vendor wins", winner=f"vendor (best {family.name} {best['fitness']:.2f}x)",
                        speedup=best["fitness"])
             return row
-        record.update(winner="triton", note="" if best["measured"] else INTERPRETER_NOTE)
+        note = "" if best["measured"] else INTERPRETER_NOTE
+        if best["measured"] and best["fitness"] <= self.min_speedup:
+            note = (f"stored although it ran at {best['fitness']:.3f}x the vendor kernel: the target's vendor "
+                    f"does not run {', '.join(ops_not_on_vendor(self.target, spec))}")
+        record.update(winner="triton", note=note)
         pending = False
         try:
             built, _ = measurer.build(Config.from_json(best["config"]))
