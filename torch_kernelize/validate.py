@@ -80,10 +80,28 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
     bad = diff > atol * scale + rtol * r.abs()
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0]) if bad.dim() else 0
+        where = _index_of(finite, i)
         return Comparison(False, max_abs, max_rel, max_err=max_abs / scale, reason=
-                          f"{int(bad.sum())} element(s) out of tolerance (atol {atol:g}x{scale:.3g}, rtol {rtol:g}); "
-                          f"first: got {float(o.flatten()[i]):.6g}, expected {float(r.flatten()[i]):.6g}")
+                          f"{int(bad.sum())} element(s) out of tolerance (atol {atol:g}x{scale:.3g}, rtol {rtol:g}), "
+                          f"max error {max_abs / scale:.3g}; first at index {where}: got {float(o.flatten()[i]):.6g}, "
+                          f"expected {float(r.flatten()[i]):.6g}")
     return Comparison(True, max_abs, max_rel, max_err=max_abs / scale)
+
+
+def _index_of(mask: torch.Tensor, i: int) -> tuple[int, ...]:
+    """The index in ``mask``'s shape of its ``i``-th True element."""
+    return tuple(int(v) for v in mask.nonzero()[i]) if mask.dim() else ()
+
+
+def changed_input(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) -> str | None:
+    """Which input a run wrote to (bit for bit, NaN equal to NaN), and where; None if none."""
+    for n, (b, a) in enumerate(zip(before, after)):
+        if not isinstance(b, torch.Tensor):
+            continue
+        same = (a == b) | (a.isnan() & b.isnan()) if b.is_floating_point() else a == b
+        if not bool(same.all()):
+            return f"input {n} at index {_index_of(~same, 0)} ({int((~same).sum())} element(s) changed)"
+    return None
 
 
 def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec: KernelSpec,
@@ -176,6 +194,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
             inputs, ref = cached
         if ref is None:
             continue
+        before = [t.clone() for t in inputs]
         try:
             outs = run(inputs)
             if device != "cpu" and torch.device(device).type == "cuda":
@@ -183,6 +202,13 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
         except Exception as e:
             return ValidationRecord(False, list(seeds), [k for _, k in trials], n, math.inf, math.inf, tol,
                                     f"trial {n} ({kind}, seed {seed}) raised {type(e).__name__}: {e}")
+        written = changed_input(before, inputs)
+        if written is not None:
+            if trial_cache is not None:  # the trial is shared with the next candidate: draw it again
+                trial_cache.pop((seed, kind), None)
+            return ValidationRecord(False, list(seeds), [k for _, k in trials], n, math.inf, math.inf, tol,
+                                    f"trial {n} ({kind}, seed {seed}): the kernel wrote to its {written}; "
+                                    "a kernel must leave its inputs as they were")
         c = compare_all(settle(spec, inputs, outs, ref), ref, spec)
         if not c.ok and kind not in ("random", "captured"):
             # On edge inputs (near overflow, inf, NaN) the vendor op may itself leave the float64

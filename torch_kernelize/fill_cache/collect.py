@@ -33,11 +33,13 @@ class Work:
     covered_by: list[str] = dataclasses.field(default_factory=list)  # region specs holding this node
     node: tuple[str, str] | None = None          # (graph, node) a node spec came from
     members: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # a region's nodes
+    candidate: bool = False  # a candidate file is given for it (--candidate): searched even if cached
 
     @property
     def replace(self) -> bool:
-        """A repro that shows a wrong or failing cached kernel: its entry must be replaced."""
-        return self.kind in ("mismatch", "failure")
+        """A repro that shows a wrong or failing cached kernel, or a spec a candidate file is given
+        for: it is searched again and its entry replaced by the winner."""
+        return self.kind in ("mismatch", "failure") or self.candidate
 
 
 def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
