@@ -77,7 +77,7 @@ class Candidate:
 
     @property
     def config(self) -> Config:
-        return Config.of(external=self.sha256)
+        return Config.of(external=self.sha256[:16])  # the entry's provenance keeps the whole sha256
 
     def describe(self) -> str:
         return f"{self.path.name} (sha256 {self.sha256[:12]})"
@@ -86,7 +86,7 @@ class Candidate:
 class CandidateGenerator(KernelFamily):
     """The candidates given for one spec, competing with the spec's own family (if it has one).
 
-    Each candidate is one configuration (``external=<sha256>``), evaluated first; the family's
+    Each candidate is one configuration (``external=<sha256 prefix>``), evaluated first; the family's
     configurations follow with the run's usual budget. The input domain, edge kinds and tie
     rules are the family's: the harness, not the candidate, says what a correct kernel is.
     """
@@ -94,7 +94,7 @@ class CandidateGenerator(KernelFamily):
     name = GENERATOR
 
     def __init__(self, candidates: Sequence[Candidate], base: KernelFamily | None):
-        self.candidates = {c.sha256: c for c in candidates}
+        self.candidates = {c.config["external"]: c for c in candidates}
         self.base = base
         if base is not None:
             self.name = f"{base.name}+{GENERATOR}"
@@ -109,7 +109,7 @@ class CandidateGenerator(KernelFamily):
         if sha is None:
             return None
         if sha not in self.candidates:
-            raise UsageError(f"the journal names candidate sha256 {sha[:12]}, which this run was not given: "
+            raise UsageError(f"the journal names candidate sha256 {sha}..., which this run was not given: "
                              "give its file with --candidate again, or search without --resume")
         return self.candidates[sha]
 
