@@ -1,0 +1,135 @@
+"""`make demo-external`: a kernel from outside the project, from reproducer to served kernel, on CPU.
+
+The chip's vendor library lacks aten.logcumsumexp, which has no decomposition and no kernel
+family here: nothing on the chip can run it.
+
+  1. compile + run a model that uses it: the op runs on the host fallback and leaves a reproducer;
+  2. `tools/repros.py task` turns the reproducer into a task (task.md + check_candidate.py);
+  3. the task's check_candidate.py accepts the candidate file shipped in examples/;
+  4. fill_cache --repros ... --candidate FILE records its launches, validates and stores it
+     (provenance "external", the file's sha256);
+  5. a new process compiles again: the op now runs that kernel on the triton tier.
+
+    python -m torch_kernelize.demo_external [--candidate FILE] [--workdir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import torch
+
+CHIP = """\
+name = "scan-chip"
+device = "cpu"
+triton = "interpreter"
+[ops]
+unsupported = ["aten.logcumsumexp"]
+"""
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "logcumsumexp_candidate.py"
+
+RUN_MODEL = """
+import json, logging, sys, torch
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+logging.getLogger("torch_kernelize.fallbacks").setLevel(logging.WARNING)
+from torch_kernelize.demo_external import make_model
+model, inputs = make_model()
+compiled = torch.compile(model, backend="kernelize", options={options!r})
+with torch.no_grad():
+    got, want = compiled(*inputs), model(*inputs)
+print(json.dumps({{"max_abs_diff_vs_eager": (got - want).abs().max().item()}}))
+"""
+
+
+class LogSpaceScan(torch.nn.Module):
+    """Running log-normalizers of scaled scores (a log-space prefix sum, as in CTC or linear
+    recurrences), relative to the last one."""
+
+    def __init__(self, scale: float = 0.5):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        running = torch.logcumsumexp(scores * self.scale, dim=-1)
+        return running - running[:, -1:]
+
+
+def make_model() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    return LogSpaceScan(), (torch.randn(8, 64, generator=torch.Generator().manual_seed(0)),)
+
+
+def banner(text: str) -> None:
+    print(f"\n{'=' * 100}\n{text}\n{'=' * 100}", flush=True)
+
+
+def run(cmd: list[str], cwd: Path, show: int | None = None) -> subprocess.CompletedProcess:
+    print(f"$ {' '.join(cmd)}", flush=True)
+    proc = subprocess.run(cmd, cwd=cwd, text=True, capture_output=True)
+    lines = proc.stdout.splitlines()
+    sys.stdout.write("\n".join(lines if show is None else lines[-show:]) + "\n")
+    if proc.returncode not in (0, 1):
+        sys.stdout.write(proc.stderr)
+    return proc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--candidate", type=Path, default=EXAMPLE, help=f"the candidate file (default: {EXAMPLE.name})")
+    p.add_argument("--workdir", type=Path, default=None, help="where the chip file, cache and repros go")
+    args = p.parse_args(argv)
+    candidate = args.candidate.resolve()
+    work = (args.workdir or Path(tempfile.mkdtemp(prefix="kernelize-external-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    chip, cache, repros = work / "chip.toml", work / "cache", work / "repros"
+    chip.write_text(CHIP)
+    options = {"target": str(chip), "cache_dir": str(cache), "repro_dir": str(repros)}
+    py = sys.executable
+    print(f"workdir: {work}\nchip description ({chip.name}):\n{textwrap.indent(CHIP, '    ')}")
+
+    banner("1. compile and run on the chip: aten.logcumsumexp has nothing to run it, a reproducer is written")
+    first = run([py, "-c", RUN_MODEL.format(options=options)], work)
+    folder = next((f.parent for f in repros.glob("*/spec.json")
+                   if json.loads(f.read_text())["op"] == "aten.logcumsumexp.default"), None)
+    if first.returncode != 0 or folder is None:
+        print(first.stderr)
+        return 1
+
+    banner("2. the reproducer becomes a task for a person or an agent")
+    if run([py, "-m", "torch_kernelize.repro.listing", "task", str(folder)], work).returncode != 0:
+        return 1
+    task = (folder / "task.md").read_text().splitlines()
+    print(textwrap.indent("\n".join(task[:40]), "    ") + "\n    ...")
+
+    banner(f"3. the task's check_candidate.py judges {candidate.name} as fill_cache will")
+    if run([py, str(folder / "check_candidate.py"), str(candidate), "--target", str(chip)], folder,
+           show=1).returncode != 0:
+        return 1
+
+    banner("4. fill_cache records the candidate's launches, validates it and stores the winner")
+    filled = run([py, "-m", "torch_kernelize.fill_cache", "--quiet", "--repros", str(repros), "--target", str(chip),
+                  "--cache-dir", str(cache), "--candidate", str(candidate)], work)
+    if filled.returncode != 0:
+        print(filled.stderr)
+        return 1
+    spec_key = json.loads((folder / "spec.json").read_text())["spec"]["key"]
+    entry = next(cache.glob(f"*/entries/{spec_key}/entry.json"))
+    record = json.loads(entry.read_text())
+    print(f"\ncache entry {entry.parent.name}: family {record['family']!r}, candidate "
+          f"{json.dumps(record['provenance'].get('candidate'))}")
+
+    banner("5. a new process compiles again: the op runs the candidate's recorded kernel on the triton tier")
+    report = work / "report.json"
+    second = run([py, "-c", RUN_MODEL.format(options=dict(options, repro_dir="off", report=str(report)))], work)
+    nodes = [n for g in json.loads(report.read_text())["graphs"] for n in g["nodes"]] if report.exists() else []
+    on_triton = any(n["op"] == "aten.logcumsumexp.default" and n["tier"] == "triton" for n in nodes)
+    print(f"\naten.logcumsumexp.default on the triton tier: {on_triton}")
+    return 0 if second.returncode == 0 and on_triton and record["family"] == "external" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
