@@ -269,6 +269,9 @@ def test_candidate_file_to_served_kernel(tmp_path):
     assert record["provenance"]["generator"] == "external" and record["validation"]["ok"]
     program = json.loads(next(cache.glob(f"*/entries/{spec.key}/program/program.json")).read_text())
     assert [l["kernel"] for l in program["launches"]] == ["logcumsumexp_kernel"]
+    from torch_kernelize.fill_cache.verify import verify_entries
+    verdict, = verify_entries(store, get_target(str(chip)), [spec.key])  # tools/cache.py verify
+    assert verdict.ok, verdict.detail
 
     torch._dynamo.reset()
     model, inputs = make_model()

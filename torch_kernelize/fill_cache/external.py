@@ -142,9 +142,12 @@ class CandidateGenerator(KernelFamily):
 
     def record(self, spec: KernelSpec, candidate: Candidate) -> KernelProgram:
         """The candidate's launches for ``spec``, recorded on two draws of inputs that must agree."""
+        # on the spec's device where there is one (a launcher may allocate there); nothing runs
+        device = spec.inputs[0].device if spec.inputs else "cpu"
+        device = device if device == "cpu" or torch.cuda.is_available() else "cpu"
         programs = []
         for seed in RECORD_SEEDS:
-            inputs = self.sample_inputs(spec, seed)
+            inputs = self.sample_inputs(spec, seed, "random", device)
             programs.append(record_program(candidate.launch, inputs, spec, candidate.source, candidate.module))
         if programs[0].describe() != programs[1].describe():
             raise RecordingError("launch() made different launches for two inputs of the same shapes, strides and "
