@@ -205,10 +205,10 @@ def test_a_candidate_must_say_what_it_is_for_and_match_something(tmp_path):
 
 def _repro(tmp_path: Path) -> tuple[Path, Path, Path]:
     """A chip without aten.logcumsumexp, a model using it compiled once: (chip, repros, folder)."""
-    from torch_kernelize.demo_external import make_model
+    from torch_kernelize.examples import make_log_scan
     chip = write_target(tmp_path / "chip.toml", unsupported=["aten.logcumsumexp"])
     repros = tmp_path / "repros"
-    model, inputs = make_model()
+    model, inputs = make_log_scan()
     compiled = torch.compile(model, backend="kernelize", options={
         "target": str(chip), "cache_dir": str(tmp_path / "cache"), "repro_dir": str(repros)})
     with torch.no_grad():
@@ -250,7 +250,7 @@ def test_the_task_writer_and_its_checker(tmp_path):
 def test_candidate_file_to_served_kernel(tmp_path):
     from torch_kernelize.fill_cache.cli import main
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.demo_external import make_model
+    from torch_kernelize.examples import make_log_scan
 
     chip, repros, folder = _repro(tmp_path)
     cache = tmp_path / "cache"
@@ -274,7 +274,7 @@ def test_candidate_file_to_served_kernel(tmp_path):
     assert verdict.ok, verdict.detail
 
     torch._dynamo.reset()
-    model, inputs = make_model()
+    model, inputs = make_log_scan()
     report = tmp_path / "report.json"
     compiled = torch.compile(model, backend="kernelize", options={
         "target": str(chip), "cache_dir": str(cache), "repro_dir": "off", "report": str(report),
@@ -285,3 +285,12 @@ def test_candidate_file_to_served_kernel(tmp_path):
     nodes = [n for g in json.loads(report.read_text())["graphs"] for n in g["nodes"]]
     node, = (n for n in nodes if n["op"] == "aten.logcumsumexp.default")
     assert node["tier"] == "triton", node
+
+
+def test_demo_external_runs_end_to_end(tmp_path):
+    """The documented second demo command (make demo-external)."""
+    proc = subprocess.run([sys.executable, "-m", "torch_kernelize.demo_external", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "ACCEPTED" in proc.stdout and "family 'external'" in proc.stdout
+    assert "aten.logcumsumexp.default on the triton tier: True" in proc.stdout

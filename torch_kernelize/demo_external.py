@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
-import torch
+from torch_kernelize.demo import banner, model_script, run
 
 CHIP = """\
 name = "scan-chip"
@@ -32,49 +31,6 @@ triton = "interpreter"
 unsupported = ["aten.logcumsumexp"]
 """
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "logcumsumexp_candidate.py"
-
-RUN_MODEL = """
-import json, logging, sys, torch
-logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-logging.getLogger("torch_kernelize.fallbacks").setLevel(logging.WARNING)
-from torch_kernelize.demo_external import make_model
-model, inputs = make_model()
-compiled = torch.compile(model, backend="kernelize", options={options!r})
-with torch.no_grad():
-    got, want = compiled(*inputs), model(*inputs)
-print(json.dumps({{"max_abs_diff_vs_eager": (got - want).abs().max().item()}}))
-"""
-
-
-class LogSpaceScan(torch.nn.Module):
-    """Running log-normalizers of scaled scores (a log-space prefix sum, as in CTC or linear
-    recurrences), relative to the last one."""
-
-    def __init__(self, scale: float = 0.5):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        running = torch.logcumsumexp(scores * self.scale, dim=-1)
-        return running - running[:, -1:]
-
-
-def make_model() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    return LogSpaceScan(), (torch.randn(8, 64, generator=torch.Generator().manual_seed(0)),)
-
-
-def banner(text: str) -> None:
-    print(f"\n{'=' * 100}\n{text}\n{'=' * 100}", flush=True)
-
-
-def run(cmd: list[str], cwd: Path, show: int | None = None) -> subprocess.CompletedProcess:
-    print(f"$ {' '.join(cmd)}", flush=True)
-    proc = subprocess.run(cmd, cwd=cwd, text=True, capture_output=True)
-    lines = proc.stdout.splitlines()
-    sys.stdout.write("\n".join(lines if show is None else lines[-show:]) + "\n")
-    if proc.returncode not in (0, 1):
-        sys.stdout.write(proc.stderr)
-    return proc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workdir: {work}\nchip description ({chip.name}):\n{textwrap.indent(CHIP, '    ')}")
 
     banner("1. compile and run on the chip: aten.logcumsumexp has nothing to run it, a reproducer is written")
-    first = run([py, "-c", RUN_MODEL.format(options=options)], work)
+    first = run([py, "-c", model_script(options, "make_log_scan")], work)
     folder = next((f.parent for f in repros.glob("*/spec.json")
                    if json.loads(f.read_text())["op"] == "aten.logcumsumexp.default"), None)
     if first.returncode != 0 or folder is None:
@@ -106,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     print(textwrap.indent("\n".join(task[:40]), "    ") + "\n    ...")
 
     banner(f"3. the task's check_candidate.py judges {candidate.name} as fill_cache will")
-    if run([py, str(folder / "check_candidate.py"), str(candidate), "--target", str(chip)], folder,
-           show=1).returncode != 0:
+    if run([py, str(folder / "check_candidate.py"), str(candidate), "--target", str(chip)], folder).returncode != 0:
         return 1
 
     banner("4. fill_cache records the candidate's launches, validates it and stores the winner")
@@ -124,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     banner("5. a new process compiles again: the op runs the candidate's recorded kernel on the triton tier")
     report = work / "report.json"
-    second = run([py, "-c", RUN_MODEL.format(options=dict(options, repro_dir="off", report=str(report)))], work)
+    second = run([py, "-c", model_script(dict(options, repro_dir="off", report=str(report)), "make_log_scan")], work)
     nodes = [n for g in json.loads(report.read_text())["graphs"] for n in g["nodes"]] if report.exists() else []
     on_triton = any(n["op"] == "aten.logcumsumexp.default" and n["tier"] == "triton" for n in nodes)
     print(f"\naten.logcumsumexp.default on the triton tier: {on_triton}")
