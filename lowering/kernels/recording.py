@@ -53,9 +53,10 @@ _FILLS = {aten.fill_.Scalar: lambda a: a[1], aten.zero_.default: lambda a: 0}
 _HARMLESS = {aten.detach.default, aten.alias.default, aten.lift_fresh.default}
 # Launch options a recorded launch keeps; others would change the binary in ways not stored
 _OPTIONS = ("num_warps", "num_stages")
-# CUDA stream APIs: a launcher must launch on the caller's current stream
-_STREAM_APIS = [(torch.cuda, n) for n in ("Stream", "ExternalStream", "stream", "set_stream", "StreamContext")]
-_STREAM_APIS += [(torch, "Stream")] + ([(torch.accelerator, "set_stream")] if hasattr(torch, "accelerator") else [])
+# Stream APIs, refused while recording: a launcher must launch on the caller's current stream
+_STREAM_APIS = [(torch.cuda, "torch.cuda." + n) for n in ("Stream", "ExternalStream", "stream", "set_stream",
+                                                            "StreamContext")]
+_STREAM_APIS += [(torch, "torch.Stream"), (getattr(torch, "accelerator", None), "torch.accelerator.set_stream")]
 
 
 class RecordingError(ValueError):
@@ -119,7 +120,7 @@ def _scalar(v: Any) -> float | int | None:
 
 def _refuse_streams(name: str) -> Callable:
     def refuse(*args, **kwargs):
-        raise RecordingError(f"launch() used torch.{name}: work on a stream of its own escapes the timer and "
+        raise RecordingError(f"launch() used {name}: work on a stream of its own escapes the timer and "
                              "the caller's ordering; launch every kernel on the current stream")
     return refuse
 
@@ -140,13 +141,14 @@ def record_program(launcher: Callable, inputs: Sequence[torch.Tensor], spec: Ker
         recorder.launches.append((self, args, kwargs, grid))
 
     args, kwargs = spec.build_args(list(inputs))
+    # Class-wide while it lasts: fill_cache records on its one measuring thread, nothing launches beside it
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(JITFunction, "run", run))
         stack.enter_context(mock.patch.object(InterpretedFunction, "run", run))
-        for owner, name in _STREAM_APIS:
-            if hasattr(owner, name):
-                prefix = "cuda." if owner is torch.cuda else "accelerator." if owner is not torch else ""
-                stack.enter_context(mock.patch.object(owner, name, _refuse_streams(prefix + name)))
+        for owner, label in _STREAM_APIS:
+            name = label.rsplit(".", 1)[1]
+            if owner is not None and hasattr(owner, name):
+                stack.enter_context(mock.patch.object(owner, name, _refuse_streams(label)))
         stack.enter_context(recorder)
         result = launcher(*args, **kwargs)
     launches = [_launch_fields(recorder, fn, a, k, grid, module) for fn, a, k, grid in recorder.launches]

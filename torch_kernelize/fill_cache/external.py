@@ -209,7 +209,7 @@ def with_candidates(paths: Sequence[Path], work: Sequence[Work]) -> Callable[[Ke
 def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     """Exit 0: the candidate is correct (and, on a GPU, its time beside the vendor kernel's);
     1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments)."""
-    from torch_kernelize.fill_cache.collect import specs_from_repros
+    from torch_kernelize.fill_cache.collect import repro_work
     from torch_kernelize.fill_cache.measure import Measurer
     from torch_kernelize.lowering.targets import get_target
 
@@ -219,13 +219,15 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         target = get_target(args.target or ("cuda" if torch.cuda.is_available() else "interpreter"))
-        work = next(w for w in specs_from_repros(repro.parent) if Path(w.source).resolve() == repro.resolve())
+        work = repro_work(repro)
+        if work is None:
+            raise UsageError(f"{repro / 'spec.json'} cannot be read")
         candidate, = load_candidates([args.candidate])
         if not candidate.is_for(work.spec):
             raise UsageError(f"{candidate.describe()} does not say it is for this spec: add "
                              f"SPECS = [{work.spec.key!r}] (or OP = {work.spec.op!r})")
-    except (UsageError, StopIteration, ValueError) as e:
-        print(f"check_candidate: error: {e or 'no reproducer in ' + str(repro)}", file=sys.stderr)
+    except (UsageError, ValueError) as e:
+        print(f"check_candidate: error: {e}", file=sys.stderr)
         return 2
     generator = CandidateGenerator([candidate], family_for(work.spec))
     measurer = Measurer(work.spec, generator, target, [work.captured] if work.captured else [])
