@@ -74,6 +74,18 @@ def test_intermediate_buffers_and_several_launches_are_recorded():
     assert ev.correct, ev.error
 
 
+def test_recorded_programs_compile_for_sm90(tmp_path):
+    """What serving on the GPU loads: one cubin per recorded launch, compiled here (no GPU)."""
+    from torch_kernelize.build import write_program
+    x = torch.randn(6, 100)
+    spec = KernelSpec.from_call(aten.sum.dim_IntList, [x, [-1]], {}, x.sum(-1))
+    candidate = Candidate(CANDIDATES / "sum_two_pass.py")
+    program = CandidateGenerator([candidate], None).generate(spec, candidate.config)
+    files = write_program(tmp_path, spec, program, "cuda", ("cuda", 90, 32))
+    assert {"launch0.cubin", "launch1.cubin"} <= set(files)
+    assert (tmp_path / "kernel.py").read_text() == candidate.source
+
+
 @pytest.mark.parametrize("name, where, expected", [
     ("sigmoid_writes_input.py", "validation", "the kernel wrote to its input 0 at index (0, 0)"),
     ("sigmoid_returns_input.py", "recording", "output 0 is input 0"),

@@ -65,10 +65,13 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
         extra = int((out_nan & ~ref_nan).sum())
         missing = int((ref_nan & ~out_nan).sum())
         return Comparison(False, math.inf, math.inf,
-                          f"NaN mismatch: {extra} unexpected NaN (unwritten or wrong), {missing} missing")
+                          f"NaN mismatch: {extra} unexpected NaN (unwritten or wrong), {missing} missing; first at "
+                          f"index {_index_of(ref_nan != out_nan, 0)}")
     ref_inf, out_inf = ref64.isinf(), out64.isinf()
     if not torch.equal(ref_inf, out_inf) or not torch.equal(ref64[ref_inf], out64[out_inf]):
-        return Comparison(False, math.inf, math.inf, "infinities differ from the reference")
+        differ = (ref_inf != out_inf) | (ref_inf & (ref64 != out64))
+        return Comparison(False, math.inf, math.inf,
+                          f"infinities differ from the reference; first at index {_index_of(differ, 0)}")
     finite = ~(ref_nan | ref_inf)
     r, o = ref64[finite], out64[finite]
     if r.numel() == 0:
