@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None, help="where the chip file, cache and repros go")
     args = p.parse_args(argv)
     candidate = args.candidate.resolve()
+    if not candidate.is_file():  # a regular install has no examples/: it ships in the repository
+        print(f"error: no candidate file {candidate}; give one with --candidate (the repository's "
+              f"examples/{EXAMPLE.name})", file=sys.stderr)
+        return 2
     work = (args.workdir or Path(tempfile.mkdtemp(prefix="kernelize-external-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     chip, cache, repros = work / "chip.toml", work / "cache", work / "repros"
