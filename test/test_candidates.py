@@ -306,3 +306,11 @@ def test_demo_external_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "ACCEPTED" in proc.stdout and "family 'external'" in proc.stdout
     assert "aten.logcumsumexp.default on the triton tier: True" in proc.stdout
+
+
+def test_fill_cache_exits_2_for_a_candidate_no_reproducer_is_for(tmp_path, capsys):
+    from torch_kernelize.fill_cache.cli import main
+    (tmp_path / "repros").mkdir()
+    code = main(["--quiet", "--repros", str(tmp_path / "repros"), "--target", "interpreter", "--cache-dir",
+                 str(tmp_path / "cache"), "--candidate", str(CANDIDATES / "sigmoid_ok.py")])
+    assert code == 2 and "it is for op aten.sigmoid.default, which no reproducer" in capsys.readouterr().err
