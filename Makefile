@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv clean
+.PHONY: demo demo-external test venv clean
 
 venv: $(VENV)/.installed
 
@@ -19,6 +19,10 @@ $(VENV)/.installed: pyproject.toml
 
 demo: venv
 	$(PY) -m torch_kernelize.demo
+
+# A kernel from outside the project: reproducer -> task -> examples/ candidate -> fill_cache -> triton tier
+demo-external: venv
+	$(PY) -m torch_kernelize.demo_external
 
 test: venv
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)

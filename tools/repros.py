@@ -1,4 +1,4 @@
-"""List or replay reproducers from a checkout: python tools/repros.py {list,replay} DIR [...].
+"""Reproducers from a checkout: python tools/repros.py {list,replay} DIR [...] | task REPRO_FOLDER.
 
 The implementation is installed with the package (torch_kernelize.repro.listing) so that a
 production machine without this checkout can replay repros too.

@@ -33,13 +33,18 @@ RUN_MODEL = """
 import json, logging, sys, torch
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
 logging.getLogger("torch_kernelize.fallbacks").setLevel(logging.WARNING)
-from torch_kernelize.examples import make_demo
-model, inputs = make_demo()
+from torch_kernelize.examples import {maker}
+model, inputs = {maker}()
 compiled = torch.compile(model, backend="kernelize", options={options!r})
 with torch.no_grad():
     got, want = compiled(*inputs), model(*inputs)
 print(json.dumps({{"max_abs_diff_vs_eager": (got - want).abs().max().item()}}))
 """
+
+
+def model_script(options: dict, maker: str = "make_demo") -> str:
+    """Python source that compiles and runs ``torch_kernelize.examples.<maker>`` with ``options``."""
+    return RUN_MODEL.format(options=options, maker=maker)
 
 
 def banner(text: str) -> None:
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workdir: {work}\nchip description ({chip.name}):\n{textwrap.indent(CHIP, '    ')}")
 
     banner("1. compile and run the example on the chip: the coverage report")
-    first = run([py, "-c", RUN_MODEL.format(options=options)], work)
+    first = run([py, "-c", model_script(options)], work)
     if first.returncode != 0:
         print(first.stderr)
         return 1
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     banner("4. a new process compiles again: the same nodes now run on the triton tier")
-    second = run([py, "-c", RUN_MODEL.format(options=dict(options, repro_dir="off"))], work)
+    second = run([py, "-c", model_script(dict(options, repro_dir="off"))], work)
     if second.returncode != 0:
         print(second.stderr)
         return 1

@@ -136,6 +136,25 @@ def make_inplace(batch: int = 4):
     return _seeded(InPlace(), torch.randn(batch, 16))
 
 
+class LogSpaceScan(nn.Module):
+    """Running log-normalizers of scaled scores (a log-space prefix sum, as in CTC or linear
+    recurrences), relative to the last one: aten.logcumsumexp, which no kernel family generates
+    (demo_external's op)."""
+
+    def __init__(self, scale: float = 0.5):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, scores):
+        running = torch.logcumsumexp(scores * self.scale, dim=-1)
+        return running - running[:, -1:]
+
+
+def make_log_scan(rows: int = 8, cols: int = 64):
+    torch.manual_seed(0)
+    return _seeded(LogSpaceScan(), torch.randn(rows, cols))
+
+
 
 
 class Demo(nn.Module):

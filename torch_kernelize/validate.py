@@ -114,17 +114,25 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
     inf_differ = False
     max_abs = max_rel = 0.0
     first: tuple[float, float] | None = None
+    nan_at = inf_at = bad_at = None  # flat index of the first element of each kind of failure
+    offset = 0
     for o, r in _paired_blocks(out, ref):
         o, r = _settle_range(o, r, dtype, atol, rtol)
         ref_nan, out_nan = r.isnan(), o.isnan()
         extra += int((out_nan & ~ref_nan).sum())
         missing += int((ref_nan & ~out_nan).sum())
+        if nan_at is None and (extra or missing):
+            nan_at = offset + int((ref_nan != out_nan).nonzero()[0, 0])
         ref_inf, out_inf = r.isinf(), o.isinf()
         if not torch.equal(ref_inf, out_inf) or not torch.equal(r[ref_inf], o[out_inf]):
             inf_differ = True
+            if inf_at is None:
+                inf_at = offset + int(((ref_inf != out_inf) | (ref_inf & (r != o))).nonzero()[0, 0])
         finite = ~(ref_nan | ref_inf | out_nan | out_inf)
         rf, of = r[finite], o[finite]
+        block = o.numel()
         if rf.numel() == 0:
+            offset += block
             continue
         diff = (of - rf).abs()
         max_abs = max(max_abs, float(diff.max()))
@@ -134,18 +142,44 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
         if n_bad and first is None:
             i = int(bad.nonzero()[0, 0])
             first = (float(of[i]), float(rf[i]))
+            bad_at = offset + int(finite.nonzero()[i, 0])
         bad_count += n_bad
+        offset += block
     if extra or missing:
         return Comparison(False, math.inf, math.inf,
-                          f"NaN mismatch: {extra} unexpected NaN (unwritten or wrong), {missing} missing")
+                          f"NaN mismatch: {extra} unexpected NaN (unwritten or wrong), {missing} missing; first at "
+                          f"index {_unravel(nan_at, out.shape)}")
     if inf_differ:
-        return Comparison(False, math.inf, math.inf, "infinities differ from the reference")
+        return Comparison(False, math.inf, math.inf,
+                          f"infinities differ from the reference; first at index {_unravel(inf_at, out.shape)}")
     if bad_count:
         bar = f"atol {atol:g}x{scale:.3g}" if scaled else f"atol {atol:g}"
         return Comparison(False, max_abs, max_rel, max_err=max_abs / scale, reason=
-                          f"{bad_count} element(s) out of tolerance ({bar}, rtol {rtol:g}); "
-                          f"first: got {first[0]:.6g}, expected {first[1]:.6g}")
+                          f"{bad_count} element(s) out of tolerance ({bar}, rtol {rtol:g}), max error "
+                          f"{max_abs / scale:.3g}; first at index {_unravel(bad_at, out.shape)}: got {first[0]:.6g}, "
+                          f"expected {first[1]:.6g}")
     return Comparison(True, max_abs, max_rel, max_err=max_abs / scale)
+
+
+def _unravel(flat: int | None, shape: Sequence[int]) -> tuple[int, ...]:
+    """The row-major index in ``shape`` of element ``flat``."""
+    index = []
+    for n in reversed(shape):
+        index.append(flat % n if flat is not None else 0)
+        flat = flat // n if flat is not None else None
+    return tuple(reversed(index))
+
+
+def changed_input(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) -> str | None:
+    """Which input a run wrote to (bit for bit, NaN equal to NaN), and where; None if none."""
+    for n, (b, a) in enumerate(zip(before, after)):
+        if not isinstance(b, torch.Tensor):
+            continue
+        same = (a == b) | (a.isnan() & b.isnan()) if b.is_floating_point() else a == b
+        if not bool(same.all()):
+            flat = int((~same).reshape(-1).nonzero()[0, 0])
+            return f"input {n} at index {_unravel(flat, b.shape)} ({int((~same).sum())} element(s) changed)"
+    return None
 
 
 def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec: KernelSpec,
@@ -259,6 +293,9 @@ class Trials:
             _sync(self.device)
             self.seconds["vendor"] += time.perf_counter() - t0
 
+    def forget(self, seed: int, kind: str) -> None:
+        """Drop what is kept of one trial (a candidate wrote to its inputs); nothing is kept here."""
+
 
 def _sync(device: str | torch.device) -> None:
     if torch.device(device).type == "cuda":
@@ -336,6 +373,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
         ref = source.reference(seed, kind, inputs)
         if ref is None:
             continue
+        before = [t.clone() for t in inputs]
         try:
             outs = run(inputs)
             _sync(device)
@@ -344,6 +382,15 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
                                     f"trial {n} ({kind}, seed {seed}) raised {type(e).__name__}: {e}",
                                     reference_device=source.reference_device, elementwise=bars,
                                     decided_by=BY_REFERENCE)
+        written = changed_input(before, inputs)
+        if written is not None:
+            source.forget(seed, kind)  # kept for the next candidate: it must be drawn again
+            return ValidationRecord(False, list(seeds), kinds, n, math.inf, math.inf, tol,
+                                    f"trial {n} ({kind}, seed {seed}): the kernel wrote to its {written}; "
+                                    "a kernel must leave its inputs as they were",
+                                    reference_device=source.reference_device, elementwise=bars,
+                                    decided_by=BY_REFERENCE)
+        del before
         c = compare_all(settle(spec, inputs, outs, ref), ref, spec)
         vendor, far = (None, False)
         if bars or (not c.ok and kind not in ("random", "captured")):

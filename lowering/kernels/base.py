@@ -88,6 +88,14 @@ class KernelFamily:
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         raise NotImplementedError
 
+    def evaluations(self, spec: KernelSpec, budget: int) -> int:
+        """How many configurations a search of ``spec`` may evaluate, given the run's budget."""
+        return budget
+
+    def provenance(self, config: Config) -> dict[str, Any]:
+        """What the cache entry of ``config``'s kernel records as its origin (``generator`` at least)."""
+        return {"generator": self.name}
+
     def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                      refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """Where the op leaves a choice open (which of equal elements an index names), make the

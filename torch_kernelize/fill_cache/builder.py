@@ -4,7 +4,9 @@ Compiling a Triton kernel takes about a second of CPU; measuring it takes millis
 So candidates are built ahead in a process pool (spawned: the workers never touch CUDA, they
 compile for the GPU target the parent names) and the runner only loads the finished binaries.
 On the interpreter target there is nothing to compile and building happens inline (unless the
-builder is told to isolate: then in the pool as on CUDA).
+builder is told to isolate: then in the pool as on CUDA). A generator that a worker cannot find
+by name (the candidate files of fill_cache/external.py) generates its program here, in the
+parent, and the worker only writes and compiles it.
 
 A worker that dies (a segfault in the compiler, the OOM killer) breaks the whole pool: every
 build in flight fails with BrokenProcessPool. The pool is then started again, the candidate
@@ -23,6 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily
+from torch_kernelize.lowering.kernels.program import KernelProgram
 from torch_kernelize.lowering.targets import Target
 from torch_kernelize.spec import KernelSpec
 
@@ -57,20 +60,40 @@ def find_family(name: str, module: str) -> KernelFamily:
     return found[0]
 
 
-def _build(spec_json: dict, family: tuple[str, str], config_json: dict, directory: str, backend: str,
+def _generator(spec: KernelSpec, family: KernelFamily, config: Config) -> tuple[str, str] | dict:
+    """What a worker builds from: the family's reference where it can find the family, else the
+    program generated here ({"source", "program"}); raises what generation raises."""
+    ref = family_ref(family)
+    try:
+        if find_family(*ref) is family:
+            return ref
+    except LookupError:
+        pass
+    program = family.generate(spec, config)
+    return {"source": program.source, "program": program.to_json()}
+
+
+def _build(spec_json: dict, family: tuple[str, str] | dict, config_json: dict, directory: str, backend: str,
            gpu_target: tuple | None) -> str | None:
-    """Worker: generate + write (+ compile) one candidate; the error text, or None."""
+    """Worker: generate + write (+ compile) one candidate; the error text, or None. ``family`` is
+    a family_ref, or a program generated in the parent (see _generator)."""
     from torch_kernelize.build import write_program
 
     try:
         spec = KernelSpec.from_json(spec_json)
-        family = find_family(*family)
-        program = family.generate(spec, Config.from_json(config_json))
+        if isinstance(family, dict):
+            program = KernelProgram.from_json(family["program"], family["source"])
+        else:
+            program = find_family(*family).generate(spec, Config.from_json(config_json))
         write_program(Path(directory), spec, program, backend, gpu_target)
         return None
     except Exception as e:
-        text = f"{type(e).__name__}: {e}"
-        return text if len(text) < 2000 else text[:2000] + " ..."
+        return _error_text(e)
+
+
+def _error_text(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}"
+    return text if len(text) < 2000 else text[:2000] + " ..."
 
 
 def _build_unaligned(spec_json: dict, directory: str, gpu_target: tuple | None) -> str | None:
@@ -119,7 +142,7 @@ class Builder:
         return self.root / spec.key / str(abs(hash(config.key)))
 
     def _job(self, spec: KernelSpec, family: KernelFamily, config: Config) -> tuple:
-        return (spec.to_json(), family_ref(family), config.to_json(),
+        return (spec.to_json(), _generator(spec, family, config), config.to_json(),
                 str(self.directory(spec, config)), self.backend, self._gpu_target)
 
     def submit(self, spec: KernelSpec, family: KernelFamily, configs: list[Config]) -> None:
@@ -129,7 +152,11 @@ class Builder:
         for c in configs:
             k = (spec.key, c.key)
             if k not in self._futures:
-                self._jobs[k] = self._job(spec, family, c)
+                try:
+                    self._jobs[k] = self._job(spec, family, c)
+                except Exception as e:  # a generator that runs here failed: so did the build
+                    self._futures[k] = _done(_error_text(e))
+                    continue
                 self._submit(k)
 
     def _submit(self, k: tuple[str, str]) -> None:
@@ -145,7 +172,10 @@ class Builder:
         k = (spec.key, config.key)
         if k not in self._futures:
             if self._pool is None:
-                self._futures[k] = _done(_build(*self._job(spec, family, config)))
+                try:
+                    self._futures[k] = _done(_build(*self._job(spec, family, config)))
+                except Exception as e:
+                    self._futures[k] = _done(_error_text(e))
             else:
                 self.submit(spec, family, [config])
         try:

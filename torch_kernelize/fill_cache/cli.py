@@ -28,6 +28,7 @@ from torch_kernelize.errors import KernelizeError
 from torch_kernelize.cuda_binaries import remove_unaligned
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
+from torch_kernelize.fill_cache.external import with_candidates
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
 from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
@@ -62,6 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a function returning (model, example_inputs); may be repeated")
     p.add_argument("--repros", action="append", default=[], metavar="DIR", type=Path,
                    help="a folder of reproducers recorded by the backend; may be repeated")
+    p.add_argument("--candidate", action="append", default=[], metavar="FILE.py", type=Path,
+                   help="a kernel file for the reproducer(s) whose spec it names (README: candidate files); "
+                   "it competes with the generated kernels; may be repeated")
     p.add_argument("--target", default=os.environ.get(OPTIONS["target"].env),
                    help="target name or TOML file (default: $KERNELIZE_TARGET, else cuda if available)")
     p.add_argument("--cache-dir", type=Path, default=os.environ.get(OPTIONS["cache_dir"].env) or default_cache_dir())
@@ -91,9 +95,10 @@ def ops_not_on_vendor(target: Target, spec: Any) -> list[str]:
 
 class FillRun:
     def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float,
-                 isolate: bool | None = None):
+                 isolate: bool | None = None, family_for: Any = family_for):
         """``isolate``: measure in a worker process (measure_worker.py; default: on CUDA)."""
         self.target, self.cache, self.budget = target, cache, budget
+        self.family_for = family_for  # spec -> its generator (candidate files joined in: external.py)
         self.builder = Builder(target)
         self.isolate = target.triton == "cuda" if isolate is None else isolate
         # started now: it imports torch and sets up the device while the first candidates compile
@@ -120,7 +125,7 @@ class FillRun:
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
             return row
-        family = family_for(spec)
+        family = self.family_for(spec)
         if family is None:
             row["status"] = "no generator"
             return row
@@ -169,7 +174,8 @@ class FillRun:
                 progress.set_postfix_str(f"{spec.short_name} {'ok' if r['correct'] else 'x'} "
                                          f"{r['fitness']:.2f}", refresh=True)
 
-        result = run_search(spec, family, evaluate, self.budget, previous, journal.append, step, measurer.prepare)
+        result = run_search(spec, family, evaluate, family.evaluations(spec, self.budget), previous, journal.append,
+                            step, measurer.prepare)
         row.update(evaluated=len(result.evaluated), resumed=result.resumed)
         best = result.best
         if best is None:
@@ -187,9 +193,10 @@ class FillRun:
                 best = dict(best, fitness=vendor_ms / cand_ms if cand_ms > 0 else 0.0)
                 timings.update(search_speedup=timings["speedup"], candidate_ms=cand_ms, vendor_ms=vendor_ms,
                                speedup=best["fitness"], confirmed=True)
-        record = {"format": 1, "key": spec.key, "spec": spec.to_json(), "family": family.name,
+        origin = family.provenance(Config.from_json(best["config"]))
+        record = {"format": 1, "key": spec.key, "spec": spec.to_json(), "family": origin["generator"],
                   "config": best["config"], "validation": best["validation"], "timings": timings,
-                  "provenance": self.provenance(family.name, result)}
+                  "provenance": {**self.provenance(family.name, result), **origin}}
         if best["measured"] and best["fitness"] <= self.min_speedup and not ops_not_on_vendor(self.target, spec):
             record.update(winner="vendor", note=f"vendor wins: best Triton candidate ran at "
                           f"{best['fitness']:.3f}x the vendor kernel")
@@ -216,7 +223,7 @@ class FillRun:
         finally:
             if not pending:
                 self.builder.discard(spec)
-        row.update(status="stored", winner=f"{family.name} " + " ".join(f"{k}={v}" for k, v in sorted(best["config"].items())),
+        row.update(status="stored", winner=f"{origin['generator']} " + " ".join(f"{k}={v}" for k, v in sorted(best["config"].items())),
                    speedup=timings["speedup"])
         return row
 
@@ -284,7 +291,7 @@ class FillRun:
             # Compile the seed candidates of the next few specs while this one is measured; not
             # all at once, or a search's later candidates would queue behind every other spec's.
             for w in work[i:i + LOOKAHEAD]:
-                family = family_for(w.spec)
+                family = self.family_for(w.spec)
                 if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
                     self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
 
@@ -357,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                 if w.spec.key not in work or w.replace:
                     work[w.spec.key] = w
         budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
-        run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup)
+        run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
+                      with_candidates(args.candidate, list(work.values())) if args.candidate else family_for)
         log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
                  target.name, cache.dir, budget)
         started = time.perf_counter()

@@ -36,11 +36,13 @@ class Work:
     covered_by: list[str] = dataclasses.field(default_factory=list)  # region specs holding this node
     node: tuple[str, str] | None = None          # (graph, node) a node spec came from
     members: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # a region's nodes
+    candidate: bool = False  # a candidate file is given for it (--candidate): searched even if cached
 
     @property
     def replace(self) -> bool:
-        """A repro that shows a wrong or failing cached kernel: its entry must be replaced."""
-        return self.kind in ("mismatch", "failure")
+        """A repro that shows a wrong or failing cached kernel, or a spec a candidate file is given
+        for: it is searched again and its entry replaced by the winner."""
+        return self.kind in ("mismatch", "failure") or self.candidate
 
 
 def check_cache_dir(path: Path) -> None:
@@ -139,31 +141,39 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
 
 def specs_from_repros(folder: Path) -> list[Work]:
     """Every reproducer under ``folder`` (one level deep): its spec and its captured inputs."""
-    from torch_kernelize.repro.run import load_inputs
-
     folder = Path(folder)
     if not folder.is_dir():
         raise UsageError(f"--repros {folder}: no such folder")
     work: dict[str, Work] = {}
     for meta_path in sorted(folder.glob("*/spec.json")):
-        repro = meta_path.parent
-        try:
-            meta = json.loads(meta_path.read_text())
-            spec = KernelSpec.from_json(meta["spec"])
-        except Exception as e:
-            log.warning("skipping %s: unreadable spec.json (%s)", repro, e)
+        w = repro_work(meta_path.parent)
+        if w is None:
             continue
-        captured = None
-        try:
-            mod_spec = importlib.util.spec_from_file_location(f"kernelize_repro_{spec.key}", repro / "repro.py")
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-            captured = load_inputs(module.load_args, repro)
-        except Exception as e:
-            log.warning("%s: captured inputs not loaded (%s); validating on random inputs only", repro, e)
-        prev = work.get(spec.key)
-        if prev is None or (not prev.replace and meta.get("kind") in ("mismatch", "failure")):
-            work[spec.key] = Work(spec, str(repro), meta.get("kind", "miss"), captured)
+        prev = work.get(w.spec.key)
+        if prev is None or (not prev.replace and w.kind in ("mismatch", "failure")):
+            work[w.spec.key] = w
     if not work:
         log.warning("no reproducers (*/spec.json) found under %s", folder)
     return list(work.values())
+
+
+def repro_work(repro: Path) -> Work | None:
+    """One reproducer folder's spec and captured inputs; None (with a warning) if its spec.json is
+    unreadable."""
+    from torch_kernelize.repro.run import load_inputs
+
+    try:
+        meta = json.loads((repro / "spec.json").read_text())
+        spec = KernelSpec.from_json(meta["spec"])
+    except Exception as e:
+        log.warning("skipping %s: unreadable spec.json (%s)", repro, e)
+        return None
+    captured = None
+    try:
+        mod_spec = importlib.util.spec_from_file_location(f"kernelize_repro_{spec.key}", repro / "repro.py")
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+        captured = load_inputs(module.load_args, repro)
+    except Exception as e:
+        log.warning("%s: captured inputs not loaded (%s); validating on random inputs only", repro, e)
+    return Work(spec, str(repro), meta.get("kind", "miss"), captured)

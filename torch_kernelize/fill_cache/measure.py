@@ -145,8 +145,8 @@ class Measurer:
             self._seconds["validation"] += time.perf_counter() - t0 - spent
 
     def _sample(self, spec: KernelSpec, seed: int, kind: str, device: Any) -> list[torch.Tensor]:
-        if kind == "captured":
-            return [to_device(t, device) for t in self.extra_inputs[seed]]  # keep their strides
+        if kind == "captured":  # in the spec's layout: a repro may hold a view's values as a dense copy
+            return [_in_layout(to_device(t, device), m) for t, m in zip(self.extra_inputs[seed], spec.inputs)]
         return self.family.sample_inputs(spec, seed, kind, device)
 
     def validate_unaligned(self, directory: Path) -> str | None:
@@ -190,6 +190,15 @@ class Measurer:
         _, runner = self.build(config)
         inputs = self.bench_inputs()
         return self._time(lambda: paired_ms(lambda: self.spec.run_vendor(inputs), lambda: runner(*inputs), rounds))
+
+
+def _in_layout(t: torch.Tensor, meta: Any) -> torch.Tensor:
+    """``t``'s values with ``meta``'s strides (kernels bake the spec's strides in)."""
+    if tuple(t.stride()) == tuple(meta.stride) or tuple(t.shape) != tuple(meta.shape):
+        return t
+    out = torch.empty_strided(meta.shape, meta.stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 def unaligned_copy(t: torch.Tensor) -> torch.Tensor:

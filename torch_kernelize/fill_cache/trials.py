@@ -206,6 +206,12 @@ class TrialStore(Trials):
             self._vendor[(seed, kind)] = (tuple(kept), far)
         return out, far
 
+    def forget(self, seed: int, kind: str) -> None:
+        """Drop one trial: a candidate wrote to its inputs, which the next candidate must not see."""
+        self._inputs.pop((seed, kind), None)
+        self._refs.pop((seed, kind), None)
+        self._vendor.pop((seed, kind), None)
+
     def release(self) -> None:
         """Drop everything kept (the spec is done, or the device ran out of memory)."""
         self._inputs.clear()

@@ -2,10 +2,12 @@
 
     python -m torch_kernelize.repro.listing list   kernelize_repros
     python -m torch_kernelize.repro.listing replay kernelize_repros [--target T] [--cache-dir D] [--jobs N]
+    python -m torch_kernelize.repro.listing task   kernelize_repros/<folder>   # task.md + check_candidate.py
 
 (tools/repros.py is the same command from a checkout.)
 
 replay exits 0 when every repro is fixed, 1 when some still reproduce, 2 when some could not run.
+task writes a self-contained task for a person or an agent into the folder (repro/task.py).
 """
 from __future__ import annotations
 
@@ -93,11 +95,27 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--cache-dir", help="override the recorded kernel cache")
     rp.add_argument("--jobs", type=int, default=2)
     rp.add_argument("--timeout", type=int, default=600)
+    tp = sub.add_parser("task", help="write task.md and check_candidate.py into a reproducer's folder")
+    tp.add_argument("root", type=Path, metavar="REPRO_FOLDER")
     args = p.parse_args(argv)
     if not args.root.is_dir():
         print(f"error: {args.root} is not a folder", file=sys.stderr)
         return 2
-    return cmd_list(args) if args.command == "list" else cmd_replay(args)
+    return {"list": cmd_list, "replay": cmd_replay, "task": cmd_task}[args.command](args)
+
+
+def cmd_task(args: argparse.Namespace) -> int:
+    from torch_kernelize.repro.task import write_task
+    if not (args.root / "spec.json").is_file():
+        print(f"error: {args.root} is not a reproducer folder (no spec.json)", file=sys.stderr)
+        return 2
+    try:
+        path = write_task(args.root)
+    except (ValueError, OSError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} and {path.parent / 'check_candidate.py'}")
+    return 0
 
 
 if __name__ == "__main__":

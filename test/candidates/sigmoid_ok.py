@@ -1,0 +1,20 @@
+"""A correct candidate: the control the broken ones are measured against."""
+import torch
+import triton
+import triton.language as tl
+
+OP = "aten.sigmoid.default"
+
+
+@triton.jit
+def sigmoid_kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x + offs, mask=mask)
+    tl.store(out + offs, 1.0 / (1.0 + tl.exp(-v)), mask=mask)
+
+
+def launch(x):
+    out = torch.empty_like(x)
+    sigmoid_kernel[(triton.cdiv(x.numel(), 256),)](x, out, x.numel(), BLOCK=256)
+    return out

@@ -1,0 +1,243 @@
+"""Candidate files: kernels written by a person or an agent, entered through the families' harness.
+
+A candidate is a Python file with ``@triton.jit`` kernels at its top level and a function
+``launch(*args)`` that is called with the node's arguments in the ATen schema's order (tensors
+and scalars as the op receives them) and returns the op's outputs. It names what it is for with
+``SPECS = ["<spec key>", ...]`` (the keys a task.md gives) or ``OP = "aten.<op>.<overload>"`` (every
+shape of that op). ``launch`` runs once per spec, under the recorder (lowering/kernels/recording.py),
+which turns its launches into a KernelProgram; from there the candidate is one more configuration
+of the spec's search: built, validated against float64 (seeds, edge values, poisoned outputs, its
+inputs checked untouched), timed against the vendor kernel beside the generated candidates, and,
+if it wins, stored with provenance ``external`` and the file's sha256. Serving launches the
+recorded program's binaries; the file's ``launch`` never runs again.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+import torch
+
+from torch_kernelize.fill_cache.collect import UsageError, Work
+from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, family_for
+from torch_kernelize.lowering.kernels.recording import RecordingError, record_program
+from torch_kernelize.spec import KernelSpec
+
+GENERATOR = "external"
+RECORD_SEEDS = (7, 8)  # the launcher is recorded on two draws: its launches must not depend on values
+
+
+class Candidate:
+    """One candidate file, imported once."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path).resolve()
+        try:
+            self.source = self.path.read_text()
+        except OSError as e:
+            raise UsageError(f"--candidate {path}: cannot read it ({e.strerror})") from None
+        self.sha256 = hashlib.sha256(self.source.encode()).hexdigest()
+        self.module = self._import()
+        launch = getattr(self.module, "launch", None)
+        if not callable(launch):
+            raise UsageError(f"--candidate {path}: define launch(*args), called with the op's arguments in "
+                             "its schema's order, returning its outputs")
+        self.launch: Callable = launch
+        specs, op = getattr(self.module, "SPECS", None), getattr(self.module, "OP", None)
+        if specs is None and op is None:
+            raise UsageError(f"--candidate {path}: say what it is for: SPECS = ['<spec key>', ...] (from the "
+                             "reproducer's task.md) or OP = 'aten.<op>.<overload>' (every shape of the op)")
+        if isinstance(specs, str) or not (specs is None or all(isinstance(k, str) for k in specs)):
+            raise UsageError(f"--candidate {path}: SPECS must be a list of spec keys (strings)")
+        self.specs = frozenset(specs) if specs is not None else None
+        self.op = op
+
+    def _import(self) -> ModuleType:
+        name = f"kernelize_candidate_{self.sha256[:16]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, self.path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # Triton resolves a kernel's globals through its module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            sys.modules.pop(name, None)
+            raise UsageError(f"--candidate {self.path}: importing it failed: {type(e).__name__}: {e}") from None
+        return module
+
+    def is_for(self, spec: KernelSpec) -> bool:
+        return spec.key in self.specs if self.specs is not None else spec.op == self.op
+
+    @property
+    def config(self) -> Config:
+        return Config.of(external=self.sha256[:16])  # the entry's provenance keeps the whole sha256
+
+    def describe(self) -> str:
+        return f"{self.path.name} (sha256 {self.sha256[:12]})"
+
+
+class CandidateGenerator(KernelFamily):
+    """The candidates given for one spec, competing with the spec's own family (if it has one).
+
+    Each candidate is one configuration (``external=<sha256 prefix>``), evaluated first; the family's
+    configurations follow with the run's usual budget. The input domain, edge kinds and tie
+    rules are the family's: the harness, not the candidate, says what a correct kernel is.
+    """
+
+    name = GENERATOR
+
+    def __init__(self, candidates: Sequence[Candidate], base: KernelFamily | None):
+        self.candidates = {c.config["external"]: c for c in candidates}
+        self.base = base
+        if base is not None:
+            self.name = f"{base.name}+{GENERATOR}"
+            self.edge_kinds = base.edge_kinds
+        self._programs: dict[tuple[str, str], KernelProgram | RecordingError] = {}
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        return None if any(c.is_for(spec) for c in self.candidates.values()) else "no candidate is for this spec"
+
+    def _candidate(self, config: Config) -> Candidate | None:
+        sha = config.get("external")
+        if sha is None:
+            return None
+        if sha not in self.candidates:
+            raise UsageError(f"the journal names candidate sha256 {sha}..., which this run was not given: "
+                             "give its file with --candidate again, or search without --resume")
+        return self.candidates[sha]
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        own = [c.config for c in self.candidates.values() if c.is_for(spec)]
+        return own + (self.base.seed_configs(spec) if self.base is not None else [])
+
+    def evaluations(self, spec: KernelSpec, budget: int) -> int:
+        return budget + sum(c.is_for(spec) for c in self.candidates.values())
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        if self._candidate(config) is not None or self.base is None:
+            return []
+        return self.base.neighbours(spec, config)
+
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        candidate = self._candidate(config)
+        if candidate is None:
+            return self.base.generate(spec, config)
+        key = (spec.key, candidate.sha256)
+        if key not in self._programs:
+            try:
+                self._programs[key] = self.record(spec, candidate)
+            except RecordingError as e:
+                self._programs[key] = e
+        program = self._programs[key]
+        if isinstance(program, RecordingError):
+            raise RecordingError(f"{candidate.describe()}: {program}")
+        return program
+
+    def record(self, spec: KernelSpec, candidate: Candidate) -> KernelProgram:
+        """The candidate's launches for ``spec``, recorded on two draws of inputs that must agree."""
+        # on the spec's device where there is one (a launcher may allocate there); nothing runs
+        device = spec.inputs[0].device if spec.inputs else "cpu"
+        device = device if device == "cpu" or torch.cuda.is_available() else "cpu"
+        programs = []
+        for seed in RECORD_SEEDS:
+            inputs = self.sample_inputs(spec, seed, "random", device)
+            programs.append(record_program(candidate.launch, inputs, spec, candidate.source, candidate.module))
+        if programs[0].describe() != programs[1].describe():
+            raise RecordingError("launch() made different launches for two inputs of the same shapes, strides and "
+                                 "dtypes: what it launches may depend only on those (the program is recorded "
+                                 "once and replayed for every input)")
+        return programs[0]
+
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        if self.base is not None:
+            return self.base.sample_inputs(spec, seed, kind, device)
+        return super().sample_inputs(spec, seed, kind, device)
+
+    def resolve_ties(self, spec, inputs, outs, refs):
+        return self.base.resolve_ties(spec, inputs, outs, refs) if self.base is not None else outs
+
+    def provenance(self, config: Config) -> dict[str, Any]:
+        candidate = self._candidate(config)
+        if candidate is None:
+            return self.base.provenance(config)
+        return {"generator": GENERATOR, "candidate": {"file": str(candidate.path), "sha256": candidate.sha256}}
+
+
+def load_candidates(paths: Sequence[Path]) -> list[Candidate]:
+    candidates: dict[str, Candidate] = {}
+    for p in paths:
+        if not Path(p).is_file():
+            raise UsageError(f"--candidate {p}: no such file")
+        c = Candidate(p)
+        candidates.setdefault(c.sha256, c)
+    return list(candidates.values())
+
+
+def with_candidates(paths: Sequence[Path], work: Sequence[Work]) -> Callable[[KernelSpec], KernelFamily | None]:
+    """``family_for`` with the candidate files at ``paths`` joined in: for a spec some candidate
+    is for, its CandidateGenerator (one per spec, so that its recordings are kept); else the
+    spec's family. Work a candidate is for is searched again even if cached. A candidate that is
+    for none of ``work`` is a usage error."""
+    candidates = load_candidates(paths)
+    for c in candidates:
+        if not any(c.is_for(w.spec) for w in work):
+            what = f"spec(s) {sorted(c.specs)}" if c.specs is not None else f"op {c.op}"
+            raise UsageError(f"--candidate {c.path}: it is for {what}, which no reproducer or model given "
+                             "records (the reproducer's task.md names its spec key)")
+    for w in work:
+        w.candidate = any(c.is_for(w.spec) for c in candidates)
+    made: dict[str, KernelFamily | None] = {}
+
+    def family(spec: KernelSpec) -> KernelFamily | None:
+        if spec.key not in made:
+            own = [c for c in candidates if c.is_for(spec)]
+            made[spec.key] = CandidateGenerator(own, family_for(spec)) if own else family_for(spec)
+        return made[spec.key]
+    return family
+
+
+# --- check_candidate.py: one candidate against one reproducer, as fill_cache judges it ------------
+
+def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
+    """Exit 0: the candidate is correct (and, on a GPU, its time beside the vendor kernel's);
+    1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments)."""
+    from torch_kernelize.fill_cache.collect import repro_work
+    from torch_kernelize.fill_cache.measure import Measurer
+    from torch_kernelize.lowering.targets import get_target
+
+    p = argparse.ArgumentParser(prog="check_candidate.py", description=check_main.__doc__)
+    p.add_argument("candidate", type=Path, help="the candidate file")
+    p.add_argument("--target", default=None, help="cuda or interpreter (default: cuda where a GPU is present)")
+    args = p.parse_args(argv)
+    try:
+        target = get_target(args.target or ("cuda" if torch.cuda.is_available() else "interpreter"))
+        work = repro_work(repro)
+        if work is None:
+            raise UsageError(f"{repro / 'spec.json'} cannot be read")
+        candidate, = load_candidates([args.candidate])
+        if not candidate.is_for(work.spec):
+            raise UsageError(f"{candidate.describe()} does not say it is for this spec: add "
+                             f"SPECS = [{work.spec.key!r}] (or OP = {work.spec.op!r})")
+    except (UsageError, ValueError) as e:
+        print(f"check_candidate: error: {e}", file=sys.stderr)
+        return 2
+    generator = CandidateGenerator([candidate], family_for(work.spec))
+    measurer = Measurer(work.spec, generator, target, [work.captured] if work.captured else [])
+    try:
+        ev = measurer.evaluate(candidate.config)
+    finally:
+        measurer.builder.close()
+    print(json.dumps({"spec": work.spec.key, "candidate": candidate.describe(), "correct": ev.correct,
+                      "error": ev.error, "max_err": (ev.validation or {}).get("max_err"),
+                      "candidate_ms": ev.candidate_ms, "vendor_ms": ev.vendor_ms,
+                      "speedup": ev.fitness if ev.measured else None}, indent=1))
+    print(f"ACCEPTED: correct on every trial of {target.name}" if ev.correct else f"REJECTED: {ev.error}")
+    return 0 if ev.correct else 1
