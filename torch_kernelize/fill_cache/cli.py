@@ -93,12 +93,17 @@ def ops_not_on_vendor(target: Target, spec: Any) -> list[str]:
     return sorted(op for op in set(spec_ops(spec)) if not target.vendor_runs(resolve_op(op)))
 
 
+def _registry_family(spec: Any) -> Any:
+    return family_for(spec)  # looked up at call time (tests replace it)
+
+
 class FillRun:
     def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float,
-                 isolate: bool | None = None, family_for: Any = family_for):
+                 isolate: bool | None = None, family_for: Any = None):
         """``isolate``: measure in a worker process (measure_worker.py; default: on CUDA)."""
         self.target, self.cache, self.budget = target, cache, budget
-        self.family_for = family_for  # spec -> its generator (candidate files joined in: external.py)
+        # spec -> its generator (candidate files joined in: external.py); the registry's by default
+        self.family_for = family_for or _registry_family
         self.builder = Builder(target)
         self.isolate = target.triton == "cuda" if isolate is None else isolate
         # started now: it imports torch and sets up the device while the first candidates compile
@@ -365,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                     work[w.spec.key] = w
         budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
         run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
-                      with_candidates(args.candidate, list(work.values())) if args.candidate else family_for)
+                      family_for=with_candidates(args.candidate, list(work.values())) if args.candidate else None)
         log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
                  target.name, cache.dir, budget)
         started = time.perf_counter()
