@@ -11,6 +11,7 @@ from test_fill_cache import MODELS, compile_in_fresh_process, fill_cache
 pytestmark = pytest.mark.slow
 
 ATTENTION = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+BACKWARD = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
 
 
 def _chip(tmp_path, vendor_attention: bool) -> str:
@@ -42,3 +43,43 @@ def test_a_chip_without_vendor_attention_runs_the_flash_kernel(tmp_path):
     assert before["err"] < 1e-5   # before the fill: whatever tier the ladder chose, the right values
     assert after["tiers"][ATTENTION] == "triton", after["tiers"]
     assert after["misses"] == [] and after["err"] < 1e-5
+
+
+TRAIN_SNIPPET = """
+import importlib.util, json, torch
+spec = importlib.util.spec_from_file_location("fill_models", {models!r})
+mods = importlib.util.module_from_spec(spec); spec.loader.exec_module(mods)
+model, (x,) = mods.make_attention()
+compiled = torch.compile(model, backend="kernelize", options={{"target": {target!r}, "cache_dir": {cache!r},
+                         "repro_dir": {repros!r}, "report": {report!r}}})
+weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+grads = []
+for fn in (compiled, model):
+    xg = x.clone().requires_grad_()
+    (fn(xg) * weights).sum().backward()
+    grads.append(xg.grad)
+doc = json.load(open({report!r}))
+tiers = {{n["op"]: n["tier"] for g in doc["graphs"] for n in g["nodes"]}}
+print(json.dumps({{"err": (grads[0] - grads[1]).abs().max().item(), "tiers": tiers}}))
+"""
+
+
+def test_training_step_runs_forward_and_backward_attention_on_the_triton_tier(tmp_path):
+    """A training step on a chip without the attention backward (it has no decomposition): the
+    host fallback runs it and leaves a reproducer; fill_cache --repros fills both attention ops;
+    then forward and backward run the flash kernels, with eager's gradients."""
+    from conftest import last_json, run_python
+    chip = str(write_target(tmp_path / "chip.toml", name="chip", unsupported=[BACKWARD.rsplit(".", 1)[0]]))
+    cache, repros = tmp_path / "cache", tmp_path / "repros"
+
+    def step(name):
+        return last_json(run_python(TRAIN_SNIPPET.format(models=str(MODELS), target=chip, cache=str(cache),
+                                                         repros=str(repros), report=str(tmp_path / name))))
+
+    before = step("before.json")
+    assert before["tiers"][BACKWARD] == "fallback" and before["tiers"][ATTENTION] == "vendor"
+    assert before["err"] < 1e-5
+    fill_cache("--repros", str(repros), "--target", chip, "--cache-dir", str(cache))
+    after = step("after.json")
+    assert after["tiers"][ATTENTION] == "triton" and after["tiers"][BACKWARD] == "triton", after["tiers"]
+    assert after["err"] < 1e-4
