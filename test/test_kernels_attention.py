@@ -223,3 +223,16 @@ def test_compiles_for_sm90(tmp_path):
         compile_sm90(fwd, FAMILY.generate(fwd, config), tmp_path)
     for spec in (bwd, masked, fp32):
         compile_sm90(spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), tmp_path)
+
+
+def test_offsets_past_int32_use_int64_indices(tmp_path):
+    """2^31 query elements: batch/head and row indices are int64 (an int32 offset would wrap)."""
+    with FakeTensorMode():
+        q = torch.empty(1, 16, 1 << 20, 128, dtype=BF16)
+        long = fwd_spec(q, q, q, causal=True)
+        short = fwd_spec(*(torch.empty(1, 16, 1024, 128, dtype=BF16) for _ in range(3)), causal=True)
+    program = FAMILY.generate(long, FAMILY.seed_configs(long)[0])
+    assert "bh = tl.program_id(1).to(tl.int64)" in program.source
+    assert "tl.arange(0, BLOCK_M).to(tl.int64)" in program.source
+    assert "int64" not in FAMILY.generate(short, FAMILY.seed_configs(short)[0]).source
+    compile_sm90(long, program, tmp_path)

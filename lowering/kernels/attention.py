@@ -369,6 +369,10 @@ class _Gen:
           f"scale={p.scale!r} causal={p.causal} mask={'none' if not p.mask else p.mask[2]}")
         s("")
 
+    def ix(self, line: str) -> str:
+        """A row/key index vector; int64 when some offset (index x stride) may pass int32."""
+        return line + (".to(tl.int64)" if self.wide else "")
+
     def dot(self, a: str, b: str) -> str:
         if self.p.dtype == "float32":
             return f'tl.dot({a}, {b}, input_precision="ieee")'
@@ -458,7 +462,7 @@ class _Gen:
         self.batch_head(p.H)
         s(f"hk = h // {p.group}" if p.group > 1 else "hk = h")
         (qb, qh, qm, qd), (kb, kh, kn, kd), (vb, vh, vn, vd) = p.q[1], p.k[1], p.v[1]
-        s("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "rd = tl.arange(0, BLOCK_D)", "rdv = tl.arange(0, BLOCK_DV)")
+        s(self.ix("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)"), "rd = tl.arange(0, BLOCK_D)", "rdv = tl.arange(0, BLOCK_DV)")
         s(f"q_base = {self.base('q', p.q[1], 'h')}", f"k_base = {self.base('k', p.k[1], 'hk')}",
           f"v_base = {self.base('v', p.v[1], 'hk')}")
         self.load_tile("q", "q_base", "rm", qm, p.L, "rd", qd, p.E, p.d)
@@ -467,7 +471,7 @@ class _Gen:
           "acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)")
         hi = self.kv_hi("pid_m * BLOCK_M")
         s(f"for start_n in range(0, {hi}, BLOCK_N):" + ("  # causal: the keys up to the block's last row" if p.causal else "")).indent()
-        s("rn = start_n + tl.arange(0, BLOCK_N)")
+        s(self.ix("rn = start_n + tl.arange(0, BLOCK_N)"))
         self.load_tile("kt", "k_base", "rn", kn, p.S, "rd", kd, p.E, p.d, transposed=True)
         self.scores("rm", "rn", False, self.dot("q", "kt"))
         s("m_new = tl.maximum(m_i, tl.max(s2, 1))",
@@ -507,7 +511,7 @@ class _Gen:
         s("@triton.jit", f"def attention_bwd_delta_kernel({', '.join(['out_ptr', 'do_ptr', 'delta_ptr'] + consts)}):").indent()
         s("pid_m = tl.program_id(0)")
         self.batch_head(p.H)
-        s("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "rdv = tl.arange(0, BLOCK_DV)")
+        s(self.ix("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)"), "rdv = tl.arange(0, BLOCK_DV)")
         self.load_tile("o", self.base("out", p.out[1], "h"), "rm", om, p.L, "rdv", od, p.Ev, p.dv)
         self.load_tile("do", self.base("do", p.grad_out[1], "h"), "rm", gm, p.L, "rdv", gd, p.Ev, p.dv)
         s("delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)",
@@ -521,7 +525,7 @@ class _Gen:
         s("pid_n = tl.program_id(0)")
         self.batch_head(p.Hkv)
         s("hk = h")
-        s("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", "rd = tl.arange(0, BLOCK_D)", "rdv = tl.arange(0, BLOCK_DV)")
+        s(self.ix("rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"), "rd = tl.arange(0, BLOCK_D)", "rdv = tl.arange(0, BLOCK_DV)")
         self.load_tile("k", self.base("k", p.k[1], "hk"), "rn", kn, p.S, "rd", kd, p.E, p.d)
         self.load_tile("v", self.base("v", p.v[1], "hk"), "rn", vn, p.S, "rdv", vd, p.Ev, p.dv)
         s("dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)", "dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)")
@@ -534,7 +538,7 @@ class _Gen:
           f"lse_base = {_join('lse_ptr', _term('b', lb), _term('h', lh))}",
           f"delta_base = delta_ptr + bh_q * {p.L}")
         s(f"for start_m in range({lo}, {p.L}, BLOCK_M):").indent()
-        s("rm = start_m + tl.arange(0, BLOCK_M)")
+        s(self.ix("rm = start_m + tl.arange(0, BLOCK_M)"))
         self.load_tile("q", "q_base", "rm", qm, p.L, "rd", qd, p.E, p.d)
         self.load_tile("do", "do_base", "rm", gm, p.L, "rdv", gd, p.Ev, p.dv)
         s(f"lse2 = tl.load(lse_base + {_term('rm', lm) or '0'}, mask=rm < {p.L}, other=0.0) * {cg.float_literal(LOG2E)}",
@@ -558,7 +562,7 @@ class _Gen:
         s("pid_m = tl.program_id(0)")
         self.batch_head(p.H)
         s(f"hk = h // {p.group}" if p.group > 1 else "hk = h")
-        s("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "rd = tl.arange(0, BLOCK_D)", "rdv = tl.arange(0, BLOCK_DV)")
+        s(self.ix("rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)"), "rd = tl.arange(0, BLOCK_D)", "rdv = tl.arange(0, BLOCK_DV)")
         self.load_tile("q", self.base("q", p.q[1], "h"), "rm", qm, p.L, "rd", qd, p.E, p.d)
         self.load_tile("do", self.base("do", p.grad_out[1], "h"), "rm", gm, p.L, "rdv", gd, p.Ev, p.dv)
         s(f"lse2 = tl.load({_join('lse_ptr', _term('b', lb), _term('h', lh), _term('rm', lm))}, mask=rm < {p.L}, other=0.0)"
@@ -567,7 +571,7 @@ class _Gen:
         s(f"k_base = {self.base('k', p.k[1], 'hk')}", f"v_base = {self.base('v', p.v[1], 'hk')}")
         s("dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)")
         s(f"for start_n in range(0, {self.kv_hi('pid_m * BLOCK_M')}, BLOCK_N):").indent()
-        s("rn = start_n + tl.arange(0, BLOCK_N)")
+        s(self.ix("rn = start_n + tl.arange(0, BLOCK_N)"))
         self.load_tile("k", "k_base", "rn", kn, p.S, "rd", kd, p.E, p.d)
         self.load_tile("v", "v_base", "rn", vn, p.S, "rdv", vd, p.Ev, p.dv)
         self.scores("rm", "rn", False, self.dot("q", "tl.trans(k)"))
