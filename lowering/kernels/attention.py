@@ -41,7 +41,8 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, next_pow2, to_device, unique
+from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, next_pow2, sample_tensor,
+                                                   to_device, unique)
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -272,10 +273,7 @@ class AttentionFamily(KernelFamily):
         if isinstance(plan, str):
             return []
         c = config
-        cands = []
-        for k in ("BLOCK_M", "BLOCK_N"):
-            cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: c[k] // 2})]
-        cands += [c.replace(num_warps=c["num_warps"] * 2), c.replace(num_warps=c["num_warps"] // 2)]
+        cands = doubled_and_halved(c, ("BLOCK_M", "BLOCK_N", "num_warps"))
         cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
         cands += [c.replace(DOT_UPCAST=not c["DOT_UPCAST"])]
         return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
@@ -294,7 +292,6 @@ class AttentionFamily(KernelFamily):
         on these q/k/v (a random logsumexp would make exp(S - lse) overflow: no real input)."""
         plan = self._plan(spec)
         g = torch.Generator().manual_seed(seed)
-        from torch_kernelize.lowering.kernels.base import sample_tensor
         qkv_kind = "random" if kind == "special" else kind
         inputs = [sample_tensor(m, g, qkv_kind) for m in spec.inputs]
         if isinstance(plan, str):
