@@ -236,3 +236,14 @@ def test_offsets_past_int32_use_int64_indices(tmp_path):
     assert "tl.arange(0, BLOCK_M).to(tl.int64)" in program.source
     assert "int64" not in FAMILY.generate(short, FAMILY.seed_configs(short)[0]).source
     compile_sm90(long, program, tmp_path)
+
+
+def test_attention_without_dropout_is_not_random():
+    """The ops are tagged seeded (for dropout); with dropout_p == 0 they draw nothing, so the
+    planner may serve them from the cache."""
+    from torch_kernelize.lowering.op_classes import is_random
+    assert not is_random(FWD, ("q", "k", "v")) and not is_random(FWD, ("q", "k", "v", 0.0, True))
+    assert not is_random(SDPA, ("q", "k", "v"), {"dropout_p": 0.0})
+    assert is_random(FWD, ("q", "k", "v", 0.1)) and is_random(SDPA, ("q", "k", "v"), {"dropout_p": 0.5})
+    assert is_random(aten.native_dropout.default, ("x", 0.0, True))   # no dropout_p: random as tagged
+    assert not is_random(BWD, ())
