@@ -106,3 +106,25 @@ def make_attention():
     torch.manual_seed(0)
     # head dim 8 against 512 keys: the math decomposition's [L, S] scores are 16x the op's tensors
     return Attention(), (torch.randn(1, 512, 16),)
+
+
+def make_tiny_llama():
+    """transformers' Llama (one layer, GQA: 4 query heads over 2 key/value heads) through its
+    SDPA attention; returns the logits."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   attn_implementation="sdpa")
+    torch.manual_seed(0)
+    llama = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+    class Logits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.llama = llama
+
+        def forward(self, ids):
+            return self.llama(ids).logits
+
+    return Logits(), (torch.randint(0, 64, (1, 32)),)

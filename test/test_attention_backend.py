@@ -83,3 +83,13 @@ def test_training_step_runs_forward_and_backward_attention_on_the_triton_tier(tm
     after = step("after.json")
     assert after["tiers"][ATTENTION] == "triton" and after["tiers"][BACKWARD] == "triton", after["tiers"]
     assert after["err"] < 1e-4
+
+
+def test_a_tiny_llama_s_attention_runs_on_the_triton_tier(tmp_path):
+    """transformers' Llama (GQA, causal, through SDPA): its attention node is the family's after one fill."""
+    pytest.importorskip("transformers")
+    cache = tmp_path / "cache"
+    fill_cache("--model", f"{MODELS}:make_tiny_llama", "--target", "interpreter", "--cache-dir", str(cache))
+    after, _ = compile_in_fresh_process(tmp_path, cache, fn="make_tiny_llama", target="interpreter")
+    assert after["tiers"][ATTENTION] == "triton", after["tiers"]
+    assert after["err"] < 1e-4
