@@ -58,6 +58,8 @@ VARIANTS = {
     "scale": lambda spec, **kw: spec(*qkv(**kw), scale=0.3),
     "float_mask": lambda spec, **kw: spec(*qkv(**kw), mask=torch.randn(24, 20).to(kw.get("dtype", F32))),
     "batch_head_mask": lambda spec, **kw: spec(*qkv(**dict(kw, B=2)), mask=torch.randn(2, 1, 24, 20).to(kw.get("dtype", F32))),
+    "expanded_mask": lambda spec, **kw: spec(*qkv(**dict(kw, B=2)),
+                                             mask=torch.randn(1, 1, 24, 20).to(kw.get("dtype", F32)).expand(2, 2, 24, 20)),
     "gqa": lambda spec, **kw: spec(*qkv(**dict(kw, H=4, Hkv=2))),
     "gqa_causal": lambda spec, **kw: spec(*qkv(**dict(kw, H=4, Hkv=1)), causal=True),
     "head_dim_5": lambda spec, **kw: spec(*qkv(**dict(kw, E=5))),

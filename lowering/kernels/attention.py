@@ -292,23 +292,23 @@ class AttentionFamily(KernelFamily):
         on these q/k/v (a random logsumexp would make exp(S - lse) overflow: no real input)."""
         plan = self._plan(spec)
         g = torch.Generator().manual_seed(seed)
-        qkv_kind = "random" if kind == "special" else kind
-        inputs = [sample_tensor(m, g, qkv_kind) for m in spec.inputs]
+        # the edge kinds apply to q/k/v (and grad_out); the mask gets its own "special" below
+        mask = plan.mask[0] if not isinstance(plan, str) and plan.mask is not None else None
+        inputs = [sample_tensor(m, g, "random" if kind == "special" or i == mask else kind)
+                  for i, m in enumerate(spec.inputs)]
         if isinstance(plan, str):
             return [to_device(t, device) for t in inputs]
-        if plan.mask is not None:
+        if plan.mask is not None and kind == "special":
             i, _, dtype = plan.mask
-            m = spec.inputs[i]
-            if dtype == "bool":
-                t = sample_tensor(m, g, "random")   # random True/False; a fully False row is likely in "special"
-                if kind == "special" and t.numel():
-                    t.select(-2, 0).fill_(False)
-            else:
-                t = sample_tensor(m, g, "random")
-                if kind == "special" and t.numel():
-                    t.masked_fill_(torch.rand(t.shape, generator=g) < 0.3, float("-inf"))
-                    t.select(-2, 0).fill_(float("-inf"))
-            inputs[i] = t
+            m, t = spec.inputs[i], inputs[i]
+            blocked = False if dtype == "bool" else float("-inf")
+            if t.numel():
+                # through the storage: a broadcast mask (stride 0) has no element of its own to write
+                span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+                flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
+                flat.masked_fill_(torch.rand(span, generator=g) < 0.3, blocked)
+                if cg.non_overlapping(m):
+                    t.select(-2, 0).fill_(blocked)   # a query row that sees no key
         if plan.backward:
             fwd = _forward_of_backward(spec, inputs, plan)
             inputs[plan.out[0]].copy_(fwd[0])
