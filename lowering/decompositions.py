@@ -201,13 +201,25 @@ def host_implementation(op: Any) -> Callable:
     return op
 
 
-def trace_decompositions() -> dict[Any, Callable]:
-    """The table aot_autograd traces with: torch's core ATen decompositions, minus the ops above."""
+def trace_decompositions(target: Any = None) -> dict[Any, Callable]:
+    """The table aot_autograd traces with: torch's core ATen decompositions, minus the ops above;
+    on a CUDA target without vendor attention, CUDA's attention ops as the device-neutral flash op
+    (neutral_attention.py)."""
     from torch._decomp import core_aten_decompositions
+
+    from torch_kernelize.lowering.neutral_attention import neutral_attention_table
     table = dict(core_aten_decompositions())
     for op in KEEP_WHOLE_AT_TRACE:
         table.pop(op, None)
+    table.update(neutral_attention_table(target))
     return table
+
+
+def trace_rewrites(target: Any) -> list[str]:
+    """The ops ``target``'s trace rewrites beyond the common table (part of a traced graph's key)."""
+    from torch_kernelize.lowering.neutral_attention import neutral_attention_table
+    from torch_kernelize.lowering.targets import op_name
+    return sorted(op_name(op) for op in neutral_attention_table(target))
 
 
 def decomposition_for(op: Any) -> Callable | None:

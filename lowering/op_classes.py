@@ -60,10 +60,25 @@ def classify(node: fx.Node) -> tuple[NodeClass, str]:
     return NodeClass.COMPUTE, ""
 
 
-def is_random(target: Any) -> bool:
+def is_random(target: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
     """Ops that draw random numbers (dropout, attention with dropout): never replaced by a
-    cached kernel, whose stream of random numbers could not match."""
-    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags
+    cached kernel, whose stream of random numbers could not match. An op whose only randomness
+    is a ``dropout_p`` argument (the attention ops, tagged seeded as a whole) draws nothing when
+    ``args``/``kwargs`` give it dropout_p == 0."""
+    if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags):
+        return False
+    schema = target._schema.arguments
+    names = [a.name for a in schema]
+    if "dropout_p" not in names:
+        return True
+    i = names.index("dropout_p")
+    if kwargs and "dropout_p" in kwargs:
+        p = kwargs["dropout_p"]
+    elif i < len(args) and not schema[i].kwarg_only:
+        p = args[i]
+    else:
+        p = schema[i].default_value if schema[i].has_default_value() else None
+    return not (isinstance(p, (int, float)) and p == 0)
 
 
 def is_compute(node: fx.Node) -> bool:

@@ -33,6 +33,7 @@ else:  # pragma: no cover
 
 DEVICES = ("cpu", "cuda")
 TRITON_BACKENDS = ("cuda", "interpreter", "none")
+HOST_ONLY_SUFFIXES = ("_for_cpu", "_for_cpu_backward")  # op packets ATen runs on CPU tensors only
 
 
 def op_name(op: Any) -> str:
@@ -102,6 +103,8 @@ class Target:
     def vendor_runs(self, op: Any) -> bool:
         """Whether the target's own library runs ``op`` (an OpOverload or other call target)."""
         full, packet = op_name(op), op_packet_name(op)
+        if self.device == "cuda" and packet.endswith(HOST_ONLY_SUFFIXES):
+            return False  # ATen has CPU kernels only (the device-neutral attention, neutral_attention.py)
         if self.supported is not None:
             return full in self.supported or packet in self.supported
         return full not in self.unsupported and packet not in self.unsupported

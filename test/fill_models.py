@@ -83,3 +83,48 @@ def make_conv1d():
     torch.manual_seed(0)
     model = nn.Conv1d(32, 48, 3, padding=1).cuda().half()
     return model, (torch.randn(6, 32, 64, device="cuda", dtype=torch.float16),)
+
+
+class Attention(nn.Module):
+    """Causal self-attention over heads cut from the input (no projections: the attention is the
+    work). Its output is viewed back as [B, L, H * E] through a transpose, so a tier that changed
+    the attention's output layout would break the view."""
+
+    def __init__(self, heads=2):
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, x):
+        b, l, d = x.shape
+        q = x.view(b, l, self.heads, d // self.heads).transpose(1, 2)
+        k, v = (q * 0.5).sin(), q.cos()
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return a.transpose(1, 2).reshape(b, l, d) * 2.0
+
+
+def make_attention():
+    torch.manual_seed(0)
+    # head dim 8 against 512 keys: the math decomposition's [L, S] scores are 16x the op's tensors
+    return Attention(), (torch.randn(1, 512, 16),)
+
+
+def make_tiny_llama():
+    """transformers' Llama (one layer, GQA: 4 query heads over 2 key/value heads) through its
+    SDPA attention; returns the logits."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   attn_implementation="sdpa")
+    torch.manual_seed(0)
+    llama = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+    class Logits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.llama = llama
+
+        def forward(self, ids):
+            return self.llama(ids).logits
+
+    return Logits(), (torch.randint(0, 64, (1, 32)),)

@@ -89,7 +89,8 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
     if use_graph_cache and session.options.graph_cache_dir is not None:
         from torch_kernelize import graph_cache
         cache = graph_cache.GraphCache(session.options.graph_cache_dir)
-        probe = graph_cache.probe(gm, example_inputs)
+        from torch_kernelize.lowering.decompositions import trace_rewrites
+        probe = graph_cache.probe(gm, example_inputs, trace_rewrites(session.target_for(example_inputs)))
         if probe.key is not None:
             if session.options.executable_cache and on_lowered is None:
                 from torch_kernelize.executable_cache import ExecutableCache, key_for
@@ -123,7 +124,7 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=trace_decompositions(),
+        decompositions=trace_decompositions(session.target_for(example_inputs)),
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)

@@ -48,7 +48,8 @@ SUFFIX = ".graph"
 _MAGIC = b"torch_kernelize graph cache\n"
 # The ATen graph depends on these modules' code: the aot_autograd call, the trace-time
 # decomposition table, and this file (entry format, runtime wrapper).
-_SOURCES = ("torch_kernelize.backend", "torch_kernelize.graph_cache", "torch_kernelize.lowering.decompositions")
+_SOURCES = ("torch_kernelize.backend", "torch_kernelize.graph_cache", "torch_kernelize.lowering.decompositions",
+            "torch_kernelize.lowering.neutral_attention")
 _SAFE_OP_NAMESPACES = ("aten", "prims")  # registered whenever torch is imported: loadable anywhere
 _SAFE_FUNCTION_MODULES = ("torch", "math", "operator", "_operator", "builtins")
 
@@ -119,16 +120,17 @@ def _code(gm: fx.GraphModule) -> str:
     return gm.code
 
 
-def probe(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Probe:
+def probe(gm: fx.GraphModule, example_inputs: Sequence[Any], trace_rewrites: Sequence[str] = ()) -> Probe:
     """The cache key of a Dynamo graph: its code, its inputs' metadata and everything else that
-    shapes the ATen graph aot_autograd makes of it (global state, configs, versions)."""
+    shapes the ATen graph aot_autograd makes of it (global state, configs, versions, the ops the
+    target's trace rewrites)."""
     try:
-        return _probe(gm, example_inputs)
+        return _probe(gm, example_inputs, trace_rewrites)
     except Exception as e:  # the cache must never stop a compile
         return _fail(f"could not key the graph: {type(e).__name__}: {e}")
 
 
-def _probe(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Probe:
+def _probe(gm: fx.GraphModule, example_inputs: Sequence[Any], trace_rewrites: Sequence[str] = ()) -> Probe:
     for node in gm.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             return _fail(f"the graph has a {node.op} node ({node.target})")
@@ -162,6 +164,7 @@ def _probe(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Probe:
         "torch": [torch.__version__, torch.version.git_version],
         "python": list(sys.version_info[:2]),
         "kernelize_sources": _source_hash(),
+        "trace_rewrites": list(trace_rewrites),
     }
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
     return Probe(key, "", *_guard_counts())

@@ -106,7 +106,7 @@ class GraphPlan:
             spec_problem = f"no KernelSpec: {e}"
         else:
             spec_problem = "data-dependent shape: no fixed KernelSpec" if spec is None else ""
-        random = is_random(f.node.target)
+        random = is_random(f.node.target, f.node.args, f.node.kwargs)
         status, entry, why = "miss", None, ""
         if self.target.has_triton and spec is not None and not random:
             status, entry, why = cache.lookup(spec.key) if cache is not None else ("miss", None, "no kernel cache")

@@ -228,13 +228,23 @@ class KernelSpec:
         return args, kwargs
 
     def run_vendor(self, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """Run the spec's own op (ATen on the tensors' device); always returns a tuple."""
+        """Run the spec's own op (ATen on the tensors' device); always returns a tuple.
+
+        Where ATen has no kernel for the op on that device (the device-neutral attention of
+        lowering/neutral_attention.py has CPU kernels only), the CPU runs it on copies, as the host
+        fallback would: references, vendor timings and a disabled kernel's calls still work."""
         if self.graph is not None:
             from torch_kernelize.lowering.regions import run_region_graph
             return tuple(run_region_graph(self, tensors))
         device = tensors[0].device.type if tensors else None
         args, kwargs = self.build_args(tensors, device)
-        out = self.op_overload(*args, **kwargs)
+        try:
+            out = self.op_overload(*args, **kwargs)
+        except NotImplementedError:
+            if device in (None, "cpu"):
+                raise
+            outs = self.run_vendor([t.cpu() for t in tensors])
+            return tuple(o.to(tensors[0].device) if isinstance(o, torch.Tensor) else o for o in outs)
         return tuple(out) if self.tuple_output else (out,)
 
     def reference(self, tensors: Sequence[torch.Tensor], device: str = "cpu") -> tuple[torch.Tensor, ...]:

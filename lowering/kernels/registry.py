@@ -1,6 +1,7 @@
 """The table of kernel families (op family -> generator). Order matters: first match wins."""
 from __future__ import annotations
 
+from torch_kernelize.lowering.kernels.attention import FAMILY as ATTENTION
 from torch_kernelize.lowering.kernels.base import KernelFamily
 from torch_kernelize.lowering.kernels.conv1d import FAMILY as CONV1D
 from torch_kernelize.lowering.kernels.elementwise import FAMILY as ELEMENTWISE
@@ -13,4 +14,5 @@ from torch_kernelize.lowering.kernels.reductions import FAMILY as REDUCTIONS
 from torch_kernelize.lowering.kernels.scan import FAMILY as SCAN
 from torch_kernelize.lowering.kernels.topk import FAMILY as TOPK
 
-FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC, FUSED, LAYERNORM, INDEXING, SCAN, TOPK, MATMUL, CONV1D]
+FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC, FUSED, LAYERNORM, INDEXING, SCAN, TOPK, MATMUL, CONV1D,
+                             ATTENTION]
