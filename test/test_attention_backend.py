@@ -35,9 +35,6 @@ def test_attention_runs_on_the_triton_tier_after_one_fill(tmp_path):
     assert after["misses"] == [] and after["err"] < 1e-5
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 22's cost-aware ladder: today a chip without the "
-                   "attention op takes its math decomposition (tier 1) although the attention family "
-                   "generates it whole")
 def test_a_chip_without_vendor_attention_runs_the_flash_kernel(tmp_path):
     before, after = _fill_and_serve(tmp_path, _chip(tmp_path, vendor_attention=False))
     assert before["err"] < 1e-5   # before the fill: whatever tier the ladder chose, the right values
