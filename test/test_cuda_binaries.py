@@ -151,11 +151,16 @@ def test_fill_stores_a_winner_once_its_unaligned_binaries_are_built(tmp_path, ca
             self.files[record["key"]] = sorted(p.name for p in Path(built).iterdir())
 
     class Measurer:  # what the pending store asks of the spec's measurer
+        contains_faults = False
+
         def __init__(self, spec, verdict):
             self.spec, self.verdict = spec, verdict
 
         def validate_unaligned(self, built):
             return self.verdict
+
+        def close(self):
+            pass
 
     cache = Cache()
     run = FillRun(get_target("interpreter"), cache, 2, False, False, 1.03)
