@@ -68,23 +68,11 @@ def _max_err(got: Any, want: Any) -> float:
 def compile_and_report(ref: str, target: Any, cache_dir: Path, repro_dir: Path | None) -> ModelResult:
     """Compile one model for ``target`` with the kernel cache as it is, run it once, and collect
     the plans of its graphs."""
-    from torch_kernelize.backend import compile_with_session
-    from torch_kernelize.fill_cache.collect import load_model
-    from torch_kernelize.lower import Session
-    from torch_kernelize.options import Options
+    from torch_kernelize.fill_cache.collect import run_compiled
 
-    model, inputs = load_model(ref)
-    device = "cuda" if target.device == "cuda" else "cpu"
-    model = model.to(device).eval()
-    inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
-    session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=repro_dir), target)
-    graphs: list[Any] = []
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    model, inputs, got, graphs = run_compiled(ref, target, cache_dir, repro_dir)
     with torch.no_grad():
-        got = compiled(*inputs)
         want = model(*inputs)
-    torch._dynamo.reset()
     tiers: collections.Counter = collections.Counter()
     fallbacks = []
     for g in graphs:

@@ -90,9 +90,11 @@ def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
     return result[0], tuple(result[1])
 
 
-def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
-    """Trace the model through the backend's planner on ``target``; collect the specs that a
-    kernel family can generate (hits included, so --force can re-search them)."""
+def run_compiled(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None
+                 ) -> tuple[torch.nn.Module, tuple, Any, list[Any]]:
+    """Load a ``--model`` reference onto ``target``'s device, compile it with the backend's planner
+    and the kernel cache as it is, and run it once under no_grad: (model, inputs, its output,
+    the LoweredGraphs it made)."""
     from torch_kernelize.backend import compile_with_session
     from torch_kernelize.lower import Session
     from torch_kernelize.options import Options
@@ -101,15 +103,21 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
     device = "cuda" if target.device == "cuda" else "cpu"
     model = model.to(device)
     inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
-    session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=None), target)
+    session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=repro_dir), target)
     graphs: list[Any] = []
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
     with torch.no_grad():
-        compiled(*inputs)
+        out = compiled(*inputs)
     torch._dynamo.reset()
-    del model, inputs, compiled
-    if device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
+    return model, inputs, out, graphs
+
+
+def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
+    """Trace the model through the backend's planner on ``target``; collect the specs that a
+    kernel family can generate (hits included, so --force can re-search them)."""
+    _, _, _, graphs = run_compiled(ref, target, cache_dir)  # the model, inputs and output are dropped
+    if target.device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
         torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
     nodes: dict[str, Work] = {}
