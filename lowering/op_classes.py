@@ -34,10 +34,11 @@ _STRUCTURAL_ATEN = {
 # Ops that return a fresh tensor but are still just a reinterpretation of the same data.
 _VIEW_LIKE = {aten._unsafe_view.default, aten.view.dtype, aten.lift_fresh_copy.default}
 # Factory ops create a tensor from nothing but sizes and a value; the vendor fills memory.
-_FACTORY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default, aten.full.default, aten.zeros.default,
-            aten.ones.default, aten.scalar_tensor.default, aten.arange.start_step, aten.arange.default,
-            aten.arange.start, aten.empty_like.default, aten.full_like.default, aten.zeros_like.default,
-            aten.ones_like.default, aten.new_empty.default, aten.new_zeros.default, aten.new_full.default}
+_FACTORY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default, aten.full.default,
+            aten.zeros.default, aten.ones.default, aten.scalar_tensor.default, aten.arange.start_step,
+            aten.arange.default, aten.arange.start, aten.empty_like.default, aten.full_like.default,
+            aten.zeros_like.default, aten.ones_like.default, aten.new_empty.default, aten.new_zeros.default,
+            aten.new_full.default}
 
 
 def classify(node: fx.Node) -> tuple[NodeClass, str]:
