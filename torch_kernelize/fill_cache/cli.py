@@ -26,6 +26,7 @@ import torch
 
 from torch_kernelize.errors import KernelizeError
 from torch_kernelize.cuda_binaries import remove_unaligned
+from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.external import with_candidates
@@ -349,49 +350,24 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    try:
-        target = get_target(args.target or ("cuda" if torch.cuda.is_available() else None))
-        if not target.has_triton:
-            raise UsageError(f"target {target.name!r} has no Triton backend: there is nothing to fill "
-                             "(use --target interpreter, cuda, or a target file with triton = ...)")
-        from torch_kernelize.kernel_cache import KernelCache
-        cache = KernelCache.for_target(args.cache_dir, target)
-        check_cache_dir(cache.dir)
-        work: dict[str, Work] = {}
-        for ref in args.model:
-            for w in specs_from_model(ref, target, args.cache_dir):
-                work.setdefault(w.spec.key, w)
-        for folder in args.repros:
-            for w in specs_from_repros(folder):
-                if w.spec.key not in work or w.replace:
-                    work[w.spec.key] = w
-        budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
-        run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
-                      family_for=with_candidates(args.candidate, list(work.values())) if args.candidate else None)
-        log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
-                 target.name, cache.dir, budget)
-        started = time.perf_counter()
-        rows = run.run(list(work.values()), quiet=args.quiet)
-        elapsed = time.perf_counter() - started
-    except KernelizeError as e:
-        print(f"fill_cache: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # every evaluation so far is journaled (fsynced); winners found are stored
-        print("fill_cache: interrupted; run the same command with --resume to continue where it stopped",
-              file=sys.stderr)
-        return 130
-    except DeviceFault as e:  # the CUDA context is gone: report what was done, then stop
-        print(format_table(run.rows))
-        print(f"fill_cache: {e}\nIt is recorded as failed and will not be run again. This process can no "
-              f"longer use the GPU: run the same command with --resume to continue.", file=sys.stderr)
-        return 3
+def collect_work(args: argparse.Namespace, target: Target) -> dict[str, Work]:
+    """The specs to search, by key: every --model's trace, then every --repros folder's."""
+    work: dict[str, Work] = {}
+    for ref in args.model:
+        for w in specs_from_model(ref, target, args.cache_dir):
+            work.setdefault(w.spec.key, w)
+    for folder in args.repros:
+        for w in specs_from_repros(folder):
+            if w.spec.key not in work or w.replace:
+                work[w.spec.key] = w
+    return work
+
+
+def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summary: dict[str, Any]) -> int:
+    """Print the table and the one-line total, write the JSON summary; 1 if a spec had no correct
+    candidate, else 0."""
     print(format_table(rows))
-    summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
-    summary = {"search_id": run.search_id, "target": target.describe(), "cache": str(cache.dir),
-               "budget": budget, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
+    summary = {**summary, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
     failed = [r for r in rows if r["status"] == "no correct candidate"]
@@ -401,3 +377,94 @@ def main(argv: list[str] | None = None) -> int:
           f"candidate, {sum(r['status'] == 'too large' for r in rows)} too large; "
           + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items()) + f"; summary: {summary_path}")
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    group = None
+    if distributed.launched():  # torchrun: this process is one rank of several
+        group = distributed.RankGroup.from_env()
+        group.start()
+    run, rows, code, error = None, [], 0, None
+    started = time.perf_counter()
+    try:
+        if group is not None:
+            distributed.pin_device(group.local_rank)
+        target = get_target(args.target or ("cuda" if torch.cuda.is_available() else None))
+        if not target.has_triton:
+            raise UsageError(f"target {target.name!r} has no Triton backend: there is nothing to fill "
+                             "(use --target interpreter, cuda, or a target file with triton = ...)")
+        from torch_kernelize.kernel_cache import KernelCache
+        cache = KernelCache.for_target(args.cache_dir, target)
+        check_cache_dir(cache.dir)
+        work = list(collect_work(args, target).values())
+        budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
+        run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
+                      family_for=with_candidates(args.candidate, work) if args.candidate else None)
+        if group is not None:
+            def weight(w: Work) -> int:  # what searching it costs: nothing where it is served already
+                cached = not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")
+                return 0 if cached else spec_bytes(w.spec)
+            total = len(work)
+            work, run.search_id = group.share(work, weight, run.search_id)
+            log.info("rank %d of %d: %d of the %d spec(s)", group.rank, group.world, len(work), total)
+        log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
+                 target.name, cache.dir, budget)
+        rows = run.run(work, quiet=args.quiet)
+    except KernelizeError as e:
+        print(f"fill_cache: error: {e}", file=sys.stderr)
+        code, error = 2, str(e)
+    except KeyboardInterrupt:  # every evaluation so far is journaled (fsynced); winners found are stored
+        print("fill_cache: interrupted; run the same command with --resume to continue where it stopped",
+              file=sys.stderr)
+        return 130
+    except DeviceFault as e:  # the CUDA context is gone: report what was done, then stop
+        print(format_table(run.rows))
+        print(f"fill_cache: {e}\nIt is recorded as failed and will not be run again. This process can no "
+              f"longer use the GPU: run the same command with --resume to continue.", file=sys.stderr)
+        code, error, rows = 3, str(e), run.rows
+    elapsed = time.perf_counter() - started
+    if group is not None:
+        return _finish_rank(group, args, run, rows, code, error, started)
+    if code:
+        return code
+    summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
+    return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": target.describe(),
+                                                "cache": str(cache.dir), "budget": budget})
+
+
+def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: FillRun | None,
+                 rows: list[dict[str, Any]], code: int, error: str | None, started: float) -> int:
+    """Under torchrun: hand this rank's rows to rank 0, which reports the whole run. Ranks other
+    than 0 exit 0 once rank 0 has their result (a non-zero exit would make torchrun stop rank 0
+    before its summary); rank 0 exits with the worst code of all ranks (3 for one lost)."""
+    result = {"rank": group.rank, "host": socket.gethostname(), "code": code, "error": error,
+              "seconds": round(time.perf_counter() - started, 2), "rows": [dict(r, rank=group.rank) for r in rows]}
+    try:
+        gathered = group.finish(result)
+    except KeyboardInterrupt:
+        print("fill_cache: interrupted; run the same command with --resume to continue where it stopped",
+              file=sys.stderr)
+        return 130
+    if gathered is None:
+        return 0
+    results, missing = gathered
+    for r in missing:
+        print(f"fill_cache: rank {r} did not answer (killed, or its node was lost): its share is not "
+              "finished; run the same command with --resume to continue", file=sys.stderr)
+    for r, res in sorted(results.items()):
+        if r and res["error"]:
+            print(f"fill_cache: rank {r} ({res['host']}): exit {res['code']}: {res['error']}", file=sys.stderr)
+    codes = [res["code"] for res in results.values()] + [3] * len(missing)
+    all_rows = [row for _, res in sorted(results.items()) for row in res["rows"]]
+    if all_rows and run is not None:
+        ranks = [{k: res[k] for k in ("rank", "host", "code", "error", "seconds")} | {"specs": len(res["rows"])}
+                 for _, res in sorted(results.items())]
+        ranks += [{"rank": r, "code": None, "error": "did not answer"} for r in missing]
+        cache_dir = run.cache.dir
+        summary_path = args.summary or cache_dir / "runs" / f"{run.search_id}.json"
+        codes.append(report(all_rows, time.perf_counter() - started, summary_path,
+                            {"search_id": run.search_id, "target": run.target.describe(),
+                             "cache": str(cache_dir), "budget": run.budget, "ranks": ranks}))
+    return distributed.worst(codes)
