@@ -1,0 +1,119 @@
+"""fill_cache under torchrun on CPU (interpreter target): the deal, the messages between ranks, and
+two ranks filling one cache end to end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from conftest import last_json, run_python
+from torch_kernelize.fill_cache.collect import UsageError, Work
+from torch_kernelize.fill_cache.distributed import RankGroup, deal, worst
+
+
+def _work(key: str, covered_by: tuple[str, ...] = ()) -> Work:
+    return Work(types.SimpleNamespace(key=key), "test", covered_by=list(covered_by))
+
+
+def test_deal_gives_every_spec_once_largest_first_and_a_regions_nodes_with_it():
+    sizes = {"a": 10, "b": 9, "c": 8, "d": 3, "e": 2, "region": 5, "n1": 4, "n2": 4, "inner": 1}
+    work = [_work("region"), _work("inner", ("region",)), *(_work(k) for k in "abcde"),
+            _work("n1", ("inner", "region")), _work("n2", ("region",))]
+    shares = deal(work, 3, lambda w: sizes[w.spec.key])
+    keys = [[w.spec.key for w in s] for s in shares]
+    assert sorted(k for s in keys for k in s) == sorted(sizes)
+    # a=10 -> 0, b=9 -> 1, c=8 -> 2, region=5 -> 2 (least loaded), d=3 -> 1, e=2 -> 0
+    assert keys == [["a", "e"], ["b", "d"], ["region", "inner", "c", "n1", "n2"]]
+    # ties in weight (cached specs weigh nothing) are spread by count
+    assert [len(s) for s in deal([_work(str(i)) for i in range(6)], 3, lambda w: 0)] == [2, 2, 2]
+
+
+def test_worst_exit_code_puts_bad_input_first_then_interrupted_then_lost():
+    assert worst([0, 1, 0]) == 1
+    assert worst([1, 3]) == 3
+    assert worst([3, 130, 1]) == 130
+    assert worst([130, 2, 0]) == 2
+    assert worst([]) == 0
+
+
+def _group(store, rank: int, world: int) -> RankGroup:
+    return RankGroup(dist.PrefixStore("t/", store), rank, world, dead_after=1.0)
+
+
+def test_rank0_deals_collects_results_and_reports_a_rank_that_stopped_answering():
+    store = dist.HashStore()
+    work = [_work(k) for k in "abcd"]
+    r0, r1, r2 = (_group(store, r, 3) for r in range(3))
+    mine0, sid = r0.share(work, lambda w: 1, "run-1")
+    mine1, sid1 = r1.share(list(reversed(work)), lambda w: 1, "ignored")  # its own order: rank 0's deal wins
+    assert sid1 == sid == "run-1"
+    assert [w.spec.key for w in mine0] == ["a", "d"] and [w.spec.key for w in mine1] == ["b"]
+    assert r1.finish({"rank": 1, "code": 1, "rows": [{"key": "b"}]}) is None
+    r2.store.add("alive/2", 1)  # it beat once, then died: its heartbeat stands still
+    results, missing = r0.finish({"rank": 0, "code": 0, "rows": []})
+    assert results[1]["rows"] == [{"key": "b"}] and results[1]["code"] == 1
+    assert missing == [2]
+
+
+def test_a_rank_with_other_work_than_rank0_or_after_rank0_failed_stops_with_a_usage_error():
+    store = dist.HashStore()
+    r0, r1 = _group(store, 0, 2), _group(store, 1, 2)
+    r0.share([_work("a"), _work("b")], lambda w: 1, "run-1")
+    with pytest.raises(UsageError, match="other specs than rank 0"):
+        r1.share([_work("a"), _work("c")], lambda w: 1, "x")
+
+    store = dist.HashStore()
+    r0, r1 = _group(store, 0, 2), _group(store, 1, 2)
+    r1.store.set("result/1", json.dumps({"rank": 1, "code": 2, "rows": []}))
+    r0.finish({"rank": 0, "code": 2, "error": "--model m.py:make: m.py does not exist", "rows": []})
+    with pytest.raises(UsageError, match="rank 0 could not collect the work: --model m.py:make"):
+        r1.share([_work("a")], lambda w: 1, "x")
+
+
+MODEL = "torch_kernelize.examples:make_mlp"
+
+SERVE = """
+import json, torch
+from torch_kernelize.examples import make_mlp
+model, inputs = make_mlp()
+compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter", "cache_dir": {cache!r},
+                         "repro_dir": "off", "report": {report!r}}})
+with torch.no_grad():
+    err = (compiled(*inputs) - model(*inputs)).abs().max().item()
+doc = json.load(open({report!r}))
+nodes = [n for g in doc["graphs"] for n in g["nodes"]]
+print(json.dumps({{"err": err, "misses": [n["op"] for n in nodes if n.get("miss")],
+                   "triton": sum(n["tier"] == "triton" for n in nodes)}}))
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_search_every_spec_once_and_rank0_reports_the_run(tmp_path):
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "torch_kernelize.fill_cache", "--quiet", "--model", MODEL, "--target", "interpreter",
+                           "--cache-dir", str(cache), "--budget", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("spec(s) in") == 1, proc.stdout  # one summary line, rank 0's
+    runs = list(cache.glob("*/runs/*.json"))
+    assert len(runs) == 1
+    summary = json.loads(runs[0].read_text())
+    rows = summary["specs"]
+    assert len(rows) == len({r["key"] for r in rows}) >= 4  # every spec once, in one summary
+    assert {r["rank"] for r in rows} == {0, 1}, "both ranks had a share"
+    assert [(r["rank"], r["code"], r["specs"]) for r in summary["ranks"]] == [
+        (0, 0, sum(r["rank"] == 0 for r in rows)), (1, 0, sum(r["rank"] == 1 for r in rows))]
+    assert {r["status"] for r in rows} <= {"stored", "in a fused region"}
+    # searched exactly once across the ranks: one journal per stored spec, one evaluation in each
+    journals = list(cache.glob("*/journals/*.jsonl"))
+    assert sorted(j.stem for j in journals) == sorted(r["key"] for r in rows if r["status"] == "stored")
+    assert all(len(j.read_text().splitlines()) == 1 for j in journals)
+    assert not list(cache.glob("*/journals/*.old")), "no spec was searched again"
+
+    served = last_json(run_python(SERVE.format(cache=str(cache), report=str(tmp_path / "report.json"))))
+    assert served["misses"] == [] and served["triton"] >= 2 and served["err"] < 1e-4, served
