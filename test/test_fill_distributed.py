@@ -3,6 +3,7 @@ two ranks filling one cache end to end."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -92,12 +93,17 @@ print(json.dumps({{"err": err, "misses": [n["op"] for n in nodes if n.get("miss"
 """
 
 
+def torchrun_fill(cache: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "torch_kernelize.fill_cache", "--quiet", "--target", "interpreter",
+                           "--cache-dir", str(cache), *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
 @pytest.mark.slow
 def test_two_ranks_under_torchrun_search_every_spec_once_and_rank0_reports_the_run(tmp_path):
     cache = tmp_path / "cache"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "torch_kernelize.fill_cache", "--quiet", "--model", MODEL, "--target", "interpreter",
-                           "--cache-dir", str(cache), "--budget", "1"], capture_output=True, text=True, timeout=300)
+    proc = torchrun_fill(cache, "--model", MODEL, "--budget", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("spec(s) in") == 1, proc.stdout  # one summary line, rank 0's
     runs = list(cache.glob("*/runs/*.json"))
@@ -117,3 +123,53 @@ def test_two_ranks_under_torchrun_search_every_spec_once_and_rank0_reports_the_r
 
     served = last_json(run_python(SERVE.format(cache=str(cache), report=str(tmp_path / "report.json"))))
     assert served["misses"] == [] and served["triton"] >= 2 and served["err"] < 1e-4, served
+
+
+@pytest.mark.slow
+def test_bad_input_on_every_rank_is_reported_once_by_rank0_with_its_exit_code(tmp_path):
+    proc = torchrun_fill(tmp_path / "cache", "--model", f"{tmp_path / 'nowhere.py'}:make")
+    assert proc.returncode == 1  # torchrun's own code when a process failed; it shows rank 0's
+    assert "exitcode  : 2" in proc.stderr and "rank      : 0" in proc.stderr, proc.stderr
+    assert "fill_cache: rank 1 " in proc.stderr and "exit 2: --model" in proc.stderr
+
+
+# Loaded in every process of the torchrun job below: rank 1 kills itself (SIGKILL) right after the
+# first evaluation it journals, in the middle of its first spec's search.
+DIE_ON_RANK1 = """
+import os, signal
+if os.environ.get("RANK") == "1":
+    from torch_kernelize.fill_cache import journal
+    append = journal.Journal.append
+    def append_then_die(self, record):
+        append(self, record)
+        os.kill(os.getpid(), signal.SIGKILL)
+    journal.Journal.append = append_then_die
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_search_loses_nothing_and_resume_finishes_the_rest(tmp_path):
+    cache = tmp_path / "cache"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(DIE_ON_RANK1)
+    args = ("--model", MODEL, "--budget", "2")
+    killed = torchrun_fill(cache, *args, env={"PYTHONPATH": os.pathsep.join(
+        [str(hook), os.environ.get("PYTHONPATH", "")])})
+    assert killed.returncode != 0 and "exitcode  : -9" in killed.stderr, killed.stderr
+    before = {j.stem: j.read_text().splitlines() for j in cache.glob("*/journals/*.jsonl")}
+    assert before, "nothing was journaled before rank 1 died"
+
+    resumed = torchrun_fill(cache, *args, "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    summary = json.loads(sorted(cache.glob("*/runs/*.json"))[-1].read_text())
+    rows = {r["key"]: r for r in summary["specs"]}
+    assert {r["status"] for r in rows.values()} <= {"stored", "cached", "in a fused region"}
+    assert any(r["resumed"] for r in rows.values()), "the search rank 1 died in was resumed"
+    for j in cache.glob("*/journals/*.jsonl"):
+        lines = j.read_text().splitlines()
+        assert lines[:len(before.get(j.stem, []))] == before.get(j.stem, []), "a journaled evaluation was lost"
+        configs = [json.dumps(json.loads(x)["config"], sort_keys=True) for x in lines]
+        assert len(configs) == len(set(configs)) <= 2, "an evaluation was repeated"
+    served = last_json(run_python(SERVE.format(cache=str(cache), report=str(tmp_path / "report.json"))))
+    assert served["misses"] == [], served
