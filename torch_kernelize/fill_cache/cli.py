@@ -5,7 +5,8 @@
 
 Several processes may fill one cache at once (one per GPU, or per node under torchrun): each
 spec is searched under its own file lock, and a spec another process is busy with is taken up
-again at the end (and skipped if that process stored it).
+again at the end (and skipped if that process stored it). Under torchrun, rank 0 deals the specs
+out first and reports the whole run (distributed.py).
 """
 from __future__ import annotations
 
@@ -411,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             log.info("rank %d of %d: %d of the %d spec(s)", group.rank, group.world, len(work), total)
         log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
                  target.name, cache.dir, budget)
-        rows = run.run(work, quiet=args.quiet)
+        rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
     except KernelizeError as e:
         print(f"fill_cache: error: {e}", file=sys.stderr)
         code, error = 2, str(e)
