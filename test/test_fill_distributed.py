@@ -173,3 +173,26 @@ def test_a_rank_killed_mid_search_loses_nothing_and_resume_finishes_the_rest(tmp
         assert len(configs) == len(set(configs)) <= 2, "an evaluation was repeated"
     served = last_json(run_python(SERVE.format(cache=str(cache), report=str(tmp_path / "report.json"))))
     assert served["misses"] == [], served
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank1_key", ["same user", "another key"])
+def test_gather_to_rank0_imports_every_ranks_entries_into_rank0s_cache(tmp_path, rank1_key):
+    cache = tmp_path / "cache"
+    env = {}
+    if rank1_key == "another key":  # rank 1 signs with a key rank 0 does not trust: its entries are re-validated
+        hook = tmp_path / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(
+            f"import os\nif os.environ.get('RANK') == '1':\n    os.environ['KERNELIZE_CONFIG_DIR'] = {str(tmp_path / 'other')!r}\n")
+        env["PYTHONPATH"] = os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])
+    proc = torchrun_fill(cache, "--model", MODEL, "--budget", "1", "--gather-to-rank0", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(next(cache.glob("*/runs/*.json")).read_text())
+    rank1 = summary["ranks"][1]
+    assert rank1["specs"] > 0 and rank1["gathered"]["imported"] >= 1 and not rank1["gathered"]["rejected"], rank1
+    accepted = rank1["gathered"]["accepted_by"]
+    assert ("revalidation" in accepted) == (rank1_key == "another key"), accepted
+    assert list((cache / "rank-1").glob("*/entries/*/entry.json")), "rank 1 filled a cache of its own"
+    served = last_json(run_python(SERVE.format(cache=str(cache), report=str(tmp_path / "report.json"))))
+    assert served["misses"] == [], served

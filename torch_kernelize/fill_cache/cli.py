@@ -78,6 +78,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP,
                    help=f"a Triton winner must beat the vendor kernel by this factor (default {MIN_SPEEDUP}: "
                    "closer than that is timing noise, and the vendor kernel is the safer one to run)")
+    p.add_argument("--gather-to-rank0", action="store_true",
+                   help="under torchrun, for nodes without a shared filesystem: each rank but 0 fills its own "
+                   "cache (<cache-dir>/rank-<N>) and sends its entries to rank 0, which imports them into "
+                   "--cache-dir (signed by a key it trusts, else re-validated there)")
     p.add_argument("--summary", type=Path, default=None, help="JSON summary path (default: in the cache)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -329,6 +333,24 @@ class FillRun:
         return self.rows
 
 
+def _import_gathered(rank: int, res: dict[str, Any], data: bytes, root: Path, target: Target) -> int:
+    """Import the entries ``rank`` sent (--gather-to-rank0) into rank 0's cache; record how in
+    ``res``; the exit code it adds: 1 if some entry failed re-validation, 2 if refused."""
+    try:
+        imported = distributed.import_bytes(root, data, target)
+    except KernelizeError as e:
+        res["gathered"] = {"error": str(e)}
+        print(f"fill_cache: rank {rank}'s entries were not imported: {e}", file=sys.stderr)
+        return 2
+    res["gathered"] = {"accepted_by": imported.accepted_by, "imported": len(imported.imported),
+                       "kept": len(imported.kept), "rejected": imported.rejected}
+    log.info("rank %d: %d entr(ies) imported, %d kept (accepted by %s)", rank, len(imported.imported),
+             len(imported.kept), imported.accepted_by)
+    for key, why in sorted(imported.rejected.items()):
+        print(f"fill_cache: rank {rank}'s entry {key} failed re-validation here, not stored: {why}", file=sys.stderr)
+    return 1 if imported.rejected else 0
+
+
 def _winner_text(entry: Any) -> str:
     if entry is None:
         return ""
@@ -397,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"target {target.name!r} has no Triton backend: there is nothing to fill "
                              "(use --target interpreter, cuda, or a target file with triton = ...)")
         from torch_kernelize.kernel_cache import KernelCache
-        cache = KernelCache.for_target(args.cache_dir, target)
+        private = group is not None and group.rank != 0 and args.gather_to_rank0
+        cache = KernelCache.for_target(args.cache_dir / f"rank-{group.rank}" if private else args.cache_dir, target)
         check_cache_dir(cache.dir)
         work = list(collect_work(args, target).values())
         budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
@@ -440,6 +463,14 @@ def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: Fi
     """Under torchrun: hand this rank's rows to rank 0, which reports the whole run. Ranks other
     than 0 exit 0 once rank 0 has their result (a non-zero exit would make torchrun stop rank 0
     before its summary); rank 0 exits with the worst code of all ranks (3 for one lost)."""
+    if args.gather_to_rank0 and group.rank != 0 and run is not None:
+        try:  # before the result: rank 0 looks for it once it has the result
+            data = distributed.export_bytes(run.cache, [r["key"] for r in rows])
+            if data is not None:
+                group.send_archive(data)
+        except KernelizeError as e:
+            code = distributed.worst([code, 3])
+            error = f"its entries were not sent to rank 0 ({e}); they are in {run.cache.dir}"
     result = {"rank": group.rank, "host": socket.gethostname(), "code": code, "error": error,
               "seconds": round(time.perf_counter() - started, 2), "rows": [dict(r, rank=group.rank) for r in rows]}
     try:
@@ -458,10 +489,15 @@ def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: Fi
         if r and res["error"]:
             print(f"fill_cache: rank {r} ({res['host']}): exit {res['code']}: {res['error']}", file=sys.stderr)
     codes = [res["code"] for res in results.values()] + [3] * len(missing)
+    if args.gather_to_rank0 and run is not None:
+        for r, res in sorted(results.items()):
+            data = group.received_archive(r) if r else None
+            if data is not None:
+                codes.append(_import_gathered(r, res, data, args.cache_dir, run.target))
     all_rows = [row for _, res in sorted(results.items()) for row in res["rows"]]
     if all_rows and run is not None:
-        ranks = [{k: res[k] for k in ("rank", "host", "code", "error", "seconds")} | {"specs": len(res["rows"])}
-                 for _, res in sorted(results.items())]
+        ranks = [{k: res[k] for k in ("rank", "host", "code", "error", "seconds", "gathered") if k in res}
+                 | {"specs": len(res["rows"])} for _, res in sorted(results.items())]
         ranks += [{"rank": r, "code": None, "error": "did not answer"} for r in missing]
         cache_dir = run.cache.dir
         summary_path = args.summary or cache_dir / "runs" / f"{run.search_id}.json"

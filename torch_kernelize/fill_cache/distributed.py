@@ -15,6 +15,11 @@ thread in every rank bumps a heartbeat counter, and a rank whose counter stops m
 being waited for forever. A fixed collective timeout could not tell such a rank from one that
 is still searching. Its specs are journaled and stored as they finish, so a rerun with
 --resume finishes the rest.
+
+Nodes without a shared filesystem (--gather-to-rank0): every rank but 0 fills a cache of its own
+(``<cache-dir>/rank-<N>``), then sends its entries to rank 0 as a signed archive through the
+store; rank 0 imports it into ``--cache-dir`` on the trust model's terms: signed by a key it
+trusts (its own, where the ranks share a home directory), else each entry re-validated there.
 """
 from __future__ import annotations
 
@@ -22,9 +27,11 @@ import json
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from torch_kernelize.fill_cache.collect import UsageError, Work
@@ -189,6 +196,15 @@ class RankGroup:
         finally:
             self.close()
 
+    def send_archive(self, data: bytes) -> None:
+        """Before ``finish``: this rank's entries, for rank 0 to import (--gather-to-rank0)."""
+        self.store.set(f"archive/{self.rank}", data)
+
+    def received_archive(self, rank: int) -> bytes | None:
+        """On rank 0, after ``finish``: what ``rank`` sent with ``send_archive``, if anything."""
+        key = f"archive/{rank}"
+        return self.store.get(key) if self.store.check([key]) else None
+
     def _await(self, key: str, rank: int) -> bool:
         """Wait for ``key`` while ``rank`` is alive; False once its heartbeat stood still for
         ``dead_after`` seconds."""
@@ -202,6 +218,40 @@ class RankGroup:
                 return False
             time.sleep(POLL_S)
         return True
+
+
+def export_bytes(cache: Any, keys: Sequence[str]) -> bytes | None:
+    """The valid entries of ``keys`` in ``cache`` as a signed archive, or None if there are none."""
+    from torch_kernelize.kernel_cache.archive import export_cache
+
+    keys = [k for k in keys if cache.lookup(k)[0] in ("hit", "vendor")]
+    if not keys:
+        return None
+    with tempfile.TemporaryDirectory(prefix="kernelize-gather-") as tmp:
+        path = Path(tmp) / "entries.tar.gz"
+        export_cache(cache, path, keys)
+        return path.read_bytes()
+
+
+def import_bytes(root: Path, data: bytes, target: Any) -> Any:
+    """Import an archive a rank sent into the cache under ``root``: on its signature where it is
+    signed by a key this user trusts, else by re-validating every entry on this machine (the
+    store that carried it authenticates nobody). Returns kernel_cache.archive.ImportResult."""
+    from torch_kernelize.errors import CacheError
+    from torch_kernelize.fill_cache.verify import verify_entries
+    from torch_kernelize.kernel_cache.archive import import_cache, trusted_signer, verify_archive
+
+    def revalidate(staging: Any, keys: list[str]) -> dict[str, str | None]:
+        if staging.namespace != target.fingerprint_id():
+            raise CacheError(f"the entries are for namespace {staging.namespace}, but rank 0's target is "
+                             f"{target.fingerprint_id()}: the ranks must have the same kind of device")
+        return {v.key: None if v.ok else v.detail for v in verify_entries(staging, target, keys)}
+
+    with tempfile.TemporaryDirectory(prefix="kernelize-gather-") as tmp:
+        path = Path(tmp) / "entries.tar.gz"
+        path.write_bytes(data)
+        signer, _ = trusted_signer(verify_archive(path))
+        return import_cache(root, path, revalidate=None if signer else revalidate)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
