@@ -30,6 +30,9 @@ def test_deal_gives_every_spec_once_largest_first_and_a_regions_nodes_with_it():
     assert sorted(k for s in keys for k in s) == sorted(sizes)
     # a=10 -> 0, b=9 -> 1, c=8 -> 2, region=5 -> 2 (least loaded), d=3 -> 1, e=2 -> 0
     assert keys == [["a", "e"], ["b", "d"], ["region", "inner", "c", "n1", "n2"]]
+    # --gather-to-rank0: what rank 0's cache serves stays there (the other ranks' caches lack it)
+    assert [w.spec.key for w in deal(work, 3, lambda w: sizes[w.spec.key], lambda w: w.spec.key in "ab")[0]] == [
+        "a", "b"]
     # ties in weight (cached specs weigh nothing) are spread by count
     assert [len(s) for s in deal([_work(str(i)) for i in range(6)], 3, lambda w: 0)] == [2, 2, 2]
 

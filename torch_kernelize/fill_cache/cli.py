@@ -333,24 +333,6 @@ class FillRun:
         return self.rows
 
 
-def _import_gathered(rank: int, res: dict[str, Any], data: bytes, root: Path, target: Target) -> int:
-    """Import the entries ``rank`` sent (--gather-to-rank0) into rank 0's cache; record how in
-    ``res``; the exit code it adds: 1 if some entry failed re-validation, 2 if refused."""
-    try:
-        imported = distributed.import_bytes(root, data, target)
-    except KernelizeError as e:
-        res["gathered"] = {"error": str(e)}
-        print(f"fill_cache: rank {rank}'s entries were not imported: {e}", file=sys.stderr)
-        return 2
-    res["gathered"] = {"accepted_by": imported.accepted_by, "imported": len(imported.imported),
-                       "kept": len(imported.kept), "rejected": imported.rejected}
-    log.info("rank %d: %d entr(ies) imported, %d kept (accepted by %s)", rank, len(imported.imported),
-             len(imported.kept), imported.accepted_by)
-    for key, why in sorted(imported.rejected.items()):
-        print(f"fill_cache: rank {rank}'s entry {key} failed re-validation here, not stored: {why}", file=sys.stderr)
-    return 1 if imported.rejected else 0
-
-
 def _winner_text(entry: Any) -> str:
     if entry is None:
         return ""
@@ -427,14 +409,15 @@ def main(argv: list[str] | None = None) -> int:
         run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
                       family_for=with_candidates(args.candidate, work) if args.candidate else None)
         if group is not None:
-            def weight(w: Work) -> int:  # what searching it costs: nothing where it is served already
-                cached = not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")
-                return 0 if cached else spec_bytes(w.spec)
+            def served(w: Work) -> bool:  # on rank 0: its cache has it, and it is not to be searched again
+                return not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")
             total = len(work)
-            work, run.search_id = group.share(work, weight, run.search_id)
+            work, run.search_id = group.share(work, lambda w: 0 if served(w) else spec_bytes(w.spec), run.search_id,
+                                              to_rank0=served if args.gather_to_rank0 else lambda w: False)
             log.info("rank %d of %d: %d of the %d spec(s)", group.rank, group.world, len(work), total)
         log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
                  target.name, cache.dir, budget)
+        started = time.perf_counter()  # the fill's time, without the trace
         rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
     except KernelizeError as e:
         print(f"fill_cache: error: {e}", file=sys.stderr)
@@ -505,3 +488,21 @@ def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: Fi
                             {"search_id": run.search_id, "target": run.target.describe(),
                              "cache": str(cache_dir), "budget": run.budget, "ranks": ranks}))
     return distributed.worst(codes)
+
+
+def _import_gathered(rank: int, res: dict[str, Any], data: bytes, root: Path, target: Target) -> int:
+    """Import the entries ``rank`` sent (--gather-to-rank0) into rank 0's cache; record how in
+    ``res``; the exit code it adds: 1 if some entry failed re-validation, 2 if refused."""
+    try:
+        imported = distributed.import_bytes(root, data, target)
+    except KernelizeError as e:
+        res["gathered"] = {"error": str(e)}
+        print(f"fill_cache: rank {rank}'s entries were not imported: {e}", file=sys.stderr)
+        return 2
+    res["gathered"] = {"accepted_by": imported.accepted_by, "imported": len(imported.imported),
+                       "kept": len(imported.kept), "rejected": imported.rejected}
+    log.info("rank %d: %d entr(ies) imported, %d kept (accepted by %s)", rank, len(imported.imported),
+             len(imported.kept), imported.accepted_by)
+    for key, why in sorted(imported.rejected.items()):
+        print(f"fill_cache: rank {rank}'s entry {key} failed re-validation here, not stored: {why}", file=sys.stderr)
+    return 1 if imported.rejected else 0

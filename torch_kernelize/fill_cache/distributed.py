@@ -72,9 +72,11 @@ def pin_device(local_rank: int) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank] if devices is not None else str(local_rank)
 
 
-def deal(work: Sequence[Work], ranks: int, weight: Callable[[Work], int]) -> list[list[Work]]:
+def deal(work: Sequence[Work], ranks: int, weight: Callable[[Work], int],
+         to_rank0: Callable[[Work], bool] = lambda w: False) -> list[list[Work]]:
     """Each rank's share, every spec in exactly one. Specs go out largest ``weight`` first, each to
-    the rank with the least weight so far (then the fewest specs). A spec inside a fused region
+    the rank with the least weight so far (then the fewest specs), except those ``to_rank0`` (with
+    --gather-to-rank0, the specs rank 0's cache serves already). A spec inside a fused region
     (``covered_by``) goes with its region, so that its own search is skipped there once the region
     has a kernel. Each share keeps the order of ``work`` (regions before their nodes)."""
     by_key = {w.spec.key: w for w in work}
@@ -90,7 +92,7 @@ def deal(work: Sequence[Work], ranks: int, weight: Callable[[Work], int]) -> lis
 
     free = [w for w in work if not any(k in by_key for k in w.covered_by)]
     for w in sorted(free, key=lambda w: (-weight(w), w.spec.key)):
-        give(w, min(range(ranks), key=lambda r: (load[r], count[r], r)))
+        give(w, 0 if to_rank0(w) else min(range(ranks), key=lambda r: (load[r], count[r], r)))
 
     def owner_of(w: Work, seen: frozenset = frozenset()) -> int:
         if w.spec.key in owner:
@@ -150,11 +152,12 @@ class RankGroup:
                 return
 
     # --- the deal -------------------------------------------------------------------------------
-    def share(self, work: list[Work], weight: Callable[[Work], int], search_id: str) -> tuple[list[Work], str]:
-        """This rank's share of ``work`` and the run's search id (rank 0's): rank 0 deals and
-        publishes the deal (spec keys per rank); the others wait for it."""
+    def share(self, work: list[Work], weight: Callable[[Work], int], search_id: str,
+              to_rank0: Callable[[Work], bool] = lambda w: False) -> tuple[list[Work], str]:
+        """This rank's share of ``work`` and the run's search id (rank 0's): rank 0 deals
+        (``deal``) and publishes the deal (spec keys per rank); the others wait for it."""
         if self.rank == 0:
-            shares = deal(work, self.world, weight)
+            shares = deal(work, self.world, weight, to_rank0)
             self._publish({"search_id": search_id, "shares": [[w.spec.key for w in s] for s in shares]})
             self.search_id = search_id
             return shares[0], search_id
