@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from conftest import last_json, run_python
+from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.collect import UsageError, Work
 from torch_kernelize.fill_cache.distributed import RankGroup, deal, worst
 
@@ -62,6 +65,21 @@ def test_rank0_deals_collects_results_and_reports_a_rank_that_stopped_answering(
     results, missing = r0.finish({"rank": 0, "code": 0, "rows": []})
     assert results[1]["rows"] == [{"key": "b"}] and results[1]["code"] == 1
     assert missing == [2]
+
+
+def test_the_heartbeat_moves_while_the_rank_lives_and_stops_with_it(monkeypatch):
+    monkeypatch.setattr(distributed, "HEARTBEAT_S", 0.05)
+    g = _group(dist.HashStore(), 1, 2)
+    starter = threading.Thread(target=g.start)  # not the main thread: no SIGTERM handler in pytest
+    starter.start()
+    starter.join()
+    time.sleep(0.5)
+    assert g.store.add("alive/1", 0) >= 3
+    g.close()
+    g._beat.join(timeout=5)
+    stopped = g.store.add("alive/1", 0)
+    time.sleep(0.3)
+    assert g.store.add("alive/1", 0) == stopped
 
 
 def test_a_rank_with_other_work_than_rank0_or_after_rank0_failed_stops_with_a_usage_error():
