@@ -13,8 +13,8 @@ each rank's result for as long as that rank is alive, however long its share tak
 thread in every rank bumps a heartbeat counter, and a rank whose counter stops moving for
 ``dead_after`` seconds (killed, or its node lost) is reported as not answering instead of
 being waited for forever. A fixed collective timeout could not tell such a rank from one that
-is still searching. Its specs are journaled and stored as they finish, so a rerun with
---resume finishes the rest.
+is still searching. A dead rank's evaluations are journaled and its winners stored as they
+were found, so a rerun with --resume finishes the rest.
 
 Nodes without a shared filesystem (--gather-to-rank0): every rank but 0 fills a cache of its own
 (``<cache-dir>/rank-<N>``), then sends its entries to rank 0 as a signed archive through the
