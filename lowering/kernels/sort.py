@@ -17,13 +17,13 @@ what the kernel does anyway.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, resolve_tied_indices, unique
+from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, next_pow2,
+                                                   resolve_tied_indices, unique)
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -36,13 +36,8 @@ MAX_TILE = 16384          # compares of one BLOCK_I x BLOCK_J tile
 class _Plan:
     dtype: str
     descending: bool
-    M: int
-    N: int
-    m_sizes: tuple[int, ...]
-    m_strides: list[tuple[int, ...]]   # [in, values, indices]
-    n_strides: tuple[int, int, int]    # along the dim: in, values, indices
     dim: int
-    wide: bool
+    rows: cg.Rows                      # stride sets [in, values, indices]
 
 
 class SortFamily(KernelFamily):
@@ -79,13 +74,7 @@ class SortFamily(KernelFamily):
             return "outputs are not (values in the input dtype, int64 indices)"
         if any(not cg.non_overlapping(o) for o in (v, ix)):
             return "output strides overlap (some elements share memory)"
-        keep = [j for j in range(ndim) if j != d]
-        m_sizes, m_strides = cg.simplify([x.shape[j] for j in keep],
-                                         [tuple(m.stride[j] for j in keep) for m in (x, v, ix)], order_by=0)
-        wide = any(2 * (cg.max_offset(m.shape, m.stride) + sum(abs(s) for s in m.stride)) + 2 > cg.INT32_MAX
-                   for m in (x, v, ix))
-        return _Plan(x.dtype, desc, math.prod(x.shape[j] for j in keep), N, m_sizes, m_strides,
-                     (x.stride[d], v.stride[d], ix.stride[d]), d, wide)
+        return _Plan(x.dtype, desc, d, cg.rows_along((x, v, ix), d))
 
     def supports(self, spec: KernelSpec) -> str | None:
         plan = self._plan(spec)
@@ -96,10 +85,11 @@ class SortFamily(KernelFamily):
         bi, bj, w = c["BLOCK_I"], c["BLOCK_J"], c["num_warps"]
         if not (_is_pow2(bi) and _is_pow2(bj)) or w not in (1, 2, 4, 8, 16):
             return False
-        return bi <= _p2(plan.N) and bj <= _p2(plan.N) and bi * bj <= MAX_TILE and bi * bj >= 32 * w
+        n = next_pow2(plan.rows.N)
+        return bi <= n and bj <= n and bi * bj <= MAX_TILE and bi * bj >= 32 * w
 
     def _cfg(self, plan: _Plan, bi: int, bj: int, warps: int) -> Config:
-        n = _p2(plan.N)
+        n = next_pow2(plan.rows.N)
         bi, bj = min(bi, n), min(bj, n)
         return Config.of(BLOCK_I=bi, BLOCK_J=bj, num_warps=max(1, min(warps, bi * bj // 32)))
 
@@ -120,14 +110,15 @@ class SortFamily(KernelFamily):
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        p = self.checked_plan(spec, config)
+        plan = self.checked_plan(spec, config)
+        p = plan.rows
         bi, bj, warps = int(config["BLOCK_I"]), int(config["BLOCK_J"]), int(config["num_warps"])
         blocks = -(-p.N // bi)
         s = cg.Source()
         s(cg.HEADER, cg.describe_spec(spec))
         s(f"# {p.M} rows over sizes {list(p.m_sizes)}, strides [in, values, indices] {[list(x) for x in p.m_strides]}",
           f"# rows of {p.N}, strides along them [in, values, indices] {list(p.n_strides)}; "
-          f"{'descending' if p.descending else 'ascending'}, {blocks} programs per row", "")
+          f"{'descending' if plan.descending else 'ascending'}, {blocks} programs per row", "")
         s("@triton.jit", "def sort_kernel(in0_ptr, out0_ptr, out1_ptr, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):").indent()
         s(f"pid = tl.program_id(0){'.to(tl.int64)' if p.wide else ''}",
           f"row = pid // {blocks}",
@@ -137,10 +128,10 @@ class SortFamily(KernelFamily):
         for line in lines:
             s(line)
         in_row, val_row, idx_row = offs
-        key = {"bool": ".to(tl.int8)", "float16": ".to(tl.float32)", "bfloat16": ".to(tl.float32)"}.get(p.dtype, "")
+        key = {"bool": ".to(tl.int8)", "float16": ".to(tl.float32)", "bfloat16": ".to(tl.float32)"}.get(plan.dtype, "")
 
         def at(row: str, idx: str, stride: int) -> str:
-            return f"{'' if row == '0' else row + ' + '}{_scaled(idx, stride)}"
+            return f"{'' if row == '0' else row + ' + '}{cg.scaled(idx, stride)}"
 
         s(f"xi = tl.load(in0_ptr + {at(in_row, 'i', p.n_strides[0])}, mask=i_mask)",
           f"ki = xi{key}",
@@ -150,8 +141,8 @@ class SortFamily(KernelFamily):
           f"kj = tl.load(in0_ptr + {at(in_row, 'j', p.n_strides[0])}, mask=j < {p.N}){key}",
           "a = kj[None, :]",
           "b = ki[:, None]",
-          f"j_first = {_comes_first('a', 'b', p)}",
-          f"i_first = {_comes_first('b', 'a', p)}",
+          f"j_first = {_comes_first('a', 'b', plan)}",
+          f"i_first = {_comes_first('b', 'a', plan)}",
           "# j before i: it compares before, or ties with it at a lower index (a stable order)",
           f"before = (j_first | (~i_first & (j[None, :] < i[:, None]))) & (j < {p.N})[None, :]",
           "rank += tl.sum(before.to(tl.int32), axis=1)")
@@ -182,16 +173,8 @@ def _comes_first(a: str, b: str, p: _Plan) -> str:
     return f"(({a} < {b}) | (({a} == {a}) & ({b} != {b})))"
 
 
-def _scaled(expr: str, stride: int) -> str:
-    return expr if stride == 1 else f"({expr} * {stride})"
-
-
-def _p2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def _is_pow2(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v == next_pow2(v)
 
 
 FAMILY = SortFamily()

@@ -21,7 +21,6 @@ element equal to the reference's, as long as a row names no element twice.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import torch
@@ -92,13 +91,8 @@ class TopkFamily(KernelFamily):
         v, ix = spec.outputs
         if v.dtype != x.dtype or ix.dtype != "int64":
             return "outputs are not (values in the input dtype, int64 indices)"
-        keep = [j for j in range(ndim) if j != d]
-        m_sizes, m_strides = cg.simplify([x.shape[j] for j in keep],
-                                         [tuple(m.stride[j] for j in keep) for m in (x, v, ix)], order_by=0)
-        wide = any(2 * (cg.max_offset(m.shape, m.stride) + sum(abs(s) for s in m.stride)) + 2 > cg.INT32_MAX
-                   for m in (x, v, ix))
-        return _Plan(x.dtype, k, bool(largest), math.prod(x.shape[j] for j in keep), N, m_sizes, m_strides,
-                     (x.stride[d], v.stride[d], ix.stride[d]), d, wide)
+        r = cg.rows_along((x, v, ix), d)
+        return _Plan(x.dtype, k, bool(largest), r.M, N, r.m_sizes, r.m_strides, r.n_strides, d, r.wide)
 
     def supports(self, spec: KernelSpec) -> str | None:
         plan = self._plan(spec)
