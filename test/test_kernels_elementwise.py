@@ -107,6 +107,44 @@ def test_integer_ops(op, extra, dtype, tmp_path):
     compare_eager(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), tmp_path, exact=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8], ids=str)
+@pytest.mark.parametrize("mode", ["floor", "trunc"])
+@pytest.mark.parametrize("other", [2, -3, "t"])
+def test_integer_division_with_rounding(mode, other, dtype, tmp_path):
+    """Integers stay integers; floor steps down where the signs differ (-7 // 2 == -4), trunc
+    rounds toward zero; exact against eager, with negative operands on both sides."""
+    a = torch.arange(-40, 40).to(dtype)
+    b = torch.arange(-6, 7).repeat(7)[:80].to(dtype) if other == "t" else other
+    if other == "t":
+        b[b == 0] = 5
+    spec = spec_of(aten.div.Tensor_mode, (a, b), {"rounding_mode": mode})
+    assert spec.outputs[0].torch_dtype == dtype
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
+    compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[a] + ([b] if other == "t" else []))
+    if other != "t":
+        scalar = spec_of(aten.div.Scalar_mode, (a, other), {"rounding_mode": mode})
+        compare_eager(FAMILY, scalar, FAMILY.generate(scalar, FAMILY.seed_configs(scalar)[0]), tmp_path,
+                      exact=True, inputs=[a])
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("mode", ["floor", "trunc"])
+def test_float_division_with_rounding_edge_values(mode, dtype, tmp_path):
+    """Every pair of signed zeros, infinities, NaN, large and ordinary values: as ATen rounds them
+    (floor from the exact fmod, -0.0 kept, x / 0 the IEEE quotient)."""
+    v = torch.tensor([0.0, -0.0, 1.0, -1.0, 7.5, -7.5, 0.3, float("inf"), -float("inf"), float("nan"), 1e4, -3.0, 6.0])
+    a, b = v.repeat_interleave(len(v)).to(dtype), v.repeat(len(v)).to(dtype)
+    spec = spec_of(aten.div.Tensor_mode, (a, b), {"rounding_mode": mode})
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0, 1))
+    # fp16/bf16 exact only in fp32: ATen's CPU rounds every step to the dtype (floor(1e4 / 6) is 1667
+    # there), CUDA computes in fp32 as the kernel does; the float64 reference agrees with the kernel
+    compare_eager(FAMILY, spec, program, tmp_path, exact=dtype == F32, inputs=[a, b])
+    x = torch.randn(300).to(dtype) * 50
+    spec = spec_of(aten.div.Tensor_mode, (x, x.flip(0)), {"rounding_mode": mode})
+    compare_eager(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), tmp_path,
+                  exact=dtype == F32, inputs=[x, x.flip(0)])
+
+
 @pytest.mark.parametrize("name", ["eq", "ne", "lt", "le", "gt", "ge"])
 @pytest.mark.parametrize("other", ["tensor", "scalar", "int_tensor"])
 def test_comparisons(name, other, tmp_path):
@@ -242,7 +280,10 @@ def _with(spec, **changes):
 def test_refusals():
     x = base(F32, (4, 8))
     s = spec_of(aten.div.Tensor_mode, (x, x + 3), {"rounding_mode": "floor"})
-    assert "rounding_mode" in FAMILY.supports(s)
+    assert "rounding_mode" in FAMILY.supports(_with(s, kwargs={"rounding_mode": "round"}))
+    by_one = spec_of(aten.div.Scalar_mode, (torch.arange(4), 1), {"rounding_mode": "floor"})
+    assert FAMILY.supports(by_one) is None
+    assert "by zero" in FAMILY.supports(_with(by_one, args=[by_one.args[0], 0]))   # eager raises
     assert FAMILY.supports(spec_of(aten.div.Tensor_mode, (x, x + 3), {"rounding_mode": None})) is None
     s = spec_of(aten._to_copy.default, (x,), {"dtype": F16})
     assert "device" in FAMILY.supports(_with(s, kwargs={**s.kwargs, "device": {"device": "cuda"}}))

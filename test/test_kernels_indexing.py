@@ -1,5 +1,5 @@
 """The indexing family on the Triton interpreter: x[idx], index_select, embedding, gather,
-index_add and scatter_add over dtypes, dims, index dtypes and strided layouts; validated against
+index_add, scatter_add and index_put over dtypes, dims, index dtypes and strided layouts; validated against
 the float64 reference, compared with eager; the MoE routing ops taken from a real (functionalized)
 MoE graph; refusals; broken programs fail; sm_90 compiles."""
 from __future__ import annotations
@@ -48,13 +48,20 @@ CASES = {
     "scatter_add": lambda dt: (aten.scatter_add.default, (rnd(8, 12, dtype=dt), 0, ix(8, 6, 12), rnd(7, 12, dtype=dt)), {}),
     "scatter_add_last_strided": lambda dt: (aten.scatter_add.default,
                                             (rnd(12, 8, dtype=dt).t(), 1, ix(12, 8, 5), rnd(8, 9, dtype=dt)), {}),
+    "index_put_rows": lambda dt: (aten.index_put.default, (rnd(12, 24, dtype=dt), [torch.randperm(12)[:9]],
+                                                           rnd(9, 24, dtype=dt)), {}),
+    "index_put_dim1_2d_broadcast": lambda dt: (aten.index_put.default,
+                                               (rnd(5, 9, 6, dtype=dt), [None, ix(9, 2, 3, dtype=torch.int32)],
+                                                rnd(6, dtype=dt)), {}),
+    "index_put_accumulate": lambda dt: (aten.index_put.default, (rnd(8, 24, dtype=dt).t(), [None, ix(8, 12)],
+                                                                 rnd(24, 12, dtype=dt), True), {}),
 }
 
 
 def _interpretable(spec, config) -> bool:
     """The interpreter has no bf16 atomics: the "direct" bf16 scatter-adds only compile (sm_90)."""
     return not (config.get("VARIANT") == "direct" and spec.outputs[0].dtype == "bfloat16"
-                and spec.op in ("aten.index_add.default", "aten.scatter_add.default"))
+                and spec.op in ("aten.index_add.default", "aten.scatter_add.default", "aten.index_put.default"))
 
 
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
@@ -71,7 +78,7 @@ def test_every_seed_config(case, dtype, tmp_path):
             compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
         for n in FAMILY.neighbours(spec, config):
             FAMILY.generate(spec, n)
-    if FAMILY._plan(spec).accumulate and dtype != F32:
+    if FAMILY._plan(spec).accumulate and not FAMILY._plan(spec).overwrite and dtype != F32:
         assert {c["VARIANT"] for c in configs} == {"direct", "fp32"}
 
 
@@ -134,6 +141,33 @@ def test_out_of_range_index_never_reads_out_of_bounds(tmp_path):
     out = load(tmp_path, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])).run_poisoned([x, idx])[0]
     assert torch.equal(out[0], x[0]) and torch.equal(out[2], x[4])
     assert out[1].isnan().all() and out[3].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+def test_index_put_inverts_a_permutation(dtype, tmp_path):
+    """MoE's ``inv_perm[perm] = arange(S)`` on integers: exact, every element written once; negative
+    indices wrap; sample_inputs draws distinct indices (of both signs)."""
+    perm = torch.randperm(64)
+    spec = spec_of(aten.index_put.default, (torch.empty(64, dtype=dtype), [perm], torch.arange(64, dtype=dtype)))
+    assert family_for(spec) is FAMILY
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0, 1))
+    assert "tl.atomic_add" not in program.source
+    inputs = [torch.full((64,), -5, dtype=dtype), perm - 64 * (torch.arange(64) % 2), torch.arange(64, dtype=dtype)]
+    out = load(tmp_path, spec, program).run_poisoned(inputs)[0]
+    assert torch.equal(out, torch.argsort(perm).to(dtype))
+    drawn = FAMILY.sample_inputs(spec, 3)[1]
+    assert (drawn % 64).unique().numel() == 64 and drawn.min() < 0
+
+
+def test_index_put_rows_with_small_tiles_and_an_invalid_index(tmp_path):
+    """Several tiles each way; an index out of range writes nothing (ATen raises), the rest land."""
+    x, v = rnd(10, 12), rnd(4, 12)
+    spec = spec_of(aten.index_put.default, (x, [torch.tensor([3, 0, 7, 9])], v))
+    program = FAMILY.generate(spec, Config.of(BLOCK_R=2, BLOCK_D=4, num_warps=1))
+    compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x, torch.tensor([3, -10, 7, 9]), v])
+    out = load(tmp_path, spec, program).run_poisoned([x, torch.tensor([3, 10, -11, 9]), v])[0]
+    assert torch.equal(out[3], v[0]) and torch.equal(out[9], v[3])
+    assert torch.equal(out[[0, 1, 2, 4, 5, 6, 7, 8]], x[[0, 1, 2, 4, 5, 6, 7, 8]])
 
 
 def test_repeated_indices_accumulate(tmp_path):
@@ -212,7 +246,7 @@ def test_moe_sizes_compile_for_sm90(tmp_path):
             compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
 
 
-@pytest.mark.parametrize("what", ["atomic_to_store", "alpha", "gather_offset", "index_stride"])
+@pytest.mark.parametrize("what", ["atomic_to_store", "alpha", "gather_offset", "index_stride", "put_no_wrap"])
 def test_broken_programs_fail_validation(what, tmp_path):
     if what == "atomic_to_store":   # a plain store loses the adds of repeated indices
         spec = spec_of(aten.index_add.default, (rnd(4, 16), 0, ix(4, 12), rnd(12, 16)))
@@ -220,13 +254,16 @@ def test_broken_programs_fail_validation(what, tmp_path):
         spec = spec_of(aten.index_add.default, (rnd(6, 10), 1, ix(10, 7), rnd(6, 7)), {"alpha": 0.5})
     elif what == "gather_offset":
         spec = spec_of(aten.gather.default, (rnd(9, 16), 1, ix(16, 9, 4)))
+    elif what == "put_no_wrap":   # negative indices would write nothing
+        spec = spec_of(aten.index_put.default, (rnd(12, 8), [torch.randperm(12)], rnd(12, 8)))
     else:
         spec = spec_of(aten.embedding.default, (rnd(30, 16), ix(30, 3, 5)))
     program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
     old, new = {"atomic_to_store": ("tl.atomic_add(dst_ptr + ", "tl.store(dst_ptr + "),
                 "alpha": ("v * 0.5", "v * 0.25"),
                 "gather_offset": ("src_off = k0 * 16", "src_off = k0 * 15"),
-                "index_stride": ("i * 16", "i * 8")}[what]
+                "index_stride": ("i * 16", "i * 8"),
+                "put_no_wrap": ("i = tl.where(i < 0, i + 12, i)", "i = i")}[what]
     assert old in program.source, program.source
     source = program.source.replace(old, new)
     if what == "atomic_to_store":
@@ -244,3 +281,7 @@ def test_refusals():
     assert "empty" in FAMILY.supports(spec_of(aten.index_select.default, (x, 0, ix(6, 0))))
     assert "int64" in FAMILY.supports(spec_of(aten.index_add.default, (x.long(), 0, ix(6, 2), torch.ones(2, 4).long())))
     assert FAMILY.supports(spec_of(aten.add.Tensor, (x, x))) is not None
+    assert "written twice" in FAMILY.supports(spec_of(aten.index_put.default, (x, [ix(6, 7)], rnd(7, 4))))
+    assert FAMILY.supports(spec_of(aten.index_put.default, (x, [ix(6, 7)], rnd(7, 4), True))) is None
+    assert "one index tensor" in FAMILY.supports(spec_of(aten.index_put.default, (x, [ix(6, 2), ix(4, 2)], rnd(2))))
+    assert "int64" in FAMILY.supports(spec_of(aten.index_put.default, (x.long(), [ix(6, 2)], torch.ones(2, 4).long(), True)))

@@ -7,11 +7,12 @@ source as literals; these helpers keep that arithmetic in one place:
 - argument binding: a spec's encoded args/kwargs -> {schema name: value} with defaults filled in;
 - layouts: broadcast strides, dropping size-1 dims, ordering dims by a layout, collapsing dims
   that are contiguous in every tensor, and the index arithmetic (div/mod by literals) that turns
-  a flat index into one offset per tensor;
+  a flat index into one offset per tensor, and tensors seen as rows along a dim (topk, sort);
 - a small source writer so that generated kernels are indented and commented like hand code.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Iterable, Sequence
 
@@ -156,6 +157,28 @@ def simplify(sizes: Sequence[int], stride_sets: Sequence[Sequence[int]],
         else:
             k += 1
     return tuple(sz), [tuple(s) for s in st]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """Tensors of one shape seen as M rows (the other dims, merged where contiguous) by N along a dim."""
+    M: int
+    N: int
+    m_sizes: tuple[int, ...]
+    m_strides: list[tuple[int, ...]]   # one stride set per tensor, over m_sizes
+    n_strides: tuple[int, ...]         # each tensor's stride along the dim
+    wide: bool                         # offsets (up to twice a dim's reach) need int64
+
+
+def rows_along(metas: Sequence[TensorMeta], d: int) -> Rows:
+    """``metas`` (same shape; the first orders the merge) as rows along dim ``d`` (normalized)."""
+    shape = metas[0].shape
+    keep = [j for j in range(len(shape)) if j != d]
+    m_sizes, m_strides = simplify([shape[j] for j in keep], [tuple(m.stride[j] for j in keep) for m in metas],
+                                  order_by=0)
+    wide = any(2 * (max_offset(m.shape, m.stride) + sum(abs(s) for s in m.stride)) + 2 > INT32_MAX for m in metas)
+    return Rows(math.prod(shape[j] for j in keep), shape[d], m_sizes, m_strides, tuple(m.stride[d] for m in metas),
+                wide)
 
 
 def max_offset(sizes: Sequence[int], strides: Sequence[int]) -> int:

@@ -110,6 +110,26 @@ class KernelFamily:
         return [to_device(sample_tensor(m, g, kind), device) for m in spec.inputs]
 
 
+def resolve_tied_indices(x: torch.Tensor, dim: int, values: torch.Tensor, got: torch.Tensor,
+                         want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of an op that picks elements of ``x`` along ``dim`` (topk, sort), with
+    each index of ``got`` that names an element equal to the one ``want`` names (NaN equal to NaN)
+    replaced by ``want``'s. Left as they are (for the comparison to reject): indices out of range
+    and a row that names one element twice, which no tie explains."""
+    want = want.to(got.device)
+    if got.shape != want.shape or got.dtype != want.dtype or got.numel() == 0 or x.dim() == 0:
+        return values, got
+    x = x.to(got.device)
+    if bool(((got < 0) | (got >= x.shape[dim])).any()):
+        return values, got
+    if bool((got.sort(dim).values.diff(dim=dim) == 0).any()):
+        return values, got
+    a, b = x.gather(dim, got), x.gather(dim, want)
+    same = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
+    settled = torch.empty_like(got)   # in got's layout (torch.where's is its own)
+    return values, settled.copy_(torch.where(same, want, got))
+
+
 def sample_tensor(meta: TensorMeta, g: torch.Generator, kind: str = "random",
                   low: float | None = None, high: float | None = None) -> torch.Tensor:
     """A tensor of ``meta``'s shape, stride and dtype, filled according to ``kind`` (on CPU)."""

@@ -59,6 +59,24 @@ def _log1p(x):
     near0 = tl.log(u) * x / (u - 1.0)
     return tl.where(tl.abs(x) < 0.5, tl.where(u == 1.0, x, near0), tl.log(u))
 ''',
+    "_trunc": '''
+@triton.jit
+def _trunc(x):
+    return tl.where(x < 0.0, tl.ceil(x), tl.floor(x))
+''',
+    "_div_floor": '''
+@triton.jit
+def _div_floor(a, b):
+    # c10::div_floor_floating: from the exact fmod, so a quotient near an integer rounds the right way
+    q = tl.div_rn(a, b)
+    mod = a % b  # fmod: the sign of a
+    div = tl.div_rn(a - mod, b)
+    div = tl.where((mod != 0.0) & ((b < 0.0) != (mod < 0.0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    zero = (q.to(tl.int32, bitcast=True) & -2147483648).to(tl.float32, bitcast=True)  # copysign(0, a / b)
+    return tl.where(b == 0.0, q, tl.where(div != 0.0, fl, zero))
+''',
 }
 
 # --- the op table --------------------------------------------------------------------------------
@@ -139,9 +157,26 @@ def _check_pow(args: dict[str, Any]) -> str | None:
 
 
 def _check_div(args: dict[str, Any]) -> str | None:
-    if args.get("rounding_mode") is not None:
-        return f"div rounding_mode={args['rounding_mode']!r} is not implemented (only true division)"
+    if args.get("rounding_mode") not in (None, "trunc", "floor"):
+        return f"div rounding_mode={args['rounding_mode']!r} is not one of None, 'trunc', 'floor'"
     return None
+
+
+def _div_mode(x: str, y: str, args: dict[str, Any], ctype: str) -> str:
+    """div with ``rounding_mode`` as ATen computes it (c10::div_floor_integer/_floating, trunc)."""
+    mode = args.get("rounding_mode")
+    if cg.is_int(ctype):
+        # triton's // and % truncate (C semantics); floor steps down where the signs differ
+        if mode == "floor":
+            return f"tl.where(({x} % {y} != 0) & (({x} % {y} < 0) != ({y} < 0)), {x} // {y} - 1, {x} // {y})"
+        return f"{x} // {y}"
+    if mode is None:
+        return f"tl.div_rn({x}, {y})"
+    if mode == "trunc":
+        # fp16/bf16: of the fp32 quotient, like floor (ATen truncates the quotient rounded to the
+        # dtype: one apart where it lies within half a dtype ulp below an integer)
+        return f"_trunc(tl.div_rn({x}, {y}))"
+    return f"_div_floor({x}, {y})"
 
 
 def _unary(kind: str, body: Callable[[str], str], *helpers: str) -> PointwiseOp:
@@ -216,7 +251,11 @@ OPS: dict[str, PointwiseOp] = {
     "aten.mul.Scalar": _binary("arith", lambda x, y: f"{x} * {y}"),
     "aten.div.Tensor": _binary("float", lambda x, y: f"tl.div_rn({x}, {y})"),
     "aten.div.Scalar": _binary("float", lambda x, y: f"tl.div_rn({x}, {y})"),
-    "aten.div.Tensor_mode": _binary("float", lambda x, y: f"tl.div_rn({x}, {y})", check=_check_div),
+    # with a rounding mode integers stay integers (no promotion to float), so these are "arith"
+    "aten.div.Tensor_mode": PointwiseOp(("self", "other"), "arith", lambda o, a, t: _div_mode(o[0], o[1], a, t),
+                                        ("_trunc", "_div_floor"), _check_div),
+    "aten.div.Scalar_mode": PointwiseOp(("self", "other"), "arith", lambda o, a, t: _div_mode(o[0], o[1], a, t),
+                                        ("_trunc", "_div_floor"), _check_div),
     "aten.maximum.default": PointwiseOp(("self", "other"), "arith",
                                         lambda o, a, t: _MAX(*o) if cg.is_float(t) else f"tl.maximum({o[0]}, {o[1]})"),
     "aten.minimum.default": PointwiseOp(("self", "other"), "arith",
@@ -241,6 +280,9 @@ OPS: dict[str, PointwiseOp] = {
     "aten.clone.default": _unary("copy", lambda x: x),
     "aten._to_copy.default": _unary("copy", lambda x: x),
 }
+
+_DIV_MODES = ("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+
 
 @dataclasses.dataclass
 class _Operand:
@@ -355,6 +397,8 @@ class ElementwiseFamily(KernelFamily):
                 info = torch.iinfo(getattr(torch, ctype))
                 if not info.min <= int(o.value) <= info.max:
                     return f"scalar {o.name}={o.value} does not fit {ctype}"
+        if spec.op in _DIV_MODES and cg.is_int(ctype) and any(o.tensor is None and o.value == 0 for o in operands[1:]):
+            return "integer division by zero (ATen raises)"
         alpha = args.get("alpha")
         if alpha is not None and cg.is_int(ctype) and float(cg.scalar_value(alpha)) != int(cg.scalar_value(alpha)):
             return "fractional alpha with integer arithmetic"
@@ -485,6 +529,8 @@ class ElementwiseFamily(KernelFamily):
                     _restrict(t, m, lambda f: f.abs())
             else:
                 t = sample_tensor(m, g, kind)
+                if spec.op in _DIV_MODES and len(tensors) == 1 and not m.torch_dtype.is_floating_point:
+                    _restrict(t, m, lambda f: f.masked_fill(f == 0, 1))  # ATen raises on integer x // 0
             tensors.append(to_device(t, device))
         return tensors
 

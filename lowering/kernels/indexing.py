@@ -8,6 +8,8 @@ Ops and how they are seen:
     aten.index_select     out[p, l, q] = x[p, idx[l], q]     (idx 0-d or 1-d)
     aten.embedding        out[l, q] = weight[idx[l], q]       (padding_idx etc. only matter for grads)
     aten.index_add        out = self.clone(); out[p, idx[l], q] += alpha * source[p, l, q]
+    aten.index_put        one index tensor (None elsewhere), values broadcast to [P, L, Q]:
+                          out = self.clone(); out[p, idx[l], q] = values[p, l, q]  (+= with accumulate)
   A program owns a BLOCK_R x BLOCK_D tile: BLOCK_R rows (one index load each) by BLOCK_D
   contiguous columns (wide coalesced loads and stores along the row).
 - "elements" ops index one element per index element, in the index tensor's own shape:
@@ -15,13 +17,15 @@ Ops and how they are seen:
     aten.scatter_add      out = self.clone(); out[c with c_d = idx[c]] += src[c]
   A program owns BLOCK elements of the index tensor, walked in memory order.
 
-Accumulation (index_add, scatter_add) first copies ``self`` into the output (a copy kernel), then
-adds with atomics, so the summation order of repeated indices is not deterministic (within the
+Accumulation (index_add, scatter_add, index_put) first copies ``self`` into the output (a copy
+kernel), then writes at the index: index_put stores its values (accumulate=False; which of two
+writes at one element wins is unspecified in ATen, so validation draws distinct indices and an
+index longer than its dim, which must repeat, is declined); the others add with atomics, so the summation order of repeated indices is not deterministic (within the
 dtype tolerance). fp16/bf16 choose by config: VARIANT "direct" adds with fp16/bf16 atomics into
 the output (each add rounds to the dtype, as ATen does), VARIANT "fp32" accumulates in an fp32
 temporary that a last kernel rounds into the output (one rounding: more accurate; more traffic).
 
-Index values: int64 or int32. aten.index.Tensor wraps negative indices as ATen does; the other
+Index values: int64 or int32. aten.index.Tensor and index_put wrap negative indices as ATen does; the other
 ops reject negative indices in ATen, and an index out of range makes ATen raise. A kernel cannot
 raise: it never touches memory out of bounds; a gathered row or element with an invalid index
 reads NaN (floats) or 0 (integers), and an add at an invalid index is dropped. Validation draws
@@ -46,9 +50,11 @@ OPS = {
     "aten.index_add.default": "index_add",
     "aten.gather.default": "gather",
     "aten.scatter_add.default": "scatter_add",
+    "aten.index_put.default": "index_put",
+    "aten._unsafe_index_put.default": "index_put",
 }
-ROW_OPS = ("index", "index_select", "embedding", "index_add")
-ACCUMULATE = ("index_add", "scatter_add")
+ROW_OPS = ("index", "index_select", "embedding", "index_add", "index_put")
+ACCUMULATE = ("index_add", "scatter_add", "index_put")   # copy ``self``, then write at the index
 COPY_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")   # gathered values
 ADD_DTYPES = ("float32", "float16", "bfloat16")                       # accumulated values
 INDEX_DTYPES = ("int64", "int32")
@@ -60,7 +66,7 @@ COPY_BLOCK = 1024         # the clone kernel of the accumulating ops
 class _Plan:
     name: str                       # short op name (OPS values)
     rows: bool                      # "rows" op (else "elements")
-    accumulate: bool
+    accumulate: bool                # copies self, then writes at the index
     dtype: str                      # value dtype
     index_dtype: str
     dim_size: int                   # size of the indexed dim: valid indices are [0, dim_size)
@@ -69,6 +75,7 @@ class _Plan:
     idx: int                        # input number of the index
     self_in: int | None             # accumulate: input number of ``self``
     alpha: float = 1.0
+    overwrite: bool = False         # index_put(accumulate=False): stores, not atomic adds
     # the index tensor's walk: rows (rows ops) or elements (elements ops); stride sets are
     # [src, idx, dst(out), dst(contiguous fp32 temp)]
     r_sizes: tuple[int, ...] = ()
@@ -109,7 +116,7 @@ class IndexingFamily(KernelFamily):
         if name == "embedding":
             src, idx = cg.tensor_index(a.get("weight")), cg.tensor_index(a.get("indices"))
             d = 0
-        elif name == "index":
+        elif name in ("index", "index_put"):
             src = cg.tensor_index(a.get("self"))
             indices = a.get("indices")
             if not isinstance(indices, list):
@@ -128,7 +135,8 @@ class IndexingFamily(KernelFamily):
         if I.dtype not in INDEX_DTYPES:
             return f"index dtype {I.dtype} is not generated (int64/int32; bool masks give data-dependent shapes)"
         accumulate = name in ACCUMULATE
-        if V.dtype not in (ADD_DTYPES if accumulate else COPY_DTYPES):
+        overwrite = name == "index_put" and not a.get("accumulate", False)
+        if V.dtype not in (ADD_DTYPES if accumulate and not overwrite else COPY_DTYPES):
             return f"values of dtype {V.dtype} are not generated for {name}"
         if O.dtype != V.dtype:
             return f"output dtype {O.dtype} differs from the values' {V.dtype}"
@@ -142,11 +150,15 @@ class IndexingFamily(KernelFamily):
             return f"bad dim {a.get('dim')!r}"
         if name == "embedding" and ndim != 2:
             return "embedding weight must be 2-d"
-        if name == "index" and d >= ndim:
+        if name in ("index", "index_put") and d >= ndim:
             return "more indices than dims"
+        if overwrite and I.numel > V.shape[d]:
+            return (f"{I.numel} indices into a dim of {V.shape[d]}: some element is written twice, and ATen "
+                    "leaves which write wins unspecified")
         if I.numel == 0 or V.numel == 0 or O.numel == 0:
             return "empty tensors: nothing to compute"
-        plan = _Plan(name, name in ROW_OPS, accumulate, V.dtype, I.dtype, V.shape[d], name == "index", src, idx, None)
+        plan = _Plan(name, name in ROW_OPS, accumulate, V.dtype, I.dtype, V.shape[d], name in ("index", "index_put"),
+                     src, idx, None, overwrite=overwrite)
         if name == "index_add":
             plan.alpha = cg.scalar_value(a.get("alpha", 1))
             if plan.alpha is None or isinstance(plan.alpha, bool):
@@ -156,9 +168,27 @@ class IndexingFamily(KernelFamily):
             P, Qs = V.shape[:d], V.shape[d + 1:]
             if name in ("index_select", "index_add") and len(I.shape) > 1:
                 return "index must be 0-d or 1-d"
-            L = tuple(I.shape) if name in ("index", "embedding") else (I.numel,)
-            l_idx = tuple(I.stride) if name in ("index", "embedding") else ((I.stride[0],) if I.shape else (0,))
-            if name != "index_add":
+            L = tuple(I.shape) if name in ("index", "embedding", "index_put") else (I.numel,)
+            l_idx = tuple(I.stride) if name in ("index", "embedding", "index_put") else ((I.stride[0],) if I.shape else (0,))
+            if name == "index_put":
+                plan.self_in, plan.src = src, cg.tensor_index(a.get("values"))
+                if plan.src is None:
+                    return "values must be a tensor"
+                S = spec.inputs[plan.src]
+                if tuple(O.shape) != tuple(V.shape):
+                    return "output shape differs from self"
+                if S.dtype != V.dtype:
+                    return "values dtype differs from self"
+                try:
+                    vs = cg.broadcast_strides(S, tuple(P) + L + tuple(Qs))
+                except ValueError as e:
+                    return f"values: {e}"
+                nl = len(L)
+                src_r = vs[:d + nl]
+                dst_r, tmp_r = tuple(O.stride[:d]) + (0,) * nl, tuple(temp[:d]) + (0,) * nl
+                src_q, dst_q, tmp_q = vs[d + nl:], tuple(O.stride[d + 1:]), tuple(temp[d + 1:])
+                ind = (O.stride[d], temp[d])
+            elif name != "index_add":
                 if tuple(O.shape) != tuple(P) + L + tuple(Qs):
                     return f"output shape {O.shape} is not {tuple(P) + L + tuple(Qs)}"
                 nl = len(L)
@@ -221,12 +251,17 @@ class IndexingFamily(KernelFamily):
         plan = self._plan(spec)
         return plan if isinstance(plan, str) else None
 
+    @staticmethod
+    def _fp32_variant(plan: _Plan) -> bool:
+        """Whether VARIANT "fp32" (sums in an fp32 temporary) is an option: atomic adds of fp16/bf16."""
+        return plan.accumulate and not plan.overwrite and plan.dtype != "float32"
+
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
         if c["num_warps"] not in (1, 2, 4, 8, 16):
             return False
         v = c.get("VARIANT", "direct")
-        if v not in ("direct", "fp32") or (v == "fp32" and not (plan.accumulate and plan.dtype != "float32")):
+        if v not in ("direct", "fp32") or (v == "fp32" and not self._fp32_variant(plan)):
             return False
         if plan.rows:
             br, bd = c["BLOCK_R"], c["BLOCK_D"]
@@ -238,7 +273,7 @@ class IndexingFamily(KernelFamily):
 
     def _cfg(self, plan: _Plan, size: int, bd: int | None = None, warps: int | None = None,
              variant: str = "direct") -> Config:
-        extra = {"VARIANT": variant} if plan.accumulate and plan.dtype != "float32" else {}
+        extra = {"VARIANT": variant} if self._fp32_variant(plan) else {}
         if plan.rows:
             bd = max(1, min(bd or 1024, _p2(plan.Q)))
             br = max(1, min(max(1, size // bd), _p2(plan.R), MAX_TILE // bd))
@@ -253,7 +288,7 @@ class IndexingFamily(KernelFamily):
         plan = self._plan(spec)
         if isinstance(plan, str):
             raise ValueError(plan)
-        variants = ["direct", "fp32"] if plan.accumulate and plan.dtype != "float32" else ["direct"]
+        variants = ["direct", "fp32"] if self._fp32_variant(plan) else ["direct"]
         seeds = []
         for v in variants:
             if plan.rows:
@@ -284,12 +319,18 @@ class IndexingFamily(KernelFamily):
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """Values by ``kind``; indices always valid, uniform over the indexed dim (so repeated
-        indices occur for the scatter-adds), negative ones too where ATen wraps them."""
+        indices occur for the scatter-adds), negative ones too where ATen wraps them; distinct
+        where index_put overwrites (which of two writes wins is unspecified)."""
         plan = self._plan(spec)
         g = torch.Generator().manual_seed(seed)
         out = []
         for i, m in enumerate(spec.inputs):
-            if not isinstance(plan, str) and i == plan.idx:
+            if not isinstance(plan, str) and i == plan.idx and plan.overwrite:
+                t = sample_tensor(m, g, "zeros")
+                pos = torch.randperm(plan.dim_size, generator=g)[:m.numel]
+                wrap = torch.rand(m.numel, generator=g) < 0.5          # i and i - size name one element
+                t.copy_(torch.where(wrap, pos - plan.dim_size, pos).reshape(m.shape))
+            elif not isinstance(plan, str) and i == plan.idx:
                 lo = -plan.dim_size if plan.wrap else 0
                 t = sample_tensor(m, g, "random", low=lo, high=plan.dim_size)
             else:
@@ -396,7 +437,8 @@ class _Gen:
         ind = p.ind_stride[1 if self.temp else 0]
         wide = ".to(tl.int64)" if p.wide else ""
         kname = {"index": "index_rows_kernel", "index_select": "index_select_kernel",
-                 "embedding": "embedding_kernel", "index_add": "index_add_kernel"}[p.name]
+                 "embedding": "embedding_kernel", "index_add": "index_add_kernel",
+                 "index_put": "index_put_kernel"}[p.name]
         s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):").indent()
         s("# a BLOCK_R x BLOCK_D tile: rows (one index each) by contiguous columns")
         s(f"r = tl.program_id(0){wide} * BLOCK_R + tl.arange(0, BLOCK_R)")
@@ -428,7 +470,11 @@ class _Gen:
                                  f"{_wrap(col if col != '0' else 'c * 0')}[None, :]")
         both = lambda rm: (f"{rm}[:, None] & {c_mask}[None, :]" if rm and c_mask else
                            f"{rm}[:, None]" if rm else f"{c_mask}[None, :]" if c_mask else None)
-        if p.accumulate:
+        if p.overwrite:
+            m = both(r_mask)
+            s(f"v = tl.load(src_ptr + {tile(src_row, src_col)}{', mask=' + m if m else ''})")
+            s(f"tl.store(dst_ptr + {tile(dst_row, dst_col)}, v, mask={both('ok')})  # an invalid index writes nothing")
+        elif p.accumulate:
             m = both(r_mask)
             kw = f", mask={m}" if m else ""
             acc = "tl.float32" if (self.temp or p.dtype != "float32") else None

@@ -12,7 +12,8 @@ from torch_kernelize.lowering.kernels.layernorm import FAMILY as LAYERNORM
 from torch_kernelize.lowering.kernels.matmul import FAMILY as MATMUL
 from torch_kernelize.lowering.kernels.reductions import FAMILY as REDUCTIONS
 from torch_kernelize.lowering.kernels.scan import FAMILY as SCAN
+from torch_kernelize.lowering.kernels.sort import FAMILY as SORT
 from torch_kernelize.lowering.kernels.topk import FAMILY as TOPK
 
-FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC, FUSED, LAYERNORM, INDEXING, SCAN, TOPK, MATMUL, CONV1D,
+FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC, FUSED, LAYERNORM, INDEXING, SCAN, TOPK, SORT, MATMUL, CONV1D,
                              ATTENTION]

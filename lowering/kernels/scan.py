@@ -8,16 +8,21 @@ cuts every row into SPLIT chunks; a first kernel sums each chunk into a temporar
 each chunk starting from the sum of the chunks before it (read from the temporary).
 
 Types follow ATen: the result dtype is ``dtype=`` if given, else the input's (integers and bool
-promote to int64); the input is converted to it first. Floating types accumulate in fp32 (fp16 and
-bf16 round once, on store), integers in int64 (exact, wrapping like ATen).
+promote to int64); the input is converted to it first (a float to an integer truncates toward
+zero, as C casts; MoE routing takes the cumsum of float histc counts as int32). Floating types
+accumulate in fp32 (fp16 and bf16 round once, on store), integers in int64 (exact, wrapping like
+ATen). A float outside the integer's range (or NaN) converts to no defined value in C, so
+validation draws float inputs of integer cumsums within +-1000.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
+import torch
+
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -56,8 +61,6 @@ class CumsumFamily(KernelFamily):
             return f"cumsum of {x.dtype} is not generated"
         if o.dtype not in OUT_DTYPES:
             return f"cumsum to {o.dtype} is not generated"
-        if cg.is_float(x.dtype) and not cg.is_float(o.dtype):
-            return "float -> integer cumsum (a truncating cast first) is not generated"
         if tuple(o.shape) != tuple(x.shape):
             return "output shape differs from the input's"
         if x.numel == 0:
@@ -219,6 +222,18 @@ class CumsumFamily(KernelFamily):
         launches.append(Launch("cumsum_kernel", (-(-p.M // bm), split), args, {"BLOCK_M": bm, "BLOCK_N": bn},
                                warps, 1 if single else 2))
         return KernelProgram(s.text(), tuple(launches), temps=tuple(temps))
+
+    # --- validation inputs --------------------------------------------------------------------
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        """By ``kind``; floats summed as integers stay within +-1000 (no inf, NaN or overflow,
+        whose conversion C leaves undefined)."""
+        plan = self._plan(spec)
+        if isinstance(plan, str) or not (cg.is_float(plan.in_dtype) and not cg.is_float(plan.out_dtype)):
+            return super().sample_inputs(spec, seed, kind, device)
+        g = torch.Generator().manual_seed(seed)
+        bounds = {"zeros": (0.0, 0.0), "negative": (-1000.0, -0.5)}.get(kind, (-1000.0, 1000.0))
+        return [to_device(sample_tensor(m, g, "random", *bounds), device) for m in spec.inputs]
 
 
 def _col(stride: int) -> str:

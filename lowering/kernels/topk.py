@@ -21,13 +21,13 @@ element equal to the reference's, as long as a row names no element twice.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, resolve_tied_indices, sample_tensor, to_device,
+                                                   unique)
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -91,13 +91,8 @@ class TopkFamily(KernelFamily):
         v, ix = spec.outputs
         if v.dtype != x.dtype or ix.dtype != "int64":
             return "outputs are not (values in the input dtype, int64 indices)"
-        keep = [j for j in range(ndim) if j != d]
-        m_sizes, m_strides = cg.simplify([x.shape[j] for j in keep],
-                                         [tuple(m.stride[j] for j in keep) for m in (x, v, ix)], order_by=0)
-        wide = any(2 * (cg.max_offset(m.shape, m.stride) + sum(abs(s) for s in m.stride)) + 2 > cg.INT32_MAX
-                   for m in (x, v, ix))
-        return _Plan(x.dtype, k, bool(largest), math.prod(x.shape[j] for j in keep), N, m_sizes, m_strides,
-                     (x.stride[d], v.stride[d], ix.stride[d]), d, wide)
+        r = cg.rows_along((x, v, ix), d)
+        return _Plan(x.dtype, k, bool(largest), r.M, N, r.m_sizes, r.m_strides, r.n_strides, d, r.wide)
 
     def supports(self, spec: KernelSpec) -> str | None:
         plan = self._plan(spec)
@@ -208,20 +203,8 @@ class TopkFamily(KernelFamily):
         if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
             return outs
         values, got = outs
-        want = refs[1].to(got.device)
-        if got.shape != want.shape or got.dtype != want.dtype or got.numel() == 0:
-            return outs
-        x = inputs[cg.tensor_index(cg.bind(spec).get("self"))].to(got.device, torch.float64)
-        n = x.shape[plan.dim] if x.dim() else 1
-        if bool(((got < 0) | (got >= n)).any()):
-            return outs  # out of range: left for the comparison to reject
-        if x.dim() == 0:
-            return outs
-        if bool((got.sort(plan.dim).values.diff(dim=plan.dim) == 0).any()):
-            return outs  # an element named twice is no tie: left for the comparison to reject
-        a, b = x.gather(plan.dim, got), x.gather(plan.dim, want)
-        same = (a == b) | (a.isnan() & b.isnan())
-        return values, torch.where(same, want, got)
+        x = inputs[cg.tensor_index(cg.bind(spec).get("self"))]
+        return resolve_tied_indices(x, plan.dim, values, got, refs[1])
 
     # --- validation inputs --------------------------------------------------------------------
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
