@@ -52,7 +52,16 @@ def make_bert():
     return _hf(transformers.BertConfig(), 8, 512)
 
 
-MODELS = {"llama": make_llama, "bert": make_bert}
+def make_mixtral():
+    """transformers' Mixtral, 4 layers of d1024 with 8 experts (top 2), batch 8 x 512, fp16."""
+    import transformers
+    return _hf(transformers.MixtralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                          num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+                                          num_local_experts=8, num_experts_per_tok=2,
+                                          max_position_embeddings=1024), 8, 512)
+
+
+MODELS = {"llama": make_llama, "bert": make_bert, "mixtral": make_mixtral}
 
 
 def _run(cmd: list[str], timeout: int) -> tuple[int, str, float]:
