@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -114,6 +115,32 @@ def _ms(v: float | None) -> str:
     return f"{v:.3f}" if v is not None else ""
 
 
+def write_tables(out: Path, budget: int, rows: list[dict]) -> None:
+    """OUT/bringup.json and OUT/bringup.md from the rows measured so far in this run."""
+    import triton
+    doc = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "triton": triton.__version__, "budget": budget, "rows": rows}
+    (out / "bringup.json").write_text(json.dumps(doc, indent=1, default=str))
+    lines = [f"Bring-up run {doc['date']}, {doc['gpu']}, torch {doc['torch']}, triton {doc['triton']}, "
+             f"fill budget {budget}", "",
+             "| model | target | nodes | on target | fallback | max err (max abs) | eager ms | inductor ms | kernelize ms | fill s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["model"], r["target"]): r for r in rows}
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['target']} | error | | | | | | | {r['fill_s']} |")
+            continue
+        lines.append(f"| {r['model']} | {r['target']} | {r['nodes']} | {r['on_target_pct']}% | "
+                     f"{r['tiers'].get('fallback', 0)} | {r['max_err']:.2e} ({r['max_abs_eager']:.1f}) | "
+                     f"{r['eager_ms']:.3f} | {_ms(r.get('inductor_ms'))} | "
+                     f"{r['kernelize_ms']:.3f} | {r['fill_s']} |")
+    for name in dict.fromkeys(r["model"] for r in rows):
+        a, b = by.get((name, "cuda")), by.get((name, "gemm-only"))
+        if a and b and "kernelize_ms" in a and "kernelize_ms" in b:
+            lines.append(f"\n{name}: gemm-only / cuda per call = {b['kernelize_ms'] / a['kernelize_ms']:.2f}x")
+    (out / "bringup.md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -128,10 +155,11 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     chip = args.out / "gemm-only.toml"
     chip.write_text(GEMM_ONLY)
-    rows = []
+    caches = Path(tempfile.mkdtemp(prefix="bringup-caches-"))  # kept out of OUT: binaries need not travel back
+    rows: list[dict] = []
     for name in args.models.split(","):
         for target in ("cuda", str(chip)):
-            cache = str(args.out / f"cache-{Path(target).stem}")
+            cache = str(caches / f"{name}-{Path(target).stem}")
             code, log, fill_s = _run([sys.executable, "-m", "torch_kernelize.fill_cache", "--model",
                                       f"{HERE}:make_{name}", "--target", target, "--cache-dir", cache,
                                       "--budget", str(args.budget), "--quiet"], args.fill_timeout)
@@ -144,29 +172,8 @@ def main() -> int:
                 row["fill_log"] = log[-1500:]
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if "log" not in k}), flush=True)
-    import triton
-    doc = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "triton": triton.__version__, "budget": args.budget, "rows": rows}
-    (args.out / "bringup.json").write_text(json.dumps(doc, indent=1, default=str))
-    lines = [f"Bring-up run {doc['date']}, {doc['gpu']}, torch {doc['torch']}, triton {doc['triton']}, "
-             f"fill budget {args.budget}", "",
-             "| model | target | nodes | on target | fallback | max err (max abs) | eager ms | inductor ms | kernelize ms | fill s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    by = {(r["model"], r["target"]): r for r in rows}
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r['target']} | error | | | | | | | {r['fill_s']} |")
-            continue
-        lines.append(f"| {r['model']} | {r['target']} | {r['nodes']} | {r['on_target_pct']}% | "
-                     f"{r['tiers'].get('fallback', 0)} | {r['max_err']:.2e} ({r['max_abs_eager']:.1f}) | "
-                     f"{r['eager_ms']:.3f} | {_ms(r.get('inductor_ms'))} | "
-                     f"{r['kernelize_ms']:.3f} | {r['fill_s']} |")
-    for name in args.models.split(","):
-        a, b = by.get((name, "cuda")), by.get((name, "gemm-only"))
-        if a and b and "kernelize_ms" in a and "kernelize_ms" in b:
-            lines.append(f"\n{name}: gemm-only / cuda per call = {b['kernelize_ms'] / a['kernelize_ms']:.2f}x")
-    (args.out / "bringup.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+            write_tables(args.out, args.budget, rows)  # after every row: a run cut short keeps what it measured
+    print((args.out / "bringup.md").read_text())
     return 0
 
 
