@@ -5,7 +5,6 @@ interpreter, validate it against the float64 reference, compare it with eager AT
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -71,9 +70,6 @@ def assert_valid(family: KernelFamily, spec: KernelSpec, tmp_path: Path, config:
     if eager:
         compare_eager(family, spec, program, tmp_path)
     return program
-
-
-GPU_COMPILE = os.environ.get("TK_TEST_GPU_COMPILE", "1") != "0"
 
 
 def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ whichever validates and runs fastest.
 
 Why CUDA C++: a tap at shift s reads the input s positions over, which in NCL memory is an
 unaligned 2-byte offset. Triton 3.6 and Gluon gave no layout that is both vectorized and free of
-bank conflicts under such a shift (benchmarks/README.md, seventh to ninth sessions: 0.137 ms at
+bank conflicts under such a shift (benchmarks/CHANGELOG.md, sessions 7-9: 0.137 ms at
 best on B2048 C96 L200 k3, against 0.086 needed for 4x eager). This kernel computes its own
 shared-memory addresses: each batch element's input is transposed to [position][Cin + 8] rows,
 so a shift is a whole-row offset, and the padded row stride keeps every ldmatrix conflict-free.
