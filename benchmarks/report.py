@@ -2,11 +2,9 @@
 markers) and a PNG chart. Runs anywhere matplotlib is installed:
 
     python benchmarks/report.py OUT/results.json [--readme benchmarks/README.md] [--png benchmarks/results.png]
-        [--rerun RERUN/results.json ...]
 
-``--rerun`` takes the measured and profiled rows of the workloads a later, partial run measured
-(e.g. after a fix, or where the first run's host was slowed by other load) in place of the
-first run's; the table says which rows came from which run.
+The table is one run's: rows from several runs are never merged into it (machines are noisy,
+and a row measured after a fix describes other code than its neighbours).
 """
 from __future__ import annotations
 
@@ -42,30 +40,6 @@ def target_met(name: str, r: dict) -> str | None:
     return "no"
 
 
-def merge_reruns(results: dict, reruns: list[tuple[str, dict]]) -> dict:
-    """``results`` with the rows of each re-run's workloads taken from that re-run: measure and
-    profile rows together, first-call rows on their own (each row still compares the backends
-    within one run; a later re-run's row replaces an earlier one's); env["reruns"] and
-    env["firstcall_reruns"] list which rows came from which re-run."""
-    merged = json.loads(json.dumps(results))
-    env = merged.setdefault("env", {})
-    for phases, key in ((("measure", "profile"), "reruns"), (("firstcall",), "firstcall_reruns")):
-        notes = env.setdefault(key, [])
-        for label, rerun in reruns:
-            names = [n for n, r in rerun.get(phases[0], {}).items() if "error" not in r]
-            for phase in phases:
-                for n in names:
-                    if n in rerun.get(phase, {}):
-                        merged.setdefault(phase, {})[n] = rerun[phase][n]
-            if names:
-                for note in notes:
-                    note["workloads"] = [n for n in note["workloads"] if n not in names]
-                notes.append({"file": label, "workloads": names, "date": rerun.get("env", {}).get("date"),
-                              "host_us_per_eager_add": rerun.get("env", {}).get("host_us_per_eager_add")})
-        notes[:] = [note for note in notes if note["workloads"]]
-    return merged
-
-
 def _f(v, fmt="{:.3f}"):
     return fmt.format(v) if isinstance(v, (int, float)) else "—"
 
@@ -93,9 +67,8 @@ def table(results: dict) -> str:
             if "host_us_per_eager_add" in env else "")
     lines = [f"Measured {env.get('date', '?')} on {env.get('gpu', '?')}, torch {env.get('torch', '?')}, "
              f"triton {env.get('triton', '?')}; medians of triton.testing.do_bench in one process"
-             f"{' per workload' if env.get('measure_isolated') else ''}, same inputs.{host}"
-             + "".join(f" Rows of {', '.join(r['workloads'])}: from a re-run ({r['file']}; host speed "
-                       f"{r.get('host_us_per_eager_add')} us per eager add)." for r in env.get("reruns", [])), "",
+             f"{' per workload' if env.get('measure_isolated') else ''}, same inputs.{host}",
+             "",
              "| workload | eager ms | inductor ms | kernelize ms | kernelize+CUDA graphs ms | vs eager | vs inductor "
              "| target | met | nodes on triton | max rel err | host µs per eager add |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -117,9 +90,7 @@ def table(results: dict) -> str:
                   "process, kernelize with a filled kernel cache and its graph and executable caches warmed "
                   "by an earlier process; "
                   "where the garbage-collection column has figures, the median of several fresh processes, each "
-                  "timed from a collected heap; target: kernelize <= half of Inductor)"
-                  + "".join(f"; rows of {', '.join(r['workloads'])} from a re-run ({r['file']})"
-                            for r in results.get("env", {}).get("firstcall_reruns", [])) + ":", "",
+                  "timed from a collected heap; target: kernelize <= half of Inductor):", "",
                   "| workload | eager | inductor (warm) | kernelize (warm caches) | ratio | target met | Triton compiles "
                   "in kernelize | kernelize cache hits: graph / executable | Dynamo's tracing: inductor / kernelize | backend "
                   "compile: inductor / kernelize | garbage collection in the call: inductor / kernelize "
@@ -214,12 +185,8 @@ def main() -> int:
     p.add_argument("results", type=Path)
     p.add_argument("--readme", type=Path, default=HERE / "README.md")
     p.add_argument("--png", type=Path, default=HERE / "results.png")
-    p.add_argument("--rerun", type=Path, action="append", default=[],
-                   help="a later run's results.json: its workloads' measure/profile rows replace these")
     args = p.parse_args()
     results = json.loads(args.results.read_text())
-    if args.rerun:
-        results = merge_reruns(results, [(r.name, json.loads(r.read_text())) for r in args.rerun])
     write_report(results, args.results.parent, args.readme, args.png)
     print(table(results))
     return 0
