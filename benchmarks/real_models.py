@@ -12,8 +12,8 @@ fresh process measures every backend on the same random inputs: the first call (
 run), the per-call median (triton.testing.do_bench after warm-up), GPU time and kernel launches
 per call (torch.profiler), host time per call and per launched kernel, and the max error vs eager
 (``timing.py``, shared with run.py). A model that fails or runs out of time is reported with its
-error and the run goes on. OUT/real_models.json and OUT/real_models.md are rewritten after each
-model; the markdown marks issue 23's targets (kernelize >= 1.0x torch.compile's default on every
+error and the run goes on. OUT/<date>-<chip>-real-models.json and .md (the names the committed
+results take in results/) are rewritten after each model; the markdown marks issue 23's targets (kernelize >= 1.0x torch.compile's default on every
 model, geomean >= 1.15x) and issue 24's (host time per call <= Inductor's, <= 5 us per launched
 kernel) met or missed, with the distance. The children's output is in OUT/logs/.
 
@@ -28,6 +28,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,7 +48,8 @@ from torch_kernelize.examples import hf_model  # noqa: E402
 
 # issue 23: kernelize's median per call against torch.compile's default; issue 24: host time
 SPEEDUP_EACH, SPEEDUP_GEOMEAN, HOST_US_PER_LAUNCH = 1.0, 1.15, 5.0
-WRITE_MARGIN_S = 10.0  # left at the end of --time-limit for the last writes
+WRITE_MARGIN_S = 10.0  # left at the end of --time-limit: a stopped child's grace and the last writes
+GRACE_S = 8.0  # between a stopped child's SIGINT and the SIGKILL of its process group
 
 
 def _device() -> str:
@@ -207,13 +209,19 @@ def measure_one(args: argparse.Namespace) -> int:
     inputs = tuple(t.to(_device()) if isinstance(t, torch.Tensor) else t for t in inputs)
     row: dict[str, Any] = {"backends": {}}
     with torch.no_grad():
-        want = model(*inputs)
+        sync()
+        t0 = time.perf_counter()
+        want = model(*inputs)  # eager's first call
+        sync()
+        first_eager_s = round(time.perf_counter() - t0, 3)
         for label in args.backends:
             try:
                 row["backends"][label] = measure_backend(label, model, inputs, want,
                                                          args.out / "reports" / f"{name}-{label}.json", args.smoke)
             except Exception as e:  # the next backend still runs
                 row["backends"][label] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            if label == "eager" and "error" not in row["backends"][label]:
+                row["backends"][label]["first_call_s"] = first_eager_s
             print(name, label, json.dumps({k: v for k, v in row["backends"][label].items() if k != "kernels"}),
                   flush=True)
             _write_json(Path(row_path), row)
@@ -232,7 +240,7 @@ def time_shares(seconds_left: float, models_left: int, fill_share: float) -> tup
 def run_bounded(cmd: list[str], limit_s: float, log: Path, env: dict | None = None) -> tuple[int | None, float, bool]:
     """Run ``cmd`` in a process group of its own, output appended to ``log``; at ``limit_s`` it gets
     SIGINT (fill_cache then stops as on Ctrl-C: every evaluation journaled, every winner stored),
-    and 20 s later the whole group (its worker processes too) SIGKILL. (exit code, seconds, stopped)."""
+    and GRACE_S later the whole group (its worker processes too) SIGKILL. (exit code, seconds, stopped)."""
     t0 = time.perf_counter()
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}  (limit {limit_s:.0f} s)\n")
@@ -245,7 +253,7 @@ def run_bounded(cmd: list[str], limit_s: float, log: Path, env: dict | None = No
             stopped = True
             os.killpg(proc.pid, signal.SIGINT)
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=GRACE_S)
             except subprocess.TimeoutExpired:
                 pass
         try:  # what the group left behind (a stopped fill's build pool, a killed child)
@@ -425,10 +433,20 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(doc: dict, out: Path) -> None:
+def results_stem(env: dict) -> str:
+    """``<date>-<chip>-real-models[-smoke]``: the name the committed results take (results/)."""
+    chip = re.search(r"\b[A-Z]\d{2,4}\w*", env["device"]) if env["device"].startswith("NVIDIA") else None
+    chip_name = chip.group(0).lower() if chip else env["device"].split()[0].lower()
+    return f"{env['date']}-{chip_name}-real-models" + ("-smoke" if env["smoke"] else "")
+
+
+def write_results(doc: dict, out: Path) -> Path:
+    """Rewrite OUT/<stem>.json and .md; the markdown's path."""
     doc["targets"] = judge(doc["models"])
-    _write_json(out / "real_models.json", doc)
-    (out / "real_models.md").write_text(markdown(doc))
+    stem = results_stem(doc["env"])
+    _write_json(out / f"{stem}.json", doc)
+    (out / f"{stem}.md").write_text(markdown(doc))
+    return out / f"{stem}.md"
 
 
 def _environment(args: argparse.Namespace) -> dict[str, Any]:
@@ -452,8 +470,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     p.add_argument("--smoke", action="store_true", help="tiny configs of the same definitions, fp32")
     p.add_argument("--time-limit", type=float, default=540.0, help="seconds for the whole run (default 540)")
-    p.add_argument("--fill-share", type=float, default=0.5,
-                   help="share of each model's time that its fill may take (default 0.5)")
+    p.add_argument("--fill-share", type=float, default=0.4,
+                   help="share of each model's time that its fill may take (default 0.4)")
     p.add_argument("--budget", type=int, default=1, help="fill_cache candidates per spec (default 1)")
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, else interpreter)")
     p.add_argument("--cache-dir", type=Path, default=None, help="kernel cache (default: OUT/kernel_cache)")
@@ -502,8 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         print(model.name, json.dumps({k: v for k, v in doc["models"][model.name].items() if k != "backends"}),
               flush=True)
     doc["elapsed_s"] = round(time.perf_counter() - started, 1)
-    write_results(doc, args.out)
-    print((args.out / "real_models.md").read_text())
+    print(write_results(doc, args.out).read_text())
     return 0
 
 
