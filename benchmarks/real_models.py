@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -218,7 +219,8 @@ def measure_one(args: argparse.Namespace) -> int:
             try:
                 row["backends"][label] = measure_backend(label, model, inputs, want,
                                                          args.out / "reports" / f"{name}-{label}.json", args.smoke)
-            except Exception as e:  # the next backend still runs
+            except Exception as e:  # the next backend still runs; the traceback goes to the log
+                traceback.print_exc()
                 row["backends"][label] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             if label == "eager" and "error" not in row["backends"][label]:
                 row["backends"][label]["first_call_s"] = first_eager_s
@@ -419,7 +421,7 @@ def markdown(doc: dict) -> str:
                   f"- issue 23, every model {t['speedup_each']['target']}: "
                   f"**{'met' if t['speedup_each']['met'] else 'missed'}**: {per_model(t['speedup_each'])}",
                   f"- issue 23, geomean {g['target']}: **{'met' if g['met'] else 'missed'}**: "
-                  f"{_f(g['value'], '{:.2f}x')} over {g['of']} model(s) ({g['distance']})",
+                  + (f"{g['value']:.2f}x over {g['of']} model(s) ({g['distance']})" if g["value"] else "not measured"),
                   f"- issue 24, {t['host_vs_inductor']['target']}: "
                   f"**{'met' if t['host_vs_inductor']['met'] else 'missed'}**: {per_model(t['host_vs_inductor'])}",
                   f"- issue 24, {t['host_per_launch']['target']}: "
