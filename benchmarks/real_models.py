@@ -263,6 +263,7 @@ def _log_tail(log: Path) -> str:
 
 def _fill(model: Model, ref: str, args: argparse.Namespace, limit_s: float) -> dict[str, Any]:
     summary = args.out / "reports" / f"fill-{model.name}.json"
+    summary.unlink(missing_ok=True)  # an earlier run's, in the same OUT
     cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--model", ref, "--target", args.target,
            "--cache-dir", str(args.cache_dir), "--budget", str(args.budget), "--quiet", "--summary", str(summary)]
     code, seconds, stopped = run_bounded(cmd, limit_s, args.out / "logs" / f"{model.name}-fill.log")
