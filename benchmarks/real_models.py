@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from run import _child_env, _exception_text  # noqa: E402
 from real_models_report import write_json, write_results  # noqa: E402
-from timing import bench, host_ms_per_call, host_speed_us, kernel_times, rel_err, sync  # noqa: E402
+from timing import bench, host_ms_per_call, host_speed_us, kernel_times, rel_err, sync, work_floor  # noqa: E402
 
 from torch_kernelize.examples import hf_model  # noqa: E402
 
@@ -206,6 +206,7 @@ def measure_one(args: argparse.Namespace) -> int:
         want = model(*inputs)  # eager's first call
         sync()
         first_eager_s = round(time.perf_counter() - t0, 3)
+        row["floor"] = work_floor(model, inputs, want)
         for label in args.backends:
             try:
                 row["backends"][label] = measure_backend(label, model, inputs, want,
@@ -298,7 +299,7 @@ def run_model(model: Model, args: argparse.Namespace, fill_limit_s: float, share
            str(row_path)] + (["--smoke"] if args.smoke else [])
     code, seconds, stopped = run_bounded(cmd, left, log, _child_env())
     measured = json.loads(row_path.read_text()) if row_path.exists() else {"backends": {}}
-    row["backends"] = measured["backends"]
+    row.update(measured)
     row["measure_s"] = round(seconds, 1)
     done = ", ".join(row["backends"]) or "nothing"
     if stopped:

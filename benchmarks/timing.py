@@ -127,3 +127,24 @@ def rel_err(out: Any, ref: Any) -> float:
         o, r = o.detach().float(), r.detach().float()
         worst = max(worst, float((o - r).abs().max() / r.abs().max().clamp_min(1e-6)))
     return worst
+
+
+# The H200's measured ceilings (benchmarks/README.md's floors): dense fp16/bf16 matmul, copy.
+H200_FLOPS, H200_BYTES_PER_S = 729e12, 4.2e12
+
+
+def work_floor(model: torch.nn.Module, inputs: tuple, out: Any) -> dict[str, float]:
+    """What one call must do at least: its FLOPs (torch's FlopCounterMode over one more call: the
+    matmuls, convolutions and attention) and bytes (parameters, buffers, inputs and outputs, each
+    moved once), and on an H200 the time that takes at its ceilings."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from torch_kernelize.bringup import flat_tensors
+    with FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    tensors = [*model.parameters(), *model.buffers(), *flat_tensors(inputs), *flat_tensors(out)]
+    flops, nbytes = float(counter.get_total_flops()), float(sum(t.numel() * t.element_size() for t in tensors))
+    floor = {"gflop": float(f"{flops / 1e9:.4g}"), "mbytes": float(f"{nbytes / 1e6:.4g}")}
+    if torch.cuda.is_available() and "H200" in torch.cuda.get_device_name():
+        floor["ms"] = round(max(flops / H200_FLOPS, nbytes / H200_BYTES_PER_S) * 1e3, 4)
+    return floor

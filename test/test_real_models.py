@@ -51,6 +51,7 @@ def test_smoke_fills_and_measures_a_tiny_llama_with_every_backend(tmp_path):
     # the filled kernels serve: kernelize runs nodes on the triton tier (interpreter)
     assert 0 < row["backends"]["kernelize"]["nodes_on_triton"] <= row["backends"]["kernelize"]["nodes"]
     assert doc["targets"]["speedup_each"]["models"]["llama"]["speedup"] > 0
+    assert row["floor"]["gflop"] > 0 and row["floor"]["mbytes"] > 0  # no H200 here: no floor time
     md = _results(tmp_path, "md").read_text()
     assert "| llama | kernelize |" in md and "issue 23, geomean" in md and "issue 24" in md
     if importlib.util.find_spec("torchvision") is None:  # this CPU machine: the model is skipped, said so
@@ -87,7 +88,8 @@ def test_targets_are_judged_with_their_distance():
     suite = _report()
     models = {
         "fast": {"backends": {"inductor": _backend(2.0, 1.0), "kernelize": _backend(1.0, 0.04)}},
-        "slow": {"backends": {"inductor": _backend(1.0, 1.0), "kernelize": _backend(1.25, 1.5)}},
+        "slow": {"backends": {"inductor": _backend(1.0, 1.0), "kernelize": {**_backend(1.25, 1.5), "gpu_ms": 0.9}},
+                 "floor": {"ms": 0.5, "gflop": 100.0, "mbytes": 50.0}},
         "broken": {"backends": {"inductor": _backend(1.0, 1.0), "kernelize": {"error": "RuntimeError: x"}},
                    "error": "the measuring process exited 1"},
         "absent": {"skipped": "timm is not installed (pip install timm)"},
@@ -95,7 +97,9 @@ def test_targets_are_judged_with_their_distance():
     t = suite.judge(models)
     each = t["speedup_each"]["models"]
     assert each["fast"]["met"] and each["fast"]["speedup"] == 2.0
-    assert not each["slow"]["met"] and each["slow"]["distance"] == "-20% (needs <= 1.000 ms per call)"
+    assert not each["slow"]["met"] and each["slow"]["distance"] == (
+        "-20% (needs <= 1.000 ms per call; floor 0.500 ms (100 GFLOP, 50 MB); "
+        "kernelize GPU 0.900 ms, host 1.500 ms: host-bound)")
     assert each["broken"] == {"met": False, "distance": "not measured"} and "absent" not in each
     assert not t["speedup_each"]["met"]
     g = t["speedup_geomean"]
