@@ -134,9 +134,10 @@ H200_FLOPS, H200_BYTES_PER_S = 729e12, 4.2e12
 
 
 def work_floor(model: torch.nn.Module, inputs: tuple, out: Any) -> dict[str, float]:
-    """What one call must do at least: its FLOPs (torch's FlopCounterMode over one more call: the
-    matmuls, convolutions and attention) and bytes (parameters, buffers, inputs and outputs, each
-    moved once), and on an H200 the time that takes at its ceilings."""
+    """What one call must do at least: its FLOPs (torch's FlopCounterMode over one more call: the ops
+    it has formulas for, matmuls, convolutions and CUDA attention; others count nothing) and bytes
+    (parameters, buffers, inputs and outputs, each moved once), and on an H200 the time that takes
+    at its ceilings."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from torch_kernelize.bringup import flat_tensors
