@@ -43,7 +43,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from run import _child_env, _exception_text  # noqa: E402
 from real_models_report import write_json, write_results  # noqa: E402
-from timing import bench, host_ms_per_call, host_speed_us, kernel_times, rel_err, sync, work_floor  # noqa: E402
+from timing import (bench, coverage, host_ms_per_call, host_speed_us, kernel_times, rel_err,  # noqa: E402
+                    sync, work_floor)
 
 from torch_kernelize.examples import hf_model  # noqa: E402
 
@@ -150,14 +151,6 @@ BACKENDS: dict[str, Callable[[torch.nn.Module], Callable]] = {
 
 # --- one model's measurement, in its own process ---
 
-def _coverage(report: Path) -> dict[str, int]:
-    """Nodes, nodes on the triton tier, fused regions on triton and graphs, from kernelize's report."""
-    graphs = json.loads(report.read_text())["graphs"]
-    nodes = [n for g in graphs for n in g["nodes"]]
-    return {"nodes": len(nodes), "nodes_on_triton": sum(n["tier"] == "triton" for n in nodes),
-            "fused_regions": sum(g["summary"].get("fused_regions", 0) for g in graphs), "graphs": len(graphs)}
-
-
 def measure_backend(label: str, model: torch.nn.Module, inputs: tuple, want: Any, report: Path,
                     smoke: bool) -> dict[str, Any]:
     """Compile ``model`` with one backend and measure it (see the module docstring)."""
@@ -182,7 +175,7 @@ def measure_backend(label: str, model: torch.nn.Module, inputs: tuple, want: Any
     else:
         row["host_ms"] = round(host_ms_per_call(call, 3 if smoke else 20), 4)
     if label.startswith("kernelize") and report.exists():
-        row.update(_coverage(report))
+        row.update(coverage(report))
     del fn, call
     torch._dynamo.reset()
     if torch.cuda.is_available():

@@ -56,13 +56,15 @@ def judge(models: dict[str, dict]) -> dict[str, Any]:
             if s < SPEEDUP_EACH:
                 each[name]["distance"] += f" ({_why_slow(row, i['median_ms'] / SPEEDUP_EACH)})"
         if k.get("host_ms") is not None and i.get("host_ms") is not None:
-            host[name] = {"kernelize_ms": k["host_ms"], "inductor_ms": i["host_ms"], "met": k["host_ms"] <= i["host_ms"],
+            host[name] = {"kernelize_ms": k["host_ms"], "inductor_ms": i["host_ms"],
+                          "met": k["host_ms"] <= i["host_ms"],
                           "distance": f"{k['host_ms'] / i['host_ms'] - 1:+.0%} of Inductor's"}
         else:
             host[name] = {"met": False, "distance": "not measured"}
         if k.get("host_us_per_launch") is not None:
             us = k["host_us_per_launch"]
-            launch[name] = {"us": us, "met": us <= HOST_US_PER_LAUNCH, "distance": f"{us / HOST_US_PER_LAUNCH:.1f}x the bound"}
+            launch[name] = {"us": us, "met": us <= HOST_US_PER_LAUNCH,
+                            "distance": f"{us / HOST_US_PER_LAUNCH:.1f}x the bound"}
         else:
             launch[name] = {"met": False, "distance": "not measured"}
     geo = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None
@@ -81,7 +83,8 @@ def judge(models: dict[str, dict]) -> dict[str, Any]:
 
 
 LABELS = {"eager": "eager", "inductor": "inductor", "kernelize": "kernelize",
-          "inductor_reduce_overhead": "inductor reduce-overhead", "kernelize_reduce_overhead": "kernelize reduce-overhead"}
+          "inductor_reduce_overhead": "inductor reduce-overhead",
+          "kernelize_reduce_overhead": "kernelize reduce-overhead"}
 
 
 def _f(v: Any, fmt: str = "{:.3f}") -> str:
@@ -97,7 +100,8 @@ def markdown(doc: dict) -> str:
              f"took {doc.get('elapsed_s', 0):.0f} s; host speed {_f(env.get('host_us_per_eager_add'), '{:.1f}')} "
              f"us per eager add" + ("; SMOKE (tiny configs)" if env["smoke"] else ""), "",
              "| model | eager ms | inductor ms | kernelize ms | kernelize vs inductor | inductor r-o ms | "
-             "kernelize r-o ms | r-o vs r-o | floor ms | kernelize max rel err | fill s | first call s: inductor / kernelize |",
+             "kernelize r-o ms | r-o vs r-o | floor ms | kernelize max rel err | fill s | "
+             "first call s: inductor / kernelize |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in doc["models"].items():
         if "skipped" in row:
@@ -130,7 +134,8 @@ def markdown(doc: dict) -> str:
     t = doc.get("targets")
     if t:
         def per_model(target: dict) -> str:
-            return "; ".join(f"{n} {'met' if v['met'] else 'missed'} ({v['distance']})" for n, v in target["models"].items())
+            return "; ".join(f"{n} {'met' if v['met'] else 'missed'} ({v['distance']})"
+                             for n, v in target["models"].items())
         g = t["speedup_geomean"]
         lines += ["", "Targets (medians, this run):",
                   f"- issue 23, every model {t['speedup_each']['target']}: "

@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from timing import bench, host_speed_us, kernel_times, per_call_us, rel_err  # noqa: E402
+from timing import bench, coverage, host_speed_us, kernel_times, per_call_us, rel_err  # noqa: E402
 
 
 # The MoE's per-expert loop gives ~170 specs (one per expert and token count): a smaller budget.
@@ -155,12 +155,7 @@ def phase_measure(args, names) -> dict:
             row[f"{label}_err"] = rel_err(k(*inputs), ref)
             row[f"{label}_ms"] = bench(lambda: k(*inputs))
             if label == "kernelize":
-                doc = json.loads(report.read_text())
-                nodes = [n for g in doc["graphs"] for n in g["nodes"]]
-                row["nodes"] = len(nodes)
-                row["nodes_on_triton"] = sum(n["tier"] == "triton" for n in nodes)
-                row["fused_regions"] = sum(g["summary"].get("fused_regions", 0) for g in doc["graphs"])
-                row["graphs"] = len(doc["graphs"])
+                row.update(coverage(report))
         if row["kernelize_err"] > 1e-2:  # which kernels disagree with the vendor? (check mode)
             row["check_mode"] = _check_mode(model, inputs, ref, args)
         row["speedup_vs_eager"] = row["eager_ms"] / row["kernelize_ms"]

@@ -7,8 +7,10 @@ is no GPU profile.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -96,6 +98,15 @@ def kernel_times(fn: Callable[[], Any], iters: int = 5, host_calls: int = 20) ->
             "syncs_per_call": round(syncs_per_call(fn), 2),
             "launches": round(sum(c for c, _ in kernels.values()), 1),
             "kernels": [{"name": k[:120], "calls": round(c, 2), "ms": round(ms, 4)} for k, (c, ms) in top[:15]]}
+
+
+def coverage(report: Path) -> dict[str, int]:
+    """Nodes, nodes on the triton tier, fused regions on triton and graphs, from kernelize's JSON
+    coverage report of the process."""
+    graphs = json.loads(report.read_text())["graphs"]
+    nodes = [n for g in graphs for n in g["nodes"]]
+    return {"nodes": len(nodes), "nodes_on_triton": sum(n["tier"] == "triton" for n in nodes),
+            "fused_regions": sum(g["summary"].get("fused_regions", 0) for g in graphs), "graphs": len(graphs)}
 
 
 def per_call_us(fn: Callable[[], Any], n: int = 3000) -> float:
