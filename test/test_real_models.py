@@ -35,6 +35,7 @@ def _run(tmp_path: Path, *args: str, timeout: int = 600) -> subprocess.Completed
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_smoke_fills_and_measures_a_tiny_llama_with_every_backend(tmp_path):
     proc = _run(tmp_path, "--models", "llama,resnet50")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -60,6 +61,7 @@ def test_smoke_fills_and_measures_a_tiny_llama_with_every_backend(tmp_path):
         assert "- resnet50: torchvision is not installed" in md
 
 
+@pytest.mark.slow
 def test_a_model_out_of_time_is_reported_and_the_run_ends_within_its_limit(tmp_path):
     start = time.perf_counter()
     proc = _run(tmp_path, "--models", "llama", "--time-limit", "16", "--backends", "eager,kernelize")
