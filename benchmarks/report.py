@@ -141,7 +141,8 @@ def table(results: dict) -> str:
     prof = results.get("profile", {})
     if prof:
         lines += ["", "GPU time per call by backend (torch.profiler, sum of kernel times; launches per call; "
-                  "host ms: the host's time per call to enqueue it, where recorded — above the GPU time, that "
+                  "host ms: the host's time per call to enqueue it, where recorded, and per launched kernel "
+                  "— above the GPU time, that "
                   "backend is host-bound; syncs: the host waits for the GPU that often per call), and "
                   "kernelize's three most expensive kernels:", "",
                   "| workload | eager GPU ms (launches) host ms | inductor GPU ms (launches) host ms "
@@ -151,6 +152,8 @@ def table(results: dict) -> str:
                 if not isinstance(r.get(b), dict):
                     return "—"
                 host = f" {_f(r[b]['host_ms'])}" if "host_ms" in r[b] else ""
+                if host and r[b].get("launches"):  # issue 24's bound: <= 5 us per launched kernel
+                    host += f" ({r[b]['host_ms'] * 1e3 / r[b]['launches']:.1f} µs/launch)"
                 if r[b].get("syncs_per_call"):  # the host waits for the GPU within each call
                     host += f", {r[b]['syncs_per_call']:g} syncs"
                 return f"{_f(r[b].get('gpu_ms'))} ({r[b].get('launches', '—')}){host}"

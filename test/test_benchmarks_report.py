@@ -64,7 +64,8 @@ def test_table_judges_targets_and_shows_host_time():
     assert "| no |" in rows["conv1d_B2048_C96_L200_k3_fp16"]
     assert "error: RuntimeError: boom" in rows["moe_T4096_d1024_E16_top4_fp16"]
     llama = [line for line in profile.splitlines() if line.startswith("| llama4L")]
-    assert llama == ["| llama4L_d1024_b8_s512_fp16 | 2.139 (179.0) 3.820, 1 syncs | — | 1.217 (72.0) 1.910 | "
+    assert llama == ["| llama4L_d1024_b8_s512_fp16 | 2.139 (179.0) 3.820 (21.3 µs/launch), 1 syncs | — | "
+                     "1.217 (72.0) 1.910 (26.5 µs/launch) | "
                      "nvjet_sm90 x8: 0.263 |"]
 
 
