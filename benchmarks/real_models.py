@@ -259,7 +259,8 @@ def _fill(model: Model, ref: str, args: argparse.Namespace, limit_s: float) -> d
     summary = args.out / "reports" / f"fill-{model.name}.json"
     summary.unlink(missing_ok=True)  # an earlier run's, in the same OUT
     cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--model", ref, "--target", args.target,
-           "--cache-dir", str(args.cache_dir), "--budget", str(args.budget), "--quiet", "--summary", str(summary)]
+           "--cache-dir", str(args.cache_dir), "--budget", str(args.budget), "--quiet", "--summary", str(summary),
+           "--resume"]  # a search an earlier fill stopped (another model's, a run before) goes on
     code, seconds, stopped = run_bounded(cmd, limit_s, args.out / "logs" / f"{model.name}-fill.log")
     fill: dict[str, Any] = {"seconds": round(seconds, 1), "exit": code, "limit_s": round(limit_s, 1),
                             "stopped_at_limit": stopped}
