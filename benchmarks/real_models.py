@@ -261,9 +261,12 @@ def _fill(model: Model, ref: str, args: argparse.Namespace, limit_s: float) -> d
     cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--model", ref, "--target", args.target,
            "--cache-dir", str(args.cache_dir), "--budget", str(args.budget), "--quiet", "--summary", str(summary),
            "--resume"]  # a search an earlier fill stopped (another model's, a run before) goes on
+    from torch_kernelize.kernel_cache import KernelCache
+    cache = KernelCache.for_target(args.cache_dir, args.target_obj)
+    before = len(cache.keys())
     code, seconds, stopped = run_bounded(cmd, limit_s, args.out / "logs" / f"{model.name}-fill.log")
     fill: dict[str, Any] = {"seconds": round(seconds, 1), "exit": code, "limit_s": round(limit_s, 1),
-                            "stopped_at_limit": stopped}
+                            "stopped_at_limit": stopped, "entries_added": len(cache.keys()) - before}
     if summary.exists():
         specs = json.loads(summary.read_text())["specs"]
         statuses: dict[str, int] = {}
@@ -352,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure_one:
         return measure_one(args)
     from torch_kernelize.lowering.targets import get_target
-    args.has_triton = get_target(args.target).has_triton
+    args.target_obj = get_target(args.target)
+    args.has_triton = args.target_obj.has_triton
     for sub in ("reports", "logs"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)
     deadline = started + args.time_limit - WRITE_MARGIN_S

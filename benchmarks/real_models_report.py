@@ -116,7 +116,8 @@ def markdown(doc: dict) -> str:
             f"{_f(_speedup(row, 'inductor_reduce_overhead', 'kernelize_reduce_overhead'), '{:.2f}x')} | "
             f"{_f(row.get('floor', {}).get('ms'))} | "
             f"{_f(b.get('kernelize', {}).get('max_rel_err'), '{:.1e}')} | "
-            f"{_f(fill.get('seconds'), '{:.0f}')}{' (stopped)' if fill.get('stopped_at_limit') else ''} | "
+            f"{_f(fill.get('seconds'), '{:.0f}')}{' (stopped)' if fill.get('stopped_at_limit') else ''}"
+            f"{_f(fill.get('entries_added'), ', {} entries')} | "
             f"{_f(b.get('inductor', {}).get('first_call_s'), '{:.2f}')} / "
             f"{_f(b.get('kernelize', {}).get('first_call_s'), '{:.2f}')} |")
     lines += ["", "| model | backend | median ms | GPU ms | launches | host ms | host us per launch | syncs | "

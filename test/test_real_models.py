@@ -43,6 +43,7 @@ def test_smoke_fills_and_measures_a_tiny_llama_with_every_backend(tmp_path):
     row = doc["models"]["llama"]
     assert "error" not in row, row["error"]
     assert row["fill"]["exit"] == 0 and row["fill"]["specs"].get("stored", 0) > 0
+    assert row["fill"]["entries_added"] >= row["fill"]["specs"]["stored"]
     assert list(row["backends"]) == ["eager", "inductor", "kernelize", "inductor_reduce_overhead",
                                      "kernelize_reduce_overhead"]
     for label, r in row["backends"].items():
