@@ -18,7 +18,8 @@ marks issue 23's targets (kernelize >= 1.0x torch.compile's default on every mod
 >= 1.15x) and issue 24's (host time per call <= Inductor's, <= 5 us per launched kernel) met or
 missed, with the distance. The children's output is in OUT/logs/.
 
-Exit codes: 0 the run finished (failed or skipped models are in the tables); 2 bad arguments.
+Exit codes: 0 the run finished (failed or skipped models are in the tables); 2 bad arguments;
+130 interrupted (Ctrl-C: the children are stopped too; the models done so far are in the results).
 """
 from __future__ import annotations
 
@@ -238,17 +239,26 @@ def run_bounded(cmd: list[str], limit_s: float, log: Path, env: dict | None = No
             proc.wait(timeout=max(1.0, limit_s))
         except subprocess.TimeoutExpired:
             stopped = True
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
+            _stop(proc)
+        except KeyboardInterrupt:  # a Ctrl-C here: the child, in a session of its own, did not get it
+            _stop(proc)
+            raise
+        finally:
+            try:  # what the group left behind (a stopped fill's build pool, a killed child)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
-        try:  # what the group left behind (a stopped fill's build pool, a killed child)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            proc.wait()
     return proc.returncode, time.perf_counter() - t0, stopped
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGINT to the child's process group, then up to GRACE_S for it to finish."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _log_tail(log: Path) -> str:
@@ -370,14 +380,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: skipped: {model.package} is not installed", flush=True)
         else:
             runnable.append(model)
-    for i, model in enumerate(runnable):
-        fill_s, share_s = time_shares(deadline - time.perf_counter(), len(runnable) - i, args.fill_share)
-        print(f"{model.name}: {share_s:.0f} s (fill up to {fill_s:.0f} s)", flush=True)
-        doc["models"][model.name] = run_model(model, args, fill_s, share_s)
-        doc["elapsed_s"] = round(time.perf_counter() - started, 1)
-        write_results(doc, args.out)
-        print(model.name, json.dumps({k: v for k, v in doc["models"][model.name].items() if k != "backends"}),
-              flush=True)
+    try:
+        for i, model in enumerate(runnable):
+            fill_s, share_s = time_shares(deadline - time.perf_counter(), len(runnable) - i, args.fill_share)
+            print(f"{model.name}: {share_s:.0f} s (fill up to {fill_s:.0f} s)", flush=True)
+            doc["models"][model.name] = run_model(model, args, fill_s, share_s)
+            doc["elapsed_s"] = round(time.perf_counter() - started, 1)
+            write_results(doc, args.out)
+            print(model.name, json.dumps({k: v for k, v in doc["models"][model.name].items() if k != "backends"}),
+                  flush=True)
+    except KeyboardInterrupt:  # the models done so far are in the results already
+        print(f"real_models: interrupted; the results of the models done are in {args.out}", file=sys.stderr)
+        return 130
     doc["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(write_results(doc, args.out).read_text())
     return 0
