@@ -364,8 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.measure_one:
         return measure_one(args)
+    from torch_kernelize.errors import KernelizeError
     from torch_kernelize.lowering.targets import get_target
-    args.target_obj = get_target(args.target)
+    try:
+        args.target_obj = get_target(args.target)
+    except KernelizeError as e:
+        print(f"real_models: error: --target {args.target}: {e}", file=sys.stderr)
+        return 2
     args.has_triton = args.target_obj.has_triton
     for sub in ("reports", "logs"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)

@@ -119,3 +119,12 @@ def test_each_model_gets_an_equal_share_of_the_time_left():
     assert suite.time_shares(300.0, 3, 0.5) == (50.0, 100.0)
     assert suite.time_shares(-5.0, 2, 0.5) == (0.0, 0.0)
     assert suite.MODELS["resnet50"].package == "torchvision" and suite.MODELS["vit"].package == "timm"
+
+
+def test_a_bad_target_or_model_is_a_usage_error(tmp_path, capsys):
+    suite = _suite()
+    assert suite.main(["--out", str(tmp_path), "--target", "nochip"]) == 2
+    assert "--target nochip: unknown target" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        suite.main(["--out", str(tmp_path), "--models", "gpt5"])
+    assert e.value.code == 2
