@@ -7,7 +7,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -64,15 +63,13 @@ def test_smoke_fills_and_measures_a_tiny_llama_with_every_backend(tmp_path):
 
 @pytest.mark.slow
 def test_a_model_out_of_time_is_reported_and_the_run_ends_within_its_limit(tmp_path):
-    start = time.perf_counter()
     proc = _run(tmp_path, "--models", "llama", "--time-limit", "16", "--backends", "eager,kernelize")
-    elapsed = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
-    row = json.loads(_results(tmp_path, "json").read_text())["models"]["llama"]
+    doc = json.loads(_results(tmp_path, "json").read_text())
+    row = doc["models"]["llama"]
     assert row["fill"]["stopped_at_limit"] and row["error"].startswith("ran out of time")
     assert "ran out of time" in _results(tmp_path, "md").read_text()
-    # within the limit (counted from the script's start, after its imports)
-    assert elapsed < 16 + 15, elapsed
+    assert doc["elapsed_s"] <= 16, doc["elapsed_s"]  # counted from the script's start, after its imports
 
 
 def test_a_stopped_child_gets_sigint_first(tmp_path):
