@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from torch_kernelize.examples import hf_model
+
 HERE = Path(__file__).resolve()
 GEMM_ONLY = """name = "gemm-only"
 device = "cuda"
@@ -31,35 +33,27 @@ supported = ["aten.mm", "aten.addmm", "aten.bmm", "aten.convolution"]
 """
 
 
-def _hf(config, batch: int, seq: int):
-    import transformers
-    torch.manual_seed(0)
-    cls = transformers.AutoModelForMaskedLM if config.model_type == "bert" else transformers.AutoModelForCausalLM
-    model = cls.from_config(config).eval().half()
-    return model, (torch.randint(0, config.vocab_size, (batch, seq)),)
-
-
 def make_llama():
     """transformers' Llama, 4 layers of d1024 (the seed workload's shape), batch 8 x 512, fp16."""
     import transformers
-    return _hf(transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                                        num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16,
-                                        max_position_embeddings=1024), 8, 512)
+    return hf_model(transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                             num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16,
+                                             max_position_embeddings=1024), 8, 512, torch.float16)
 
 
 def make_bert():
     """transformers' BERT-base encoder (12 layers, d768), batch 8 x 512, fp16."""
     import transformers
-    return _hf(transformers.BertConfig(), 8, 512)
+    return hf_model(transformers.BertConfig(), 8, 512, torch.float16)
 
 
 def make_mixtral():
     """transformers' Mixtral, 4 layers of d1024 with 8 experts (top 2), batch 8 x 512, fp16."""
     import transformers
-    return _hf(transformers.MixtralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                                          num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
-                                          num_local_experts=8, num_experts_per_tok=2,
-                                          max_position_embeddings=1024), 8, 512)
+    return hf_model(transformers.MixtralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                               num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+                                               num_local_experts=8, num_experts_per_tok=2,
+                                               max_position_embeddings=1024), 8, 512, torch.float16)
 
 
 MODELS = {"llama": make_llama, "bert": make_bert, "mixtral": make_mixtral}
@@ -77,7 +71,7 @@ def _run(cmd: list[str], timeout: int) -> tuple[int, str, float]:
 def measure(model_name: str, target: str, cache_dir: str) -> dict:
     """In this process: compile, compare with eager, time both (one model, one target)."""
     import triton.testing
-    from torch_kernelize.bringup import _flat_tensors, _max_err
+    from torch_kernelize.bringup import flat_tensors, _max_err
 
     model, (x,) = MODELS[model_name]()
     model, x = model.cuda(), x.cuda()
@@ -88,7 +82,7 @@ def measure(model_name: str, target: str, cache_dir: str) -> dict:
     with torch.no_grad():
         want, got = model(x), compiled(x)
         err = _max_err(got, want)
-        scale = max(float(t.abs().max()) for t in _flat_tensors(want) if t.is_floating_point())
+        scale = max(float(t.abs().max()) for t in flat_tensors(want) if t.is_floating_point())
         eager_ms = triton.testing.do_bench(lambda: model(x), warmup=50, rep=300)
         kz_ms = triton.testing.do_bench(lambda: compiled(x), warmup=50, rep=300)
         inductor_ms = None

@@ -69,18 +69,19 @@ def table(results: dict) -> str:
              f"triton {env.get('triton', '?')}; medians of triton.testing.do_bench in one process"
              f"{' per workload' if env.get('measure_isolated') else ''}, same inputs.{host}",
              "",
-             "| workload | eager ms | inductor ms | kernelize ms | kernelize+CUDA graphs ms | vs eager | vs inductor "
-             "| target | met | nodes on triton | max rel err | host µs per eager add |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| workload | eager ms | inductor ms | kernelize ms | kernelize+CUDA graphs ms | inductor reduce-overhead ms "
+             "| vs eager | vs inductor | target | met | nodes on triton | max rel err | host µs per eager add |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.get("measure", {}).items():
         if "error" in r:
-            lines.append(f"| {name} | error: {r['error'][:120]} ||||||||||")
+            lines.append(f"| {name} | error: {r['error'][:120]} |||||||||||")
             continue
         desc = TARGETS.get(name, ("", None))[0]
         met = target_met(name, r)
         lines.append(
             f"| {name} | {_f(r['eager_ms'])} | {_f(r['inductor_ms'])} | {_f(r['kernelize_ms'])} | "
-            f"{_f(r.get('kernelize_cudagraphs_ms'))} | {_f(r['speedup_vs_eager'], '{:.2f}x')} | "
+            f"{_f(r.get('kernelize_cudagraphs_ms'))} | {_f(r.get('inductor_reduce_overhead_ms'))} | "
+            f"{_f(r['speedup_vs_eager'], '{:.2f}x')} | "
             f"{_f(r['speedup_vs_inductor'], '{:.2f}x')} | {desc} | {met or ''} | "
             f"{r.get('nodes_on_triton', '—')}/{r.get('nodes', '—')} | {_f(r.get('kernelize_err'), '{:.1e}')} | "
             f"{_f(r.get('host_add_us'), '{:.1f}')} |")
@@ -111,7 +112,8 @@ def table(results: dict) -> str:
     prof = results.get("profile", {})
     if prof:
         lines += ["", "GPU time per call by backend (torch.profiler, sum of kernel times; launches per call; "
-                  "host ms: the host's time per call to enqueue it, where recorded — above the GPU time, that "
+                  "host ms: the host's time per call to enqueue it, where recorded, and per launched kernel "
+                  "— above the GPU time, that "
                   "backend is host-bound; syncs: the host waits for the GPU that often per call), and "
                   "kernelize's three most expensive kernels:", "",
                   "| workload | eager GPU ms (launches) host ms | inductor GPU ms (launches) host ms "
@@ -121,6 +123,8 @@ def table(results: dict) -> str:
                 if not isinstance(r.get(b), dict):
                     return "—"
                 host = f" {_f(r[b]['host_ms'])}" if "host_ms" in r[b] else ""
+                if host and r[b].get("launches"):  # issue 24's bound: <= 5 us per launched kernel
+                    host += f" ({r[b]['host_ms'] * 1e3 / r[b]['launches']:.1f} µs/launch)"
                 if r[b].get("syncs_per_call"):  # the host waits for the GPU within each call
                     host += f", {r[b]['syncs_per_call']:g} syncs"
                 return f"{_f(r[b].get('gpu_ms'))} ({r[b].get('launches', '—')}){host}"

@@ -4,7 +4,8 @@
 
 fill       python -m torch_kernelize.fill_cache for every workload (timed; summary kept)
 measure    medians (triton.testing.do_bench, same process, same inputs) of eager, torch.compile's
-           default backend (Inductor), kernelize, and kernelize with CUDA graphs; max error vs eager.
+           default backend (Inductor), kernelize, kernelize with CUDA graphs and Inductor's
+           mode="reduce-overhead" (CUDA graphs too); max error vs eager.
            With several workloads, measure and profile run in one fresh process per workload:
            inside the process that had run the others, kernelize's MoE took 2.3 ms of host time
            per call, against 1.8 ms in a process of its own (host_profile.py, same host)
@@ -32,20 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-
-def bench(fn, warmup=50, rep=300) -> float:
-    from triton.testing import do_bench
-    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-
-
-def _err(out, ref) -> float:
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
-    worst = 0.0
-    for o, r in zip(outs, refs):
-        o, r = o.float(), r.float()
-        worst = max(worst, float((o - r).abs().max() / r.abs().max().clamp_min(1e-6)))
-    return worst
+from timing import bench, coverage, host_speed_us, kernel_times, per_call_us, rel_err  # noqa: E402
 
 
 # The MoE's per-expert loop gives ~170 specs (one per expert and token count): a smaller budget.
@@ -115,7 +103,7 @@ def _check_mode(model, inputs, ref, args) -> dict:
     try:
         torch._dynamo.reset()
         k = _kernelize(args, check=True)(model)
-        err = _err(k(*inputs), ref)
+        err = rel_err(k(*inputs), ref)
     finally:
         logging.getLogger("torch_kernelize.runtime").removeHandler(handler)
     return {"err": err, "disabled": handler.messages[:20]}
@@ -159,84 +147,28 @@ def phase_measure(args, names) -> dict:
         row["eager_ms"] = bench(lambda: model(*inputs))
         torch._dynamo.reset()
         ind = torch.compile(model)
-        row["inductor_err"] = _err(ind(*inputs), ref)
+        row["inductor_err"] = rel_err(ind(*inputs), ref)
         row["inductor_ms"] = bench(lambda: ind(*inputs))
         for label, extra in (("kernelize", {}), ("kernelize_cudagraphs", {"cudagraphs": True})):
             torch._dynamo.reset()
             report = args.reports / f"report_{name}_{label}.json"
             k = _kernelize(args, report=str(report), **extra)(model)
-            row[f"{label}_err"] = _err(k(*inputs), ref)
+            row[f"{label}_err"] = rel_err(k(*inputs), ref)
             row[f"{label}_ms"] = bench(lambda: k(*inputs))
             if label == "kernelize":
-                doc = json.loads(report.read_text())
-                nodes = [n for g in doc["graphs"] for n in g["nodes"]]
-                row["nodes"] = len(nodes)
-                row["nodes_on_triton"] = sum(n["tier"] == "triton" for n in nodes)
-                row["fused_regions"] = sum(g["summary"].get("fused_regions", 0) for g in doc["graphs"])
-                row["graphs"] = len(doc["graphs"])
+                row.update(coverage(report))
+        torch._dynamo.reset()  # the fair pair of kernelize's CUDA graphs (issue 24)
+        ind_ro = torch.compile(model, mode="reduce-overhead")
+        for _ in range(2):  # its first calls record the graphs
+            ind_ro(*inputs)
+        row["inductor_reduce_overhead_err"] = rel_err(ind_ro(*inputs), ref)
+        row["inductor_reduce_overhead_ms"] = bench(lambda: ind_ro(*inputs))
         if row["kernelize_err"] > 1e-2:  # which kernels disagree with the vendor? (check mode)
             row["check_mode"] = _check_mode(model, inputs, ref, args)
         row["speedup_vs_eager"] = row["eager_ms"] / row["kernelize_ms"]
         row["speedup_vs_inductor"] = row["inductor_ms"] / row["kernelize_ms"]
 
     return _each_workload(names, measure)
-
-
-def _calls(fn, n: int) -> None:
-    """n calls of fn, then wait for the GPU."""
-    import torch
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-
-
-def _syncs_per_call(fn, calls: int = 3) -> float:
-    """Synchronizing CUDA operations per call (torch's sync debug mode): a backend whose host
-    waits for the GPU on every call is host-bound by as much as its GPU time."""
-    import warnings
-
-    import torch
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(calls):
-                fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    return sum("synchroniz" in str(w.message) for w in caught) / calls
-
-
-def _kernel_times(fn, iters: int = 5) -> dict:
-    """GPU time per call of fn, in total and by kernel name (torch.profiler, after a warm-up), and
-    the host's time per call to enqueue it."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    _calls(fn, 3)
-    # host time per call to enqueue the work (no wait for the GPU): above the GPU time, the
-    # backend is host-bound and do_bench's median is this, not the kernels' time
-    t0 = time.perf_counter()
-    for _ in range(iters * 4):
-        fn()
-    host_ms = (time.perf_counter() - t0) / (iters * 4) * 1e3
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _calls(fn, iters)
-    kernels = {}
-    for evt in prof.key_averages():
-        if evt.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        ms = getattr(evt, "self_device_time_total", None)
-        ms = (ms if ms is not None else evt.self_cuda_time_total) / 1e3 / iters
-        if ms > 0:
-            kernels[evt.key] = (evt.count / iters, ms)
-    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])
-    return {"gpu_ms": round(sum(ms for _, ms in kernels.values()), 4), "host_ms": round(host_ms, 4),
-            "syncs_per_call": round(_syncs_per_call(fn), 2),
-            "launches": round(sum(c for c, _ in kernels.values()), 1),
-            "kernels": [{"name": k[:120], "calls": round(c, 2), "ms": round(ms, 4)} for k, (c, ms) in top[:15]]}
 
 
 def phase_profile(args, names) -> dict:
@@ -246,26 +178,10 @@ def phase_profile(args, names) -> dict:
         for label, make in (("eager", lambda m: m), ("inductor", torch.compile), ("kernelize", _kernelize(args))):
             torch._dynamo.reset()
             fn = make(model)
-            row[label] = _kernel_times(lambda: fn(*inputs))
+            row[label] = kernel_times(lambda: fn(*inputs))
 
     return _each_workload(names, profile,
                           lambda row: {k: v.get("gpu_ms") if isinstance(v, dict) else v for k, v in row.items()})
-
-
-def per_call_us(fn, n: int = 3000) -> float:
-    """Host time per call of a function whose GPU work is tiny (launch-bound), in microseconds."""
-    _calls(fn, 50)
-    t0 = time.perf_counter()
-    _calls(fn, n)
-    return (time.perf_counter() - t0) / n * 1e6
-
-
-def host_speed_us() -> float:
-    """eager torch.add of two 4096-element tensors, per call: the host's speed, recorded with every
-    run (host-bound rows, e.g. Inductor's MoE, move with it from one lent machine to the next)."""
-    import torch
-    x = torch.randn(4096, device="cuda")
-    return round(per_call_us(lambda: torch.add(x, x)), 2)
 
 
 def phase_overhead(args) -> dict:

@@ -49,7 +49,7 @@ class ModelResult:
         return 100.0 * (self.nodes - self.tiers["fallback"]) / self.nodes if self.nodes else 100.0
 
 
-def _flat_tensors(out: Any) -> list[torch.Tensor]:
+def flat_tensors(out: Any) -> list[torch.Tensor]:
     """The tensors of a model's output, whatever container it comes in (HF ModelOutput too)."""
     if hasattr(out, "to_tuple"):
         out = out.to_tuple()
@@ -57,7 +57,7 @@ def _flat_tensors(out: Any) -> list[torch.Tensor]:
 
 
 def _max_err(got: Any, want: Any) -> float:
-    gots, wants = _flat_tensors(got), _flat_tensors(want)
+    gots, wants = flat_tensors(got), flat_tensors(want)
     if len(gots) != len(wants):
         return float("inf")
     errs = [float((g.detach().double().cpu() - w.detach().double().cpu()).abs().max()) if g.numel() else 0.0
@@ -83,8 +83,8 @@ def compile_and_report(ref: str, target: Any, cache_dir: Path, repro_dir: Path |
             if d.tier == "fallback":
                 fallbacks.append((d.op, d.repro))
     err = _max_err(got, want)
-    tol = 1e-2 if any(t.dtype in (torch.float16, torch.bfloat16) for t in _flat_tensors(want)) else 1e-4
-    scale = max([float(t.detach().abs().max()) for t in _flat_tensors(want) if t.numel() and t.is_floating_point()],
+    tol = 1e-2 if any(t.dtype in (torch.float16, torch.bfloat16) for t in flat_tensors(want)) else 1e-4
+    scale = max([float(t.detach().abs().max()) for t in flat_tensors(want) if t.numel() and t.is_floating_point()],
                 default=1.0)
     return ModelResult(ref, 0, {t: tiers.get(t, 0) for t in TIERS if t != "decompose"}, err,
                        err <= tol * max(1.0, scale), fallbacks)

@@ -181,13 +181,19 @@ ZOO = {"mlp": make_mlp, "conv1d": make_conv1d, "transformer": make_transformer, 
 
 
 # --- model definitions we do not write: transformers' own, built from tiny configs (no weights) ---
-# Sizes fit the CPU tests and the interpreter; the same configs scaled up are the real-model suite.
+# Sizes fit the CPU tests and the interpreter; benchmarks/real_models.py builds them at real sizes.
 
-def _hf_causal_lm(config: object, batch: int, seq: int):
+def hf_model(config: object, batch: int, seq: int, dtype: torch.dtype | None = None, device: str = "cpu"):
+    """transformers' model for ``config`` without weights (seeded random init), in eval mode, built on
+    ``device`` in ``dtype``: a masked LM for BERT, a causal LM otherwise; random token ids as input."""
     import transformers
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    return model, (torch.randint(0, config.vocab_size, (batch, seq)),)
+    cls = transformers.AutoModelForMaskedLM if config.model_type == "bert" else transformers.AutoModelForCausalLM
+    with torch.device(device):
+        model = cls.from_config(config).eval()
+    if dtype is not None:
+        model = model.to(dtype)
+    return model, (torch.randint(0, config.vocab_size, (batch, seq), device=device),)
 
 
 HF_TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -196,32 +202,30 @@ HF_TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden
 
 def make_hf_llama(batch: int = 2, seq: int = 16):
     import transformers
-    return _hf_causal_lm(transformers.LlamaConfig(num_key_value_heads=2, **HF_TINY), batch, seq)
+    return hf_model(transformers.LlamaConfig(num_key_value_heads=2, **HF_TINY), batch, seq)
 
 
 def make_hf_gpt2(batch: int = 2, seq: int = 16):
     import transformers
-    return _hf_causal_lm(transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
-                                                 bos_token_id=0, eos_token_id=0), batch, seq)
+    return hf_model(transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                            bos_token_id=0, eos_token_id=0), batch, seq)
 
 
 def make_hf_mixtral(batch: int = 2, seq: int = 16):
     import transformers
-    return _hf_causal_lm(transformers.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                                                    **HF_TINY), batch, seq)
+    return hf_model(transformers.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                               **HF_TINY), batch, seq)
 
 
 def make_hf_qwen3_moe(batch: int = 2, seq: int = 16):
     import transformers
-    return _hf_causal_lm(transformers.Qwen3MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
-                                                     moe_intermediate_size=64, head_dim=16, **HF_TINY), batch, seq)
+    return hf_model(transformers.Qwen3MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                                moe_intermediate_size=64, head_dim=16, **HF_TINY), batch, seq)
 
 
 def make_hf_bert(batch: int = 2, seq: int = 16):
     import transformers
-    torch.manual_seed(0)
-    model = transformers.AutoModelForMaskedLM.from_config(transformers.BertConfig(**HF_TINY)).eval()
-    return model, (torch.randint(0, 128, (batch, seq)),)
+    return hf_model(transformers.BertConfig(**HF_TINY), batch, seq)
 
 
 HF_MODELS = {"llama": make_hf_llama, "gpt2": make_hf_gpt2, "mixtral": make_hf_mixtral,

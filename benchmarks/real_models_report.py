@@ -1,0 +1,172 @@
+"""The real-model suite's results (benchmarks/real_models.py): issue 23's and 24's targets judged
+over the models' rows, and the markdown tables of a run."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+# issue 23: kernelize's median per call against torch.compile's default; issue 24: host time
+SPEEDUP_EACH, SPEEDUP_GEOMEAN, HOST_US_PER_LAUNCH = 1.0, 1.15, 5.0
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Atomically: a reader (the parent, after it killed the child writing it) sees the last whole doc."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _speedup(row: dict, base: str, label: str) -> float | None:
+    a, b = row.get("backends", {}).get(base, {}), row.get("backends", {}).get(label, {})
+    if a.get("median_ms") and b.get("median_ms"):
+        return round(a["median_ms"] / b["median_ms"], 3)
+    return None
+
+
+def _why_slow(row: dict, need_ms: float) -> str:
+    """What a missed speedup needs, beside the floor and where kernelize's time goes."""
+    k, floor = row["backends"]["kernelize"], row.get("floor", {})
+    parts = [f"needs <= {need_ms:.3f} ms per call"]
+    if "ms" in floor:
+        parts.append(f"floor {floor['ms']:.3f} ms ({floor['gflop']:.0f} GFLOP, {floor['mbytes']:.0f} MB)")
+    if k.get("gpu_ms") is not None and k.get("host_ms") is not None:
+        bound = "host-bound" if k["host_ms"] > k["gpu_ms"] else "GPU-bound"
+        parts.append(f"kernelize GPU {k['gpu_ms']:.3f} ms, host {k['host_ms']:.3f} ms: {bound}")
+    return "; ".join(parts)
+
+
+def judge(models: dict[str, dict]) -> dict[str, Any]:
+    """Issue 23's and 24's targets over the suite's rows: per model and overall, met or missed and by
+    how much. A model without the measurements a target needs counts as missing it."""
+    each, host, launch, speedups = {}, {}, {}, []
+    for name, row in models.items():
+        if "skipped" in row:
+            continue
+        k, i = row.get("backends", {}).get("kernelize", {}), row.get("backends", {}).get("inductor", {})
+        s = _speedup(row, "inductor", "kernelize")
+        if s is None:
+            each[name] = {"met": False, "distance": "not measured"}
+        else:
+            speedups.append(s)
+            each[name] = {"speedup": s, "met": s >= SPEEDUP_EACH, "distance": f"{s / SPEEDUP_EACH - 1:+.0%}"}
+            if s < SPEEDUP_EACH:
+                each[name]["distance"] += f" ({_why_slow(row, i['median_ms'] / SPEEDUP_EACH)})"
+        if k.get("host_ms") is not None and i.get("host_ms") is not None:
+            host[name] = {"kernelize_ms": k["host_ms"], "inductor_ms": i["host_ms"],
+                          "met": k["host_ms"] <= i["host_ms"],
+                          "distance": f"{k['host_ms'] / i['host_ms'] - 1:+.0%} of Inductor's"}
+        else:
+            host[name] = {"met": False, "distance": "not measured"}
+        if k.get("host_us_per_launch") is not None:
+            us = k["host_us_per_launch"]
+            launch[name] = {"us": us, "met": us <= HOST_US_PER_LAUNCH,
+                            "distance": f"{us / HOST_US_PER_LAUNCH:.1f}x the bound"}
+        else:
+            launch[name] = {"met": False, "distance": "not measured"}
+    geo = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None
+    return {
+        "speedup_each": {"target": f">= {SPEEDUP_EACH}x torch.compile default", "models": each,
+                         "met": bool(each) and all(v["met"] for v in each.values())},
+        "speedup_geomean": {"target": f">= {SPEEDUP_GEOMEAN}x", "value": round(geo, 3) if geo else None,
+                            "of": len(speedups), "met": geo is not None and geo >= SPEEDUP_GEOMEAN
+                            and len(speedups) == len(each),
+                            "distance": f"{geo / SPEEDUP_GEOMEAN - 1:+.0%}" if geo else "not measured"},
+        "host_vs_inductor": {"target": "kernelize host ms per call <= Inductor's", "models": host,
+                             "met": bool(host) and all(v["met"] for v in host.values())},
+        "host_per_launch": {"target": f"<= {HOST_US_PER_LAUNCH} us of host time per launched kernel",
+                            "models": launch, "met": bool(launch) and all(v["met"] for v in launch.values())},
+    }
+
+
+LABELS = {"eager": "eager", "inductor": "inductor", "kernelize": "kernelize",
+          "inductor_reduce_overhead": "inductor reduce-overhead",
+          "kernelize_reduce_overhead": "kernelize reduce-overhead"}
+
+
+def _f(v: Any, fmt: str = "{:.3f}") -> str:
+    return "" if v is None else fmt.format(v)
+
+
+def markdown(doc: dict) -> str:
+    """The run's tables: per model, per backend, the targets, then what failed or was skipped."""
+    env = doc["env"]
+    lines = [f"Real-model suite, one run {env['date']}, {env['device']}, torch {env['torch']}, triton "
+             f"{env['triton']}, {', '.join(f'{k} {v}' for k, v in env['packages'].items())}; kernelize target "
+             f"{env['target']}, fill budget {env['fill_budget']} per spec; time limit {env['time_limit_s']:.0f} s, "
+             f"took {doc.get('elapsed_s', 0):.0f} s; host speed {_f(env.get('host_us_per_eager_add'), '{:.1f}')} "
+             f"us per eager add" + ("; SMOKE (tiny configs)" if env["smoke"] else ""), "",
+             "| model | eager ms | inductor ms | kernelize ms | kernelize vs inductor | inductor r-o ms | "
+             "kernelize r-o ms | r-o vs r-o | floor ms | kernelize max rel err | fill s | "
+             "first call s: inductor / kernelize |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in doc["models"].items():
+        if "skipped" in row:
+            continue
+        b = row.get("backends", {})
+        ms = {k: _f(b.get(k, {}).get("median_ms")) for k in LABELS}
+        fill = row.get("fill", {})
+        lines.append(
+            f"| {name} | {ms['eager']} | {ms['inductor']} | {ms['kernelize']} | "
+            f"{_f(_speedup(row, 'inductor', 'kernelize'), '{:.2f}x')} | {ms['inductor_reduce_overhead']} | "
+            f"{ms['kernelize_reduce_overhead']} | "
+            f"{_f(_speedup(row, 'inductor_reduce_overhead', 'kernelize_reduce_overhead'), '{:.2f}x')} | "
+            f"{_f(row.get('floor', {}).get('ms'))} | "
+            f"{_f(b.get('kernelize', {}).get('max_rel_err'), '{:.1e}')} | "
+            f"{_f(fill.get('seconds'), '{:.0f}')}{' (stopped)' if fill.get('stopped_at_limit') else ''}"
+            f"{_f(fill.get('entries_added'), ', {} entries')} | "
+            f"{_f(b.get('inductor', {}).get('first_call_s'), '{:.2f}')} / "
+            f"{_f(b.get('kernelize', {}).get('first_call_s'), '{:.2f}')} |")
+    lines += ["", "| model | backend | median ms | GPU ms | launches | host ms | host us per launch | syncs | "
+              "max rel err | first call s | nodes on triton |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in doc["models"].items():
+        for label, r in row.get("backends", {}).items():
+            if "error" in r:
+                lines.append(f"| {name} | {LABELS[label]} | error: {r['error'][:200]} | | | | | | | | |")
+                continue
+            triton = f"{r['nodes_on_triton']}/{r['nodes']}" if "nodes" in r else ""
+            lines.append(f"| {name} | {LABELS[label]} | {_f(r.get('median_ms'))} | {_f(r.get('gpu_ms'))} | "
+                         f"{_f(r.get('launches'), '{:.0f}')} | {_f(r.get('host_ms'))} | "
+                         f"{_f(r.get('host_us_per_launch'), '{:.1f}')} | {_f(r.get('syncs_per_call'), '{:g}')} | "
+                         f"{_f(r.get('max_rel_err'), '{:.1e}')} | {_f(r.get('first_call_s'), '{:.3g}')} | {triton} |")
+    t = doc.get("targets")
+    if t:
+        def per_model(target: dict) -> str:
+            return "; ".join(f"{n} {'met' if v['met'] else 'missed'} ({v['distance']})"
+                             for n, v in target["models"].items())
+        g = t["speedup_geomean"]
+        lines += ["", "Targets (medians, this run):",
+                  f"- issue 23, every model {t['speedup_each']['target']}: "
+                  f"**{'met' if t['speedup_each']['met'] else 'missed'}**: {per_model(t['speedup_each'])}",
+                  f"- issue 23, geomean {g['target']}: **{'met' if g['met'] else 'missed'}**: "
+                  + (f"{g['value']:.2f}x over {g['of']} model(s) ({g['distance']})" if g["value"] else "not measured"),
+                  f"- issue 24, {t['host_vs_inductor']['target']}: "
+                  f"**{'met' if t['host_vs_inductor']['met'] else 'missed'}**: {per_model(t['host_vs_inductor'])}",
+                  f"- issue 24, {t['host_per_launch']['target']}: "
+                  f"**{'met' if t['host_per_launch']['met'] else 'missed'}**: {per_model(t['host_per_launch'])}"]
+    notes = [f"- {n}: {row['skipped']}" for n, row in doc["models"].items() if "skipped" in row]
+    notes += [f"- {n}: {row['error']}" for n, row in doc["models"].items() if "error" in row]
+    notes += [f"- {n}: fill_cache: {row['fill']['error']}" for n, row in doc["models"].items()
+              if "error" in row.get("fill", {})]
+    if notes:
+        lines += ["", "Not measured or failed:"] + notes
+    return "\n".join(lines) + "\n"
+
+
+def results_stem(env: dict) -> str:
+    """``<date>-<chip>-real-models[-smoke]``: the name the committed results take (results/)."""
+    chip = re.search(r"\b[A-Z]\d{2,4}\w*", env["device"]) if env["device"].startswith("NVIDIA") else None
+    chip_name = chip.group(0).lower() if chip else env["device"].split()[0].lower()
+    return f"{env['date']}-{chip_name}-real-models" + ("-smoke" if env["smoke"] else "")
+
+
+def write_results(doc: dict, out: Path) -> Path:
+    """Rewrite OUT/<stem>.json and .md; the markdown's path."""
+    doc["targets"] = judge(doc["models"])
+    stem = results_stem(doc["env"])
+    write_json(out / f"{stem}.json", doc)
+    (out / f"{stem}.md").write_text(markdown(doc))
+    return out / f"{stem}.md"
