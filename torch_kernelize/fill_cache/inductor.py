@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import os
 import types
 from pathlib import Path
@@ -60,6 +61,7 @@ class InductorGenerator(KernelFamily):
     """One configuration per Inductor mode; no neighbours (Inductor does its own search)."""
 
     name = GENERATOR
+    generates_in_parent = True  # it autotunes on the GPU and keeps its captures
 
     def __init__(self) -> None:
         self._programs: dict[tuple[str, str], KernelProgram | RecordingError] = {}
@@ -215,11 +217,10 @@ def _autotuner_launches(record: Callable[[Any, tuple, dict, Any], None]) -> cont
             call_args, grid = self._interpret_args_grid(args, cfg)
         except AttributeError as e:
             raise RecordingError(f"this torch's CachingAutotuner computes grids differently ({e})") from None
-        constants = {k: v for k, v in (self.triton_meta.get("constants") or {}).items() if isinstance(k, str)}
+        params = list(inspect.signature(self.fn.fn).parameters)
+        unbound = set(params[len(call_args):])  # a constant Inductor specialized may be passed positionally too
+        constants = {k: v for k, v in (self.triton_meta.get("constants") or {}).items() if k in unbound}
         launch_kwargs = {**constants, **kwargs, **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        params = getattr(self.fn, "arg_names", None) or []
-        launch_kwargs = {k: v for k, v in launch_kwargs.items()
-                         if k in ("num_warps", "num_stages") or not params or k in params}
         record(self.fn, tuple(call_args), launch_kwargs, tuple(int(g) for g in grid))
 
     stack = contextlib.ExitStack()
