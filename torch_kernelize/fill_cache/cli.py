@@ -31,7 +31,7 @@ from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.external import with_candidates
-from torch_kernelize.fill_cache.generators import Competition, chosen_generators, generator_notes
+from torch_kernelize.fill_cache.generators import Competition, check_resumable, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
 from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
@@ -168,6 +168,7 @@ class FillRun:
             journal.archive()
             for r in previous:
                 journal.append(r)
+        check_resumable(family, previous)
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
         try:
             return self._search(work, family, journal, previous, measurer, row, progress)

@@ -118,6 +118,15 @@ def generator_notes(target: Any) -> list[str]:
             if n not in own and g.asked_by_default(target) is not None]
 
 
+def check_resumable(space: KernelFamily, records: Sequence[dict[str, Any]]) -> None:
+    """Raise UsageError if a journal's ``records`` hold configs of a generator ``space`` lacks."""
+    have = set(getattr(space, "others", {}))
+    missing = sorted({r["config"].get(TAG) for r in records} - {None} - have)
+    if missing:
+        raise UsageError(f"the journal names generator {missing[0]!r}, which this run does not ask for this spec: "
+                         f"give --generators {','.join(missing)} again, or search without --resume")
+
+
 class Competition(KernelFamily):
     """The candidates of every generator for one spec, as one search space."""
 
