@@ -168,7 +168,8 @@ class FillRun:
             journal.archive()
             for r in previous:
                 journal.append(r)
-        check_resumable(family, previous)
+        if self.resume:
+            check_resumable(family, previous)
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
         try:
             return self._search(work, family, journal, previous, measurer, row, progress)
