@@ -108,6 +108,20 @@ class _Recorder(TorchDispatchMode):
                              "compute it in a kernel")
 
 
+def recorded_once(store: dict, key: Any, record: Callable[[], KernelProgram], what: str) -> KernelProgram:
+    """``record()``'s program, recorded once per ``key`` and kept in ``store`` (its
+    RecordingError too: a failed recording is not repeated); ``what`` prefixes the error."""
+    if key not in store:
+        try:
+            store[key] = record()
+        except RecordingError as e:
+            store[key] = e
+    program = store[key]
+    if isinstance(program, RecordingError):
+        raise RecordingError(f"{what}: {program}")
+    return program
+
+
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 

@@ -36,7 +36,7 @@ from unittest import mock
 import torch
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram
-from torch_kernelize.lowering.kernels.recording import LaunchHook, RecordingError, record_program
+from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
 from torch_kernelize.lowering.regions import spec_ops
 from torch_kernelize.spec import KernelSpec
 
@@ -50,9 +50,11 @@ MODES: dict[str, dict[str, Any]] = {
     "default": {},
     "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True},
 }
-COMMON_OPTIONS = {"triton.cudagraphs": False}
-# Without a GPU: Triton code for CPU tensors, compiled in this process, from scratch every time
-CPU_CAPTURE_OPTIONS = {"cpu_backend": "triton", "compile_threads": 1, "force_disable_caches": True}
+# From scratch, in this process: kernels loaded from Inductor's caches or compiled in its
+# subprocesses come back without their Python function, which the program's source is
+COMMON_OPTIONS = {"triton.cudagraphs": False, "force_disable_caches": True, "compile_threads": 1}
+# Without a GPU: Triton code for CPU tensors
+CPU_CAPTURE_OPTIONS = {"cpu_backend": "triton"}
 # Allocators Inductor's output code binds from C++ (no dispatch: the recorder would not see them)
 _ALLOCATORS = ("empty_strided_cpu", "empty_strided_cuda")
 
@@ -93,16 +95,8 @@ class InductorGenerator(KernelFamily):
         mode = config.get("mode")
         if mode not in MODES:
             raise ValueError(f"unknown Inductor mode {mode!r}; expected one of {sorted(MODES)}")
-        key = (spec.key, mode)
-        if key not in self._programs:
-            try:
-                self._programs[key] = capture(spec, mode)
-            except RecordingError as e:
-                self._programs[key] = e
-        program = self._programs[key]
-        if isinstance(program, RecordingError):
-            raise RecordingError(f"no Inductor candidate ({mode}): {program}")
-        return program
+        return recorded_once(self._programs, (spec.key, mode), lambda: capture(spec, mode),
+                             f"no Inductor candidate ({mode})")
 
     def provenance(self, config: Config) -> dict[str, Any]:
         mode = config.get("mode")
@@ -212,6 +206,9 @@ def _autotuner_launches(record: Callable[[Any, tuple, dict, Any], None]) -> cont
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     def run(self, *args, stream=None, **kwargs):
+        if getattr(self.fn, "fn", None) is None:
+            raise RecordingError(f"kernel {getattr(self.fn, '__name__', '?')} came without its Python function "
+                                 "(loaded from a cache or a compile subprocess)")
         cfg = self.launchers[0].config if len(self.launchers) == 1 else self.configs[0]
         try:
             call_args, grid = self._interpret_args_grid(args, cfg)
