@@ -187,6 +187,9 @@ def test_an_inductor_winner_is_served_by_a_warm_process_that_compiles_nothing(tm
     origin = record["provenance"]
     assert origin["generator"] == "inductor" and origin["inductor"]["mode"] == "default"
     assert origin["inductor"]["torch"] == torch.__version__
+    from torch_kernelize.fill_cache.verify import verify_entries
+    verdict, = verify_entries(cache, TARGET, [work.spec.key])  # tools/cache.py verify: no family, the default domain
+    assert verdict.ok, verdict.detail
     proc = run_python(f"""
         import json, torch, triton
         import torch._inductor.compile_fx as compile_fx

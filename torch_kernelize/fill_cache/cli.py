@@ -427,10 +427,10 @@ def main(argv: list[str] | None = None) -> int:
         cache = KernelCache.for_target(args.cache_dir / f"rank-{group.rank}" if private else args.cache_dir, target)
         check_cache_dir(cache.dir)
         generators = chosen_generators(args.generators, target)
-        if args.generators is None:
-            for note in generator_notes(target):
-                log.info("generator %s", note)
         work = list(collect_work(args, target, generators).values())
+        log.info("generators beside each spec's family: %s", ", ".join(g.name for g in generators) or "none")
+        for note in generator_notes(target) if args.generators is None else ():
+            log.info("generator %s", note)
         budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
         run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
                       family_for=with_candidates(args.candidate, work) if args.candidate else None,

@@ -78,8 +78,8 @@ class InductorGenerator(KernelFamily):
 
     def asked_by_default(self, target: Any) -> str | None:
         if target.triton != "cuda":
-            return ("off by default on the interpreter target (an Inductor compile per spec costs seconds); "
-                    "ask for it with --generators")
+            return (f"off by default on a {target.triton} target (an Inductor compile per spec costs seconds, "
+                    "and only CUDA autotunes); ask for it with --generators")
         return None
 
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
@@ -111,7 +111,7 @@ GENERATOR_INSTANCE = InductorGenerator()
 
 
 def _on_gpu(spec: KernelSpec) -> bool:
-    return any(m.device == "cuda" for m in spec.inputs) and torch.cuda.is_available()
+    return any(m.device == "cuda" for m in spec.inputs + spec.outputs) and torch.cuda.is_available()
 
 
 def capture(spec: KernelSpec, mode: str) -> KernelProgram:
@@ -135,29 +135,43 @@ def capture(spec: KernelSpec, mode: str) -> KernelProgram:
                 torch.cuda.synchronize()
         except Exception as e:
             raise RecordingError(f"Inductor failed: {type(e).__name__}: {str(e)[:400]}") from None
-        module = next((m for m in reversed(loaded) if callable(getattr(m, "call", None))), None)
-        if module is None:
-            raise RecordingError("Inductor's output module was not seen loading (this torch's Inductor loads its "
-                                 "code differently)")
-        kernels = _autotuners(module)
-        if not kernels:
-            raise RecordingError("Inductor's output code launches no Triton kernel (it calls ATen or extern "
-                                 "kernels only)")
-        source = program_source(Path(module.__file__).read_text(), kernels)
-        namespace = types.ModuleType("inductor_kernels")
-        for name, autotuner in kernels.items():
-            setattr(namespace, name, autotuner.fn)
-        allocators = {name: _allocator(getattr(module, name), "cuda" if "cuda" in name else "cpu")
-                      for name in _ALLOCATORS if hasattr(module, name)}
-        if hasattr(module, "reinterpret_tensor"):  # a view, made through the dispatcher
-            allocators["reinterpret_tensor"] = lambda t, size, stride, offset=0: t.as_strided(
-                size, stride, t.storage_offset() + offset)
         try:
-            with mock.patch.dict(module.__dict__, allocators), torch.no_grad():
-                return record_program(compiled, inputs, spec, source, namespace, arguments=(list(inputs), {}),
-                                      hooks=[_autotuner_launches])
-        except RecordingError as e:
-            raise RecordingError(f"Inductor's output code is not only Triton launches ({e})") from None
+            return _record(compiled, _output_module(loaded), spec, inputs)
+        finally:
+            if on_gpu:  # the measure worker judges free device memory: give back what autotuning held
+                del compiled
+                torch.cuda.empty_cache()
+
+
+def _output_module(loaded: list[types.ModuleType]) -> types.ModuleType:
+    module = next((m for m in reversed(loaded) if callable(getattr(m, "call", None))), None)
+    if module is None:
+        raise RecordingError("Inductor's output module was not seen loading (this torch's Inductor loads its "
+                             "code differently)")
+    return module
+
+
+def _record(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inputs: list) -> KernelProgram:
+    """One call of ``compiled`` (whose output code is ``module``) recorded as a KernelProgram."""
+    kernels = _autotuners(module)
+    if not kernels:
+        raise RecordingError("Inductor's output code launches no Triton kernel (it calls ATen or extern "
+                             "kernels only)")
+    source = program_source(Path(module.__file__).read_text(), kernels)
+    namespace = types.ModuleType("inductor_kernels")
+    for name, autotuner in kernels.items():
+        setattr(namespace, name, autotuner.fn)
+    allocators = {name: _allocator(getattr(module, name), "cuda" if "cuda" in name else "cpu")
+                  for name in _ALLOCATORS if hasattr(module, name)}
+    if hasattr(module, "reinterpret_tensor"):  # a view, made through the dispatcher
+        allocators["reinterpret_tensor"] = lambda t, size, stride, offset=0: t.as_strided(
+            size, stride, t.storage_offset() + offset)
+    try:
+        with mock.patch.dict(module.__dict__, allocators), torch.no_grad():
+            return record_program(compiled, inputs, spec, source, namespace, arguments=(list(inputs), {}),
+                                  hooks=[_autotuner_launches])
+    except RecordingError as e:
+        raise RecordingError(f"Inductor's output code is not only Triton launches ({e})") from None
 
 
 @contextlib.contextmanager
@@ -167,6 +181,11 @@ def _compiling(on_gpu: bool, mode: str) -> Iterator[list[types.ModuleType]]:
     import torch._inductor.config as inductor_config
     from torch._inductor.codecache import PyCodeCache
 
+    for owner, name in ((PyCodeCache, "load_by_key_path"), (torch.utils._triton, "triton_hash_with_backend"),
+                        (torch._inductor, "compile")):
+        if not hasattr(owner, name):
+            raise RecordingError(f"this torch ({torch.__version__}) has no {owner.__name__}.{name}, which the capture "
+                                 "of Inductor's kernels relies on")
     loaded: list[types.ModuleType] = []
     load = PyCodeCache.load_by_key_path.__func__
 
