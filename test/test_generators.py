@@ -89,6 +89,8 @@ def test_plugins_are_found_through_the_entry_point_group(plugins, caplog):
         generators.chosen_generators("nope", TARGET)
     default = generators.chosen_generators(None, TARGET)
     assert GOOD in default and all(g.name != "inductor" for g in default)  # inductor: opt in off CUDA
+    from types import SimpleNamespace
+    assert "inductor" in [g.name for g in generators.chosen_generators(None, SimpleNamespace(triton="cuda"))]
 
 
 def test_a_plugin_candidate_competes_and_wins_with_its_provenance(plugins, tmp_path):
