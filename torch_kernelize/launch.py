@@ -64,7 +64,7 @@ INTERPRETER_TWINS = "INTERPRETER_TWINS"
 
 
 def use_interpreter_twins(module: Any) -> None:
-    """Swap a kernel module's inline-PTX helpers for their interpreter twins.
+    """Swap a kernel module's inline-PTX helpers (and ``libdevice``) for their interpreter twins.
 
     The interpreter runs no PTX. A source whose helpers use ``tl.inline_asm_elementwise`` names,
     in a module-level dict ``INTERPRETER_TWINS = {"helper": "helper_twin"}``, a ``@triton.jit``
@@ -76,6 +76,23 @@ def use_interpreter_twins(module: Any) -> None:
         if not hasattr(module, twin):
             raise ValueError(f"{module.__name__}: interpreter twin {twin!r} of {name!r} is not defined")
         setattr(module, name, getattr(module, twin))
+    libdevice = getattr(module, "libdevice", None)
+    if getattr(libdevice, "__name__", "").startswith("triton.language.extra"):
+        module.libdevice = _InterpreterLibdevice()
+
+
+class _InterpreterLibdevice:
+    """``libdevice`` as the interpreter can run it (it runs no extern library, Inductor's kernels
+    call ``libdevice.exp`` and kin): each function is ``triton.language.math``'s of the same name,
+    looked up at call time, when the interpreter has patched that module."""
+
+    def __getattr__(self, name: str) -> Any:
+        import triton.language as tl
+        fn = getattr(tl.math, name, None)
+        if fn is None:
+            raise AttributeError(f"libdevice.{name} has no triton.language.math equivalent that the Triton "
+                                 "interpreter runs (the kernel runs on the cuda target only)")
+        return fn
 
 
 def _interpreted(fn: Any):

@@ -1,4 +1,5 @@
-"""The interface every kernel generator (one op family, one module) implements.
+"""The interface every kernel generator implements: our op families (one module each), and the
+generators fill_cache finds beside them (fill_cache/generators.py: Inductor, plugins).
 
 A family turns a concrete KernelSpec and a Config into a KernelProgram. The search (fill_cache)
 starts from ``seed_configs`` and walks ``neighbours``; validation draws inputs through
@@ -63,6 +64,9 @@ class KernelFamily:
     name: str = ""
     ops: frozenset[str] = frozenset()        # full op names, e.g. "aten.gelu.default"
     edge_kinds: tuple[str, ...] = ("zeros", "large", "negative", "special")
+    # generate() runs in fill_cache's own process, never in a build worker (it needs the GPU, or
+    # keeps what it generated: fill_cache/builder.py)
+    generates_in_parent: bool = False
 
     def supports(self, spec: KernelSpec) -> str | None:
         """None when this family can generate a kernel for ``spec``, else the reason it cannot."""
@@ -95,6 +99,11 @@ class KernelFamily:
     def provenance(self, config: Config) -> dict[str, Any]:
         """What the cache entry of ``config``'s kernel records as its origin (``generator`` at least)."""
         return {"generator": self.name}
+
+    def asked_by_default(self, target: Any) -> str | None:
+        """For a generator other than a spec's own family (fill_cache/generators.py): None when
+        fill_cache asks it on ``target`` unless told otherwise, else why not."""
+        return None
 
     def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                      refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:

@@ -108,6 +108,20 @@ class _Recorder(TorchDispatchMode):
                              "compute it in a kernel")
 
 
+def recorded_once(store: dict, key: Any, record: Callable[[], KernelProgram], what: str) -> KernelProgram:
+    """``record()``'s program, recorded once per ``key`` and kept in ``store`` (its
+    RecordingError too: a failed recording is not repeated); ``what`` prefixes the error."""
+    if key not in store:
+        try:
+            store[key] = record()
+        except RecordingError as e:
+            store[key] = e
+    program = store[key]
+    if isinstance(program, RecordingError):
+        raise RecordingError(f"{what}: {program}")
+    return program
+
+
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -125,26 +139,41 @@ def _refuse_streams(name: str) -> Callable:
     return refuse
 
 
+# A launch as intercepted: (the @triton.jit function, its positional args, keyword args, grid)
+LaunchHook = Callable[[Callable[[Any, tuple, dict, Any], None]], contextlib.AbstractContextManager]
+
+
 def record_program(launcher: Callable, inputs: Sequence[torch.Tensor], spec: KernelSpec, source: str,
-                   module: ModuleType) -> KernelProgram:
+                   module: ModuleType, arguments: tuple[Sequence, dict] | None = None,
+                   hooks: Sequence[LaunchHook] = ()) -> KernelProgram:
     """Run ``launcher`` on the node's arguments built from ``inputs`` (tensors of the spec's
     input metas), record its launches, and return them as a KernelProgram whose source is
-    ``source`` (the text of ``module``, which defines every launched kernel at its top level)."""
+    ``source`` (the text of ``module``, which defines every launched kernel at its top level).
+
+    ``arguments``: what ``launcher`` is called with instead, as (args, kwargs). ``hooks``: for
+    launchers that launch kernels through something other than ``JITFunction.run`` (Inductor's
+    autotuner): each is given the recording function and returns a context manager that routes
+    those launches to it while the launcher runs."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     recorder = _Recorder(inputs)
 
+    def record(fn: Any, args: tuple, kwargs: dict, grid: Any) -> None:
+        recorder.launches.append((fn, args, kwargs, grid))
+
     def run(self, *args, grid, warmup, **kwargs):
         if warmup:
             raise RecordingError("launch() asked for a warm-up compile: only launches are recorded")
-        recorder.launches.append((self, args, kwargs, grid))
+        record(self, args, kwargs, grid)
 
-    args, kwargs = spec.build_args(list(inputs))
+    args, kwargs = arguments if arguments is not None else spec.build_args(list(inputs))
     # Class-wide while it lasts: fill_cache records on its one measuring thread, nothing launches beside it
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(JITFunction, "run", run))
         stack.enter_context(mock.patch.object(InterpretedFunction, "run", run))
+        for hook in hooks:
+            stack.enter_context(hook(record))
         for owner, label in _STREAM_APIS:
             name = label.rsplit(".", 1)[1]
             if owner is not None and hasattr(owner, name):

@@ -40,7 +40,9 @@ def _ignore_sigint() -> None:
 
 
 def family_ref(family: KernelFamily) -> tuple[str, str]:
-    """What a worker process finds ``family`` by (see find_family)."""
+    """What a worker process finds ``family`` by (see find_family); for several generators of
+    one spec (generators.Competition), the family that judges their candidates."""
+    family = getattr(family, "judge", family)
     return family.name, type(family).__module__
 
 
@@ -65,7 +67,7 @@ def _generator(spec: KernelSpec, family: KernelFamily, config: Config) -> tuple[
     program generated here ({"source", "program"}); raises what generation raises."""
     ref = family_ref(family)
     try:
-        if find_family(*ref) is family:
+        if not family.generates_in_parent and find_family(*ref) is family:
             return ref
     except LookupError:
         pass
@@ -142,7 +144,10 @@ class Builder:
         return self.root / spec.key / str(abs(hash(config.key)))
 
     def _job(self, spec: KernelSpec, family: KernelFamily, config: Config) -> tuple:
-        return (spec.to_json(), _generator(spec, family, config), config.to_json(),
+        own = config
+        if hasattr(family, "generator_of"):  # several generators: the one that made this config builds it
+            family, own = family.generator_of(config)
+        return (spec.to_json(), _generator(spec, family, own), own.to_json(),
                 str(self.directory(spec, config)), self.backend, self._gpu_target)
 
     def submit(self, spec: KernelSpec, family: KernelFamily, configs: list[Config]) -> None:

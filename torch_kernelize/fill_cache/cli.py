@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -31,6 +31,7 @@ from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.external import with_candidates
+from torch_kernelize.fill_cache.generators import Competition, check_resumable, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
 from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
@@ -40,6 +41,7 @@ from torch_kernelize.lowering.kernels import Config, family_for
 from torch_kernelize.lowering.regions import spec_ops
 from torch_kernelize.lowering.targets import Target, get_target, resolve_op
 from torch_kernelize.options import OPTIONS, default_cache_dir
+from torch_kernelize.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
@@ -68,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--candidate", action="append", default=[], metavar="FILE.py", type=Path,
                    help="a kernel file for the reproducer(s) whose spec it names (README: candidate files); "
                    "it competes with the generated kernels; may be repeated")
+    p.add_argument("--generators", default=None, metavar="all|none|NAME,...",
+                   help="the generators asked beside each spec's kernel family (README: generators); default: "
+                   "those on by default for the target (inductor on cuda) and every installed plugin")
     p.add_argument("--target", default=os.environ.get(OPTIONS["target"].env),
                    help="target name or TOML file (default: $KERNELIZE_TARGET, else cuda if available)")
     p.add_argument("--cache-dir", type=Path, default=os.environ.get(OPTIONS["cache_dir"].env) or default_cache_dir())
@@ -105,11 +110,14 @@ def _registry_family(spec: Any) -> Any:
 
 class FillRun:
     def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float,
-                 isolate: bool | None = None, family_for: Any = None):
-        """``isolate``: measure in a worker process (measure_worker.py; default: on CUDA)."""
+                 isolate: bool | None = None, family_for: Any = None, generators: Sequence[Any] = ()):
+        """``isolate``: measure in a worker process (measure_worker.py; default: on CUDA).
+        ``generators``: asked beside each spec's family (generators.py)."""
         self.target, self.cache, self.budget = target, cache, budget
-        # spec -> its generator (candidate files joined in: external.py); the registry's by default
+        # spec -> its family (candidate files joined in: external.py); the registry's by default
         self.family_for = family_for or _registry_family
+        self.generators = list(generators)
+        self._spaces: dict[str, Any] = {}  # spec key -> its generators as one search space
         self.builder = Builder(target)
         self.isolate = target.triton == "cuda" if isolate is None else isolate
         # started now: it imports torch and sets up the device while the first candidates compile
@@ -119,6 +127,14 @@ class FillRun:
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
         self.inside: set[str] = set()   # region specs skipped: a region holding them hit
+
+    def space(self, spec: Any) -> Any:
+        """The spec's family and every other generator of the run that supports it, as one
+        search space (generators.Competition); None when nothing generates it. Kept per spec:
+        generators keep what they recorded (candidate files, Inductor's captures)."""
+        if spec.key not in self._spaces:
+            self._spaces[spec.key] = Competition.of(spec, self.family_for(spec), self.generators)
+        return self._spaces[spec.key]
 
     def provenance(self, family: str, result: SearchResult) -> dict[str, Any]:
         import triton
@@ -136,7 +152,7 @@ class FillRun:
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
             return row
-        family = self.family_for(spec)
+        family = self.space(spec)
         if family is None:
             row["status"] = "no generator"
             return row
@@ -152,6 +168,8 @@ class FillRun:
             journal.archive()
             for r in previous:
                 journal.append(r)
+        if self.resume:
+            check_resumable(family, previous)
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
         try:
             return self._search(work, family, journal, previous, measurer, row, progress)
@@ -302,7 +320,7 @@ class FillRun:
             # Compile the seed candidates of the next few specs while this one is measured; not
             # all at once, or a search's later candidates would queue behind every other spec's.
             for w in work[i:i + LOOKAHEAD]:
-                family = self.family_for(w.spec)
+                family = self.space(w.spec)
                 if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
                     self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
 
@@ -355,11 +373,15 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def collect_work(args: argparse.Namespace, target: Target) -> dict[str, Work]:
+def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[Any] = ()) -> dict[str, Work]:
     """The specs to search, by key: every --model's trace, then every --repros folder's."""
     work: dict[str, Work] = {}
+
+    def supported(spec: KernelSpec) -> bool:
+        return family_for(spec) is not None or any(g.supports(spec) is None for g in generators)
+
     for ref in args.model:
-        for w in specs_from_model(ref, target, args.cache_dir):
+        for w in specs_from_model(ref, target, args.cache_dir, supported):
             work.setdefault(w.spec.key, w)
     for folder in args.repros:
         for w in specs_from_repros(folder):
@@ -404,10 +426,15 @@ def main(argv: list[str] | None = None) -> int:
         private = group is not None and group.rank != 0 and args.gather_to_rank0
         cache = KernelCache.for_target(args.cache_dir / f"rank-{group.rank}" if private else args.cache_dir, target)
         check_cache_dir(cache.dir)
-        work = list(collect_work(args, target).values())
+        generators = chosen_generators(args.generators, target)
+        work = list(collect_work(args, target, generators).values())
+        log.info("generators beside each spec's family: %s", ", ".join(g.name for g in generators) or "none")
+        for note in generator_notes(target) if args.generators is None else ():
+            log.info("generator %s", note)
         budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
         run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
-                      family_for=with_candidates(args.candidate, work) if args.candidate else None)
+                      family_for=with_candidates(args.candidate, work) if args.candidate else None,
+                      generators=generators)
         if group is not None:
             def served(w: Work) -> bool:  # on rank 0: its cache has it, and it is not to be searched again
                 return not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")

@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -113,9 +113,13 @@ def run_compiled(ref: str, target: Target, cache_dir: Path, repro_dir: Path | No
     return model, inputs, out, graphs
 
 
-def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
+def specs_from_model(ref: str, target: Target, cache_dir: Path,
+                     supported: Callable[[KernelSpec], bool] | None = None) -> list[Work]:
     """Trace the model through the backend's planner on ``target``; collect the specs that a
-    kernel family can generate (hits included, so --force can re-search them)."""
+    kernel family, or another generator of the run (``supported``), can generate (hits
+    included, so --force can re-search them)."""
+    if supported is None:
+        supported = lambda spec: family_for(spec) is not None  # noqa: E731
     _, _, _, graphs = run_compiled(ref, target, cache_dir)  # the model, inputs and output are dropped
     if target.device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
         torch.cuda.empty_cache()
@@ -124,12 +128,12 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path) -> list[Work]:
     for g in graphs:
         for specialization in g._specializations.values():
             for d in specialization.regions:
-                if d.spec is not None and d.spec.key not in regions and family_for(d.spec) is not None:
+                if d.spec is not None and d.spec.key not in regions and supported(d.spec):
                     regions[d.spec.key] = Work(d.spec, f"model:{ref}", "miss")
                     members = {n.name for n in g._region_of[d.spec.key].nodes}
                     regions[d.spec.key].members = [(g.name, m) for m in members]
             for d in specialization.decisions:
-                if d.spec is not None and d.spec.key not in nodes and family_for(d.spec) is not None:
+                if d.spec is not None and d.spec.key not in nodes and supported(d.spec):
                     nodes[d.spec.key] = Work(d.spec, f"model:{ref}", "missing" if d.missing else "miss")
                     nodes[d.spec.key].node = (g.name, d.node)
     # Regions first: a node inside a region that gets a kernel never runs alone, so its own

@@ -26,7 +26,7 @@ import torch
 
 from torch_kernelize.fill_cache.collect import UsageError, Work
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, family_for
-from torch_kernelize.lowering.kernels.recording import RecordingError, record_program
+from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
 from torch_kernelize.spec import KernelSpec
 
 GENERATOR = "external"
@@ -129,16 +129,8 @@ class CandidateGenerator(KernelFamily):
         candidate = self._candidate(config)
         if candidate is None:
             return self.base.generate(spec, config)
-        key = (spec.key, candidate.sha256)
-        if key not in self._programs:
-            try:
-                self._programs[key] = self.record(spec, candidate)
-            except RecordingError as e:
-                self._programs[key] = e
-        program = self._programs[key]
-        if isinstance(program, RecordingError):
-            raise RecordingError(f"{candidate.describe()}: {program}")
-        return program
+        return recorded_once(self._programs, (spec.key, candidate.sha256), lambda: self.record(spec, candidate),
+                             candidate.describe())
 
     def record(self, spec: KernelSpec, candidate: Candidate) -> KernelProgram:
         """The candidate's launches for ``spec``, recorded on two draws of inputs that must agree."""

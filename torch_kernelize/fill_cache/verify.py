@@ -10,8 +10,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from torch_kernelize.launch import load_program
-from torch_kernelize.fill_cache.external import GENERATOR as EXTERNAL
-from torch_kernelize.lowering.kernels import KernelFamily, family_for
+from torch_kernelize.fill_cache.generators import ANY_OP
+from torch_kernelize.lowering.kernels import families, family_for
 from torch_kernelize.lowering.targets import Target
 from torch_kernelize.validate import validate
 
@@ -39,8 +39,8 @@ def verify_entries(cache: Any, target: Target, keys: Iterable[str] | None = None
             continue
         spec = entry.spec
         family = family_for(spec)
-        if family is None and entry.family == EXTERNAL:  # judged on the default domain, as when it was stored
-            family = KernelFamily()
+        if family is None and entry.family not in {f.name for f in families()}:
+            family = ANY_OP  # a candidate file's, Inductor's, a plugin's: the default domain, as when it was stored
         if family is None:
             out.append(Verdict(key, spec.describe(), False, "no kernel family generates this spec any more"))
             continue

@@ -1,0 +1,285 @@
+"""The Inductor generator: Inductor compiles a spec's ATen graph offline, and the Triton kernels
+it generated, in the order its output code launches them, become a KernelProgram.
+
+fill_cache only: the spec's graph (its op, or its region's nodes, traced with make_fx on inputs
+of the spec's metas) goes through ``torch._inductor.compile``, in default mode, and in
+``max-autotune`` as a further configuration where the graph holds a GEMM or a convolution. Its
+output module's ``call`` then runs once under the launch recorder (lowering/kernels/recording.py):
+each ``CachingAutotuner.run`` is recorded, not executed, as a launch of the autotuner's
+``@triton.jit`` function with the config it chose (block sizes, warps, stages) and the grid that
+config gives. The program's source is a plain module: the imports Inductor's kernels use
+(``triton_helpers``, ``libdevice``) and each kernel with its ``@triton_heuristics`` decorator
+removed (it builds an autotuner at import). Serving loads that source and its binaries like any
+entry's: no Inductor lowering, codegen or autotuning, no Triton compile.
+
+On CUDA, Inductor autotunes for real (one call of the compiled graph) before the recording, and
+the recorded configs are the ones it chose. Without a GPU, Inductor can still generate Triton for
+CPU tensors (``cpu_backend = "triton"``) under Triton's interpreter; its backend hash, which asks
+for an active Triton driver, is patched for the compile, nothing is compiled or benchmarked, and
+each kernel's config is the first of its heuristic list. The program then runs on the
+interpreter target like any candidate: that is what CI covers.
+
+Output code that calls anything but Triton kernels (``extern_kernels.mm``, an ATen fallback) has
+no program: the evaluation fails with that reason in the journal, and the other candidates compete.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+import os
+import types
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from unittest import mock
+
+import torch
+
+from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram
+from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
+from torch_kernelize.lowering.regions import spec_ops
+from torch_kernelize.spec import KernelSpec
+
+GENERATOR = "inductor"
+RECORD_SEED = 7
+# Ops Inductor may lower to templates (max-autotune's Triton GEMM/conv kernels) or extern calls
+TEMPLATE_OPS = frozenset({"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default",
+                          "aten.convolution.default", "aten._scaled_mm.default"})
+# Inductor config per mode (torch._inductor.list_mode_options, less CUDA graphs: a program is its launches)
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True},
+}
+# From scratch, in this process: kernels loaded from Inductor's caches or compiled in its
+# subprocesses come back without their Python function, which the program's source is
+COMMON_OPTIONS = {"triton.cudagraphs": False, "force_disable_caches": True, "compile_threads": 1}
+# Without a GPU: Triton code for CPU tensors
+CPU_CAPTURE_OPTIONS = {"cpu_backend": "triton"}
+# Allocators Inductor's output code binds from C++ (no dispatch: the recorder would not see them)
+_ALLOCATORS = ("empty_strided_cpu", "empty_strided_cuda")
+
+
+class InductorGenerator(KernelFamily):
+    """One configuration per Inductor mode; no neighbours (Inductor does its own search)."""
+
+    name = GENERATOR
+    generates_in_parent = True  # it autotunes on the GPU and keeps its captures
+
+    def __init__(self) -> None:
+        self._programs: dict[tuple[str, str], KernelProgram | RecordingError] = {}
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        devices = {m.device for m in spec.inputs + spec.outputs}
+        if not devices <= {"cpu", "cuda"}:
+            return f"Inductor generates Triton for CPU and CUDA tensors, not {sorted(devices - {'cpu', 'cuda'})}"
+        if not spec.outputs or any(m.numel == 0 for m in spec.outputs):
+            return "no output elements to compute"
+        return None
+
+    def asked_by_default(self, target: Any) -> str | None:
+        if target.triton != "cuda":
+            return (f"off by default on a {target.triton} target (an Inductor compile per spec costs seconds, "
+                    "and only CUDA autotunes); ask for it with --generators")
+        return None
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        modes = ["default"]
+        if _on_gpu(spec) and TEMPLATE_OPS & set(spec_ops(spec)):
+            modes.append("max-autotune")
+        return [Config.of(mode=m) for m in modes]
+
+    def evaluations(self, spec: KernelSpec, budget: int) -> int:
+        return len(self.seed_configs(spec))
+
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        mode = config.get("mode")
+        if mode not in MODES:
+            raise ValueError(f"unknown Inductor mode {mode!r}; expected one of {sorted(MODES)}")
+        return recorded_once(self._programs, (spec.key, mode), lambda: capture(spec, mode),
+                             f"no Inductor candidate ({mode})")
+
+    def provenance(self, config: Config) -> dict[str, Any]:
+        mode = config.get("mode")
+        how = ("Inductor's own autotuning on CUDA" if torch.cuda.is_available() else
+               "the first config of Inductor's heuristic list (no GPU: captured under Triton's interpreter)")
+        return {"generator": GENERATOR, "inductor": {"torch": torch.__version__, "mode": mode,
+                                                     "config": {**MODES.get(mode, {}), **COMMON_OPTIONS},
+                                                     "configs_from": how}}
+
+
+GENERATOR_INSTANCE = InductorGenerator()
+
+
+def _on_gpu(spec: KernelSpec) -> bool:
+    return any(m.device == "cuda" for m in spec.inputs + spec.outputs) and torch.cuda.is_available()
+
+
+def capture(spec: KernelSpec, mode: str) -> KernelProgram:
+    """Inductor's kernels for ``spec`` in ``mode``, recorded as a KernelProgram; RecordingError
+    (with the reason) where there is none."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    on_gpu = _on_gpu(spec)
+    inputs = KernelFamily().sample_inputs(spec, RECORD_SEED, "random", "cuda" if on_gpu else "cpu")
+    try:
+        with torch.no_grad():
+            gm = make_fx(lambda *ts: spec.run_vendor(list(ts)))(*inputs)
+    except Exception as e:
+        raise RecordingError(f"its ATen graph could not be traced: {type(e).__name__}: {e}") from None
+    with _compiling(on_gpu, mode) as loaded:
+        try:
+            compiled = torch._inductor.compile(gm, list(inputs))
+            if on_gpu:  # Inductor autotunes on its first call; the recording takes what it chose
+                with torch.no_grad():
+                    compiled(*inputs)
+                torch.cuda.synchronize()
+        except Exception as e:
+            raise RecordingError(f"Inductor failed: {type(e).__name__}: {str(e)[:400]}") from None
+        try:
+            return _record(compiled, _output_module(loaded), spec, inputs)
+        finally:
+            if on_gpu:  # the measure worker judges free device memory: give back what autotuning held
+                del compiled
+                torch.cuda.empty_cache()
+
+
+def _output_module(loaded: list[types.ModuleType]) -> types.ModuleType:
+    module = next((m for m in reversed(loaded) if callable(getattr(m, "call", None))), None)
+    if module is None:
+        raise RecordingError("Inductor's output module was not seen loading (this torch's Inductor loads its "
+                             "code differently)")
+    return module
+
+
+def _record(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inputs: list) -> KernelProgram:
+    """One call of ``compiled`` (whose output code is ``module``) recorded as a KernelProgram."""
+    kernels = _autotuners(module)
+    if not kernels:
+        raise RecordingError("Inductor's output code launches no Triton kernel (it calls ATen or extern "
+                             "kernels only)")
+    source = program_source(Path(module.__file__).read_text(), kernels)
+    namespace = types.ModuleType("inductor_kernels")
+    for name, autotuner in kernels.items():
+        setattr(namespace, name, autotuner.fn)
+    allocators = {name: _allocator(getattr(module, name), "cuda" if "cuda" in name else "cpu")
+                  for name in _ALLOCATORS if hasattr(module, name)}
+    if hasattr(module, "reinterpret_tensor"):  # a view, made through the dispatcher
+        allocators["reinterpret_tensor"] = lambda t, size, stride, offset=0: t.as_strided(
+            size, stride, t.storage_offset() + offset)
+    try:
+        with mock.patch.dict(module.__dict__, allocators), torch.no_grad():
+            return record_program(compiled, inputs, spec, source, namespace, arguments=(list(inputs), {}),
+                                  hooks=[_autotuner_launches])
+    except RecordingError as e:
+        raise RecordingError(f"Inductor's output code is not only Triton launches ({e})") from None
+
+
+@contextlib.contextmanager
+def _compiling(on_gpu: bool, mode: str) -> Iterator[list[types.ModuleType]]:
+    """Inductor's config for ``mode`` (and, without a GPU, for Triton on CPU under the
+    interpreter); yields the list of modules Inductor loads meanwhile."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.codecache import PyCodeCache
+
+    for owner, name in ((PyCodeCache, "load_by_key_path"), (torch.utils._triton, "triton_hash_with_backend"),
+                        (torch._inductor, "compile")):
+        if not hasattr(owner, name):
+            raise RecordingError(f"this torch ({torch.__version__}) has no {owner.__name__}.{name}, which the capture "
+                                 "of Inductor's kernels relies on")
+    loaded: list[types.ModuleType] = []
+    load = PyCodeCache.load_by_key_path.__func__
+
+    def load_by_key_path(cls, *args, **kwargs):
+        module = load(cls, *args, **kwargs)
+        loaded.append(module)
+        return module
+
+    options = {**MODES[mode], **COMMON_OPTIONS, **({} if on_gpu else CPU_CAPTURE_OPTIONS)}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(inductor_config.patch(options))
+        stack.enter_context(mock.patch.object(PyCodeCache, "load_by_key_path", classmethod(load_by_key_path)))
+        if not on_gpu:
+            # The interpreter decorates the kernels when the output module loads; Inductor's
+            # backend hash (of the kernels' metadata only) asks Triton for a driver there is none of.
+            stack.enter_context(mock.patch.dict(os.environ, TRITON_INTERPRET="1"))
+            stack.enter_context(mock.patch.object(torch.utils._triton, "triton_hash_with_backend",
+                                                  lambda: "TORCH-KERNELIZE-CPU-CAPTURE"))
+        yield loaded
+
+
+def _autotuners(module: types.ModuleType) -> dict[str, Any]:
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    return {name: v for name, v in vars(module).items() if isinstance(v, CachingAutotuner)}
+
+
+def _allocator(original: Callable, device: str) -> Callable:
+    def empty_strided(size, stride, dtype, *args, **kwargs):
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    empty_strided.__wrapped__ = original
+    return empty_strided
+
+
+def _autotuner_launches(record: Callable[[Any, tuple, dict, Any], None]) -> contextlib.AbstractContextManager:
+    """Routes ``CachingAutotuner.run`` to ``record``: the autotuner's JIT function, the runtime
+    arguments, the chosen config's constexprs, warps and stages, and the grid it gives."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    def run(self, *args, stream=None, **kwargs):
+        if getattr(self.fn, "fn", None) is None:
+            raise RecordingError(f"kernel {getattr(self.fn, '__name__', '?')} came without its Python function "
+                                 "(loaded from a cache or a compile subprocess)")
+        cfg = self.launchers[0].config if len(self.launchers) == 1 else self.configs[0]
+        try:
+            call_args, grid = self._interpret_args_grid(args, cfg)
+        except AttributeError as e:
+            raise RecordingError(f"this torch's CachingAutotuner computes grids differently ({e})") from None
+        params = list(inspect.signature(self.fn.fn).parameters)
+        unbound = set(params[len(call_args):])  # a constant Inductor specialized may be passed positionally too
+        constants = {k: v for k, v in (self.triton_meta.get("constants") or {}).items() if k in unbound}
+        launch_kwargs = {**constants, **kwargs, **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        record(self.fn, tuple(call_args), launch_kwargs, tuple(int(g) for g in grid))
+
+    stack = contextlib.ExitStack()
+    for cls in [CachingAutotuner, *_subclasses(CachingAutotuner)]:
+        if "run" in vars(cls):
+            stack.enter_context(mock.patch.object(cls, "run", run))
+    return stack
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
+def program_source(output_code: str, kernels: dict[str, Any]) -> str:
+    """A module of the kernels Inductor's output code defines: the imports their sources make
+    (less ``triton_heuristics``, whose decorators are dropped) and each ``@triton.jit`` kernel."""
+    sources: dict[str, str] = {}
+    for node in ast.walk(ast.parse(output_code)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "triton"
+                and len(node.args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                                                for a in node.args[:2])):
+            sources[node.args[0].value] = node.args[1].value
+    missing = sorted(set(kernels) - set(sources))
+    if missing:
+        raise RecordingError(f"the source of kernel(s) {missing} is not in Inductor's output code")
+    imports: list[str] = []
+    bodies: list[str] = []
+    for name in kernels:
+        tree = ast.parse(sources[name])
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                kept = [a for a in stmt.names if a.name != "triton_heuristics"]
+                if kept:
+                    stmt.names = kept
+                    line = ast.unparse(stmt)
+                    if line not in imports:
+                        imports.append(line)
+            elif isinstance(stmt, ast.FunctionDef):
+                lines = sources[name].splitlines()
+                body = "\n".join(lines[stmt.lineno - 1:stmt.end_lineno])
+                bodies.append(f"@triton.jit\n{body}\n")
+    header = "# Triton kernels generated by torch Inductor " + torch.__version__ + " (captured by fill_cache)\n"
+    return header + "\n".join(imports) + "\n\n\n" + "\n\n".join(bodies)
