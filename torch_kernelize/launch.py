@@ -24,6 +24,10 @@ from torch_kernelize.spec import KernelSpec
 PROGRAM_FILE = "program.json"
 
 _import_lock = threading.Lock()
+# Triton's interpreter is not reentrant: a run patches triton.language for the whole process and
+# restores it when done, so a second thread interpreting meanwhile fails (and its kernel would be
+# disabled). Interpreted launches take turns; CUDA launches need no lock.
+_interpreter_lock = threading.RLock()
 log = logging.getLogger("torch_kernelize.launch")
 
 
@@ -167,6 +171,7 @@ class ProgramRunner:
         self._load_unaligned = unaligned
         self._unaligned_tried = False
         self._unaligned_plans: list | None = None
+        self._unaligned_lock = threading.Lock()
 
     def donating(self) -> "ProgramRunner | None":
         """This program writing its donated outputs into the caller's inputs and leaving out the
@@ -183,6 +188,7 @@ class ProgramRunner:
         if self.backend == "cuda":
             runner._cuda_plans = runner._cuda_plans_for(self._kernels)
         runner._unaligned_tried, runner._unaligned_plans = False, None
+        runner._unaligned_lock = threading.Lock()
         return runner
 
     def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
@@ -205,17 +211,20 @@ class ProgramRunner:
         return plans
 
     def _plans_for_unaligned(self) -> list:
-        if self._unaligned_plans is None:
-            if self._load_unaligned is None or self._unaligned_tried:
-                raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
-            self._unaligned_tried = True
-            try:
-                self._unaligned_plans = self._cuda_plans_for(self._load_unaligned())
-            except Exception as e:  # e.g. the entry was replaced meanwhile: the vendor op, per call
-                log.warning("%s: the binary for unaligned inputs did not load (%s: %s)",
-                            self.spec.describe(), type(e).__name__, e)
-                raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned") from e
-        return self._unaligned_plans
+        if self._unaligned_plans is not None:
+            return self._unaligned_plans
+        with self._unaligned_lock:  # loaded once, whichever thread meets an unaligned input first
+            if self._unaligned_plans is None:
+                if self._load_unaligned is None or self._unaligned_tried:
+                    raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
+                self._unaligned_tried = True
+                try:
+                    self._unaligned_plans = self._cuda_plans_for(self._load_unaligned())
+                except Exception as e:  # e.g. the entry was replaced meanwhile: the vendor op, per call
+                    log.warning("%s: the binary for unaligned inputs did not load (%s: %s)",
+                                self.spec.describe(), type(e).__name__, e)
+                    raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned") from e
+            return self._unaligned_plans
 
     def _plan(self, launch: Launch, names: list[str]):
         runtime = [n for n in names if n not in launch.constexprs]
@@ -252,9 +261,9 @@ class ProgramRunner:
         """The state buffers of calls on ``stream`` of ``device``: zeroed when first asked for."""
         key = (device.index if device.index is not None else -1, stream)
         bufs = self._states.get(key)
-        if bufs is None:
-            bufs = self._states[key] = tuple(torch.zeros(shape, dtype=dtype, device=device)
-                                             for shape, dtype in self._state_allocs)
+        if bufs is None:  # two threads meeting here keep the first set (dict.setdefault is atomic)
+            bufs = self._states.setdefault(key, tuple(torch.zeros(shape, dtype=dtype, device=device)
+                                                      for shape, dtype in self._state_allocs))
         return bufs
 
     def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
@@ -271,6 +280,10 @@ class ProgramRunner:
             for run, args, gx, gy, gz in plans:
                 run(gx, gy, gz, stream, *args(pool))
             return
+        with _interpreter_lock:
+            self._interpret(inputs, outs, temps)
+
+    def _interpret(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
         device = inputs[0].device if inputs else torch.device("cpu")
         bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device) if self._state_allocs else ()}
         for i in self._keep:

@@ -48,6 +48,7 @@ class Session:
         self._target = target
         self._cache = None
         self._repros = None
+        self._made = threading.Lock()  # the cache and repro writer are made once, by one thread
         # The minifier re-runs a disabled kernel on purpose: it gets its own, fresh states.
         self._kernel_states = {} if private_kernel_states else self._states
 
@@ -69,15 +70,20 @@ class Session:
     def cache(self):
         if self._cache is None and self._target is not None and self._target.has_triton:
             from torch_kernelize.kernel_cache import KernelCache
-            self._cache = KernelCache.for_target(self.options.cache_dir, self._target)
-            self._cache.warn_if_unusable()
+            with self._made:
+                if self._cache is None:
+                    cache = KernelCache.for_target(self.options.cache_dir, self._target)
+                    cache.warn_if_unusable()
+                    self._cache = cache
         return self._cache
 
     @property
     def repros(self):
         if self._repros is None and self.options.repro_dir is not None:
             from torch_kernelize.repro.dump import ReproWriter
-            self._repros = ReproWriter(self.options.repro_dir, self.options)
+            with self._made:
+                if self._repros is None:
+                    self._repros = ReproWriter(self.options.repro_dir, self.options)
         return self._repros
 
     def load_runner(self, spec: KernelSpec, entry: Any):
@@ -177,15 +183,23 @@ class LoweredGraph:
         return self._static
 
     # --- calling --------------------------------------------------------------------------------
-    _current_args: list | None = None  # check mode: the call being checked (for the minifier)
+    # check mode: each thread's call being checked (for the minifier)
+    _checked_calls = threading.local()
+
+    @property
+    def _current_args(self) -> list | None:
+        call = getattr(self._checked_calls, "call", None)
+        return call[1] if call is not None and call[0] is self else None
 
     def __call__(self, args: list) -> Any:
         if self._check:
-            self._current_args = list(args)
+            calls = self._checked_calls
+            outer = getattr(calls, "call", None)
+            calls.call = (self, list(args))
             try:
                 return self._dispatch(args)
             finally:
-                self._current_args = None
+                calls.call = outer
         return self._dispatch(args)
 
     def _dispatch(self, args: list) -> Any:

@@ -31,10 +31,20 @@ log = logging.getLogger("torch_kernelize.runtime")
 class KernelState:
     """The health of one cached kernel in this process: once it fails it stays disabled."""
 
+    _lock = threading.Lock()  # failures are rare: one lock for all states
+
     def __init__(self, key: str):
         self.key = key
         self.disabled: str | None = None
         self.layout_noted = False  # an input arrived in another layout than traced (logged once)
+
+    def disable(self, why: str) -> bool:
+        """Record a failure; True for the first one (whose owner logs and records it), also
+        when several threads fail at once."""
+        with self._lock:
+            first = self.disabled is None
+            self.disabled = why
+        return first
 
 
 class TritonCall:
@@ -98,9 +108,7 @@ class TritonCall:
                         self.spec.inputs[i].stride)
 
     def disable(self, why: str, tensors: Sequence[torch.Tensor] = (), kind: str = "failure") -> None:
-        first = self.state.disabled is None
-        self.state.disabled = why
-        if not first:
+        if not self.state.disable(why):
             return
         log.error("Triton kernel for %s (spec %s) is disabled for this process; its node runs on the "
                   "vendor op from now on. Cause: %s", self.spec.describe(), self.spec.key, why)
@@ -166,10 +174,15 @@ class Specialization:
 
     def __call__(self, args: list) -> Any:
         if self._first_call is not None:
+            # One thread runs the first call; the others wait for it, then run what it left
+            # (the generated code, or the refusal of a strict graph with missing ops).
             with self._lock:
-                first, self._first_call = self._first_call, None
-            if first is not None:
-                return first(self, args)
+                first = self._first_call
+                if first is not None:
+                    try:
+                        return first(self, args)
+                    finally:
+                        self._first_call = None
         return self._forward(*args)
 
 
