@@ -17,6 +17,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
+from torch_kernelize.flat_code import flat_function
 from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.lowering.decompositions import host_implementation
 from torch_kernelize.lowering.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
@@ -256,7 +257,8 @@ class LoweredGraph:
             first_call = None
             if pending or strict:
                 first_call = lambda s, args: self._first_call(s, args, pending, missing if strict else None)
-            spec = Specialization(gm, decisions, key, first_call)
+            spec = Specialization(gm, decisions, key, first_call,
+                                  flat_function(gm, guarded_inputs=self.kind != "backward"))
             spec.regions = region_decisions
             spec.lookups = lookups.witnesses if lookups is not None else {}
             self._specializations[key] = spec

@@ -93,10 +93,15 @@ class TritonCall:
                     return self.vendor(*tensors)
             try:
                 return self.runner(*tensors)
-            except MisalignedInput:
-                pass  # this call only: an unaligned view cannot take the aligned binary
             except Exception as e:
-                self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
+                return self.failed(e, tensors)
+        return self.vendor(*tensors)
+
+    def failed(self, e: Exception, tensors: Sequence[torch.Tensor]):
+        """The answer of a call whose kernel raised ``e``: the vendor op's. A misaligned input
+        sends this call only there; any other failure disables the kernel."""
+        if not isinstance(e, MisalignedInput):
+            self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
         return self.vendor(*tensors)
 
     def _other_layout(self, i: int, t: torch.Tensor) -> None:
@@ -157,13 +162,16 @@ class Specialization:
     """The bound executable for one shape signature, plus the decisions it was built from."""
 
     def __init__(self, gm: fx.GraphModule, decisions: list[Decision], key: tuple,
-                 first_call: Callable[["Specialization", list], Any] | None = None):
+                 first_call: Callable[["Specialization", list], Any] | None = None,
+                 forward: Callable[..., Any] | None = None):
+        """``forward`` runs the bound graph ``gm`` (its generated flat function, flat_code.py);
+        by default ``gm``'s own FX code."""
         self.gm = gm
         self.decisions = decisions
         self.key = key
         self.regions: list[Decision] = []  # fused regions looked up, hit or miss (for the report)
         self.lookups: dict[str, Any] = {}  # kernel-cache key -> witness of its lookup (executable cache)
-        self._forward = gm.forward
+        self._forward = forward if forward is not None else gm.forward
         self._first_call = first_call
         self._lock = threading.Lock()
 
@@ -237,30 +245,34 @@ def guard_vendor_layouts(graph: fx.Graph, guarded_inputs: bool = True) -> int:
     vendor op's output can be laid out otherwise than its meta function said. Returns the number
     of checks."""
 
-    def exact(node: Any) -> bool:
-        while isinstance(node, fx.Node) and node.op == "call_function" and (
-                node.target is operator.getitem or node.target in VIEW_OPS or isinstance(node.target, FoldedView)):
-            node = node.args[0]  # a piece of a tuple, or a view: exact if what it views is
-        if not isinstance(node, fx.Node):
-            return False
-        if node.op == "placeholder":
-            return guarded_inputs
-        target = node.target
-        return isinstance(target, TritonCall) or bool(getattr(target, "out_strides", None))
-
     checks = 0
     for node in graph.nodes:
         call = node.target
         if node.op != "call_function" or not isinstance(call, TritonCall):
             continue
         unsure = tuple((i, call.spec.inputs[i].stride) for i, a in enumerate(node.args)
-                       if i < len(call.spec.inputs) and not exact(a))
+                       if i < len(call.spec.inputs) and not has_traced_layout(a, guarded_inputs))
         if unsure:
             checked = copy.copy(call)
             checked.layout_checks = unsure
             node.target = checked
             checks += len(unsure)
     return checks
+
+
+def has_traced_layout(node: Any, guarded_inputs: bool = True) -> bool:
+    """Whether a bound graph's value certainly has its traced layout at run time: a guarded graph
+    input, or the output of a cached kernel or host fallback (they allocate the traced strides),
+    or a piece or view of one. A vendor op's output need not."""
+    while isinstance(node, fx.Node) and node.op == "call_function" and (
+            node.target is operator.getitem or node.target in VIEW_OPS or isinstance(node.target, FoldedView)):
+        node = node.args[0]  # a piece of a tuple, or a view: exact if what it views is
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "placeholder":
+        return guarded_inputs
+    target = node.target
+    return isinstance(target, TritonCall) or bool(getattr(target, "out_strides", None))
 
 
 def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
