@@ -206,10 +206,9 @@ class LoweredGraph:
     def _dispatch(self, args: list) -> Any:
         if self._static is not None:
             return self._static(args)
-        key = self.binder.key(args)
-        spec = self._specializations.get(key)
+        spec = self._specializations.get(self.binder.call_key(args))
         if spec is None:
-            spec = self._specialize(key)
+            spec = self._specialize(self.binder.key(args))
         return spec(args)
 
     def forward(self, *args: Any) -> Any:
