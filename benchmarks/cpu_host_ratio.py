@@ -20,25 +20,17 @@ from typing import Callable
 import torch
 
 # Each step of the chain is one ATen pointwise op on tensors of a few elements.
-_STEPS: tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...] = (
-    lambda h, x: h + x,
-    lambda h, x: h * 0.5,
-    lambda h, x: torch.sin(h),
-    lambda h, x: h - x,
-    lambda h, x: torch.relu(h),
-    lambda h, x: h * x,
-    lambda h, x: torch.tanh(h),
-    lambda h, x: h + 1.0,
-)
+_STEPS = ("h = h + x", "h = h * 0.5", "h = torch.sin(h)", "h = h - x", "h = torch.relu(h)", "h = h * x",
+          "h = torch.tanh(h)", "h = h + 1.0")
 
 
 def tiny_pointwise_chain(ops: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """A function of two tensors that runs ``ops`` pointwise ops, one after another."""
-    def fn(h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        for i in range(ops):
-            h = _STEPS[i % len(_STEPS)](h, x)
-        return h
-    return fn
+    """A function of two tensors that runs ``ops`` pointwise ops, written out one per line (as a
+    model's forward is: no loop or helper calls of its own for eager to pay)."""
+    lines = [f"    {_STEPS[i % len(_STEPS)]}\n" for i in range(ops)]
+    namespace = {"torch": torch}
+    exec(f"def chain(h, x):\n{''.join(lines)}    return h\n", namespace)
+    return namespace["chain"]
 
 
 def per_call_us(fns: dict[str, Callable], args: tuple, calls: int, repeats: int) -> dict[str, float]:
