@@ -65,6 +65,8 @@ class _Writer:
             return "[" + ", ".join(self.value(x) for x in a) + "]"
         if isinstance(a, dict):
             return "{" + ", ".join(f"{k!r}: {self.value(v)}" for k, v in a.items()) + "}"
+        if any(isinstance(x, fx.Node) for x in torch.utils._pytree.tree_leaves(a)):
+            raise _Unrendered(f"graph values inside a {type(a).__name__}")
         return self.ref(a, type(a).__name__)
 
     def call_args(self, args: tuple, kwargs: dict) -> str:
