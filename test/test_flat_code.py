@@ -41,13 +41,14 @@ def test_vendor_ops_take_eager_bindings_where_they_dispatch_the_same_overload():
         b = aten.add.Scalar(x, 2)                 # torch.add(x, 2) would dispatch add.Tensor
         c, d = aten.split.Tensor(a, 4)            # torch.split returns a tuple, the overload a list
         e = aten.view.default(b, [2, 4])          # a Tensor method only
-        return aten.mul.Tensor(c, 0.5), d, e, aten.sum.dim_IntList(a, [0], True)
+        f = aten.full.default([3], 2.0, dtype=torch.float32, device=torch.device("cpu"), pin_memory=False)
+        return aten.mul.Tensor(c, 0.5), d, e, aten.sum.dim_IntList(a, [0], True), f
     x, y = torch.randn(8), torch.randn(8)
     gm = _bound(f, x, y)
     fn = flat_function(gm)
     chosen = {n.target: n.meta["binding"] for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)}
     assert chosen[aten.add.Tensor] == torch.add and chosen[aten.mul.Tensor] == torch.mul
-    assert chosen[aten.sum.dim_IntList] == torch.sum
+    assert chosen[aten.sum.dim_IntList] == torch.sum and chosen[aten.full.default] == torch.full
     assert chosen[aten.view.default] is torch._C.TensorBase.view
     assert chosen[aten.add.Scalar] is aten.add.Scalar._op and chosen[aten.split.Tensor] is aten.split.Tensor._op
     assert "torch.ops" not in fn.source and "= None" in fn.source  # values dropped after their last use

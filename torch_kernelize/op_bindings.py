@@ -123,9 +123,13 @@ class _Recorder(TorchDispatchMode):
 
 
 def _meta(a: Any) -> Any:
+    """An argument as the check runs it: tensors (and devices, so that factories allocate
+    nothing) on the meta device."""
     if isinstance(a, fx.Node):
         val = a.meta["val"]
         return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device="meta")
+    if isinstance(a, torch.device):
+        return torch.device("meta")
     if isinstance(a, (list, tuple)):
         return type(a)(_meta(x) for x in a) if not hasattr(a, "_fields") else a
     return a
@@ -154,10 +158,11 @@ def _verified(op: Any, args: tuple, kwargs: dict) -> Callable:
     try:
         with unset_fake_temporarily():  # plain meta tensors, outside the graph's fake mode
             margs, mkwargs = _meta(args), {k: _meta(v) for k, v in kwargs.items()}
-            inputs = {id(t) for t in torch.utils._pytree.tree_leaves((margs, mkwargs)) if isinstance(t, torch.Tensor)}
+            leaves = torch.utils._pytree.tree_leaves((margs, mkwargs))
+            inputs = {id(t) for t in leaves if isinstance(t, torch.Tensor)}
             candidates = _candidates(op, bool(margs) and isinstance(margs[0], torch.Tensor))
-            if not candidates:
-                return op._op
+            if not candidates or not any(isinstance(t, (torch.Tensor, torch.device)) for t in leaves):
+                return op._op  # (a factory without a device would allocate on the CPU for real)
             with _Recorder() as want:
                 want_out = op._op(*margs, **mkwargs)
             for fn in candidates:
