@@ -61,7 +61,8 @@ def filled(tmp_path_factory) -> Path:
     return cache
 
 
-def test_interpreter_kernels_stay_enabled_and_right_under_threads(filled, tmp_path, monkeypatch):
+@pytest.mark.parametrize("check", [False, True])  # check mode: each call also compared with the vendor op
+def test_interpreter_kernels_stay_enabled_and_right_under_threads(check, filled, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     shutil.copytree(filled, cache)
     launches = []
@@ -69,7 +70,8 @@ def test_interpreter_kernels_stay_enabled_and_right_under_threads(filled, tmp_pa
     monkeypatch.setattr(ProgramRunner, "launch", lambda self, *a: launches.append(self.spec.key) or launch(self, *a))
     model, (x,) = fill_models.make_small()
     compiled = torch.compile(model, backend="kernelize",
-                             options={"target": "interpreter", "cache_dir": str(cache), "repro_dir": "off"})
+                             options={"target": "interpreter", "cache_dir": str(cache), "repro_dir": "off",
+                                      "check": check})
     with torch.no_grad():
         want = model(x)
         compiled(x)
