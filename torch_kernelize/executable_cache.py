@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize import prewarm
 from torch_kernelize.flat_code import flat_function
@@ -374,7 +375,7 @@ class ExecutableCache:
                 if name in data.get("bindings", {}):
                     node.meta["binding"] = binding_by_name(data["bindings"][name])
                 env[name] = node
-            gm = fx.GraphModule(torch.nn.Module(), graph)
+            gm = _LazyGraphModule(torch.nn.Module(), graph)  # calls run flat_code's function
             spec = Specialization(gm, [decision(j) for j in data["decisions"]], (), None, flat_function(gm))
             spec.regions = [decision(j) for j in data["regions"]]
             spec.lookups = data["lookups"]

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.lowering.kernels import family_for
@@ -235,7 +236,8 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
         rewrite(graph)
     guard_vendor_layouts(graph, guarded_inputs)
     graph.lint()
-    return fx.GraphModule(plan.gm, graph)
+    # lazy: its FX code is generated only if something asks for it (calls run flat_code's function)
+    return _LazyGraphModule(plan.gm, graph)
 
 
 def guard_vendor_layouts(graph: fx.Graph, guarded_inputs: bool = True) -> int:
