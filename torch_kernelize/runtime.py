@@ -2,8 +2,8 @@
 
 Per concrete shape signature (see shapes.SymbolBinder) the graph is specialised once: each
 node is bound to what its Decision says (a preloaded Triton launcher, the vendor op, or the host
-fallback) and the bound graph is compiled to Python code by FX. The hot path is a key lookup
-(none at all for static graphs) and the generated code: no planning, no cache access.
+fallback) and the bound graph becomes one generated flat function (flat_code.py). The hot path
+is a key lookup (none at all for static graphs) and that function: no planning, no cache access.
 """
 from __future__ import annotations
 
