@@ -181,7 +181,7 @@ def _kernel_call(w: _Writer, n: fx.Node, call: TritonCall) -> list[str]:
     guard += "".join(f" and {w.value(n.args[i])}.stride() == {stride!r}" for i, stride in call.layout_checks)
     return [f"if {guard}:",
             "    try:",
-            f"        {out} = {w.ref(call.runner, 'run')}({args})",
+            f"        {out} = {w.ref(getattr(call.runner, 'direct', None) or call.runner, 'run')}({args})",
             "    except Exception as e:",
             f"        {out} = {name}.failed(e, {tensors})",
             "else:",

@@ -144,6 +144,14 @@ def _empty_strided(device: torch.device) -> Callable[[tuple, tuple, torch.dtype]
     return lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
 def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
     """pool -> the tuple of the pool's items at ``positions`` (itemgetter, always a tuple)."""
     if len(positions) == 1:
@@ -189,6 +197,7 @@ class ProgramRunner:
         self._unaligned_tried = False
         self._unaligned_plans: list | None = None
         self._unaligned_lock = threading.Lock()
+        self.direct = self._direct_call()
 
     def donating(self) -> "ProgramRunner | None":
         """This program writing its donated outputs into the caller's inputs and leaving out the
@@ -206,6 +215,7 @@ class ProgramRunner:
             runner._cuda_plans = runner._cuda_plans_for(self._kernels)
         runner._unaligned_tried, runner._unaligned_plans = False, None
         runner._unaligned_lock = threading.Lock()
+        runner.direct = None  # (the generated call knows no donation)
         return runner
 
     def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
@@ -226,6 +236,53 @@ class ProgramRunner:
             plans.append((k.run, _getter(where), *grid))
         self._consts = tuple(consts)
         return plans
+
+    def _direct_call(self) -> Callable | None:
+        """The CUDA hot path of this program as one generated function of its inputs: outputs
+        and temporaries allocated and every launch made with its arguments written out, no
+        per-call pools, loops or frames of ours between the caller and the launchers. A call
+        with an input off a 16-byte boundary, or on another device than the current one, takes
+        the general path (``__call__``). None where the general path is the only one (not CUDA,
+        donated outputs, state buffers, no inputs)."""
+        if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
+                or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
+            return None
+        names: dict[str, Any] = {"general": self.__call__, "empty": _EMPTY_STRIDED_CUDA,
+                                 "stream_of": _RAW_STREAM, "current_device": _CUDA_DEVICE}
+
+        def ref(value: Any) -> str:
+            if type(value) is int or (type(value) is float and value == value and abs(value) != float("inf")):
+                return repr(value)
+            names[f"c{len(names)}"] = value
+            return f"c{len(names) - 1}"
+        ins = ", ".join(f"i{k}" for k in range(len(self.spec.inputs)))
+        body = [f"if {' or '.join(f'i{k}.data_ptr() % 16' for k in range(len(self.spec.inputs)))}:",
+                f"    return general({ins})",
+                "device = i0.get_device()",
+                "if device != current_device():",
+                f"    return general({ins})"]
+        buffers = [(f"o{k}", shape, stride, dtype, init) for k, (shape, stride, dtype, init) in enumerate(self._out_allocs)]
+        buffers += [(f"t{k}", shape, _contiguous(shape), dtype, init)
+                    for k, (shape, dtype, init) in enumerate(self._temp_allocs)]
+        for name, shape, stride, dtype, init in buffers:
+            body.append(f"{name} = empty({ref(tuple(shape))}, {ref(tuple(stride))}, {ref(dtype)})")
+            if init is not None:
+                body.append(f"{name}.fill_({ref(init)})")
+        body.append("stream = stream_of(device)")
+        prefix = {"in": "i", "out": "o", "tmp": "t"}
+        for j, i in enumerate(self._keep):
+            kernel, (_, order, grid) = self._kernels[i], self._plans[i]
+            names[f"run{j}"] = kernel.run
+            args = [f"{prefix[kind]}{value}" if kind in prefix else ref(value)
+                    for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
+            body.append(f"run{j}({', '.join(ref(g) for g in grid)}, stream, {', '.join(args)})")
+        outs = [f"o{k}" for k in range(len(self._out_allocs))]
+        body.append(f"return ({', '.join(outs)},)" if self._tuple else f"return {outs[0]}")
+        source = f"def direct({ins}):\n" + "".join(f"    {line}\n" for line in body)
+        exec(compile(source, f"<kernelize launch {self.spec.key}>", "exec"), names)
+        direct = names["direct"]
+        direct.source = source
+        return direct
 
     def _plans_for_unaligned(self) -> list:
         if self._unaligned_plans is not None:
