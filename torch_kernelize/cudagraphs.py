@@ -8,15 +8,21 @@ ops such as ``index_add_``) are copied back from their buffers after the replay.
 "reduce-overhead", the returned tensors are overwritten by the next call of the same compiled
 graph: clone what you keep. Graphs that are not inference graphs, or whose inputs are not all CUDA tensors, are not
 captured (logged once) and run as they are.
+
+Threads: as with Inductor's CUDA graph trees, each thread captures and replays its own graphs
+(their buffers are a replay's state, which two threads at once would overwrite), and captures
+take turns across the process (a capture in one thread must not see another thread's work).
 """
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, Sequence
 
 import torch
 
 log = logging.getLogger("torch_kernelize.cudagraphs")
+_capture_lock = threading.Lock()
 
 
 def is_static_input(a: Any) -> bool:
@@ -33,6 +39,10 @@ class _Captured:
         # bandwidth per call). One that moves is copied into the captured one, like any input.
         self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) and not is_static_input(a) else a
                               for a in args]
+        with _capture_lock:
+            self._capture(run)
+
+    def _capture(self, run: Callable[[list], Any]) -> None:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -40,7 +50,7 @@ class _Captured:
                 run(list(self.static_inputs))
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.outputs = run(list(self.static_inputs))
 
     def replay(self, args: list) -> Any:
@@ -87,10 +97,13 @@ def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], k
                if isinstance(a, torch.Tensor)) or not torch.cuda.is_available():
         log.info("cudagraphs: inputs are not all CUDA tensors; running without CUDA graphs")
         return run
-    graphs: dict[tuple, _Captured] = {}
+    per_thread = threading.local()
 
     def replay(args: list) -> Any:
         key = _signature(args)
+        graphs = getattr(per_thread, "graphs", None)
+        if graphs is None:
+            graphs = per_thread.graphs = {}
         captured = graphs.get(key)
         if captured is None:
             captured = graphs[key] = _Captured(run, list(args), mutated)

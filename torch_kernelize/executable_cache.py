@@ -48,10 +48,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize import prewarm
+from torch_kernelize.flat_code import flat_function
 from torch_kernelize.kernel_cache.integrity import seal, unseal, write_file_atomic
 from torch_kernelize.lowering.targets import op_name, resolve_op
+from torch_kernelize.op_bindings import binding_by_name, binding_name
 from torch_kernelize.planner import Decision
 from torch_kernelize.runtime import Specialization, TritonCall
 from torch_kernelize.spec import KernelSpec
@@ -258,8 +261,12 @@ class ExecutableCache:
                 log.debug("executable cache: not storing %s: %s", key[:16], why)
                 return False
             nodes = [(n.op, n.name, n.target, n.args, n.kwargs) for n in first.gm.graph.nodes]
+            bindings = {n.name: binding_name(n.meta.get("binding")) for n in first.gm.graph.nodes}
             data = {
                 "nodes": nodes,
+                # the public binding the generated code calls for a vendor op (flat_code.py): the
+                # restored graph has no traced values to choose it with
+                "bindings": {k: v for k, v in bindings.items() if v is not None},
                 "decisions": [d.to_json() for d in first.decisions],
                 "regions": [d.to_json() for d in first.regions],
                 "lookups": first.lookups,
@@ -365,9 +372,11 @@ class ExecutableCache:
                 node = graph.create_node(op, target, _resolve(args, env), _resolve(kwargs, env), name)
                 if node.name != name:
                     raise ValueError(f"node {name} came back as {node.name}")
+                if name in data.get("bindings", {}):
+                    node.meta["binding"] = binding_by_name(data["bindings"][name])
                 env[name] = node
-            spec = Specialization(fx.GraphModule(torch.nn.Module(), graph),
-                                  [decision(j) for j in data["decisions"]], (), None)
+            gm = _LazyGraphModule(torch.nn.Module(), graph)  # calls run flat_code's function
+            spec = Specialization(gm, [decision(j) for j in data["decisions"]], (), None, flat_function(gm))
             spec.regions = [decision(j) for j in data["regions"]]
             spec.lookups = data["lookups"]
             return spec

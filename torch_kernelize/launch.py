@@ -24,6 +24,10 @@ from torch_kernelize.spec import KernelSpec
 PROGRAM_FILE = "program.json"
 
 _import_lock = threading.Lock()
+# Triton's interpreter is not reentrant: a run patches triton.language for the whole process and
+# restores it when done, so a second thread interpreting meanwhile fails (and its kernel would be
+# disabled). Interpreted launches take turns; CUDA launches need no lock.
+_interpreter_lock = threading.RLock()
 log = logging.getLogger("torch_kernelize.launch")
 
 
@@ -140,6 +144,31 @@ def _raw_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+# Inductor's output code allocates through these: no Python argument parsing, no device object.
+_GUARDS = getattr(torch._C, "_dynamo", None) and getattr(torch._C._dynamo, "guards", None)
+_EMPTY_STRIDED_CPU = getattr(_GUARDS, "_empty_strided_cpu", None)
+_EMPTY_STRIDED_CUDA = getattr(_GUARDS, "_empty_strided_cuda", None)  # on the current device
+_CUDA_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def _empty_strided(device: torch.device) -> Callable[[tuple, tuple, torch.dtype], torch.Tensor]:
+    """``(shape, stride, dtype) -> tensor`` allocating on ``device``, the cheapest way there is."""
+    if device.type == "cpu" and _EMPTY_STRIDED_CPU is not None:
+        return _EMPTY_STRIDED_CPU
+    if (device.type == "cuda" and _EMPTY_STRIDED_CUDA is not None and _CUDA_DEVICE is not None
+            and device.index in (None, _CUDA_DEVICE())):
+        return _EMPTY_STRIDED_CUDA
+    return lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
 def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
     """pool -> the tuple of the pool's items at ``positions`` (itemgetter, always a tuple)."""
     if len(positions) == 1:
@@ -184,6 +213,8 @@ class ProgramRunner:
         self._load_unaligned = unaligned
         self._unaligned_tried = False
         self._unaligned_plans: list | None = None
+        self._unaligned_lock = threading.Lock()
+        self.direct = self._direct_call()
 
     def donating(self) -> "ProgramRunner | None":
         """This program writing its donated outputs into the caller's inputs and leaving out the
@@ -200,6 +231,8 @@ class ProgramRunner:
         if self.backend == "cuda":
             runner._cuda_plans = runner._cuda_plans_for(self._kernels)
         runner._unaligned_tried, runner._unaligned_plans = False, None
+        runner._unaligned_lock = threading.Lock()
+        runner.direct = None  # (the generated call knows no donation)
         return runner
 
     def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
@@ -221,18 +254,68 @@ class ProgramRunner:
         self._consts = tuple(consts)
         return plans
 
+    def _direct_call(self) -> Callable | None:
+        """The CUDA hot path of this program as one generated function of its inputs: outputs
+        and temporaries allocated and every launch made with its arguments written out, no
+        per-call pools, loops or frames of ours between the caller and the launchers. A call
+        with an input off a 16-byte boundary, or on another device than the current one, takes
+        the general path (``__call__``). None where the general path is the only one (not CUDA,
+        donated outputs, state buffers, no inputs)."""
+        if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
+                or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
+            return None
+        names: dict[str, Any] = {"general": self.__call__, "empty": _EMPTY_STRIDED_CUDA,
+                                 "stream_of": _RAW_STREAM, "current_device": _CUDA_DEVICE}
+
+        def ref(value: Any) -> str:
+            if type(value) is int or (type(value) is float and value == value and abs(value) != float("inf")):
+                return repr(value)
+            names[f"c{len(names)}"] = value
+            return f"c{len(names) - 1}"
+        ins = ", ".join(f"i{k}" for k in range(len(self.spec.inputs)))
+        body = [f"if {' or '.join(f'i{k}.data_ptr() % 16' for k in range(len(self.spec.inputs)))}:",
+                f"    return general({ins})",
+                "device = i0.get_device()",
+                "if device != current_device():",
+                f"    return general({ins})"]
+        buffers = [(f"o{k}", shape, stride, dtype, init) for k, (shape, stride, dtype, init) in enumerate(self._out_allocs)]
+        buffers += [(f"t{k}", shape, _contiguous(shape), dtype, init)
+                    for k, (shape, dtype, init) in enumerate(self._temp_allocs)]
+        for name, shape, stride, dtype, init in buffers:
+            body.append(f"{name} = empty({ref(tuple(shape))}, {ref(tuple(stride))}, {ref(dtype)})")
+            if init is not None:
+                body.append(f"{name}.fill_({ref(init)})")
+        body.append("stream = stream_of(device)")
+        prefix = {"in": "i", "out": "o", "tmp": "t"}
+        for j, i in enumerate(self._keep):
+            kernel, (_, order, grid) = self._kernels[i], self._plans[i]
+            names[f"run{j}"] = kernel.run
+            args = [f"{prefix[kind]}{value}" if kind in prefix else ref(value)
+                    for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
+            body.append(f"run{j}({', '.join(ref(g) for g in grid)}, stream, {', '.join(args)})")
+        outs = [f"o{k}" for k in range(len(self._out_allocs))]
+        body.append(f"return ({', '.join(outs)},)" if self._tuple else f"return {outs[0]}")
+        source = f"def direct({ins}):\n" + "".join(f"    {line}\n" for line in body)
+        exec(compile(source, f"<kernelize launch {self.spec.key}>", "exec"), names)
+        direct = names["direct"]
+        direct.source = source
+        return direct
+
     def _plans_for_unaligned(self) -> list:
-        if self._unaligned_plans is None:
-            if self._load_unaligned is None or self._unaligned_tried:
-                raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
-            self._unaligned_tried = True
-            try:
-                self._unaligned_plans = self._cuda_plans_for(self._load_unaligned())
-            except Exception as e:  # e.g. the entry was replaced meanwhile: the vendor op, per call
-                log.warning("%s: the binary for unaligned inputs did not load (%s: %s)",
-                            self.spec.describe(), type(e).__name__, e)
-                raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned") from e
-        return self._unaligned_plans
+        if self._unaligned_plans is not None:
+            return self._unaligned_plans
+        with self._unaligned_lock:  # loaded once, whichever thread meets an unaligned input first
+            if self._unaligned_plans is None:
+                if self._load_unaligned is None or self._unaligned_tried:
+                    raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
+                self._unaligned_tried = True
+                try:
+                    self._unaligned_plans = self._cuda_plans_for(self._load_unaligned())
+                except Exception as e:  # e.g. the entry was replaced meanwhile: the vendor op, per call
+                    log.warning("%s: the binary for unaligned inputs did not load (%s: %s)",
+                                self.spec.describe(), type(e).__name__, e)
+                    raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned") from e
+            return self._unaligned_plans
 
     def _plan(self, launch: Launch, names: list[str]):
         runtime = [n for n in names if n not in launch.constexprs]
@@ -244,12 +327,13 @@ class ProgramRunner:
 
     def allocate(self, device: torch.device, poison: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         outs = []
+        empty = _empty_strided(device)
         for alloc in self._out_allocs:
             if alloc is None:  # donated: the caller's input (see donating())
                 outs.append(None)
                 continue
             shape, stride, dtype, init = alloc
-            t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            t = empty(shape, stride, dtype)
             if init is not None:
                 t.fill_(init)
             elif poison:
@@ -269,9 +353,9 @@ class ProgramRunner:
         """The state buffers of calls on ``stream`` of ``device``: zeroed when first asked for."""
         key = (device.index if device.index is not None else -1, stream)
         bufs = self._states.get(key)
-        if bufs is None:
-            bufs = self._states[key] = tuple(torch.zeros(shape, dtype=dtype, device=device)
-                                             for shape, dtype in self._state_allocs)
+        if bufs is None:  # two threads meeting here keep the first set (dict.setdefault is atomic)
+            bufs = self._states.setdefault(key, tuple(torch.zeros(shape, dtype=dtype, device=device)
+                                                      for shape, dtype in self._state_allocs))
         return bufs
 
     def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
@@ -288,6 +372,10 @@ class ProgramRunner:
             for run, args, gx, gy, gz in plans:
                 run(gx, gy, gz, stream, *args(pool))
             return
+        with _interpreter_lock:
+            self._interpret(inputs, outs, temps)
+
+    def _interpret(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
         device = inputs[0].device if inputs else torch.device("cpu")
         bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device) if self._state_allocs else ()}
         for i in self._keep:

@@ -17,6 +17,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
+from torch_kernelize.flat_code import flat_function
 from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.lowering.decompositions import host_implementation
 from torch_kernelize.lowering.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
@@ -48,6 +49,7 @@ class Session:
         self._target = target
         self._cache = None
         self._repros = None
+        self._made = threading.Lock()  # the cache and repro writer are made once, by one thread
         # The minifier re-runs a disabled kernel on purpose: it gets its own, fresh states.
         self._kernel_states = {} if private_kernel_states else self._states
 
@@ -69,15 +71,20 @@ class Session:
     def cache(self):
         if self._cache is None and self._target is not None and self._target.has_triton:
             from torch_kernelize.kernel_cache import KernelCache
-            self._cache = KernelCache.for_target(self.options.cache_dir, self._target)
-            self._cache.warn_if_unusable()
+            with self._made:
+                if self._cache is None:
+                    cache = KernelCache.for_target(self.options.cache_dir, self._target)
+                    cache.warn_if_unusable()
+                    self._cache = cache
         return self._cache
 
     @property
     def repros(self):
         if self._repros is None and self.options.repro_dir is not None:
             from torch_kernelize.repro.dump import ReproWriter
-            self._repros = ReproWriter(self.options.repro_dir, self.options)
+            with self._made:
+                if self._repros is None:
+                    self._repros = ReproWriter(self.options.repro_dir, self.options)
         return self._repros
 
     def load_runner(self, spec: KernelSpec, entry: Any):
@@ -177,24 +184,31 @@ class LoweredGraph:
         return self._static
 
     # --- calling --------------------------------------------------------------------------------
-    _current_args: list | None = None  # check mode: the call being checked (for the minifier)
+    # check mode: each thread's call being checked (for the minifier)
+    _checked_calls = threading.local()
+
+    @property
+    def _current_args(self) -> list | None:
+        call = getattr(self._checked_calls, "call", None)
+        return call[1] if call is not None and call[0] is self else None
 
     def __call__(self, args: list) -> Any:
         if self._check:
-            self._current_args = list(args)
+            calls = self._checked_calls
+            outer = getattr(calls, "call", None)
+            calls.call = (self, list(args))
             try:
                 return self._dispatch(args)
             finally:
-                self._current_args = None
+                calls.call = outer
         return self._dispatch(args)
 
     def _dispatch(self, args: list) -> Any:
         if self._static is not None:
             return self._static(args)
-        key = self.binder.key(args)
-        spec = self._specializations.get(key)
+        spec = self._specializations.get(self.binder.call_key(args))
         if spec is None:
-            spec = self._specialize(key)
+            spec = self._specialize(self.binder.key(args))
         return spec(args)
 
     def forward(self, *args: Any) -> Any:
@@ -242,7 +256,8 @@ class LoweredGraph:
             first_call = None
             if pending or strict:
                 first_call = lambda s, args: self._first_call(s, args, pending, missing if strict else None)
-            spec = Specialization(gm, decisions, key, first_call)
+            spec = Specialization(gm, decisions, key, first_call,
+                                  flat_function(gm, guarded_inputs=self.kind != "backward"))
             spec.regions = region_decisions
             spec.lookups = lookups.witnesses if lookups is not None else {}
             self._specializations[key] = spec

@@ -2,8 +2,8 @@
 
 Per concrete shape signature (see shapes.SymbolBinder) the graph is specialised once: each
 node is bound to what its Decision says (a preloaded Triton launcher, the vendor op, or the host
-fallback) and the bound graph is compiled to Python code by FX. The hot path is a key lookup
-(none at all for static graphs) and the generated code: no planning, no cache access.
+fallback) and the bound graph becomes one generated flat function (flat_code.py). The hot path
+is a key lookup (none at all for static graphs) and that function: no planning, no cache access.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.lowering.kernels import family_for
@@ -31,10 +32,20 @@ log = logging.getLogger("torch_kernelize.runtime")
 class KernelState:
     """The health of one cached kernel in this process: once it fails it stays disabled."""
 
+    _lock = threading.Lock()  # failures are rare: one lock for all states
+
     def __init__(self, key: str):
         self.key = key
         self.disabled: str | None = None
         self.layout_noted = False  # an input arrived in another layout than traced (logged once)
+
+    def disable(self, why: str) -> bool:
+        """Record a failure; True for the first one (whose owner logs and records it), also
+        when several threads fail at once."""
+        with self._lock:
+            first = self.disabled is None
+            self.disabled = why
+        return first
 
 
 class TritonCall:
@@ -83,10 +94,15 @@ class TritonCall:
                     return self.vendor(*tensors)
             try:
                 return self.runner(*tensors)
-            except MisalignedInput:
-                pass  # this call only: an unaligned view cannot take the aligned binary
             except Exception as e:
-                self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
+                return self.failed(e, tensors)
+        return self.vendor(*tensors)
+
+    def failed(self, e: Exception, tensors: Sequence[torch.Tensor]):
+        """The answer of a call whose kernel raised ``e``: the vendor op's. A misaligned input
+        sends this call only there; any other failure disables the kernel."""
+        if not isinstance(e, MisalignedInput):
+            self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
         return self.vendor(*tensors)
 
     def _other_layout(self, i: int, t: torch.Tensor) -> None:
@@ -98,9 +114,7 @@ class TritonCall:
                         self.spec.inputs[i].stride)
 
     def disable(self, why: str, tensors: Sequence[torch.Tensor] = (), kind: str = "failure") -> None:
-        first = self.state.disabled is None
-        self.state.disabled = why
-        if not first:
+        if not self.state.disable(why):
             return
         log.error("Triton kernel for %s (spec %s) is disabled for this process; its node runs on the "
                   "vendor op from now on. Cause: %s", self.spec.describe(), self.spec.key, why)
@@ -149,13 +163,16 @@ class Specialization:
     """The bound executable for one shape signature, plus the decisions it was built from."""
 
     def __init__(self, gm: fx.GraphModule, decisions: list[Decision], key: tuple,
-                 first_call: Callable[["Specialization", list], Any] | None = None):
+                 first_call: Callable[["Specialization", list], Any] | None = None,
+                 forward: Callable[..., Any] | None = None):
+        """``forward`` runs the bound graph ``gm`` (its generated flat function, flat_code.py);
+        by default ``gm``'s own FX code."""
         self.gm = gm
         self.decisions = decisions
         self.key = key
         self.regions: list[Decision] = []  # fused regions looked up, hit or miss (for the report)
         self.lookups: dict[str, Any] = {}  # kernel-cache key -> witness of its lookup (executable cache)
-        self._forward = gm.forward
+        self._forward = forward if forward is not None else gm.forward
         self._first_call = first_call
         self._lock = threading.Lock()
 
@@ -166,10 +183,15 @@ class Specialization:
 
     def __call__(self, args: list) -> Any:
         if self._first_call is not None:
+            # One thread runs the first call; the others wait for it, then run what it left
+            # (the generated code, or the refusal of a strict graph with missing ops).
             with self._lock:
-                first, self._first_call = self._first_call, None
-            if first is not None:
-                return first(self, args)
+                first = self._first_call
+                if first is not None:
+                    try:
+                        return first(self, args)
+                    finally:
+                        self._first_call = None
         return self._forward(*args)
 
 
@@ -214,7 +236,8 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
         rewrite(graph)
     guard_vendor_layouts(graph, guarded_inputs)
     graph.lint()
-    return fx.GraphModule(plan.gm, graph)
+    # lazy: its FX code is generated only if something asks for it (calls run flat_code's function)
+    return _LazyGraphModule(plan.gm, graph)
 
 
 def guard_vendor_layouts(graph: fx.Graph, guarded_inputs: bool = True) -> int:
@@ -224,30 +247,34 @@ def guard_vendor_layouts(graph: fx.Graph, guarded_inputs: bool = True) -> int:
     vendor op's output can be laid out otherwise than its meta function said. Returns the number
     of checks."""
 
-    def exact(node: Any) -> bool:
-        while isinstance(node, fx.Node) and node.op == "call_function" and (
-                node.target is operator.getitem or node.target in VIEW_OPS or isinstance(node.target, FoldedView)):
-            node = node.args[0]  # a piece of a tuple, or a view: exact if what it views is
-        if not isinstance(node, fx.Node):
-            return False
-        if node.op == "placeholder":
-            return guarded_inputs
-        target = node.target
-        return isinstance(target, TritonCall) or bool(getattr(target, "out_strides", None))
-
     checks = 0
     for node in graph.nodes:
         call = node.target
         if node.op != "call_function" or not isinstance(call, TritonCall):
             continue
         unsure = tuple((i, call.spec.inputs[i].stride) for i, a in enumerate(node.args)
-                       if i < len(call.spec.inputs) and not exact(a))
+                       if i < len(call.spec.inputs) and not has_traced_layout(a, guarded_inputs))
         if unsure:
             checked = copy.copy(call)
             checked.layout_checks = unsure
             node.target = checked
             checks += len(unsure)
     return checks
+
+
+def has_traced_layout(node: Any, guarded_inputs: bool = True) -> bool:
+    """Whether a bound graph's value certainly has its traced layout at run time: a guarded graph
+    input, or the output of a cached kernel or host fallback (they allocate the traced strides),
+    or a piece or view of one. A vendor op's output need not."""
+    while isinstance(node, fx.Node) and node.op == "call_function" and (
+            node.target is operator.getitem or node.target in VIEW_OPS or isinstance(node.target, FoldedView)):
+        node = node.args[0]  # a piece of a tuple, or a view: exact if what it views is
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "placeholder":
+        return guarded_inputs
+    target = node.target
+    return isinstance(target, TritonCall) or bool(getattr(target, "out_strides", None))
 
 
 def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],

@@ -8,7 +8,7 @@ symbols, e.g. after nonzero) cannot be fixed this way and evaluate to None.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
@@ -49,6 +49,14 @@ class SymbolBinder:
                     seen.add(e)
                     self.sites.append((i, kind, d, e))
         self.symbols = tuple(site[3] for site in self.sites)
+        self.call_key = self._call_key()
+
+    def _call_key(self) -> Callable[[Sequence[Any]], tuple]:
+        """``key`` for a call's real arguments (plain ints, no SymInt hints), as one generated
+        expression: the hot path of a dynamic graph's dispatch is this and one dict lookup."""
+        read = {"size": "args[{i}].size({d})", "stride": "args[{i}].stride({d})", "int": "args[{i}]"}
+        items = "".join(read[kind].format(i=i, d=d) + ", " for i, kind, d, _ in self.sites)
+        return eval(f"lambda args: ({items})")  # built from ints and fixed names only
 
     @property
     def is_static(self) -> bool:

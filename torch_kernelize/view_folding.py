@@ -44,7 +44,7 @@ def _reinterpret_fn() -> Callable[[torch.Tensor, tuple, tuple, int], torch.Tenso
     return lambda t, size, stride, delta: t.as_strided(size, stride, t.storage_offset() + delta)
 
 
-_reinterpret = _reinterpret_fn()
+reinterpret_tensor = _reinterpret_fn()  # (tensor, size, stride, storage offset delta)
 
 
 def _layout(node: Any) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
@@ -107,14 +107,14 @@ class FoldedView:
     def __call__(self, root: torch.Tensor) -> torch.Tensor:
         stride = root.stride()
         if stride == self.root_stride:
-            return _reinterpret(root, self.size, self.stride, self.delta)
+            return reinterpret_tensor(root, self.size, self.stride, self.delta)
         layout = self._layouts.get(stride, _UNSEEN)
         if layout is _UNSEEN:
             layout = _replay(tuple(root.shape), stride, root.dtype, self.chain)
             if len(self._layouts) < self.MAX_LAYOUTS:
                 self._layouts[stride] = layout
         if layout is not None:
-            return _reinterpret(root, *layout)
+            return reinterpret_tensor(root, *layout)
         out = root
         for op, args, kwargs in self.chain:
             out = op(out, *args, **kwargs)
