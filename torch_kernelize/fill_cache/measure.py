@@ -75,7 +75,7 @@ class Measurer:
         self.trials = TrialStore(spec, self._sample, self.device,  # shared by all candidates
                                  len(self.seeds) + len(family.edge_kinds) + len(self.extra_inputs))
         self._seconds = dict.fromkeys(PHASES, 0.0)  # "reference" is the trial store's
-        self._peak = PeakMeter(self.device)
+        self.peak_meter = PeakMeter(self.device)
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -95,7 +95,7 @@ class Measurer:
 
     def peak_extra_bytes(self) -> int | None:
         """Peak device memory allocated since this Measurer began, beyond what was allocated then."""
-        return self._peak.extra()
+        return self.peak_meter.extra()
 
     # --- builder --------------------------------------------------------------------------------
     def prepare(self, configs: Sequence[Config]) -> None:

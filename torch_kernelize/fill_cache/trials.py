@@ -31,7 +31,7 @@ from torch_kernelize.validate import CHUNK_ELEMENTS, DEFAULT_SEEDS, Trials, sync
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
-DEVICE_KEEP_BYTES = 512 << 20   # kept trials stay on the device up to this (and half the spec's own size)
+DEVICE_KEEP_BYTES = 512 << 20   # kept trials stay on the device up to this (and a quarter of the spec's size)
 HOST_KEEP_SHARE = 0.25          # ... then in host memory, up to this share of what is available
 HOST_COPY_BYTES_PER_S = 8e9     # a pageable copy between host and device: what a use of a host-kept trial costs
 REDUCED_TRIALS_BYTES = 1 << 30  # specs with more inputs + outputs than this get one random trial
@@ -53,16 +53,31 @@ def free_device_memory(device: str | torch.device) -> int | None:
 
 class PeakMeter:
     """The peak device memory allocated since it was made, beyond what was allocated then (None
-    off CUDA): what a spec's search cost in memory, to compare with ``spec_bytes``."""
+    off CUDA): what a spec's search cost in memory, to compare with ``spec_bytes``. It counts
+    what torch's allocator hands out (trials, candidates' outputs, comparison blocks, cuBLAS and
+    cuDNN workspaces), not what it caches unused or the CUDA context.
+
+    The device keeps one peak for the process, and another spec's meter (a winner awaiting its
+    last check keeps its Measurer) restarts it: ``start`` before each call of the Measurer, then
+    ``extra``, which keeps the largest peak seen, after it."""
 
     def __init__(self, device: str | torch.device):
-        self.cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.peak = 0
         if self.cuda:
-            self.before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated(self.device)
+            self.start()
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def extra(self) -> int | None:
-        return int(torch.cuda.max_memory_allocated() - self.before) if self.cuda else None
+        if not self.cuda:
+            return None
+        self.peak = max(self.peak, int(torch.cuda.max_memory_allocated(self.device) - self.before))
+        return self.peak
 
 
 def available_host_memory() -> int:
@@ -109,8 +124,9 @@ def trial_seeds(spec: KernelSpec) -> tuple[tuple[int, ...], str]:
 
 
 def device_keep_bytes(spec: KernelSpec) -> int:
-    """How much of a spec's trials may stay on the device: half its own size, 512 MiB at most."""
-    return min(DEVICE_KEEP_BYTES, spec_bytes(spec) // 2)
+    """How much of a spec's trials may stay on the device: a quarter of its own size, 512 MiB at
+    most (a trial's float64 reference and the vendor's output already hold ~2x the spec's outputs)."""
+    return min(DEVICE_KEEP_BYTES, spec_bytes(spec) // 4)
 
 
 def validation_bytes(spec: KernelSpec, reference_on_device: bool) -> int:
@@ -164,23 +180,30 @@ class TrialStore(Trials):
                      self.spec.describe()[:90], free / 2**30)
             self.reference_device = "cpu"
 
-    def _keep(self, tensors: Sequence[torch.Tensor], seconds: float, inputs: bool = False) -> list[torch.Tensor] | None:
-        """``tensors`` where they are kept (the device, else the host), or None: not kept, as
-        computing them again (``seconds``) costs less than bringing them back from the host."""
-        size = sum(t.untyped_storage().nbytes() for t in tensors)
-        on_device = any(t.device.type != "cpu" for t in tensors)
+    def place(self, size: int, on_device: bool, seconds: float, inputs: bool = False) -> str | None:
+        """Where ``size`` bytes of a trial, computed in ``seconds``, are kept: "device" while they
+        are small, else "host" unless computing them again costs less than bringing them back
+        (or they are on the CPU already) and while the host's share has room; None: not kept."""
         if inputs:
             self._inputs_to_come = max(0, self._inputs_to_come - _bytes(self.spec.inputs))
-        if on_device and self._on_device + size <= self._device_budget:  # small: they stay there
+        if on_device and self._on_device + size <= self._device_budget:
             self._on_device += size
-            return list(tensors)
+            return "device"
         if on_device and seconds < size / HOST_COPY_BYTES_PER_S:
             return None
         room = self._host_budget - (0 if inputs else self._inputs_to_come)
         if self._on_host + size <= room:
             self._on_host += size
-            return [to_device(t, "cpu") for t in tensors]
+            return "host"
         return None
+
+    def _keep(self, tensors: Sequence[torch.Tensor], seconds: float, inputs: bool = False) -> list[torch.Tensor] | None:
+        """``tensors`` where ``place`` keeps them, or None: not kept."""
+        size = sum(t.untyped_storage().nbytes() for t in tensors)
+        where = self.place(size, any(t.device.type != "cpu" for t in tensors), seconds, inputs)
+        if where == "device":
+            return list(tensors)
+        return [to_device(t, "cpu") for t in tensors] if where == "host" else None
 
     def _oom(self, what: str) -> SpecTooLarge:
         self.release()
@@ -222,7 +245,19 @@ class TrialStore(Trials):
         kept = self._keep(ref, time.perf_counter() - t0)  # Trials.reference synchronized
         if kept is not None:
             self._refs[(seed, kind)] = tuple(kept)
+        if (seed, kind) not in self._far:
+            # the vendor's verdict now, while no candidate output is held: later, validation lets
+            # the reference go before it needs the vendor's output
+            try:
+                self.vendor(seed, kind, inputs, ref)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception:  # the op rejects these inputs: validation meets it where it needs it
+                pass
         return ref
+
+    def vendor_needs_reference(self, seed: int, kind: str) -> bool:
+        return (seed, kind) not in self._far
 
     def vendor(self, seed: int, kind: str, inputs: Sequence[torch.Tensor],
                ref: Sequence[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], bool]:
