@@ -166,3 +166,20 @@ def test_the_one_pass_comparison_decides_as_the_element_by_element_one(monkeypat
         results.append([(c.ok, c.reason, c.max_abs, c.max_rel, c.max_err)
                         for c in (compare(out, ref), compare(out, ref, scaled=False, tol=(1e-4, 1e-4)))])
     assert results[0] == results[1]
+
+
+def test_a_store_that_keeps_nothing_judges_as_one_that_keeps_everything(monkeypatch):
+    """All recomputed for each candidate (as on a device, where that is cheaper than moving them):
+    the same verdicts and errors, the vendor's verdict on each trial computed once."""
+    spec = spec_of(aten.mul.Tensor, (torch.randn(33, 17), torch.randn(33, 17)))
+    configs = FAMILY.seed_configs(spec)[:2]
+    kept = Measurer(spec, FAMILY, get_target("interpreter"))
+    records = [kept.evaluate(c).validation for c in configs]
+    bare = Measurer(spec, FAMILY, get_target("interpreter"))
+    monkeypatch.setattr(bare.trials, "place", lambda *a, **k: None)
+    again = [bare.evaluate(c).validation for c in configs]
+    assert again == records and all(r["ok"] for r in again)
+    n = records[0]["trials"]
+    # the vendor's output: once for its verdict, with the reference, then for each candidate
+    assert bare.trials.computed == {"inputs": 2 * n, "reference": 2 * n, "vendor": 3 * n}
+    assert len(bare.trials._far) == n and not bare.trials._refs and not bare.trials._vendor
