@@ -447,9 +447,27 @@ def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> list[
             return [dec(x) for x in a]
         return decode_arg(a, tensors, device)
 
-    for n in graph["nodes"]:
+    # an intermediate goes once its last reader has run: a float64 reference of a region over a
+    # 1 GB fp16 tensor holds 4 GB per node otherwise
+    last = {i: j for j, n in enumerate(graph["nodes"]) for i in _node_refs([n["args"], list(n["kwargs"].values())])}
+    keep = set(graph["outputs"])
+    for j, n in enumerate(graph["nodes"]):
         values.append(resolve_op(n["op"])(*[dec(a) for a in n["args"]], **{k: dec(v) for k, v in n["kwargs"].items()}))
+        for i in _node_refs([n["args"], list(n["kwargs"].values())]):
+            if last[i] == j and i not in keep:
+                values[i] = None
     return [values[i] for i in graph["outputs"]]
+
+
+def _node_refs(a: Any) -> set[int]:
+    """The nodes an encoded argument reads."""
+    if isinstance(a, dict) and "node" in a and len(a) == 1:
+        return {a["node"]}
+    if isinstance(a, dict):
+        return set().union(*(_node_refs(v) for v in a.values()))
+    if isinstance(a, (list, tuple)):
+        return set().union(*(_node_refs(v) for v in a))
+    return set()
 
 
 def region_graph_module(spec: KernelSpec) -> fx.GraphModule:
