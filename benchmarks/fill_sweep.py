@@ -208,8 +208,9 @@ def fill_one(name: str, args: argparse.Namespace, timeout: float) -> dict:
     doc = json.loads(summary.read_text()) if summary.exists() else None
     rows = doc["specs"] if doc else []
     oom = "out of memory" in err.lower() or any(r["status"] == "too large" for r in rows)
-    return {"name": name, "returncode": code, "seconds": round(seconds, 2), "oom": oom,
-            "lost": code not in (0, 1) or doc is None, "time": (doc or {}).get("time"),
+    cut = code == "timeout" and timeout < args.timeout  # the sweep's --time-budget ran out, not its own
+    return {"name": name, "returncode": code, "seconds": round(seconds, 2), "oom": oom, "cut": cut,
+            "lost": not cut and (code not in (0, 1) or doc is None), "time": (doc or {}).get("time"),
             "specs": [_spec_row(r) for r in rows]}
 
 
@@ -239,7 +240,7 @@ def summarize(workloads: list[dict]) -> dict:
             "max_peak_ratio": max(ratios, default=None),
             "over_memory_bound": sum(r > MEMORY_BOUND for r in ratios),
             "no_correct_candidate": sum(s["status"] == "no correct candidate" for s in specs),
-            "not_run": [w["name"] for w in not_run]}
+            "not_run": [w["name"] for w in not_run], "cut": [w["name"] for w in workloads if w.get("cut")]}
 
 
 def markdown(doc: dict) -> str:
@@ -252,14 +253,16 @@ def markdown(doc: dict) -> str:
              f"(target <= {TARGET_MEDIAN_S:g}), p90 {num(s['p90_s'])} s (target <= {TARGET_P90_S:g}); "
              f"{s['ooms']} OOMs, {s['lost_runs']} lost runs; peak extra device memory up to "
              f"{num(s['max_peak_ratio'], '{:.2f}')}x the spec's inputs + outputs ({s['over_memory_bound']} over "
-             f"{MEMORY_BOUND:g}x)." + (f" Not run (no time left): {', '.join(s['not_run'])}."
-                                        if s.get("not_run") else ""), "",
+             f"{MEMORY_BOUND:g}x)." + (f" Cut short by the time budget: {', '.join(s['cut'])}." if s.get("cut") else "")
+             + (f" Not run (no time left): {', '.join(s['not_run'])}." if s.get("not_run") else ""), "",
              "| workload | spec | status | fill s | build | reference | validation | timing | in+out MiB | "
              "peak extra MiB | ratio | speedup |", "|" + "---|" * 12]
     for w in doc["workloads"]:
         if w.get("not_run"):
             continue
-        if w["lost"] or not w["specs"]:
+        if w.get("cut"):
+            lines.append(f"| {w['name']} | - | cut short by --time-budget | {w['seconds']:.1f} |" + " - |" * 8)
+        elif w["lost"] or not w["specs"]:
             lines.append(f"| {w['name']} | - | lost (exit {w['returncode']}) | {w['seconds']:.1f} |" + " - |" * 8)
         for r in w["specs"]:
             t = r["time"] or {}
@@ -282,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                    + ", ".join(WORKLOADS))
     p.add_argument("--timeout", type=int, default=900, help="seconds per workload before it counts as lost")
     p.add_argument("--time-budget", type=float, default=None,
-                   help="seconds for the whole sweep: a workload gets what is left (at most --timeout); "
-                        "those with under 20 s left are not run")
+                   help="seconds for the whole sweep: a workload gets what is left (at most --timeout; one "
+                        "stopped for it is 'cut', not lost); those with under 30 s left are not run")
     p.add_argument("--keep-cache", action="store_true", help="keep the sweep's kernel cache under --out")
     args = p.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(WORKLOADS)
@@ -300,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             left = args.timeout if args.time_budget is None else args.time_budget - (time.perf_counter() - start)
-            if left < 20:
+            if left < 30:
                 doc["workloads"].append({"name": name, "not_run": True, "lost": False, "oom": False, "specs": []})
             else:
                 w = fill_one(name, args, min(args.timeout, left))

@@ -183,3 +183,25 @@ def test_a_store_that_keeps_nothing_judges_as_one_that_keeps_everything(monkeypa
     # the vendor's output: once for its verdict, with the reference, then for each candidate
     assert bare.trials.computed == {"inputs": 2 * n, "reference": 2 * n, "vendor": 3 * n}
     assert len(bare.trials._far) == n and not bare.trials._refs and not bare.trials._vendor
+
+
+def test_the_nearer_of_reference_and_vendor_is_chosen_block_by_block(monkeypatch):
+    """An edge trial the vendor leaves float64 on: per element the candidate's nearer expectation,
+    the same in blocks as whole, for a strided output too."""
+    import torch_kernelize.validate as v
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(40, 30, generator=g, dtype=torch.float64)
+    vendor = ref.float()
+    vendor[::7] = math.nan           # where ATen gives NaN, the exact answer a number
+    out = vendor.clone()
+    out[::14] = ref[::14].float()    # the candidate right there instead
+    out_t = out.t().contiguous().t()  # a column-major output
+    whole = v.nearest_expected([out_t], [ref], [vendor])[0]
+    monkeypatch.setattr(v, "CHUNK_ELEMENTS", 90)
+    monkeypatch.setattr(v, "MIN_CHUNK_ELEMENTS", 90)
+    assert len(list(v._blocks(out_t, 90))) > 10
+    blocked = v.nearest_expected([out_t], [ref], [vendor])[0]
+    assert torch.equal(blocked.isnan(), whole.isnan()) and torch.equal(blocked.nan_to_num(), whole.nan_to_num())
+    assert bool(blocked[14].isfinite().all()) and bool(blocked[7].isnan().all())
+    assert compare(out_t, blocked, dtype=torch.float32).ok

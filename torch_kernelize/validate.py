@@ -502,6 +502,12 @@ def nearest_expected(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
         if not (isinstance(o, torch.Tensor) and o.is_floating_point() and o.shape == r.shape == v.shape):
             merged.append(v)
             continue
-        r64 = r.to(torch.float64)
-        merged.append(torch.where(_distance(o, r64) <= _distance(o, v.to(r64.device)), r64, v.to(r64.device, torch.float64)))
+        # block by block, on the candidate's device: whole, its float64 temporaries were ~5x the
+        # output's size, and a reference kept on the host pulled the work there
+        m = torch.empty(o.shape, dtype=torch.float64, device=o.device)
+        limit = _chunk_elements(o.numel())
+        for mb, ob, rb, vb in zip(_blocks(m, limit), _blocks(o.detach(), limit), _blocks(r, limit), _blocks(v, limit)):
+            rb, vb = rb.to(o.device, torch.float64), vb.to(o.device, torch.float64)
+            mb.copy_(torch.where(_distance(ob, rb) <= _distance(ob, vb), rb, vb))
+        merged.append(m)
     return merged
