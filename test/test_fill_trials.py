@@ -205,3 +205,36 @@ def test_the_nearer_of_reference_and_vendor_is_chosen_block_by_block(monkeypatch
     assert torch.equal(blocked.isnan(), whole.isnan()) and torch.equal(blocked.nan_to_num(), whole.nan_to_num())
     assert bool(blocked[14].isfinite().all()) and bool(blocked[7].isnan().all())
     assert compare(out_t, blocked, dtype=torch.float32).ok
+
+
+def test_nothing_of_a_trial_outlives_it_when_the_store_keeps_nothing():
+    """As on a device (inputs drawn again, references computed again): with the cycle collector
+    off, every tensor of a trial is gone when the next one starts; a fused region's too."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.lowering import targets as tg
+    from torch_kernelize.lowering.kernels.fused import FAMILY as FUSED
+    from torch_kernelize.lowering.regions import find_regions, region_spec
+
+    def chain(c, x):
+        y = torch.relu(c) * 0.5 + x
+        return y * torch.sigmoid(y)
+    a = torch.randn(4, 8, 16)
+    gm = make_fx(chain, tracing_mode="fake", decomposition_table=torch._decomp.core_aten_decompositions())(a, a)
+    spec = region_spec(find_regions(gm, tg.get_target("interpreter"))[0], {})
+    store = trials.TrialStore(spec, FUSED.sample_inputs, "cpu", trials=7)
+    store.place = lambda *a, **k: None
+    earlier: list = []
+
+    def run(inputs):
+        assert all(r() is None for r in earlier), "a tensor of an earlier trial is still alive"
+        out = spec.run_vendor(inputs)
+        earlier.extend(weakref.ref(t) for t in (*inputs, *out))
+        return out
+
+    gc.disable()
+    try:
+        for _ in range(2):  # two candidates
+            rec = validate(run, spec, FUSED.sample_inputs, FUSED.edge_kinds, trials=store, elementwise_bar=True)
+            assert rec.ok, rec.reason
+    finally:
+        gc.enable()
