@@ -12,7 +12,9 @@ records per spec the fill time, its split (build, reference, validation, timing)
 device memory the search allocated beyond what was allocated before it (fill_cache's
 ``peak_extra_bytes``) against the spec's own inputs plus outputs, and per workload whether it ran
 out of memory or was lost (died, timed out, no summary). Results: OUT/fill_sweep.json and
-OUT/fill_sweep.md. ``--tiny`` shrinks every workload to a few hundred elements.
+OUT/fill_sweep.md, written again after each workload (a sweep cut short keeps what it did).
+``--tiny`` shrinks every workload to a few hundred elements; ``--time-budget`` leaves the
+workloads it has no time left for "not run" (not lost).
 
 The make_* functions are fill_cache --model targets; they build on $KERNELIZE_SWEEP_DEVICE
 (default cuda) at full size, or tiny with KERNELIZE_SWEEP_TINY=1.
@@ -185,7 +187,7 @@ def make_gemm_groupnorm_fp32():
 WORKLOADS = {name[len("make_"):]: fn for name, fn in sorted(globals().items()) if name.startswith("make_")}
 
 
-def fill_one(name: str, args: argparse.Namespace) -> dict:
+def fill_one(name: str, args: argparse.Namespace, timeout: float) -> dict:
     """fill_cache for one workload, in its own process: a crash or an OOM there loses only it."""
     summary = args.out / "summaries" / f"{name}.json"
     summary.unlink(missing_ok=True)
@@ -196,7 +198,7 @@ def fill_one(name: str, args: argparse.Namespace) -> dict:
                KERNELIZE_SWEEP_DEVICE="cuda" if args.target == "cuda" else "cpu")
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
         code, out, err = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired as e:
         code, out, err = "timeout", _text(e.stdout), _text(e.stderr)
@@ -206,8 +208,9 @@ def fill_one(name: str, args: argparse.Namespace) -> dict:
     doc = json.loads(summary.read_text()) if summary.exists() else None
     rows = doc["specs"] if doc else []
     oom = "out of memory" in err.lower() or any(r["status"] == "too large" for r in rows)
-    return {"name": name, "returncode": code, "seconds": round(seconds, 2), "oom": oom,
-            "lost": code not in (0, 1) or doc is None, "time": (doc or {}).get("time"),
+    cut = code == "timeout" and timeout < args.timeout  # the sweep's --time-budget ran out, not its own
+    return {"name": name, "returncode": code, "seconds": round(seconds, 2), "oom": oom, "cut": cut,
+            "lost": not cut and (code not in (0, 1) or doc is None), "time": (doc or {}).get("time"),
             "specs": [_spec_row(r) for r in rows]}
 
 
@@ -226,6 +229,8 @@ SEARCHED = ("stored", "vendor wins", "no correct candidate", "too large")
 
 
 def summarize(workloads: list[dict]) -> dict:
+    not_run = [w for w in workloads if w.get("not_run")]
+    workloads = [w for w in workloads if not w.get("not_run")]
     specs = [s for w in workloads for s in w["specs"] if s["status"] in SEARCHED]
     times = sorted(s["seconds"] for s in specs if s["seconds"] is not None)
     ratios = [s["peak_ratio"] for s in specs if s["peak_ratio"] is not None]
@@ -234,7 +239,8 @@ def summarize(workloads: list[dict]) -> dict:
             "ooms": sum(w["oom"] for w in workloads), "lost_runs": sum(w["lost"] for w in workloads),
             "max_peak_ratio": max(ratios, default=None),
             "over_memory_bound": sum(r > MEMORY_BOUND for r in ratios),
-            "no_correct_candidate": sum(s["status"] == "no correct candidate" for s in specs)}
+            "no_correct_candidate": sum(s["status"] == "no correct candidate" for s in specs),
+            "not_run": [w["name"] for w in not_run], "cut": [w["name"] for w in workloads if w.get("cut")]}
 
 
 def markdown(doc: dict) -> str:
@@ -247,11 +253,16 @@ def markdown(doc: dict) -> str:
              f"(target <= {TARGET_MEDIAN_S:g}), p90 {num(s['p90_s'])} s (target <= {TARGET_P90_S:g}); "
              f"{s['ooms']} OOMs, {s['lost_runs']} lost runs; peak extra device memory up to "
              f"{num(s['max_peak_ratio'], '{:.2f}')}x the spec's inputs + outputs ({s['over_memory_bound']} over "
-             f"{MEMORY_BOUND:g}x).", "",
+             f"{MEMORY_BOUND:g}x)." + (f" Cut short by the time budget: {', '.join(s['cut'])}." if s.get("cut") else "")
+             + (f" Not run (no time left): {', '.join(s['not_run'])}." if s.get("not_run") else ""), "",
              "| workload | spec | status | fill s | build | reference | validation | timing | in+out MiB | "
              "peak extra MiB | ratio | speedup |", "|" + "---|" * 12]
     for w in doc["workloads"]:
-        if w["lost"] or not w["specs"]:
+        if w.get("not_run"):
+            continue
+        if w.get("cut"):
+            lines.append(f"| {w['name']} | - | cut short by --time-budget | {w['seconds']:.1f} |" + " - |" * 8)
+        elif w["lost"] or not w["specs"]:
             lines.append(f"| {w['name']} | - | lost (exit {w['returncode']}) | {w['seconds']:.1f} |" + " - |" * 8)
         for r in w["specs"]:
             t = r["time"] or {}
@@ -273,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated workload names (default: all): "
                    + ", ".join(WORKLOADS))
     p.add_argument("--timeout", type=int, default=900, help="seconds per workload before it counts as lost")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds for the whole sweep: a workload gets what is left (at most --timeout; one "
+                        "stopped for it is 'cut', not lost); those with under 30 s left are not run")
     p.add_argument("--keep-cache", action="store_true", help="keep the sweep's kernel cache under --out")
     args = p.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(WORKLOADS)
@@ -281,24 +295,32 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     args.cache = args.out / f"cache-{time.strftime('%Y%m%d-%H%M%S')}"  # a fill, never a cache hit
-    workloads = []
-    try:
-        for name in names:
-            workloads.append(fill_one(name, args))
-            w = workloads[-1]
-            print(f"{name}: exit {w['returncode']} in {w['seconds']:.1f}s, {len(w['specs'])} spec(s)", flush=True)
-    finally:
-        if not args.keep_cache:
-            shutil.rmtree(args.cache, ignore_errors=True)
     doc = {"target": args.target, "budget": args.budget, "tiny": args.tiny, "torch": torch.__version__,
            "device": torch.cuda.get_device_name() if args.target == "cuda" and torch.cuda.is_available() else "cpu",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "workloads": workloads}
-    doc["summary"] = summarize(workloads)
-    (args.out / "fill_sweep.json").write_text(json.dumps(doc, indent=1))
-    (args.out / "fill_sweep.md").write_text(markdown(doc))
+           "workloads": []}
+    start = time.perf_counter()
+    try:
+        for name in names:
+            left = args.timeout if args.time_budget is None else args.time_budget - (time.perf_counter() - start)
+            if left < 30:
+                doc["workloads"].append({"name": name, "not_run": True, "lost": False, "oom": False, "specs": []})
+            else:
+                w = fill_one(name, args, min(args.timeout, left))
+                doc["workloads"].append(w)
+                print(f"{name}: exit {w['returncode']} in {w['seconds']:.1f}s, {len(w['specs'])} spec(s)", flush=True)
+            _write(doc, args.out)
+    finally:
+        if not args.keep_cache:
+            shutil.rmtree(args.cache, ignore_errors=True)
     print(markdown(doc))
     return 0 if doc["summary"]["lost_runs"] == 0 else 1
+
+
+def _write(doc: dict, out: Path) -> None:
+    doc["summary"] = summarize(doc["workloads"])
+    (out / "fill_sweep.json").write_text(json.dumps(doc, indent=1))
+    (out / "fill_sweep.md").write_text(markdown(doc))
 
 
 if __name__ == "__main__":

@@ -437,19 +437,46 @@ def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> list[
     graph = region_graph(spec)
     values: list[Any] = []
     device = tensors[0].device.type if tensors else None
-
-    def dec(a: Any) -> Any:
-        if isinstance(a, dict) and "input" in a and len(a) == 1:
-            return tensors[a["input"]]
-        if isinstance(a, dict) and "node" in a and len(a) == 1:
-            return values[a["node"]]
-        if isinstance(a, list):
-            return [dec(x) for x in a]
-        return decode_arg(a, tensors, device)
-
-    for n in graph["nodes"]:
-        values.append(resolve_op(n["op"])(*[dec(a) for a in n["args"]], **{k: dec(v) for k, v in n["kwargs"].items()}))
+    # an intermediate goes once its last reader has run: a float64 reference of a region over a
+    # 1 GB fp16 tensor holds 4 GB per node otherwise
+    last = {i: j for j, n in enumerate(graph["nodes"]) for i in _node_refs([n["args"], list(n["kwargs"].values())])}
+    keep = set(graph["outputs"])
+    for j, n in enumerate(graph["nodes"]):
+        args = [_decoded(a, tensors, values, device) for a in n["args"]]
+        kwargs = {k: _decoded(v, tensors, values, device) for k, v in n["kwargs"].items()}
+        values.append(resolve_op(n["op"])(*args, **kwargs))
+        del args, kwargs
+        for i in _node_refs([n["args"], list(n["kwargs"].values())]):
+            if last[i] == j and i not in keep:
+                values[i] = None
     return [values[i] for i in graph["outputs"]]
+
+
+def _decoded(a: Any, tensors: Sequence[torch.Tensor], values: list[Any], device: str | None) -> Any:
+    """An encoded node argument: a region input, an earlier node's value, or a constant.
+
+    A module function, not a closure: a recursive closure is a reference cycle, which held the
+    inputs and every value of each run until Python's cycle collector came by (on an H200, 108 GB
+    of a region's trials at once).
+    """
+    if isinstance(a, dict) and "input" in a and len(a) == 1:
+        return tensors[a["input"]]
+    if isinstance(a, dict) and "node" in a and len(a) == 1:
+        return values[a["node"]]
+    if isinstance(a, list):
+        return [_decoded(x, tensors, values, device) for x in a]
+    return decode_arg(a, tensors, device)
+
+
+def _node_refs(a: Any) -> set[int]:
+    """The nodes an encoded argument reads."""
+    if isinstance(a, dict) and "node" in a and len(a) == 1:
+        return {a["node"]}
+    if isinstance(a, dict):
+        return set().union(*(_node_refs(v) for v in a.values()))
+    if isinstance(a, (list, tuple)):
+        return set().union(*(_node_refs(v) for v in a))
+    return set()
 
 
 def region_graph_module(spec: KernelSpec) -> fx.GraphModule:

@@ -431,3 +431,43 @@ def test_cat_refusals_and_no_cat_in_rowwise():
     for sp in specs:
         kinds = [n["op"] for n in json.loads(sp.graph)["nodes"]]
         assert "aten.cat.default" not in kinds or json.loads(sp.graph)["kind"] == "pointwise"
+
+
+def test_running_a_region_lets_each_intermediate_go_after_its_last_reader(monkeypatch):
+    """The vendor run and the float64 reference of a region over GB-sized tensors: each node's
+    value is dropped once no later node reads it (all of them stayed alive, 4 GB each in float64),
+    and all of them once the run is done."""
+    import gc
+    import weakref
+
+    import torch_kernelize.lowering.regions as regions
+
+    spec = one_region(rmsnorm, torch.randn(8, 64, dtype=F16), torch.randn(64, dtype=F16))
+    made, alive_at_last = [], []
+    resolve = regions.resolve_op
+
+    def watched(name):
+        op = resolve(name)
+
+        def run(*args, **kwargs):
+            alive_at_last[:] = [r for r in made if r() is not None]
+            out = op(*args, **kwargs)
+            made.append(weakref.ref(out))
+            return out
+        return run
+    monkeypatch.setattr(regions, "resolve_op", watched)
+    x, w = torch.randn(8, 64, dtype=F16), torch.randn(64, dtype=F16)
+    gc.disable()  # reference counting alone must free them
+    try:
+        out = regions.run_region_graph(spec, [x, w])
+        assert len(made) >= 6
+        assert len(alive_at_last) == 1, "intermediates outlived their last reader"  # the last node's operand
+        assert torch.equal(out[0], rmsnorm(x, w))
+        del out, alive_at_last[:]
+        gone = weakref.ref(x)
+        del x
+        # nothing of the run is held by a reference cycle (a recursive closure held the inputs and
+        # every value until the cycle collector ran: 108 GB of a region's trials on an H200)
+        assert gone() is None and all(r() is None for r in made)
+    finally:
+        gc.enable()

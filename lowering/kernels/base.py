@@ -114,8 +114,9 @@ class KernelFamily:
 
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
-        """Inputs for validation: fresh random values of the spec's metas, or an edge kind."""
-        g = torch.Generator().manual_seed(seed)
+        """Inputs for validation: fresh random values of the spec's metas, or an edge kind,
+        drawn on ``device`` (``sample_generator``): the same values for the same seed."""
+        g = sample_generator(seed, device)
         return [to_device(sample_tensor(m, g, kind), device) for m in spec.inputs]
 
 
@@ -139,26 +140,45 @@ def resolve_tied_indices(x: torch.Tensor, dim: int, values: torch.Tensor, got: t
     return values, settled.copy_(torch.where(same, want, got))
 
 
+def sample_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """The generator a trial's inputs are drawn with: on a CUDA device, there (drawing 1-4 GB on
+    the host and copying it over took seconds per trial, and the draw is cheap to repeat, so
+    fill_cache need not keep inputs); elsewhere on the CPU, as always. Deterministic per seed
+    and device: a CUDA seed draws other values than a CPU one."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.Generator(device=device).manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
 def sample_tensor(meta: TensorMeta, g: torch.Generator, kind: str = "random",
-                  low: float | None = None, high: float | None = None) -> torch.Tensor:
-    """A tensor of ``meta``'s shape, stride and dtype, filled according to ``kind`` (on CPU)."""
-    dtype = meta.torch_dtype
+                  low: float | None = None, high: float | None = None,
+                  working: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor of ``meta``'s shape, stride and dtype, filled according to ``kind``, on ``g``'s device.
+
+    Floats are drawn in ``working`` precision, then rounded to the dtype: by default float64 on
+    the CPU (the values every CPU validation has used) and the dtype's own (float32 for 16-bit
+    floats) on a device, where a float64 draw would double the memory and time of a large trial.
+    """
+    dtype, device = meta.torch_dtype, g.device
+    if working is None:
+        working = torch.float64 if device.type == "cpu" or dtype == torch.float64 else torch.float32
     # Fill a contiguous buffer covering the whole storage, then view it with the meta's strides.
     span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride)) if meta.numel else 0
     if dtype == torch.bool:
-        flat = torch.rand(span, generator=g) < 0.5
+        flat = torch.rand(span, generator=g, device=device) < 0.5
     elif not dtype.is_floating_point:
         lo, hi = int(low if low is not None else -8), int(high if high is not None else 9)
         if kind == "zeros":
-            flat = torch.zeros(span, dtype=torch.int64)
+            flat = torch.zeros(span, dtype=torch.int64, device=device)
         else:
-            flat = torch.randint(lo, hi, (span,), generator=g)
+            flat = torch.randint(lo, hi, (span,), generator=g, device=device)
         flat = flat.to(dtype)
     else:
-        flat = torch.randn(span, generator=g, dtype=torch.float64)
+        flat = torch.randn(span, generator=g, dtype=working, device=device)
         if low is not None or high is not None:
             lo, hi = (low if low is not None else -1.0), (high if high is not None else 1.0)
-            flat = lo + (hi - lo) * torch.rand(span, generator=g, dtype=torch.float64)
+            flat = lo + (hi - lo) * torch.rand(span, generator=g, dtype=working, device=device)
         if kind == "zeros":
             flat = torch.zeros_like(flat)
         elif kind == "large":
@@ -167,12 +187,12 @@ def sample_tensor(meta: TensorMeta, g: torch.Generator, kind: str = "random",
         elif kind == "negative":
             flat = -flat.abs() - 0.5
         elif kind == "special" and span:
-            specials = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0], dtype=torch.float64)
-            idx = torch.randint(0, span, (max(1, span // 16),), generator=g)
-            flat[idx] = specials[torch.randint(0, len(specials), idx.shape, generator=g)]
+            specials = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0], dtype=working, device=device)
+            idx = torch.randint(0, span, (max(1, span // 16),), generator=g, device=device)
+            flat[idx] = specials[torch.randint(0, len(specials), idx.shape, generator=g, device=device)]
         flat = flat.to(dtype)
     return torch.as_strided(flat, meta.shape, meta.stride) if meta.numel else torch.empty_strided(
-        meta.shape, meta.stride, dtype=dtype)
+        meta.shape, meta.stride, dtype=dtype, device=device)
 
 
 def to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:

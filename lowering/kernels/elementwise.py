@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_generator, sample_tensor, to_device, unique
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -513,7 +513,7 @@ class ElementwiseFamily(KernelFamily):
     # --- validation inputs --------------------------------------------------------------------
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
+        g = sample_generator(seed, device)
         out_dtype = spec.outputs[0].dtype if spec.outputs else None
         tensors = []
         for m in spec.inputs:

@@ -146,7 +146,7 @@ class LayerNormFamily(KernelFamily):
 
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
-        inputs = super().sample_inputs(spec, seed, kind, "cpu")
+        inputs = super().sample_inputs(spec, seed, kind, device)
         if kind == "special":
             # ATen's (Welford) mean of a row holding +-inf is inf or NaN depending on where the inf
             # falls in its processing order; this kernel's sum gives inf. Rows with NaN still test

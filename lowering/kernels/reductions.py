@@ -242,7 +242,7 @@ class ReductionFamily(KernelFamily):
 
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
-        inputs = super().sample_inputs(spec, seed, kind, "cpu")
+        inputs = super().sample_inputs(spec, seed, kind, device)
         if kind == "special" and spec.op == "aten.var_mean.correction":
             # ATen's Welford mean of a row holding +-inf is inf only when the inf comes last in its
             # processing order, else NaN (order-dependent); this kernel returns the mean (inf).

@@ -22,7 +22,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_generator, sample_tensor, to_device, unique
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -231,7 +231,7 @@ class CumsumFamily(KernelFamily):
         plan = self._plan(spec)
         if isinstance(plan, str) or not (cg.is_float(plan.in_dtype) and not cg.is_float(plan.out_dtype)):
             return super().sample_inputs(spec, seed, kind, device)
-        g = torch.Generator().manual_seed(seed)
+        g = sample_generator(seed, device)
         bounds = {"zeros": (0.0, 0.0), "negative": (-1000.0, -0.5)}.get(kind, (-1000.0, 1000.0))
         return [to_device(sample_tensor(m, g, "random", *bounds), device) for m in spec.inputs]
 

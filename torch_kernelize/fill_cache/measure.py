@@ -20,13 +20,13 @@ import torch
 
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_available
-from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore
+from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, trial_seeds
 from torch_kernelize.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.lowering.kernels.base import to_device
 from torch_kernelize.lowering.targets import Target
 from torch_kernelize.spec import KernelSpec
-from torch_kernelize.validate import DEFAULT_SEEDS, validate
+from torch_kernelize.validate import validate
 
 PHASES = ("build", "reference", "validation", "timing")
 
@@ -71,10 +71,11 @@ class Measurer:
         self.timed = timing_available(target)
         self.extra_inputs = [list(x) for x in extra_inputs]
         self._vendor_ms: float | None = None  # the vendor kernel is timed once per spec
+        self.seeds, self.trials_note = trial_seeds(spec)  # fewer random trials for a huge spec
         self.trials = TrialStore(spec, self._sample, self.device,  # shared by all candidates
-                                 len(DEFAULT_SEEDS) + len(family.edge_kinds) + len(self.extra_inputs))
+                                 len(self.seeds) + len(family.edge_kinds) + len(self.extra_inputs))
         self._seconds = dict.fromkeys(PHASES, 0.0)  # "reference" is the trial store's
-        self._peak = PeakMeter(self.device)
+        self.peak_meter = PeakMeter(self.device)
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -94,7 +95,7 @@ class Measurer:
 
     def peak_extra_bytes(self) -> int | None:
         """Peak device memory allocated since this Measurer began, beyond what was allocated then."""
-        return self._peak.extra()
+        return self.peak_meter.extra()
 
     # --- builder --------------------------------------------------------------------------------
     def prepare(self, configs: Sequence[Config]) -> None:
@@ -113,8 +114,8 @@ class Measurer:
 
     # --- runner ---------------------------------------------------------------------------------
     def bench_inputs(self) -> list[torch.Tensor]:
-        """The first validation trial's inputs (kept by the trial store, not again here)."""
-        return self.trials.inputs(DEFAULT_SEEDS[0], "random")
+        """The first validation trial's inputs (from the trial store: kept there, or drawn again)."""
+        return self.trials.inputs(self.seeds[0], "random")
 
     def vendor_ms(self) -> float | None:
         if self.timed and self._vendor_ms is None:
@@ -137,9 +138,11 @@ class Measurer:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 # edge inputs (inf, NaN, huge) make the interpreter's numpy warn; validation judges them
                 warnings.simplefilter("ignore", RuntimeWarning)
-                return validate(run, self.spec, self._sample, self.family.edge_kinds, device=self.device,
-                                extra_trials=len(self.extra_inputs), trials=self.trials,
-                                resolve_ties=self.family.resolve_ties, elementwise_bar=True)
+                record = validate(run, self.spec, self._sample, self.family.edge_kinds, self.seeds,
+                                  device=self.device, extra_trials=len(self.extra_inputs), trials=self.trials,
+                                  resolve_ties=self.family.resolve_ties, elementwise_bar=True)
+                record.trials_note = self.trials_note
+                return record
         finally:
             spent = sum(self.trials.seconds.values()) - before
             self._seconds["validation"] += time.perf_counter() - t0 - spent

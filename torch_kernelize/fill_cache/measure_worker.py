@@ -167,6 +167,7 @@ def _run(context: tuple, method: str, config_json: dict | None, directory: str |
         _HELD.pop(m.spec.key).close()
         return None, {}, None
     before = dict(m.seconds)
+    m.peak_meter.start()
     if config_json is not None and directory is not None:
         m.builder.dirs[Config.from_json(config_json).key] = Path(directory)
     call = getattr(m, method)

@@ -2,9 +2,15 @@
 
 Each trial's inputs, float64 reference and vendor outputs are computed once (the reference on
 the device where it has float64, else on the CPU) and kept for the next candidates: on the
-device while they are small, else in host memory (moved back block by block as compared), and
-not at all beyond a share of the host's free memory (then recomputed, at a cost ``seconds``
-shows). Inputs come first within that share: they are drawn on the CPU, the dearest to redo.
+device while they are small (a share of the spec's own size, so that what is kept stays within
+the memory bound), else in host memory (moved back block by block as compared) when computing
+them again would cost more than moving them back, and not at all beyond a share of the host's
+free memory. What is not kept is computed again, at a cost ``seconds`` shows: inputs drawn on
+the device (``sample_generator``) and references of a GEMM in float64 on an H200 take
+milliseconds, less than a copy from the host. Inputs come first within the host's share.
+
+Specs larger than ``REDUCED_TRIALS_BYTES`` are validated on one random trial (with every edge
+kind) instead of ``DEFAULT_SEEDS``' three: ``trial_seeds`` says why, in the validation record.
 
 Before a spec is searched, ``check_fits`` compares what validating one candidate needs on the
 device with what is free there: a spec that cannot fit is reported "too large" and left to the
@@ -14,18 +20,21 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable, Sequence
 
 import torch
 
 from torch_kernelize.lowering.kernels.base import to_device
 from torch_kernelize.spec import KernelSpec, TensorMeta
-from torch_kernelize.validate import CHUNK_ELEMENTS, Trials
+from torch_kernelize.validate import CHUNK_ELEMENTS, DEFAULT_SEEDS, Trials, sync_device
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
-DEVICE_KEEP_BYTES = 512 << 20   # kept trials stay on the device up to this (and the spec's own size)
+DEVICE_KEEP_BYTES = 512 << 20   # kept trials stay on the device up to this (and a quarter of the spec's size)
 HOST_KEEP_SHARE = 0.25          # ... then in host memory, up to this share of what is available
+HOST_COPY_BYTES_PER_S = 8e9     # a pageable copy between host and device: what a use of a host-kept trial costs
+REDUCED_TRIALS_BYTES = 1 << 30  # specs with more inputs + outputs than this get one random trial
 
 
 class SpecTooLarge(RuntimeError):
@@ -44,16 +53,31 @@ def free_device_memory(device: str | torch.device) -> int | None:
 
 class PeakMeter:
     """The peak device memory allocated since it was made, beyond what was allocated then (None
-    off CUDA): what a spec's search cost in memory, to compare with ``spec_bytes``."""
+    off CUDA): what a spec's search cost in memory, to compare with ``spec_bytes``. It counts
+    what torch's allocator hands out (trials, candidates' outputs, comparison blocks, cuBLAS and
+    cuDNN workspaces), not what it caches unused or the CUDA context.
+
+    The device keeps one peak for the process, and another spec's meter (a winner awaiting its
+    last check keeps its Measurer) restarts it: ``start`` before each call of the Measurer, then
+    ``extra``, which keeps the largest peak seen, after it."""
 
     def __init__(self, device: str | torch.device):
-        self.cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.peak = 0
         if self.cuda:
-            self.before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
+            self.before = torch.cuda.memory_allocated(self.device)
+            self.start()
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def extra(self) -> int | None:
-        return int(torch.cuda.max_memory_allocated() - self.before) if self.cuda else None
+        if not self.cuda:
+            return None
+        self.peak = max(self.peak, int(torch.cuda.max_memory_allocated(self.device) - self.before))
+        return self.peak
 
 
 def available_host_memory() -> int:
@@ -87,14 +111,32 @@ def spec_bytes(spec: KernelSpec) -> int:
     return _bytes(spec.inputs) + _bytes(spec.outputs)
 
 
+def trial_seeds(spec: KernelSpec) -> tuple[tuple[int, ...], str]:
+    """The random seeds ``spec``'s candidates are validated on, and why they are fewer than
+    DEFAULT_SEEDS ("" when they are not). A trial of a huge spec tests as many elements as many
+    trials of a small one; its cost (a float64 reference, a comparison) grows with its size."""
+    size = spec_bytes(spec)
+    if size <= REDUCED_TRIALS_BYTES:
+        return DEFAULT_SEEDS, ""
+    return DEFAULT_SEEDS[:1], (f"1 random trial of {len(DEFAULT_SEEDS)}: the spec's inputs and outputs are "
+                               f"{size / 2**30:.1f} GiB (over {REDUCED_TRIALS_BYTES / 2**30:g} GiB); "
+                               "every edge kind kept")
+
+
+def device_keep_bytes(spec: KernelSpec) -> int:
+    """How much of a spec's trials may stay on the device: a quarter of its own size, 512 MiB at
+    most (a trial's float64 reference and the vendor's output already hold ~2x the spec's outputs)."""
+    return min(DEVICE_KEEP_BYTES, spec_bytes(spec) // 4)
+
+
 def validation_bytes(spec: KernelSpec, reference_on_device: bool) -> int:
     """What validating one candidate on one trial holds on the device: the trials kept there, its
-    inputs, its outputs, the vendor op's outputs, the comparison's float64 blocks, and, with the
-    reference computed there, the float64 copies of inputs and outputs it runs on."""
+    inputs and the copy that shows they are left unchanged, its outputs, the vendor op's outputs,
+    the comparison's float64 blocks, and, with the reference computed there, the float64 copies of
+    inputs and outputs it runs on."""
     outs = _bytes(spec.outputs)
     largest = max((m.numel for m in spec.outputs), default=0)
-    kept = min(DEVICE_KEEP_BYTES, spec_bytes(spec))
-    need = kept + _bytes(spec.inputs) + 2 * outs + 8 * 8 * min(largest, CHUNK_ELEMENTS)
+    need = device_keep_bytes(spec) + 2 * _bytes(spec.inputs) + 2 * outs + 8 * 8 * min(largest, CHUNK_ELEMENTS)
     if reference_on_device:
         need += _bytes(spec.inputs, 8) + _bytes(spec.outputs, 8)
     return need
@@ -112,9 +154,10 @@ class TrialStore(Trials):
         self._inputs: dict[tuple, list[torch.Tensor]] = {}
         self._refs: dict[tuple, tuple[torch.Tensor, ...] | None] = {}
         self._vendor: dict[tuple, tuple[tuple[torch.Tensor, ...], bool]] = {}
+        self._far: dict[tuple, bool] = {}  # the vendor output's verdict, kept even where it is not
         self._on_device = 0
         self._on_host = 0
-        self._device_budget = min(DEVICE_KEEP_BYTES, spec_bytes(spec))
+        self._device_budget = device_keep_bytes(spec)
         self._host_budget = int(available_host_memory() * HOST_KEEP_SHARE)
         self.computed = {"inputs": 0, "reference": 0, "vendor": 0}
 
@@ -137,20 +180,30 @@ class TrialStore(Trials):
                      self.spec.describe()[:90], free / 2**30)
             self.reference_device = "cpu"
 
-    def _keep(self, tensors: Sequence[torch.Tensor], inputs: bool = False) -> list[torch.Tensor] | None:
-        """``tensors`` where they are kept (the device, else the host), or None: not kept."""
-        size = sum(t.untyped_storage().nbytes() for t in tensors)
-        on_device = any(t.device.type != "cpu" for t in tensors)
+    def place(self, size: int, on_device: bool, seconds: float, inputs: bool = False) -> str | None:
+        """Where ``size`` bytes of a trial, computed in ``seconds``, are kept: "device" while they
+        are small, else "host" unless computing them again costs less than bringing them back
+        (or they are on the CPU already) and while the host's share has room; None: not kept."""
         if inputs:
             self._inputs_to_come = max(0, self._inputs_to_come - _bytes(self.spec.inputs))
-        if on_device and self._on_device + size <= self._device_budget:  # small: they stay there
+        if on_device and self._on_device + size <= self._device_budget:
             self._on_device += size
-            return list(tensors)
+            return "device"
+        if on_device and seconds < size / HOST_COPY_BYTES_PER_S:
+            return None
         room = self._host_budget - (0 if inputs else self._inputs_to_come)
         if self._on_host + size <= room:
             self._on_host += size
-            return [to_device(t, "cpu") for t in tensors]
+            return "host"
         return None
+
+    def _keep(self, tensors: Sequence[torch.Tensor], seconds: float, inputs: bool = False) -> list[torch.Tensor] | None:
+        """``tensors`` where ``place`` keeps them, or None: not kept."""
+        size = sum(t.untyped_storage().nbytes() for t in tensors)
+        where = self.place(size, any(t.device.type != "cpu" for t in tensors), seconds, inputs)
+        if where == "device":
+            return list(tensors)
+        return [to_device(t, "cpu") for t in tensors] if where == "host" else None
 
     def _oom(self, what: str) -> SpecTooLarge:
         self.release()
@@ -161,12 +214,13 @@ class TrialStore(Trials):
         kept = self._inputs.get((seed, kind))
         if kept is not None:
             return [to_device(t, self.device) for t in kept]
+        t0 = time.perf_counter()
         try:
             inputs = super().inputs(seed, kind)
         except torch.OutOfMemoryError:
             raise self._oom("inputs") from None
         self.computed["inputs"] += 1
-        kept = self._keep(inputs, inputs=True)
+        kept = self._keep(inputs, _since(t0, self.device), inputs=True)
         if kept is not None:
             self._inputs[(seed, kind)] = kept
         return inputs
@@ -174,6 +228,7 @@ class TrialStore(Trials):
     def reference(self, seed: int, kind: str, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...] | None:
         if (seed, kind) in self._refs:
             return self._refs[(seed, kind)]
+        t0 = time.perf_counter()
         try:
             ref = super().reference(seed, kind, inputs)
         except torch.OutOfMemoryError:
@@ -187,21 +242,41 @@ class TrialStore(Trials):
         if ref is None:
             self._refs[(seed, kind)] = None
             return None
-        kept = self._keep(ref)
+        kept = self._keep(ref, time.perf_counter() - t0)  # Trials.reference synchronized
         if kept is not None:
             self._refs[(seed, kind)] = tuple(kept)
+        if (seed, kind) not in self._far:
+            # the vendor's verdict now, while no candidate output is held: later, validation lets
+            # the reference go before it needs the vendor's output
+            try:
+                self.vendor(seed, kind, inputs, ref)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception:  # the op rejects these inputs: validation meets it where it needs it
+                pass
         return ref
+
+    def vendor_needs_reference(self, seed: int, kind: str) -> bool:
+        return (seed, kind) not in self._far
 
     def vendor(self, seed: int, kind: str, inputs: Sequence[torch.Tensor],
                ref: Sequence[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], bool]:
         if (seed, kind) in self._vendor:
             return self._vendor[(seed, kind)]
+        t0 = time.perf_counter()
         try:
-            out, far = super().vendor(seed, kind, inputs, ref)
+            out = self.spec.run_vendor(inputs)
+            ran = _since(t0, self.device)  # what computing it again costs
+            far = self._far.get((seed, kind))  # computed before and not kept: the verdict stands
+            if far is None:
+                far = self.far_from(out, ref)
         except torch.OutOfMemoryError:
             raise self._oom("vendor outputs") from None
+        finally:
+            self.seconds["vendor"] += time.perf_counter() - t0
         self.computed["vendor"] += 1
-        kept = self._keep(out)
+        self._far[(seed, kind)] = far
+        kept = self._keep(out, ran)
         if kept is not None:
             self._vendor[(seed, kind)] = (tuple(kept), far)
         return out, far
@@ -211,12 +286,20 @@ class TrialStore(Trials):
         self._inputs.pop((seed, kind), None)
         self._refs.pop((seed, kind), None)
         self._vendor.pop((seed, kind), None)
+        self._far.pop((seed, kind), None)
 
     def release(self) -> None:
         """Drop everything kept (the spec is done, or the device ran out of memory)."""
         self._inputs.clear()
         self._refs.clear()
         self._vendor.clear()
+        self._far.clear()
         self._on_device = self._on_host = 0
         if torch.device(self.device).type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _since(t0: float, device: str | torch.device) -> float:
+    """Seconds since ``t0``, once ``device`` has done what was queued on it."""
+    sync_device(device)
+    return time.perf_counter() - t0
