@@ -1,5 +1,6 @@
 """Fused regions (lowering/regions.py) of kind "pointwise" and "rowwise": one kernel computes the
-whole region.
+whole region. A "graph" region (lowering/graph_regions.py) that is one loop is generated as one of
+the two (rowwise where it reduces).
 
 The region graph is walked in node order and every node becomes one Triton variable ``v<j>``.
 Pointwise nodes reuse the expressions and type rules of the elementwise family (``OPS``). Values
@@ -58,6 +59,7 @@ REDUCE_OPS = {"aten.sum.dim_IntList": "sum", "aten.mean.dim": "mean",
               "aten.amax.default": "amax", "aten.amin.default": "amin"}
 SOFTMAX_OPS = {"aten._softmax.default": "softmax", "aten._log_softmax.default": "log_softmax"}
 KINDS = ("pointwise", "rowwise")
+GRAPH_KIND = "graph"    # a compiler-sized region: generated as one of KINDS when it is one loop
 MAX_TILE = 16384        # elements of one [BLOCK_M, BLOCK_N] tile (a row of up to 16K stays in registers)
 MAX_PASSES = 4          # looped variant: passes over the row
 SCALAR_ARGS = ("alpha", "min", "max", "min_val", "max_val", "negative_slope", "exponent")
@@ -181,6 +183,19 @@ def _last_dim(dims: Any, ndim: int) -> bool:
     return isinstance(dims, list) and len(dims) == 1 and isinstance(dims[0], int) and dims[0] in (-1, ndim - 1)
 
 
+def _one_loop_kind(graph: dict[str, Any]) -> str:
+    """The kind a "graph" region (lowering/graph_regions.py) is generated as, if it is one loop:
+    rowwise where it reduces, else pointwise; or the reason it is neither. The analysis of that
+    kind then checks the rest (reductions over the last dim, one iteration shape, ...)."""
+    nodes = graph.get("nodes") or []
+    if any(not isinstance(n.get("meta"), dict) for n in nodes):
+        return "a node with several outputs (var_mean, native_layer_norm) is not generated in fused regions"
+    reduces = any(n["op"] in REDUCE_OPS or n["op"] in SOFTMAX_OPS for n in nodes)
+    if reduces and any(n["op"] == CAT_OP for n in nodes):
+        return "cat next to a reduction is not generated (only the pointwise variant takes cat)"
+    return "rowwise" if reduces else "pointwise"
+
+
 class _Analysis:
     """Region graph (canonical JSON) + tensor metas -> _Plan, or the reason it cannot be generated."""
 
@@ -208,6 +223,10 @@ class _Analysis:
     def run(self) -> _Plan | str:
         g = self.graph
         kind = g.get("kind")
+        if kind == GRAPH_KIND:
+            kind = _one_loop_kind(g)
+            if kind not in KINDS:
+                return kind
         if kind not in KINDS:
             return f"region kind {kind!r} is not pointwise/rowwise"
         metas = self.in_metas + self.out_metas
@@ -1175,7 +1194,7 @@ class FusedRegionFamily(KernelFamily):
             graph = json.loads(spec.graph)
         except ValueError:
             return "region graph is not JSON"
-        if graph.get("kind") not in KINDS:
+        if graph.get("kind") not in KINDS + (GRAPH_KIND,):
             return f"{self.name} does not handle {graph.get('kind')!r} regions"
         plan = analyse(graph, spec.inputs, spec.outputs)
         return plan if isinstance(plan, str) else (plan, graph)

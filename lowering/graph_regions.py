@@ -1,0 +1,199 @@
+"""Regions as large as a compiler's: kind "graph".
+
+Inductor partitions an ATen graph at its extern kernels (GEMMs, convolutions, attention, random
+and data-dependent ops, collectives, mutations) and fuses everything between them: pointwise
+ops, reductions, norms, softmax, broadcasts, views and casts. A "graph" region is one such
+partition piece: a maximal connected group of those ops, formed once per graph (shape-independent)
+like the other kinds (lowering/regions.py). Its spec is the canonical JSON of its nodes like any
+region's; a generator that compiles a whole graph (Inductor, offline) serves any of them with as
+many kernels as it needs, and the fused family serves those that are one loop (pointwise, or
+reductions over the last dim).
+
+Rules (Inductor's partition is the model; inside a region its scheduler decides the loops):
+  * a node joins the groups of its producers unless that closes a cycle through an outside node
+    (a region runs as one call that needs all its inputs), or the group would exceed
+    MAX_GRAPH_NODES nodes or MAX_GRAPH_INPUTS inputs; a GEMM's epilogue is thus in the region
+    after it, its prologue in the region before it (the GEMM itself is a boundary);
+  * tuple-valued ops (var_mean, native_layer_norm and its backward) come with their getitems;
+  * views never start or end a region: a view of an outside value, or one whose readers are
+    all outside, leaves it (it costs nothing there; the region reads the view), and a region
+    output that is a broadcast view (stride 0: no kernel can write it) is cut off with what
+    follows it;
+  * a region needs two computing nodes; one whose nodes are exactly an existing region's is
+    dropped (the existing kind is the one our family generates).
+Serving tries these regions before the pointwise/rowwise/matmul regions inside them (lower.py):
+a miss or "vendor wins" leaves their nodes to those smaller regions, then to the nodes.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from torch_kernelize.lowering.op_classes import NodeClass, classify, is_factory, is_random
+from torch_kernelize.lowering.regions import Region, is_tensor_node, pointwise_ops, tensor_args
+from torch_kernelize.lowering.targets import op_name
+
+aten = torch.ops.aten
+
+MAX_GRAPH_NODES = 160    # nodes (views included): a decoder block's backward chain between two GEMMs fits
+MAX_GRAPH_INPUTS = 32    # external tensors a region reads (each one pointer argument of its kernels)
+
+REDUCTIONS = frozenset({
+    aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
+    aten.amin.default, aten.var.correction, aten.var_mean.correction, aten.std.correction, aten.prod.dim_int,
+    aten.any.dim, aten.any.dims, aten.all.dim, aten.all.dims, aten.logsumexp.default,
+    aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
+    aten._log_softmax_backward_data.default, aten.native_layer_norm.default,
+    aten.native_layer_norm_backward.default})
+# data movement a compiler fuses as indexing (no data-dependent addresses)
+LAYOUT_OPS = frozenset({aten.cat.default, aten.slice_scatter.default, aten.select_scatter.default,
+                        aten.constant_pad_nd.default})
+TUPLE_OPS = frozenset({aten.var_mean.correction, aten.native_layer_norm.default,
+                       aten.native_layer_norm_backward.default})
+
+
+def graph_role(node: fx.Node, pointwise: frozenset[str]) -> str | None:
+    """"compute" | "view" | None (a boundary): what ``node`` is to a graph region."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return None
+    klass = classify(node)[0]
+    if klass not in (NodeClass.COMPUTE, NodeClass.VIEW) or not _values_ok(node):
+        return None
+    target = node.target
+    if klass is NodeClass.VIEW:
+        # a factory makes memory from nothing but sizes: it stays outside, an input of the region
+        return "view" if not is_factory(target) and any(is_tensor_node(a) for a in node.all_input_nodes) else None
+    if is_random(target, node.args, node.kwargs):
+        return None
+    if target in REDUCTIONS or target in LAYOUT_OPS:
+        return "compute"
+    if torch.Tag.pointwise in target.tags or op_name(target) in pointwise:
+        if target is aten._to_copy.default and _changes_device(node):
+            return None
+        return "compute"
+    return None
+
+
+def _values_ok(node: fx.Node) -> bool:
+    """A tensor (or, for TUPLE_OPS, a tuple of tensors and Nones) whose sizes do not depend on data."""
+    v = node.meta.get("val")
+    vals = v if node.target in TUPLE_OPS and isinstance(v, (tuple, list)) else [v]
+    tensors = [t for t in vals if t is not None]
+    return bool(tensors) and all(isinstance(t, torch.Tensor) and not free_unbacked_symbols(t) for t in tensors)
+
+
+def _changes_device(node: fx.Node) -> bool:
+    src = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) else None
+    return src is None or src.device != node.meta["val"].device
+
+
+def find_graph_regions(gm: fx.GraphModule, existing: Sequence[Region] = ()) -> list[Region]:
+    """The graph regions of ``gm``, in graph order (see the module docstring)."""
+    pointwise = pointwise_ops()
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    role = {n: graph_role(n, pointwise) for n in nodes}
+    group_of: dict[fx.Node, int] = {}
+    groups: dict[int, list[fx.Node]] = {}
+    start: dict[int, int] = {}
+
+    def depends_on(node: fx.Node, gids: set[int]) -> bool:
+        """Whether ``node`` (outside the groups) reads, directly or not, a value of the groups."""
+        stop = min(start[g] for g in gids)
+        seen, stack = set(), [node]
+        while stack:
+            for a in stack.pop().all_input_nodes:
+                if group_of.get(a) in gids:
+                    return True
+                if a not in seen and order[a] > stop:
+                    seen.add(a)
+                    stack.append(a)
+        return False
+
+    def external_inputs(members: set[fx.Node]) -> set[fx.Node]:
+        return {a for n in members for a in n.all_input_nodes if a not in members}
+
+    for node in nodes:
+        if node.target is operator.getitem and node.args and group_of.get(node.args[0]) is not None:
+            g = group_of[node.args[0]]  # a piece of a tuple goes with the op that makes it
+            groups[g].append(node)
+            group_of[node] = g
+            continue
+        if role[node] is None:
+            continue
+        t: int | None = None
+        for g in sorted({group_of[a] for a in node.all_input_nodes if a in group_of}, key=start.get):
+            gids = {g} if t is None else {t, g}
+            members = {n for k in gids for n in groups[k]} | {node}
+            if len(members) > MAX_GRAPH_NODES or len(external_inputs(members)) > MAX_GRAPH_INPUTS:
+                continue
+            if any(depends_on(b, gids) for b in node.all_input_nodes if group_of.get(b) not in gids):
+                continue
+            if t is not None and (any(depends_on(b, {t}) for b in external_inputs(set(groups[g])))
+                                  or any(depends_on(b, {g}) for b in external_inputs(set(groups[t])))):
+                continue
+            if t is None:
+                t = g
+                continue
+            for n in groups[g]:  # merge g into t
+                group_of[n] = t
+            groups[t] = sorted(groups[t] + groups.pop(g), key=order.get)
+            start[t] = min(start[t], start.pop(g))
+        if t is None:
+            t = order[node]
+            groups[t], start[t] = [], order[node]
+        groups[t].append(node)
+        group_of[node] = t
+
+    taken = {frozenset(r.nodes) for r in existing}
+    regions = []
+    for g in sorted(groups, key=start.get):
+        members = _trimmed(groups[g], role)
+        if sum(role.get(n) == "compute" for n in members) < 2 or frozenset(members) in taken:
+            continue
+        ordered = sorted(members, key=order.get)
+        inputs = list(dict.fromkeys(a for n in ordered for a in tensor_args(n) if a not in members))
+        outputs = [n for n in ordered if any(u not in members for u in n.users)]
+        if outputs:
+            regions.append(Region("graph", ordered, inputs, outputs))
+    return regions
+
+
+def _trimmed(group: list[fx.Node], role: dict[fx.Node, str | None]) -> set[fx.Node]:
+    """``group`` without the views that would start or end it, and without what follows an output no
+    kernel can write (a broadcast view). Both keep the group free of cycles through outside
+    nodes: only nodes none of the group's nodes read leave it."""
+    members = set(group)
+    changed = True
+    while changed:
+        changed = False
+        for n in list(members):
+            if role.get(n) == "view" and (not any(u in members for u in n.users)
+                                          or not any(a in members for a in n.all_input_nodes)):
+                members.discard(n)
+                changed = True
+        for n in [n for n in group if n in members]:
+            if role.get(n) == "view" and _broadcast(n) and any(u not in members for u in n.users):
+                stack = [n]
+                while stack:
+                    m = stack.pop()
+                    if m in members:
+                        members.discard(m)
+                        stack.extend(u for u in m.users if u in members)
+                changed = True
+                break
+    # a tuple op's getitems go with it
+    return {n for n in members if n.target is not operator.getitem or n.args[0] in members}
+
+
+def _broadcast(node: fx.Node) -> bool:
+    """A view with a stride-0 dim of more than one element (a symbolic size counts as more)."""
+    v = node.meta.get("val")
+
+    def expr(x: Any) -> Any:
+        return x.node.expr if isinstance(x, torch.SymInt) else x
+    return isinstance(v, torch.Tensor) and any(expr(st) == 0 and expr(sz) != 1 for sz, st in zip(v.shape, v.stride()))
