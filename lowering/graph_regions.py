@@ -19,7 +19,7 @@ Rules (Inductor's partition is the model; inside a region its scheduler decides 
     all outside, leaves it (it costs nothing there; the region reads the view), and a region
     output that is a broadcast view (stride 0: no kernel can write it) is cut off with what
     follows it;
-  * a region needs two computing nodes; one whose nodes are exactly an existing region's is
+  * a region is connected and needs two computing nodes; one whose nodes are exactly an existing region's is
     dropped (the existing kind is the one our family generates).
 Serving tries these regions before the pointwise/rowwise/matmul regions inside them (lower.py):
 a miss or "vendor wins" leaves their nodes to those smaller regions, then to the nodes.
@@ -151,8 +151,8 @@ def find_graph_regions(gm: fx.GraphModule, existing: Sequence[Region] = ()) -> l
 
     taken = {frozenset(r.nodes) for r in existing}
     regions = []
-    for g in sorted(groups, key=start.get):
-        members = _trimmed(groups[g], role)
+    pieces = [p for g in sorted(groups, key=start.get) for p in _components(_trimmed(groups[g], role))]
+    for members in sorted(pieces, key=lambda p: min(order[n] for n in p)):
         if sum(role.get(n) == "compute" for n in members) < 2 or frozenset(members) in taken:
             continue
         ordered = sorted(members, key=order.get)
@@ -188,6 +188,25 @@ def _trimmed(group: list[fx.Node], role: dict[fx.Node, str | None]) -> set[fx.No
                 break
     # a tuple op's getitems go with it
     return {n for n in members if n.target is not operator.getitem or n.args[0] in members}
+
+
+def _components(members: set[fx.Node]) -> list[set[fx.Node]]:
+    """The connected pieces of ``members`` (trimming views can leave a group in pieces: clones of
+    three views of one tensor). Each piece of a group without cycles through outside nodes has none."""
+    pieces, seen = [], set()
+    for n in members:
+        if n in seen:
+            continue
+        piece, stack = set(), [n]
+        while stack:
+            m = stack.pop()
+            if m in piece:
+                continue
+            piece.add(m)
+            stack.extend(x for x in (*m.all_input_nodes, *m.users) if x in members and x not in piece)
+        seen |= piece
+        pieces.append(piece)
+    return pieces
 
 
 def _broadcast(node: fx.Node) -> bool:

@@ -477,9 +477,18 @@ def _in_layout(t: Any, meta: TensorMeta) -> Any:
     return torch.empty_strided(t.shape, meta.stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def _float64(v: Any) -> Any:
+    """The reference's value of a node: a floating tensor in float64 (after the rounding that the
+    node's own dtype, e.g. an explicit cast to fp16, makes)."""
+    if isinstance(v, (tuple, list)):
+        return type(v)(_float64(x) for x in v)
+    return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+
+def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor], reference: bool = False) -> list[torch.Tensor]:
     """Run a region's nodes one by one with ATen on the tensors' device (vendor and reference);
-    the outputs come in the spec's (the traced) strides."""
+    the outputs come in the spec's (the traced) strides. ``reference``: the tensors are the
+    float64 reference's, and every floating value stays float64 (casts round, then widen again)."""
     graph = region_graph(spec)
     values: list[Any] = []
     device = tensors[0].device.type if tensors else None
@@ -496,7 +505,8 @@ def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> list[
     for n in graph["nodes"]:
         target = _node_target(n["op"])
         args, kwargs = _replayable(target, [dec(a) for a in n["args"]], {k: dec(v) for k, v in n["kwargs"].items()})
-        values.append(target(*args, **kwargs))
+        value = target(*args, **kwargs)
+        values.append(_float64(value) if reference else value)
     return [_in_layout(values[i], m) for i, m in zip(graph["outputs"], spec.outputs)]
 
 

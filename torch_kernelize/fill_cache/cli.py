@@ -118,7 +118,7 @@ class FillRun:
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
-        self.inside: set[str] = set()   # region specs skipped: a region holding them hit
+        self.covering: dict[str, list[str]] = {}   # region spec -> the regions tried before it (Work.covered_by)
 
     def provenance(self, family: str, result: SearchResult) -> dict[str, Any]:
         import triton
@@ -140,10 +140,9 @@ class FillRun:
         if family is None:
             row["status"] = "no generator"
             return row
-        if work.covered_by and not self.force and all(
-                k in self.inside or self.cache.lookup(k)[0] == "hit" for k in work.covered_by):
+        self.covering[spec.key] = work.covered_by
+        if not self.force and any(self._served(k) for k in work.covered_by):
             row["status"] = "in a fused region"
-            self.inside.add(spec.key)
             return row
         journal = Journal(self.cache.journal_path(spec.key))
         previous = journal.records()
@@ -164,6 +163,12 @@ class FillRun:
             row["peak_extra_bytes"] = measurer.peak_extra_bytes()
             if not any(p[4] is measurer for p in self._pending):  # else kept for the winner's last check
                 measurer.close()
+
+    def _served(self, key: str, seen: frozenset = frozenset()) -> bool:
+        """Whether serving runs the region ``key`` fused: it hits, and no region tried before it
+        that shares a node with it does."""
+        return self.cache.lookup(key)[0] == "hit" and not any(
+            self._served(k, seen | {key}) for k in self.covering.get(key, ()) if k not in seen)
 
     def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
         if not self.isolate:
