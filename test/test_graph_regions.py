@@ -360,7 +360,7 @@ def test_a_served_graph_region_covers_its_nodes_and_blocks_the_gemm_epilogue(tmp
     assert rows["graph"]["tier"] == "triton" and rows["graph"]["family"] == "test_centered_region"
     inside = [d for d in after["nodes"] if d["op"] in graph_family.OPS]
     assert inside and all(d["tier"] == "triton" and "in fused region" in d["reason"] for d in inside)
-    assert after["summary"]["misses"] == []
+    assert after["summary"]["misses"] == [] and after["summary"]["fused_by_kind"] == {"graph": 1}
 
 
 def test_a_graph_region_without_a_correct_candidate_splits_then_vendor_wins_splits_too(tmp_path, with_family):
