@@ -428,3 +428,20 @@ def test_llama_training_with_region_kernels_stored_matches_eager(tmp_path):
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
     for name, g in want_grads.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_a_broadcast_view_never_leaves_a_region_as_an_output():
+    """An expand read inside the region and outside it: no kernel can write a stride-0 output, so
+    the region ends before it (what reads it inside leaves too)."""
+    def fn(x):
+        s = x.sum(-1, keepdim=True) * 2.0
+        e = s.expand(4, 16)
+        return e, (e * x).exp().amax(0)
+
+    gm = trace(fn, torch.randn(4, 16))
+    expand = next(n for n in gm.graph.nodes if n.target is aten.expand.default)
+    for r in graph_regions(gm):
+        assert expand not in r.nodes and all(n not in r.nodes for n in expand.users)
+        spec = region_spec(r, {})
+        assert all(0 not in m.stride for m in spec.outputs)
+        check_reference(spec)
