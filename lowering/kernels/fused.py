@@ -65,6 +65,7 @@ MAX_PASSES = 4          # looped variant: passes over the row
 SCALAR_ARGS = ("alpha", "min", "max", "min_val", "max_val", "negative_slope", "exponent")
 INF = "float('inf')"
 CAT_OP = "aten.cat.default"
+EXPAND_OP, CLONE_OP = "aten.expand.default", "aten.clone.default"
 HALF = ("float16", "bfloat16")
 
 Ref = tuple  # ("in", i) | ("node", j) | ("const", number)
@@ -193,6 +194,8 @@ def _one_loop_kind(graph: dict[str, Any]) -> str:
     reduces = any(n["op"] in REDUCE_OPS or n["op"] in SOFTMAX_OPS for n in nodes)
     if reduces and any(n["op"] == CAT_OP for n in nodes):
         return "cat next to a reduction is not generated (only the pointwise variant takes cat)"
+    if not reduces and any(n["op"] == EXPAND_OP for n in nodes):
+        return "expand is generated in rows only (a broadcast of a row value)"
     return "rowwise" if reduces else "pointwise"
 
 
@@ -272,6 +275,8 @@ class _Analysis:
             return self.reduction(j, op, args, meta)
         if op == CAT_OP:
             return self.cat_node(j, args, meta)
+        if op == EXPAND_OP:
+            return self.expand_node(j, args, meta)
         if op not in OPS:
             return f"node {j}: {op} is not a pointwise op this family generates"
         return self.pointwise_node(j, op, args, meta)
@@ -325,6 +330,20 @@ class _Analysis:
             return f"node {j}: cat pieces add up to {start} along dim {d}, not {meta.shape[d]}"
         return _Node(j, CAT_OP, "pointwise", meta, args, [r for r, _, _ in branches],
                      _vtype(meta.dtype), exact=all(self.exact_of(r) for r, _, _ in branches), cat=(d, tuple(branches)))
+
+    def expand_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
+        """A row value broadcast along the row (a mean's gradient in a norm's backward): the
+        value itself, which the tiles it meets broadcast (graph regions that reduce only)."""
+        x = _ref(args.get("self"))
+        if x is None:
+            return f"node {j}: expand of a non-tensor"
+        shape = tuple(self.meta_of(x).shape)
+        if not meta.shape or shape not in (tuple(meta.shape), tuple(meta.shape[:-1]) + (1,)):
+            return f"node {j}: expand of {shape} to {tuple(meta.shape)} is not a row broadcast"
+        node = self.pointwise_node(j, CLONE_OP, {"self": args["self"]}, meta)
+        if not isinstance(node, str):
+            node.op = EXPAND_OP
+        return node
 
     def pointwise_node(self, j: int, op: str, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         pw = OPS[op]
