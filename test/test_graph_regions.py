@@ -122,6 +122,35 @@ def test_layernorm_gelu_forms_one_region_with_its_tuple_pieces():
     assert family_for(spec) is None or family_for(spec).name != "fused"
 
 
+def test_bert_residual_and_gelu_join_their_layernorms(tmp_path):
+    pytest.importorskip("transformers")
+    model, inputs = examples.make_hf_bert()
+    with torch.no_grad():
+        _, _, graphs = compiled_graphs(model, inputs, tmp_path, train=False)
+    regions = [r for g in graphs for r in g.regions if r.kind == "graph"]
+    norms = [r for r in regions if {"add.Tensor", "native_layer_norm.default"} <= set(ops_of(r))]
+    assert len(norms) >= 4   # after attention and after the feed-forward block, in each of 2 layers
+    assert any({"gelu.default", "native_layer_norm.default"} <= set(ops_of(r)) for r in regions)  # the MLM head
+    # (attention is one SDPA op here: a boundary)
+    for r in norms:
+        check_reference(region_spec(r, {}))
+
+
+def test_the_reference_returns_the_traced_output_strides():
+    """Where ATen lays an output out otherwise than the trace did (a kernel on another device
+    may), the region's vendor run and reference still hand on the traced layout."""
+    import dataclasses
+    from torch_kernelize.spec import TensorMeta
+    gm = trace(lambda x: (x * 2.0).sin() + 1.0, torch.randn(4, 8))
+    spec = region_spec(find_regions(gm, targets.get_target("interpreter"))[0], {})
+    out = spec.outputs[0]
+    column_major = dataclasses.replace(spec, outputs=(TensorMeta(out.shape, (1, 4), out.dtype, out.device),))
+    x = torch.randn(4, 8)
+    for got in (column_major.run_vendor([x])[0], column_major.reference([x])[0]):
+        assert got.stride() == (1, 4)
+        torch.testing.assert_close(got.float(), (x * 2.0).sin() + 1.0)
+
+
 def test_several_reductions_over_different_dims_share_a_region():
     def fn(x):
         centered = x - x.mean(0, keepdim=True)
