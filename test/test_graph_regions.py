@@ -104,7 +104,7 @@ def test_a_decoder_blocks_chains_form_between_its_gemms():
     assert all(len(r.nodes) > 1 for r in regions)
 
 
-def test_layernorm_gelu_forms_one_region_with_its_tuple_pieces():
+def test_layernorm_gelu_forms_one_region_with_its_tuple_pieces(tmp_path):
     def fn(x, r, w, b):
         return F.gelu(F.layer_norm(x + r, (32,), w, b)) * 2.0
 
@@ -118,8 +118,26 @@ def test_layernorm_gelu_forms_one_region_with_its_tuple_pieces():
     assert isinstance(ln_node["meta"], list) and len(ln_node["meta"]) == 3   # out, mean, rstd
     assert describe_region(spec).startswith("graph region [add native_layer_norm")
     check_reference(spec)
-    # not one loop of our fused family (a tuple-valued op): a whole-graph generator's region
-    assert family_for(spec) is None or family_for(spec).name != "fused"
+    # one loop: our fused family writes the LayerNorm out as rowwise nodes
+    from kernel_testing import assert_valid
+    assert family_for(spec).name == "fused"
+    assert_valid(family_for(spec), spec, tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_layernorm_whose_mean_and_rstd_are_saved_is_one_loop_too(tmp_path, dtype):
+    """A training forward keeps LayerNorm's mean and rstd for the backward: region outputs."""
+    def fn(x, r, w, b):
+        out, mean, rstd = aten.native_layer_norm.default(x + r, [64], w, b, 1e-5)
+        return out * 0.5, mean, rstd
+
+    x, r, w, b = (torch.randn(*s, dtype=dtype) for s in ((6, 64), (6, 64), (64,), (64,)))
+    gm = trace(fn, x, r, w, b)
+    region, = graph_regions(gm)
+    spec = region_spec(region, {})
+    assert len(spec.outputs) == 3
+    from kernel_testing import assert_valid
+    assert_valid(family_for(spec), spec, tmp_path)
 
 
 def test_bert_residual_and_gelu_join_their_layernorms(tmp_path):

@@ -66,6 +66,7 @@ SCALAR_ARGS = ("alpha", "min", "max", "min_val", "max_val", "negative_slope", "e
 INF = "float('inf')"
 CAT_OP = "aten.cat.default"
 EXPAND_OP, CLONE_OP = "aten.expand.default", "aten.clone.default"
+LAYER_NORM_OP, GETITEM_OP = "aten.native_layer_norm.default", "getitem"
 HALF = ("float16", "bfloat16")
 
 Ref = tuple  # ("in", i) | ("node", j) | ("const", number)
@@ -182,6 +183,65 @@ def _last_dim(dims: Any, ndim: int) -> bool:
     if isinstance(dims, int) and not isinstance(dims, bool):
         dims = [dims]
     return isinstance(dims, list) and len(dims) == 1 and isinstance(dims[0], int) and dims[0] in (-1, ndim - 1)
+
+
+def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
+    """``graph`` with each native_layer_norm over the last dim written out as rowwise nodes (its
+    definition, as layernorm.py generates it: mean, the centred row, the biased variance of it,
+    rstd, then weight and bias) and its getitems as the nodes that compute out, mean and rstd;
+    or the reason it cannot be. Intermediate values are fp32 (a graph's own nodes are not rounded
+    either); out, mean and rstd keep the metas the op gives them."""
+    nodes = graph.get("nodes") or []
+    if not any(n["op"] == LAYER_NORM_OP for n in nodes):
+        return graph
+    new: list[dict[str, Any]] = []
+    where: dict[int, int] = {}            # old node index -> new index
+    parts: dict[int, list[int]] = {}      # old layer norm index -> new indices of out, mean, rstd
+
+    def remap(a: Any) -> Any:
+        if isinstance(a, list):
+            return [remap(x) for x in a]
+        r = _ref(a)
+        return {"node": where[r[1]]} if r is not None and r[0] == "node" else a
+
+    def add(op: str, args: list, meta: dict[str, Any]) -> dict[str, Any]:
+        new.append({"op": op, "args": args, "kwargs": {}, "meta": meta})
+        return {"node": len(new) - 1}
+
+    for j, n in enumerate(nodes):
+        if n["op"] == GETITEM_OP:
+            owner = _ref(n["args"][0])
+            if owner is None or owner[1] not in parts:
+                return f"node {j}: a piece of a node with several outputs is not generated"
+            where[j] = parts[owner[1]][n["args"][1]]
+            continue
+        if n["op"] != LAYER_NORM_OP:
+            where[j] = len(new)
+            new.append(dict(n, args=remap(n["args"]), kwargs={k: remap(v) for k, v in n["kwargs"].items()}))
+            continue
+        args = _bind(LAYER_NORM_OP, remap(n["args"]), {k: remap(v) for k, v in n["kwargs"].items()})
+        if isinstance(args, str):
+            return args
+        out, mean, rstd = n["meta"]
+        if len(args["normalized_shape"]) != 1 or None in (out, mean, rstd):
+            return f"node {j}: LayerNorm over {args['normalized_shape']} (the last dim only here)"
+        shape, row = out["shape"], mean["shape"]
+        full32 = TensorMeta(tuple(shape), tuple(cg.contiguous_strides(shape)), "float32").to_json()
+        row32 = TensorMeta(tuple(row), tuple(cg.contiguous_strides(row)), "float32").to_json()
+        x, eps = args["input"], args["eps"]
+        m = add("aten.mean.dim", [x, [-1], True], mean)
+        d = add("aten.sub.Tensor", [x, m], full32)
+        var = add("aten.mean.dim", [add("aten.mul.Tensor", [d, d], full32), [-1], True], row32)
+        r = add("aten.rsqrt.default", [add("aten.add.Tensor", [var, eps], row32)], rstd)
+        y = add("aten.mul.Tensor", [d, r], full32)
+        if args.get("weight") is not None:
+            y = add("aten.mul.Tensor", [y, args["weight"]], full32)
+        if args.get("bias") is not None:
+            y = add("aten.add.Tensor", [y, args["bias"]], full32)
+        new[y["node"]]["meta"] = out
+        parts[j] = [y["node"], m["node"], r["node"]]
+    outputs = [where[i] for i in graph["outputs"]]
+    return dict(graph, nodes=new, outputs=outputs)
 
 
 def _one_loop_kind(graph: dict[str, Any]) -> str:
@@ -1215,6 +1275,10 @@ class FusedRegionFamily(KernelFamily):
             return "region graph is not JSON"
         if graph.get("kind") not in KINDS + (GRAPH_KIND,):
             return f"{self.name} does not handle {graph.get('kind')!r} regions"
+        if graph["kind"] == GRAPH_KIND:
+            graph = _inline_layer_norms(graph)
+            if isinstance(graph, str):
+                return graph
         plan = analyse(graph, spec.inputs, spec.outputs)
         return plan if isinstance(plan, str) else (plan, graph)
 
