@@ -34,7 +34,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from torch_kernelize.lowering.op_classes import NodeClass, classify, is_factory, is_random
-from torch_kernelize.lowering.regions import Region, is_tensor_node, pointwise_ops, tensor_args
+from torch_kernelize.lowering.regions import Region, is_tensor_node, pointwise_ops, reads_from, tensor_args
 from torch_kernelize.lowering.targets import op_name
 
 aten = torch.ops.aten
@@ -103,16 +103,7 @@ def find_graph_regions(gm: fx.GraphModule, existing: Sequence[Region] = ()) -> l
 
     def depends_on(node: fx.Node, gids: set[int]) -> bool:
         """Whether ``node`` (outside the groups) reads, directly or not, a value of the groups."""
-        stop = min(start[g] for g in gids)
-        seen, stack = set(), [node]
-        while stack:
-            for a in stack.pop().all_input_nodes:
-                if group_of.get(a) in gids:
-                    return True
-                if a not in seen and order[a] > stop:
-                    seen.add(a)
-                    stack.append(a)
-        return False
+        return reads_from(node, lambda a: group_of.get(a) in gids, order, min(start[g] for g in gids))
 
     def external_inputs(members: set[fx.Node]) -> set[fx.Node]:
         return {a for n in members for a in n.all_input_nodes if a not in members}

@@ -37,7 +37,7 @@ import collections
 import dataclasses
 import json
 import operator
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
@@ -139,6 +139,20 @@ def _row_shape_of(full: Any, v: Any) -> bool:
     return v.dim() == full.dim() and _dims_equal(v.shape[:-1], full.shape[:-1]) and _e(v.shape[-1]) == 1
 
 
+def reads_from(node: fx.Node, inside: Callable[[fx.Node], bool], order: dict[fx.Node, int], stop: int) -> bool:
+    """Whether ``node`` reads, directly or through nodes after position ``stop`` of ``order`` (where
+    the group starts: nothing earlier can depend on it), a node for which ``inside`` holds."""
+    seen, stack = set(), [node]
+    while stack:
+        for a in stack.pop().all_input_nodes:
+            if inside(a):
+                return True
+            if a not in seen and order[a] > stop:
+                seen.add(a)
+                stack.append(a)
+    return False
+
+
 def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
     """Greedy formation in topological order: a fusible node joins (and merges) the compatible
     groups of its producers, unless that would close a cycle through an outside node."""
@@ -149,16 +163,7 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
 
     def depends_on(node: fx.Node, gids: set[int]) -> bool:
         """Whether ``node`` (outside the groups) reads, directly or not, a value of the groups."""
-        stop = min(groups[g]["start"] for g in gids)
-        seen, stack = set(), [node]
-        while stack:
-            for a in stack.pop().all_input_nodes:
-                if group_of.get(a) in gids:
-                    return True
-                if a not in seen and order[a] > stop:
-                    seen.add(a)
-                    stack.append(a)
-        return False
+        return reads_from(node, lambda a: group_of.get(a) in gids, order, min(groups[g]["start"] for g in gids))
 
     def external_inputs(g: int) -> set[fx.Node]:
         return {a for n in groups[g]["nodes"] for a in n.all_input_nodes if group_of.get(a) != g}
