@@ -100,13 +100,11 @@ def find_graph_regions(gm: fx.GraphModule, existing: Sequence[Region] = ()) -> l
     group_of: dict[fx.Node, int] = {}
     groups: dict[int, list[fx.Node]] = {}
     start: dict[int, int] = {}
+    reads: dict[int, set[fx.Node]] = {}   # the outside nodes each group reads
 
     def depends_on(node: fx.Node, gids: set[int]) -> bool:
         """Whether ``node`` (outside the groups) reads, directly or not, a value of the groups."""
         return reads_from(node, lambda a: group_of.get(a) in gids, order, min(start[g] for g in gids))
-
-    def external_inputs(members: set[fx.Node]) -> set[fx.Node]:
-        return {a for n in members for a in n.all_input_nodes if a not in members}
 
     for node in nodes:
         if node.target is operator.getitem and node.args and group_of.get(node.args[0]) is not None:
@@ -117,26 +115,28 @@ def find_graph_regions(gm: fx.GraphModule, existing: Sequence[Region] = ()) -> l
         if role[node] is None:
             continue
         t: int | None = None
-        for g in sorted({group_of[a] for a in node.all_input_nodes if a in group_of}, key=start.get):
+        own = set(node.all_input_nodes)
+        for g in sorted({group_of[a] for a in own if a in group_of}, key=start.get):
             gids = {g} if t is None else {t, g}
-            members = {n for k in gids for n in groups[k]} | {node}
-            if len(members) > MAX_GRAPH_NODES or len(external_inputs(members)) > MAX_GRAPH_INPUTS:
+            outside = {a for a in own.union(*(reads[k] for k in gids)) if group_of.get(a) not in gids}
+            if sum(len(groups[k]) for k in gids) + 1 > MAX_GRAPH_NODES or len(outside) > MAX_GRAPH_INPUTS:
                 continue
-            if any(depends_on(b, gids) for b in node.all_input_nodes if group_of.get(b) not in gids):
+            if any(depends_on(b, gids) for b in own if group_of.get(b) not in gids):
                 continue
-            if t is not None and (any(depends_on(b, {t}) for b in external_inputs(set(groups[g])))
-                                  or any(depends_on(b, {g}) for b in external_inputs(set(groups[t])))):
+            if t is not None and (any(depends_on(b, {t}) for b in reads[g] if group_of.get(b) != t)
+                                  or any(depends_on(b, {g}) for b in reads[t] if group_of.get(b) != g)):
                 continue
-            if t is None:
-                t = g
-                continue
-            for n in groups[g]:  # merge g into t
-                group_of[n] = t
-            groups[t] = sorted(groups[t] + groups.pop(g), key=order.get)
-            start[t] = min(start[t], start.pop(g))
+            if t is not None:  # merge g into t
+                for n in groups[g]:
+                    group_of[n] = t
+                groups[t] = sorted(groups[t] + groups.pop(g), key=order.get)
+                start[t] = min(start[t], start.pop(g))
+                del reads[g]
+            t = g if t is None else t
+            reads[t] = outside
         if t is None:
             t = order[node]
-            groups[t], start[t] = [], order[node]
+            groups[t], start[t], reads[t] = [], order[node], own
         groups[t].append(node)
         group_of[node] = t
 
