@@ -19,8 +19,8 @@ Rules (Inductor's partition is the model; inside a region its scheduler decides 
     all outside, leaves it (it costs nothing there; the region reads the view), and a region
     output that is a broadcast view (stride 0: no kernel can write it) is cut off with what
     follows it;
-  * a region is connected and needs two computing nodes; one whose nodes are exactly an existing region's is
-    dropped (the existing kind is the one our family generates).
+  * a region is connected and needs two computing nodes; one whose nodes an existing region holds
+    all of is not formed (that region does as much or more: a GEMM with this very epilogue).
 Serving tries these regions before the pointwise/rowwise/matmul regions inside them (lower.py):
 a miss or "vendor wins" leaves their nodes to those smaller regions, then to the nodes.
 """
@@ -140,11 +140,11 @@ def find_graph_regions(gm: fx.GraphModule, existing: Sequence[Region] = ()) -> l
         groups[t].append(node)
         group_of[node] = t
 
-    taken = {frozenset(r.nodes) for r in existing}
+    taken = [set(r.nodes) for r in existing]
     regions = []
     pieces = [p for g in sorted(groups, key=start.get) for p in _components(_trimmed(groups[g], role))]
     for members in sorted(pieces, key=lambda p: min(order[n] for n in p)):
-        if sum(role.get(n) == "compute" for n in members) < 2 or frozenset(members) in taken:
+        if sum(role.get(n) == "compute" for n in members) < 2 or any(members <= r for r in taken):
             continue
         ordered = sorted(members, key=order.get)
         inputs = list(dict.fromkeys(a for n in ordered for a in tensor_args(n) if a not in members))

@@ -104,6 +104,16 @@ def test_a_decoder_blocks_chains_form_between_its_gemms():
     assert all(len(r.nodes) > 1 for r in regions)
 
 
+def test_a_gemm_epilogue_alone_stays_with_its_gemm():
+    """SwiGLU's epilogue is all a matmul region's: a graph region of it alone would only take the
+    epilogue off the GEMM kernel."""
+    gm = trace(lambda x, w1, w3: F.silu(x @ w1) * (x @ w3), torch.randn(8, 32), torch.randn(32, 16),
+               torch.randn(32, 16))
+    matmul, = find_regions(gm, targets.get_target("interpreter"))
+    assert matmul.kind == "matmul" and ops_of(matmul)[1:] == ["sigmoid.default", "mul.Tensor", "mul.Tensor"]
+    assert graph_regions(gm) == []
+
+
 def test_layernorm_gelu_forms_one_region_with_its_tuple_pieces(tmp_path):
     def fn(x, r, w, b):
         return F.gelu(F.layer_norm(x + r, (32,), w, b)) * 2.0
