@@ -132,6 +132,7 @@ class FillRun:
         spec = work.spec
         row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
                "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
+        self.covering[spec.key] = work.covered_by   # (a cached region can be blocked too)
         status, entry, _ = self.cache.lookup(spec.key)
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
@@ -140,7 +141,6 @@ class FillRun:
         if family is None:
             row["status"] = "no generator"
             return row
-        self.covering[spec.key] = work.covered_by
         if not self.force and any(self._served(k) for k in work.covered_by):
             row["status"] = "in a fused region"
             return row
