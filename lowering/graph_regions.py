@@ -21,6 +21,8 @@ Rules (Inductor's partition is the model; inside a region its scheduler decides 
     follows it;
   * a region is connected and needs two computing nodes; one whose nodes an existing region holds
     all of is not formed (that region does as much or more: a GEMM with this very epilogue).
+  * where a region reduces rows (over the last dim) and also over other dims at its ends (a norm's
+    weight and bias gradients), its row loop alone is a second region, tried after it;
 Serving tries these regions before the pointwise/rowwise/matmul regions inside them (lower.py):
 a miss or "vendor wins" leaves their nodes to those smaller regions, then to the nodes.
 """
@@ -144,14 +146,54 @@ def find_graph_regions(gm: fx.GraphModule, existing: Sequence[Region] = ()) -> l
     regions = []
     pieces = [p for g in sorted(groups, key=start.get) for p in _components(_trimmed(groups[g], role))]
     for members in sorted(pieces, key=lambda p: min(order[n] for n in p)):
-        if sum(role.get(n) == "compute" for n in members) < 2 or any(members <= r for r in taken):
-            continue
-        ordered = sorted(members, key=order.get)
-        inputs = list(dict.fromkeys(a for n in ordered for a in tensor_args(n) if a not in members))
-        outputs = [n for n in ordered if any(u not in members for u in n.users)]
-        if outputs:
-            regions.append(Region("graph", ordered, inputs, outputs))
+        # the region, then its row loop alone (tried after it: what a miss of it splits into first)
+        for part in [members] + _components(_trimmed(_row_core(members), role)):
+            if sum(role.get(n) == "compute" for n in part) < 2 or any(part <= r for r in taken) or (
+                    part is not members and part == members):
+                continue
+            ordered = sorted(part, key=order.get)
+            inputs = list(dict.fromkeys(a for n in ordered for a in tensor_args(n) if a not in part))
+            outputs = [n for n in ordered if any(u not in part for u in n.users)]
+            if outputs:
+                regions.append(Region("graph", ordered, inputs, outputs))
     return regions
+
+
+def _reduces(node: fx.Node) -> str | None:
+    """"rows" for a reduction over the last dim only, "other" for one over other dims (or all),
+    None for a node that does not reduce."""
+    target = node.target
+    if target not in REDUCTIONS:
+        return None
+    if target in (aten.native_layer_norm.default, aten.native_layer_norm_backward.default):
+        return "rows"  # (the op's own weight and bias gradients stay inside it)
+    x = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) else None
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if target in (aten._softmax_backward_data.default, aten._log_softmax_backward_data.default):
+        dims = node.args[2]
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or dims is None:
+        return "other"
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return "rows" if len(dims) == 1 and dims[0] in (-1, x.dim() - 1) else "other"
+
+
+def _row_core(members: set[fx.Node]) -> set[fx.Node]:
+    """``members`` without the reductions over other dims than the last that end it (a norm's
+    weight and bias gradients: sums over the rows), where it reduces rows too: the rows are one
+    loop, those sums another (Inductor's scheduler makes them two kernels). Nothing left out
+    otherwise. Only nodes no member reads leave: no cycle through outside nodes appears."""
+    kinds = {_reduces(n) for n in members}
+    if not {"rows", "other"} <= kinds:
+        return set(members)
+    core = set(members)
+    changed = True
+    while changed:
+        changed = False
+        for n in list(core):
+            if _reduces(n) == "other" and not any(u in core for u in n.users):
+                core.discard(n)
+                changed = True
+    return core
 
 
 def _trimmed(group: list[fx.Node], role: dict[fx.Node, str | None]) -> set[fx.Node]:

@@ -295,6 +295,27 @@ def test_a_norm_backwards_broadcast_row_is_generated_in_one_loop(tmp_path):
                                                    EVICT=False), eager=False)
 
 
+def test_a_region_reducing_rows_and_columns_is_tried_whole_then_as_its_row_loop(tmp_path):
+    """RMSNorm's backward with its weight gradient (a sum over the rows): the whole region for a
+    whole-graph generator first, then its row loop alone, which our fused family generates."""
+    def fn(x, g, w):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        s = (g * w * x).sum(-1, keepdim=True) * (-0.5) * rstd.pow(3)
+        dx = g * w * rstd + (s / 64).expand(8, 64) * 2.0 * x
+        return dx, (g * x * rstd).sum(0)
+
+    gm = trace(fn, torch.randn(8, 64), torch.randn(8, 64), torch.randn(64))
+    whole, rows = graph_regions(gm)
+    assert set(rows.nodes) < set(whole.nodes)
+    assert set(whole.nodes) - set(rows.nodes) == {n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList
+                                                 and n.args[1] == [0]}
+    assert family_for(region_spec(whole, {})) is None
+    spec = region_spec(rows, {})
+    assert len(spec.outputs) == 2   # dx, and what the weight gradient's sum reads
+    from kernel_testing import assert_valid
+    assert_valid(family_for(spec), spec, tmp_path)
+
+
 # --- training graphs -----------------------------------------------------------------------------
 
 class NormMLP(nn.Module):
