@@ -6,6 +6,7 @@ fill_cache's harness. ``WRONG`` makes a family whose kernel is off by a little (
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -65,7 +66,6 @@ class CenteredRegionFamily(KernelFamily):
         return [Config.of(variant="one_program")]
 
     def generate(self, spec, config):
-        import sys
         graph = json.loads(spec.graph)
         names = tuple(graph["nodes"][i]["op"].split(".")[1] for i in graph["outputs"])
         module = sys.modules[__name__]

@@ -24,7 +24,7 @@ from torch_kernelize.lowering import kernels, targets
 from torch_kernelize.lowering.graph_regions import MAX_GRAPH_NODES, find_graph_regions
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.targets import op_name
-from torch_kernelize.lowering.regions import describe_region, find_regions, region_spec, run_region_graph
+from torch_kernelize.lowering.regions import describe_region, find_regions, region_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 aten = torch.ops.aten
