@@ -61,6 +61,11 @@ def classify(node: fx.Node) -> tuple[NodeClass, str]:
     return NodeClass.COMPUTE, ""
 
 
+def is_factory(target: Any) -> bool:
+    """Ops that fill new memory from sizes and a value (some take a tensor only for its metadata)."""
+    return target in _FACTORY
+
+
 def is_random(target: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
     """Ops that draw random numbers (dropout, attention with dropout): never replaced by a
     cached kernel, whose stream of random numbers could not match. An op whose only randomness

@@ -17,20 +17,27 @@ Region kinds (the ``kind`` field of the canonical graph):
               only in their row count M: an MoE's expert GEMMs, attention's Q/K/V projections.
               One launch computes them all (horizontal fusion; ``group_matmuls``). Groups are
               tried before their members: a group miss leaves each member to its own lookup.
+  graph       a compiler's fusion group: everything between two boundary ops (GEMMs, convolutions,
+              attention, random ops, ...): lowering/graph_regions.py. Tried before the kinds
+              above; a miss or "vendor wins" leaves its nodes to them.
 
 Canonical graph format (JSON, part of the spec key):
   {"kind": ..., "nodes": [{"op": "aten.mul.Tensor", "args": [...], "kwargs": {...},
                            "meta": TensorMeta json}, ...],
    "outputs": [node index, ...]}
 plus, for a matmul_group, "members": [[node index, ...], ...] (each member's nodes, in order).
+A tuple-valued node (var_mean, native_layer_norm) has a list of metas (None for a missing piece),
+and its pieces are nodes {"op": "getitem", "args": [{"node": j}, i]}; outputs are tensors.
 where an argument is {"input": i} (region input i), {"node": j} (value of node j) or a constant
 encoded as in KernelSpec (spec.encode_arg).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
-from typing import Any, Sequence
+import operator
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
@@ -50,7 +57,7 @@ ROW_REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.a
 MAX_REGION_NODES = 64
 
 
-def _pointwise_ops() -> frozenset[str]:
+def pointwise_ops() -> frozenset[str]:
     from torch_kernelize.lowering.kernels.elementwise import FAMILY
     return frozenset(FAMILY.ops)
 
@@ -74,7 +81,7 @@ def _val(n: Any) -> Any:
     return n.meta.get("val") if isinstance(n, fx.Node) else None
 
 
-def _is_tensor_node(n: Any) -> bool:
+def is_tensor_node(n: Any) -> bool:
     return isinstance(n, fx.Node) and isinstance(_val(n), torch.Tensor)
 
 
@@ -94,7 +101,7 @@ def _reduces_last_dim(node: fx.Node) -> bool:
 def _cat_pieces_ok(node: fx.Node) -> bool:
     """cat of tensors of the output's rank and dtype (the fused family checks the sizes)."""
     pieces, v = node.args[0] if node.args else None, _val(node)
-    return (isinstance(pieces, (list, tuple)) and len(pieces) > 1 and all(_is_tensor_node(a) for a in pieces)
+    return (isinstance(pieces, (list, tuple)) and len(pieces) > 1 and all(is_tensor_node(a) for a in pieces)
             and all(_val(a).dim() == v.dim() and _val(a).dtype == v.dtype for a in pieces))
 
 
@@ -102,7 +109,7 @@ def _role(node: fx.Node, pointwise: frozenset[str], target: Target) -> str | Non
     """pointwise | reduction | matmul | cat | None (not fusible)."""
     if node.op != "call_function" or classify(node)[0] is not NodeClass.COMPUTE:
         return None
-    if not _is_tensor_node(node):
+    if not is_tensor_node(node):
         return None
     if node.target in MATMUL_OPS:
         return "matmul"
@@ -132,26 +139,31 @@ def _row_shape_of(full: Any, v: Any) -> bool:
     return v.dim() == full.dim() and _dims_equal(v.shape[:-1], full.shape[:-1]) and _e(v.shape[-1]) == 1
 
 
+def reads_from(node: fx.Node, inside: Callable[[fx.Node], bool], order: dict[fx.Node, int], stop: int) -> bool:
+    """Whether ``node`` reads, directly or through nodes after position ``stop`` of ``order`` (where
+    the group starts: nothing earlier can depend on it), a node for which ``inside`` holds."""
+    seen, stack = set(), [node]
+    while stack:
+        for a in stack.pop().all_input_nodes:
+            if inside(a):
+                return True
+            if a not in seen and order[a] > stop:
+                seen.add(a)
+                stack.append(a)
+    return False
+
+
 def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
     """Greedy formation in topological order: a fusible node joins (and merges) the compatible
     groups of its producers, unless that would close a cycle through an outside node."""
-    pointwise = _pointwise_ops()
+    pointwise = pointwise_ops()
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     group_of: dict[fx.Node, int] = {}
     groups: dict[int, dict[str, Any]] = {}
 
     def depends_on(node: fx.Node, gids: set[int]) -> bool:
         """Whether ``node`` (outside the groups) reads, directly or not, a value of the groups."""
-        stop = min(groups[g]["start"] for g in gids)
-        seen, stack = set(), [node]
-        while stack:
-            for a in stack.pop().all_input_nodes:
-                if group_of.get(a) in gids:
-                    return True
-                if a not in seen and order[a] > stop:
-                    seen.add(a)
-                    stack.append(a)
-        return False
+        return reads_from(node, lambda a: group_of.get(a) in gids, order, min(groups[g]["start"] for g in gids))
 
     def external_inputs(g: int) -> set[fx.Node]:
         return {a for n in groups[g]["nodes"] for a in n.all_input_nodes if group_of.get(a) != g}
@@ -234,7 +246,7 @@ def find_regions(gm: fx.GraphModule, target: Target) -> list[Region]:
         members = set(nodes)
         inputs: list[fx.Node] = []
         for n in nodes:
-            for a in _tensor_args(n):
+            for a in tensor_args(n):
                 if a not in members and a not in inputs:
                     inputs.append(a)
         outputs = [n for n in nodes if any(u not in members for u in n.users)]
@@ -261,9 +273,9 @@ def _compatible(group: dict[str, Any], node: fx.Node, role: str) -> bool:
     return group["kind"] == "rowwise" and _row_shape_of(full, v)
 
 
-def _tensor_args(node: fx.Node) -> list[fx.Node]:
+def tensor_args(node: fx.Node) -> list[fx.Node]:
     flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
-    return [a for a in flat if _is_tensor_node(a)]
+    return [a for a in flat if is_tensor_node(a)]
 
 
 # --- horizontal groups of GEMMs ----------------------------------------------------------------
@@ -280,13 +292,13 @@ def group_matmuls(gm: fx.GraphModule, regions: Sequence[Region], target: Target)
     the other computes (one launch computes them all: none may wait for another). The structure
     is the unit's canonical graph with M abstracted (``_structure``); the kernel family checks the
     rest. Groups of fewer than two members are dropped."""
-    pointwise = _pointwise_ops()
+    pointwise = pointwise_ops()
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     in_region = {n for r in regions for n in r.nodes}
     units: list[Region] = [r for r in regions if r.kind == "matmul"]
     for node in gm.graph.nodes:
         if node not in in_region and node.target in GROUPED_MM and _role(node, pointwise, target) == "matmul":
-            units.append(Region("matmul", [node], _tensor_args(node), [node]))
+            units.append(Region("matmul", [node], tensor_args(node), [node]))
     units.sort(key=lambda u: order[u.nodes[0]])
 
     def reads(unit: Region, nodes: set[fx.Node]) -> bool:
@@ -398,7 +410,7 @@ def region_spec(region: Region, bindings: dict) -> KernelSpec | None:
         return None
     nodes = []
     for n in region.nodes:
-        meta = concrete_meta(_val(n), bindings)
+        meta = _node_meta(_val(n), bindings)
         if meta is None:
             return None
 
@@ -414,7 +426,7 @@ def region_spec(region: Region, bindings: dict) -> KernelSpec | None:
             return encode_arg(a)
 
         nodes.append({"op": op_name(n.target), "args": [enc(a) for a in n.args],
-                      "kwargs": {k: enc(v) for k, v in sorted(n.kwargs.items())}, "meta": meta.to_json()})
+                      "kwargs": {k: enc(v) for k, v in sorted(n.kwargs.items())}, "meta": meta})
     graph = {"kind": region.kind, "nodes": nodes, "outputs": [index[o] for o in region.outputs]}
     if region.members is not None:
         graph["members"] = [[index[n] for n in m] for m in region.members]
@@ -423,17 +435,65 @@ def region_spec(region: Region, bindings: dict) -> KernelSpec | None:
                       json.dumps(graph, sort_keys=True, separators=(",", ":")))
 
 
+def _node_meta(val: Any, bindings: dict) -> Any:
+    """A node's meta in the canonical graph: TensorMeta JSON, or a list of them (None for a
+    missing piece) for a tuple-valued op; None if a size is data-dependent."""
+    if isinstance(val, (tuple, list)):
+        metas = [_node_meta(v, bindings) if v is not None else None for v in val]
+        return None if any(m is None for m, v in zip(metas, val) if v is not None) else metas
+    meta = concrete_meta(val, bindings) if isinstance(val, torch.Tensor) else None
+    return meta.to_json() if meta is not None else None
+
+
 def region_graph(spec: KernelSpec) -> dict[str, Any]:
     return json.loads(spec.graph)
 
 
 def spec_ops(spec: KernelSpec) -> list[str]:
     """The ATen ops a spec computes: its op, or every node's op of a fused region."""
-    return [n["op"] for n in region_graph(spec)["nodes"]] if spec.graph is not None else [spec.op]
+    if spec.graph is None:
+        return [spec.op]
+    return [n["op"] for n in region_graph(spec)["nodes"] if n["op"] != GETITEM]
 
 
-def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run a region's nodes one by one with ATen on the tensors' device (vendor and reference)."""
+GETITEM = "getitem"   # a piece of a tuple-valued node: {"op": "getitem", "args": [{"node": j}, i]}
+
+
+def _node_target(name: str) -> Any:
+    return operator.getitem if name == GETITEM else resolve_op(name)
+
+
+def _replayable(target: Any, args: list, kwargs: dict) -> tuple[list, dict]:
+    """Arguments with which ATen replays a traced node on the reference's inputs: float64 (and on
+    the CPU) has no half-to-float softmax, whose result is then the float64 softmax itself."""
+    if target in (aten._softmax.default, aten._log_softmax.default) and len(args) > 2 and args[2]:
+        x = args[0]
+        x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return [x, args[1], False], kwargs
+    return args, kwargs
+
+
+def _in_layout(t: Any, meta: TensorMeta) -> Any:
+    """``t`` with the traced strides of its output (the layout contract of every tier)."""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(meta.shape) or t.numel() <= 1:
+        return t
+    if all(st == ms for st, ms, sz in zip(t.stride(), meta.stride, t.shape) if sz != 1):
+        return t
+    return torch.empty_strided(t.shape, meta.stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _float64(v: Any) -> Any:
+    """The reference's value of a node: a floating tensor in float64 (after the rounding that the
+    node's own dtype, e.g. an explicit cast to fp16, makes)."""
+    if isinstance(v, (tuple, list)):
+        return type(v)(_float64(x) for x in v)
+    return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+
+def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor], reference: bool = False) -> list[torch.Tensor]:
+    """Run a region's nodes one by one with ATen on the tensors' device (vendor and reference);
+    the outputs come in the spec's (the traced) strides. ``reference``: the tensors are the
+    float64 reference's, and every floating value stays float64 (casts round, then widen again)."""
     graph = region_graph(spec)
     values: list[Any] = []
     device = tensors[0].device.type if tensors else None
@@ -442,14 +502,16 @@ def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor]) -> list[
     last = {i: j for j, n in enumerate(graph["nodes"]) for i in _node_refs([n["args"], list(n["kwargs"].values())])}
     keep = set(graph["outputs"])
     for j, n in enumerate(graph["nodes"]):
-        args = [_decoded(a, tensors, values, device) for a in n["args"]]
-        kwargs = {k: _decoded(v, tensors, values, device) for k, v in n["kwargs"].items()}
-        values.append(resolve_op(n["op"])(*args, **kwargs))
-        del args, kwargs
+        target = _node_target(n["op"])
+        args, kwargs = _replayable(target, [_decoded(a, tensors, values, device) for a in n["args"]],
+                                   {k: _decoded(v, tensors, values, device) for k, v in n["kwargs"].items()})
+        value = target(*args, **kwargs)
+        values.append(_float64(value) if reference else value)
+        del args, kwargs, value
         for i in _node_refs([n["args"], list(n["kwargs"].values())]):
             if last[i] == j and i not in keep:
                 values[i] = None
-    return [values[i] for i in graph["outputs"]]
+    return [_in_layout(values[i], m) for i, m in zip(graph["outputs"], spec.outputs)]
 
 
 def _decoded(a: Any, tensors: Sequence[torch.Tensor], values: list[Any], device: str | None) -> Any:
@@ -496,16 +558,23 @@ def region_graph_module(spec: KernelSpec) -> fx.GraphModule:
         return decode_arg(a, [])
 
     for n in graph["nodes"]:
-        values.append(g.call_function(resolve_op(n["op"]), tuple(dec(a) for a in n["args"]),
+        values.append(g.call_function(_node_target(n["op"]), tuple(dec(a) for a in n["args"]),
                                       {k: dec(v) for k, v in n["kwargs"].items()}))
     outs = [values[i] for i in graph["outputs"]]
     g.output(tuple(outs) if spec.tuple_output else (outs[0],))
     return fx.GraphModule(torch.nn.Module(), g)
 
 
+DESCRIBED_OPS = 12   # a longer region is described by its op counts
+
+
 def describe_region(spec: KernelSpec) -> str:
     graph = region_graph(spec)
     members = graph.get("members")
-    ops = [graph["nodes"][j]["op"].split(".")[1] for j in (members[0] if members else range(len(graph["nodes"])))]
+    ops = [graph["nodes"][j]["op"].split(".")[1] for j in (members[0] if members else range(len(graph["nodes"])))
+           if graph["nodes"][j]["op"] != GETITEM]
     group = f" of {len(members)} GEMMs, each" if members else ""
+    if len(ops) > DESCRIBED_OPS:
+        counts = collections.Counter(ops)
+        ops = [f"{op}x{c}" if c > 1 else op for op, c in counts.most_common()]
     return f"{graph['kind']} region{group} [{' '.join(ops)}]"

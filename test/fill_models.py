@@ -128,3 +128,21 @@ def make_tiny_llama():
             return self.llama(ids).logits
 
     return Logits(), (torch.randint(0, 64, (1, 32)),)
+
+
+class Centered(nn.Module):
+    """Between two GEMMs, a region no fused kind holds: a mean over the batch dim (not the last),
+    a pointwise epilogue of the first GEMM, and what joins them."""
+
+    def __init__(self, d=32, f=16):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, f), nn.Linear(f, d)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return self.fc2((h - h.mean(0, keepdim=True)) * torch.sigmoid(h))
+
+
+def make_centered():
+    torch.manual_seed(0)
+    return Centered(), (torch.randn(8, 32),)

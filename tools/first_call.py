@@ -81,6 +81,7 @@ def install_timers(t: dict[str, float]) -> None:
     timed(common, "aot_module_simplified", "aot_module_simplified (incl. lowering)")
     timed(lower, "plan_graph", "lowering: plan_graph")
     timed(lower, "find_regions", "lowering: find_regions")
+    timed(lower, "find_graph_regions", "lowering: find_graph_regions")
     timed(lower.LoweredGraph, "_specialize", "lowering: specialise (lookups, bind, FX codegen)")
     timed(lower.GraphPlan, "decide", "lowering: specialise: decide nodes (cache lookups)")
     timed(lower.Session, "load_runner", "lowering: specialise: load runners (binaries)")

@@ -20,6 +20,7 @@ from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.flat_code import flat_function
 from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.lowering.decompositions import host_implementation
+from torch_kernelize.lowering.graph_regions import find_graph_regions
 from torch_kernelize.lowering.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
                                               region_spec)
 from torch_kernelize.lowering.targets import Target, get_target
@@ -130,8 +131,11 @@ class LoweredGraph:
         self.regions: list[Region] = []
         if self.target.has_triton:
             regions = find_regions(self.plan.gm, self.target)
-            # groups first: a hit covers its members, a miss leaves them to their own lookups
-            self.regions = group_matmuls(self.plan.gm, regions, self.target) + regions
+            # the largest first: a hit covers what it holds, a miss (or "vendor wins") leaves it
+            # to the regions inside, then to the nodes. GEMM groups, then a compiler's fusion
+            # groups (which hold the matmul regions' epilogues), then the regions of our family.
+            self.regions = (group_matmuls(self.plan.gm, regions, self.target)
+                            + find_graph_regions(self.plan.gm, regions) + regions)
         self._region_of: dict[str, Region] = {}
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
@@ -295,7 +299,9 @@ class LoweredGraph:
                     fused.append((region, self.triton_call(spec, runner)))
                     covered |= region.names
                     for n in region.nodes:
-                        i = by_node[n.name]
+                        i = by_node.get(n.name)
+                        if i is None:
+                            continue  # a getitem: not an op, no decision
                         decisions[i] = dataclasses.replace(
                             decisions[i], tier="triton", miss=False, family=family,
                             reason=f"in fused region {spec.key}: {what}")

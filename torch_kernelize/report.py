@@ -49,6 +49,7 @@ class GraphReport:
             "per_op": {op: dict(c) for op, c in sorted(per_op.items())},
             "misses": sorted({d.spec_key for d in self.decisions + self.regions if d.miss}),
             "fused_regions": sum(r.tier == "triton" for r in self.regions),
+            "fused_by_kind": dict(collections.Counter(_region_kind(r) for r in self.regions if r.tier == "triton")),
             "region_misses": sum(r.miss for r in self.regions),
             "missing_ops": sorted({d.op for d in self.decisions if d.missing}),
         }
@@ -69,8 +70,9 @@ class GraphReport:
             lines.append(f"  {op:<36}" + "".join(f"{counts.get(t, 0) or '.':>10}" for t in TIERS))
         lines.append(f"  {'total':<36}" + "".join(f"{s['tiers'][t]:>10}" for t in TIERS))
         if self.regions:
-            lines.append(f"  fused regions: {s['fused_regions']} on triton, {s['region_misses']} missed "
-                         f"(their nodes ran one by one)")
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["fused_by_kind"].items()))
+            lines.append(f"  fused regions: {s['fused_regions']} on triton{f' ({kinds})' if kinds else ''}, "
+                         f"{s['region_misses']} missed (left to the regions inside them, then their nodes)")
         misses = [d for d in self.decisions + self.regions if d.miss]
         if misses:
             lines.append(f"  cache misses: {len(s['misses'])} spec(s), run on vendor "
@@ -79,6 +81,11 @@ class GraphReport:
             if d.missing:
                 lines.append(f"  MISSING {d.op}: host fallback; repro: {d.repro or '(dumping off)'}")
         return "\n".join(lines)
+
+
+def _region_kind(d: Decision) -> str:
+    """A region decision's kind: the first word of its description ("graph region [...] of 9 nodes")."""
+    return (d.shapes or "region").split()[0]
 
 
 class ReportWriter:

@@ -256,6 +256,9 @@ class KernelSpec:
         """
         up = [t.detach().to(device, torch.float64) if t.is_floating_point() else t.detach().to(device)
               for t in tensors]
+        if self.graph is not None:  # a region's casts (x.float()) must not leave float64
+            from torch_kernelize.lowering.regions import run_region_graph
+            return tuple(run_region_graph(self, up, reference=True))
         return self.run_vendor(up)
 
     def make_outputs(self, device: str | torch.device | None = None) -> list[torch.Tensor]:

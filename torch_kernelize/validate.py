@@ -278,7 +278,9 @@ def _region_tolerance(spec: KernelSpec) -> tuple[float, float]:
 
 def _graph_dtypes(graph_json: str, input_dtypes: tuple[str, ...]) -> tuple[list[torch.dtype], list[str]]:
     graph = json.loads(graph_json)
-    dtypes = [TensorMeta.from_json(n["meta"]).torch_dtype for n in graph["nodes"]]
+    metas = [m for n in graph["nodes"] for m in (n["meta"] if isinstance(n["meta"], list) else [n["meta"]])
+             if m is not None]   # a tuple-valued node (native_layer_norm) has one meta per piece
+    dtypes = [TensorMeta.from_json(m).torch_dtype for m in metas]
     return dtypes + [dtype_from_name(d) for d in input_dtypes], [n["op"] for n in graph["nodes"]]
 
 

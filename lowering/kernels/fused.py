@@ -1,5 +1,6 @@
 """Fused regions (lowering/regions.py) of kind "pointwise" and "rowwise": one kernel computes the
-whole region.
+whole region. A "graph" region (lowering/graph_regions.py) that is one loop is generated as one of
+the two (rowwise where it reduces).
 
 The region graph is walked in node order and every node becomes one Triton variable ``v<j>``.
 Pointwise nodes reuse the expressions and type rules of the elementwise family (``OPS``). Values
@@ -58,11 +59,14 @@ REDUCE_OPS = {"aten.sum.dim_IntList": "sum", "aten.mean.dim": "mean",
               "aten.amax.default": "amax", "aten.amin.default": "amin"}
 SOFTMAX_OPS = {"aten._softmax.default": "softmax", "aten._log_softmax.default": "log_softmax"}
 KINDS = ("pointwise", "rowwise")
+GRAPH_KIND = "graph"    # a compiler-sized region: generated as one of KINDS when it is one loop
 MAX_TILE = 16384        # elements of one [BLOCK_M, BLOCK_N] tile (a row of up to 16K stays in registers)
 MAX_PASSES = 4          # looped variant: passes over the row
 SCALAR_ARGS = ("alpha", "min", "max", "min_val", "max_val", "negative_slope", "exponent")
 INF = "float('inf')"
 CAT_OP = "aten.cat.default"
+EXPAND_OP, CLONE_OP = "aten.expand.default", "aten.clone.default"
+LAYER_NORM_OP, GETITEM_OP = "aten.native_layer_norm.default", "getitem"
 HALF = ("float16", "bfloat16")
 
 Ref = tuple  # ("in", i) | ("node", j) | ("const", number)
@@ -181,6 +185,80 @@ def _last_dim(dims: Any, ndim: int) -> bool:
     return isinstance(dims, list) and len(dims) == 1 and isinstance(dims[0], int) and dims[0] in (-1, ndim - 1)
 
 
+def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
+    """``graph`` with each native_layer_norm over the last dim written out as rowwise nodes (its
+    definition, as layernorm.py generates it: mean, the centred row, the biased variance of it,
+    rstd, then weight and bias) and its getitems as the nodes that compute out, mean and rstd;
+    or the reason it cannot be. Intermediate values are fp32 (a graph's own nodes are not rounded
+    either); out, mean and rstd keep the metas the op gives them."""
+    nodes = graph.get("nodes") or []
+    if not any(n["op"] == LAYER_NORM_OP for n in nodes):
+        return graph
+    new: list[dict[str, Any]] = []
+    where: dict[int, int] = {}            # old node index -> new index
+    parts: dict[int, list[int]] = {}      # old layer norm index -> new indices of out, mean, rstd
+
+    def remap(a: Any) -> Any:
+        if isinstance(a, list):
+            return [remap(x) for x in a]
+        r = _ref(a)
+        return {"node": where[r[1]]} if r is not None and r[0] == "node" else a
+
+    def add(op: str, args: list, meta: dict[str, Any]) -> dict[str, Any]:
+        new.append({"op": op, "args": args, "kwargs": {}, "meta": meta})
+        return {"node": len(new) - 1}
+
+    for j, n in enumerate(nodes):
+        if n["op"] == GETITEM_OP:
+            owner = _ref(n["args"][0])
+            if owner is None or owner[1] not in parts:
+                return f"node {j}: a piece of a node with several outputs is not generated"
+            where[j] = parts[owner[1]][n["args"][1]]
+            continue
+        if n["op"] != LAYER_NORM_OP:
+            where[j] = len(new)
+            new.append(dict(n, args=remap(n["args"]), kwargs={k: remap(v) for k, v in n["kwargs"].items()}))
+            continue
+        args = _bind(LAYER_NORM_OP, remap(n["args"]), {k: remap(v) for k, v in n["kwargs"].items()})
+        if isinstance(args, str):
+            return args
+        out, mean, rstd = n["meta"]
+        if len(args["normalized_shape"]) != 1 or None in (out, mean, rstd):
+            return f"node {j}: LayerNorm over {args['normalized_shape']} (the last dim only here)"
+        shape, row = out["shape"], mean["shape"]
+        full32 = TensorMeta(tuple(shape), tuple(cg.contiguous_strides(shape)), "float32").to_json()
+        row32 = TensorMeta(tuple(row), tuple(cg.contiguous_strides(row)), "float32").to_json()
+        x, eps = args["input"], args["eps"]
+        m = add("aten.mean.dim", [x, [-1], True], mean)
+        d = add("aten.sub.Tensor", [x, m], full32)
+        var = add("aten.mean.dim", [add("aten.mul.Tensor", [d, d], full32), [-1], True], row32)
+        r = add("aten.rsqrt.default", [add("aten.add.Tensor", [var, eps], row32)], rstd)
+        y = add("aten.mul.Tensor", [d, r], full32)
+        if args.get("weight") is not None:
+            y = add("aten.mul.Tensor", [y, args["weight"]], full32)
+        if args.get("bias") is not None:
+            y = add("aten.add.Tensor", [y, args["bias"]], full32)
+        new[y["node"]]["meta"] = out
+        parts[j] = [y["node"], m["node"], r["node"]]
+    outputs = [where[i] for i in graph["outputs"]]
+    return dict(graph, nodes=new, outputs=outputs)
+
+
+def _one_loop_kind(graph: dict[str, Any]) -> str:
+    """The kind a "graph" region (lowering/graph_regions.py) is generated as, if it is one loop:
+    rowwise where it reduces, else pointwise; or the reason it is neither. The analysis of that
+    kind then checks the rest (reductions over the last dim, one iteration shape, ...)."""
+    nodes = graph.get("nodes") or []
+    if any(not isinstance(n.get("meta"), dict) for n in nodes):
+        return "a node with several outputs (var_mean, native_layer_norm) is not generated in fused regions"
+    reduces = any(n["op"] in REDUCE_OPS or n["op"] in SOFTMAX_OPS for n in nodes)
+    if reduces and any(n["op"] == CAT_OP for n in nodes):
+        return "cat next to a reduction is not generated (only the pointwise variant takes cat)"
+    if not reduces and any(n["op"] == EXPAND_OP for n in nodes):
+        return "expand is generated in rows only (a broadcast of a row value)"
+    return "rowwise" if reduces else "pointwise"
+
+
 class _Analysis:
     """Region graph (canonical JSON) + tensor metas -> _Plan, or the reason it cannot be generated."""
 
@@ -208,6 +286,10 @@ class _Analysis:
     def run(self) -> _Plan | str:
         g = self.graph
         kind = g.get("kind")
+        if kind == GRAPH_KIND:
+            kind = _one_loop_kind(g)
+            if kind not in KINDS:
+                return kind
         if kind not in KINDS:
             return f"region kind {kind!r} is not pointwise/rowwise"
         metas = self.in_metas + self.out_metas
@@ -253,6 +335,8 @@ class _Analysis:
             return self.reduction(j, op, args, meta)
         if op == CAT_OP:
             return self.cat_node(j, args, meta)
+        if op == EXPAND_OP:
+            return self.expand_node(j, args, meta)
         if op not in OPS:
             return f"node {j}: {op} is not a pointwise op this family generates"
         return self.pointwise_node(j, op, args, meta)
@@ -306,6 +390,20 @@ class _Analysis:
             return f"node {j}: cat pieces add up to {start} along dim {d}, not {meta.shape[d]}"
         return _Node(j, CAT_OP, "pointwise", meta, args, [r for r, _, _ in branches],
                      _vtype(meta.dtype), exact=all(self.exact_of(r) for r, _, _ in branches), cat=(d, tuple(branches)))
+
+    def expand_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
+        """A row value broadcast along the row (a mean's gradient in a norm's backward): the
+        value itself, which the tiles it meets broadcast (graph regions that reduce only)."""
+        x = _ref(args.get("self"))
+        if x is None:
+            return f"node {j}: expand of a non-tensor"
+        shape = tuple(self.meta_of(x).shape)
+        if not meta.shape or shape not in (tuple(meta.shape), tuple(meta.shape[:-1]) + (1,)):
+            return f"node {j}: expand of {shape} to {tuple(meta.shape)} is not a row broadcast"
+        node = self.pointwise_node(j, CLONE_OP, {"self": args["self"]}, meta)
+        if not isinstance(node, str):
+            node.op = EXPAND_OP
+        return node
 
     def pointwise_node(self, j: int, op: str, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         pw = OPS[op]
@@ -1175,8 +1273,12 @@ class FusedRegionFamily(KernelFamily):
             graph = json.loads(spec.graph)
         except ValueError:
             return "region graph is not JSON"
-        if graph.get("kind") not in KINDS:
+        if graph.get("kind") not in KINDS + (GRAPH_KIND,):
             return f"{self.name} does not handle {graph.get('kind')!r} regions"
+        if graph["kind"] == GRAPH_KIND:
+            graph = _inline_layer_norms(graph)
+            if isinstance(graph, str):
+                return graph
         plan = analyse(graph, spec.inputs, spec.outputs)
         return plan if isinstance(plan, str) else (plan, graph)
 

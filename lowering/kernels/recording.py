@@ -167,7 +167,9 @@ def record_program(launcher: Callable, inputs: Sequence[torch.Tensor], spec: Ker
             raise RecordingError("launch() asked for a warm-up compile: only launches are recorded")
         record(self, args, kwargs, grid)
 
-    args, kwargs = arguments if arguments is not None else spec.build_args(list(inputs))
+    # a region's launcher takes the region's inputs in order; an op's, the op's arguments
+    args, kwargs = (arguments if arguments is not None else
+                    (list(inputs), {}) if spec.graph is not None else spec.build_args(list(inputs)))
     # Class-wide while it lasts: fill_cache records on its one measuring thread, nothing launches beside it
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(JITFunction, "run", run))

@@ -126,7 +126,7 @@ class FillRun:
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
-        self.inside: set[str] = set()   # region specs skipped: a region holding them hit
+        self.covering: dict[str, list[str]] = {}   # region spec -> the regions tried before it (Work.covered_by)
 
     def space(self, spec: Any) -> Any:
         """The spec's family and every other generator of the run that supports it, as one
@@ -148,6 +148,7 @@ class FillRun:
         spec = work.spec
         row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
                "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
+        self.covering[spec.key] = work.covered_by   # (a cached region can be blocked too)
         status, entry, _ = self.cache.lookup(spec.key)
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
@@ -156,10 +157,8 @@ class FillRun:
         if family is None:
             row["status"] = "no generator"
             return row
-        if work.covered_by and not self.force and all(
-                k in self.inside or self.cache.lookup(k)[0] == "hit" for k in work.covered_by):
+        if not self.force and any(self._served(k) for k in work.covered_by):
             row["status"] = "in a fused region"
-            self.inside.add(spec.key)
             return row
         journal = Journal(self.cache.journal_path(spec.key))
         previous = journal.records()
@@ -182,6 +181,12 @@ class FillRun:
             row["peak_extra_bytes"] = measurer.peak_extra_bytes()
             if not any(p[4] is measurer for p in self._pending):  # else kept for the winner's last check
                 measurer.close()
+
+    def _served(self, key: str, seen: frozenset = frozenset()) -> bool:
+        """Whether serving runs the region ``key`` fused: it hits, and no region tried before it
+        that shares a node with it does."""
+        return self.cache.lookup(key)[0] == "hit" and not any(
+            self._served(k, seen | {key}) for k in self.covering.get(key, ()) if k not in seen)
 
     def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
         if not self.isolate:

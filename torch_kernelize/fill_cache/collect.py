@@ -33,7 +33,9 @@ class Work:
     source: str                         # "model:<ref>" or the repro folder
     kind: str = "miss"                  # miss | missing | mismatch | failure
     captured: list[torch.Tensor] | None = None   # real inputs from a repro, validated on too
-    covered_by: list[str] = dataclasses.field(default_factory=list)  # region specs holding this node
+    # a node's: the region specs holding it; a region's: those tried before it at serving that
+    # share a node with it (the larger regions holding it, and those a hit of which blocks it)
+    covered_by: list[str] = dataclasses.field(default_factory=list)
     node: tuple[str, str] | None = None          # (graph, node) a node spec came from
     members: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # a region's nodes
     candidate: bool = False  # a candidate file is given for it (--candidate): searched even if cached
@@ -136,19 +138,20 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
                 if d.spec is not None and d.spec.key not in nodes and supported(d.spec):
                     nodes[d.spec.key] = Work(d.spec, f"model:{ref}", "missing" if d.missing else "miss")
                     nodes[d.spec.key].node = (g.name, d.node)
-    # Regions first: a node inside a region that gets a kernel never runs alone, so its own
-    # search is skipped then (see FillRun); it still runs if its region finds no correct kernel.
-    # Likewise a region inside a larger one (a member of a matmul group) after that one.
-    for w in regions.values():
+    # Regions first, in the order serving tries them (largest first): a node inside a region
+    # that gets a kernel never runs alone, so its own search is skipped then (see FillRun); it
+    # still runs if its region finds no correct kernel. Likewise a region that shares a node with
+    # one tried before it (a member of a matmul group, a region inside a graph region, a GEMM's
+    # epilogue that a graph region holds) is skipped once that one has a kernel.
+    ordered = list(regions.values())
+    for i, w in enumerate(ordered):
         for member in w.members:
             for n in nodes.values():
                 if n.node == member:
                     n.covered_by.append(w.spec.key)
-        inside = set(w.members)
-        for r in regions.values():
-            if r is not w and set(r.members) < inside:
-                r.covered_by.append(w.spec.key)
-    return list(regions.values()) + list(nodes.values())
+        mine = set(w.members)
+        w.covered_by.extend(r.spec.key for r in ordered[:i] if mine & set(r.members))
+    return ordered + list(nodes.values())
 
 
 def specs_from_repros(folder: Path) -> list[Work]:

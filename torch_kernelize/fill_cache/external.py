@@ -2,7 +2,8 @@
 
 A candidate is a Python file with ``@triton.jit`` kernels at its top level and a function
 ``launch(*args)`` that is called with the node's arguments in the ATen schema's order (tensors
-and scalars as the op receives them) and returns the op's outputs. It names what it is for with
+and scalars as the op receives them), or for a fused region with the region's inputs in order,
+and returns the op's (the region's) outputs. It names what it is for with
 ``SPECS = ["<spec key>", ...]`` (the keys a task.md gives) or ``OP = "aten.<op>.<overload>"`` (every
 shape of that op). ``launch`` runs once per spec, under the recorder (lowering/kernels/recording.py),
 which turns its launches into a KernelProgram; from there the candidate is one more configuration

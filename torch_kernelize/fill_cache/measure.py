@@ -199,9 +199,14 @@ def _in_layout(t: torch.Tensor, meta: Any) -> torch.Tensor:
     """``t``'s values with ``meta``'s strides (kernels bake the spec's strides in)."""
     if tuple(t.stride()) == tuple(meta.stride) or tuple(t.shape) != tuple(meta.shape):
         return t
-    out = torch.empty_strided(meta.shape, meta.stride, dtype=t.dtype, device=t.device)
+    # a broadcast input (stride 0, e.g. an expand a region reads) is captured dense: its values
+    # repeat along those dims, so one slice of each is stored and expanded again
+    broadcast = [d for d, (n, st) in enumerate(zip(meta.shape, meta.stride)) if st == 0 and n > 1]
+    for d in broadcast:
+        t = t.narrow(d, 0, 1)
+    out = torch.empty_strided(t.shape, meta.stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
-    return out
+    return out.expand(meta.shape) if broadcast else out
 
 
 def unaligned_copy(t: torch.Tensor) -> torch.Tensor:
