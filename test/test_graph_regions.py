@@ -561,3 +561,14 @@ def test_a_broadcast_view_never_leaves_a_region_as_an_output():
         spec = region_spec(r, {})
         assert all(0 not in m.stride for m in spec.outputs)
         check_reference(spec)
+
+
+def test_a_graph_region_no_family_generates_is_a_miss_where_inductor_fills_it():
+    """On a target whose Triton is CUDA, fill_cache asks Inductor by default, which generates any
+    graph region: such a region's miss is recorded (named for Inductor) instead of dropped. On the
+    interpreter Inductor is not asked by default, and only the smaller kinds have generators."""
+    from torch_kernelize.planner import offline_generator
+
+    assert offline_generator("graph", targets.get_target("cuda")) == "inductor"
+    assert offline_generator("graph", targets.get_target("interpreter")) is None
+    assert offline_generator("rowwise", targets.get_target("cuda")) is None  # its families answer for it

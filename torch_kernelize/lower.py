@@ -25,7 +25,7 @@ from torch_kernelize.lowering.regions import (Region, closes_cycle, describe_reg
                                               region_spec)
 from torch_kernelize.lowering.targets import Target, get_target
 from torch_kernelize.options import Options
-from torch_kernelize.planner import Decision, GraphPlan, family_name, plan_graph, resolve_family
+from torch_kernelize.planner import offline_generator, Decision, GraphPlan, family_name, plan_graph, resolve_family
 from torch_kernelize.reinplace import reinplace_accumulations
 from torch_kernelize.view_folding import fold_view_chains
 from torch_kernelize.report import GraphReport, ReportWriter
@@ -284,7 +284,7 @@ class LoweredGraph:
             if spec is None:  # (a region of ops the vendor cannot run is looked up too: a bring-up chip's)
                 continue
             status, entry, why = cache.lookup(spec.key)
-            family = family_name(spec, entry)
+            family = family_name(spec, entry) or offline_generator(region.kind, self.target)
             what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
             d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
                          shapes=what, family=family, spec=spec, entry=entry)

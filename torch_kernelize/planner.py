@@ -157,6 +157,14 @@ def family_name(spec: KernelSpec, entry: Any = None) -> str | None:
     return getattr(family_for(spec), "name", None)
 
 
+def offline_generator(region_kind: str, target: Target) -> str | None:
+    """The generator that fill_cache asks by default for a region no kernel family generates:
+    Inductor, on a target whose Triton is CUDA, takes any graph region (fill_cache/inductor.py).
+    Such a region's miss is then recorded like any other (a reproducer, a spec to fill); named
+    here and not asked, because the generators sit above the planner."""
+    return "inductor" if region_kind == "graph" and target.triton == "cuda" else None
+
+
 def build_spec(node: fx.Node, bindings: dict[sympy.Symbol, int]) -> KernelSpec | None:
     """The concrete KernelSpec of a node under ``bindings``; None when a size depends on data."""
     flat, tree = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
