@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from torch_kernelize import flush_repros
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.flat_code import flat_function
@@ -36,6 +37,7 @@ from torch_kernelize.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize")
 _graph_ids = itertools.count()
+STRICT_WAIT_S = 60.0  # the most strict mode waits for the repros its MissingOpsError names
 
 
 class Session:
@@ -244,9 +246,14 @@ class LoweredGraph:
             # misses' families only now: nodes a fused region covers are no misses
             decisions = [resolve_family(d) for d in decisions]
             repros = session.repros
+            pending = []  # the misses recorded as reproducers: their first call captures their inputs
             for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
-                    d.repro = str(repros.folder_for(d.spec))
+                    verdict = repros.claim(d.spec)
+                    if verdict in ("new", "duplicate"):  # (a capped one has no folder to point to)
+                        d.repro = str(repros.folder_for(d.spec))
+                    if verdict == "new":
+                        pending.append(d)
             # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
             # saved for a backward pass
             passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
@@ -254,7 +261,6 @@ class LoweredGraph:
                             lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
-            pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
             missing = {d.op: d.repro for d in decisions if d.missing}
             strict = session.options.strict and missing
             first_call = None
@@ -348,6 +354,7 @@ class LoweredGraph:
             elif d.node in interp.captured:
                 repros.write(d, interp.captured[d.node], self.target, kind="missing" if d.missing else "miss")
         if strict_missing:
+            flush_repros(STRICT_WAIT_S)  # the error names the repro folders: they are there when it is raised
             error = MissingOpsError(self.target.name, strict_missing)
 
             def refuse(*_: Any) -> Any:
