@@ -164,7 +164,7 @@ def _dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], er
 class ReproWriter:
     """The backend's repro sink: one folder per spec key under ``root``.
 
-    Misses (``claim``, then ``write``) are recorded by the process's background writer within
+    Misses (``check`` when planned, ``claim`` and ``write`` on the first call) are recorded by the process's background writer within
     its caps (recorder.py); failures and mismatches (``write_failure``) are rare and written at once.
     """
 
@@ -189,11 +189,22 @@ class ReproWriter:
         """Whether a miss of ``spec`` would be recorded now (nothing is taken)."""
         return self._verdict(spec, take=False) == recorder.NEW
 
-    def claim(self, spec: KernelSpec) -> str:
-        """Decide whether this miss is recorded: recorder.NEW (taken: ``write`` it after capturing
-        its inputs), DUPLICATE (recorded already), or the cap that suppresses it. Suppressed
-        misses are counted for the report; the first cap reached is logged once."""
-        verdict = self._verdict(spec, take=True)
+    def check(self, spec: KernelSpec) -> str:
+        """Whether a miss of ``spec`` is to be recorded (recorder.NEW: capture its inputs on its first
+        call, then ``claim`` it), was recorded already (DUPLICATE), or is suppressed by a cap (its
+        name). A miss not to be recorded is counted for the report."""
+        return self._counted(self._verdict(spec, take=False))
+
+    def claim(self, spec: KernelSpec) -> bool:
+        """Take a miss for recording (True), just before its inputs are captured; False when another
+        graph took it or a cap was reached since ``check`` (counted for the report)."""
+        return self._counted(self._verdict(spec, take=True)) == recorder.NEW
+
+    def release(self, spec: KernelSpec) -> None:
+        """Give a claimed miss back: its inputs could not be captured here."""
+        recorder.budget.give_back(self.root, self.record_key(spec), recorder.captured_bytes(spec))
+
+    def _counted(self, verdict: str) -> str:
         if verdict != recorder.NEW:
             repro_counts.add(verdict)
             if verdict != recorder.DUPLICATE and not recorder.budget.said_capped:
@@ -217,7 +228,7 @@ class ReproWriter:
                 repro_counts.add(recorder.DUPLICATE)
 
         if not recorder.writer.submit(write):
-            recorder.budget.give_back(self.root, self.record_key(spec), recorder.captured_bytes(spec))
+            self.release(spec)
             repro_counts.add(recorder.QUEUE_FULL)
 
     def write_failure(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], target: Target, why: str,

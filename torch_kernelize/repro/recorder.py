@@ -28,7 +28,9 @@ from torch_kernelize.spec import KernelSpec, dtype_from_name
 log = logging.getLogger("torch_kernelize.repro")
 
 EXIT_WAIT_S = 30.0   # the most an exiting interpreter waits for the reproducers still queued
-QUEUE_SIZE = 64      # reproducers waiting to be written; beyond it a miss is not recorded
+# Reproducers waiting to be written; beyond it a miss is not recorded. What they hold is bounded
+# by repro_max_bytes (their captured inputs); this bounds a process that raises repro_max.
+QUEUE_SIZE = 1024
 
 NEW, DUPLICATE, COUNT_CAP, BYTES_CAP, QUEUE_FULL = "new", "duplicate", "count_cap", "bytes_cap", "queue_full"
 
