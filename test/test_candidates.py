@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import REPO, write_target
+from torch_kernelize import flush_repros
 from torch_kernelize.fill_cache.collect import UsageError
 from torch_kernelize.fill_cache.external import Candidate, CandidateGenerator, with_candidates
 from torch_kernelize.fill_cache.measure import Measurer
@@ -225,6 +226,7 @@ def _repro(tmp_path: Path) -> tuple[Path, Path, Path]:
         "target": str(chip), "cache_dir": str(tmp_path / "cache"), "repro_dir": str(repros)})
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    flush_repros()  # misses are recorded in the background
     folder, = (f.parent for f in repros.glob("*/spec.json")
                if json.loads(f.read_text())["op"] == "aten.logcumsumexp.default")
     return chip, repros, folder

@@ -19,7 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import graph_family
 from conftest import REPO
-from torch_kernelize import examples
+from torch_kernelize import examples, flush_repros
 from torch_kernelize.lowering import kernels, targets
 from torch_kernelize.lowering.graph_regions import MAX_GRAPH_NODES, find_graph_regions
 from torch_kernelize.lowering.kernels import family_for
@@ -444,6 +444,7 @@ def test_a_served_graph_region_covers_its_nodes_and_blocks_the_gemm_epilogue(tmp
     assert graph_row["miss"] and graph_row["family"] == "test_centered_region"
     assert rows["matmul"]["miss"] and rows["pointwise"]["miss"]
     # the big region's miss is recorded like any: a reproducer, with its spec
+    flush_repros()  # misses are recorded in the background
     repro = Path(graph_row["repro"])
     assert json.loads((repro / "spec.json").read_text())["spec"]["key"] == graph_row["spec_key"]
 
@@ -522,12 +523,14 @@ def test_training_with_region_kernels_stored_matches_eager(tmp_path, make):
     model.train()
     want, want_grads = eager(model, inputs)
     repros = tmp_path / "repros"
-    _, _, graphs = compiled_graphs(model, inputs, tmp_path, train=True, repro_dir=repros)
+    # (every miss of forward and backward is filled from its repro: more than the default cap)
+    _, _, graphs = compiled_graphs(model, inputs, tmp_path, train=True, repro_dir=repros, repro_max=1000)
     decided = [(g.kind, d) for g in graphs for spec in g._specializations.values() for d in spec.regions]
     assert {kind for kind, d in decided if d.shapes.startswith("graph region")} == {"forward", "backward"}
     misses = {d.spec_key: d for _, d in decided if d.miss}
     graph_misses = {k for k, d in misses.items() if d.shapes.startswith("graph region")}
     assert graph_misses and all(misses[k].family == "fused" for k in graph_misses)
+    flush_repros()
     chosen = tmp_path / "region_repros"
     for d in misses.values():
         shutil.copytree(d.repro, chosen / Path(d.repro).name, dirs_exist_ok=True)

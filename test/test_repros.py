@@ -12,6 +12,7 @@ import torch
 
 from conftest import REPO, last_json, run_python, write_target
 sys.path.insert(0, str(REPO / "test"))
+from torch_kernelize import flush_repros
 from torch_kernelize.errors import MissingOpsError
 
 pytestmark = pytest.mark.slow
@@ -45,6 +46,7 @@ def test_missing_op_repro_reproduces_until_fill_cache_adds_a_kernel(tmp_path):
     with torch.no_grad():
         for o, r in zip(compiled(*inputs), model(*inputs)):
             torch.testing.assert_close(o, r)
+    flush_repros()  # misses are recorded in the background
     folders = {json.loads((f / "spec.json").read_text())["op"]: f for f in (p.parent for p in repros.glob("*/spec.json"))}
     missing = folders["aten.histc.default"]
     meta = json.loads((missing / "spec.json").read_text())
@@ -183,6 +185,7 @@ def test_repros_list_tool(tmp_path):
     chip = write_target(tmp_path / "chip.toml", unsupported=["aten.histc"], triton="none")
     _, inputs, compiled = _small(tmp_path, chip, tmp_path / "cache", tmp_path / "repros")
     compiled(*inputs)
+    flush_repros()
     out = subprocess.run([sys.executable, str(REPO / "tools" / "repros.py"), "list", str(tmp_path / "repros")],
                          capture_output=True, text=True, check=True).stdout
     assert "missing" in out and "aten.histc.default" in out and "1 reproducer(s)" in out
@@ -199,6 +202,7 @@ def test_every_region_miss_gets_a_repro_also_when_view_folding_removed_its_input
         "report": str(report)})
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    flush_repros()
     regions = [r for g in json.loads(report.read_text())["graphs"] for r in g["regions"] if r.get("miss")]
     assert len(regions) >= 3
     for r in regions:

@@ -11,3 +11,11 @@ later process without Dynamo's tracing.
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+
+def flush_repros(timeout: float | None = None) -> bool:
+    """Wait until this process's miss reproducers are on disk: they are written in the
+    background, and at interpreter exit. False if ``timeout`` seconds passed first."""
+    import sys
+    recorder = sys.modules.get("torch_kernelize.repro.recorder")
+    return True if recorder is None else recorder.flush(timeout)  # (never imported: nothing recorded)

@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from torch_kernelize import flush_repros
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.flat_code import flat_function
@@ -36,6 +37,7 @@ from torch_kernelize.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize")
 _graph_ids = itertools.count()
+STRICT_WAIT_S = 60.0  # the most strict mode waits for the repros its MissingOpsError names
 
 
 class Session:
@@ -244,9 +246,14 @@ class LoweredGraph:
             # misses' families only now: nodes a fused region covers are no misses
             decisions = [resolve_family(d) for d in decisions]
             repros = session.repros
+            pending = []  # the misses recorded as reproducers: their first call captures their inputs
             for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
-                    d.repro = str(repros.folder_for(d.spec))
+                    verdict = repros.check(d.spec)
+                    if verdict in ("new", "duplicate"):  # (a capped one has no folder to point to)
+                        d.repro = str(repros.folder_for(d.spec))
+                    if verdict == "new":
+                        pending.append(d)
             # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
             # saved for a backward pass
             passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
@@ -254,7 +261,6 @@ class LoweredGraph:
                             lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
-            pending = [d for d in decisions + region_decisions if d.repro and repros.wants(d.spec)]
             missing = {d.op: d.repro for d in decisions if d.missing}
             strict = session.options.strict and missing
             first_call = None
@@ -324,7 +330,24 @@ class LoweredGraph:
 
     def _first_call(self, spec: Specialization, args: list, pending: list[Decision],
                     strict_missing: dict[str, str | None] | None) -> Any:
-        """Run once through an interpreter that captures the inputs the repros need."""
+        """Run once through an interpreter that captures the inputs of the repros this process
+        still records (claimed now: another graph, or the cap, may have taken them since)."""
+        repros = self.session.repros
+        pending = [d for d in pending if repros.claim(d.spec)]
+        out = self._capture(spec, args, pending) if pending else spec._forward(*args)
+        if strict_missing:
+            flush_repros(STRICT_WAIT_S)  # the error names the repro folders: they are there when it is raised
+            error = MissingOpsError(self.target.name, strict_missing)
+
+            def refuse(*_: Any) -> Any:
+                raise error
+            spec._forward = refuse
+            raise error
+        return out
+
+    def _capture(self, spec: Specialization, args: list, pending: list[Decision]) -> Any:
+        """Run the call through an interpreter that takes CPU copies of the pending misses'
+        inputs, and hand them to the repro writer."""
         regions = {d.spec_key: self._region_of[d.spec_key] for d in pending if d.op == "region"}
         wanted = {n.name for r in regions.values() for n in r.inputs}
         # Region inputs that view folding removed from the bound graph are computed by the planned
@@ -341,19 +364,16 @@ class LoweredGraph:
         values = {**values, **interp.values}
         repros = self.session.repros
         for d in pending:
+            inputs = None
             if d.op == "region":
                 inputs = [values.get(n.name) for n in regions[d.spec_key].inputs]
-                if all(t is not None for t in inputs):
-                    repros.write(d, inputs, self.target, kind="miss")
+                inputs = inputs if all(t is not None for t in inputs) else None
             elif d.node in interp.captured:
-                repros.write(d, interp.captured[d.node], self.target, kind="missing" if d.missing else "miss")
-        if strict_missing:
-            error = MissingOpsError(self.target.name, strict_missing)
-
-            def refuse(*_: Any) -> Any:
-                raise error
-            spec._forward = refuse
-            raise error
+                inputs = interp.captured[d.node]
+            if inputs is None:  # not captured here: a graph that computes it may record it
+                repros.release(d.spec)
+            else:
+                repros.write(d, inputs, self.target, kind="missing" if d.missing else "miss")
         return out
 
     def triton_call(self, spec: KernelSpec, runner: Callable) -> TritonCall:

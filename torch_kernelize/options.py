@@ -73,6 +73,15 @@ def _as_graph_cache(name: str, value: Any) -> Path | str | None:
     return _as_folder_or_keyword(name, value, "'auto', 'off'")
 
 
+def _as_count(name: str, value: Any) -> int:
+    """A non-negative whole number (from the environment, a string of digits)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise OptionsError(f"option {name!r} must be a whole number >= 0, got {value!r}")
+
+
 def _as_target(name: str, value: Any) -> str | None:
     if value is None:
         return None
@@ -99,6 +108,10 @@ OPTIONS: dict[str, _Option] = {
                          "kernel cache directory"),
     "repro_dir": _Option("KERNELIZE_REPRO_DIR", _as_repro_dir, lambda: Path("kernelize_repros"),
                          "where misses and missing ops are dumped as reproducers ('off' disables)"),
+    "repro_max": _Option("KERNELIZE_REPRO_MAX", _as_count, lambda: 32,
+                         "the most misses a process records as reproducers; beyond it they are counted only"),
+    "repro_max_bytes": _Option("KERNELIZE_REPRO_MAX_BYTES", _as_count, lambda: 256 * 2**20,
+                               "the most bytes of captured inputs a process's miss reproducers hold"),
     "report": _Option("KERNELIZE_REPORT", _as_optional_path, lambda: None,
                       "path of a JSON coverage report, rewritten after each compile"),
     "strict": _Option("KERNELIZE_STRICT", _as_bool, lambda: False,
@@ -127,6 +140,8 @@ class Options:
     target: str | None = None
     cache_dir: Path = dataclasses.field(default_factory=default_cache_dir)
     repro_dir: Path | None = Path("kernelize_repros")
+    repro_max: int = 32
+    repro_max_bytes: int = 256 * 2**20
     report: Path | None = None
     strict: bool = False
     check: bool = False

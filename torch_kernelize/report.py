@@ -83,6 +83,36 @@ class GraphReport:
         return "\n".join(lines)
 
 
+class ReproCounts:
+    """How this process's misses became reproducers: written, failed, or suppressed and why
+    (the repro writer counts, the report shows)."""
+
+    SUPPRESSED = ("duplicate", "count_cap", "bytes_cap", "queue_full")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: collections.Counter[str] = collections.Counter()
+
+    def add(self, outcome: str) -> None:
+        with self._lock:
+            self._counts[outcome] += 1
+
+    def clear(self) -> None:
+        """Count afresh (a test is a process of its own)."""
+        with self._lock:
+            self._counts.clear()
+
+    def to_json(self) -> dict[str, Any]:
+        with self._lock:
+            c = dict(self._counts)
+        suppressed = {why: c.get(why, 0) for why in self.SUPPRESSED}
+        return {"written": c.get("written", 0), "failed": c.get("failed", 0),
+                "suppressed": sum(suppressed.values()), "suppressed_by_reason": suppressed}
+
+
+repro_counts = ReproCounts()
+
+
 def _region_kind(d: Decision) -> str:
     """A region decision's kind: the first word of its description ("graph region [...] of 9 nodes")."""
     return (d.shapes or "region").split()[0]
@@ -129,6 +159,7 @@ class ReportWriter:
                 "graphs": [r.to_json() for r in self.reports],
                 "fallback_time": {op: {"calls": s.calls, "seconds": round(s.seconds, 6)}
                                   for op, s in sorted(fallback_stats().items())},
+                "repros": repro_counts.to_json(),
             }
         write_json_atomic(self.path, doc)
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from torch_kernelize import flush_repros
 from torch_kernelize.errors import KernelizeError
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.targets import Target
@@ -159,6 +160,7 @@ def specs_from_repros(folder: Path) -> list[Work]:
     folder = Path(folder)
     if not folder.is_dir():
         raise UsageError(f"--repros {folder}: no such folder")
+    flush_repros()  # the misses this process recorded (tests, notebooks) are written in the background
     work: dict[str, Work] = {}
     for meta_path in sorted(folder.glob("*/spec.json")):
         w = repro_work(meta_path.parent)

@@ -27,6 +27,8 @@ import torch
 import torch.fx as fx
 
 from torch_kernelize.lowering.targets import Target
+from torch_kernelize.repro import recorder
+from torch_kernelize.report import repro_counts
 from torch_kernelize.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.repro")
@@ -160,28 +162,74 @@ def _dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], er
 
 
 class ReproWriter:
-    """The backend's repro sink: one folder per spec key under ``root``."""
+    """The backend's repro sink: one folder per spec key under ``root``.
+
+    Misses (``check`` when planned, ``claim`` and ``write`` on the first call) are recorded by the process's background writer within
+    its caps (recorder.py); failures and mismatches (``write_failure``) are rare and written at once.
+    """
 
     def __init__(self, root: Path, options: Any):
         self.root = Path(root)
         self.options = options
-        self._written: set[str] = set()
 
     def folder_for(self, spec: KernelSpec) -> Path:
         return self.root / spec.slug
 
+    def record_key(self, spec: KernelSpec) -> str:
+        """The key a miss is recorded once under, per process: the spec key (a bucketed spec's
+        key is coarser, so the misses of every shape in one bucket share it)."""
+        return spec.key
+
+    def _verdict(self, spec: KernelSpec, take: bool) -> str:
+        return recorder.budget.verdict(self.root, self.record_key(spec), self.folder_for(spec),
+                                       recorder.captured_bytes(spec), self.options.repro_max,
+                                       self.options.repro_max_bytes, take)
+
     def wants(self, spec: KernelSpec) -> bool:
-        return spec.key not in self._written and not (self.folder_for(spec) / "spec.json").exists()
+        """Whether a miss of ``spec`` would be recorded now (nothing is taken)."""
+        return self._verdict(spec, take=False) == recorder.NEW
+
+    def check(self, spec: KernelSpec) -> str:
+        """Whether a miss of ``spec`` is to be recorded (recorder.NEW: capture its inputs on its first
+        call, then ``claim`` it), was recorded already (DUPLICATE), or is suppressed by a cap (its
+        name). A miss not to be recorded is counted for the report."""
+        return self._counted(self._verdict(spec, take=False))
+
+    def claim(self, spec: KernelSpec) -> bool:
+        """Take a miss for recording (True), just before its inputs are captured; False when another
+        graph took it or a cap was reached since ``check`` (counted for the report)."""
+        return self._counted(self._verdict(spec, take=True)) == recorder.NEW
+
+    def release(self, spec: KernelSpec) -> None:
+        """Give a claimed miss back: its inputs could not be captured here."""
+        recorder.budget.give_back(self.root, self.record_key(spec), recorder.captured_bytes(spec))
+
+    def _counted(self, verdict: str) -> str:
+        if verdict != recorder.NEW:
+            repro_counts.add(verdict)
+            if verdict != recorder.DUPLICATE and not recorder.budget.said_capped:
+                recorder.budget.said_capped = True
+                log.warning("kernelize: this process recorded %d miss reproducers (%d bytes of inputs), its cap "
+                            "(repro_max=%d, repro_max_bytes=%d): later misses are only counted, in the report's "
+                            "'repros'", recorder.budget.count, recorder.budget.bytes,
+                            self.options.repro_max, self.options.repro_max_bytes)
+        return verdict
 
     def write(self, decision: Any, inputs: Sequence[torch.Tensor], target: Target, kind: str) -> None:
+        """Queue the repro of a claimed miss; ``inputs`` are CPU copies the caller no longer touches."""
         spec = decision.spec
-        self._written.add(spec.key)
-        try:
-            if write_repro(self.folder_for(spec), spec, inputs, target, kind, self.options.cache_dir,
-                           {"decision": decision.to_json()}):
+        extra = {"decision": decision.to_json()}
+
+        def write() -> None:
+            if write_repro(self.folder_for(spec), spec, inputs, target, kind, self.options.cache_dir, extra):
+                repro_counts.add("written")
                 log.debug("wrote %s repro for %s to %s", kind, spec.describe(), self.folder_for(spec))
-        except Exception:
-            log.exception("could not write the repro for %s", spec.describe())
+            else:  # another process wrote it first
+                repro_counts.add(recorder.DUPLICATE)
+
+        if not recorder.writer.submit(write):
+            self.release(spec)
+            repro_counts.add(recorder.QUEUE_FULL)
 
     def write_failure(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], target: Target, why: str,
                       kind: str = "failure", extra: dict[str, Any] | None = None,

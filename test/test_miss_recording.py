@@ -1,0 +1,149 @@
+"""Miss recording at serving time: once per record key, capped per process in count and bytes,
+written by a background thread (never the calling one), flushed at exit, never raising."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_python
+from torch_kernelize import flush_repros
+from torch_kernelize.errors import OptionsError
+from torch_kernelize.options import Options
+from torch_kernelize.repro import dump
+
+
+def _model(x):
+    return torch.sigmoid(x) * 2
+
+
+def _compiled(tmp_path: Path, **options):
+    opts = {"target": "interpreter", "cache_dir": str(tmp_path / "cache"), "repro_dir": str(tmp_path / "repros"),
+            "report": str(tmp_path / "report.json"), "graph_cache": "off"}
+    return torch.compile(_model, backend="kernelize", dynamic=True, options=dict(opts, **options))
+
+
+def _folders(tmp_path: Path) -> list[Path]:
+    return sorted(p.parent for p in (tmp_path / "repros").glob("*/spec.json"))
+
+
+def _counts(tmp_path: Path) -> dict:
+    from torch_kernelize.report import ReportWriter
+    ReportWriter.for_path(tmp_path / "report.json").write()
+    return json.loads((tmp_path / "report.json").read_text())["repros"]
+
+
+def test_many_shapes_record_a_bounded_number_of_misses_and_the_report_counts_the_rest(tmp_path):
+    compiled = _compiled(tmp_path, repro_max=3)
+    with torch.no_grad():
+        for batch in range(2, 14):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(x), _model(x))
+    assert flush_repros(60)
+    assert len(_folders(tmp_path)) == 3
+    counts = _counts(tmp_path)
+    assert counts["written"] == 3 and counts["failed"] == 0
+    assert counts["suppressed_by_reason"]["count_cap"] >= 12 * 2 - 3  # two ops a shape (sigmoid, mul)
+    assert counts["suppressed"] == sum(counts["suppressed_by_reason"].values())
+
+
+def test_a_miss_is_recorded_once_per_process_and_not_again_where_its_folder_exists(tmp_path):
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        _compiled(tmp_path)(x)
+        torch._dynamo.reset()
+        _compiled(tmp_path)(x)  # a second compile of the same graph: the same specs
+    assert flush_repros(60)
+    folders = _folders(tmp_path)
+    assert folders and _counts(tmp_path)["suppressed_by_reason"]["duplicate"] >= len(folders)
+    stamps = {f: (f / "spec.json").stat().st_mtime_ns for f in folders}
+
+    # a new process (the same folder on disk): nothing is written again
+    from torch_kernelize.repro import recorder
+    recorder.budget = recorder.MissBudget()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        _compiled(tmp_path)(x)
+    assert flush_repros(60)
+    assert {f: (f / "spec.json").stat().st_mtime_ns for f in _folders(tmp_path)} == stamps
+    assert recorder.budget.count == 0
+
+
+def test_the_cap_in_bytes_of_captured_inputs(tmp_path):
+    # a (16, 8) float32 input holds 512 bytes: room for one miss, not for two
+    compiled = _compiled(tmp_path, repro_max_bytes=700)
+    with torch.no_grad():
+        compiled(torch.randn(16, 8))
+    assert flush_repros(60)
+    assert len(_folders(tmp_path)) == 1
+    counts = _counts(tmp_path)
+    assert counts["written"] == 1 and counts["suppressed_by_reason"]["bytes_cap"] >= 1
+
+
+def test_reproducers_are_written_off_the_calling_thread(tmp_path, monkeypatch):
+    release, writers = threading.Event(), []
+    original = dump.write_repro
+
+    def slow_write(*args, **kwargs):
+        writers.append(threading.current_thread())
+        release.wait(60)  # the call below would never return if it waited for this write
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dump, "write_repro", slow_write)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(_compiled(tmp_path)(x), _model(x))
+    assert not release.is_set() and _folders(tmp_path) == []  # the call returned with its repros queued
+    release.set()
+    assert flush_repros(60)
+    assert _folders(tmp_path) and writers
+    assert all(t is not threading.main_thread() and t.name == "kernelize-repro-writer" for t in writers)
+
+
+def test_queued_reproducers_are_written_at_interpreter_exit(tmp_path):
+    run_python(f"""
+        import time, torch
+        from torch_kernelize.repro import dump
+        original = dump.write_repro
+        def slow_write(*args, **kwargs):
+            time.sleep(0.5)
+            return original(*args, **kwargs)
+        dump.write_repro = slow_write
+        f = torch.compile(lambda x: torch.sigmoid(x) * 2, backend="kernelize", options={{
+            "target": "interpreter", "cache_dir": {str(tmp_path / 'cache')!r},
+            "repro_dir": {str(tmp_path / 'repros')!r}, "graph_cache": "off"}})
+        with torch.no_grad():
+            f(torch.randn(4, 8))
+        # no flush: the interpreter exits with the writes queued
+    """)
+    folders = _folders(tmp_path)
+    assert len(folders) >= 2  # sigmoid and mul
+    for f in folders:
+        assert {"spec.json", "repro.py", "graph.py", "reference.pt", "inputs"} <= {p.name for p in f.iterdir()}
+    assert not [p for p in (tmp_path / "repros").iterdir() if ".tmp-" in p.name]  # nothing half-written
+
+
+def test_an_unwritable_repro_dir_is_logged_once_and_never_raised(tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    x = torch.randn(4, 8)
+    with caplog.at_level(logging.WARNING, logger="torch_kernelize"), torch.no_grad():
+        torch.testing.assert_close(_compiled(tmp_path, repro_dir=str(blocker / "repros"))(x), _model(x))
+        assert flush_repros(60)
+    warnings = [r for r in caplog.records if "could not write a reproducer" in r.getMessage()]
+    assert len(warnings) == 1 and "repro_dir" in warnings[0].getMessage()
+    assert _counts(tmp_path)["failed"] >= 2
+
+
+def test_cap_options_from_the_environment_and_their_errors():
+    opts = Options.resolve(env={"KERNELIZE_REPRO_MAX": "5", "KERNELIZE_REPRO_MAX_BYTES": "1024"})
+    assert (opts.repro_max, opts.repro_max_bytes) == (5, 1024)
+    assert (Options.resolve(env={}).repro_max, Options.resolve(env={}).repro_max_bytes) == (32, 256 * 2**20)
+    with pytest.raises(OptionsError, match="repro_max.*whole number"):
+        Options.resolve({"repro_max": -1})
+    with pytest.raises(OptionsError, match="KERNELIZE_REPRO_MAX_BYTES"):
+        Options.resolve(env={"KERNELIZE_REPRO_MAX_BYTES": "256MB"})
