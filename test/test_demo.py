@@ -1,6 +1,7 @@
 """`make demo` runs the bring-up story end to end; it must succeed from a clean workdir."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -19,3 +20,8 @@ def test_demo_runs_the_whole_loop(tmp_path):
     assert "stored" in out                                       # 3. fill_cache stores kernels
     assert "FIXED [missing] aten.histc.default" in out           # 5. and the repro is fixed
     assert " 0 reproduce," in out and " 0 error" in out
+    # 4. after the fill, the second run has every kernel-eligible node of every graph on triton
+    # (a miss left unrecorded, e.g. by a cap on reproducers, would leave nodes on vendor)
+    coverage = re.findall(r"(\d+)/(\d+) kernel-eligible nodes on triton", out)
+    second = coverage[len(coverage) // 2:]
+    assert second and all(a == b for a, b in second), second

@@ -142,7 +142,7 @@ def test_an_unwritable_repro_dir_is_logged_once_and_never_raised(tmp_path, caplo
 def test_cap_options_from_the_environment_and_their_errors():
     opts = Options.resolve(env={"KERNELIZE_REPRO_MAX": "5", "KERNELIZE_REPRO_MAX_BYTES": "1024"})
     assert (opts.repro_max, opts.repro_max_bytes) == (5, 1024)
-    assert (Options.resolve(env={}).repro_max, Options.resolve(env={}).repro_max_bytes) == (32, 256 * 2**20)
+    assert (Options.resolve(env={}).repro_max, Options.resolve(env={}).repro_max_bytes) == (512, 2**30)
     with pytest.raises(OptionsError, match="repro_max.*whole number"):
         Options.resolve({"repro_max": -1})
     with pytest.raises(OptionsError, match="KERNELIZE_REPRO_MAX_BYTES"):

@@ -108,9 +108,9 @@ OPTIONS: dict[str, _Option] = {
                          "kernel cache directory"),
     "repro_dir": _Option("KERNELIZE_REPRO_DIR", _as_repro_dir, lambda: Path("kernelize_repros"),
                          "where misses and missing ops are dumped as reproducers ('off' disables)"),
-    "repro_max": _Option("KERNELIZE_REPRO_MAX", _as_count, lambda: 32,
+    "repro_max": _Option("KERNELIZE_REPRO_MAX", _as_count, lambda: 512,
                          "the most misses a process records as reproducers; beyond it they are counted only"),
-    "repro_max_bytes": _Option("KERNELIZE_REPRO_MAX_BYTES", _as_count, lambda: 256 * 2**20,
+    "repro_max_bytes": _Option("KERNELIZE_REPRO_MAX_BYTES", _as_count, lambda: 2**30,
                                "the most bytes of captured inputs a process's miss reproducers hold"),
     "report": _Option("KERNELIZE_REPORT", _as_optional_path, lambda: None,
                       "path of a JSON coverage report, rewritten after each compile"),
@@ -140,8 +140,8 @@ class Options:
     target: str | None = None
     cache_dir: Path = dataclasses.field(default_factory=default_cache_dir)
     repro_dir: Path | None = Path("kernelize_repros")
-    repro_max: int = 32
-    repro_max_bytes: int = 256 * 2**20
+    repro_max: int = 512  # a whole model's distinct misses fit; a server seeing new shapes stops there
+    repro_max_bytes: int = 2**30
     report: Path | None = None
     strict: bool = False
     check: bool = False
