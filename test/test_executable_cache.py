@@ -191,6 +191,7 @@ def test_a_miss_whose_repro_is_wanted_again_takes_the_normal_path(cache, tmp_pat
     runs = [_compile(monkeypatch, model, inputs, cache, repro_dir=str(repros))[2] for _ in range(3)]
     # the first call writes the misses' repros (so nothing is stored); then stored; then a hit
     assert runs == [{"miss": 1, "bypass": 1}, {"miss": 1, "save": 1}, {"hit": 1}]
+    assert flush_repros(120), "the first call's repros are still being written"
     shutil.rmtree(repros)
     from torch_kernelize.repro import recorder
     recorder.budget = recorder.MissBudget()  # a new process: a miss is recorded once per process
