@@ -62,7 +62,9 @@ def record_problems(r: Any) -> list[str]:
     except Exception as e:  # noqa: BLE001 - any malformed spec is a problem, never a crash
         problems.append(f"spec does not load: {type(e).__name__}: {e}")
     else:
-        if isinstance(key, str) and spec.key != key:
+        if "bucket" in r:  # a shape bucket's entry: keyed by the bucket (torch_kernelize/buckets.py)
+            problems += _bucket_problems(r["bucket"], spec, key)
+        elif isinstance(key, str) and spec.key != key:
             problems.append(f"spec key {spec.key} is not the entry key {key}")
     winner = r.get("winner")
     if winner not in WINNERS:
@@ -89,6 +91,19 @@ def record_problems(r: Any) -> list[str]:
         problems.append("provenance must be an object")
     if not isinstance(r.get("note", ""), str):
         problems.append("note must be a string")
+    return problems
+
+
+def _bucket_problems(bucket: Any, spec: KernelSpec, key: Any) -> list[str]:
+    from torch_kernelize.buckets import Bucket, contains, values_of
+    try:
+        b = Bucket.from_json(bucket)
+        bkey = b.key(spec)
+    except Exception as e:  # noqa: BLE001 - a malformed bucket is a problem, never a crash
+        return [f"bucket does not load: {type(e).__name__}: {e}"]
+    problems = [] if bkey == key else [f"bucket key {bkey} is not the entry key {key}"]
+    if not contains(b.ranges, values_of(spec, b.dims)):
+        problems.append(f"the representative spec lies outside the bucket {b.ranges}")
     return problems
 
 
@@ -204,6 +219,14 @@ class CacheEntry:
         if self.program_dir is None:
             return None
         return "cuda" if (self.program_dir / "kernel.cu").exists() else "triton"
+
+    @property
+    def bucket(self) -> Any:
+        """The shape bucket (buckets.Bucket) this entry serves, or None for an exact-shape entry."""
+        if "bucket" not in self.record:
+            return None
+        from torch_kernelize.buckets import Bucket
+        return Bucket.from_json(self.record["bucket"])
 
     @property
     def speedup(self) -> float | None:

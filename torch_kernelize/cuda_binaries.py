@@ -86,16 +86,17 @@ def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, a
     signature = program.signature(launch, spec)
     names = list(signature)
     attrs = {}
-    runtime = iter(launch.args)
+    runtime = iter(enumerate(launch.args))
+    varying = {int(p) for p in launch.runtime_sizes.get("args", {})}  # a bucket's sizes: no divisibility
     for i, name in enumerate(names):
         if signature[name] == "constexpr":
             continue
-        kind, value = next(runtime)
+        position, (kind, value) = next(runtime)
         # Outputs and temporaries are the runner's own allocations, aligned in both binaries:
         # only the caller's inputs can be views off a boundary. (Dropping the assumption for an
         # output costs its vector stores, and for fp16 atomics a compare-and-swap loop per element.)
         if (signature[name].startswith("*") and (aligned or kind != "in")) \
-                or (kind in ("i32", "i64") and value % 16 == 0):
+                or (kind in ("i32", "i64") and value % 16 == 0 and position not in varying):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return ASTSource(fn, signature=signature, constexprs=dict(launch.constexprs), attrs=attrs)
 

@@ -94,18 +94,28 @@ class Session:
         """The launcher of a cache hit, loaded once per process; None (with a warning) if it fails."""
         from torch_kernelize.launch import load_program
         cache = self.cache
-        k = (str(cache.dir), spec.key)
+        bucketed = "bucket" in entry.record  # a shape bucket's entry (bucket_lookup.py), loaded once
+        k = (str(cache.dir), entry.key if bucketed else spec.key)
         with self._runner_lock:
             if k in self._runners:
-                return self._runners[k]
+                runner = self._runners[k]
+                return runner if not bucketed or runner is None else self._sized(spec, entry, runner)
             try:
-                runner = load_program(entry.program_dir, spec, self._target.triton)
+                runner = load_program(entry.program_dir, entry.spec if bucketed else spec, self._target.triton)
             except Exception as e:
                 log.warning("cache entry %s (%s) could not be loaded and is skipped: %s: %s",
                             spec.key, entry.path, type(e).__name__, e)
                 runner = None
             self._runners[k] = runner
-            return runner
+            return runner if not bucketed or runner is None else self._sized(spec, entry, runner)
+
+    def _sized(self, spec: KernelSpec, entry: Any, base: Any):
+        """A bucket's runner for the sizes of ``spec`` (memoized per spec; caller holds the lock)."""
+        from torch_kernelize.bucket_lookup import bucket_runner
+        k = (str(self.cache.dir), entry.key, spec.key)
+        if k not in self._runners:
+            self._runners[k] = bucket_runner(spec, entry.bucket.dims, base) if spec != entry.spec else base
+        return self._runners[k]
 
     def runner_failed(self, key: str) -> bool:
         """Whether this process tried to load the kernel of ``key`` and could not."""
@@ -141,6 +151,7 @@ class LoweredGraph:
         self._region_of: dict[str, Region] = {}
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
+        self._buckets = None  # a dynamic graph's shape buckets, made when it is first planned
         first = self._specialize(self.binder.key(list(example_inputs)))
         self._publish(first, self._signature(first.key))
         self._static = first if self.binder.is_static else None
@@ -159,7 +170,7 @@ class LoweredGraph:
         self.kind = kind
         self.name = f"{kind}_{next(_graph_ids)}"
         self.plan = self.binder = None
-        self.regions, self._region_of, self._lock = [], {}, threading.Lock()
+        self.regions, self._region_of, self._lock, self._buckets = [], {}, threading.Lock(), None
         self._mutated_inputs = mutated_inputs
         self._check = False
         first = bind(self)
@@ -233,6 +244,11 @@ class LoweredGraph:
             bindings = self.binder.bindings(key)
             # every lookup is kept with its witness: the executable cache stores them
             lookups = LookupLog(session.cache) if session.cache is not None else None
+            if lookups is not None and not self.binder.is_static:  # shape buckets: bucket_lookup.py
+                if self._buckets is None:
+                    from torch_kernelize.bucket_lookup import GraphBuckets
+                    self._buckets = GraphBuckets(session.cache, session.load_runner)
+                lookups = self._buckets.lookups(lookups)
             decisions = self.plan.decide(bindings, lookups, resolve=False)
             runners = {}
             for i, d in enumerate(decisions):
@@ -249,7 +265,7 @@ class LoweredGraph:
             pending = []  # the misses recorded as reproducers: their first call captures their inputs
             for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
-                    verdict = repros.check(d.spec)
+                    verdict = repros.check(d.spec, self._record_key(d))
                     if verdict in ("new", "duplicate"):  # (a capped one has no folder to point to)
                         d.repro = str(repros.folder_for(d.spec))
                     if verdict == "new":
@@ -275,6 +291,17 @@ class LoweredGraph:
                 log.info("%s: new shape signature %s: %d on triton, %d misses", self.name, self._signature(key),
                          sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
             return spec
+
+    def _record_key(self, d: Decision) -> str | None:
+        """The key a miss is recorded once under: its bucket's, where its family fills buckets
+        (one reproducer serves them all); None: its spec's."""
+        miss = self._buckets.miss_keys.get(d.spec_key) if self._buckets is not None else None
+        if miss is None or d.spec is None:
+            return None
+        from torch_kernelize.lowering.kernels import family_for
+        key, dims = miss
+        family = family_for(d.spec)
+        return key if family is not None and family.bucket_support(d.spec, dims) is None else None
 
     def _decide_regions(self, bindings, decisions: list[Decision], cache: Any):
         """Look every fused region up in ``cache``; hits replace their nodes, misses are recorded."""
@@ -333,7 +360,7 @@ class LoweredGraph:
         """Run once through an interpreter that captures the inputs of the repros this process
         still records (claimed now: another graph, or the cap, may have taken them since)."""
         repros = self.session.repros
-        pending = [d for d in pending if repros.claim(d.spec)]
+        pending = [d for d in pending if repros.claim(d.spec, self._record_key(d))]
         out = self._capture(spec, args, pending) if pending else spec._forward(*args)
         if strict_missing:
             flush_repros(STRICT_WAIT_S)  # the error names the repro folders: they are there when it is raised
@@ -371,9 +398,10 @@ class LoweredGraph:
             elif d.node in interp.captured:
                 inputs = interp.captured[d.node]
             if inputs is None:  # not captured here: a graph that computes it may record it
-                repros.release(d.spec)
+                repros.release(d.spec, self._record_key(d))
             else:
-                repros.write(d, inputs, self.target, kind="missing" if d.missing else "miss")
+                repros.write(d, inputs, self.target, kind="missing" if d.missing else "miss",
+                             bucket_dims=self._buckets.miss_keys[d.spec_key][1] if self._record_key(d) else None)
         return out
 
     def triton_call(self, spec: KernelSpec, runner: Callable) -> TritonCall:

@@ -109,7 +109,9 @@ class GraphPlan:
         random = is_random(f.node.target, f.node.args, f.node.kwargs)
         status, entry, why = "miss", None, ""
         if self.target.has_triton and spec is not None and not random:
-            status, entry, why = cache.lookup(spec.key) if cache is not None else ("miss", None, "no kernel cache")
+            lookup_node = getattr(cache, "lookup_node", None)  # a dynamic graph's: shape buckets too
+            status, entry, why = (("miss", None, "no kernel cache") if cache is None else
+                                  lookup_node(f.node, spec) if lookup_node is not None else cache.lookup(spec.key))
         # which family generates a missed spec is asked later (resolve_family): a fused region
         # may cover the node, and the first question imports every generator module
         pending = status == "miss" and spec is not None and not random and self.target.has_triton

@@ -87,7 +87,7 @@ class ReproCounts:
     """How this process's misses became reproducers: written, failed, or suppressed and why
     (the repro writer counts, the report shows)."""
 
-    SUPPRESSED = ("duplicate", "count_cap", "bytes_cap", "queue_full")
+    SUPPRESSED = ("duplicate", "same_bucket", "count_cap", "bytes_cap", "queue_full")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -92,6 +92,18 @@ class KernelFamily:
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         raise NotImplementedError
 
+    def bucket_support(self, spec: KernelSpec, dims: Sequence[tuple[str, int, int, int]]) -> str | None:
+        """None when ``generate_bucketed`` makes kernels that take the sizes of ``dims`` (see
+        torch_kernelize/buckets.py) at run time, so one serves a whole shape bucket; else why not.
+        The one place a family declares it: fill_cache offers a bucket only to such a family."""
+        return f"{self.name} kernels take no sizes at run time"
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config,
+                          dims: Sequence[tuple[str, int, int, int]]) -> KernelProgram:
+        """The kernel of ``spec`` (a bucket's representative) with the sizes of ``dims`` taken at
+        run time: its launches' ``runtime_sizes`` say which grid entries and arguments they are."""
+        raise NotImplementedError(f"{self.name} generates no bucketed kernels")
+
     def evaluations(self, spec: KernelSpec, budget: int) -> int:
         """How many configurations a search of ``spec`` may evaluate, given the run's budget."""
         return budget

@@ -440,38 +440,104 @@ class ElementwiseFamily(KernelFamily):
         plan = self._plan(spec)
         if isinstance(plan, str):
             raise ValueError(f"{spec.describe()}: {plan}")
-        operands, op, args, ctype = plan
+        operands, _, _, _ = plan
         out = spec.outputs[0]
-        block, warps = int(config["BLOCK"]), int(config["num_warps"])
-
-        tensor_ops = [o for o in operands if o.tensor is not None]
-        inputs = sorted({o.tensor for o in tensor_ops})  # kernel parameters, in spec order
+        block = int(config["BLOCK"])
+        inputs = sorted({o.tensor for o in operands if o.tensor is not None})  # kernel parameters, in spec order
         stride_sets = [out.stride] + [cg.broadcast_strides(spec.inputs[i], out.shape) for i in inputs]
         sizes, strides = cg.simplify(out.shape, stride_sets, order_by=0)
         if not sizes:  # a single element
             sizes, strides = (1,), [(1,)] + [(0,) for _ in inputs]
         numel = math.prod(sizes)
-        wide = cg.needs_int64(sizes, strides, slack=block)
         coord_lines, offsets = cg.decompose("idx", sizes, strides, "i")
-        out_off, in_off = offsets[0], dict(zip(inputs, offsets[1:]))
-        masked = numel % block != 0
+        comments = [f"# {numel} outputs, walked in the output's memory order over sizes {list(sizes)};",
+                "# strides per tensor: " + ", ".join(
+                    f"{n} {list(s)}" for n, s in zip(["out0"] + [f"in{i}" for i in inputs], strides))]
+        src, kname = self._emit(spec, config, plan, inputs, comments, coord_lines, offsets[0],
+                                dict(zip(inputs, offsets[1:])), str(numel) if numel % block else None,
+                                cg.needs_int64(sizes, strides, slack=block), [])
+        grid = (-(-numel // block),)
+        launch = Launch(kname, grid, tuple(("in", i) for i in inputs) + (("out", 0),), {"BLOCK": block},
+                        num_warps=int(config["num_warps"]), num_stages=1)
+        return KernelProgram(src, (launch,))
 
+    def bucket_support(self, spec: KernelSpec, dims) -> str | None:
+        """Contiguous operands only: the output walked flat up to a run-time ``n_elements``; each
+        input the same shape, one element, or the output's trailing dims (none of them varying:
+        a bias), read at ``idx % inner``."""
+        plan = self._plan(spec)
+        if isinstance(plan, str):
+            return plan
+        out = spec.outputs[0]
+        var_of = {(side, i, d): v for side, i, d, v in dims}
+        if not out.is_contiguous():
+            return "the output is not contiguous"
+        for i in sorted({o.tensor for o in plan[0] if o.tensor is not None}):
+            m = spec.inputs[i]
+            if m.numel == 1:
+                continue
+            if not m.is_contiguous():
+                return f"input {i} is not contiguous"
+            shape = list(m.shape)
+            while shape and shape[0] == 1 and len(shape) > 1:
+                shape.pop(0)
+            lead = len(m.shape) - len(shape)
+            if m.shape == out.shape and len(m.shape) == len(out.shape):
+                if any(var_of.get(("in", i, d)) != var_of.get(("out", 0, d)) for d in range(len(out.shape))):
+                    return f"input {i} varies in other dims than the output"
+                continue
+            k = len(shape)
+            if tuple(shape) != out.shape[len(out.shape) - k:] or any(
+                    ("in", i, lead + j) in var_of or ("out", 0, len(out.shape) - k + j) in var_of for j in range(k)):
+                return f"input {i} broadcasts otherwise than along the output's varying leading dims"
+        return None
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config, dims) -> KernelProgram:
+        """The kernel of ``generate`` with the number of outputs a run-time argument: one binary
+        serves every size of the bucket (its launch's grid and ``n_elements`` are SizeExprs)."""
+        problem = self.bucket_support(spec, dims)
+        if problem is not None:
+            raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
+        from torch_kernelize.buckets import product
+        plan = self._plan(spec)
+        out = spec.outputs[0]
+        block = int(config["BLOCK"])
+        inputs = sorted({o.tensor for o in plan[0] if o.tensor is not None})
+        offsets = {}
+        for i in inputs:
+            m = spec.inputs[i]
+            offsets[i] = "0" if m.numel == 1 else "idx" if m.shape == out.shape else f"idx % {m.numel}"
+        wide = out.numel + block >= 2**31  # the representative is the bucket's largest size
+        src, kname = self._emit(spec, config, plan, inputs, ["# n_elements outputs (a run-time size), walked flat"],
+                                [], "idx", offsets, "n_elements", wide, ["n_elements"])
+        var_of = {(i, d): v for side, i, d, v in dims if side == "out"}
+        n = product([f"v{var_of[(0, d)]}" if (0, d) in var_of else size for d, size in enumerate(out.shape)])
+        args = tuple(("in", i) for i in inputs) + (("out", 0), ("i64" if wide else "i32", out.numel))
+        launch = Launch(kname, (-(-out.numel // block),), args, {"BLOCK": block}, num_warps=int(config["num_warps"]),
+                        num_stages=1, runtime_sizes={"grid": [["cdiv", n, block]], "args": {str(len(args) - 1): n}})
+        return KernelProgram(src, (launch,))
+
+    def _emit(self, spec: KernelSpec, config: Config, plan, inputs: list[int], comments: list[str],
+              coord_lines: list[str], out_off: str,
+              in_off: dict[int, str], mask_bound: str | None, wide: bool, size_params: list[str]) -> tuple[str, str]:
+        """(source, kernel name) of the kernel: ``coord_lines`` compute each tensor's offset from ``idx``
+        (``out_off``, ``in_off``); ``mask_bound`` masks ``idx`` (None: every block is full)."""
+        operands, op, args, ctype = plan
+        out = spec.outputs[0]
         kname = spec.op.split(".")[1].lstrip("_") + "_kernel"
         src = cg.Source()
         src(cg.HEADER, cg.describe_spec(spec))
         for h in op.helpers:
             src.blank()(HELPERS[h].strip("\n"))
         src.blank()("")
-        params = [f"in{i}_ptr" for i in inputs] + ["out0_ptr", "BLOCK: tl.constexpr"]
+        params = [f"in{i}_ptr" for i in inputs] + ["out0_ptr"] + size_params + ["BLOCK: tl.constexpr"]
         src("@triton.jit", f"def {kname}({', '.join(params)}):").indent()
-        src(f"# {numel} outputs, walked in the output's memory order over sizes {list(sizes)};",
-            "# strides per tensor: " + ", ".join(
-                f"{n} {list(s)}" for n, s in zip(["out0"] + [f"in{i}" for i in inputs], strides)))
+        src(*comments)
         src("pid = tl.program_id(0)")
         src(f"idx = pid{'.to(tl.int64)' if wide else ''} * BLOCK + tl.arange(0, BLOCK)")
         mask_kw = ""
-        if masked:
-            src(f"mask = idx < {numel}")
+        if mask_bound is not None:
+            src(f"mask = idx < {mask_bound}")
             mask_kw = ", mask=mask"
         for line in coord_lines:
             src(line)
@@ -504,11 +570,7 @@ class ElementwiseFamily(KernelFamily):
             value = f"y.to(tl.float32).to({cg.tl_type(out.dtype)})"
         src(f"tl.store(out0_ptr + {out_off}, {value}{mask_kw})")
         src.dedent()
-
-        grid = (-(-numel // block),)
-        launch = Launch(kname, grid, tuple(("in", i) for i in inputs) + (("out", 0),), {"BLOCK": block},
-                        num_warps=warps, num_stages=1)
-        return KernelProgram(src.text(), (launch,))
+        return src.text(), kname
 
     # --- validation inputs --------------------------------------------------------------------
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",

@@ -70,6 +70,9 @@ class Launch:
     num_stages: int = 2
     phases: int = 1  # > 1: grid-synchronized (see the module docstring); constexprs hold PHASE=0
     shared: int = 0  # dynamic shared memory in bytes (CUDA C++ launches; Triton sizes its own)
+    # a bucketed program's (buckets.py): {"grid": [SizeExpr per entry], "args": {"position": SizeExpr}},
+    # the grid and the scalar arguments that are functions of the bucket's sizes
+    runtime_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         for kind, _ in self.args:
@@ -96,12 +99,15 @@ class Launch:
             d["phases"] = self.phases
         if self.shared:
             d["shared"] = self.shared
+        if self.runtime_sizes:
+            d["runtime_sizes"] = self.runtime_sizes
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Launch":
         return cls(d["kernel"], tuple(d["grid"]), tuple((k, v) for k, v in d["args"]), dict(d["constexprs"]),
-                   d["num_warps"], d["num_stages"], d.get("phases", 1), d.get("shared", 0))
+                   d["num_warps"], d["num_stages"], d.get("phases", 1), d.get("shared", 0),
+                   dict(d.get("runtime_sizes", {})))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ import torch
 from torch_kernelize.errors import KernelizeError
 from torch_kernelize.cuda_binaries import remove_unaligned
 from torch_kernelize.fill_cache import distributed
+from torch_kernelize.fill_cache.buckets import fill_buckets, works_from_args
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.external import with_candidates
@@ -73,6 +74,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--generators", default=None, metavar="all|none|NAME,...",
                    help="the generators asked beside each spec's kernel family (README: generators); default: "
                    "those on by default for the target (inductor on cuda) and every installed plugin")
+    p.add_argument("--dynamic", action="append", default=[], metavar="INPUT:DIM:LO-HI",
+                   help="with --model: fill the shape buckets covering sizes LO-HI of dim DIM of example input "
+                        "INPUT (repeatable; see README, Shape buckets)")
+    p.add_argument("--buckets", default=None, metavar="EDGE,EDGE,...",
+                   help="the buckets' upper edges (default: powers of two: 1, 2, 3-4, 5-8, ...)")
     p.add_argument("--target", default=os.environ.get(OPTIONS["target"].env),
                    help="target name or TOML file (default: $KERNELIZE_TARGET, else cuda if available)")
     p.add_argument("--cache-dir", type=Path, default=os.environ.get(OPTIONS["cache_dir"].env) or default_cache_dir())
@@ -433,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         check_cache_dir(cache.dir)
         generators = chosen_generators(args.generators, target)
         work = list(collect_work(args, target, generators).values())
+        if group is not None and args.dynamic:
+            raise UsageError("--dynamic (shape buckets) runs in one process, not under torchrun")
+        buckets = works_from_args(args, target) if group is None else []
         log.info("generators beside each spec's family: %s", ", ".join(g.name for g in generators) or "none")
         for note in generator_notes(target) if args.generators is None else ():
             log.info("generator %s", note)
@@ -451,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                  target.name, cache.dir, budget)
         started = time.perf_counter()  # the fill's time, without the trace
         rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
+        rows += fill_buckets(run, buckets)  # shape buckets, after the exact shapes
     except KernelizeError as e:
         print(f"fill_cache: error: {e}", file=sys.stderr)
         code, error = 2, str(e)

@@ -175,39 +175,37 @@ class ReproWriter:
     def folder_for(self, spec: KernelSpec) -> Path:
         return self.root / spec.slug
 
-    def record_key(self, spec: KernelSpec) -> str:
-        """The key a miss is recorded once under, per process: the spec key (a bucketed spec's
-        key is coarser, so the misses of every shape in one bucket share it)."""
-        return spec.key
+    def _verdict(self, spec: KernelSpec, take: bool, record_key: str | None) -> str:
+        """``record_key``: the key the miss is recorded once under per process: its shape bucket's
+        where its family fills buckets (the caller knows), else the spec's own."""
+        verdict = recorder.budget.verdict(self.root, record_key or spec.key, self.folder_for(spec),
+                                          recorder.captured_bytes(spec), self.options.repro_max,
+                                          self.options.repro_max_bytes, take)
+        return recorder.SAME_BUCKET if verdict == recorder.DUPLICATE and record_key else verdict
 
-    def _verdict(self, spec: KernelSpec, take: bool) -> str:
-        return recorder.budget.verdict(self.root, self.record_key(spec), self.folder_for(spec),
-                                       recorder.captured_bytes(spec), self.options.repro_max,
-                                       self.options.repro_max_bytes, take)
-
-    def wants(self, spec: KernelSpec) -> bool:
+    def wants(self, spec: KernelSpec, record_key: str | None = None) -> bool:
         """Whether a miss of ``spec`` would be recorded now (nothing is taken)."""
-        return self._verdict(spec, take=False) == recorder.NEW
+        return self._verdict(spec, False, record_key) == recorder.NEW
 
-    def check(self, spec: KernelSpec) -> str:
+    def check(self, spec: KernelSpec, record_key: str | None = None) -> str:
         """Whether a miss of ``spec`` is to be recorded (recorder.NEW: capture its inputs on its first
         call, then ``claim`` it), was recorded already (DUPLICATE), or is suppressed by a cap (its
         name). A miss not to be recorded is counted for the report."""
-        return self._counted(self._verdict(spec, take=False))
+        return self._counted(self._verdict(spec, False, record_key))
 
-    def claim(self, spec: KernelSpec) -> bool:
+    def claim(self, spec: KernelSpec, record_key: str | None = None) -> bool:
         """Take a miss for recording (True), just before its inputs are captured; False when another
         graph took it or a cap was reached since ``check`` (counted for the report)."""
-        return self._counted(self._verdict(spec, take=True)) == recorder.NEW
+        return self._counted(self._verdict(spec, True, record_key)) == recorder.NEW
 
-    def release(self, spec: KernelSpec) -> None:
+    def release(self, spec: KernelSpec, record_key: str | None = None) -> None:
         """Give a claimed miss back: its inputs could not be captured here."""
-        recorder.budget.give_back(self.root, self.record_key(spec), recorder.captured_bytes(spec))
+        recorder.budget.give_back(self.root, record_key or spec.key, recorder.captured_bytes(spec))
 
     def _counted(self, verdict: str) -> str:
         if verdict != recorder.NEW:
             repro_counts.add(verdict)
-            if verdict != recorder.DUPLICATE and not recorder.budget.said_capped:
+            if verdict not in (recorder.DUPLICATE, recorder.SAME_BUCKET) and not recorder.budget.said_capped:
                 recorder.budget.said_capped = True
                 log.warning("kernelize: this process recorded %d miss reproducers (%d bytes of inputs), its cap "
                             "(repro_max=%d, repro_max_bytes=%d): later misses are only counted, in the report's "
@@ -215,10 +213,14 @@ class ReproWriter:
                             self.options.repro_max, self.options.repro_max_bytes)
         return verdict
 
-    def write(self, decision: Any, inputs: Sequence[torch.Tensor], target: Target, kind: str) -> None:
-        """Queue the repro of a claimed miss; ``inputs`` are CPU copies the caller no longer touches."""
+    def write(self, decision: Any, inputs: Sequence[torch.Tensor], target: Target, kind: str,
+              bucket_dims: Sequence[Sequence[Any]] | None = None) -> None:
+        """Queue the repro of a claimed miss; ``inputs`` are CPU copies the caller no longer touches.
+        ``bucket_dims``: the miss's variable dims when it is recorded for its shape bucket."""
         spec = decision.spec
         extra = {"decision": decision.to_json()}
+        if bucket_dims:
+            extra["bucket_dims"] = [list(d) for d in bucket_dims]
 
         def write() -> None:
             if write_repro(self.folder_for(spec), spec, inputs, target, kind, self.options.cache_dir, extra):

@@ -1,0 +1,141 @@
+"""Serving shape buckets: a node of a dynamic graph runs the kernel of the filled bucket that
+holds its concrete sizes when no exact-shape entry exists (an exact entry always wins).
+
+Which dims of a node vary is read off its symbolic metadata once: each tensor dim whose size is
+a bare size symbol is a variable (numbered by first appearance); a node with any other symbolic
+size or argument (``2*s0``, a SymInt argument) is not bucketed. A graph's ``GraphBuckets`` lists
+the cache once, when the graph is planned, and loads every bucket entry of its nodes then; a new
+shape later is answered from memory: an exact key absent from the listing is a miss without a
+look at the disk, and a bucket hit needs only its launch sizes computed (``bucket_runner``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.buckets import (PREFIX_LEN, Dim, contains, instantiate, key_prefix, pow2_bucket,
+                                     bucket_key, unbucketable, values_of)
+from torch_kernelize.planner import tensor_input_nodes
+from torch_kernelize.spec import KernelSpec
+
+log = logging.getLogger("torch_kernelize.buckets")
+
+
+def _size_expr(v: Any) -> Any:
+    return v.node.expr if isinstance(v, torch.SymInt) else v
+
+
+def bucket_dims(node: fx.Node) -> tuple[Dim, ...] | None:
+    """The variable dims of ``node``'s spec (its tensor inputs in spec order, then its outputs);
+    None when none varies or a size or argument is a symbolic expression other than one symbol."""
+    flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
+    for a in flat:
+        v = a.meta.get("val") if isinstance(a, fx.Node) else a
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return None
+    out = node.meta.get("val")
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    tensors = [("in", i, n.meta.get("val")) for i, n in enumerate(tensor_input_nodes(node))]
+    tensors += [("out", i, t) for i, t in enumerate(o for o in outs if o is not None)]
+    var_of: dict[sympy.Symbol, int] = {}
+    dims = []
+    for side, i, t in tensors:
+        if not isinstance(t, torch.Tensor):
+            return None
+        for d, size in enumerate(t.shape):
+            e = _size_expr(size)
+            if isinstance(e, int) or (isinstance(e, sympy.Integer)):
+                continue
+            if not isinstance(e, sympy.Symbol):
+                return None
+            dims.append((side, i, d, var_of.setdefault(e, len(var_of))))
+    return tuple(dims) or None
+
+
+class GraphBuckets:
+    """One dynamic graph's view of the cache's buckets: the cache's keys as listed when the graph
+    was planned, each node's variable dims, and the bucket entries of each abstract spec."""
+
+    def __init__(self, cache: Any, load_runner: Callable[[KernelSpec, Any], Any]):
+        self.cache = cache
+        self.keys = frozenset(cache.keys())
+        self._load_runner = load_runner
+        self._dims: dict[str, tuple[Dim, ...] | None] = {}   # node name -> its variable dims
+        self._buckets: dict[str, list[tuple[Any, Any]]] = {}  # key prefix -> [(Bucket, CacheEntry)]
+        # spec key of a miss -> (the key of its default bucket, its dims): see LoweredGraph._record_key
+        self.miss_keys: dict[str, tuple[str, tuple[Dim, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def dims(self, node: fx.Node) -> tuple[Dim, ...] | None:
+        if node.name not in self._dims:
+            self._dims[node.name] = bucket_dims(node)
+        return self._dims[node.name]
+
+    def buckets(self, prefix: str) -> list[tuple[Any, Any]]:
+        """Every valid bucket entry whose key starts with ``prefix`` (read once per graph, with
+        their kernels loaded)."""
+        with self._lock:
+            found = self._buckets.get(prefix)
+            if found is None:
+                found = []
+                for key in sorted(k for k in self.keys if k.startswith(prefix) and len(k) > PREFIX_LEN):
+                    entry = self.cache.get(key)
+                    bucket = entry.bucket if entry is not None else None
+                    if bucket is None:
+                        continue
+                    if entry.winner == "triton":
+                        self._load_runner(entry.spec, entry)  # loaded now, not on a later call's path
+                    found.append((bucket, entry))
+                self._buckets[prefix] = found
+            return found
+
+    def lookups(self, log: Any) -> "BucketLookup":
+        return BucketLookup(self, log)
+
+
+class BucketLookup:
+    """The lookups of one specialization (``log``: a LookupLog): exact keys first, in the listing;
+    then, for a node (``lookup_node``), the bucket that holds its sizes."""
+
+    def __init__(self, graph: GraphBuckets, log: Any):
+        self.graph = graph
+        self.log = log
+        self.witnesses = log.witnesses
+
+    def lookup(self, key: str) -> tuple[str, Any, str]:
+        if key not in self.graph.keys:
+            self.witnesses[key] = {"absent": True}
+            return "miss", None, f"no cache entry for key {key} (listing of {self.graph.cache.dir} when planned)"
+        return self.log.lookup(key)
+
+    def lookup_node(self, node: fx.Node, spec: KernelSpec) -> tuple[str, Any, str]:
+        exact = self.lookup(spec.key)
+        dims = self.graph.dims(node)
+        if dims is None or unbucketable(spec, dims) is not None:
+            return exact
+        prefix = key_prefix(spec, dims)
+        buckets = self.graph.buckets(prefix)
+        if exact[0] != "miss":
+            return exact
+        values = values_of(spec, dims)
+        for bucket, entry in buckets:
+            if bucket.dims == dims and contains(bucket.ranges, values):
+                status = "hit" if entry.winner == "triton" else "vendor"
+                where = "-".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
+                return status, entry, f"bucket {entry.key} (sizes {where}) of {entry.family or 'vendor'}"
+        self.graph.miss_keys[spec.key] = (bucket_key(spec, dims, [pow2_bucket(v) for v in values]), dims)
+        return exact
+
+
+def bucket_runner(spec: KernelSpec, dims: tuple[Dim, ...], base: Any) -> Any:
+    """The runner of ``spec`` from its bucket's loaded runner ``base`` (launch.ProgramRunner): the
+    same kernels, with the launch sizes of ``spec``'s sizes. No disk access, no compilation."""
+    from torch_kernelize.launch import ProgramRunner
+    program = instantiate(base.program, values_of(spec, dims))
+    return ProgramRunner(spec, program, base._kernels, base.backend, base._load_unaligned)
