@@ -10,6 +10,7 @@ look at the disk, and a bucket hit needs only its launch sizes computed (``bucke
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from typing import Any, Callable
@@ -119,18 +120,31 @@ class BucketLookup:
         dims = self.graph.dims(node)
         if dims is None or unbucketable(spec, dims) is not None:
             return exact
-        prefix = key_prefix(spec, dims)
-        buckets = self.graph.buckets(prefix)
+        found = [(sub, self.graph.buckets(key_prefix(spec, sub))) for sub in subsets(dims)]  # (all read now)
         if exact[0] != "miss":
             return exact
+        for sub, buckets in found:
+            values = values_of(spec, sub)
+            for bucket, entry in buckets:
+                if bucket.dims == sub and contains(bucket.ranges, values):
+                    status = "hit" if entry.winner == "triton" else "vendor"
+                    where = " x ".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
+                    return status, entry, f"bucket {entry.key} (sizes {where}) of {entry.family or 'vendor'}"
         values = values_of(spec, dims)
-        for bucket, entry in buckets:
-            if bucket.dims == dims and contains(bucket.ranges, values):
-                status = "hit" if entry.winner == "triton" else "vendor"
-                where = "-".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
-                return status, entry, f"bucket {entry.key} (sizes {where}) of {entry.family or 'vendor'}"
         self.graph.miss_keys[spec.key] = (bucket_key(spec, dims, [pow2_bucket(v) for v in values]), dims)
         return exact
+
+
+def subsets(dims: tuple[Dim, ...]) -> list[tuple[Dim, ...]]:
+    """``dims`` restricted to each non-empty subset of its variables (renumbered), most variables
+    first: a bucket filled with the batch varying serves a graph whose hidden size is symbolic
+    too (``dynamic=True`` makes every dim a symbol), at the hidden size it was filled for."""
+    names = sorted({v for *_, v in dims})
+    out = []
+    for r in range(len(names), 0, -1):
+        for keep in itertools.combinations(names, r):
+            out.append(tuple((s, i, d, keep.index(v)) for s, i, d, v in dims if v in keep))
+    return out
 
 
 def bucket_runner(spec: KernelSpec, dims: tuple[Dim, ...], base: Any) -> Any:

@@ -206,9 +206,9 @@ def inside_sizes(ranges: Sequence[Range], seed: str) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(sizes))  # in order, without repeats
 
 
-def fill_bucket(run: Any, work: BucketWork, builder: Builder) -> dict[str, Any]:
+def fill_bucket(run: Any, work: BucketWork, builder: Builder, family: KernelFamily | None = None) -> dict[str, Any]:
     """Search, validate and store one bucket (``run``: the FillRun, for its cache, budget and
-    rules); the row of the summary table."""
+    rules; ``family``: the spec's registered one by default); the row of the summary table."""
     key, spec = work.key, work.spec
     where = " x ".join(f"{lo}-{hi}" for lo, hi in work.ranges)
     row = {"spec": f"{spec.describe()} bucket {where}", "key": key, "source": work.source, "status": "",
@@ -217,7 +217,7 @@ def fill_bucket(run: Any, work: BucketWork, builder: Builder) -> dict[str, Any]:
     if status in ("hit", "vendor") and not run.force:
         row.update(status="cached", winner=entry.family or "vendor", speedup=entry.speedup)
         return row
-    family = BucketFamily(family_for(spec), work.dims)
+    family = BucketFamily(family or family_for(spec), work.dims)
     top = Measurer(spec, family, run.target, builder=builder)
     sizes = inside_sizes(work.ranges, key)
     others = [(v, Measurer(spec_at(spec, work.dims, v), family, run.target, builder=builder))

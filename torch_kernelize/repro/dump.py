@@ -178,10 +178,9 @@ class ReproWriter:
     def _verdict(self, spec: KernelSpec, take: bool, record_key: str | None) -> str:
         """``record_key``: the key the miss is recorded once under per process: its shape bucket's
         where its family fills buckets (the caller knows), else the spec's own."""
-        verdict = recorder.budget.verdict(self.root, record_key or spec.key, self.folder_for(spec),
-                                          recorder.captured_bytes(spec), self.options.repro_max,
-                                          self.options.repro_max_bytes, take)
-        return recorder.SAME_BUCKET if verdict == recorder.DUPLICATE and record_key else verdict
+        return recorder.budget.verdict(self.root, record_key or spec.key, self.folder_for(spec),
+                                       recorder.captured_bytes(spec), self.options.repro_max,
+                                       self.options.repro_max_bytes, take, spec.key)
 
     def wants(self, spec: KernelSpec, record_key: str | None = None) -> bool:
         """Whether a miss of ``spec`` would be recorded now (nothing is taken)."""

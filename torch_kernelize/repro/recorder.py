@@ -46,29 +46,31 @@ class MissBudget:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._taken: set[tuple[str, str]] = set()   # (repro root, record key)
+        self._taken: dict[tuple[str, str], str] = {}   # (repro root, record key) -> the spec key taken
         self.count = 0
         self.bytes = 0
         self.said_capped = False  # whether the log has said that the process reached a cap
 
     def verdict(self, root: Path, key: str, folder: Path, nbytes: int, max_count: int, max_bytes: int,
-                take: bool) -> str:
-        """NEW (taken now when ``take``), DUPLICATE, COUNT_CAP or BYTES_CAP. The caps are checked
-        before the disk: a process past its cap looks nothing up there."""
+                take: bool, spec_key: str | None = None) -> str:
+        """NEW (taken now when ``take``), DUPLICATE, SAME_BUCKET (the record key, a bucket's, was
+        taken by another spec), COUNT_CAP or BYTES_CAP. The caps are checked before the disk: a
+        process past its cap looks nothing up there."""
         taken = (str(root), key)
+        spec_key = spec_key or key
         with self._lock:
             if taken in self._taken:
-                return DUPLICATE
+                return DUPLICATE if self._taken[taken] == spec_key else SAME_BUCKET
             if self.count >= max_count:
                 return COUNT_CAP
             if self.bytes + nbytes > max_bytes:
                 return BYTES_CAP
             if _exists(folder / "spec.json"):  # recorded by an earlier process
                 if take:
-                    self._taken.add(taken)
+                    self._taken[taken] = spec_key
                 return DUPLICATE
             if take:
-                self._taken.add(taken)
+                self._taken[taken] = spec_key
                 self.count += 1
                 self.bytes += nbytes
             return NEW
@@ -77,7 +79,7 @@ class MissBudget:
         """A taken miss that will not be written after all (the queue was full)."""
         with self._lock:
             if (str(root), key) in self._taken:
-                self._taken.discard((str(root), key))
+                del self._taken[(str(root), key)]
                 self.count -= 1
                 self.bytes -= nbytes
 

@@ -1,0 +1,189 @@
+"""Shape buckets from fill to serving (interpreter target): one kernel validated over a range of
+sizes serves every size in it, with no lowering and no disk access for a new size; exact-shape
+entries win; outside every bucket the vendor runs; misses are recorded once per bucket."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_kernelize import buckets as B
+from torch_kernelize import flush_repros
+from torch_kernelize.backend import compile_with_session
+from torch_kernelize.fill_cache.buckets import BucketWork, DynamicDim, fill_bucket, inside_sizes
+from torch_kernelize.fill_cache.builder import Builder
+from torch_kernelize.fill_cache.cli import FillRun, main as fill_main
+from torch_kernelize.kernel_cache import KernelCache
+from torch_kernelize.lower import Session
+from torch_kernelize.lowering.kernels.elementwise import ElementwiseFamily
+from torch_kernelize.lowering.targets import get_target
+from torch_kernelize.options import Options
+from torch_kernelize.spec import KernelSpec
+
+MODEL = '''
+import torch
+class M(torch.nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x)
+def make():
+    return M(), (torch.randn({rows}, 16),)
+'''
+
+
+def _model_file(tmp_path: Path, rows: int = 6) -> str:
+    path = tmp_path / "model.py"
+    path.write_text(MODEL.format(rows=rows))
+    return f"{path}:make"
+
+
+def _fill(tmp_path: Path, *args: str) -> int:
+    return fill_main(["--target", "interpreter", "--cache-dir", str(tmp_path / "cache"), "--quiet", "--budget", "1",
+                      *args])
+
+
+def _serving(tmp_path: Path, fn=torch.sigmoid, **options):
+    """``fn`` compiled with dynamic shapes, and the LoweredGraphs it made."""
+    opts = Options.resolve({"target": "interpreter", "cache_dir": str(tmp_path / "cache"),
+                            "repro_dir": str(tmp_path / "repros"), "graph_cache": "off", **options})
+    session, graphs = Session(opts), []
+    compiled = torch.compile(fn, dynamic=True,
+                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    return compiled, graphs
+
+
+def _decision(graphs, rows: int):
+    (g,) = graphs
+    (spec,) = [s for k, s in g._specializations.items() if rows in k]
+    (d,) = [d for d in spec.decisions if d.op == "aten.sigmoid.default"]
+    return d
+
+
+def test_a_filled_bucket_serves_every_size_in_it_exact_entries_win_and_outside_runs_on_vendor(tmp_path, monkeypatch):
+    # the model's example shape (6, 16) gets an exact entry; --dynamic fills the bucket 5-8 around it
+    assert _fill(tmp_path, "--model", _model_file(tmp_path), "--dynamic", "0:0:5-8") == 0
+    cache = KernelCache.for_target(tmp_path / "cache", get_target("interpreter"))
+    entries = list(cache.entries())
+    (bucket,) = [e for e in entries if e.bucket is not None]
+    assert bucket.bucket.ranges == ((5, 8),) and bucket.winner == "triton"
+    assert bucket.record["bucket"]["validated_sizes"][:2] == [[5], [8]]  # both edges, then inside
+    assert bucket.spec.inputs[0].shape == (8, 16)  # the representative: the upper edge
+    exact = {e.key for e in entries if e.bucket is None}
+
+    compiled, graphs = _serving(tmp_path)
+    with torch.no_grad():
+        x = torch.randn(5, 16)
+        torch.testing.assert_close(compiled(x), torch.sigmoid(x))  # planned: the bucket's kernel loaded now
+        import torch_kernelize.launch as launch
+        import torch_kernelize.lowering.kernels.elementwise as elementwise
+
+        def forbidden(*a, **k):
+            raise AssertionError("a new size inside a filled bucket must not read the cache or generate code")
+        monkeypatch.setattr(launch, "load_program", forbidden)
+        monkeypatch.setattr(KernelCache, "_read", forbidden)
+        monkeypatch.setattr(KernelCache, "keys", forbidden)
+        monkeypatch.setattr(elementwise.ElementwiseFamily, "generate_bucketed", forbidden)
+        monkeypatch.setattr(elementwise.ElementwiseFamily, "generate", forbidden)
+        for rows in (7, 8):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+        monkeypatch.undo()
+        for rows in (6, 9):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+    for rows in (5, 7, 8):
+        d = _decision(graphs, rows)
+        assert d.tier == "triton" and d.entry.key == bucket.key and "bucket" in d.reason
+    six = _decision(graphs, 6)
+    assert six.tier == "triton" and six.entry.key == six.spec_key and six.spec_key in exact  # exact wins
+    nine = _decision(graphs, 9)
+    assert nine.tier == "vendor" and nine.miss
+
+
+class _WrongAt(ElementwiseFamily):
+    """Elementwise kernels that add 1 to every output when the number of outputs is ``bad``."""
+    name = "elementwise_wrong_at"
+
+    def __init__(self, bad: int):
+        self.bad = bad
+
+    def generate_bucketed(self, spec, config, dims):
+        p = super().generate_bucketed(spec, config, dims)
+        src = p.source.replace("tl.store(out0_ptr + idx, y,", f"tl.store(out0_ptr + idx, tl.where(n_elements == {self.bad}, y + 1.0, y),")
+        assert src != p.source
+        import dataclasses
+        return dataclasses.replace(p, source=src)
+
+
+@pytest.mark.parametrize("bad_rows", [8, 5], ids=["upper-edge", "lower-edge"])
+def test_a_candidate_wrong_only_at_one_edge_of_its_bucket_is_rejected(tmp_path, bad_rows):
+    target = get_target("interpreter")
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    x = torch.randn(8, 16)
+    spec = KernelSpec.from_call(torch.ops.aten.sigmoid.default, [x], {}, torch.sigmoid(x))
+    dims = (("in", 0, 0, 0), ("out", 0, 0, 0))
+    work = BucketWork(spec, dims, ((5, 8),), "test")
+    run = FillRun(target, cache, 1, False, False, 1.03)
+    row = fill_bucket(run, work, Builder(target), _WrongAt(bad_rows * 16))
+    assert row["status"] == "no correct candidate"
+    if bad_rows == 5:
+        assert "at sizes [5]" in row["winner"]
+    assert cache.lookup(work.key)[0] == "miss"
+    # the same kernel without the fault is stored, with the sizes it was validated at
+    row = fill_bucket(run, work, Builder(target), ElementwiseFamily())
+    assert row["status"] == "stored"
+    assert cache.get(work.key).record["bucket"]["validated_sizes"] == [list(v) for v in inside_sizes(((5, 8),), work.key)]
+
+
+def test_misses_are_recorded_once_per_bucket_and_their_sizes_define_the_buckets_fill_cache_fills(tmp_path):
+    compiled, graphs = _serving(tmp_path, report=str(tmp_path / "report.json"))
+    with torch.no_grad():
+        for rows in (5, 6, 7, 8, 9, 11):  # two buckets: 5-8 and 9-16
+            compiled(torch.randn(rows, 16))
+    assert flush_repros(60)
+    folders = sorted(p.parent for p in (tmp_path / "repros").glob("*/spec.json"))
+    assert len(folders) == 2
+    metas = [json.loads((f / "spec.json").read_text()) for f in folders]
+    # dynamic=True: both dims are symbols, rows and columns
+    assert all(m["bucket_dims"] == [["in", 0, 0, 0], ["in", 0, 1, 1], ["out", 0, 0, 0], ["out", 0, 1, 1]] for m in metas)
+    from torch_kernelize.report import ReportWriter
+    ReportWriter.for_path(tmp_path / "report.json").write()
+    counts = json.loads((tmp_path / "report.json").read_text())["repros"]
+    assert counts["written"] == 2 and counts["suppressed_by_reason"]["same_bucket"] == 4
+
+    assert _fill(tmp_path, "--repros", str(tmp_path / "repros")) == 0
+    cache = KernelCache.for_target(tmp_path / "cache", get_target("interpreter"))
+    assert sorted(e.bucket.ranges for e in cache.entries() if e.bucket is not None) == [((5, 8), (9, 16)),
+                                                                                         ((9, 16), (9, 16))]
+    torch._dynamo.reset()
+    compiled, graphs = _serving(tmp_path)
+    with torch.no_grad():
+        for rows in (7, 13):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+    assert _decision(graphs, 7).tier == "triton" and _decision(graphs, 13).tier == "triton"
+
+
+def test_bucket_boundaries_keys_and_launch_sizes():
+    assert [B.pow2_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [(1, 1), (2, 2), (3, 4), (3, 4), (5, 8), (5, 8), (9, 16)]
+    edges = B.Boundaries.parse("8,64")
+    assert edges.bucket_of(8) == (1, 8) and edges.bucket_of(9) == (9, 64) and edges.bucket_of(65) is None
+    assert edges.covering(3, 20) == [(1, 8), (9, 64)]
+    assert B.Boundaries().covering(3, 9) == [(3, 4), (5, 8), (9, 16)]
+    with pytest.raises(ValueError, match="upper edges"):
+        B.Boundaries.parse("8,x")
+    with pytest.raises(Exception, match="INPUT:DIM:LO-HI"):
+        DynamicDim.parse("0:1")
+    dims = (("in", 0, 0, 0), ("out", 0, 0, 0))
+    a, b = torch.randn(5, 16), torch.randn(16)
+    spec = KernelSpec.from_call(torch.ops.aten.add.Tensor, [a, b], {}, a + b)
+    other = B.spec_at(spec, dims, (7,))
+    assert other.inputs[0].shape == (7, 16) and other.inputs[0].stride == (16, 1) and other.inputs[1] == spec.inputs[1]
+    assert B.bucket_key(spec, dims, [(5, 8)]) == B.bucket_key(other, dims, [(5, 8)]) != B.bucket_key(spec, dims, [(9, 16)])
+    assert B.bucket_key(spec, dims, [(5, 8)]).startswith(B.key_prefix(spec, dims))
+    transposed = KernelSpec.from_call(torch.ops.aten.add.Tensor, [a.t(), a.t()], {}, a.t() + a.t())
+    assert "not contiguous" in B.unbucketable(transposed, dims)
+    program = ElementwiseFamily().generate_bucketed(spec, ElementwiseFamily().seed_configs(spec)[0], dims)
+    (launch,) = B.instantiate(program, (7,)).launches
+    assert launch.args[-1] == ("i32", 7 * 16) and launch.grid == (-(-7 * 16 // launch.constexprs["BLOCK"]),)
