@@ -1,0 +1,49 @@
+"""benchmarks/bucket_trace.py, issue 28's serving trace: its smoke mode end to end on the CPU, and
+how it picks lengths and judges the targets."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torch_kernelize.launch import import_source
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bucket_trace.py"
+
+
+def _trace():
+    return import_source(SCRIPT, "bench_bucket_trace")
+
+
+def test_lengths_are_distinct_seeded_and_in_range():
+    t = _trace()
+    lengths = t.lengths_of(33, 512, 50)
+    assert len(set(lengths)) == 50 and all(33 <= n <= 512 for n in lengths) and lengths == t.lengths_of(33, 512, 50)
+    with pytest.raises(ValueError, match="fewer than"):
+        t.lengths_of(3, 5, 4)
+    assert t.percentile([1.0, 2.0, 3.0, 100.0], 50) in (2.0, 3.0) and t.percentile([1.0, 2.0, 100.0], 99) == 100.0
+
+
+def test_targets_are_judged_with_their_distance():
+    t = _trace()
+    k = {"first_minus_repeat": {"max_ms": 0.4}, "repeat": {"p50_ms": 2.0}}
+    i = {"first_minus_repeat": {"max_ms": 9.0}, "repeat": {"p50_ms": 1.0}}
+    lines = t.targets({"kernelize": k, "inductor": i})
+    assert "met (worst 0.400 ms)" in lines[0] and "0.50x (missed" in lines[1]
+
+
+@pytest.mark.slow
+def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke", "--lengths", "2",
+                           "--lo", "5", "--hi", "6", "--baseline", "eager"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("*-cpu-bucket-trace.json")
+    doc = json.loads(path.read_text())
+    assert sorted(doc["lengths"]) == [5, 6] and [b["backend"] for b in doc["backends"]] == ["kernelize", "eager"]
+    for b in doc["backends"]:
+        assert "error" not in b, b
+        assert set(b["per_length_ms"]) == {"5", "6"} and b["trace"]["p99_ms"] >= b["trace"]["p50_ms"] > 0
+    assert (tmp_path / path.name.replace(".json", ".md")).read_text().startswith("# Bucket trace: llama")
