@@ -65,7 +65,10 @@ class GraphBuckets:
 
     def __init__(self, cache: Any, load_runner: Callable[[KernelSpec, Any], Any]):
         self.cache = cache
-        self.keys = frozenset(cache.keys())
+        try:
+            self.keys = frozenset(cache.keys())
+        except OSError:  # an unreadable cache: every lookup misses (the session has warned once)
+            self.keys = frozenset()
         self._load_runner = load_runner
         self._dims: dict[str, tuple[Dim, ...] | None] = {}   # node name -> its variable dims
         self._buckets: dict[str, list[tuple[Any, Any]]] = {}  # key prefix -> [(Bucket, CacheEntry)]

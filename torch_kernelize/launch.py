@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from torch_kernelize.buckets import contiguous_strides as _contiguous
 from torch_kernelize.lowering.kernels.program import PHASE, SOURCE_FILES, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -159,14 +160,6 @@ def _empty_strided(device: torch.device) -> Callable[[tuple, tuple, torch.dtype]
             and device.index in (None, _CUDA_DEVICE())):
         return _EMPTY_STRIDED_CUDA
     return lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device)
-
-
-def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(int(size), 1)
-    return tuple(reversed(strides))
 
 
 def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:

@@ -273,7 +273,8 @@ class LoweredGraph:
             # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
             # saved for a backward pass
             passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
-            gm = bind_graph(self.plan, decisions, lambda d: self.triton_call(d.spec, runners[d.node]),
+            gm = bind_graph(self.plan, decisions,
+                            lambda d: self.triton_call(d.spec, runners[d.node], d.entry.key if d.entry else None),
                             lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
@@ -404,10 +405,11 @@ class LoweredGraph:
                              bucket_dims=self._buckets.miss_keys[d.spec_key][1] if self._record_key(d) else None)
         return out
 
-    def triton_call(self, spec: KernelSpec, runner: Callable) -> TritonCall:
-        """The call of a loaded kernel in this graph (a checked one in check mode)."""
+    def triton_call(self, spec: KernelSpec, runner: Callable, entry_key: str | None = None) -> TritonCall:
+        """The call of a loaded kernel in this graph (a checked one in check mode). Its health is
+        its entry's (``entry_key``: a shape bucket's kernel that fails is disabled for the bucket)."""
         cls = CheckedTritonCall if self.session.options.check else TritonCall
-        return cls(spec, runner, self.session.kernel_state(spec.key), self._on_kernel_failure)
+        return cls(spec, runner, self.session.kernel_state(entry_key or spec.key), self._on_kernel_failure)
 
     def _on_kernel_failure(self, call: TritonCall, why: str, tensors, kind: str) -> None:
         """A kernel raised (failure) or disagreed with the vendor op (mismatch): leave a repro,
