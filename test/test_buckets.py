@@ -165,6 +165,16 @@ def test_misses_are_recorded_once_per_bucket_and_their_sizes_define_the_buckets_
     assert _decision(graphs, 7).tier == "triton" and _decision(graphs, 13).tier == "triton"
 
 
+def test_bad_bucket_arguments_exit_2_with_one_clear_line(tmp_path, capsys):
+    (tmp_path / "none").mkdir()
+    assert _fill(tmp_path, "--repros", str(tmp_path / "none"), "--dynamic", "0:0:1-4") == 2
+    assert "give the model with --model" in capsys.readouterr().err
+    assert _fill(tmp_path, "--model", _model_file(tmp_path), "--dynamic", "0:0:4") == 2
+    assert "INPUT:DIM:LO-HI" in capsys.readouterr().err
+    assert _fill(tmp_path, "--model", _model_file(tmp_path), "--dynamic", "0:0:1-4", "--buckets", "0") == 2
+    assert "upper edges" in capsys.readouterr().err
+
+
 def test_bucket_boundaries_keys_and_launch_sizes():
     assert [B.pow2_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [(1, 1), (2, 2), (3, 4), (3, 4), (5, 8), (5, 8), (9, 16)]
     edges = B.Boundaries.parse("8,64")

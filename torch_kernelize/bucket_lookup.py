@@ -11,7 +11,6 @@ look at the disk, and a bucket hit needs only its launch sizes computed (``bucke
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from typing import Any, Callable
 
@@ -24,8 +23,6 @@ from torch_kernelize.buckets import (PREFIX_LEN, Dim, contains, instantiate, key
                                      bucket_key, unbucketable, values_of)
 from torch_kernelize.planner import tensor_input_nodes
 from torch_kernelize.spec import KernelSpec
-
-log = logging.getLogger("torch_kernelize.buckets")
 
 
 def _size_expr(v: Any) -> Any:
@@ -51,7 +48,7 @@ def bucket_dims(node: fx.Node) -> tuple[Dim, ...] | None:
             return None
         for d, size in enumerate(t.shape):
             e = _size_expr(size)
-            if isinstance(e, int) or (isinstance(e, sympy.Integer)):
+            if isinstance(e, (int, sympy.Integer)):
                 continue
             if not isinstance(e, sympy.Symbol):
                 return None

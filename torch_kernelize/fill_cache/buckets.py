@@ -82,7 +82,7 @@ class BucketFamily(KernelFamily):
     def generate(self, spec: KernelSpec, config: Config):
         return self.family.generate_bucketed(spec, config, self.dims)
 
-    def __getattr__(self, name: str) -> Any:  # seeds, neighbours, inputs, ties: the family's
+    def __getattr__(self, name: str) -> Any:  # what else the harness asks of a family (the base's own are below)
         return getattr(self.family, name)
 
     def supports(self, spec: KernelSpec) -> str | None:

@@ -438,10 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         cache = KernelCache.for_target(args.cache_dir / f"rank-{group.rank}" if private else args.cache_dir, target)
         check_cache_dir(cache.dir)
         generators = chosen_generators(args.generators, target)
-        work = list(collect_work(args, target, generators).values())
         if group is not None and args.dynamic:
             raise UsageError("--dynamic (shape buckets) runs in one process, not under torchrun")
-        buckets = works_from_args(args, target) if group is None else []
+        buckets = works_from_args(args, target) if group is None else []  # (its bad arguments first)
+        work = list(collect_work(args, target, generators).values())
         log.info("generators beside each spec's family: %s", ", ".join(g.name for g in generators) or "none")
         for note in generator_notes(target) if args.generators is None else ():
             log.info("generator %s", note)
