@@ -19,8 +19,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.buckets import (PREFIX_LEN, Dim, contains, instantiate, key_prefix, pow2_bucket,
-                                     bucket_key, unbucketable, values_of)
+from torch_kernelize.buckets import (PREFIX_LEN, Dim, bucket_key, contains, instantiate, key_prefix, pow2_bucket,
+                                     unbucketable, values_of)
 from torch_kernelize.planner import tensor_input_nodes
 from torch_kernelize.spec import KernelSpec
 
@@ -66,8 +66,12 @@ class GraphBuckets:
             self.keys = frozenset(cache.keys())
         except OSError:  # an unreadable cache: every lookup misses (the session has warned once)
             self.keys = frozenset()
+        self._by_prefix: dict[str, list[str]] = {}  # every key by its first PREFIX_LEN digits
+        for key in sorted(self.keys):
+            self._by_prefix.setdefault(key[:PREFIX_LEN], []).append(key)
         self._load_runner = load_runner
         self._dims: dict[str, tuple[Dim, ...] | None] = {}   # node name -> its variable dims
+        self._prefixes: dict[tuple, str] = {}
         self._buckets: dict[str, list[tuple[Any, Any]]] = {}  # key prefix -> [(Bucket, CacheEntry)]
         # spec key of a miss -> (the key of its default bucket, its dims): see LoweredGraph._record_key
         self.miss_keys: dict[str, tuple[str, tuple[Dim, ...]]] = {}
@@ -78,6 +82,17 @@ class GraphBuckets:
             self._dims[node.name] = bucket_dims(node)
         return self._dims[node.name]
 
+    def prefix(self, node: fx.Node, spec: KernelSpec, dims: tuple[Dim, ...], sub: tuple[Dim, ...]) -> str:
+        """``key_prefix(spec, sub)``, hashed once per node and sizes of the dims ``sub`` leaves
+        fixed (what else it hashes is the same for every shape of the node)."""
+        fixed = {(s, i, d) for s, i, d, _ in dims} - {(s, i, d) for s, i, d, _ in sub}
+        sizes = tuple((spec.inputs if s == "in" else spec.outputs)[i].shape[d] for s, i, d in sorted(fixed))
+        memo = (node.name, sub, sizes)
+        found = self._prefixes.get(memo)
+        if found is None:
+            found = self._prefixes[memo] = key_prefix(spec, sub)
+        return found
+
     def buckets(self, prefix: str) -> list[tuple[Any, Any]]:
         """Every valid bucket entry whose key starts with ``prefix`` (read once per graph, with
         their kernels loaded)."""
@@ -85,7 +100,7 @@ class GraphBuckets:
             found = self._buckets.get(prefix)
             if found is None:
                 found = []
-                for key in sorted(k for k in self.keys if k.startswith(prefix) and len(k) > PREFIX_LEN):
+                for key in self._by_prefix.get(prefix, ()):
                     entry = self.cache.get(key)
                     bucket = entry.bucket if entry is not None else None
                     if bucket is None:
@@ -120,7 +135,7 @@ class BucketLookup:
         dims = self.graph.dims(node)
         if dims is None or unbucketable(spec, dims) is not None:
             return exact
-        found = [(sub, self.graph.buckets(key_prefix(spec, sub))) for sub in subsets(dims)]  # (all read now)
+        found = [(sub, self.graph.buckets(self.graph.prefix(node, spec, dims, sub))) for sub in subsets(dims)]
         if exact[0] != "miss":
             return exact
         for sub, buckets in found:
