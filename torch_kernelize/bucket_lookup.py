@@ -19,8 +19,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.buckets import (PREFIX_LEN, Dim, bucket_key, contains, instantiate, key_prefix, pow2_bucket,
-                                     unbucketable, values_of)
+from torch_kernelize.buckets import PREFIX_LEN, Dim, contains, instantiate, key_prefix, unbucketable, values_of
 from torch_kernelize.planner import tensor_input_nodes
 from torch_kernelize.spec import KernelSpec
 
@@ -73,8 +72,7 @@ class GraphBuckets:
         self._dims: dict[str, tuple[Dim, ...] | None] = {}   # node name -> its variable dims
         self._prefixes: dict[tuple, str] = {}
         self._buckets: dict[str, list[tuple[Any, Any]]] = {}  # key prefix -> [(Bucket, CacheEntry)]
-        # spec key of a miss -> (the key of its default bucket, its dims): see LoweredGraph._record_key
-        self.miss_keys: dict[str, tuple[str, tuple[Dim, ...]]] = {}
+        self.miss_dims: dict[str, tuple[Dim, ...]] = {}  # a bucketable miss's spec key -> its dims (its repro's)
         self._lock = threading.Lock()
 
     def dims(self, node: fx.Node) -> tuple[Dim, ...] | None:
@@ -145,8 +143,7 @@ class BucketLookup:
                     status = "hit" if entry.winner == "triton" else "vendor"
                     where = " x ".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
                     return status, entry, f"bucket {entry.key} (sizes {where}) of {entry.family or 'vendor'}"
-        values = values_of(spec, dims)
-        self.graph.miss_keys[spec.key] = (bucket_key(spec, dims, [pow2_bucket(v) for v in values]), dims)
+        self.graph.miss_dims[spec.key] = dims
         return exact
 
 

@@ -32,6 +32,7 @@ from torch_kernelize.view_folding import fold_view_chains
 from torch_kernelize.report import GraphReport, ReportWriter
 from torch_kernelize.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
+from torch_kernelize.buckets import pow2_bucket
 from torch_kernelize.shapes import SymbolBinder
 from torch_kernelize.spec import KernelSpec
 
@@ -265,7 +266,7 @@ class LoweredGraph:
             pending = []  # the misses recorded as reproducers: their first call captures their inputs
             for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
-                    verdict = repros.check(d.spec, self._record_key(d))
+                    verdict = repros.check(d.spec, self._record_key(d, key))
                     if verdict in ("new", "duplicate"):  # (a capped one has no folder to point to)
                         d.repro = str(repros.folder_for(d.spec))
                     if verdict == "new":
@@ -293,16 +294,14 @@ class LoweredGraph:
                          sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
             return spec
 
-    def _record_key(self, d: Decision) -> str | None:
-        """The key a miss is recorded once under: its bucket's, where its family fills buckets
-        (one reproducer serves them all); None: its spec's."""
-        miss = self._buckets.miss_keys.get(d.spec_key) if self._buckets is not None else None
-        if miss is None or d.spec is None:
+    def _record_key(self, d: Decision, key: tuple) -> str | None:
+        """The key a miss of a dynamic graph is recorded once under per process: its node's (or
+        region's) with every size symbol's default shape bucket (buckets.pow2_bucket), so the
+        shapes of one bucket leave one reproducer. None (a static graph): its spec's."""
+        if self.binder is None or self.binder.is_static:
             return None
-        from torch_kernelize.lowering.kernels import family_for
-        key, dims = miss
-        family = family_for(d.spec)
-        return key if family is not None and family.bucket_support(d.spec, dims) is None else None
+        ranges = [pow2_bucket(v) if isinstance(v, int) and v >= 1 else v for v in key]
+        return f"{self.name}:{d.node}:{ranges}"
 
     def _decide_regions(self, bindings, decisions: list[Decision], cache: Any):
         """Look every fused region up in ``cache``; hits replace their nodes, misses are recorded."""
@@ -361,7 +360,7 @@ class LoweredGraph:
         """Run once through an interpreter that captures the inputs of the repros this process
         still records (claimed now: another graph, or the cap, may have taken them since)."""
         repros = self.session.repros
-        pending = [d for d in pending if repros.claim(d.spec, self._record_key(d))]
+        pending = [d for d in pending if repros.claim(d.spec, self._record_key(d, spec.key))]
         out = self._capture(spec, args, pending) if pending else spec._forward(*args)
         if strict_missing:
             flush_repros(STRICT_WAIT_S)  # the error names the repro folders: they are there when it is raised
@@ -399,10 +398,10 @@ class LoweredGraph:
             elif d.node in interp.captured:
                 inputs = interp.captured[d.node]
             if inputs is None:  # not captured here: a graph that computes it may record it
-                repros.release(d.spec, self._record_key(d))
+                repros.release(d.spec, self._record_key(d, spec.key))
             else:
                 repros.write(d, inputs, self.target, kind="missing" if d.missing else "miss",
-                             bucket_dims=self._buckets.miss_keys[d.spec_key][1] if self._record_key(d) else None)
+                             bucket_dims=self._buckets.miss_dims.get(d.spec_key) if self._buckets else None)
         return out
 
     def triton_call(self, spec: KernelSpec, runner: Callable, entry_key: str | None = None) -> TritonCall:

@@ -6,8 +6,8 @@ if so, takes the CPU copies of the node's inputs during its first call. Everythi
 reproducer costs (the FX repro script, the content-addressed input store, the float64
 reference, the files) runs on one background thread fed by a bounded queue.
 
-A miss is recorded once per process per *record key* (its spec key; its shape bucket's where its
-family fills buckets: then one shape of each bucket is recorded), not at all where the folder already exists, and only while the process is under
+A miss is recorded once per process per *record key* (its spec key; in a dynamic graph its node's
+with the shape bucket of each size symbol: one shape of each bucket is recorded), not at all where the folder already exists, and only while the process is under
 ``repro_max`` recorded misses and ``repro_max_bytes`` of captured inputs. Every miss that is not
 recorded is counted with its reason in the report (``report.repro_counts``). At interpreter exit
 the queue is flushed, waiting at most ``EXIT_WAIT_S``.
