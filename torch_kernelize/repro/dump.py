@@ -176,8 +176,8 @@ class ReproWriter:
         return self.root / spec.slug
 
     def _verdict(self, spec: KernelSpec, take: bool, record_key: str | None) -> str:
-        """``record_key``: the key the miss is recorded once under per process: its shape bucket's
-        where its family fills buckets (the caller knows), else the spec's own."""
+        """``record_key``: the key the miss is recorded once under per process: in a dynamic graph
+        its node's and shape bucket's (the caller makes it), else the spec's own."""
         return recorder.budget.verdict(self.root, record_key or spec.key, self.folder_for(spec),
                                        recorder.captured_bytes(spec), self.options.repro_max,
                                        self.options.repro_max_bytes, take, spec.key)
