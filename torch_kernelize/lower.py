@@ -16,6 +16,7 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize import flush_repros
+from torch_kernelize.buckets import pow2_bucket
 from torch_kernelize.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.flat_code import flat_function
@@ -32,7 +33,6 @@ from torch_kernelize.view_folding import fold_view_chains
 from torch_kernelize.report import GraphReport, ReportWriter
 from torch_kernelize.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
-from torch_kernelize.buckets import pow2_bucket
 from torch_kernelize.shapes import SymbolBinder
 from torch_kernelize.spec import KernelSpec
 
