@@ -212,9 +212,9 @@ def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) 
             family = family_for(spec)
             inputs = [a for a in args if isinstance(a, torch.Tensor)]
             eager = do_bench(lambda: op(*args), warmup=25, rep=100)
-            plan = family._plan(spec)
+            plan = family.plan(spec)
             for config in configs:
-                if not family._valid(spec if family.name == "elementwise" else plan, config):
+                if not family._valid(plan, config):
                     continue
                 runner = jit_runner(Path(tmp), spec, family.generate(spec, config))
                 got, want = runner(*inputs), op(*args)  # a sanity check beside the time (validation is the tests')

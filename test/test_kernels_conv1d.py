@@ -45,7 +45,7 @@ def interp_config(spec: KernelSpec, **changes) -> Config:
 def check(spec: KernelSpec, tmp_path, config: Config | None = None, **kw):
     assert FAMILY.supports(spec) is None, FAMILY.supports(spec)
     config = config or interp_config(spec)
-    assert FAMILY._valid(FAMILY._plan(spec), config), config
+    assert FAMILY._valid(FAMILY.plan(spec), config), config
     return assert_valid(FAMILY, spec, tmp_path, config, **kw)
 
 
@@ -181,7 +181,7 @@ def test_benchmark_seeds():
         FAMILY.generate(spec, n)
     # the candidate that faulted the H200: 8 warps on a 64-row MMA is never proposed
     faulted = first.replace(BLOCK_L=64, num_warps=8)
-    assert not FAMILY._valid(FAMILY._plan(spec), faulted)
+    assert not FAMILY._valid(FAMILY.plan(spec), faulted)
     assert all(not (c["num_warps"] == 8 and c["BLOCK_L"] < 128 and c["LAYOUT"] == "LC")
                for s in seeds for c in [s, *FAMILY.neighbours(spec, s)])
 
@@ -289,7 +289,7 @@ def gpu_bench(out: str | None = None) -> list[dict]:
     if "--neighbours" in sys.argv:
         configs += [n for c in list(configs) for n in FAMILY.neighbours(spec, c) if not n.get("DOT_UPCAST")]
     if "--sweep" in sys.argv:  # persistent grids x pipelining depth x tile shapes around the seeds
-        plan = FAMILY._plan(spec)
+        plan = FAMILY.plan(spec)
         base = configs[0]
         grid = [dict(GRID=132, GATHER=True, LOADS_FIRST=True, num_stages=st, BLOCK_CO=bco, CO_PROG=-(-96 // bco),
                      BLOCK_CI=bci, BLOCK_L=bl, num_warps=8 if bl >= 128 else 4)

@@ -202,7 +202,7 @@ def test_every_seed_config_validates(name, tmp_path):
     if bf16 or "f16" in name:
         assert {c["DOT_UPCAST"] for c in configs} == {True, False}  # both variants are offered
     for config in configs:
-        assert FAMILY._valid(FAMILY._plan(spec), config)
+        assert FAMILY._valid(FAMILY.plan(spec), config)
         program = FAMILY.generate(spec, config)
         if bf16 and not config["DOT_UPCAST"]:
             # the interpreter's bf16 dot is wrong: this variant must FAIL here (it is the GPU's variant)
@@ -225,7 +225,7 @@ def test_seed_configs_big_shape():
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "DOT_UPCAST"):
         assert any(n[k] != FAMILY.seed_configs(spec)[0][k] for n in neigh), k
     big = Config.of(BLOCK_M=256, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, DOT_UPCAST=False)
-    assert not FAMILY._valid(FAMILY._plan(spec), big)   # 256 accumulator registers per thread
+    assert not FAMILY._valid(FAMILY.plan(spec), big)   # 256 accumulator registers per thread
 
 
 

@@ -4,7 +4,8 @@ Sizes and strides are concrete (a KernelSpec is per shape), so the generators ba
 source as literals; these helpers keep that arithmetic in one place:
 
 - dtype names: torch name <-> ``tl.*`` type, the compute type of a storage type;
-- argument binding: a spec's encoded args/kwargs -> {schema name: value} with defaults filled in;
+- argument binding: the one schema binder (a spec's or a region node's encoded args/kwargs ->
+  {schema name: value} with defaults filled in), and typed reads of bound tensors and dims;
 - layouts: broadcast strides, dropping size-1 dims, ordering dims by a layout, collapsing dims
   that are contiguous in every tensor, and the index arithmetic (div/mod by literals) that turns
   a flat index into one offset per tensor, and tensors seen as rows along a dim (topk, sort);
@@ -16,6 +17,7 @@ import dataclasses
 import math
 from typing import Any, Iterable, Sequence
 
+from torch_kernelize.lowering.targets import resolve_op
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
 TL_TYPES = {
@@ -65,20 +67,55 @@ def literal(value: Any, dtype: str) -> str:
 
 # --- arguments ---------------------------------------------------------------------------------
 
-def bind(spec: KernelSpec) -> dict[str, Any]:
-    """The spec's arguments by schema name (encoded form; tensors are {"tensor": i}), defaults filled."""
-    schema = spec.op_overload._schema
+class ArgumentError(ValueError):
+    """Arguments that do not fit their op's schema (a spec or region node no family generates)."""
+
+
+def bind_arguments(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a call of ``op`` (a full op name) by schema name, defaults filled in (None
+    where a parameter has neither value nor default). Values stay as given: encoded, as in a
+    KernelSpec ({"tensor": i}) or a region node ({"input": i}, {"node": j}). An ArgumentError for
+    an unknown op, more positional arguments than parameters, or an unknown keyword."""
+    try:
+        schema = resolve_op(op)._schema
+    except Exception:  # noqa: BLE001 - any failure means the op is unknown here
+        raise ArgumentError(f"unknown op {op}") from None
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise ArgumentError(f"{op}: {len(args)} positional arguments for {len(positional)} parameters")
+    unknown = set(kwargs) - {a.name for a in schema.arguments}
+    if unknown:
+        raise ArgumentError(f"{op}: unknown keyword arguments {sorted(unknown)}")
     out: dict[str, Any] = {}
     for i, arg in enumerate(schema.arguments):
-        if i < len(spec.args) and not arg.kwarg_only:
-            out[arg.name] = spec.args[i]
-        elif arg.name in spec.kwargs:
-            out[arg.name] = spec.kwargs[arg.name]
+        if i < len(args) and not arg.kwarg_only:
+            out[arg.name] = args[i]
+        elif arg.name in kwargs:
+            out[arg.name] = kwargs[arg.name]
         elif arg.has_default_value():
             out[arg.name] = arg.default_value
         else:
             out[arg.name] = None
     return out
+
+
+def bind(spec: KernelSpec) -> dict[str, Any]:
+    """The spec's arguments by schema name (``bind_arguments``; tensors are {"tensor": i})."""
+    return bind_arguments(spec.op, spec.args, spec.kwargs)
+
+
+def tensor_arg(spec: KernelSpec, args: dict[str, Any], name: str) -> TensorMeta | str:
+    """The meta of the spec input that bound argument ``name`` names, or why it names none."""
+    i = tensor_index(args.get(name))
+    return f"{name} must be a tensor" if i is None else spec.inputs[i]
+
+
+def dim_arg(value: Any, ndim: int) -> int | str:
+    """A dim argument of a ``ndim``-d tensor, wrapped to [0, ndim) (0 for a 0-d one), or why it is none."""
+    n = max(ndim, 1)
+    if not isinstance(value, int) or isinstance(value, bool) or not -n <= value < n:
+        return f"bad dim {value!r}"
+    return value % n
 
 
 def tensor_index(value: Any) -> int | None:

@@ -52,7 +52,6 @@ from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.lowering.targets import resolve_op
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
 REDUCE_OPS = {"aten.sum.dim_IntList": "sum", "aten.mean.dim": "mean",
@@ -154,30 +153,6 @@ def _refs_in(v: Any) -> list[Ref]:
     return [r] if r else []
 
 
-def _bind(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any] | str:
-    try:
-        schema = resolve_op(op)._schema
-    except Exception:  # noqa: BLE001 - any failure means the op is unknown here
-        return f"unknown op {op}"
-    out: dict[str, Any] = {}
-    positional = [a for a in schema.arguments if not a.kwarg_only]
-    if len(args) > len(positional):
-        return f"{op}: {len(args)} positional arguments for {len(positional)} parameters"
-    for i, a in enumerate(schema.arguments):
-        if i < len(args) and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-        else:
-            out[a.name] = None
-    unknown = set(kwargs) - {a.name for a in schema.arguments}
-    if unknown:
-        return f"{op}: unknown keyword arguments {sorted(unknown)}"
-    return out
-
-
 
 def _last_dim(dims: Any, ndim: int) -> bool:
     if isinstance(dims, int) and not isinstance(dims, bool):
@@ -219,9 +194,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
             where[j] = len(new)
             new.append(dict(n, args=remap(n["args"]), kwargs={k: remap(v) for k, v in n["kwargs"].items()}))
             continue
-        args = _bind(LAYER_NORM_OP, remap(n["args"]), {k: remap(v) for k, v in n["kwargs"].items()})
-        if isinstance(args, str):
-            return args
+        args = cg.bind_arguments(LAYER_NORM_OP, remap(n["args"]), {k: remap(v) for k, v in n["kwargs"].items()})
         out, mean, rstd = n["meta"]
         if len(args["normalized_shape"]) != 1 or None in (out, mean, rstd):
             return f"node {j}: LayerNorm over {args['normalized_shape']} (the last dim only here)"
@@ -325,9 +298,7 @@ class _Analysis:
     def node(self, j: int, n: dict[str, Any]) -> _Node | str:
         op = n["op"]
         meta = TensorMeta.from_json(n["meta"])
-        args = _bind(op, n.get("args", []), n.get("kwargs", {}))
-        if isinstance(args, str):
-            return args
+        args = cg.bind_arguments(op, n.get("args", []), n.get("kwargs", {}))
         for r in _refs_in(list(args.values())):
             if why := self.check_ref(r, j):
                 return why
@@ -662,7 +633,11 @@ def _helpers(nodes: Sequence[_Node]) -> tuple[str, ...]:
 
 
 def analyse(graph: dict[str, Any], inputs: Sequence[TensorMeta], outputs: Sequence[TensorMeta]) -> _Plan | str:
-    return _Analysis(graph, inputs, outputs).run()
+    """The plan of a region graph, or the reason it is not generated."""
+    try:
+        return _Analysis(graph, inputs, outputs).run()
+    except cg.ArgumentError as e:
+        return str(e)
 
 
 # --- code generation ---------------------------------------------------------------------------
@@ -1266,8 +1241,8 @@ class FusedRegionFamily(KernelFamily):
     ops = frozenset({"region"})
     edge_kinds = ("zeros", "large", "negative", "special")
 
-    def _plan(self, spec: KernelSpec) -> tuple[_Plan, dict[str, Any]] | str:
-        if spec.op != "region" or spec.graph is None:
+    def _analyse(self, spec: KernelSpec) -> tuple[_Plan, dict[str, Any]] | str:
+        if spec.graph is None:
             return f"{self.name} handles fused regions, not {spec.op}"
         try:
             graph = json.loads(spec.graph)
@@ -1283,7 +1258,7 @@ class FusedRegionFamily(KernelFamily):
         return plan if isinstance(plan, str) else (plan, graph)
 
     def supports(self, spec: KernelSpec) -> str | None:
-        got = self._plan(spec)
+        got = self.plan(spec)
         if isinstance(got, str):
             return got
         plan, _ = got
@@ -1291,28 +1266,20 @@ class FusedRegionFamily(KernelFamily):
             return f"rows of {plan.N} need {plan.passes} passes (> {MAX_PASSES}) in the looped variant"
         return None
 
-    def _checked(self, spec: KernelSpec) -> tuple[_Plan, dict[str, Any]]:
-        got = self._plan(spec)
-        if isinstance(got, str):
-            raise ValueError(f"{spec.describe()}: {got}")
-        return got
+    def _valid(self, got: tuple[_Plan, dict[str, Any]], config: Config) -> bool:
+        plan = got[0]
+        return (rowwise_valid if plan.kind == "rowwise" else pointwise_valid)(plan, config)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan, _ = self._checked(spec)
+    def _seeds(self, spec: KernelSpec, got: tuple[_Plan, dict[str, Any]]) -> list[Config]:
+        plan = got[0]
         return rowwise_seeds(plan) if plan.kind == "rowwise" else pointwise_seeds(plan)
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        got = self._plan(spec)
-        if isinstance(got, str):
-            return []
+    def _steps(self, got: tuple[_Plan, dict[str, Any]], config: Config) -> list[Config]:
         plan = got[0]
         return rowwise_neighbours(plan, config) if plan.kind == "rowwise" else pointwise_neighbours(plan, config)
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan, graph = self._checked(spec)
-        valid = rowwise_valid if plan.kind == "rowwise" else pointwise_valid
-        if not valid(plan, config):
-            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        plan, graph = self.checked_plan(spec, config)
         return generate_plan(plan, graph, config, region_header(graph, spec.inputs, spec.outputs),
                              f"fused_{plan.kind}_kernel")
 

@@ -39,7 +39,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device
 from torch_kernelize.lowering.kernels.program import Buffer, Donation, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -105,9 +105,7 @@ class IndexingFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
         name = OPS[spec.op]
         a = cg.bind(spec)
         if len(spec.outputs) != 1:
@@ -247,10 +245,6 @@ class IndexingFamily(KernelFamily):
         plan.wide = max(spans) + 2 * MAX_TILE > cg.INT32_MAX or plan.R * max(1, plan.Q) + MAX_TILE > cg.INT32_MAX
         return plan
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     @staticmethod
     def _fp32_variant(plan: _Plan) -> bool:
         """Whether VARIANT "fp32" (sums in an fp32 temporary) is an option: atomic adds of fp16/bf16."""
@@ -284,10 +278,7 @@ class IndexingFamily(KernelFamily):
         w = max(1, min(warps or 4, b // 32))
         return Config.of(BLOCK=b, num_warps=w, **extra)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         variants = ["direct", "fp32"] if self._fp32_variant(plan) else ["direct"]
         seeds = []
         for v in variants:
@@ -297,18 +288,14 @@ class IndexingFamily(KernelFamily):
                           self._cfg(plan, 2048, 256, 4, v)]
             else:
                 seeds += [self._cfg(plan, 1024, warps=4, variant=v), self._cfg(plan, 4096, warps=8, variant=v)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
         keys = ("BLOCK_R", "BLOCK_D", "num_warps") if plan.rows else ("BLOCK", "num_warps")
         cands = doubled_and_halved(c, keys)
         if "VARIANT" in dict(c.params):
             cands.append(c.replace(VARIANT="fp32" if c["VARIANT"] == "direct" else "direct"))
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+        return cands
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -321,7 +308,7 @@ class IndexingFamily(KernelFamily):
         """Values by ``kind``; indices always valid, uniform over the indexed dim (so repeated
         indices occur for the scatter-adds), negative ones too where ATen wraps them; distinct
         where index_put overwrites (which of two writes wins is unspecified)."""
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         g = torch.Generator().manual_seed(seed)
         out = []
         for i, m in enumerate(spec.inputs):

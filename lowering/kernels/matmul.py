@@ -45,10 +45,9 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2, unique
+from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.lowering.targets import resolve_op
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
 MM_OPS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm"}
@@ -90,22 +89,6 @@ class _Plan:
     tile_inputs: dict[int, tuple[int, int, int]]   # input -> (batch, m, n) strides over C
     helpers: list[str]
     region: bool
-
-
-def _bind(op: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A node's arguments by schema name (encoded), defaults filled in."""
-    schema = resolve_op(op)._schema
-    out: dict[str, Any] = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(args) and not arg.kwarg_only:
-            out[arg.name] = args[i]
-        elif arg.name in kwargs:
-            out[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            out[arg.name] = arg.default_value
-        else:
-            out[arg.name] = None
-    return out
 
 
 def _ref(v: Any) -> tuple[str, int] | None:
@@ -208,7 +191,7 @@ class MatmulFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
+    def _analyse(self, spec: KernelSpec) -> _Plan | _Group | str:
         if spec.graph is None:
             if spec.op not in MM_OPS:
                 return f"{self.name} does not handle {spec.op}"
@@ -230,7 +213,7 @@ class MatmulFamily(KernelFamily):
         if not nodes or nodes[0]["op"] not in MM_OPS:
             return "node 0 is not mm/addmm/bmm"
         op0 = MM_OPS[nodes[0]["op"]]
-        args0 = _bind(nodes[0]["op"], nodes[0]["args"], nodes[0]["kwargs"])
+        args0 = cg.bind_arguments(nodes[0]["op"], nodes[0]["args"], nodes[0]["kwargs"])
         names = {"mm": ("self", "mat2", None), "bmm": ("self", "mat2", None), "addmm": ("mat1", "mat2", "self")}[op0]
         refs = [_ref(args0[n]) if n else None for n in names]
         if any(r is None or r[0] != "input" for r in refs[:2]) or (names[2] and (refs[2] is None or refs[2][0] != "input")):
@@ -323,7 +306,7 @@ class MatmulFamily(KernelFamily):
             return parts
         plans = []
         for j, (sub, _, _) in enumerate(parts):
-            plan = self._plan(sub)
+            plan = self.plan(sub)
             if isinstance(plan, str):
                 return f"member {j}: {plan}"
             if plan.B != 1:
@@ -348,7 +331,7 @@ class MatmulFamily(KernelFamily):
             return f"shape {meta.shape} is not the matmul output's {out_shape}"
         if meta.dtype not in cg.FLOAT_TYPES + ("bool",):
             return f"{meta.dtype} values are not generated in an epilogue (fp32/fp16/bf16/bool only)"
-        args = _bind(op, nd["args"], nd["kwargs"])
+        args = cg.bind_arguments(op, nd["args"], nd["kwargs"])
         if pw.check is not None and (why := pw.check(args)):
             return why
         for k in ("alpha", "min", "max", "min_val", "max_val", "negative_slope"):
@@ -429,10 +412,6 @@ class MatmulFamily(KernelFamily):
             return f"op kind {pw.kind!r} is not generated in an epilogue"
         return node
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     # --- configs ------------------------------------------------------------------------------
     @staticmethod
     def _caps(plan: _Plan) -> tuple[int, int, int]:
@@ -485,10 +464,7 @@ class MatmulFamily(KernelFamily):
                 break
         return [self._fit(plan, bm, bn, 64, 4, 4)]
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+    def _seeds(self, spec: KernelSpec, plan: _Plan | _Group) -> list[Config]:
         group = plan if isinstance(plan, _Group) else None
         plan = group.rep if group else plan
         filling = self._filling(plan, group.tiles if group else None)
@@ -508,13 +484,9 @@ class MatmulFamily(KernelFamily):
                      self._fit(plan, 256, 128, 64, 8, 3), self._fit(plan, 32, 32, 32, 4, 2),
                      self._fit(plan, 128, 128, 64, 8, 3, align=True),
                      self._fit(plan, 128, 128, 64, 8, 3, upcast=True), self._fit(plan, 32, 32, 32, 4, 2, upcast=True)]
-        return unique([c for c in seeds if self._valid(group or plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
+    def _steps(self, plan: _Plan | _Group, c: Config) -> list[Config]:
         cands = []
         for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: c[k] // 2})]
@@ -523,7 +495,7 @@ class MatmulFamily(KernelFamily):
         cands += [c.replace(num_warps=8 if c["num_warps"] == 4 else 4)]
         cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
         cands += [c.replace(DOT_UPCAST=not c["DOT_UPCAST"]), c.replace(ALIGN=not c.get("ALIGN", False))]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+        return cands
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -79,14 +79,11 @@ class ReductionFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
         args = cg.bind(spec)
-        i = cg.tensor_index(args.get("self"))
-        if i is None:
-            return "self must be a tensor"
-        x = spec.inputs[i]
+        x = cg.tensor_arg(spec, args, "self")
+        if isinstance(x, str):
+            return x
         if x.dtype not in cg.FLOAT_TYPES:
             return f"input dtype {x.dtype} is not fp32/fp16/bf16"
         if any(o.dtype not in cg.FLOAT_TYPES for o in spec.outputs):
@@ -157,10 +154,6 @@ class ReductionFamily(KernelFamily):
         return _Plan(kind, x.dtype, pre_cast, [o.dtype for o in spec.outputs], M, R, m_sizes, m_strides,
                      r_sizes, r_strides, denom)
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
         bm, br, split = c["BLOCK_M"], c["BLOCK_R"], c["SPLIT"]
@@ -192,10 +185,7 @@ class ReductionFamily(KernelFamily):
         return Config.of(BLOCK_M=bm, BLOCK_R=br, SPLIT=split, num_warps=warps,
                          num_stages=1 if single else stages)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         R, M = plan.R, plan.M
         in_r = plan.r_strides[0][-1] if plan.r_sizes else 1
         in_m = plan.m_strides[0][-1] if plan.m_sizes else 0
@@ -221,18 +211,14 @@ class ReductionFamily(KernelFamily):
             bm = 32 if in_m == 1 and in_r != 1 else 1
             split = max(2, min(_floor2(R // 8192), _floor2(max(2, 2048 // -(-M // bm)))))
             seeds += [self._cfg(plan, bm, 2048 if bm == 1 else 64, split, 4)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
         cands = doubled_and_halved(c, ("BLOCK_M", "BLOCK_R", "SPLIT", "num_warps"))
         cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
         # growing BLOCK_R into a single pass drops the stages, which only apply to a loop
         cands += [x.replace(num_stages=1) for x in list(cands) if x["BLOCK_R"] >= plan.R and x["SPLIT"] == 1]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+        return cands
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:

@@ -26,8 +26,8 @@ from typing import Sequence
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, resolve_tied_indices, sample_tensor, to_device,
-                                                   unique)
+from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, resolve_tied_indices,
+                                                   sample_tensor, to_device)
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -56,14 +56,11 @@ class TopkFamily(KernelFamily):
     ops = frozenset({"aten.topk.default"})
     edge_kinds = ("large", "negative", "special")   # no "zeros": all ties
 
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
         a = cg.bind(spec)
-        i = cg.tensor_index(a.get("self"))
-        if i is None:
-            return "self must be a tensor"
-        x = spec.inputs[i]
+        x = cg.tensor_arg(spec, a, "self")
+        if isinstance(x, str):
+            return x
         if x.dtype not in cg.FLOAT_TYPES:
             return f"topk of {x.dtype} is not generated (fp32/fp16/bf16)"
         k, d = a.get("k"), a.get("dim", -1)
@@ -72,12 +69,11 @@ class TopkFamily(KernelFamily):
             return f"k={k!r}: only 1 <= k <= {MAX_K} is generated"
         if not srt:
             return "sorted=False: ATen leaves the order unspecified (CPU and CUDA differ), so it cannot be validated"
-        ndim = len(x.shape)
-        if not isinstance(d, int) or isinstance(d, bool) or not -max(ndim, 1) <= d < max(ndim, 1):
-            return f"bad dim {d!r}"
-        if ndim == 0:
+        d = cg.dim_arg(d, len(x.shape))
+        if isinstance(d, str):
+            return d
+        if not x.shape:
             return "0-d input"
-        d %= ndim
         N = x.shape[d]
         if k > N:
             return f"k={k} > {N} elements"
@@ -94,10 +90,6 @@ class TopkFamily(KernelFamily):
         r = cg.rows_along((x, v, ix), d)
         return _Plan(x.dtype, k, bool(largest), r.M, N, r.m_sizes, r.m_strides, r.n_strides, d, r.wide)
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
         bm, v, w = c["BLOCK_M"], c["VARIANT"], c["num_warps"]
@@ -111,23 +103,13 @@ class TopkFamily(KernelFamily):
         w = warps or max(1, min(8, bm * n // 256))
         return Config.of(BLOCK_M=bm, VARIANT=variant, num_warps=w)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
-        seeds = [self._cfg(plan, 2048, "bitonic"), self._cfg(plan, 2048, "passes"),
-                 self._cfg(plan, 8192, "bitonic"), self._cfg(plan, 512, "passes", 2)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
+        return [self._cfg(plan, 2048, "bitonic"), self._cfg(plan, 2048, "passes"),
+                self._cfg(plan, 8192, "bitonic"), self._cfg(plan, 512, "passes", 2)]
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
-        cands = [c.replace(BLOCK_M=c["BLOCK_M"] * 2), c.replace(BLOCK_M=max(1, c["BLOCK_M"] // 2)),
-                 c.replace(num_warps=c["num_warps"] * 2), c.replace(num_warps=max(1, c["num_warps"] // 2)),
-                 c.replace(VARIANT="passes" if c["VARIANT"] == "bitonic" else "bitonic")]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
+        return doubled_and_halved(c, ("BLOCK_M", "num_warps")) + [
+            c.replace(VARIANT="passes" if c["VARIANT"] == "bitonic" else "bitonic")]
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -199,7 +181,7 @@ class TopkFamily(KernelFamily):
 
     def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                      refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
             return outs
         values, got = outs
@@ -211,7 +193,7 @@ class TopkFamily(KernelFamily):
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """Rows of distinct values (ties would let indices legitimately differ from ATen's);
         "special" puts one NaN, +inf and -inf in each row."""
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         g = torch.Generator().manual_seed(seed)
         m = spec.inputs[0]
         if isinstance(plan, str):
