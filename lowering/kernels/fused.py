@@ -48,6 +48,7 @@ from typing import Any, Sequence
 
 import torch
 
+from torch_kernelize.lowering import regions
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
@@ -68,7 +69,7 @@ EXPAND_OP, CLONE_OP = "aten.expand.default", "aten.clone.default"
 LAYER_NORM_OP, GETITEM_OP = "aten.native_layer_norm.default", "getitem"
 HALF = ("float16", "bfloat16")
 
-Ref = tuple  # ("in", i) | ("node", j) | ("const", number)
+Ref = tuple  # ("input", i) | ("node", j) | ("const", number)
 
 
 # --- analysis ----------------------------------------------------------------------------------
@@ -137,19 +138,10 @@ def _vtype(dtype: str) -> str:
     return "float32" if dtype in cg.FLOAT_TYPES else dtype
 
 
-def _ref(v: Any) -> Ref | None:
-    if isinstance(v, dict) and len(v) == 1:
-        if "input" in v:
-            return ("in", int(v["input"]))
-        if "node" in v:
-            return ("node", int(v["node"]))
-    return None
-
-
 def _refs_in(v: Any) -> list[Ref]:
     if isinstance(v, (list, tuple)):
         return [r for x in v for r in _refs_in(x)]
-    r = _ref(v)
+    r = regions.ref(v)
     return [r] if r else []
 
 
@@ -176,7 +168,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
     def remap(a: Any) -> Any:
         if isinstance(a, list):
             return [remap(x) for x in a]
-        r = _ref(a)
+        r = regions.ref(a)
         return {"node": where[r[1]]} if r is not None and r[0] == "node" else a
 
     def add(op: str, args: list, meta: dict[str, Any]) -> dict[str, Any]:
@@ -185,7 +177,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
 
     for j, n in enumerate(nodes):
         if n["op"] == GETITEM_OP:
-            owner = _ref(n["args"][0])
+            owner = regions.ref(n["args"][0])
             if owner is None or owner[1] not in parts:
                 return f"node {j}: a piece of a node with several outputs is not generated"
             where[j] = parts[owner[1]][n["args"][1]]
@@ -241,16 +233,16 @@ class _Analysis:
 
     # what a reference is --------------------------------------------------------------------
     def meta_of(self, r: Ref) -> TensorMeta:
-        return self.in_metas[r[1]] if r[0] == "in" else self.nodes[r[1]].meta
+        return self.in_metas[r[1]] if r[0] == "input" else self.nodes[r[1]].meta
 
     def vtype_of(self, r: Ref) -> str:
-        return _vtype(self.in_metas[r[1]].dtype) if r[0] == "in" else self.nodes[r[1]].vtype
+        return _vtype(self.in_metas[r[1]].dtype) if r[0] == "input" else self.nodes[r[1]].vtype
 
     def exact_of(self, r: Ref) -> bool:
-        return r[0] == "in" or self.nodes[r[1]].exact
+        return r[0] == "input" or self.nodes[r[1]].exact
 
     def check_ref(self, r: Ref, j: int) -> str | None:
-        if r[0] == "in" and not 0 <= r[1] < len(self.in_metas):
+        if r[0] == "input" and not 0 <= r[1] < len(self.in_metas):
             return f"node {j}: input {r[1]} does not exist"
         if r[0] == "node" and not 0 <= r[1] < j:
             return f"node {j}: node {r[1]} is not computed before it"
@@ -313,7 +305,7 @@ class _Analysis:
         return self.pointwise_node(j, op, args, meta)
 
     def reduction(self, j: int, op: str, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
-        x = _ref(args.get("self"))
+        x = regions.ref(args.get("self"))
         if x is None:
             return f"node {j}: {op} of a non-tensor"
         xm = self.meta_of(x)
@@ -340,7 +332,7 @@ class _Analysis:
 
     def cat_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         pieces = args.get("tensors")
-        refs = [_ref(v) for v in pieces] if isinstance(pieces, list) else []
+        refs = [regions.ref(v) for v in pieces] if isinstance(pieces, list) else []
         if not refs or any(r is None for r in refs):
             return f"node {j}: cat pieces {pieces!r} are not tensors"
         ndim, d = len(meta.shape), args.get("dim", 0)
@@ -365,7 +357,7 @@ class _Analysis:
     def expand_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         """A row value broadcast along the row (a mean's gradient in a norm's backward): the
         value itself, which the tiles it meets broadcast (graph regions that reduce only)."""
-        x = _ref(args.get("self"))
+        x = regions.ref(args.get("self"))
         if x is None:
             return f"node {j}: expand of a non-tensor"
         shape = tuple(self.meta_of(x).shape)
@@ -383,7 +375,7 @@ class _Analysis:
         operands: list[Ref] = []
         for name in pw.operands:
             v = args.get(name)
-            r = _ref(v)
+            r = regions.ref(v)
             if r is not None:
                 operands.append(r)
                 continue
@@ -520,8 +512,8 @@ class _Analysis:
                 pieces.setdefault(where, []).append(r[1])
         ins = []
         for i, m in enumerate(self.in_metas):
-            if ("in", i) in context:  # read where its piece is, through the cat's index remap
-                where = context[("in", i)]
+            if ("input", i) in context:  # read where its piece is, through the cat's index remap
+                where = context[("input", i)]
                 try:
                     st = cg.broadcast_strides(m, piece_shape(where))
                 except ValueError as e:
@@ -574,7 +566,7 @@ class _Analysis:
                 for r in n.operands:
                     if r[0] == "node" and self.nodes[r[1]].shape == "full" and n.shape == "row":
                         return f"node {n.index}: row-shape result of a full-shape operand"
-                    if r[0] == "in":
+                    if r[0] == "input":
                         try:
                             cg.broadcast_strides(self.in_metas[r[1]], shape)
                         except ValueError as e:
@@ -667,14 +659,14 @@ class _Emitter:
 
     # shared pieces ------------------------------------------------------------------------
     def var(self, r: Ref) -> str:
-        return f"x{r[1]}" if r[0] == "in" else f"v{r[1]}"
+        return f"x{r[1]}" if r[0] == "input" else f"v{r[1]}"
 
     def vtype(self, r: Ref) -> str:
-        return _vtype(self.p.inputs[r[1]].meta.dtype) if r[0] == "in" else self.p.nodes[r[1]].vtype
+        return _vtype(self.p.inputs[r[1]].meta.dtype) if r[0] == "input" else self.p.nodes[r[1]].vtype
 
     def describe(self, n: _Node) -> str:
         def show(a: Any) -> str:
-            r = _ref(a)
+            r = regions.ref(a)
             if r:
                 return self.var(r)
             if isinstance(a, list):
@@ -846,7 +838,7 @@ class _PointwiseEmitter(_Emitter):
 
     def _scalar(self, r: Ref) -> bool:
         """Whether a value is a scalar (computed only from inputs loaded as one element)."""
-        if r[0] == "in":
+        if r[0] == "input":
             return self.p.inputs[r[1]].cls == "scalar"
         if r[0] == "const":
             return True
@@ -958,7 +950,7 @@ class _RowwiseEmitter(_Emitter):
     def cls_of(self, r: Ref) -> str:
         if r[0] == "const":
             return "scalar"
-        if r[0] == "in":
+        if r[0] == "input":
             return self.p.inputs[r[1]].cls
         n = self.p.nodes[r[1]]
         if n.role == "reduce":
@@ -1030,7 +1022,7 @@ class _RowwiseEmitter(_Emitter):
             # each input is loaded right before its first use (as Inductor does): a weight read after
             # the row's reduction holds no registers across it
             for r in n.operands:
-                if r[0] == "in" and r[1] not in loaded:
+                if r[0] == "input" and r[1] not in loaded:
                     loaded.add(r[1])
                     self.load(r[1], hinted, last_pass=True)
             s(self.describe(n))
@@ -1066,7 +1058,7 @@ class _RowwiseEmitter(_Emitter):
             s(f"for c0 in range(0, {p.N}, BLOCK_N):").indent()
             self.cols("c0")
             for i, t in enumerate(p.inputs):
-                if t.cls in ("full", "col") and ("in", i) in need:
+                if t.cls in ("full", "col") and ("input", i) in need:
                     self.load(i, hinted, last_pass=pas == p.passes - 1)
             for n in p.nodes:
                 if ("node", n.index) in need:
@@ -1126,7 +1118,7 @@ class _RowwiseEmitter(_Emitter):
             r = stack.pop()
             if r in seen or r[0] == "const":
                 continue
-            if r[0] == "in":
+            if r[0] == "input":
                 seen.add(r)
                 continue
             n = self.p.nodes[r[1]]
