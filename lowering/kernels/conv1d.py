@@ -278,6 +278,7 @@ class Conv1dFamily(KernelFamily):
             self._fit(plan, 128, bco, None, bci, 8, 3, flat=not row, upcast=True),
             self._fit(plan, 64, bco, None, bci, 4, 2, flat=True, upcast=True),
         ]
+        return seeds
 
     @staticmethod
     def _cuda_seeds(spec: KernelSpec, plan: _Plan) -> list[Config]:
