@@ -871,14 +871,9 @@ class _RowwiseEmitter(_Emitter):
     # rows, columns, masks, pointers ---------------------------------------------------------
     def rows(self) -> None:
         p, s = self.p, self.s
-        s(f"rows = pid{'.to(tl.int64)' if self.wide else ''} * BLOCK_M + tl.arange(0, BLOCK_M)")
-        self.row_mask = self.col_mask = None
-        if p.M % self.bm:
-            s(f"row_mask = rows < {p.M}")
-            self.row_mask = "row_mask"
-        lines, offs = cg.decompose("rows", p.lead_sizes, p.lead_strides, "m")
-        for line in lines:
-            s(line)
+        offs, self.row_mask = cg.block_offsets(s, "rows", "pid", "BLOCK_M", self.bm, p.M, self.wide, "row_mask",
+                                               p.lead_sizes, p.lead_strides, "m")
+        self.col_mask = None
         named: dict[str, str] = {}
         for t, off in zip(p.inputs + p.outputs, offs):
             if " " in off:  # a compound offset: computed once, shared by the tensors with these strides

@@ -264,14 +264,8 @@ class _Gen:
     def rows(self, pid: str = "pid") -> tuple[list[str], str | None]:
         """Emit row indices, their mask and per-tensor row offsets; returns (offsets, row_mask)."""
         p, s = self.p, self.src
-        s(f"rows = {pid}{'.to(tl.int64)' if self.wide else ''} * BLOCK_M + tl.arange(0, BLOCK_M)")
-        row_mask = None
-        if p.M % self.bm:
-            s(f"row_mask = rows < {p.M}")
-            row_mask = "row_mask"
-        lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
-        for line in lines:
-            s(line)
+        offs, row_mask = cg.block_offsets(s, "rows", pid, "BLOCK_M", self.bm, p.M, self.wide, "row_mask",
+                                          p.m_sizes, p.m_strides, "m")
         names = ["in_row"] + [f"out{i}_row" for i in range(len(offs) - 1)]
         for k, (name, off) in enumerate(zip(names, offs)):
             if " " in off:  # a compound offset: name it once

@@ -120,7 +120,6 @@ class CumsumFamily(KernelFamily):
         chunk = -(-chunk // bn) * bn                     # whole blocks per chunk
         split = -(-p.N // chunk)                         # chunks actually needed
         acc = cg.tl_type(p.acc)
-        wide = ".to(tl.int64)" if p.wide else ""
         s = cg.Source()
         s(cg.HEADER, cg.describe_spec(spec))
         s(f"# {p.M} rows over sizes {list(p.m_sizes)}, strides [in, out] {[list(x) for x in p.m_strides]}",
@@ -130,14 +129,8 @@ class CumsumFamily(KernelFamily):
         s.blank()
 
         def rows() -> str | None:
-            s(f"rows = tl.program_id(0){wide} * BLOCK_M + tl.arange(0, BLOCK_M)")
-            rm = None
-            if p.M % bm:
-                s(f"row_mask = rows < {p.M}")
-                rm = "row_mask"
-            lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
-            for line in lines:
-                s(line)
+            offs, rm = cg.block_offsets(s, "rows", "tl.program_id(0)", "BLOCK_M", bm, p.M, p.wide, "row_mask",
+                                        p.m_sizes, p.m_strides, "m")
             for name, off in zip(("in_row", "out_row"), offs):
                 s(f"{name} = {'rows * 0' if off == '0' else off}")
             return rm

@@ -124,14 +124,8 @@ class TopkFamily(KernelFamily):
           f"{'largest' if p.largest else 'smallest'}, taken as the {kp} largest keys", "")
         s("@triton.jit", "def topk_kernel(in0_ptr, out0_ptr, out1_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
           "K: tl.constexpr):").indent()
-        s(f"rows = tl.program_id(0){'.to(tl.int64)' if p.wide else ''} * BLOCK_M + tl.arange(0, BLOCK_M)")
-        rm = None
-        if p.M % bm:
-            s(f"row_mask = rows < {p.M}")
-            rm = "row_mask"
-        lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
-        for line in lines:
-            s(line)
+        offs, rm = cg.block_offsets(s, "rows", "tl.program_id(0)", "BLOCK_M", bm, p.M, p.wide, "row_mask",
+                                    p.m_sizes, p.m_strides, "m")
         for name, off in zip(("in_row", "val_row", "idx_row"), offs):
             s(f"{name} = {'rows * 0' if off == '0' else off}")
         s("cols = tl.arange(0, BLOCK_N)")
