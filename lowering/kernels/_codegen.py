@@ -26,6 +26,7 @@ TL_TYPES = {
     "bool": "tl.int1",
 }
 FLOAT_TYPES = ("float32", "float16", "bfloat16")     # what the families compute on (fp32 math)
+HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}   # 16-bit floats: stored, computed in fp32
 INT_TYPES = ("int64", "int32", "int16", "int8", "uint8")
 INT32_MAX = 2**31 - 1
 

@@ -57,7 +57,6 @@ MAX_REGS = 224           # fp32 values per thread a config may hold live (of 255
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 
 
 @dataclasses.dataclass
@@ -365,8 +364,8 @@ class _Gen:
 
     def operand(self, expr: str) -> str:
         """An fp32 value as a dot operand: rounded to the operand type unless upcasting."""
-        if self.p.dtype in HALF and not self.upcast:
-            return f"{expr}.to({HALF[self.p.dtype]})"
+        if self.p.dtype in cg.HALF and not self.upcast:
+            return f"{expr}.to({cg.HALF[self.p.dtype]})"
         return expr
 
     def batch_head(self, heads: int) -> None:
@@ -417,7 +416,7 @@ class _Gen:
         masks = [f"({rows}[:, None] < {nrows})"]
         if ncols != block_cols:
             masks.append(f"({cols}[None, :] < {ncols})")
-        conv = f".to({HALF[dtype]})" if dtype in HALF else ""
+        conv = f".to({cg.HALF[dtype]})" if dtype in cg.HALF else ""
         self.src(f"tl.store({base} + {_join(_term(f'{rows}[:, None]', rstride), _term(f'{cols}[None, :]', cstride))}, "
                  f"{value}{conv}, mask={' & '.join(masks)})")
 

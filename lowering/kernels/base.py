@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels._codegen import ArgumentError
+from torch_kernelize.lowering.kernels._codegen import ArgumentError, bind, tensor_index
 from torch_kernelize.lowering.kernels.program import KernelProgram
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -175,6 +175,19 @@ class KernelFamily:
         drawn on ``device`` (``sample_generator``): the same values for the same seed."""
         g = sample_generator(seed, device)
         return [to_device(sample_tensor(m, g, kind), device) for m in spec.inputs]
+
+
+class PicksAlongDim(KernelFamily):
+    """A family whose outputs are (values, int64 indices) of elements of its input ``self``
+    picked along its plan's ``dim`` (topk, sort): equal elements settle on the reference's indices."""
+
+    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        plan = self.plan(spec)
+        if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
+            return outs
+        x = inputs[tensor_index(bind(spec).get("self"))]
+        return resolve_tied_indices(x, plan.dim, outs[0], outs[1], refs[1])
 
 
 def resolve_tied_indices(x: torch.Tensor, dim: int, values: torch.Tensor, got: torch.Tensor,

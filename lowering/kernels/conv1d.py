@@ -67,7 +67,6 @@ MAX_ACC_REGS = 128         # fp32 accumulator registers per thread
 MAX_W_REGS = 96            # 32-bit registers per thread for weights held across tiles (TILES > 1)
 MAX_DOTS = 96              # dots written out in one program (code size)
 MAX_TAPS = 64
-HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 
 
 @dataclasses.dataclass
@@ -689,7 +688,7 @@ class _Gen:
             cm = self.co_mask(j)
             if p.bias is not None:
                 kw = f", mask={cm}, other=0.0" if cm else ""
-                conv = ".to(tl.float32)" if p.dtype in HALF else ""
+                conv = ".to(tl.float32)" if p.dtype in cg.HALF else ""
                 s(f"b = tl.load(in{p.bias}_ptr + {_t(f'co{j}', p.bias_stride)}{kw}){conv}")
                 s(f"{acc} = {acc} + b{'[None, :]' if self.lc else '[:, None]'}")
             if self.lc:
@@ -698,7 +697,7 @@ class _Gen:
             else:
                 off = f"{_t(f'co{j}[:, None]', os_[1])} + ({self.opos})[None, :]"
                 masks = ([f"{cm}[:, None]"] if cm else []) + ([f"{self.pmask}[None, :]"] if self.pmask else [])
-            value = f"{acc}.to({HALF[p.dtype]})" if p.dtype in HALF else acc
+            value = f"{acc}.to({cg.HALF[p.dtype]})" if p.dtype in cg.HALF else acc
             kw = f", mask={' & '.join(masks)}" if masks else ""
             ptr = self.hinted("o_ptrs", f"out0_ptr + {off}", self.hint_out)
             s(f"tl.store({ptr}, {value}{kw})")

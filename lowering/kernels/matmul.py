@@ -54,7 +54,6 @@ from torch_kernelize.spec import KernelSpec, TensorMeta
 MM_OPS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm"}
 SMEM_BYTES = 232448          # sm_90: 227 KB of shared memory per block
 MAX_ACC_REGS = 128           # fp32 accumulator registers per thread a config may use
-HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 GROUPS = (1, 4, 8, 16)
 
 
@@ -700,20 +699,17 @@ class _Gen:
             s(f"n_mask = rn < {p.N}")
         # operand rows/cols at the edges: contiguous dims are masked, others wrapped into range
         (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
-        a_rows, a_mask = "rm", None
-        if self.m_masked:
-            if asm == 1:
-                a_mask = "m_mask[:, None]"
-            else:
-                s(f"ram = rm % {M}  # rows past M re-read valid rows; they are never stored")
-                a_rows = "ram"
-        b_cols, b_mask = "rn", None
-        if self.n_masked:
-            if bsn == 1:
-                b_mask = "n_mask[None, :]"
-            else:
-                s(f"rbn = rn % {p.N}  # columns past N re-read valid columns; they are never stored")
-                b_cols = "rbn"
+
+        def edge(index: str, masked: bool, stride: int, mask: str, wrapped: str, n: int, what: tuple[str, str]):
+            """An operand's indices along a masked edge: masked where contiguous, else wrapped."""
+            if not masked:
+                return index, None
+            if stride == 1:
+                return index, mask
+            s(f"{wrapped} = {index} % {n}  # {what[0]} past {what[1]} re-read valid {what[0]}; they are never stored")
+            return wrapped, None
+        a_rows, a_mask = edge("rm", self.m_masked, asm, "m_mask[:, None]", "ram", M, ("rows", "M"))
+        b_cols, b_mask = edge("rn", self.n_masked, bsn, "n_mask[None, :]", "rbn", p.N, ("columns", "N"))
         a_b = _term("pid_b", asb) if p.B > 1 and asb else ""
         b_b = _term("pid_b", bsb) if p.B > 1 and bsb else ""
         # (a zero stride keeps its "* 0": the pointer tile must keep both dims for the dot)
@@ -782,12 +778,12 @@ class _Gen:
                 s(f"acc = acc{alpha} + {bias}{beta}  # addmm: beta * self + alpha * (mat1 @ mat2)")
             elif alpha:
                 s(f"acc = acc{alpha}  # addmm with beta == 0: self is ignored")
-        if nodes and p.dtype in HALF:
+        if nodes and p.dtype in cg.HALF:
             # The graph's matmul node produces fp16/bf16: its epilogue reads rounded values, as eager
             # and a vendor GEMM followed by separate kernels do. (Keeping the fp32 accumulator would be
             # closer to the float64 reference, but can flip discrete decisions downstream, e.g. an
             # MoE router's top-k on near-tied logits.)
-            s(f"acc = acc.to({HALF[p.dtype]}).to(tl.float32)  # the matmul's {p.dtype} output")
+            s(f"acc = acc.to({cg.HALF[p.dtype]}).to(tl.float32)  # the matmul's {p.dtype} output")
         self.values = {0: v0}
         for j in sorted(nodes):
             self.emit_node(nodes[j], users)
@@ -796,8 +792,8 @@ class _Gen:
             m = self.spec.outputs[o]
             off, mask = self.tile_offset(_pad3(m.stride))
             value = self.values[j]
-            if m.dtype in HALF:
-                value = f"{value}.to({HALF[m.dtype]})"
+            if m.dtype in cg.HALF:
+                value = f"{value}.to({cg.HALF[m.dtype]})"
             ptr = self.pointer(f"o{o}_ptrs", f"out{o}_ptr + {off}", f"out{o}")
             s(f"tl.store({ptr}, {value}{f', mask={mask}' if mask else ''})")
 
@@ -808,7 +804,7 @@ class _Gen:
         off, mask = self.tile_offset(self.p.tile_inputs[i])
         var = f"x{i}"
         kw = f", mask={mask}, other={'0' if m.dtype == 'bool' else '0.0'}" if mask else ""
-        conv = ".to(tl.float32)" if m.dtype in HALF else ""
+        conv = ".to(tl.float32)" if m.dtype in cg.HALF else ""
         s = self.src
         ptr = f"in{i}_ptr + {off}"
         if self.use_hints and self.hint_of.get(f"in{i}") is not None:
@@ -840,7 +836,7 @@ class _Gen:
         elif kind == "compare":
             ops = []
             for k, v in n.operands:
-                if k == "scalar" and n.compare_dtype in HALF:
+                if k == "scalar" and n.compare_dtype in cg.HALF:
                     # a number compared with a half tensor is converted to the tensor's type first
                     v = float(torch.tensor(float(v), dtype=getattr(torch, n.compare_dtype)))
                 ops.append(self.operand(k, v, "f32"))
@@ -853,8 +849,8 @@ class _Gen:
         var = f"v{n.index}"
         s(f"{var} = {expr}  # {n.op} -> {n.dtype}")
         self.values[n.index] = var
-        if kind == "copy" and n.dtype in HALF and users.get(n.index):
-            s(f"{var} = {var}.to({HALF[n.dtype]}).to(tl.float32)  # the cast rounds: later nodes read {n.dtype} values")
+        if kind == "copy" and n.dtype in cg.HALF and users.get(n.index):
+            s(f"{var} = {var}.to({cg.HALF[n.dtype]}).to(tl.float32)  # the cast rounds: later nodes read {n.dtype} values")
 
 
 FAMILY = MatmulFamily()

@@ -525,11 +525,12 @@ class _Gen:
         def out_tile(col_offs):
             return "out0_ptr + " + self.tile(out_row, col_offs[1])
 
-        def result(mask, col_offs):
+        def result(mask, col_offs, exp="tl.exp(x - row_max[:, None])"):
+            """Store the row's softmax (``exp``: its exponentials) or log-softmax."""
             if log:
                 s("y = x - row_max[:, None] - tl.log(row_sum)[:, None]")
             else:
-                s("y = tl.div_rn(tl.exp(x - row_max[:, None]), row_sum[:, None])")
+                s(f"y = tl.div_rn({exp}, row_sum[:, None])")
             dt = p.out_dtypes[0]
             v = "y" if dt == "float32" else f"y.to({cg.tl_type(dt)})"
             s(f"tl.store({out_tile(col_offs)}, {v}{', mask=' + mask if mask else ''})")
@@ -542,13 +543,7 @@ class _Gen:
             if mask:
                 s(f"e = tl.where({mask}, e, 0.0)  # padding would be exp(-inf - -inf) = NaN for all--inf rows")
             s("row_sum = tl.sum(e, 1)")
-            if log:
-                s("y = x - row_max[:, None] - tl.log(row_sum)[:, None]")
-            else:
-                s("y = tl.div_rn(e, row_sum[:, None])")
-            dt = p.out_dtypes[0]
-            v = "y" if dt == "float32" else f"y.to({cg.tl_type(dt)})"
-            s(f"tl.store({out_tile(col_offs)}, {v}{', mask=' + mask if mask else ''})")
+            result(mask, col_offs, "e")
         else:
             s("# pass 1: running max and sum of exp(x - max) per lane (online softmax)",
               f"m_i = tl.full([BLOCK_M, BLOCK_R], -{INF}, dtype=tl.float32)",

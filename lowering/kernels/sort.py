@@ -17,13 +17,9 @@ what the kernel does anyway.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
-
-import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, next_pow2,
-                                                   resolve_tied_indices)
+from torch_kernelize.lowering.kernels.base import Config, PicksAlongDim, doubled_and_halved, next_pow2
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -40,7 +36,7 @@ class _Plan:
     rows: cg.Rows                      # stride sets [in, values, indices]
 
 
-class SortFamily(KernelFamily):
+class SortFamily(PicksAlongDim):
     name = "sort"
     ops = frozenset({"aten.sort.default", "aten.sort.stable"})
     edge_kinds = ("zeros", "large", "negative", "special")   # "zeros": every element ties
@@ -136,14 +132,6 @@ class SortFamily(KernelFamily):
         launch = Launch("sort_kernel", (p.M * blocks,), (("in", 0), ("out", 0), ("out", 1)),
                         {"BLOCK_I": bi, "BLOCK_J": bj}, warps, 1)
         return KernelProgram(s.text(), (launch,))
-
-    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
-                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        plan = self.plan(spec)
-        if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
-            return outs
-        x = inputs[cg.tensor_index(cg.bind(spec).get("self"))]
-        return resolve_tied_indices(x, plan.dim, outs[0], outs[1], refs[1])
 
 
 def _comes_first(a: str, b: str, p: _Plan) -> str:

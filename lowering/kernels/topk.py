@@ -21,13 +21,12 @@ element equal to the reference's, as long as a row names no element twice.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, resolve_tied_indices,
-                                                   sample_tensor, to_device)
+from torch_kernelize.lowering.kernels.base import (Config, PicksAlongDim, doubled_and_halved, sample_tensor,
+                                                   to_device)
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -51,7 +50,7 @@ class _Plan:
     wide: bool
 
 
-class TopkFamily(KernelFamily):
+class TopkFamily(PicksAlongDim):
     name = "topk"
     ops = frozenset({"aten.topk.default"})
     edge_kinds = ("large", "negative", "special")   # no "zeros": all ties
@@ -172,15 +171,6 @@ class TopkFamily(KernelFamily):
         launch = Launch("topk_kernel", (-(-p.M // bm),), (("in", 0), ("out", 0), ("out", 1)),
                         {"BLOCK_M": bm, "BLOCK_N": bn, "K": kp}, warps, 1)
         return KernelProgram(s.text(), (launch,))
-
-    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
-                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        plan = self.plan(spec)
-        if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
-            return outs
-        values, got = outs
-        x = inputs[cg.tensor_index(cg.bind(spec).get("self"))]
-        return resolve_tied_indices(x, plan.dim, values, got, refs[1])
 
     # --- validation inputs --------------------------------------------------------------------
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
