@@ -535,10 +535,15 @@ class _Gen:
             v = "y" if dt == "float32" else f"y.to({cg.tl_type(dt)})"
             s(f"tl.store({out_tile(col_offs)}, {v}{', mask=' + mask if mask else ''})")
 
-        if self.single:
-            col_offs, col_mask = self.cols(None)
+        def load_x(start: str | None) -> tuple[list[str], str | None]:
+            """Load x, the block of columns from ``start`` (-inf past the row); its offsets and mask."""
+            col_offs, col_mask = self.cols(start)
             mask = self.mask2(row_mask, col_mask)
             self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            return col_offs, mask
+
+        if self.single:
+            col_offs, mask = load_x(None)
             s("row_max = tl.max(x, 1)", "e = tl.exp(x - row_max[:, None])")
             if mask:
                 s(f"e = tl.where({mask}, e, 0.0)  # padding would be exp(-inf - -inf) = NaN for all--inf rows")
@@ -549,9 +554,7 @@ class _Gen:
               f"m_i = tl.full([BLOCK_M, BLOCK_R], -{INF}, dtype=tl.float32)",
               "s_i = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
             s(f"for r0 in range(0, {p.R}, BLOCK_R):").indent()
-            col_offs, col_mask = self.cols("r0")
-            mask = self.mask2(row_mask, col_mask)
-            self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            col_offs, mask = load_x("r0")
             s("m_new = tl.maximum(m_i, x)",
               "# lanes that have only seen -inf keep sum 0 (exp(-inf - -inf) would be NaN)",
               f"alpha = tl.where(m_new == -{INF}, 1.0, tl.exp(m_i - m_new))",
@@ -562,9 +565,7 @@ class _Gen:
               f"row_sum = tl.sum(tl.where(m_i == -{INF}, 0.0, s_i * tl.exp(m_i - row_max[:, None])), 1)",
               "# pass 2: normalise")
             s(f"for r0 in range(0, {p.R}, BLOCK_R):").indent()
-            col_offs, col_mask = self.cols("r0")
-            mask = self.mask2(row_mask, col_mask)
-            self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            col_offs, mask = load_x("r0")
             result(mask, col_offs)
             s.dedent()
         s.dedent()
