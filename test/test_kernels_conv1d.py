@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from kernel_testing import assert_valid, compare_eager, compile_sm90, run_validation, spec_of
+from kernel_testing import BenchRows, assert_valid, compare_eager, compile_sm90, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.conv1d import FAMILY
@@ -302,7 +302,7 @@ def gpu_bench(out: str | None = None) -> list[dict]:
     if only is not None:  # one config (its str()), launched a few times: for ncu
         value = lambda v: int(v) if v.isdigit() else {"True": True, "False": False}.get(v, v)
         configs = [Config.of(**{k: value(v) for k, v in (kv.split("=") for kv in only.split() if "=" in kv)})]
-    rows, seen = [], set()
+    rows, seen = BenchRows(), set()
     with tempfile.TemporaryDirectory() as tmp:
         for config in configs:
             if config.key in seen:
@@ -322,13 +322,9 @@ def gpu_bench(out: str | None = None) -> list[dict]:
                 torch.cuda.synchronize()
                 continue
             t = do_bench(lambda: runner.launch([x, w, b], outs, temps), warmup=25, rep=200)
-            row = {"config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4),
-                   "speedup": round(eager / t, 2), "max_abs_err": err}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    if out:
-        Path(out).write_text(json.dumps(rows, indent=1))
-    return rows
+            rows.add(config=str(config), ms=round(t, 4), eager_ms=round(eager, 4), speedup=round(eager / t, 2),
+                     max_abs_err=err)
+    return rows.save(out)
 
 
 if __name__ == "__main__":

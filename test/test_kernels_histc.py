@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernel_testing import assert_valid, aten_counts, compare_eager, compile_sm90, load, run_validation, spec_of
+from kernel_testing import assert_mutant_fails, assert_valid, aten_counts, compare_eager, compile_sm90, load, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.program import Buffer
@@ -154,10 +154,7 @@ def test_broken_programs_fail_validation(what, tmp_path):
                 "dot_skip": ("tl.where(keep, pos >> 4, -1)", "tl.where(keep, pos >> 4, 0)")}[what]
     if what == "range":  # only matters for all-equal data: the "zeros" edge trial catches it
         old, new = "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0", "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 3.0"
-    assert old in program.source
-    bad = dataclasses.replace(program, source=program.source.replace(old, new))
-    rec = run_validation(FAMILY, spec, bad, tmp_path)
-    assert not rec.ok and rec.reason
+    assert_mutant_fails(FAMILY, spec, program, old, new, tmp_path, seeds=(0, 1, 2))
 
 
 def test_refusals():

@@ -4,12 +4,10 @@ stable) the values equal ATen's and the indices name equal elements, and the ker
 the stable one; refusals; broken programs fail; sm_90 compiles."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
-from kernel_testing import assert_valid, compare_eager, compile_sm90, load, run_validation, spec_of
+from kernel_testing import assert_mutant_fails, assert_valid, compare_eager, compile_sm90, load, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.sort import FAMILY
@@ -94,10 +92,7 @@ def test_broken_programs_fail_validation(what, tmp_path):
     old, new = {"tie_break": ("(j[None, :] < i[:, None])", "(j[None, :] <= i[:, None])"),
                 "nan_order": ("(a == a) & (b != b)", "(a != a) & (b == b)"),
                 "reversed_store": ("out0_ptr + row * 20 + rank", "out0_ptr + row * 20 + 19 - rank")}[what]
-    assert old in program.source, program.source
-    bad = dataclasses.replace(program, source=program.source.replace(old, new))
-    rec = run_validation(FAMILY, spec, bad, tmp_path, seeds=(0,))
-    assert not rec.ok and rec.reason
+    assert_mutant_fails(FAMILY, spec, program, old, new, tmp_path)
 
 
 def test_refusals():
