@@ -68,7 +68,12 @@ def literal(value: Any, dtype: str) -> str:
 
 # --- arguments ---------------------------------------------------------------------------------
 
-class ArgumentError(ValueError):
+class Unsupported(ValueError):
+    """Why a spec is not generated, raised from inside an analysis (KernelFamily.plan returns the
+    message as the reason, like any other)."""
+
+
+class ArgumentError(Unsupported):
     """Arguments that do not fit their op's schema (a spec or region node no family generates)."""
 
 
@@ -105,10 +110,17 @@ def bind(spec: KernelSpec) -> dict[str, Any]:
     return bind_arguments(spec.op, spec.args, spec.kwargs)
 
 
-def tensor_arg(spec: KernelSpec, args: dict[str, Any], name: str) -> TensorMeta | str:
-    """The meta of the spec input that bound argument ``name`` names, or why it names none."""
+def operand(spec: KernelSpec, name: str, dtypes: Sequence[str]) -> tuple[dict[str, Any], TensorMeta]:
+    """The spec's arguments (``bind``) and the meta of its tensor argument ``name``; Unsupported
+    when that is no tensor, or a tensor of a dtype not in ``dtypes``."""
+    args = bind(spec)
     i = tensor_index(args.get(name))
-    return f"{name} must be a tensor" if i is None else spec.inputs[i]
+    if i is None:
+        raise Unsupported(f"{name} must be a tensor")
+    x = spec.inputs[i]
+    if x.dtype not in dtypes:
+        raise Unsupported(f"{spec.short_name} of {x.dtype} is not generated ({'/'.join(dtypes)})")
+    return args, x
 
 
 def dim_arg(value: Any, ndim: int) -> int | str:

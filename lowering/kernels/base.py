@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels._codegen import ArgumentError, bind, tensor_index
+from torch_kernelize.lowering.kernels._codegen import Unsupported, bind, tensor_index
 from torch_kernelize.lowering.kernels.program import KernelProgram
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -112,7 +112,7 @@ class KernelFamily:
     def _analysed(self, spec: KernelSpec) -> Any:
         try:
             return self._analyse(spec)
-        except ArgumentError as e:   # arguments that fit no schema: a reason like any other
+        except Unsupported as e:   # raised from deep in an analysis: a reason like any other
             return str(e)
 
     def supports(self, spec: KernelSpec) -> str | None:

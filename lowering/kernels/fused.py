@@ -628,7 +628,7 @@ def analyse(graph: dict[str, Any], inputs: Sequence[TensorMeta], outputs: Sequen
     """The plan of a region graph, or the reason it is not generated."""
     try:
         return _Analysis(graph, inputs, outputs).run()
-    except cg.ArgumentError as e:
+    except cg.Unsupported as e:
         return str(e)
 
 

@@ -188,12 +188,7 @@ class HistcFamily(KernelFamily):
 
     # --- analysis ---------------------------------------------------------------------------
     def _analyse(self, spec: KernelSpec) -> dict | str:
-        args = cg.bind(spec)
-        x = cg.tensor_arg(spec, args, "self")
-        if isinstance(x, str):
-            return x
-        if x.dtype not in cg.FLOAT_TYPES:
-            return f"histc on {x.dtype} is not generated (fp32/fp16/bf16)"
+        args, x = cg.operand(spec, "self", cg.FLOAT_TYPES)
         bins = args.get("bins", 100)
         if not isinstance(bins, int) or isinstance(bins, bool) or bins <= 0:
             return f"bins must be a positive int, got {bins!r}"

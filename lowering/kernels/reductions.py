@@ -80,12 +80,7 @@ class ReductionFamily(KernelFamily):
 
     # --- analysis ---------------------------------------------------------------------------
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
-        args = cg.bind(spec)
-        x = cg.tensor_arg(spec, args, "self")
-        if isinstance(x, str):
-            return x
-        if x.dtype not in cg.FLOAT_TYPES:
-            return f"input dtype {x.dtype} is not fp32/fp16/bf16"
+        args, x = cg.operand(spec, "self", cg.FLOAT_TYPES)
         if any(o.dtype not in cg.FLOAT_TYPES for o in spec.outputs):
             return f"output dtypes {[o.dtype for o in spec.outputs]} are not all fp32/fp16/bf16"
         if x.numel == 0:

@@ -51,13 +51,10 @@ class CumsumFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
-        a = cg.bind(spec)
-        x = cg.tensor_arg(spec, a, "self")
-        if isinstance(x, str) or len(spec.outputs) != 1:
-            return "self must be a tensor, with one output"
+        a, x = cg.operand(spec, "self", IN_DTYPES)
+        if len(spec.outputs) != 1:
+            return f"expected one output, got {len(spec.outputs)}"
         o = spec.outputs[0]
-        if x.dtype not in IN_DTYPES:
-            return f"cumsum of {x.dtype} is not generated"
         if o.dtype not in OUT_DTYPES:
             return f"cumsum to {o.dtype} is not generated"
         if tuple(o.shape) != tuple(x.shape):

@@ -42,12 +42,7 @@ class SortFamily(PicksAlongDim):
     edge_kinds = ("zeros", "large", "negative", "special")   # "zeros": every element ties
 
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
-        a = cg.bind(spec)
-        x = cg.tensor_arg(spec, a, "self")
-        if isinstance(x, str):
-            return x
-        if x.dtype not in DTYPES:
-            return f"sort of {x.dtype} is not generated"
+        a, x = cg.operand(spec, "self", DTYPES)
         d, desc = cg.dim_arg(a.get("dim", -1), len(x.shape)), a.get("descending", False)
         if isinstance(d, str):
             return d

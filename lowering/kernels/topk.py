@@ -56,12 +56,7 @@ class TopkFamily(PicksAlongDim):
     edge_kinds = ("large", "negative", "special")   # no "zeros": all ties
 
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
-        a = cg.bind(spec)
-        x = cg.tensor_arg(spec, a, "self")
-        if isinstance(x, str):
-            return x
-        if x.dtype not in cg.FLOAT_TYPES:
-            return f"topk of {x.dtype} is not generated (fp32/fp16/bf16)"
+        a, x = cg.operand(spec, "self", cg.FLOAT_TYPES)
         k, d = a.get("k"), a.get("dim", -1)
         largest, srt = a.get("largest", True), a.get("sorted", True)
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
