@@ -85,14 +85,15 @@ def test_bool_and_small_tiles(tmp_path):
     compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
 
 
-@pytest.mark.parametrize("what", ["tie_break", "nan_order", "reversed_store"])
+MUTANTS = {"tie_break": ("(j[None, :] < i[:, None])", "(j[None, :] <= i[:, None])"),
+           "nan_order": ("(a == a) & (b != b)", "(a != a) & (b == b)"),
+           "reversed_store": ("out0_ptr + row * 20 + rank", "out0_ptr + row * 20 + 19 - rank")}
+
+
+@pytest.mark.parametrize("what", MUTANTS)
 def test_broken_programs_fail_validation(what, tmp_path):
     spec = spec_of(aten.sort.default, (torch.randn(6, 20).t(), 0))
-    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
-    old, new = {"tie_break": ("(j[None, :] < i[:, None])", "(j[None, :] <= i[:, None])"),
-                "nan_order": ("(a == a) & (b != b)", "(a != a) & (b == b)"),
-                "reversed_store": ("out0_ptr + row * 20 + rank", "out0_ptr + row * 20 + 19 - rank")}[what]
-    assert_mutant_fails(FAMILY, spec, program, old, new, tmp_path)
+    assert_mutant_fails(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), *MUTANTS[what], tmp_path)
 
 
 def test_refusals():

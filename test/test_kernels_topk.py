@@ -74,14 +74,15 @@ def test_ties_give_atens_values_and_indices_of_them(tmp_path):
         assert all(r.unique().numel() + int(r.isnan().sum()) - int(r.isnan().any()) == 300 for r in t)
 
 
-@pytest.mark.parametrize("what", ["index", "order", "sign"])
+MUTANTS = {"index": ("BLOCK_N - 1 - (top", "BLOCK_N - 2 - (top"),
+           "order": ("key = bits ^ ((bits >> 31) & 0x7FFFFFFF)", "key = bits"),
+           "sign": ("values = bits.to(tl.float32, bitcast=True)", "values = -bits.to(tl.float32, bitcast=True)")}
+
+
+@pytest.mark.parametrize("what", MUTANTS)
 def test_broken_programs_fail_validation(what, tmp_path):
     spec = spec_of(aten.topk.default, (torch.randn(16, 24), 4))
-    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
-    old, new = {"index": ("BLOCK_N - 1 - (top", "BLOCK_N - 2 - (top"),
-                "order": ("key = bits ^ ((bits >> 31) & 0x7FFFFFFF)", "key = bits"),
-                "sign": ("values = bits.to(tl.float32, bitcast=True)", "values = -bits.to(tl.float32, bitcast=True)")}[what]
-    assert_mutant_fails(FAMILY, spec, program, old, new, tmp_path)
+    assert_mutant_fails(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), *MUTANTS[what], tmp_path)
 
 
 def test_refusals():
