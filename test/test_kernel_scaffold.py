@@ -81,3 +81,18 @@ def test_region_refs_have_one_decoder():
     assert regions.ref({"tensor": 1}) is None and regions.ref(3) is None and regions.ref([{"node": 1}]) is None
     assert regions.node_arg([{"tensor": 1}, [{"tensor": 0}, 2], {"float": "inf"}]) == \
         [{"input": 1}, [{"input": 0}, 2], {"float": "inf"}]
+
+
+def test_generating_leaves_the_plan_as_analysed():
+    """The plan is shared by every later call for the spec: generation must not annotate it."""
+    from test_kernels_fused import one_region
+    from torch_kernelize.lowering.kernels.fused import FAMILY as FUSED
+    from torch_kernelize.lowering.kernels.layernorm import FAMILY as LAYERNORM
+
+    x, w = torch.randn(16, 64), torch.randn(64)
+    for family, spec in ((FUSED, one_region(lambda a, b: torch.sigmoid(a) * b + 1, x, w)),
+                         (LAYERNORM, spec_of(aten.native_layer_norm.default, (x, [64], w, w, 1e-5)))):
+        before = repr(family.plan(spec))
+        for config in family.seed_configs(spec)[:3]:
+            family.generate(spec, config)
+        assert repr(family.plan(spec)) == before, family.name

@@ -41,6 +41,7 @@ same planner and emitter.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -1141,6 +1142,9 @@ def region_header(graph: dict[str, Any], inputs: Sequence[TensorMeta], outputs: 
 
 
 def generate_plan(plan: _Plan, graph: dict[str, Any], config: Config, header: str, kname: str) -> KernelProgram:
+    # the emitters note offsets and alignment (per config) on the plan's tensors: they work on a
+    # copy, so the plan the family keeps for a spec stays as analysed
+    plan = copy.deepcopy(plan)
     emitter = (_RowwiseEmitter if plan.kind == "rowwise" else _PointwiseEmitter)(plan, config, header, kname)
     return emitter.program(graph["nodes"])
 
