@@ -514,7 +514,7 @@ def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor], referenc
     return [_in_layout(values[i], m) for i, m in zip(graph["outputs"], spec.outputs)]
 
 
-def ref(a: Any) -> tuple[str, int] | None:
+def node_ref(a: Any) -> tuple[str, int] | None:
     """What an encoded node argument names: ("input", i) for region input i, ("node", j) for the
     value of node j; None for a constant (or a list). The one decoder of the graph format above."""
     if isinstance(a, dict) and len(a) == 1:
@@ -539,7 +539,7 @@ def _decoded(a: Any, tensors: Sequence[torch.Tensor], values: list[Any], device:
     inputs and every value of each run until Python's cycle collector came by (on an H200, 108 GB
     of a region's trials at once).
     """
-    if r := ref(a):
+    if r := node_ref(a):
         return tensors[r[1]] if r[0] == "input" else values[r[1]]
     if isinstance(a, list):
         return [_decoded(x, tensors, values, device) for x in a]
@@ -548,7 +548,7 @@ def _decoded(a: Any, tensors: Sequence[torch.Tensor], values: list[Any], device:
 
 def _node_refs(a: Any) -> set[int]:
     """The nodes an encoded argument reads."""
-    if (r := ref(a)) and r[0] == "node":
+    if (r := node_ref(a)) and r[0] == "node":
         return {r[1]}
     if isinstance(a, dict):
         return set().union(*(_node_refs(v) for v in a.values()))
@@ -565,7 +565,7 @@ def region_graph_module(spec: KernelSpec) -> fx.GraphModule:
     values: list[fx.Node] = []
 
     def dec(a: Any) -> Any:
-        if r := ref(a):
+        if r := node_ref(a):
             return phs[r[1]] if r[0] == "input" else values[r[1]]
         if isinstance(a, list):
             return [dec(x) for x in a]

@@ -76,9 +76,9 @@ def test_the_schema_binder():
 
 
 def test_region_refs_have_one_decoder():
-    assert regions.ref({"input": 2}) == ("input", 2)
-    assert regions.ref({"node": 0}) == ("node", 0)
-    assert regions.ref({"tensor": 1}) is None and regions.ref(3) is None and regions.ref([{"node": 1}]) is None
+    assert regions.node_ref({"input": 2}) == ("input", 2)
+    assert regions.node_ref({"node": 0}) == ("node", 0)
+    assert regions.node_ref({"tensor": 1}) is None and regions.node_ref(3) is None and regions.node_ref([{"node": 1}]) is None
     assert regions.node_arg([{"tensor": 1}, [{"tensor": 0}, 2], {"float": "inf"}]) == \
         [{"input": 1}, [{"input": 0}, 2], {"float": "inf"}]
 

@@ -49,11 +49,11 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.lowering import regions
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+from torch_kernelize.lowering.regions import node_ref
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
 REDUCE_OPS = {"aten.sum.dim_IntList": "sum", "aten.mean.dim": "mean",
@@ -142,7 +142,7 @@ def _vtype(dtype: str) -> str:
 def _refs_in(v: Any) -> list[Ref]:
     if isinstance(v, (list, tuple)):
         return [r for x in v for r in _refs_in(x)]
-    r = regions.ref(v)
+    r = node_ref(v)
     return [r] if r else []
 
 
@@ -169,7 +169,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
     def remap(a: Any) -> Any:
         if isinstance(a, list):
             return [remap(x) for x in a]
-        r = regions.ref(a)
+        r = node_ref(a)
         return {"node": where[r[1]]} if r is not None and r[0] == "node" else a
 
     def add(op: str, args: list, meta: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +178,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
 
     for j, n in enumerate(nodes):
         if n["op"] == GETITEM_OP:
-            owner = regions.ref(n["args"][0])
+            owner = node_ref(n["args"][0])
             if owner is None or owner[1] not in parts:
                 return f"node {j}: a piece of a node with several outputs is not generated"
             where[j] = parts[owner[1]][n["args"][1]]
@@ -306,7 +306,7 @@ class _Analysis:
         return self.pointwise_node(j, op, args, meta)
 
     def reduction(self, j: int, op: str, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
-        x = regions.ref(args.get("self"))
+        x = node_ref(args.get("self"))
         if x is None:
             return f"node {j}: {op} of a non-tensor"
         xm = self.meta_of(x)
@@ -333,7 +333,7 @@ class _Analysis:
 
     def cat_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         pieces = args.get("tensors")
-        refs = [regions.ref(v) for v in pieces] if isinstance(pieces, list) else []
+        refs = [node_ref(v) for v in pieces] if isinstance(pieces, list) else []
         if not refs or any(r is None for r in refs):
             return f"node {j}: cat pieces {pieces!r} are not tensors"
         ndim, d = len(meta.shape), args.get("dim", 0)
@@ -358,7 +358,7 @@ class _Analysis:
     def expand_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         """A row value broadcast along the row (a mean's gradient in a norm's backward): the
         value itself, which the tiles it meets broadcast (graph regions that reduce only)."""
-        x = regions.ref(args.get("self"))
+        x = node_ref(args.get("self"))
         if x is None:
             return f"node {j}: expand of a non-tensor"
         shape = tuple(self.meta_of(x).shape)
@@ -376,7 +376,7 @@ class _Analysis:
         operands: list[Ref] = []
         for name in pw.operands:
             v = args.get(name)
-            r = regions.ref(v)
+            r = node_ref(v)
             if r is not None:
                 operands.append(r)
                 continue
@@ -667,7 +667,7 @@ class _Emitter:
 
     def describe(self, n: _Node) -> str:
         def show(a: Any) -> str:
-            r = regions.ref(a)
+            r = node_ref(a)
             if r:
                 return self.var(r)
             if isinstance(a, list):

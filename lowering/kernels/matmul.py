@@ -44,11 +44,11 @@ from typing import Any
 
 import torch
 
-from torch_kernelize.lowering import regions
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+from torch_kernelize.lowering.regions import node_arg, node_ref
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
 MM_OPS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm"}
@@ -134,7 +134,7 @@ def _member_specs(spec: KernelSpec, graph: dict[str, Any]) -> list[tuple[KernelS
         ins: list[int] = []
 
         def enc(a: Any) -> Any:
-            r = regions.ref(a)
+            r = node_ref(a)
             if r is not None and r[0] == "input" and "input" in a:
                 if r[1] not in ins:
                     ins.append(r[1])
@@ -185,8 +185,8 @@ class MatmulFamily(KernelFamily):
                 return f"{self.name} does not handle {spec.op}"
             if len(spec.outputs) != 1:
                 return f"expected one output, got {len(spec.outputs)}"
-            nodes = [{"op": spec.op, "args": regions.node_arg(spec.args),
-                      "kwargs": {k: regions.node_arg(v) for k, v in spec.kwargs.items()},
+            nodes = [{"op": spec.op, "args": node_arg(spec.args),
+                      "kwargs": {k: node_arg(v) for k, v in spec.kwargs.items()},
                       "meta": spec.outputs[0].to_json()}]
             outputs = [0]
         else:
@@ -205,7 +205,7 @@ class MatmulFamily(KernelFamily):
         op0 = MM_OPS[nodes[0]["op"]]
         args0 = cg.bind_arguments(nodes[0]["op"], nodes[0]["args"], nodes[0]["kwargs"])
         names = {"mm": ("self", "mat2", None), "bmm": ("self", "mat2", None), "addmm": ("mat1", "mat2", "self")}[op0]
-        refs = [regions.ref(args0[n]) if n else None for n in names]
+        refs = [node_ref(args0[n]) if n else None for n in names]
         if any(r is None or r[0] != "input" for r in refs[:2]) or (names[2] and (refs[2] is None or refs[2][0] != "input")):
             return "matmul operands must be tensors (inputs of the kernel)"
         a_i, b_i = refs[0][1], refs[1][1]
@@ -331,7 +331,7 @@ class MatmulFamily(KernelFamily):
         kinds: list[str] = []      # dtype of each operand ("scalar" for numbers)
         for name in pw.operands:
             v = args.get(name)
-            r = regions.ref(v)
+            r = node_ref(v)
             if r is None:
                 s = cg.scalar_value(v)
                 if s is None:
