@@ -53,8 +53,8 @@ def test_reasons_come_from_the_plan():
     family = TopkFamily()
     x = torch.randn(4, 10)
     assert "does not handle aten.sort.default" in family.supports(spec_of(aten.sort.default, (x,)))
-    assert "topk of int64 is not generated" in family.supports(spec_of(aten.topk.default, (x.long(), 2)))
-    with pytest.raises(ValueError, match="topk of int64"):
+    assert "topk of dtype int64 is not generated" in family.supports(spec_of(aten.topk.default, (x.long(), 2)))
+    with pytest.raises(ValueError, match="topk of dtype int64"):
         family.seed_configs(spec_of(aten.topk.default, (x.long(), 2)))
     assert family.neighbours(spec_of(aten.topk.default, (x.long(), 2)), family.seed_configs(
         spec_of(aten.topk.default, (x, 2)))[0]) == []

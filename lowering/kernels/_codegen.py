@@ -119,7 +119,7 @@ def operand(spec: KernelSpec, name: str, dtypes: Sequence[str]) -> tuple[dict[st
         raise Unsupported(f"{name} must be a tensor")
     x = spec.inputs[i]
     if x.dtype not in dtypes:
-        raise Unsupported(f"{spec.short_name} of {x.dtype} is not generated ({'/'.join(dtypes)})")
+        raise Unsupported(f"{spec.short_name} of dtype {x.dtype} is not generated ({'/'.join(dtypes)})")
     return args, x
 
 
