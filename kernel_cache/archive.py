@@ -32,7 +32,7 @@ from torch_kernelize.errors import CacheError
 
 from .entry import check_key, entry_from_files, is_key, normalize_record
 from . import signing
-from .integrity import ENTRY_FILE, PROGRAM_DIR, EntryProblem, dumps, fsync_dir, sha256_bytes
+from .integrity import ENTRY_FILE, PROGRAM_DIR, EntryProblem, dumps, replacing, sha256_bytes
 from .source_check import source_problems
 from .store import ENTRIES_DIR, FINGERPRINT_FILE, KernelCache
 
@@ -90,26 +90,16 @@ def export_cache(cache: KernelCache, archive: Path | str, keys: Iterable[str] | 
     manifest_bytes = dumps(manifest)
     signature = dumps({"format": ARCHIVE_FORMAT, **signing.sign(manifest_bytes)})
     archive.parent.mkdir(parents=True, exist_ok=True)
-    tmp = archive.with_name(f".{archive.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     now = int(time.time())
-    try:
-        with open(tmp, "wb") as f:
-            with tarfile.open(fileobj=f, mode=mode, format=tarfile.PAX_FORMAT) as tf:
-                for name, data in [(ARCHIVE_MANIFEST, manifest_bytes), (ARCHIVE_SIGNATURE, signature),
-                                   *sorted(members.items())]:
-                    info = tarfile.TarInfo(name)
-                    info.size, info.mtime, info.mode = len(data), now, 0o644
-                    tf.addfile(info, io.BytesIO(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, archive)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(archive.parent)
+    with replacing(archive) as tmp, open(tmp, "wb") as f:
+        with tarfile.open(fileobj=f, mode=mode, format=tarfile.PAX_FORMAT) as tf:
+            for name, data in [(ARCHIVE_MANIFEST, manifest_bytes), (ARCHIVE_SIGNATURE, signature),
+                               *sorted(members.items())]:
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), now, 0o644
+                tf.addfile(info, io.BytesIO(data))
+        f.flush()
+        os.fsync(f.fileno())
     return len(exported)
 
 

@@ -7,12 +7,13 @@ check runs on entries read from disk and on entries read out of an archive.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import stat
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 ENTRY_FILE = "entry.json"
 MANIFEST_FILE = "manifest.json"
@@ -66,11 +67,14 @@ def write_durable(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def write_file_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` in one step: write a sibling temp file, fsync, os.replace, fsync the folder."""
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A new sibling temp file of ``path`` for the block to write (and fsync): when the block
+    ends, it replaces ``path`` in one step and the folder is fsynced; when it raises, the temp
+    file is removed. Readers see the old file or the new one, never a part."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
     try:
-        write_durable(tmp, data)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -79,6 +83,12 @@ def write_file_atomic(path: Path, data: bytes) -> None:
             pass
         raise
     fsync_dir(path.parent)
+
+
+def write_file_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one step (``replacing``)."""
+    with replacing(path) as tmp:
+        write_durable(tmp, data)
 
 
 def seal(magic: bytes, header: Mapping[str, Any], payload: bytes) -> bytes:

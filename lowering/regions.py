@@ -514,6 +514,24 @@ def run_region_graph(spec: KernelSpec, tensors: Sequence[torch.Tensor], referenc
     return [_in_layout(values[i], m) for i, m in zip(graph["outputs"], spec.outputs)]
 
 
+def node_ref(a: Any) -> tuple[str, int] | None:
+    """What an encoded node argument names: ("input", i) for region input i, ("node", j) for the
+    value of node j; None for a constant (or a list). The one decoder of the graph format above."""
+    if isinstance(a, dict) and len(a) == 1:
+        (kind, value), = a.items()
+        if kind in ("input", "node"):
+            return kind, int(value)
+    return None
+
+
+def node_arg(a: Any) -> Any:
+    """A KernelSpec's encoded argument ({"tensor": i} for spec input i) as a node argument of
+    this format ({"input": i}): a single op read as a one-node region."""
+    if isinstance(a, dict) and set(a) == {"tensor"}:
+        return {"input": a["tensor"]}
+    return [node_arg(x) for x in a] if isinstance(a, list) else a
+
+
 def _decoded(a: Any, tensors: Sequence[torch.Tensor], values: list[Any], device: str | None) -> Any:
     """An encoded node argument: a region input, an earlier node's value, or a constant.
 
@@ -521,10 +539,8 @@ def _decoded(a: Any, tensors: Sequence[torch.Tensor], values: list[Any], device:
     inputs and every value of each run until Python's cycle collector came by (on an H200, 108 GB
     of a region's trials at once).
     """
-    if isinstance(a, dict) and "input" in a and len(a) == 1:
-        return tensors[a["input"]]
-    if isinstance(a, dict) and "node" in a and len(a) == 1:
-        return values[a["node"]]
+    if r := node_ref(a):
+        return tensors[r[1]] if r[0] == "input" else values[r[1]]
     if isinstance(a, list):
         return [_decoded(x, tensors, values, device) for x in a]
     return decode_arg(a, tensors, device)
@@ -532,8 +548,8 @@ def _decoded(a: Any, tensors: Sequence[torch.Tensor], values: list[Any], device:
 
 def _node_refs(a: Any) -> set[int]:
     """The nodes an encoded argument reads."""
-    if isinstance(a, dict) and "node" in a and len(a) == 1:
-        return {a["node"]}
+    if (r := node_ref(a)) and r[0] == "node":
+        return {r[1]}
     if isinstance(a, dict):
         return set().union(*(_node_refs(v) for v in a.values()))
     if isinstance(a, (list, tuple)):
@@ -549,10 +565,8 @@ def region_graph_module(spec: KernelSpec) -> fx.GraphModule:
     values: list[fx.Node] = []
 
     def dec(a: Any) -> Any:
-        if isinstance(a, dict) and "input" in a and len(a) == 1:
-            return phs[a["input"]]
-        if isinstance(a, dict) and "node" in a and len(a) == 1:
-            return values[a["node"]]
+        if r := node_ref(a):
+            return phs[r[1]] if r[0] == "input" else values[r[1]]
         if isinstance(a, list):
             return [dec(x) for x in a]
         return decode_arg(a, [])

@@ -4,7 +4,9 @@ interpreter, validate it against the float64 reference, compare it with eager AT
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,6 +39,29 @@ def run_validation(family: KernelFamily, spec: KernelSpec, program: KernelProgra
     runner = load(tmp_path, spec, program)
     return validate(runner.run_poisoned, spec, family.sample_inputs,
                     family.edge_kinds if kinds is None else kinds, seeds=seeds, resolve_ties=family.resolve_ties)
+
+
+def assert_mutant_fails(family: KernelFamily, spec: KernelSpec, program: KernelProgram, old: str, new: str,
+                        tmp_path: Path, seeds: Sequence[int] = (0,)) -> None:
+    """``program`` with ``old`` replaced by ``new`` in its source fails validation: the check
+    that a test of the generated code can fail."""
+    assert old in program.source, program.source
+    bad = dataclasses.replace(program, source=program.source.replace(old, new))
+    rec = run_validation(family, spec, bad, tmp_path, seeds=seeds)
+    assert not rec.ok and rec.reason
+
+
+class BenchRows(list):
+    """GPU benchmark rows: each printed (JSON) as it comes, all written to ``out`` by ``save``."""
+
+    def add(self, **row: Any) -> None:
+        self.append(row)
+        print(json.dumps(row), flush=True)
+
+    def save(self, out: str | None) -> list[dict]:
+        if out:
+            Path(out).write_text(json.dumps(self, indent=1))
+        return list(self)
 
 
 def compare_eager(family: KernelFamily, spec: KernelSpec, program: KernelProgram, tmp_path: Path,
@@ -124,7 +149,6 @@ def gpu_benchmarks(out: str | None = None) -> list[dict]:
 
     Run on the GPU machine: python -c "import sys; sys.path.insert(0, 'test'); import kernel_testing as k; k.gpu_benchmarks()"
     """
-    import json
     import tempfile
 
     from triton.testing import do_bench
@@ -150,7 +174,7 @@ def gpu_benchmarks(out: str | None = None) -> list[dict]:
         ("histc f32 16M 256 bins fixed", aten.histc.default, (r(1 << 24), 256, -3.0, 3.0), {}),
         ("histc f32 16M 256 bins data range", aten.histc.default, (r(1 << 24), 256), {}),
     ]
-    rows = []
+    rows = BenchRows()
     with tempfile.TemporaryDirectory() as tmp:
         for name, op, args, kwargs in cases:
             result = op(*args, **kwargs)
@@ -167,19 +191,14 @@ def gpu_benchmarks(out: str | None = None) -> list[dict]:
                 t = do_bench(lambda: runner(*inputs), warmup=25, rep=100)
                 if best is None or t < best[0]:
                     best = (t, str(config))
-            row = {"case": name, "eager_ms": round(eager, 4), "ours_ms": round(best[0], 4), "config": best[1],
-                   "speedup": round(eager / best[0], 2), "ours_TBps": round(nbytes / best[0] / 1e9, 2)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    if out:
-        Path(out).write_text(json.dumps(rows, indent=1))
-    return rows
+            rows.add(case=name, eager_ms=round(eager, 4), ours_ms=round(best[0], 4), config=best[1],
+                     speedup=round(eager / best[0], 2), ours_TBps=round(nbytes / best[0] / 1e9, 2))
+    return rows.save(out)
 
 
 def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) -> list[dict]:
     """Time many configs of a few cases on the GPU (to choose seed heuristics); prints JSON lines."""
     import itertools as it
-    import json
     import tempfile
 
     from triton.testing import do_bench
@@ -205,25 +224,20 @@ def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) 
         ("gelu bf16", aten.gelu.default, (r(1 << 24, dtype=torch.bfloat16),),
          [Config.of(BLOCK=b, num_warps=w) for b, w in it.product((512, 1024, 2048, 4096, 8192), (2, 4, 8, 16))]),
     ]
-    rows = []
+    rows = BenchRows()
     with tempfile.TemporaryDirectory() as tmp:
         for name, op, args, configs in [c for c in cases if only is None or only in c[0]] * repeat:
             spec = KernelSpec.from_call(op, args, {}, op(*args))
             family = family_for(spec)
             inputs = [a for a in args if isinstance(a, torch.Tensor)]
             eager = do_bench(lambda: op(*args), warmup=25, rep=100)
-            plan = family._plan(spec)
+            plan = family.plan(spec)
             for config in configs:
-                if not family._valid(spec if family.name == "elementwise" else plan, config):
+                if not family._valid(plan, config):
                     continue
                 runner = jit_runner(Path(tmp), spec, family.generate(spec, config))
                 got, want = runner(*inputs), op(*args)  # a sanity check beside the time (validation is the tests')
                 same = bool(torch.allclose(got.double(), want.double(), rtol=1e-3, atol=1e-3, equal_nan=True))
                 t = do_bench(lambda: runner(*inputs), warmup=10, rep=50)
-                row = {"case": name, "config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4),
-                       "matches_eager": same}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    if out:
-        Path(out).write_text(json.dumps(rows, indent=1))
-    return rows
+                rows.add(case=name, config=str(config), ms=round(t, 4), eager_ms=round(eager, 4), matches_eager=same)
+    return rows.save(out)

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from kernel_testing import assert_valid, compare_eager, compile_sm90, run_validation, spec_of
+from kernel_testing import BenchRows, assert_valid, compare_eager, compile_sm90, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.conv1d import FAMILY
@@ -45,7 +45,7 @@ def interp_config(spec: KernelSpec, **changes) -> Config:
 def check(spec: KernelSpec, tmp_path, config: Config | None = None, **kw):
     assert FAMILY.supports(spec) is None, FAMILY.supports(spec)
     config = config or interp_config(spec)
-    assert FAMILY._valid(FAMILY._plan(spec), config), config
+    assert FAMILY._valid(FAMILY.plan(spec), config), config
     return assert_valid(FAMILY, spec, tmp_path, config, **kw)
 
 
@@ -181,7 +181,7 @@ def test_benchmark_seeds():
         FAMILY.generate(spec, n)
     # the candidate that faulted the H200: 8 warps on a 64-row MMA is never proposed
     faulted = first.replace(BLOCK_L=64, num_warps=8)
-    assert not FAMILY._valid(FAMILY._plan(spec), faulted)
+    assert not FAMILY._valid(FAMILY.plan(spec), faulted)
     assert all(not (c["num_warps"] == 8 and c["BLOCK_L"] < 128 and c["LAYOUT"] == "LC")
                for s in seeds for c in [s, *FAMILY.neighbours(spec, s)])
 
@@ -289,7 +289,7 @@ def gpu_bench(out: str | None = None) -> list[dict]:
     if "--neighbours" in sys.argv:
         configs += [n for c in list(configs) for n in FAMILY.neighbours(spec, c) if not n.get("DOT_UPCAST")]
     if "--sweep" in sys.argv:  # persistent grids x pipelining depth x tile shapes around the seeds
-        plan = FAMILY._plan(spec)
+        plan = FAMILY.plan(spec)
         base = configs[0]
         grid = [dict(GRID=132, GATHER=True, LOADS_FIRST=True, num_stages=st, BLOCK_CO=bco, CO_PROG=-(-96 // bco),
                      BLOCK_CI=bci, BLOCK_L=bl, num_warps=8 if bl >= 128 else 4)
@@ -302,7 +302,7 @@ def gpu_bench(out: str | None = None) -> list[dict]:
     if only is not None:  # one config (its str()), launched a few times: for ncu
         value = lambda v: int(v) if v.isdigit() else {"True": True, "False": False}.get(v, v)
         configs = [Config.of(**{k: value(v) for k, v in (kv.split("=") for kv in only.split() if "=" in kv)})]
-    rows, seen = [], set()
+    rows, seen = BenchRows(), set()
     with tempfile.TemporaryDirectory() as tmp:
         for config in configs:
             if config.key in seen:
@@ -322,13 +322,9 @@ def gpu_bench(out: str | None = None) -> list[dict]:
                 torch.cuda.synchronize()
                 continue
             t = do_bench(lambda: runner.launch([x, w, b], outs, temps), warmup=25, rep=200)
-            row = {"config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4),
-                   "speedup": round(eager / t, 2), "max_abs_err": err}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    if out:
-        Path(out).write_text(json.dumps(rows, indent=1))
-    return rows
+            rows.add(config=str(config), ms=round(t, 4), eager_ms=round(eager, 4), speedup=round(eager / t, 2),
+                     max_abs_err=err)
+    return rows.save(out)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def _gpu_spec(spec):
 
 
 def plan_of(spec):
-    plan = FAMILY._plan(spec)
+    plan = FAMILY.plan(spec)
     assert not isinstance(plan, str), plan
     return plan
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernel_testing import assert_valid, aten_counts, compare_eager, compile_sm90, load, run_validation, spec_of
+from kernel_testing import assert_mutant_fails, assert_valid, aten_counts, compare_eager, compile_sm90, load, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.program import Buffer
@@ -154,10 +154,7 @@ def test_broken_programs_fail_validation(what, tmp_path):
                 "dot_skip": ("tl.where(keep, pos >> 4, -1)", "tl.where(keep, pos >> 4, 0)")}[what]
     if what == "range":  # only matters for all-equal data: the "zeros" edge trial catches it
         old, new = "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0", "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 3.0"
-    assert old in program.source
-    bad = dataclasses.replace(program, source=program.source.replace(old, new))
-    rec = run_validation(FAMILY, spec, bad, tmp_path)
-    assert not rec.ok and rec.reason
+    assert_mutant_fails(FAMILY, spec, program, old, new, tmp_path, seeds=(0, 1, 2))
 
 
 def test_refusals():
@@ -218,7 +215,7 @@ def test_dot_tile_and_limits():
     spec = spec_of(aten.histc.default, (torch.empty(1 << 24), 256, -3.0, 3.0))
     dots = [c for c in FAMILY.seed_configs(spec) if c["VARIANT"] == "dot"]
     assert len(dots) == 3 and all(256 <= (1 << 24) // (c["BLOCK"] * c["ITERS"]) <= 1024 for c in dots)
-    plan = FAMILY._plan(spec)
+    plan = FAMILY.plan(spec)
     assert not FAMILY._valid(plan, DOT.replace(ONEHOT=None))            # a dot config names its one-hot dtype
     assert not FAMILY._valid(plan, DOT.replace(VARIANT="local"))       # and only a dot config does
     assert not FAMILY._valid(plan, DOT.replace(BLOCK=8192))            # one-hots over 128 KiB of shared memory
@@ -276,7 +273,7 @@ def test_one_launch_data_range_matches_torch_exactly(config, dtype, tmp_path):
 
 def test_one_launch_refusals():
     x = torch.randn(1000)
-    data, fixed = (FAMILY._plan(spec_of(aten.histc.default, (x, 16, *r))) for r in ((), (-1.0, 1.0)))
+    data, fixed = (FAMILY.plan(spec_of(aten.histc.default, (x, 16, *r))) for r in ((), (-1.0, 1.0)))
     ok = Config.of(BLOCK=128, ITERS=1, num_warps=4, VARIANT="local", ONE_LAUNCH=8)
     assert FAMILY._valid(data, ok)
     assert not FAMILY._valid(fixed, ok)                                 # no range pass to wait for
@@ -333,7 +330,7 @@ def test_reverse_order_and_stream_hint(stream, tmp_path):
     assert ("LDG.E.EF" in sass(tmp_path / "sm90" / "launch1.cubin")) == bool(stream)
     assert "LDG.E.EF" not in sass(tmp_path / "sm90" / "launch0.cubin")  # the range pass keeps its lines
     fixed = spec_of(aten.histc.default, (x, 16, -2.0, 2.0))
-    assert not FAMILY._valid(FAMILY._plan(fixed), config)  # nothing to reuse without a range pass
+    assert not FAMILY._valid(FAMILY.plan(fixed), config)  # nothing to reuse without a range pass
 
 
 def test_neighbours_toggle_the_read_order_hint_and_one_launch():

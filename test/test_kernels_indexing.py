@@ -78,7 +78,7 @@ def test_every_seed_config(case, dtype, tmp_path):
             compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
         for n in FAMILY.neighbours(spec, config):
             FAMILY.generate(spec, n)
-    if FAMILY._plan(spec).accumulate and not FAMILY._plan(spec).overwrite and dtype != F32:
+    if FAMILY.plan(spec).accumulate and not FAMILY.plan(spec).overwrite and dtype != F32:
         assert {c["VARIANT"] for c in configs} == {"direct", "fp32"}
 
 

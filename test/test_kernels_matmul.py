@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kernel_testing import assert_valid, compare_eager, compile_sm90, run_validation, spec_of
+from kernel_testing import BenchRows, assert_valid, compare_eager, compile_sm90, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.matmul import FAMILY
@@ -202,7 +202,7 @@ def test_every_seed_config_validates(name, tmp_path):
     if bf16 or "f16" in name:
         assert {c["DOT_UPCAST"] for c in configs} == {True, False}  # both variants are offered
     for config in configs:
-        assert FAMILY._valid(FAMILY._plan(spec), config)
+        assert FAMILY._valid(FAMILY.plan(spec), config)
         program = FAMILY.generate(spec, config)
         if bf16 and not config["DOT_UPCAST"]:
             # the interpreter's bf16 dot is wrong: this variant must FAIL here (it is the GPU's variant)
@@ -225,7 +225,7 @@ def test_seed_configs_big_shape():
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "DOT_UPCAST"):
         assert any(n[k] != FAMILY.seed_configs(spec)[0][k] for n in neigh), k
     big = Config.of(BLOCK_M=256, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, DOT_UPCAST=False)
-    assert not FAMILY._valid(FAMILY._plan(spec), big)   # 256 accumulator registers per thread
+    assert not FAMILY._valid(FAMILY.plan(spec), big)   # 256 accumulator registers per thread
 
 
 
@@ -350,7 +350,7 @@ def gpu_bench(out: str | None = None) -> list[dict]:
         ("bmm f16 32x512x512x64", aten.bmm.default, (r(32, 512, 64), r(32, 64, 512))),
         ("region silu(x@w.t()+b)+r f16 8192x4096x1024", None, (r(8192, 1024), r(4096, 1024), r(4096), r(8192, 4096))),
     ]
-    rows = []
+    rows = BenchRows()
     with tempfile.TemporaryDirectory() as tmp:
         for name, op, args in cases:
             if op is None:
@@ -369,13 +369,9 @@ def gpu_bench(out: str | None = None) -> list[dict]:
                 err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
                 outs, temps = runner.allocate(args[0].device)
                 t = do_bench(lambda: runner.launch(list(args), outs, temps), warmup=25, rep=100)
-                row = {"case": name, "config": str(config), "ms": round(t, 4), "eager_ms": round(eager, 4),
-                       "speedup": round(eager / t, 2), "rel_err": err}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    if out:
-        Path(out).write_text(json.dumps(rows, indent=1))
-    return rows
+                rows.add(case=name, config=str(config), ms=round(t, 4), eager_ms=round(eager, 4),
+                         speedup=round(eager / t, 2), rel_err=err)
+    return rows.save(out)
 
 
 if __name__ == "__main__":

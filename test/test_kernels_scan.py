@@ -3,12 +3,10 @@ rows longer than a block (carried prefix) and split rows (chunk sums first); val
 the float64 reference and compared with eager; refusals; a broken program fails; sm_90 compiles."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
-from kernel_testing import assert_valid, compare_eager, compile_sm90, run_validation, spec_of
+from kernel_testing import assert_mutant_fails, assert_valid, compare_eager, compile_sm90, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.scan import FAMILY
@@ -86,10 +84,7 @@ def test_broken_programs_fail_validation(what, tmp_path):
     program = FAMILY.generate(spec, Config.of(BLOCK_M=4, BLOCK_N=64, SPLIT=1, num_warps=2))
     old, new = {"carry": ("+ carry[:, None]", "+ 0.5 * carry[:, None]"),
                 "scan_offset": ("tl.cumsum(x, axis=1)", "(tl.cumsum(x, axis=1) - x)")}[what]
-    assert old in program.source
-    bad = dataclasses.replace(program, source=program.source.replace(old, new))
-    rec = run_validation(FAMILY, spec, bad, tmp_path, seeds=(0,))
-    assert not rec.ok and rec.reason
+    assert_mutant_fails(FAMILY, spec, program, old, new, tmp_path)
 
 
 def test_refusals():

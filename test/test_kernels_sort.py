@@ -4,12 +4,10 @@ stable) the values equal ATen's and the indices name equal elements, and the ker
 the stable one; refusals; broken programs fail; sm_90 compiles."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
-from kernel_testing import assert_valid, compare_eager, compile_sm90, load, run_validation, spec_of
+from kernel_testing import assert_mutant_fails, assert_valid, compare_eager, compile_sm90, load, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.sort import FAMILY
@@ -87,17 +85,15 @@ def test_bool_and_small_tiles(tmp_path):
     compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
 
 
-@pytest.mark.parametrize("what", ["tie_break", "nan_order", "reversed_store"])
+MUTANTS = {"tie_break": ("(j[None, :] < i[:, None])", "(j[None, :] <= i[:, None])"),
+           "nan_order": ("(a == a) & (b != b)", "(a != a) & (b == b)"),
+           "reversed_store": ("out0_ptr + row * 20 + rank", "out0_ptr + row * 20 + 19 - rank")}
+
+
+@pytest.mark.parametrize("what", MUTANTS)
 def test_broken_programs_fail_validation(what, tmp_path):
     spec = spec_of(aten.sort.default, (torch.randn(6, 20).t(), 0))
-    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
-    old, new = {"tie_break": ("(j[None, :] < i[:, None])", "(j[None, :] <= i[:, None])"),
-                "nan_order": ("(a == a) & (b != b)", "(a != a) & (b == b)"),
-                "reversed_store": ("out0_ptr + row * 20 + rank", "out0_ptr + row * 20 + 19 - rank")}[what]
-    assert old in program.source, program.source
-    bad = dataclasses.replace(program, source=program.source.replace(old, new))
-    rec = run_validation(FAMILY, spec, bad, tmp_path, seeds=(0,))
-    assert not rec.ok and rec.reason
+    assert_mutant_fails(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), *MUTANTS[what], tmp_path)
 
 
 def test_refusals():

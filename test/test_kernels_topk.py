@@ -3,12 +3,10 @@ and layouts, fp32/fp16/bf16, NaN/inf ordering like ATen; tie-free validation inp
 the values equal ATen's and the indices point at them; refusals; broken programs fail; sm_90."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
-from kernel_testing import assert_valid, compare_eager, compile_sm90, load, run_validation, spec_of
+from kernel_testing import assert_mutant_fails, assert_valid, compare_eager, compile_sm90, load, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.topk import FAMILY
 
@@ -76,17 +74,15 @@ def test_ties_give_atens_values_and_indices_of_them(tmp_path):
         assert all(r.unique().numel() + int(r.isnan().sum()) - int(r.isnan().any()) == 300 for r in t)
 
 
-@pytest.mark.parametrize("what", ["index", "order", "sign"])
+MUTANTS = {"index": ("BLOCK_N - 1 - (top", "BLOCK_N - 2 - (top"),
+           "order": ("key = bits ^ ((bits >> 31) & 0x7FFFFFFF)", "key = bits"),
+           "sign": ("values = bits.to(tl.float32, bitcast=True)", "values = -bits.to(tl.float32, bitcast=True)")}
+
+
+@pytest.mark.parametrize("what", MUTANTS)
 def test_broken_programs_fail_validation(what, tmp_path):
     spec = spec_of(aten.topk.default, (torch.randn(16, 24), 4))
-    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
-    old, new = {"index": ("BLOCK_N - 1 - (top", "BLOCK_N - 2 - (top"),
-                "order": ("key = bits ^ ((bits >> 31) & 0x7FFFFFFF)", "key = bits"),
-                "sign": ("values = bits.to(tl.float32, bitcast=True)", "values = -bits.to(tl.float32, bitcast=True)")}[what]
-    assert old in program.source
-    bad = dataclasses.replace(program, source=program.source.replace(old, new))
-    rec = run_validation(FAMILY, spec, bad, tmp_path, seeds=(0,))
-    assert not rec.ok and rec.reason
+    assert_mutant_fails(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), *MUTANTS[what], tmp_path)
 
 
 def test_refusals():

@@ -12,11 +12,11 @@ import dataclasses
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from torch_kernelize.kernel_cache.integrity import write_file_atomic
 from torch_kernelize.planner import TIERS, Decision
 
 log = logging.getLogger("torch_kernelize")
@@ -166,17 +166,7 @@ class ReportWriter:
 
 def write_json_atomic(path: Path, doc: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=False, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_file_atomic(path, json.dumps(doc, indent=1, sort_keys=False, default=str).encode())
 
 
 @atexit.register

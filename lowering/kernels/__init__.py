@@ -1,7 +1,8 @@
 """Kernel generators, one module per op family; the table below maps ops to their family.
 
-To add a family: write a module with a ``KernelFamily`` subclass (seed configs, neighbours,
-generate) and its interpreter tests, then add an instance to ``FAMILIES``.
+To add a family: write a module with a ``KernelFamily`` subclass (``_analyse`` a spec into a plan,
+``_valid``, ``_seeds`` and ``_steps`` over configs, ``generate``: see base.py) and its interpreter
+tests, then add an instance to ``registry.FAMILIES``.
 """
 from __future__ import annotations
 

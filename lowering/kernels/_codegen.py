@@ -4,7 +4,8 @@ Sizes and strides are concrete (a KernelSpec is per shape), so the generators ba
 source as literals; these helpers keep that arithmetic in one place:
 
 - dtype names: torch name <-> ``tl.*`` type, the compute type of a storage type;
-- argument binding: a spec's encoded args/kwargs -> {schema name: value} with defaults filled in;
+- argument binding: the one schema binder (a spec's or a region node's encoded args/kwargs ->
+  {schema name: value} with defaults filled in), and typed reads of bound tensors and dims;
 - layouts: broadcast strides, dropping size-1 dims, ordering dims by a layout, collapsing dims
   that are contiguous in every tensor, and the index arithmetic (div/mod by literals) that turns
   a flat index into one offset per tensor, and tensors seen as rows along a dim (topk, sort);
@@ -16,6 +17,7 @@ import dataclasses
 import math
 from typing import Any, Iterable, Sequence
 
+from torch_kernelize.lowering.targets import resolve_op
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
 TL_TYPES = {
@@ -24,6 +26,7 @@ TL_TYPES = {
     "bool": "tl.int1",
 }
 FLOAT_TYPES = ("float32", "float16", "bfloat16")     # what the families compute on (fp32 math)
+HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}   # 16-bit floats: stored, computed in fp32
 INT_TYPES = ("int64", "int32", "int16", "int8", "uint8")
 INT32_MAX = 2**31 - 1
 
@@ -65,20 +68,67 @@ def literal(value: Any, dtype: str) -> str:
 
 # --- arguments ---------------------------------------------------------------------------------
 
-def bind(spec: KernelSpec) -> dict[str, Any]:
-    """The spec's arguments by schema name (encoded form; tensors are {"tensor": i}), defaults filled."""
-    schema = spec.op_overload._schema
+class Unsupported(ValueError):
+    """Why a spec is not generated, raised from inside an analysis (KernelFamily.plan returns the
+    message as the reason, like any other)."""
+
+
+class ArgumentError(Unsupported):
+    """Arguments that do not fit their op's schema (a spec or region node no family generates)."""
+
+
+def bind_arguments(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a call of ``op`` (a full op name) by schema name, defaults filled in (None
+    where a parameter has neither value nor default). Values stay as given: encoded, as in a
+    KernelSpec ({"tensor": i}) or a region node ({"input": i}, {"node": j}). An ArgumentError for
+    an unknown op, more positional arguments than parameters, or an unknown keyword."""
+    try:
+        schema = resolve_op(op)._schema
+    except Exception:  # noqa: BLE001 - any failure means the op is unknown here
+        raise ArgumentError(f"unknown op {op}") from None
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise ArgumentError(f"{op}: {len(args)} positional arguments for {len(positional)} parameters")
+    unknown = set(kwargs) - {a.name for a in schema.arguments}
+    if unknown:
+        raise ArgumentError(f"{op}: unknown keyword arguments {sorted(unknown)}")
     out: dict[str, Any] = {}
     for i, arg in enumerate(schema.arguments):
-        if i < len(spec.args) and not arg.kwarg_only:
-            out[arg.name] = spec.args[i]
-        elif arg.name in spec.kwargs:
-            out[arg.name] = spec.kwargs[arg.name]
+        if i < len(args) and not arg.kwarg_only:
+            out[arg.name] = args[i]
+        elif arg.name in kwargs:
+            out[arg.name] = kwargs[arg.name]
         elif arg.has_default_value():
             out[arg.name] = arg.default_value
         else:
             out[arg.name] = None
     return out
+
+
+def bind(spec: KernelSpec) -> dict[str, Any]:
+    """The spec's arguments by schema name (``bind_arguments``; tensors are {"tensor": i})."""
+    return bind_arguments(spec.op, spec.args, spec.kwargs)
+
+
+def operand(spec: KernelSpec, name: str, dtypes: Sequence[str]) -> tuple[dict[str, Any], TensorMeta]:
+    """The spec's arguments (``bind``) and the meta of its tensor argument ``name``; Unsupported
+    when that is no tensor, or a tensor of a dtype not in ``dtypes``."""
+    args = bind(spec)
+    i = tensor_index(args.get(name))
+    if i is None:
+        raise Unsupported(f"{name} must be a tensor")
+    x = spec.inputs[i]
+    if x.dtype not in dtypes:
+        raise Unsupported(f"{spec.short_name} of dtype {x.dtype} is not generated ({'/'.join(dtypes)})")
+    return args, x
+
+
+def dim_arg(value: Any, ndim: int) -> int | str:
+    """A dim argument of a ``ndim``-d tensor, wrapped to [0, ndim) (0 for a 0-d one), or why it is none."""
+    n = max(ndim, 1)
+    if not isinstance(value, int) or isinstance(value, bool) or not -n <= value < n:
+        return f"bad dim {value!r}"
+    return value % n
 
 
 def tensor_index(value: Any) -> int | None:
@@ -224,6 +274,22 @@ def decompose(index: str, sizes: Sequence[int], stride_sets: Sequence[Sequence[i
                 expr = f"({index} // {inner}) % {sizes[k]}"
             lines.append(f"{coord[k]} = {expr}")
     return lines, offsets
+
+
+def block_offsets(s: "Source", index: str, program: str, block: str, size: int, n: int, wide: bool,
+                  mask: str, sizes: Sequence[int], stride_sets: Sequence[Sequence[int]],
+                  prefix: str) -> tuple[list[str], str | None]:
+    """Emit a program's block of flat indices, ``index = program * block + tl.arange(0, block)``
+    (``block`` the constexpr, ``size`` its value; int64 when ``wide``), the ``mask`` of those
+    below ``n`` where blocks overrun it, and the split of ``index`` over ``sizes`` (``decompose``).
+    Returns the offset of each stride set and the mask's name (None when every index is in range)."""
+    s(f"{index} = {program}{'.to(tl.int64)' if wide else ''} * {block} + tl.arange(0, {block})")
+    if n % size:
+        s(f"{mask} = {index} < {n}")
+    lines, offs = decompose(index, sizes, stride_sets, prefix)
+    for line in lines:
+        s(line)
+    return offs, mask if n % size else None
 
 
 def scaled(expr: str, stride: int) -> str:

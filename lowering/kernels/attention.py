@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, next_pow2, sample_tensor,
-                                                   to_device, unique)
+from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, next_pow2,
+                                                   sample_tensor, to_device)
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -57,7 +57,6 @@ MAX_REGS = 224           # fp32 values per thread a config may hold live (of 255
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 
 
 @dataclasses.dataclass
@@ -112,9 +111,7 @@ class AttentionFamily(KernelFamily):
     edge_kinds = ("zeros", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
         if spec.graph is not None:
             return "attention regions are not generated"
         args = cg.bind(spec)
@@ -215,10 +212,6 @@ class AttentionFamily(KernelFamily):
                 return f"output {o.short()} strides overlap (some elements share memory)"
         return plan
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
         bm, bn, warps, stages = c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"]
@@ -251,10 +244,7 @@ class AttentionFamily(KernelFamily):
             c = c.replace(num_warps=c["num_warps"] * 2)
         return c
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(f"{spec.describe()}: {plan}")
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         if plan.backward:
             # FlashAttention-2's Hopper-class backward tiles (Triton's tutorial: 64 x 64/128)
             seeds = [self._fit(plan, 64, 64, 4, 2), self._fit(plan, 32, 64, 4, 2), self._fit(plan, 64, 128, 8, 2),
@@ -266,17 +256,12 @@ class AttentionFamily(KernelFamily):
             seeds = [self._fit(plan, 64 if big else 128, 64, 8 if big else 4, 3),
                      self._fit(plan, 128, 128, 8, 2), self._fit(plan, 64, 64, 4, 3),
                      self._fit(plan, 64, 32, 4, 4), self._fit(plan, 64, 64, 4, 2, upcast=True)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
-        cands = doubled_and_halved(c, ("BLOCK_M", "BLOCK_N", "num_warps"))
-        cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
-        cands += [c.replace(DOT_UPCAST=not c["DOT_UPCAST"])]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
+        return doubled_and_halved(c, ("BLOCK_M", "BLOCK_N", "num_warps")) + [
+            c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1),
+            c.replace(DOT_UPCAST=not c["DOT_UPCAST"])]
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -290,7 +275,7 @@ class AttentionFamily(KernelFamily):
         """q/k/v (and grad_out) of the kind; a mask of random offsets, with -inf entries and a
         fully masked row for "special"; for the backward, out and logsumexp from ATen's forward
         on these q/k/v (a random logsumexp would make exp(S - lse) overflow: no real input)."""
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         g = torch.Generator().manual_seed(seed)
         # the edge kinds apply to q/k/v (and grad_out); the mask gets its own "special" below
         mask = plan.mask[0] if not isinstance(plan, str) and plan.mask is not None else None
@@ -379,8 +364,8 @@ class _Gen:
 
     def operand(self, expr: str) -> str:
         """An fp32 value as a dot operand: rounded to the operand type unless upcasting."""
-        if self.p.dtype in HALF and not self.upcast:
-            return f"{expr}.to({HALF[self.p.dtype]})"
+        if self.p.dtype in cg.HALF and not self.upcast:
+            return f"{expr}.to({cg.HALF[self.p.dtype]})"
         return expr
 
     def batch_head(self, heads: int) -> None:
@@ -431,7 +416,7 @@ class _Gen:
         masks = [f"({rows}[:, None] < {nrows})"]
         if ncols != block_cols:
             masks.append(f"({cols}[None, :] < {ncols})")
-        conv = f".to({HALF[dtype]})" if dtype in HALF else ""
+        conv = f".to({cg.HALF[dtype]})" if dtype in cg.HALF else ""
         self.src(f"tl.store({base} + {_join(_term(f'{rows}[:, None]', rstride), _term(f'{cols}[None, :]', cstride))}, "
                  f"{value}{conv}, mask={' & '.join(masks)})")
 

@@ -7,12 +7,15 @@ starts from ``seed_configs`` and walks ``neighbours``; validation draws inputs t
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
-from typing import Any, Iterable, Sequence
+import threading
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from torch_kernelize.lowering.kernels._codegen import Unsupported, bind, tensor_index
 from torch_kernelize.lowering.kernels.program import KernelProgram
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -59,7 +62,14 @@ class Config:
 
 
 class KernelFamily:
-    """Base class; subclasses set ``name`` and ``ops`` and implement ``generate``."""
+    """Base class; subclasses set ``name`` and ``ops`` and implement ``generate``.
+
+    The scaffold our families share: a family analyses a spec once into a plan (``_analyse``:
+    the plan, or the reason the spec is not generated), memoized per spec key by ``plan``. From
+    that plan derive ``supports`` (the reason, if any), ``seed_configs`` (``_seeds``, kept where
+    ``_valid``), ``neighbours`` (``_steps``, likewise) and ``checked_plan`` (what ``generate``
+    starts from). A generator that is not a family of ours may override the public methods instead.
+    """
 
     name: str = ""
     ops: frozenset[str] = frozenset()        # full op names, e.g. "aten.gelu.default"
@@ -67,27 +77,74 @@ class KernelFamily:
     # generate() runs in fill_cache's own process, never in a build worker (it needs the GPU, or
     # keeps what it generated: fill_cache/builder.py)
     generates_in_parent: bool = False
+    PLANS_KEPT = 256                         # plans memoized per family (a search asks hundreds of times)
+
+    # --- the family's hooks -------------------------------------------------------------------
+    def _analyse(self, spec: KernelSpec) -> Any:
+        """The plan of a spec whose op is in ``ops``: what seeds, config checks and generation
+        need, or a str that says why the spec is not generated. Plans are shared between callers:
+        never change one after it is returned. The default: nothing to analyse."""
+        return None
+
+    def _valid(self, plan: Any, config: Config) -> bool:
+        """Whether ``config`` is a point of the configuration space for ``plan``."""
+        return True
+
+    def _seeds(self, spec: KernelSpec, plan: Any) -> list[Config]:
+        """The configs a search starts from (``seed_configs`` keeps the valid ones)."""
+        raise NotImplementedError
+
+    def _steps(self, plan: Any, config: Config) -> list[Config]:
+        """Candidate configs one step from ``config`` (``neighbours`` keeps the valid new ones)."""
+        return []
+
+    # --- derived from the plan ----------------------------------------------------------------
+    def plan(self, spec: KernelSpec) -> Any:
+        """``_analyse(spec)``, or why ``spec`` is not this family's (op not in ``ops``); memoized
+        per spec key, so that supports, seeds, neighbours and generate analyse a spec once."""
+        if spec.op not in self.ops:
+            return f"{self.name} does not handle {spec.op}"
+        memo = self.__dict__.get("_plan_memo")
+        if memo is None:
+            memo = self.__dict__.setdefault("_plan_memo", _Memo(self.PLANS_KEPT))
+        return memo.get(spec.key, lambda: self._analysed(spec))
+
+    def _analysed(self, spec: KernelSpec) -> Any:
+        try:
+            return self._analyse(spec)
+        except Unsupported as e:   # raised from deep in an analysis: a reason like any other
+            return str(e)
 
     def supports(self, spec: KernelSpec) -> str | None:
         """None when this family can generate a kernel for ``spec``, else the reason it cannot."""
-        return None if spec.op in self.ops else f"{self.name} does not handle {spec.op}"
+        plan = self.plan(spec)
+        return plan if isinstance(plan, str) else None
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        raise NotImplementedError
-
-    def checked_plan(self, spec: KernelSpec, config: Config) -> Any:
-        """For families that analyse a spec with ``_plan(spec) -> plan | reason`` and check configs
-        with ``_valid(plan, config)``: the plan, or a ValueError that says why not."""
-        plan = self._plan(spec)
+    def planned(self, spec: KernelSpec) -> Any:
+        """The plan of a spec this family generates; a ValueError that says why, for any other."""
+        plan = self.plan(spec)
         if isinstance(plan, str):
             raise ValueError(f"{spec.describe()}: {plan}")
+        return plan
+
+    def checked_plan(self, spec: KernelSpec, config: Config) -> Any:
+        """The plan, for a config of its space; else a ValueError that says why not."""
+        plan = self.planned(spec)
         if not self._valid(plan, config):
             raise ValueError(f"invalid config {config} for {spec.describe()}")
         return plan
 
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        """The configs a search of ``spec`` starts from (a ValueError for a spec not generated)."""
+        plan = self.planned(spec)
+        return unique([c for c in self._seeds(spec, plan) if self._valid(plan, c)])
+
     def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
         """Configs one step away from ``config`` (the search expands the best ones)."""
-        return []
+        plan = self.plan(spec)
+        if isinstance(plan, str):
+            return []
+        return unique([c for c in self._steps(plan, config) if c.key != config.key and self._valid(plan, c)])
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         raise NotImplementedError
@@ -130,6 +187,19 @@ class KernelFamily:
         drawn on ``device`` (``sample_generator``): the same values for the same seed."""
         g = sample_generator(seed, device)
         return [to_device(sample_tensor(m, g, kind), device) for m in spec.inputs]
+
+
+class PicksAlongDim(KernelFamily):
+    """A family whose outputs are (values, int64 indices) of elements of its input ``self``
+    picked along its plan's ``dim`` (topk, sort): equal elements settle on the reference's indices."""
+
+    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        plan = self.plan(spec)
+        if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
+            return outs
+        x = inputs[tensor_index(bind(spec).get("self"))]
+        return resolve_tied_indices(x, plan.dim, outs[0], outs[1], refs[1])
 
 
 def resolve_tied_indices(x: torch.Tensor, dim: int, values: torch.Tensor, got: torch.Tensor,
@@ -245,6 +315,25 @@ def pow2_between(lo: int, hi: int) -> Iterable[int]:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+class _Memo:
+    """A small thread-safe LRU map: fill_cache's measuring threads share the families."""
+
+    def __init__(self, size: int):
+        self.size, self.items, self.lock = size, collections.OrderedDict(), threading.Lock()
+
+    def get(self, key: str, make: Callable[[], Any]) -> Any:
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = make()   # outside the lock: analyses of different specs run side by side
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
 
 
 def unique(configs: Sequence[Config]) -> list[Config]:

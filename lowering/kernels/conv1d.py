@@ -67,7 +67,6 @@ MAX_ACC_REGS = 128         # fp32 accumulator registers per thread
 MAX_W_REGS = 96            # 32-bit registers per thread for weights held across tiles (TILES > 1)
 MAX_DOTS = 96              # dots written out in one program (code size)
 MAX_TAPS = 64
-HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 
 
 @dataclasses.dataclass
@@ -108,8 +107,8 @@ class Conv1dFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops or spec.graph is not None:
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
+        if spec.graph is not None:
             return f"{self.name} does not handle {spec.op}"
         a = cg.bind(spec)
         xi, wi, bi = cg.tensor_index(a.get("input")), cg.tensor_index(a.get("weight")), cg.tensor_index(a.get("bias"))
@@ -170,10 +169,6 @@ class Conv1dFamily(KernelFamily):
         return _Plan(x.dtype, N, Cin, L, Cout, K, stride, pad, dil, groups, Cin_g, Cout // groups, Lout,
                      tuple(x.stride), tuple(w.stride), bi, spec.inputs[bi].stride[0] if bi is not None else 0,
                      tuple(out.stride))
-
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
 
     # --- configs ------------------------------------------------------------------------------
     @staticmethod
@@ -248,9 +243,9 @@ class Conv1dFamily(KernelFamily):
         return c
 
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+        return unique(self._cuda_seeds(spec, self.planned(spec)) + super().seed_configs(spec))
+
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         # channel chunks that divide the channel counts exactly where they can (96 = 3 x 32)
         bco = next((b for b in (32, 16) if plan.Cout_g % b == 0 and plan.Cout_g // b <= 8), None) \
             or min(128, next_pow2(plan.Cout_g))
@@ -282,7 +277,7 @@ class Conv1dFamily(KernelFamily):
             self._fit(plan, 128, bco, None, bci, 8, 3, flat=not row, upcast=True),
             self._fit(plan, 64, bco, None, bci, 4, 2, flat=True, upcast=True),
         ]
-        return unique(self._cuda_seeds(spec, plan) + [c for c in seeds if self._valid(plan, c)])
+        return seeds
 
     @staticmethod
     def _cuda_seeds(spec: KernelSpec, plan: _Plan) -> list[Config]:
@@ -293,13 +288,9 @@ class Conv1dFamily(KernelFamily):
         from torch_kernelize import cuda_cxx
         return conv1d_bulk.seeds(plan) if cuda_cxx.available() else []
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        if config.get("IMPL") is not None:
-            return conv1d_bulk.neighbours(plan, config)
-        c = config
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
+        if c.get("IMPL") is not None:
+            return conv1d_bulk.neighbours(plan, c)
         cands = []
         for k in ("BLOCK_L", "BLOCK_CO", "BLOCK_CI", "TILES"):
             cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: c[k] // 2})]
@@ -313,7 +304,7 @@ class Conv1dFamily(KernelFamily):
                   c.replace(FLAT=not c["FLAT"]), c.replace(LAYOUT="CL" if c["LAYOUT"] == "LC" else "LC"),
                   c.replace(DOT_UPCAST=not c["DOT_UPCAST"]), c.replace(ALIGN=not c.get("ALIGN", False)),
                   c.replace(LOADS_FIRST=not c.get("LOADS_FIRST", False)), c.replace(GATHER=not c.get("GATHER", False))]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+        return cands
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -697,7 +688,7 @@ class _Gen:
             cm = self.co_mask(j)
             if p.bias is not None:
                 kw = f", mask={cm}, other=0.0" if cm else ""
-                conv = ".to(tl.float32)" if p.dtype in HALF else ""
+                conv = ".to(tl.float32)" if p.dtype in cg.HALF else ""
                 s(f"b = tl.load(in{p.bias}_ptr + {_t(f'co{j}', p.bias_stride)}{kw}){conv}")
                 s(f"{acc} = {acc} + b{'[None, :]' if self.lc else '[:, None]'}")
             if self.lc:
@@ -706,7 +697,7 @@ class _Gen:
             else:
                 off = f"{_t(f'co{j}[:, None]', os_[1])} + ({self.opos})[None, :]"
                 masks = ([f"{cm}[:, None]"] if cm else []) + ([f"{self.pmask}[None, :]"] if self.pmask else [])
-            value = f"{acc}.to({HALF[p.dtype]})" if p.dtype in HALF else acc
+            value = f"{acc}.to({cg.HALF[p.dtype]})" if p.dtype in cg.HALF else acc
             kw = f", mask={' & '.join(masks)}" if masks else ""
             ptr = self.hinted("o_ptrs", f"out0_ptr + {off}", self.hint_out)
             s(f"tl.store({ptr}, {value}{kw})")

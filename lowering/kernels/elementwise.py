@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_generator, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_generator, sample_tensor, to_device
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
@@ -305,16 +305,25 @@ def _result_type(operands: list[_Operand], spec: KernelSpec) -> torch.dtype:
     return torch.result_type(vals[0], vals[1])
 
 
+class _Plan(NamedTuple):
+    operands: list[_Operand]
+    op: PointwiseOp
+    args: dict[str, Any]           # bound by schema name
+    ctype: str                     # the type the arithmetic runs in
+    max_block: int                 # the largest BLOCK worth a program: the output's size, clipped
+
+
+def _max_block(out: TensorMeta) -> int:
+    return max(128, min(8192, cg.clip_pow2(_next_pow2(math.prod(out.shape)), 128, 8192)))
+
+
 class ElementwiseFamily(KernelFamily):
     name = "elementwise"
     ops = frozenset(OPS)
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec):
-        """(op, bound args, operands, compute type) or a reason string."""
-        if spec.op not in OPS:
-            return f"{self.name} does not handle {spec.op}"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
         if spec.graph is not None:
             return "fused regions are not pointwise single ops"
         op = OPS[spec.op]
@@ -367,11 +376,11 @@ class ElementwiseFamily(KernelFamily):
                     return f"_to_copy to another device {dev} is a transfer, not a kernel"
                 if args.get("pin_memory"):
                     return "_to_copy with pin_memory is a host allocation, not a kernel"
-            return operands, op, args, out.dtype
+            return _Plan(operands, op, args, out.dtype, _max_block(out))
         if op.kind == "select":
             if operands[0].tensor is None or operands[0].dtype != "bool":
                 return "where needs a bool condition tensor"
-            return operands, op, args, out.dtype
+            return _Plan(operands, op, args, out.dtype, _max_block(out))
         if "float64" in dtypes:
             return "float64 arithmetic is not generated (only copies and where handle float64)"
         if op.kind == "compare":
@@ -380,11 +389,11 @@ class ElementwiseFamily(KernelFamily):
             common = str(_result_type(operands, spec)).removeprefix("torch.")
             if common not in cg.TL_TYPES or common == "float64":
                 return f"comparison in {common} is not generated"
-            return operands, op, args, cg.compute_type(common)
+            return _Plan(operands, op, args, cg.compute_type(common), _max_block(out))
         if op.kind == "logical":
             if out.dtype != "bool":
                 return "logical ops here produce bool"
-            return operands, op, args, "bool"
+            return _Plan(operands, op, args, "bool", _max_block(out))
         ctype = cg.compute_type(out.dtype)
         if op.kind == "float" and ctype != "float32":
             return f"{spec.op} computes in floating point; output dtype {out.dtype} is not fp32/fp16/bf16"
@@ -402,45 +411,34 @@ class ElementwiseFamily(KernelFamily):
         alpha = args.get("alpha")
         if alpha is not None and cg.is_int(ctype) and float(cg.scalar_value(alpha)) != int(cg.scalar_value(alpha)):
             return "fractional alpha with integer arithmetic"
-        return operands, op, args, ctype
-
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
+        return _Plan(operands, op, args, ctype, _max_block(out))
 
     # --- configs ------------------------------------------------------------------------------
-    @staticmethod
-    def _max_block(spec: KernelSpec) -> int:
-        return max(128, min(8192, cg.clip_pow2(_next_pow2(math.prod(spec.outputs[0].shape)), 128, 8192)))
-
-    def _valid(self, spec: KernelSpec, c: Config) -> bool:
-        return 128 <= c["BLOCK"] <= self._max_block(spec) and c["num_warps"] in (1, 2, 4, 8, 16) \
+    def _valid(self, plan: _Plan, c: Config) -> bool:
+        return 128 <= c["BLOCK"] <= plan.max_block and c["num_warps"] in (1, 2, 4, 8, 16) \
             and c["BLOCK"] >= 32 * c["num_warps"]
 
-    def _fit(self, spec: KernelSpec, block: int, warps: int) -> Config:
-        block = min(block, self._max_block(spec))
+    @staticmethod
+    def _fit(plan: _Plan, block: int, warps: int) -> Config:
+        block = min(block, plan.max_block)
         warps = max(1, min(warps, block // 32))
         return Config.of(BLOCK=block, num_warps=warps)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         # 8 elements per thread is the usual sweet spot; on an H200 (16M-element gelu/add/casts)
         # 1024x4, 1024x2 and 4096x8 were all within a few percent of the best
-        return unique([self._fit(spec, 1024, 4), self._fit(spec, 4096, 8), self._fit(spec, 1024, 2),
-                       self._fit(spec, 512, 2)])
+        return [self._fit(plan, 1024, 4), self._fit(plan, 4096, 8), self._fit(plan, 1024, 2), self._fit(plan, 512, 2)]
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        b, w = config["BLOCK"], config["num_warps"]
-        cands = [Config.of(BLOCK=b * 2, num_warps=w), Config.of(BLOCK=b // 2, num_warps=w),
-                 Config.of(BLOCK=b, num_warps=w * 2), Config.of(BLOCK=b, num_warps=w // 2),
-                 Config.of(BLOCK=b * 2, num_warps=w * 2), Config.of(BLOCK=b // 2, num_warps=max(1, w // 2))]
-        return unique([c for c in cands if c.key != config.key and self._valid(spec, c)])
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
+        b, w = c["BLOCK"], c["num_warps"]
+        return [Config.of(BLOCK=b * 2, num_warps=w), Config.of(BLOCK=b // 2, num_warps=w),
+                Config.of(BLOCK=b, num_warps=w * 2), Config.of(BLOCK=b, num_warps=w // 2),
+                Config.of(BLOCK=b * 2, num_warps=w * 2), Config.of(BLOCK=b // 2, num_warps=max(1, w // 2))]
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(f"{spec.describe()}: {plan}")
-        operands, _, _, _ = plan
+        plan = self.planned(spec)
+        operands = plan.operands
         out = spec.outputs[0]
         block = int(config["BLOCK"])
         inputs = sorted({o.tensor for o in operands if o.tensor is not None})  # kernel parameters, in spec order
@@ -465,7 +463,7 @@ class ElementwiseFamily(KernelFamily):
         """Contiguous operands only: the output walked flat up to a run-time ``n_elements``; each
         input the same shape, one element, or the output's trailing dims (none of them varying:
         a bias), read at ``idx % inner``."""
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         if isinstance(plan, str):
             return plan
         out = spec.outputs[0]
@@ -499,7 +497,7 @@ class ElementwiseFamily(KernelFamily):
         if problem is not None:
             raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
         from torch_kernelize.buckets import product
-        plan = self._plan(spec)
+        plan = self.planned(spec)
         out = spec.outputs[0]
         block = int(config["BLOCK"])
         inputs = sorted({o.tensor for o in plan[0] if o.tensor is not None})
@@ -522,7 +520,7 @@ class ElementwiseFamily(KernelFamily):
               in_off: dict[int, str], mask_bound: str | None, wide: bool, size_params: list[str]) -> tuple[str, str]:
         """(source, kernel name) of the kernel: ``coord_lines`` compute each tensor's offset from ``idx``
         (``out_off``, ``in_off``); ``mask_bound`` masks ``idx`` (None: every block is full)."""
-        operands, op, args, ctype = plan
+        operands, op, args, ctype, _ = plan
         out = spec.outputs[0]
         kname = spec.op.split(".")[1].lstrip("_") + "_kernel"
         src = cg.Source()

@@ -41,6 +41,7 @@ same planner and emitter.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -52,7 +53,7 @@ from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.lowering.targets import resolve_op
+from torch_kernelize.lowering.regions import node_ref
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
 REDUCE_OPS = {"aten.sum.dim_IntList": "sum", "aten.mean.dim": "mean",
@@ -69,7 +70,7 @@ EXPAND_OP, CLONE_OP = "aten.expand.default", "aten.clone.default"
 LAYER_NORM_OP, GETITEM_OP = "aten.native_layer_norm.default", "getitem"
 HALF = ("float16", "bfloat16")
 
-Ref = tuple  # ("in", i) | ("node", j) | ("const", number)
+Ref = tuple  # ("input", i) | ("node", j) | ("const", number)
 
 
 # --- analysis ----------------------------------------------------------------------------------
@@ -138,44 +139,11 @@ def _vtype(dtype: str) -> str:
     return "float32" if dtype in cg.FLOAT_TYPES else dtype
 
 
-def _ref(v: Any) -> Ref | None:
-    if isinstance(v, dict) and len(v) == 1:
-        if "input" in v:
-            return ("in", int(v["input"]))
-        if "node" in v:
-            return ("node", int(v["node"]))
-    return None
-
-
 def _refs_in(v: Any) -> list[Ref]:
     if isinstance(v, (list, tuple)):
         return [r for x in v for r in _refs_in(x)]
-    r = _ref(v)
+    r = node_ref(v)
     return [r] if r else []
-
-
-def _bind(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any] | str:
-    try:
-        schema = resolve_op(op)._schema
-    except Exception:  # noqa: BLE001 - any failure means the op is unknown here
-        return f"unknown op {op}"
-    out: dict[str, Any] = {}
-    positional = [a for a in schema.arguments if not a.kwarg_only]
-    if len(args) > len(positional):
-        return f"{op}: {len(args)} positional arguments for {len(positional)} parameters"
-    for i, a in enumerate(schema.arguments):
-        if i < len(args) and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-        else:
-            out[a.name] = None
-    unknown = set(kwargs) - {a.name for a in schema.arguments}
-    if unknown:
-        return f"{op}: unknown keyword arguments {sorted(unknown)}"
-    return out
 
 
 
@@ -201,7 +169,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
     def remap(a: Any) -> Any:
         if isinstance(a, list):
             return [remap(x) for x in a]
-        r = _ref(a)
+        r = node_ref(a)
         return {"node": where[r[1]]} if r is not None and r[0] == "node" else a
 
     def add(op: str, args: list, meta: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +178,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
 
     for j, n in enumerate(nodes):
         if n["op"] == GETITEM_OP:
-            owner = _ref(n["args"][0])
+            owner = node_ref(n["args"][0])
             if owner is None or owner[1] not in parts:
                 return f"node {j}: a piece of a node with several outputs is not generated"
             where[j] = parts[owner[1]][n["args"][1]]
@@ -219,9 +187,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
             where[j] = len(new)
             new.append(dict(n, args=remap(n["args"]), kwargs={k: remap(v) for k, v in n["kwargs"].items()}))
             continue
-        args = _bind(LAYER_NORM_OP, remap(n["args"]), {k: remap(v) for k, v in n["kwargs"].items()})
-        if isinstance(args, str):
-            return args
+        args = cg.bind_arguments(LAYER_NORM_OP, remap(n["args"]), {k: remap(v) for k, v in n["kwargs"].items()})
         out, mean, rstd = n["meta"]
         if len(args["normalized_shape"]) != 1 or None in (out, mean, rstd):
             return f"node {j}: LayerNorm over {args['normalized_shape']} (the last dim only here)"
@@ -268,16 +234,16 @@ class _Analysis:
 
     # what a reference is --------------------------------------------------------------------
     def meta_of(self, r: Ref) -> TensorMeta:
-        return self.in_metas[r[1]] if r[0] == "in" else self.nodes[r[1]].meta
+        return self.in_metas[r[1]] if r[0] == "input" else self.nodes[r[1]].meta
 
     def vtype_of(self, r: Ref) -> str:
-        return _vtype(self.in_metas[r[1]].dtype) if r[0] == "in" else self.nodes[r[1]].vtype
+        return _vtype(self.in_metas[r[1]].dtype) if r[0] == "input" else self.nodes[r[1]].vtype
 
     def exact_of(self, r: Ref) -> bool:
-        return r[0] == "in" or self.nodes[r[1]].exact
+        return r[0] == "input" or self.nodes[r[1]].exact
 
     def check_ref(self, r: Ref, j: int) -> str | None:
-        if r[0] == "in" and not 0 <= r[1] < len(self.in_metas):
+        if r[0] == "input" and not 0 <= r[1] < len(self.in_metas):
             return f"node {j}: input {r[1]} does not exist"
         if r[0] == "node" and not 0 <= r[1] < j:
             return f"node {j}: node {r[1]} is not computed before it"
@@ -325,9 +291,7 @@ class _Analysis:
     def node(self, j: int, n: dict[str, Any]) -> _Node | str:
         op = n["op"]
         meta = TensorMeta.from_json(n["meta"])
-        args = _bind(op, n.get("args", []), n.get("kwargs", {}))
-        if isinstance(args, str):
-            return args
+        args = cg.bind_arguments(op, n.get("args", []), n.get("kwargs", {}))
         for r in _refs_in(list(args.values())):
             if why := self.check_ref(r, j):
                 return why
@@ -342,7 +306,7 @@ class _Analysis:
         return self.pointwise_node(j, op, args, meta)
 
     def reduction(self, j: int, op: str, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
-        x = _ref(args.get("self"))
+        x = node_ref(args.get("self"))
         if x is None:
             return f"node {j}: {op} of a non-tensor"
         xm = self.meta_of(x)
@@ -369,7 +333,7 @@ class _Analysis:
 
     def cat_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         pieces = args.get("tensors")
-        refs = [_ref(v) for v in pieces] if isinstance(pieces, list) else []
+        refs = [node_ref(v) for v in pieces] if isinstance(pieces, list) else []
         if not refs or any(r is None for r in refs):
             return f"node {j}: cat pieces {pieces!r} are not tensors"
         ndim, d = len(meta.shape), args.get("dim", 0)
@@ -394,7 +358,7 @@ class _Analysis:
     def expand_node(self, j: int, args: dict[str, Any], meta: TensorMeta) -> _Node | str:
         """A row value broadcast along the row (a mean's gradient in a norm's backward): the
         value itself, which the tiles it meets broadcast (graph regions that reduce only)."""
-        x = _ref(args.get("self"))
+        x = node_ref(args.get("self"))
         if x is None:
             return f"node {j}: expand of a non-tensor"
         shape = tuple(self.meta_of(x).shape)
@@ -412,7 +376,7 @@ class _Analysis:
         operands: list[Ref] = []
         for name in pw.operands:
             v = args.get(name)
-            r = _ref(v)
+            r = node_ref(v)
             if r is not None:
                 operands.append(r)
                 continue
@@ -549,8 +513,8 @@ class _Analysis:
                 pieces.setdefault(where, []).append(r[1])
         ins = []
         for i, m in enumerate(self.in_metas):
-            if ("in", i) in context:  # read where its piece is, through the cat's index remap
-                where = context[("in", i)]
+            if ("input", i) in context:  # read where its piece is, through the cat's index remap
+                where = context[("input", i)]
                 try:
                     st = cg.broadcast_strides(m, piece_shape(where))
                 except ValueError as e:
@@ -603,7 +567,7 @@ class _Analysis:
                 for r in n.operands:
                     if r[0] == "node" and self.nodes[r[1]].shape == "full" and n.shape == "row":
                         return f"node {n.index}: row-shape result of a full-shape operand"
-                    if r[0] == "in":
+                    if r[0] == "input":
                         try:
                             cg.broadcast_strides(self.in_metas[r[1]], shape)
                         except ValueError as e:
@@ -662,7 +626,11 @@ def _helpers(nodes: Sequence[_Node]) -> tuple[str, ...]:
 
 
 def analyse(graph: dict[str, Any], inputs: Sequence[TensorMeta], outputs: Sequence[TensorMeta]) -> _Plan | str:
-    return _Analysis(graph, inputs, outputs).run()
+    """The plan of a region graph, or the reason it is not generated."""
+    try:
+        return _Analysis(graph, inputs, outputs).run()
+    except cg.Unsupported as e:
+        return str(e)
 
 
 # --- code generation ---------------------------------------------------------------------------
@@ -692,14 +660,14 @@ class _Emitter:
 
     # shared pieces ------------------------------------------------------------------------
     def var(self, r: Ref) -> str:
-        return f"x{r[1]}" if r[0] == "in" else f"v{r[1]}"
+        return f"x{r[1]}" if r[0] == "input" else f"v{r[1]}"
 
     def vtype(self, r: Ref) -> str:
-        return _vtype(self.p.inputs[r[1]].meta.dtype) if r[0] == "in" else self.p.nodes[r[1]].vtype
+        return _vtype(self.p.inputs[r[1]].meta.dtype) if r[0] == "input" else self.p.nodes[r[1]].vtype
 
     def describe(self, n: _Node) -> str:
         def show(a: Any) -> str:
-            r = _ref(a)
+            r = node_ref(a)
             if r:
                 return self.var(r)
             if isinstance(a, list):
@@ -871,7 +839,7 @@ class _PointwiseEmitter(_Emitter):
 
     def _scalar(self, r: Ref) -> bool:
         """Whether a value is a scalar (computed only from inputs loaded as one element)."""
-        if r[0] == "in":
+        if r[0] == "input":
             return self.p.inputs[r[1]].cls == "scalar"
         if r[0] == "const":
             return True
@@ -904,14 +872,9 @@ class _RowwiseEmitter(_Emitter):
     # rows, columns, masks, pointers ---------------------------------------------------------
     def rows(self) -> None:
         p, s = self.p, self.s
-        s(f"rows = pid{'.to(tl.int64)' if self.wide else ''} * BLOCK_M + tl.arange(0, BLOCK_M)")
-        self.row_mask = self.col_mask = None
-        if p.M % self.bm:
-            s(f"row_mask = rows < {p.M}")
-            self.row_mask = "row_mask"
-        lines, offs = cg.decompose("rows", p.lead_sizes, p.lead_strides, "m")
-        for line in lines:
-            s(line)
+        offs, self.row_mask = cg.block_offsets(s, "rows", "pid", "BLOCK_M", self.bm, p.M, self.wide, "row_mask",
+                                               p.lead_sizes, p.lead_strides, "m")
+        self.col_mask = None
         named: dict[str, str] = {}
         for t, off in zip(p.inputs + p.outputs, offs):
             if " " in off:  # a compound offset: computed once, shared by the tensors with these strides
@@ -983,7 +946,7 @@ class _RowwiseEmitter(_Emitter):
     def cls_of(self, r: Ref) -> str:
         if r[0] == "const":
             return "scalar"
-        if r[0] == "in":
+        if r[0] == "input":
             return self.p.inputs[r[1]].cls
         n = self.p.nodes[r[1]]
         if n.role == "reduce":
@@ -1055,7 +1018,7 @@ class _RowwiseEmitter(_Emitter):
             # each input is loaded right before its first use (as Inductor does): a weight read after
             # the row's reduction holds no registers across it
             for r in n.operands:
-                if r[0] == "in" and r[1] not in loaded:
+                if r[0] == "input" and r[1] not in loaded:
                     loaded.add(r[1])
                     self.load(r[1], hinted, last_pass=True)
             s(self.describe(n))
@@ -1091,7 +1054,7 @@ class _RowwiseEmitter(_Emitter):
             s(f"for c0 in range(0, {p.N}, BLOCK_N):").indent()
             self.cols("c0")
             for i, t in enumerate(p.inputs):
-                if t.cls in ("full", "col") and ("in", i) in need:
+                if t.cls in ("full", "col") and ("input", i) in need:
                     self.load(i, hinted, last_pass=pas == p.passes - 1)
             for n in p.nodes:
                 if ("node", n.index) in need:
@@ -1151,7 +1114,7 @@ class _RowwiseEmitter(_Emitter):
             r = stack.pop()
             if r in seen or r[0] == "const":
                 continue
-            if r[0] == "in":
+            if r[0] == "input":
                 seen.add(r)
                 continue
             n = self.p.nodes[r[1]]
@@ -1179,6 +1142,9 @@ def region_header(graph: dict[str, Any], inputs: Sequence[TensorMeta], outputs: 
 
 
 def generate_plan(plan: _Plan, graph: dict[str, Any], config: Config, header: str, kname: str) -> KernelProgram:
+    # the emitters note offsets and alignment (per config) on the plan's tensors: they work on a
+    # copy, so the plan the family keeps for a spec stays as analysed
+    plan = copy.deepcopy(plan)
     emitter = (_RowwiseEmitter if plan.kind == "rowwise" else _PointwiseEmitter)(plan, config, header, kname)
     return emitter.program(graph["nodes"])
 
@@ -1266,8 +1232,8 @@ class FusedRegionFamily(KernelFamily):
     ops = frozenset({"region"})
     edge_kinds = ("zeros", "large", "negative", "special")
 
-    def _plan(self, spec: KernelSpec) -> tuple[_Plan, dict[str, Any]] | str:
-        if spec.op != "region" or spec.graph is None:
+    def _analyse(self, spec: KernelSpec) -> tuple[_Plan, dict[str, Any]] | str:
+        if spec.graph is None:
             return f"{self.name} handles fused regions, not {spec.op}"
         try:
             graph = json.loads(spec.graph)
@@ -1283,7 +1249,7 @@ class FusedRegionFamily(KernelFamily):
         return plan if isinstance(plan, str) else (plan, graph)
 
     def supports(self, spec: KernelSpec) -> str | None:
-        got = self._plan(spec)
+        got = self.plan(spec)
         if isinstance(got, str):
             return got
         plan, _ = got
@@ -1291,28 +1257,20 @@ class FusedRegionFamily(KernelFamily):
             return f"rows of {plan.N} need {plan.passes} passes (> {MAX_PASSES}) in the looped variant"
         return None
 
-    def _checked(self, spec: KernelSpec) -> tuple[_Plan, dict[str, Any]]:
-        got = self._plan(spec)
-        if isinstance(got, str):
-            raise ValueError(f"{spec.describe()}: {got}")
-        return got
+    def _valid(self, got: tuple[_Plan, dict[str, Any]], config: Config) -> bool:
+        plan = got[0]
+        return (rowwise_valid if plan.kind == "rowwise" else pointwise_valid)(plan, config)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan, _ = self._checked(spec)
+    def _seeds(self, spec: KernelSpec, got: tuple[_Plan, dict[str, Any]]) -> list[Config]:
+        plan = got[0]
         return rowwise_seeds(plan) if plan.kind == "rowwise" else pointwise_seeds(plan)
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        got = self._plan(spec)
-        if isinstance(got, str):
-            return []
+    def _steps(self, got: tuple[_Plan, dict[str, Any]], config: Config) -> list[Config]:
         plan = got[0]
         return rowwise_neighbours(plan, config) if plan.kind == "rowwise" else pointwise_neighbours(plan, config)
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan, graph = self._checked(spec)
-        valid = rowwise_valid if plan.kind == "rowwise" else pointwise_valid
-        if not valid(plan, config):
-            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        plan, graph = self.checked_plan(spec, config)
         return generate_plan(plan, graph, config, region_header(graph, spec.inputs, spec.outputs),
                              f"fused_{plan.kind}_kernel")
 

@@ -68,7 +68,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, sample_tensor, to_device
 from torch_kernelize.lowering.kernels.program import PHASE, Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -187,16 +187,8 @@ class HistcFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> dict | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
-        args = cg.bind(spec)
-        i = cg.tensor_index(args.get("self"))
-        if i is None:
-            return "self must be a tensor"
-        x = spec.inputs[i]
-        if x.dtype not in cg.FLOAT_TYPES:
-            return f"histc on {x.dtype} is not generated (fp32/fp16/bf16)"
+    def _analyse(self, spec: KernelSpec) -> dict | str:
+        args, x = cg.operand(spec, "self", cg.FLOAT_TYPES)
         bins = args.get("bins", 100)
         if not isinstance(bins, int) or isinstance(bins, bool) or bins <= 0:
             return f"bins must be a positive int, got {bins!r}"
@@ -230,10 +222,6 @@ class HistcFamily(KernelFamily):
         sizes, strides = cg.simplify(x.shape, [x.stride], order_by=0)
         plan.update(sizes=sizes, strides=strides)
         return plan
-
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
 
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: dict, c: Config) -> bool:
@@ -285,10 +273,7 @@ class HistcFamily(KernelFamily):
         c = self._cfg(plan, block, warps, extra.pop("VARIANT"), **extra)
         return c.replace(ITERS=1, ONE_LAUNCH=max(1, min(programs, -(-plan["N"] // c["BLOCK"]))))
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+    def _seeds(self, spec: KernelSpec, plan: dict) -> list[Config]:
         seeds = []
         # "shared" first (H200, 16M fp32 in 256 bins: ~0.03 ms against 0.071 for "local"; the
         # copies hardly matter there: 0.029-0.032 ms over 1, 8 and 32), reading with evict_first
@@ -321,13 +306,9 @@ class HistcFamily(KernelFamily):
         seeds += [self._cfg(plan, 1024, 4, "dot", ONEHOT="int8"), self._cfg(plan, 4096, 8, "dot", ONEHOT="int8"),
                   self._cfg(plan, 2048, 8, "dot", ONEHOT="float16")]
         seeds += [self._cfg(plan, 1024, 4, "atomic")]
-        return unique([c for c in seeds if self._valid(plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
+    def _steps(self, plan: dict, c: Config) -> list[Config]:
         cands = [c.replace(BLOCK=c["BLOCK"] * 2), c.replace(BLOCK=c["BLOCK"] // 2),
                  c.replace(ITERS=c["ITERS"] * 2), c.replace(ITERS=max(1, c["ITERS"] // 2)),
                  c.replace(num_warps=c["num_warps"] * 2), c.replace(num_warps=max(1, c["num_warps"] // 2))]
@@ -340,8 +321,7 @@ class HistcFamily(KernelFamily):
         cands += [Config.of(**base, VARIANT=v) for v in ("local", "atomic")]
         cands += [Config.of(**base, VARIANT="shared", COPIES=k) for k in SHARED_COPIES if _inline_ptx()]
         cands += [Config.of(**base, VARIANT="dot", ONEHOT=o) for o in ONEHOTS]
-        cands = [_canonical(x) for x in cands]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+        return [_canonical(x) for x in cands]
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -661,7 +641,7 @@ class HistcFamily(KernelFamily):
         elements are moved to the middle of their bin (the exact-match test against torch.histc on
         unrestricted data covers edges).
         """
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         g = torch.Generator().manual_seed(seed)
         m = spec.inputs[0]
         x = sample_tensor(m, g, kind)

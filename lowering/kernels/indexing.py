@@ -39,7 +39,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device
 from torch_kernelize.lowering.kernels.program import Buffer, Donation, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -105,9 +105,7 @@ class IndexingFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
         name = OPS[spec.op]
         a = cg.bind(spec)
         if len(spec.outputs) != 1:
@@ -247,10 +245,6 @@ class IndexingFamily(KernelFamily):
         plan.wide = max(spans) + 2 * MAX_TILE > cg.INT32_MAX or plan.R * max(1, plan.Q) + MAX_TILE > cg.INT32_MAX
         return plan
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     @staticmethod
     def _fp32_variant(plan: _Plan) -> bool:
         """Whether VARIANT "fp32" (sums in an fp32 temporary) is an option: atomic adds of fp16/bf16."""
@@ -284,10 +278,7 @@ class IndexingFamily(KernelFamily):
         w = max(1, min(warps or 4, b // 32))
         return Config.of(BLOCK=b, num_warps=w, **extra)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         variants = ["direct", "fp32"] if self._fp32_variant(plan) else ["direct"]
         seeds = []
         for v in variants:
@@ -297,18 +288,14 @@ class IndexingFamily(KernelFamily):
                           self._cfg(plan, 2048, 256, 4, v)]
             else:
                 seeds += [self._cfg(plan, 1024, warps=4, variant=v), self._cfg(plan, 4096, warps=8, variant=v)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
         keys = ("BLOCK_R", "BLOCK_D", "num_warps") if plan.rows else ("BLOCK", "num_warps")
         cands = doubled_and_halved(c, keys)
         if "VARIANT" in dict(c.params):
             cands.append(c.replace(VARIANT="fp32" if c["VARIANT"] == "direct" else "direct"))
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+        return cands
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -321,7 +308,7 @@ class IndexingFamily(KernelFamily):
         """Values by ``kind``; indices always valid, uniform over the indexed dim (so repeated
         indices occur for the scatter-adds), negative ones too where ATen wraps them; distinct
         where index_put overwrites (which of two writes wins is unspecified)."""
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         g = torch.Generator().manual_seed(seed)
         out = []
         for i, m in enumerate(spec.inputs):
@@ -404,14 +391,7 @@ class _Gen:
         what = "fp32 sums -> output dtype" if cast else ("self -> fp32 accumulator" if self.temp else "self -> output")
         s("@triton.jit", f"def {name}(src_ptr, dst_ptr, BLOCK: tl.constexpr):").indent()
         s(f"# {what}: {n} elements over sizes {list(sizes)}, strides {[list(x) for x in sets]}")
-        s(f"e = tl.program_id(0){'.to(tl.int64)' if self.p.wide else ''} * BLOCK + tl.arange(0, BLOCK)")
-        mask = None
-        if n % block:
-            s(f"mask = e < {n}")
-            mask = "mask"
-        lines, offs = cg.decompose("e", sizes, sets, "k")
-        for line in lines:
-            s(line)
+        offs, mask = cg.block_offsets(s, "e", "tl.program_id(0)", "BLOCK", block, n, self.p.wide, "mask", sizes, sets, "k")
         kw = f", mask={mask}" if mask else ""
         conv = f".to({cast})" if cast else (".to(tl.float32)" if self.temp else "")
         s(f"v = tl.load(src_ptr + {offs[0]}{kw}){conv}")
@@ -435,36 +415,23 @@ class _Gen:
         br, bd, warps = int(c["BLOCK_R"]), int(c["BLOCK_D"]), int(c["num_warps"])
         dst_k = 3 if self.temp else 2          # which dst stride set (output or fp32 temp)
         ind = p.ind_stride[1 if self.temp else 0]
-        wide = ".to(tl.int64)" if p.wide else ""
         kname = {"index": "index_rows_kernel", "index_select": "index_select_kernel",
                  "embedding": "embedding_kernel", "index_add": "index_add_kernel",
                  "index_put": "index_put_kernel"}[p.name]
         s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):").indent()
         s("# a BLOCK_R x BLOCK_D tile: rows (one index each) by contiguous columns")
-        s(f"r = tl.program_id(0){wide} * BLOCK_R + tl.arange(0, BLOCK_R)")
-        r_mask = None
-        if p.R % br:
-            s(f"r_mask = r < {p.R}")
-            r_mask = "r_mask"
         sets = [p.r_strides[0], p.r_strides[1], p.r_strides[dst_k]]
-        lines, offs = cg.decompose("r", p.r_sizes, sets, "m")
-        for line in lines:
-            s(line)
+        offs, r_mask = cg.block_offsets(s, "r", "tl.program_id(0)", "BLOCK_R", br, p.R, p.wide, "r_mask",
+                                        p.r_sizes, sets, "m")
         src_row, idx_off, dst_row = self._named(["src_row", "", "dst_row"], offs)
         self._idx(idx_off, r_mask, "r")
         if p.accumulate:
             dst_row = f"{'' if dst_row == '0' else dst_row + ' + '}{cg.scaled('i', ind)}"
         else:
             src_row = f"{'' if src_row == '0' else src_row + ' + '}{cg.scaled('i', ind)}"
-        s(f"c = tl.program_id(1){wide} * BLOCK_D + tl.arange(0, BLOCK_D)")
-        c_mask = None
-        if p.Q % bd:
-            s(f"c_mask = c < {p.Q}")
-            c_mask = "c_mask"
         qsets = [p.q_strides[0], p.q_strides[1 if not self.temp else 2]]
-        lines, qoffs = cg.decompose("c", p.q_sizes, qsets, "n")
-        for line in lines:
-            s(line)
+        qoffs, c_mask = cg.block_offsets(s, "c", "tl.program_id(1)", "BLOCK_D", bd, p.Q, p.wide, "c_mask",
+                                         p.q_sizes, qsets, "n")
         src_col, dst_col = self._named(["src_col", "dst_col"], qoffs)
         tile = lambda row, col: (f"{_wrap(row if row != '0' else 'r * 0')}[:, None] + "
                                  f"{_wrap(col if col != '0' else 'c * 0')}[None, :]")
@@ -507,15 +474,8 @@ class _Gen:
         kname = "gather_kernel" if p.name == "gather" else "scatter_add_kernel"
         s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, BLOCK: tl.constexpr):").indent()
         s("# BLOCK elements of the index tensor, in its memory order")
-        s(f"e = tl.program_id(0){'.to(tl.int64)' if p.wide else ''} * BLOCK + tl.arange(0, BLOCK)")
-        mask = None
-        if p.R % block:
-            s(f"mask = e < {p.R}")
-            mask = "mask"
         sets = [p.r_strides[0], p.r_strides[1], p.r_strides[dst_k]]
-        lines, offs = cg.decompose("e", p.r_sizes, sets, "k")
-        for line in lines:
-            s(line)
+        offs, mask = cg.block_offsets(s, "e", "tl.program_id(0)", "BLOCK", block, p.R, p.wide, "mask", p.r_sizes, sets, "k")
         src_off, idx_off, dst_off = self._named(["src_off", "", "dst_off"], offs)
         self._idx(idx_off, mask, "e")
         if p.accumulate:

@@ -35,10 +35,8 @@ class LayerNormFamily(KernelFamily):
     ops = frozenset({OP})
     edge_kinds = ("zeros", "large", "negative", "special")
 
-    def _plan(self, spec: KernelSpec):
+    def _analyse(self, spec: KernelSpec):
         """(fused plan, region graph) or the reason the spec is not generated."""
-        if spec.op != OP:
-            return f"{self.name} does not handle {spec.op}"
         args = cg.bind(spec)
         ix = cg.tensor_index(args.get("input"))
         if ix is None:
@@ -120,27 +118,17 @@ class LayerNormFamily(KernelFamily):
             return plan
         return plan, graph
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        got = self._plan(spec)
-        return got if isinstance(got, str) else None
+    def _valid(self, got, config: Config) -> bool:
+        return fused.rowwise_valid(got[0], config)
 
-    def _checked(self, spec: KernelSpec):
-        got = self._plan(spec)
-        if isinstance(got, str):
-            raise ValueError(f"{spec.describe()}: {got}")
-        return got
+    def _seeds(self, spec: KernelSpec, got) -> list[Config]:
+        return fused.rowwise_seeds(got[0])
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        return fused.rowwise_seeds(self._checked(spec)[0])
-
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        got = self._plan(spec)
-        return [] if isinstance(got, str) else fused.rowwise_neighbours(got[0], config)
+    def _steps(self, got, config: Config) -> list[Config]:
+        return fused.rowwise_neighbours(got[0], config)
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan, graph = self._checked(spec)
-        if not fused.rowwise_valid(plan, config):
-            raise ValueError(f"invalid config {config} for {spec.describe()}")
+        plan, graph = self.checked_plan(spec, config)
         header = cg.describe_spec(spec) + "\n# computed as the rowwise region below (two-pass variance, fp32)"
         return fused.generate_plan(plan, graph, config, header, "layer_norm_kernel")
 

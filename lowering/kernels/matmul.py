@@ -45,16 +45,15 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2, unique
+from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.lowering.targets import resolve_op
+from torch_kernelize.lowering.regions import node_arg, node_ref
 from torch_kernelize.spec import KernelSpec, TensorMeta
 
 MM_OPS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm"}
 SMEM_BYTES = 232448          # sm_90: 227 KB of shared memory per block
 MAX_ACC_REGS = 128           # fp32 accumulator registers per thread a config may use
-HALF = {"float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 GROUPS = (1, 4, 8, 16)
 
 
@@ -90,34 +89,6 @@ class _Plan:
     tile_inputs: dict[int, tuple[int, int, int]]   # input -> (batch, m, n) strides over C
     helpers: list[str]
     region: bool
-
-
-def _bind(op: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A node's arguments by schema name (encoded), defaults filled in."""
-    schema = resolve_op(op)._schema
-    out: dict[str, Any] = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(args) and not arg.kwarg_only:
-            out[arg.name] = args[i]
-        elif arg.name in kwargs:
-            out[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            out[arg.name] = arg.default_value
-        else:
-            out[arg.name] = None
-    return out
-
-
-def _ref(v: Any) -> tuple[str, int] | None:
-    """("input", i) for a spec tensor / region input, ("node", j) for a region value, else None."""
-    if isinstance(v, dict) and len(v) == 1:
-        (k, x), = v.items()
-        if k in ("tensor", "input"):
-            return "input", int(x)
-        if k == "node":
-            return "node", int(x)
-    return None
-
 
 
 def _pad3(strides: tuple[int, ...]) -> tuple[int, int, int]:
@@ -163,7 +134,7 @@ def _member_specs(spec: KernelSpec, graph: dict[str, Any]) -> list[tuple[KernelS
         ins: list[int] = []
 
         def enc(a: Any) -> Any:
-            r = _ref(a)
+            r = node_ref(a)
             if r is not None and r[0] == "input" and "input" in a:
                 if r[1] not in ins:
                     ins.append(r[1])
@@ -208,13 +179,15 @@ class MatmulFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
+    def _analyse(self, spec: KernelSpec) -> _Plan | _Group | str:
         if spec.graph is None:
             if spec.op not in MM_OPS:
                 return f"{self.name} does not handle {spec.op}"
             if len(spec.outputs) != 1:
                 return f"expected one output, got {len(spec.outputs)}"
-            nodes = [{"op": spec.op, "args": spec.args, "kwargs": spec.kwargs, "meta": spec.outputs[0].to_json()}]
+            nodes = [{"op": spec.op, "args": node_arg(spec.args),
+                      "kwargs": {k: node_arg(v) for k, v in spec.kwargs.items()},
+                      "meta": spec.outputs[0].to_json()}]
             outputs = [0]
         else:
             if spec.op != "region":
@@ -230,9 +203,9 @@ class MatmulFamily(KernelFamily):
         if not nodes or nodes[0]["op"] not in MM_OPS:
             return "node 0 is not mm/addmm/bmm"
         op0 = MM_OPS[nodes[0]["op"]]
-        args0 = _bind(nodes[0]["op"], nodes[0]["args"], nodes[0]["kwargs"])
+        args0 = cg.bind_arguments(nodes[0]["op"], nodes[0]["args"], nodes[0]["kwargs"])
         names = {"mm": ("self", "mat2", None), "bmm": ("self", "mat2", None), "addmm": ("mat1", "mat2", "self")}[op0]
-        refs = [_ref(args0[n]) if n else None for n in names]
+        refs = [node_ref(args0[n]) if n else None for n in names]
         if any(r is None or r[0] != "input" for r in refs[:2]) or (names[2] and (refs[2] is None or refs[2][0] != "input")):
             return "matmul operands must be tensors (inputs of the kernel)"
         a_i, b_i = refs[0][1], refs[1][1]
@@ -323,7 +296,7 @@ class MatmulFamily(KernelFamily):
             return parts
         plans = []
         for j, (sub, _, _) in enumerate(parts):
-            plan = self._plan(sub)
+            plan = self.plan(sub)
             if isinstance(plan, str):
                 return f"member {j}: {plan}"
             if plan.B != 1:
@@ -348,7 +321,7 @@ class MatmulFamily(KernelFamily):
             return f"shape {meta.shape} is not the matmul output's {out_shape}"
         if meta.dtype not in cg.FLOAT_TYPES + ("bool",):
             return f"{meta.dtype} values are not generated in an epilogue (fp32/fp16/bf16/bool only)"
-        args = _bind(op, nd["args"], nd["kwargs"])
+        args = cg.bind_arguments(op, nd["args"], nd["kwargs"])
         if pw.check is not None and (why := pw.check(args)):
             return why
         for k in ("alpha", "min", "max", "min_val", "max_val", "negative_slope"):
@@ -358,7 +331,7 @@ class MatmulFamily(KernelFamily):
         kinds: list[str] = []      # dtype of each operand ("scalar" for numbers)
         for name in pw.operands:
             v = args.get(name)
-            r = _ref(v)
+            r = node_ref(v)
             if r is None:
                 s = cg.scalar_value(v)
                 if s is None:
@@ -429,10 +402,6 @@ class MatmulFamily(KernelFamily):
             return f"op kind {pw.kind!r} is not generated in an epilogue"
         return node
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     # --- configs ------------------------------------------------------------------------------
     @staticmethod
     def _caps(plan: _Plan) -> tuple[int, int, int]:
@@ -485,10 +454,7 @@ class MatmulFamily(KernelFamily):
                 break
         return [self._fit(plan, bm, bn, 64, 4, 4)]
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+    def _seeds(self, spec: KernelSpec, plan: _Plan | _Group) -> list[Config]:
         group = plan if isinstance(plan, _Group) else None
         plan = group.rep if group else plan
         filling = self._filling(plan, group.tiles if group else None)
@@ -508,13 +474,9 @@ class MatmulFamily(KernelFamily):
                      self._fit(plan, 256, 128, 64, 8, 3), self._fit(plan, 32, 32, 32, 4, 2),
                      self._fit(plan, 128, 128, 64, 8, 3, align=True),
                      self._fit(plan, 128, 128, 64, 8, 3, upcast=True), self._fit(plan, 32, 32, 32, 4, 2, upcast=True)]
-        return unique([c for c in seeds if self._valid(group or plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
+    def _steps(self, plan: _Plan | _Group, c: Config) -> list[Config]:
         cands = []
         for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             cands += [c.replace(**{k: c[k] * 2}), c.replace(**{k: c[k] // 2})]
@@ -523,7 +485,7 @@ class MatmulFamily(KernelFamily):
         cands += [c.replace(num_warps=8 if c["num_warps"] == 4 else 4)]
         cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
         cands += [c.replace(DOT_UPCAST=not c["DOT_UPCAST"]), c.replace(ALIGN=not c.get("ALIGN", False))]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+        return cands
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -737,20 +699,17 @@ class _Gen:
             s(f"n_mask = rn < {p.N}")
         # operand rows/cols at the edges: contiguous dims are masked, others wrapped into range
         (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
-        a_rows, a_mask = "rm", None
-        if self.m_masked:
-            if asm == 1:
-                a_mask = "m_mask[:, None]"
-            else:
-                s(f"ram = rm % {M}  # rows past M re-read valid rows; they are never stored")
-                a_rows = "ram"
-        b_cols, b_mask = "rn", None
-        if self.n_masked:
-            if bsn == 1:
-                b_mask = "n_mask[None, :]"
-            else:
-                s(f"rbn = rn % {p.N}  # columns past N re-read valid columns; they are never stored")
-                b_cols = "rbn"
+
+        def edge(index: str, masked: bool, stride: int, mask: str, wrapped: str, n: int, what: tuple[str, str]):
+            """An operand's indices along a masked edge: masked where contiguous, else wrapped."""
+            if not masked:
+                return index, None
+            if stride == 1:
+                return index, mask
+            s(f"{wrapped} = {index} % {n}  # {what[0]} past {what[1]} re-read valid {what[0]}; they are never stored")
+            return wrapped, None
+        a_rows, a_mask = edge("rm", self.m_masked, asm, "m_mask[:, None]", "ram", M, ("rows", "M"))
+        b_cols, b_mask = edge("rn", self.n_masked, bsn, "n_mask[None, :]", "rbn", p.N, ("columns", "N"))
         a_b = _term("pid_b", asb) if p.B > 1 and asb else ""
         b_b = _term("pid_b", bsb) if p.B > 1 and bsb else ""
         # (a zero stride keeps its "* 0": the pointer tile must keep both dims for the dot)
@@ -819,12 +778,12 @@ class _Gen:
                 s(f"acc = acc{alpha} + {bias}{beta}  # addmm: beta * self + alpha * (mat1 @ mat2)")
             elif alpha:
                 s(f"acc = acc{alpha}  # addmm with beta == 0: self is ignored")
-        if nodes and p.dtype in HALF:
+        if nodes and p.dtype in cg.HALF:
             # The graph's matmul node produces fp16/bf16: its epilogue reads rounded values, as eager
             # and a vendor GEMM followed by separate kernels do. (Keeping the fp32 accumulator would be
             # closer to the float64 reference, but can flip discrete decisions downstream, e.g. an
             # MoE router's top-k on near-tied logits.)
-            s(f"acc = acc.to({HALF[p.dtype]}).to(tl.float32)  # the matmul's {p.dtype} output")
+            s(f"acc = acc.to({cg.HALF[p.dtype]}).to(tl.float32)  # the matmul's {p.dtype} output")
         self.values = {0: v0}
         for j in sorted(nodes):
             self.emit_node(nodes[j], users)
@@ -833,8 +792,8 @@ class _Gen:
             m = self.spec.outputs[o]
             off, mask = self.tile_offset(_pad3(m.stride))
             value = self.values[j]
-            if m.dtype in HALF:
-                value = f"{value}.to({HALF[m.dtype]})"
+            if m.dtype in cg.HALF:
+                value = f"{value}.to({cg.HALF[m.dtype]})"
             ptr = self.pointer(f"o{o}_ptrs", f"out{o}_ptr + {off}", f"out{o}")
             s(f"tl.store({ptr}, {value}{f', mask={mask}' if mask else ''})")
 
@@ -845,7 +804,7 @@ class _Gen:
         off, mask = self.tile_offset(self.p.tile_inputs[i])
         var = f"x{i}"
         kw = f", mask={mask}, other={'0' if m.dtype == 'bool' else '0.0'}" if mask else ""
-        conv = ".to(tl.float32)" if m.dtype in HALF else ""
+        conv = ".to(tl.float32)" if m.dtype in cg.HALF else ""
         s = self.src
         ptr = f"in{i}_ptr + {off}"
         if self.use_hints and self.hint_of.get(f"in{i}") is not None:
@@ -877,7 +836,7 @@ class _Gen:
         elif kind == "compare":
             ops = []
             for k, v in n.operands:
-                if k == "scalar" and n.compare_dtype in HALF:
+                if k == "scalar" and n.compare_dtype in cg.HALF:
                     # a number compared with a half tensor is converted to the tensor's type first
                     v = float(torch.tensor(float(v), dtype=getattr(torch, n.compare_dtype)))
                 ops.append(self.operand(k, v, "f32"))
@@ -890,8 +849,8 @@ class _Gen:
         var = f"v{n.index}"
         s(f"{var} = {expr}  # {n.op} -> {n.dtype}")
         self.values[n.index] = var
-        if kind == "copy" and n.dtype in HALF and users.get(n.index):
-            s(f"{var} = {var}.to({HALF[n.dtype]}).to(tl.float32)  # the cast rounds: later nodes read {n.dtype} values")
+        if kind == "copy" and n.dtype in cg.HALF and users.get(n.index):
+            s(f"{var} = {var}.to({cg.HALF[n.dtype]}).to(tl.float32)  # the cast rounds: later nodes read {n.dtype} values")
 
 
 FAMILY = MatmulFamily()

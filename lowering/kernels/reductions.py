@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device, unique
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -79,16 +79,8 @@ class ReductionFamily(KernelFamily):
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
-        args = cg.bind(spec)
-        i = cg.tensor_index(args.get("self"))
-        if i is None:
-            return "self must be a tensor"
-        x = spec.inputs[i]
-        if x.dtype not in cg.FLOAT_TYPES:
-            return f"input dtype {x.dtype} is not fp32/fp16/bf16"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
+        args, x = cg.operand(spec, "self", cg.FLOAT_TYPES)
         if any(o.dtype not in cg.FLOAT_TYPES for o in spec.outputs):
             return f"output dtypes {[o.dtype for o in spec.outputs]} are not all fp32/fp16/bf16"
         if x.numel == 0:
@@ -157,10 +149,6 @@ class ReductionFamily(KernelFamily):
         return _Plan(kind, x.dtype, pre_cast, [o.dtype for o in spec.outputs], M, R, m_sizes, m_strides,
                      r_sizes, r_strides, denom)
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
         bm, br, split = c["BLOCK_M"], c["BLOCK_R"], c["SPLIT"]
@@ -192,10 +180,7 @@ class ReductionFamily(KernelFamily):
         return Config.of(BLOCK_M=bm, BLOCK_R=br, SPLIT=split, num_warps=warps,
                          num_stages=1 if single else stages)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         R, M = plan.R, plan.M
         in_r = plan.r_strides[0][-1] if plan.r_sizes else 1
         in_m = plan.m_strides[0][-1] if plan.m_sizes else 0
@@ -221,18 +206,14 @@ class ReductionFamily(KernelFamily):
             bm = 32 if in_m == 1 and in_r != 1 else 1
             split = max(2, min(_floor2(R // 8192), _floor2(max(2, 2048 // -(-M // bm)))))
             seeds += [self._cfg(plan, bm, 2048 if bm == 1 else 64, split, 4)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
         cands = doubled_and_halved(c, ("BLOCK_M", "BLOCK_R", "SPLIT", "num_warps"))
         cands += [c.replace(num_stages=c["num_stages"] + 1), c.replace(num_stages=c["num_stages"] - 1)]
         # growing BLOCK_R into a single pass drops the stages, which only apply to a loop
         cands += [x.replace(num_stages=1) for x in list(cands) if x["BLOCK_R"] >= plan.R and x["SPLIT"] == 1]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+        return cands
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -278,14 +259,8 @@ class _Gen:
     def rows(self, pid: str = "pid") -> tuple[list[str], str | None]:
         """Emit row indices, their mask and per-tensor row offsets; returns (offsets, row_mask)."""
         p, s = self.p, self.src
-        s(f"rows = {pid}{'.to(tl.int64)' if self.wide else ''} * BLOCK_M + tl.arange(0, BLOCK_M)")
-        row_mask = None
-        if p.M % self.bm:
-            s(f"row_mask = rows < {p.M}")
-            row_mask = "row_mask"
-        lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
-        for line in lines:
-            s(line)
+        offs, row_mask = cg.block_offsets(s, "rows", pid, "BLOCK_M", self.bm, p.M, self.wide, "row_mask",
+                                          p.m_sizes, p.m_strides, "m")
         names = ["in_row"] + [f"out{i}_row" for i in range(len(offs) - 1)]
         for k, (name, off) in enumerate(zip(names, offs)):
             if " " in off:  # a compound offset: name it once
@@ -545,38 +520,36 @@ class _Gen:
         def out_tile(col_offs):
             return "out0_ptr + " + self.tile(out_row, col_offs[1])
 
-        def result(mask, col_offs):
+        def result(mask, col_offs, exp="tl.exp(x - row_max[:, None])"):
+            """Store the row's softmax (``exp``: its exponentials) or log-softmax."""
             if log:
                 s("y = x - row_max[:, None] - tl.log(row_sum)[:, None]")
             else:
-                s("y = tl.div_rn(tl.exp(x - row_max[:, None]), row_sum[:, None])")
+                s(f"y = tl.div_rn({exp}, row_sum[:, None])")
             dt = p.out_dtypes[0]
             v = "y" if dt == "float32" else f"y.to({cg.tl_type(dt)})"
             s(f"tl.store({out_tile(col_offs)}, {v}{', mask=' + mask if mask else ''})")
 
-        if self.single:
-            col_offs, col_mask = self.cols(None)
+        def load_x(start: str | None) -> tuple[list[str], str | None]:
+            """Load x, the block of columns from ``start`` (-inf past the row); its offsets and mask."""
+            col_offs, col_mask = self.cols(start)
             mask = self.mask2(row_mask, col_mask)
             self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            return col_offs, mask
+
+        if self.single:
+            col_offs, mask = load_x(None)
             s("row_max = tl.max(x, 1)", "e = tl.exp(x - row_max[:, None])")
             if mask:
                 s(f"e = tl.where({mask}, e, 0.0)  # padding would be exp(-inf - -inf) = NaN for all--inf rows")
             s("row_sum = tl.sum(e, 1)")
-            if log:
-                s("y = x - row_max[:, None] - tl.log(row_sum)[:, None]")
-            else:
-                s("y = tl.div_rn(e, row_sum[:, None])")
-            dt = p.out_dtypes[0]
-            v = "y" if dt == "float32" else f"y.to({cg.tl_type(dt)})"
-            s(f"tl.store({out_tile(col_offs)}, {v}{', mask=' + mask if mask else ''})")
+            result(mask, col_offs, "e")
         else:
             s("# pass 1: running max and sum of exp(x - max) per lane (online softmax)",
               f"m_i = tl.full([BLOCK_M, BLOCK_R], -{INF}, dtype=tl.float32)",
               "s_i = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
             s(f"for r0 in range(0, {p.R}, BLOCK_R):").indent()
-            col_offs, col_mask = self.cols("r0")
-            mask = self.mask2(row_mask, col_mask)
-            self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            col_offs, mask = load_x("r0")
             s("m_new = tl.maximum(m_i, x)",
               "# lanes that have only seen -inf keep sum 0 (exp(-inf - -inf) would be NaN)",
               f"alpha = tl.where(m_new == -{INF}, 1.0, tl.exp(m_i - m_new))",
@@ -587,9 +560,7 @@ class _Gen:
               f"row_sum = tl.sum(tl.where(m_i == -{INF}, 0.0, s_i * tl.exp(m_i - row_max[:, None])), 1)",
               "# pass 2: normalise")
             s(f"for r0 in range(0, {p.R}, BLOCK_R):").indent()
-            col_offs, col_mask = self.cols("r0")
-            mask = self.mask2(row_mask, col_mask)
-            self.load("x", in_row, col_offs[0], mask, "-" + INF)
+            col_offs, mask = load_x("r0")
             result(mask, col_offs)
             s.dedent()
         s.dedent()

@@ -22,7 +22,8 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_generator, sample_tensor, to_device, unique
+from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, sample_generator,
+                                                   sample_tensor, to_device)
 from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -49,30 +50,24 @@ class CumsumFamily(KernelFamily):
     ops = frozenset({"aten.cumsum.default"})
     edge_kinds = ("zeros", "large", "negative", "special")
 
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
-        a = cg.bind(spec)
-        i = cg.tensor_index(a.get("self"))
-        if i is None or len(spec.outputs) != 1:
-            return "self must be a tensor, with one output"
-        x, o = spec.inputs[i], spec.outputs[0]
-        if x.dtype not in IN_DTYPES:
-            return f"cumsum of {x.dtype} is not generated"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
+        a, x = cg.operand(spec, "self", IN_DTYPES)
+        if len(spec.outputs) != 1:
+            return f"expected one output, got {len(spec.outputs)}"
+        o = spec.outputs[0]
         if o.dtype not in OUT_DTYPES:
             return f"cumsum to {o.dtype} is not generated"
         if tuple(o.shape) != tuple(x.shape):
             return "output shape differs from the input's"
         if x.numel == 0:
             return "empty input"
-        ndim = len(x.shape)
-        d = a.get("dim")
-        if not isinstance(d, int) or isinstance(d, bool) or not -max(ndim, 1) <= d < max(ndim, 1):
-            return f"bad dim {d!r}"
-        if ndim == 0:
-            shape, xs, os_, d = (1,), (0,), (0,), 0
+        d = cg.dim_arg(a.get("dim"), len(x.shape))
+        if isinstance(d, str):
+            return d
+        if not x.shape:
+            shape, xs, os_ = (1,), (0,), (0,)
         else:
-            shape, xs, os_, d = tuple(x.shape), tuple(x.stride), tuple(o.stride), d % ndim
+            shape, xs, os_ = tuple(x.shape), tuple(x.stride), tuple(o.stride)
         keep = [k for k in range(len(shape)) if k != d]
         m_sizes, m_strides = cg.simplify([shape[k] for k in keep], [tuple(xs[k] for k in keep),
                                                                     tuple(os_[k] for k in keep)], order_by=0)
@@ -82,10 +77,6 @@ class CumsumFamily(KernelFamily):
         wide = any(2 * (cg.max_offset(m.shape, m.stride) + sum(abs(v) for v in m.stride)) + 2 > cg.INT32_MAX
                    for m in (x, o)) or 2 * x.numel > cg.INT32_MAX
         return _Plan(x.dtype, o.dtype, acc, M, N, m_sizes, m_strides, (xs[d], os_[d]), wide)
-
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
 
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
@@ -106,24 +97,16 @@ class CumsumFamily(KernelFamily):
         w = warps or max(1, min(8, bm * bn // 512))
         return Config.of(BLOCK_M=bm, BLOCK_N=bn, SPLIT=split, num_warps=w)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         seeds = [self._cfg(plan, 4096, 4096), self._cfg(plan, 8192, 1024), self._cfg(plan, 2048, 256)]
         if plan.M < 264 and plan.N >= 65536:
             # few long rows: split them so that a few hundred programs share the work (132 SMs)
             split = max(2, min(1024, _floor2(max(2, 528 // plan.M)), _floor2(plan.N // 4096)))
             seeds.append(self._cfg(plan, 4096, 4096, split, 8))
-        return unique([c for c in seeds if self._valid(plan, c)])
+        return seeds
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
-        cands = doubled_and_halved(c, ("BLOCK_M", "BLOCK_N", "SPLIT", "num_warps"))
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
+        return doubled_and_halved(c, ("BLOCK_M", "BLOCK_N", "SPLIT", "num_warps"))
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -134,7 +117,6 @@ class CumsumFamily(KernelFamily):
         chunk = -(-chunk // bn) * bn                     # whole blocks per chunk
         split = -(-p.N // chunk)                         # chunks actually needed
         acc = cg.tl_type(p.acc)
-        wide = ".to(tl.int64)" if p.wide else ""
         s = cg.Source()
         s(cg.HEADER, cg.describe_spec(spec))
         s(f"# {p.M} rows over sizes {list(p.m_sizes)}, strides [in, out] {[list(x) for x in p.m_strides]}",
@@ -144,14 +126,8 @@ class CumsumFamily(KernelFamily):
         s.blank()
 
         def rows() -> str | None:
-            s(f"rows = tl.program_id(0){wide} * BLOCK_M + tl.arange(0, BLOCK_M)")
-            rm = None
-            if p.M % bm:
-                s(f"row_mask = rows < {p.M}")
-                rm = "row_mask"
-            lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
-            for line in lines:
-                s(line)
+            offs, rm = cg.block_offsets(s, "rows", "tl.program_id(0)", "BLOCK_M", bm, p.M, p.wide, "row_mask",
+                                        p.m_sizes, p.m_strides, "m")
             for name, off in zip(("in_row", "out_row"), offs):
                 s(f"{name} = {'rows * 0' if off == '0' else off}")
             return rm
@@ -228,7 +204,7 @@ class CumsumFamily(KernelFamily):
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """By ``kind``; floats summed as integers stay within +-1000 (no inf, NaN or overflow,
         whose conversion C leaves undefined)."""
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         if isinstance(plan, str) or not (cg.is_float(plan.in_dtype) and not cg.is_float(plan.out_dtype)):
             return super().sample_inputs(spec, seed, kind, device)
         g = sample_generator(seed, device)

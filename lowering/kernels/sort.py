@@ -17,13 +17,9 @@ what the kernel does anyway.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
-
-import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, next_pow2,
-                                                   resolve_tied_indices, unique)
+from torch_kernelize.lowering.kernels.base import Config, PicksAlongDim, doubled_and_halved, next_pow2
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -40,30 +36,20 @@ class _Plan:
     rows: cg.Rows                      # stride sets [in, values, indices]
 
 
-class SortFamily(KernelFamily):
+class SortFamily(PicksAlongDim):
     name = "sort"
     ops = frozenset({"aten.sort.default", "aten.sort.stable"})
     edge_kinds = ("zeros", "large", "negative", "special")   # "zeros": every element ties
 
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
-        a = cg.bind(spec)
-        i = cg.tensor_index(a.get("self"))
-        if i is None:
-            return "self must be a tensor"
-        x = spec.inputs[i]
-        if x.dtype not in DTYPES:
-            return f"sort of {x.dtype} is not generated"
-        d, desc = a.get("dim", -1), a.get("descending", False)
-        ndim = len(x.shape)
-        if not isinstance(d, int) or isinstance(d, bool) or not -max(ndim, 1) <= d < max(ndim, 1):
-            return f"bad dim {d!r}"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
+        a, x = cg.operand(spec, "self", DTYPES)
+        d, desc = cg.dim_arg(a.get("dim", -1), len(x.shape)), a.get("descending", False)
+        if isinstance(d, str):
+            return d
         if not isinstance(desc, bool):
             return f"descending={desc!r} is not a bool"
-        if ndim == 0 or x.numel == 0:
+        if not x.shape or x.numel == 0:
             return "0-d or empty input: nothing to sort"
-        d %= ndim
         N = x.shape[d]
         if N > MAX_N:
             return f"rows of {N} > {MAX_N} elements (N^2 compares)"
@@ -75,10 +61,6 @@ class SortFamily(KernelFamily):
         if any(not cg.non_overlapping(o) for o in (v, ix)):
             return "output strides overlap (some elements share memory)"
         return _Plan(x.dtype, desc, d, cg.rows_along((x, v, ix), d))
-
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
 
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
@@ -93,20 +75,12 @@ class SortFamily(KernelFamily):
         bi, bj = min(bi, n), min(bj, n)
         return Config.of(BLOCK_I=bi, BLOCK_J=bj, num_warps=max(1, min(warps, bi * bj // 32)))
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
-        seeds = [self._cfg(plan, 64, 128, 4), self._cfg(plan, 128, 128, 8), self._cfg(plan, 32, 256, 4),
-                 self._cfg(plan, 16, 64, 1)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
+        return [self._cfg(plan, 64, 128, 4), self._cfg(plan, 128, 128, 8), self._cfg(plan, 32, 256, 4),
+                self._cfg(plan, 16, 64, 1)]
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        cands = doubled_and_halved(config, ("BLOCK_I", "BLOCK_J", "num_warps"))
-        return unique([x for x in cands if x.key != config.key and self._valid(plan, x)])
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
+        return doubled_and_halved(c, ("BLOCK_I", "BLOCK_J", "num_warps"))
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -153,14 +127,6 @@ class SortFamily(KernelFamily):
         launch = Launch("sort_kernel", (p.M * blocks,), (("in", 0), ("out", 0), ("out", 1)),
                         {"BLOCK_I": bi, "BLOCK_J": bj}, warps, 1)
         return KernelProgram(s.text(), (launch,))
-
-    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
-                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        plan = self._plan(spec)
-        if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
-            return outs
-        x = inputs[cg.tensor_index(cg.bind(spec).get("self"))]
-        return resolve_tied_indices(x, plan.dim, outs[0], outs[1], refs[1])
 
 
 def _comes_first(a: str, b: str, p: _Plan) -> str:

@@ -21,13 +21,12 @@ element equal to the reference's, as long as a row names no element twice.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, resolve_tied_indices, sample_tensor, to_device,
-                                                   unique)
+from torch_kernelize.lowering.kernels.base import (Config, PicksAlongDim, doubled_and_halved, sample_tensor,
+                                                   to_device)
 from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
 from torch_kernelize.spec import KernelSpec
 
@@ -51,33 +50,24 @@ class _Plan:
     wide: bool
 
 
-class TopkFamily(KernelFamily):
+class TopkFamily(PicksAlongDim):
     name = "topk"
     ops = frozenset({"aten.topk.default"})
     edge_kinds = ("large", "negative", "special")   # no "zeros": all ties
 
-    def _plan(self, spec: KernelSpec) -> _Plan | str:
-        if spec.op not in self.ops:
-            return f"{self.name} does not handle {spec.op}"
-        a = cg.bind(spec)
-        i = cg.tensor_index(a.get("self"))
-        if i is None:
-            return "self must be a tensor"
-        x = spec.inputs[i]
-        if x.dtype not in cg.FLOAT_TYPES:
-            return f"topk of {x.dtype} is not generated (fp32/fp16/bf16)"
+    def _analyse(self, spec: KernelSpec) -> _Plan | str:
+        a, x = cg.operand(spec, "self", cg.FLOAT_TYPES)
         k, d = a.get("k"), a.get("dim", -1)
         largest, srt = a.get("largest", True), a.get("sorted", True)
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
             return f"k={k!r}: only 1 <= k <= {MAX_K} is generated"
         if not srt:
             return "sorted=False: ATen leaves the order unspecified (CPU and CUDA differ), so it cannot be validated"
-        ndim = len(x.shape)
-        if not isinstance(d, int) or isinstance(d, bool) or not -max(ndim, 1) <= d < max(ndim, 1):
-            return f"bad dim {d!r}"
-        if ndim == 0:
+        d = cg.dim_arg(d, len(x.shape))
+        if isinstance(d, str):
+            return d
+        if not x.shape:
             return "0-d input"
-        d %= ndim
         N = x.shape[d]
         if k > N:
             return f"k={k} > {N} elements"
@@ -94,10 +84,6 @@ class TopkFamily(KernelFamily):
         r = cg.rows_along((x, v, ix), d)
         return _Plan(x.dtype, k, bool(largest), r.M, N, r.m_sizes, r.m_strides, r.n_strides, d, r.wide)
 
-    def supports(self, spec: KernelSpec) -> str | None:
-        plan = self._plan(spec)
-        return plan if isinstance(plan, str) else None
-
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
         bm, v, w = c["BLOCK_M"], c["VARIANT"], c["num_warps"]
@@ -111,23 +97,13 @@ class TopkFamily(KernelFamily):
         w = warps or max(1, min(8, bm * n // 256))
         return Config.of(BLOCK_M=bm, VARIANT=variant, num_warps=w)
 
-    def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            raise ValueError(plan)
-        seeds = [self._cfg(plan, 2048, "bitonic"), self._cfg(plan, 2048, "passes"),
-                 self._cfg(plan, 8192, "bitonic"), self._cfg(plan, 512, "passes", 2)]
-        return unique([c for c in seeds if self._valid(plan, c)])
+    def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
+        return [self._cfg(plan, 2048, "bitonic"), self._cfg(plan, 2048, "passes"),
+                self._cfg(plan, 8192, "bitonic"), self._cfg(plan, 512, "passes", 2)]
 
-    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        plan = self._plan(spec)
-        if isinstance(plan, str):
-            return []
-        c = config
-        cands = [c.replace(BLOCK_M=c["BLOCK_M"] * 2), c.replace(BLOCK_M=max(1, c["BLOCK_M"] // 2)),
-                 c.replace(num_warps=c["num_warps"] * 2), c.replace(num_warps=max(1, c["num_warps"] // 2)),
-                 c.replace(VARIANT="passes" if c["VARIANT"] == "bitonic" else "bitonic")]
-        return unique([x for x in cands if x.key != c.key and self._valid(plan, x)])
+    def _steps(self, plan: _Plan, c: Config) -> list[Config]:
+        return doubled_and_halved(c, ("BLOCK_M", "num_warps")) + [
+            c.replace(VARIANT="passes" if c["VARIANT"] == "bitonic" else "bitonic")]
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
@@ -142,14 +118,8 @@ class TopkFamily(KernelFamily):
           f"{'largest' if p.largest else 'smallest'}, taken as the {kp} largest keys", "")
         s("@triton.jit", "def topk_kernel(in0_ptr, out0_ptr, out1_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
           "K: tl.constexpr):").indent()
-        s(f"rows = tl.program_id(0){'.to(tl.int64)' if p.wide else ''} * BLOCK_M + tl.arange(0, BLOCK_M)")
-        rm = None
-        if p.M % bm:
-            s(f"row_mask = rows < {p.M}")
-            rm = "row_mask"
-        lines, offs = cg.decompose("rows", p.m_sizes, p.m_strides, "m")
-        for line in lines:
-            s(line)
+        offs, rm = cg.block_offsets(s, "rows", "tl.program_id(0)", "BLOCK_M", bm, p.M, p.wide, "row_mask",
+                                    p.m_sizes, p.m_strides, "m")
         for name, off in zip(("in_row", "val_row", "idx_row"), offs):
             s(f"{name} = {'rows * 0' if off == '0' else off}")
         s("cols = tl.arange(0, BLOCK_N)")
@@ -197,21 +167,12 @@ class TopkFamily(KernelFamily):
                         {"BLOCK_M": bm, "BLOCK_N": bn, "K": kp}, warps, 1)
         return KernelProgram(s.text(), (launch,))
 
-    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
-                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        plan = self._plan(spec)
-        if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
-            return outs
-        values, got = outs
-        x = inputs[cg.tensor_index(cg.bind(spec).get("self"))]
-        return resolve_tied_indices(x, plan.dim, values, got, refs[1])
-
     # --- validation inputs --------------------------------------------------------------------
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """Rows of distinct values (ties would let indices legitimately differ from ATen's);
         "special" puts one NaN, +inf and -inf in each row."""
-        plan = self._plan(spec)
+        plan = self.plan(spec)
         g = torch.Generator().manual_seed(seed)
         m = spec.inputs[0]
         if isinstance(plan, str):
