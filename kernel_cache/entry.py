@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from torch_kernelize.errors import CacheError
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.errors import CacheError
+from torch_kernelize.core.spec import KernelSpec
 
 from .integrity import ENTRY_FILE, PROGRAM_DIR, EntryProblem, check_manifest
 

@@ -19,14 +19,14 @@ import torch
 
 from kernel_testing import spec_of
 from test_kernels_conv1d import bench_spec
-from torch_kernelize import cuda_cxx
-from torch_kernelize.build import write_program
-from torch_kernelize.launch import load_program, read_program
+from torch_kernelize.serving import cuda_cxx
+from torch_kernelize.building.programs import write_program
+from torch_kernelize.serving.launch import load_program, read_program
 from torch_kernelize.lowering.kernels import conv1d_bulk
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.conv1d import FAMILY
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.validate import validate
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.validate import validate
 
 aten = torch.ops.aten
 F16, BF16 = torch.float16, torch.bfloat16
@@ -219,7 +219,7 @@ def test_gpu_seeds_validate_through_the_stored_cubins(name, tmp_path):
 
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU and nvcc")
 def test_gpu_unaligned_input_goes_to_the_vendor_op(tmp_path):
-    from torch_kernelize.launch import MisalignedInput
+    from torch_kernelize.serving.launch import MisalignedInput
     spec = _gpu_spec(conv())
     write_program(tmp_path, spec, FAMILY.generate(spec, conv1d_bulk.seeds(plan_of(spec))[0]), "cuda")
     runner = load_program(tmp_path, spec, "cuda")
@@ -243,7 +243,7 @@ def test_gpu_fill_then_serve_runs_the_cuda_kernel(tmp_path):
     sources = list(cache.glob("**/kernel.cu"))
     assert len(sources) == 1 and (sources[0].parent / "launch0.cubin").exists()
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.targets import get_target
     kc = KernelCache.for_target(cache, get_target("cuda"))
     (key,) = kc.keys()
     status, entry, why = kc.lookup(key)

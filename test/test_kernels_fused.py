@@ -13,12 +13,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kernel_testing import assert_valid, compare_eager, compile_sm90, run_validation
-from torch_kernelize.lowering import targets
+from torch_kernelize.core import targets
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.fused import FAMILY, MAX_PASSES, analyse
-from torch_kernelize.lowering.regions import find_regions, region_spec
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.compiling.regions import find_regions, region_spec
+from torch_kernelize.core.spec import KernelSpec
 
 # the interpreter runs numpy, which warns on inf/NaN arithmetic the edge-value trials do on purpose
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -278,7 +278,7 @@ def _sm90_ptx(spec: KernelSpec, program) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from torch_kernelize.launch import import_source
+    from torch_kernelize.serving.launch import import_source
 
     import tempfile
     from pathlib import Path
@@ -440,7 +440,7 @@ def test_running_a_region_lets_each_intermediate_go_after_its_last_reader(monkey
     import gc
     import weakref
 
-    import torch_kernelize.lowering.regions as regions
+    import torch_kernelize.compiling.regions as regions
 
     spec = one_region(rmsnorm, torch.randn(8, 64, dtype=F16), torch.randn(64, dtype=F16))
     made, alive_at_last = [], []

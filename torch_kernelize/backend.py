@@ -15,9 +15,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch.fx as fx
 
-from torch_kernelize import prewarm
-from torch_kernelize.errors import KernelizeError, LoweringError
-from torch_kernelize.options import Options
+from torch_kernelize.warm_start import prewarm
+from torch_kernelize.core.errors import KernelizeError, LoweringError
+from torch_kernelize.core.options import Options
 
 prewarm.install()  # imported when torch.compile looks the backend up: before Dynamo's first trace
 
@@ -28,9 +28,11 @@ def _import_serving_path() -> None:
     imports Inductor: ~50 ms that would otherwise land inside the first call (H200 host)."""
     import torch
 
-    from torch_kernelize import executable_cache, graph_cache, lower  # noqa: F401
+    from torch_kernelize.warm_start import executable_cache, graph_cache  # noqa: F401
+
+    from torch_kernelize.compiling import lower
     if torch.backends.cuda.is_built():  # a build flag: no CUDA driver call, so fork-safe
-        from torch_kernelize import cuda_binaries
+        from torch_kernelize.serving import triton_binaries as cuda_binaries
         cuda_binaries.import_launcher()
 
 
@@ -40,7 +42,7 @@ _import_serving_path()
 def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
               options: Mapping[str, Any] | None = None):
     """Backend entry: Dynamo calls it with its FX graph and example inputs."""
-    from torch_kernelize.lower import Session
+    from torch_kernelize.compiling.lower import Session
 
     return compile_with_session(gm, example_inputs, Session(Options.resolve(options, mode)), use_graph_cache=True)
 
@@ -48,14 +50,14 @@ def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | 
 def _executable(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any], session: Any, kind: str,
                 on_lowered: Callable[[Any], None] | None) -> Callable[[list], Any]:
     """Lower one ATen graph and return its boxed executable (one list of arguments)."""
-    from torch_kernelize.lower import LoweredGraph
+    from torch_kernelize.compiling.lower import LoweredGraph
 
     try:
         lowered = LoweredGraph(aten_gm, aten_inputs, session, kind)
     except KernelizeError:
         raise
     except Exception as e:  # a bug in lowering: leave a minified repro, then say where
-        from torch_kernelize.repro.dump import dump_lowering_failure
+        from torch_kernelize.serving.repro_writer import dump_lowering_failure
         folder = dump_lowering_failure(aten_gm, aten_inputs, e, session.target_for(aten_inputs), session.options)
         raise LoweringError(f"kernelize could not lower a {kind} graph: {type(e).__name__}: {e}"
                             + (f"\nminified repro: {folder}" if folder else "")) from e
@@ -68,7 +70,7 @@ def _boxed(lowered: Any, aten_inputs: Sequence[Any], session: Any, kind: str) ->
     """A LoweredGraph as aot_autograd's boxed executable, under CUDA graphs if asked."""
     run = lowered
     if session.options.cudagraphs:
-        from torch_kernelize.cudagraphs import wrap_cudagraphs
+        from torch_kernelize.serving.cudagraphs import wrap_cudagraphs
         run = wrap_cudagraphs(lowered, aten_inputs, kind)
 
     def boxed(args: list) -> Any:
@@ -87,13 +89,13 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
     session.target_for(example_inputs)  # resolve (and validate) the target before tracing
     cache = probe = executables = exe_key = None
     if use_graph_cache and session.options.graph_cache_dir is not None:
-        from torch_kernelize import graph_cache
+        from torch_kernelize.warm_start import graph_cache
         cache = graph_cache.GraphCache(session.options.graph_cache_dir)
-        from torch_kernelize.lowering.decompositions import trace_rewrites
+        from torch_kernelize.compiling.decompositions import trace_rewrites
         probe = graph_cache.probe(gm, example_inputs, trace_rewrites(session.target_for(example_inputs)))
         if probe.key is not None:
             if session.options.executable_cache and on_lowered is None:
-                from torch_kernelize.executable_cache import ExecutableCache, key_for
+                from torch_kernelize.warm_start.executable_cache import ExecutableCache, key_for
                 executables, exe_key = ExecutableCache(cache.root), key_for(probe.key, session)
                 restored = executables.load(exe_key, session, example_inputs)
                 if restored is not None:
@@ -108,7 +110,7 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
 
     from torch._dynamo.backends.common import aot_autograd
 
-    from torch_kernelize.lowering.decompositions import trace_decompositions
+    from torch_kernelize.compiling.decompositions import trace_decompositions
 
     def compiler(kind: str):
         def compile_graph(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any]):

@@ -13,8 +13,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels.program import KernelProgram
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.program import KernelProgram
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 # Multiprocessors of an H100 SXM/H200: what seeds of persistent grids start from (the search varies it)
 SMS = 132

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import SMS, Config, unique
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 if TYPE_CHECKING:
     from torch_kernelize.lowering.kernels.conv1d import _Plan

@@ -1,5 +1,5 @@
-"""Fused regions (lowering/regions.py) of kind "pointwise" and "rowwise": one kernel computes the
-whole region. A "graph" region (lowering/graph_regions.py) that is one loop is generated as one of
+"""Fused regions (compiling/regions.py) of kind "pointwise" and "rowwise": one kernel computes the
+whole region. A "graph" region (compiling/graph_regions.py) that is one loop is generated as one of
 the two (rowwise where it reduces).
 
 The region graph is walked in node order and every node becomes one Triton variable ``v<j>``.
@@ -51,9 +51,9 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.lowering.targets import resolve_op
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.targets import resolve_op
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 REDUCE_OPS = {"aten.sum.dim_IntList": "sum", "aten.mean.dim": "mean",
               "aten.amax.default": "amax", "aten.amin.default": "amin"}
@@ -245,7 +245,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
 
 
 def _one_loop_kind(graph: dict[str, Any]) -> str:
-    """The kind a "graph" region (lowering/graph_regions.py) is generated as, if it is one loop:
+    """The kind a "graph" region (compiling/graph_regions.py) is generated as, if it is one loop:
     rowwise where it reduces, else pointwise; or the reason it is neither. The analysis of that
     kind then checks the rest (reductions over the last dim, one iteration shape, ...)."""
     nodes = graph.get("nodes") or []

@@ -28,8 +28,8 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, resolve_tied_indices, sample_tensor, to_device,
                                                    unique)
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 MAX_K = 64
 MAX_N = 16384

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from torch_kernelize.validate import compare
+from torch_kernelize.core.validate import compare
 
 log = logging.getLogger("torch_kernelize.repro")
 
@@ -63,7 +63,7 @@ def _quiet(options: Any) -> Any:
 def mismatch_predicate(spec_key: str, target: Any, options: Any) -> Callable[[fx.GraphModule, list], bool]:
     """True while lowering the graph puts kernel ``spec_key`` on the triton tier and the
     outputs differ from the graph run by ATen."""
-    from torch_kernelize.lower import LoweredGraph, Session
+    from torch_kernelize.compiling.lower import LoweredGraph, Session
 
     options = _quiet(options)
 
@@ -87,7 +87,7 @@ def mismatch_predicate(spec_key: str, target: Any, options: Any) -> Callable[[fx
 def lowering_error_predicate(error: BaseException, target: Any, options: Any
                              ) -> Callable[[fx.GraphModule, list], bool]:
     """True while lowering the graph raises the same exception type with the same first line."""
-    from torch_kernelize.lower import LoweredGraph, Session
+    from torch_kernelize.compiling.lower import LoweredGraph, Session
 
     options = _quiet(options)
     first_line = str(error).splitlines()[0] if str(error) else ""
@@ -109,7 +109,7 @@ def real_inputs_like(example_inputs: Sequence[Any]) -> list[Any]:
     """Random real tensors with the example inputs' (hinted) shapes, strides and dtypes."""
     from torch._dynamo.testing import rand_strided
 
-    from torch_kernelize.shapes import _hint
+    from torch_kernelize.core.shapes import _hint
     out = []
     for v in example_inputs:
         if isinstance(v, torch.Tensor):

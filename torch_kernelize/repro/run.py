@@ -35,7 +35,7 @@ def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
 
 
 def compare_outputs(outs: list[torch.Tensor], refs: list[torch.Tensor], op: str | None):
-    from torch_kernelize.validate import Comparison, compare
+    from torch_kernelize.core.validate import Comparison, compare
     if len(outs) != len(refs):
         return Comparison(False, reason=f"{len(outs)} outputs, the reference has {len(refs)}")
     worst = Comparison(True)
@@ -53,9 +53,9 @@ def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[st
     """(status, message) of one repro run."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from torch_kernelize.lower import lower
-    from torch_kernelize.lowering.targets import get_target
-    from torch_kernelize.spec import KernelSpec
+    from torch_kernelize.compiling.lower import lower
+    from torch_kernelize.core.targets import get_target
+    from torch_kernelize.core.spec import KernelSpec
 
     kind = meta["kind"]
     spec = KernelSpec.from_json(meta["spec"]) if meta.get("spec") else None
@@ -107,7 +107,7 @@ def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[st
 
 
 def _triton_calls(lowered: Any) -> list[Any]:
-    from torch_kernelize.runtime import TritonCall
+    from torch_kernelize.serving.runtime import TritonCall
     return [n.target for s in lowered._specializations.values() for n in s.gm.graph.nodes
             if isinstance(n.target, TritonCall)]
 

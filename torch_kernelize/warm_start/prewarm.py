@@ -51,13 +51,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from torch_kernelize.lowering.targets import op_name, op_packet_name, resolve_op
-from torch_kernelize.spec import dtype_from_name, dtype_name
+from torch_kernelize.core.targets import op_name, op_packet_name, resolve_op
+from torch_kernelize.core.spec import dtype_from_name, dtype_name
 
 if TYPE_CHECKING:
-    from torch_kernelize.runtime import Specialization
+    from torch_kernelize.serving.runtime import Specialization
 
-log = logging.getLogger("torch_kernelize.prewarm")
+log = logging.getLogger("torch_kernelize.warm_start.prewarm")
 
 FORMAT = 1
 MAX_EXECUTABLES = 8           # a program's index keeps its most recently used executables
@@ -240,7 +240,7 @@ def program_key() -> str:
 
 def index_path(cache_dir: Path | None = None) -> Path:
     if cache_dir is None:
-        from torch_kernelize.options import Options
+        from torch_kernelize.core.options import Options
         cache_dir = Options.resolve().cache_dir
     return Path(cache_dir) / "prewarm" / f"{program_key()}.json"
 
@@ -345,7 +345,7 @@ def start() -> threading.Thread | None:
     """Replay, in a background thread, the vendor calls of this program's recorded executables;
     the thread, or None when there is nothing to do (option off, no index, CUDA not initialized)."""
     global _thread
-    from torch_kernelize.options import Options
+    from torch_kernelize.core.options import Options
     options = Options.resolve()
     if not options.prewarm:
         return None

@@ -14,7 +14,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from torch_kernelize.spec import TensorMeta, dtype_name
+from torch_kernelize.core.spec import TensorMeta, dtype_name
 
 
 def _expr(v: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-log = logging.getLogger("torch_kernelize.cudagraphs")
+log = logging.getLogger("torch_kernelize.serving.cudagraphs")
 _capture_lock = threading.Lock()
 
 

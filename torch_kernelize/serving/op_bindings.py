@@ -22,7 +22,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
-log = logging.getLogger("torch_kernelize.runtime")
+log = logging.getLogger("torch_kernelize.serving.runtime")
 
 # Where aten's public Python bindings live (attributes of torch._C), most common first; Tensor
 # methods (TensorBase) are tried after these.

@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from torch_kernelize.report import repro_counts
-from torch_kernelize.spec import KernelSpec, dtype_from_name
+from torch_kernelize.compiling.report import repro_counts
+from torch_kernelize.core.spec import KernelSpec, dtype_from_name
 
 log = logging.getLogger("torch_kernelize.repro")
 

@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels.program import PHASE, SOURCE_FILES, KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 PROGRAM_FILE = "program.json"
 
@@ -28,7 +28,7 @@ _import_lock = threading.Lock()
 # restores it when done, so a second thread interpreting meanwhile fails (and its kernel would be
 # disabled). Interpreted launches take turns; CUDA launches need no lock.
 _interpreter_lock = threading.RLock()
-log = logging.getLogger("torch_kernelize.launch")
+log = logging.getLogger("torch_kernelize.serving.launch")
 
 
 class MisalignedInput(RuntimeError):
@@ -430,7 +430,7 @@ def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: s
         return ProgramRunner(spec, program, [_interpreted(getattr(module, l.kernel)) for l in program.launches],
                              backend)
     if backend == "cuda":  # the stored binaries; the source is not imported (KernelSignature)
-        from torch_kernelize.cuda_binaries import KernelSignature, has_unaligned, load_launch
+        from torch_kernelize.serving.triton_binaries import KernelSignature, has_unaligned, load_launch
 
         def launchers(aligned: bool = True) -> list:
             return [load_launch(directory, i, KernelSignature.of(l, program), l, program, spec, aligned)

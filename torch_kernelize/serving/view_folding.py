@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-log = logging.getLogger("torch_kernelize.runtime")
+log = logging.getLogger("torch_kernelize.serving.runtime")
 
 aten = torch.ops.aten
 

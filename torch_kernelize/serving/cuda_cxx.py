@@ -20,8 +20,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from torch_kernelize.cuda_binaries import _launch_files
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
+from torch_kernelize.serving.triton_binaries import _launch_files
+from torch_kernelize.core.program import KernelProgram, Launch
 
 NVCC_ENV = "TORCH_KERNELIZE_NVCC"
 MIN_CAPABILITY = (9, 0)  # the kernels use sm_90's bulk copies and transaction-count barriers

@@ -4,7 +4,7 @@ Inductor partitions an ATen graph at its extern kernels (GEMMs, convolutions, at
 and data-dependent ops, collectives, mutations) and fuses everything between them: pointwise
 ops, reductions, norms, softmax, broadcasts, views and casts. A "graph" region is one such
 partition piece: a maximal connected group of those ops, formed once per graph (shape-independent)
-like the other kinds (lowering/regions.py). Its spec is the canonical JSON of its nodes like any
+like the other kinds (compiling/regions.py). Its spec is the canonical JSON of its nodes like any
 region's; a generator that compiles a whole graph (Inductor, offline) serves any of them with as
 many kernels as it needs, and the fused family serves those that are one loop (pointwise, or
 reductions over the last dim).
@@ -35,9 +35,9 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from torch_kernelize.lowering.op_classes import NodeClass, classify, is_factory, is_random
-from torch_kernelize.lowering.regions import Region, is_tensor_node, pointwise_ops, reads_from, tensor_args
-from torch_kernelize.lowering.targets import op_name
+from torch_kernelize.compiling.op_classes import NodeClass, classify, is_factory, is_random
+from torch_kernelize.compiling.regions import Region, is_tensor_node, pointwise_ops, reads_from, tensor_args
+from torch_kernelize.core.targets import op_name
 
 aten = torch.ops.aten
 

@@ -23,11 +23,11 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from torch_kernelize.launch import import_source
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.serving.launch import import_source
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
-log = logging.getLogger("torch_kernelize.launch")
+log = logging.getLogger("torch_kernelize.serving.launch")
 
 
 def _gpu_target():
@@ -116,7 +116,7 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
     if program.language == "cuda":
         if not aligned:
             raise ValueError("CUDA C++ kernels take 16-byte aligned pointers only; unaligned views run the vendor op")
-        from torch_kernelize import cuda_cxx
+        from torch_kernelize.serving import cuda_cxx
         if gpu_target is None:
             t = _gpu_target()
             gpu_target = (t.backend, t.arch, t.warp_size)
@@ -248,7 +248,7 @@ def load_launch(directory: Path, i: int, fn: Any, launch: Launch, program: Kerne
     """The launcher of launch ``i`` from its stored cubin and metadata (no compilation); ``fn`` is
     the kernel's function or its KernelSignature."""
     if program.language == "cuda":
-        from torch_kernelize import cuda_cxx
+        from torch_kernelize.serving import cuda_cxx
         return cuda_cxx.load_launch(directory, i, launch)
 
     cubin, meta = _launch_files(i, aligned)

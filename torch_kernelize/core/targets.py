@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 import torch
 
-from torch_kernelize.errors import TargetError
+from torch_kernelize.core.errors import TargetError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -50,20 +50,20 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from torch_kernelize import prewarm
-from torch_kernelize.flat_code import flat_function
+from torch_kernelize.warm_start import prewarm
+from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.kernel_cache.integrity import seal, unseal, write_file_atomic
-from torch_kernelize.lowering.targets import op_name, resolve_op
-from torch_kernelize.op_bindings import binding_by_name, binding_name
-from torch_kernelize.planner import Decision
-from torch_kernelize.runtime import Specialization, TritonCall
-from torch_kernelize.spec import KernelSpec
-from torch_kernelize.view_folding import FoldedView
+from torch_kernelize.core.targets import op_name, resolve_op
+from torch_kernelize.serving.op_bindings import binding_by_name, binding_name
+from torch_kernelize.compiling.planner import Decision
+from torch_kernelize.serving.runtime import Specialization, TritonCall
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.serving.view_folding import FoldedView
 
 if TYPE_CHECKING:
-    from torch_kernelize.lower import LoweredGraph, Session
+    from torch_kernelize.compiling.lower import LoweredGraph, Session
 
-log = logging.getLogger("torch_kernelize.executable_cache")
+log = logging.getLogger("torch_kernelize.warm_start.executable_cache")
 
 FORMAT = 1
 SUFFIX = ".exe"
@@ -323,7 +323,7 @@ class ExecutableCache:
         return restored
 
     def _restore(self, data: dict, session: "Session", example_inputs: Sequence[Any]) -> Restored:
-        from torch_kernelize.lower import LoweredGraph
+        from torch_kernelize.compiling.lower import LoweredGraph
 
         cache = session.cache
         entries = {}

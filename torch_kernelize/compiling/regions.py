@@ -18,7 +18,7 @@ Region kinds (the ``kind`` field of the canonical graph):
               One launch computes them all (horizontal fusion; ``group_matmuls``). Groups are
               tried before their members: a group miss leaves each member to its own lookup.
   graph       a compiler's fusion group: everything between two boundary ops (GEMMs, convolutions,
-              attention, random ops, ...): lowering/graph_regions.py. Tried before the kinds
+              attention, random ops, ...): compiling/graph_regions.py. Tried before the kinds
               above; a miss or "vendor wins" leaves its nodes to them.
 
 Canonical graph format (JSON, part of the spec key):
@@ -44,10 +44,10 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.lowering.op_classes import NodeClass, classify
-from torch_kernelize.lowering.targets import Target, op_name, resolve_op
-from torch_kernelize.shapes import concrete_meta, concrete_value
-from torch_kernelize.spec import KernelSpec, TensorMeta, decode_arg, encode_arg
+from torch_kernelize.compiling.op_classes import NodeClass, classify
+from torch_kernelize.core.targets import Target, op_name, resolve_op
+from torch_kernelize.core.shapes import concrete_meta, concrete_value
+from torch_kernelize.core.spec import KernelSpec, TensorMeta, decode_arg, encode_arg
 
 aten = torch.ops.aten
 

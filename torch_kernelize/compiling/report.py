@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from torch_kernelize.planner import TIERS, Decision
+from torch_kernelize.compiling.planner import TIERS, Decision
 
 log = logging.getLogger("torch_kernelize")
 REPORT_VERSION = 1

@@ -23,16 +23,16 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.lowering.decompositions import (LAYOUT_COPY, NotDecomposable, decomposition_for,
+from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposable, decomposition_for,
                                                      materialized_bytes, own_bytes, splice_decomposition,
                                                      trace_decomposition)
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.lowering.op_classes import NodeClass, classify, is_random
-from torch_kernelize.lowering.targets import Target, op_name
-from torch_kernelize.shapes import concrete_value
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
+from torch_kernelize.core.targets import Target, op_name
+from torch_kernelize.core.shapes import concrete_value
+from torch_kernelize.core.spec import KernelSpec
 
-log = logging.getLogger("torch_kernelize.planner")
+log = logging.getLogger("torch_kernelize.compiling.planner")
 
 TIERS = ("decompose", "triton", "vendor", "fallback")
 MAX_DECOMPOSE_ROUNDS = 16  # a decomposition whose ops decompose again, and so on: bounded

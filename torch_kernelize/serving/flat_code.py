@@ -27,9 +27,9 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from torch_kernelize.op_bindings import fast_binding
-from torch_kernelize.runtime import TritonCall, has_traced_layout
-from torch_kernelize.view_folding import FoldedView, reinterpret_tensor
+from torch_kernelize.serving.op_bindings import fast_binding
+from torch_kernelize.serving.runtime import TritonCall, has_traced_layout
+from torch_kernelize.serving.view_folding import FoldedView, reinterpret_tensor
 
 
 class _Unrendered(Exception):

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.lowering.targets import op_name, resolve_op
+from torch_kernelize.core.targets import op_name, resolve_op
 
 SPEC_VERSION = 1  # bump when the canonical form changes: old cache entries then stop matching
 
@@ -134,7 +134,7 @@ class KernelSpec:
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
     tuple_output: bool = False   # the op returns a tuple (even of one tensor)
-    graph: str | None = None     # canonical JSON of a fused region's nodes (lowering/regions.py)
+    graph: str | None = None     # canonical JSON of a fused region's nodes (compiling/regions.py)
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
@@ -231,10 +231,10 @@ class KernelSpec:
         """Run the spec's own op (ATen on the tensors' device); always returns a tuple.
 
         Where ATen has no kernel for the op on that device (the device-neutral attention of
-        lowering/neutral_attention.py has CPU kernels only), the CPU runs it on copies, as the host
+        compiling/neutral_attention.py has CPU kernels only), the CPU runs it on copies, as the host
         fallback would: references, vendor timings and a disabled kernel's calls still work."""
         if self.graph is not None:
-            from torch_kernelize.lowering.regions import run_region_graph
+            from torch_kernelize.compiling.regions import run_region_graph
             return tuple(run_region_graph(self, tensors))
         device = tensors[0].device.type if tensors else None
         args, kwargs = self.build_args(tensors, device)
@@ -257,7 +257,7 @@ class KernelSpec:
         up = [t.detach().to(device, torch.float64) if t.is_floating_point() else t.detach().to(device)
               for t in tensors]
         if self.graph is not None:  # a region's casts (x.float()) must not leave float64
-            from torch_kernelize.lowering.regions import run_region_graph
+            from torch_kernelize.compiling.regions import run_region_graph
             return tuple(run_region_graph(self, up, reference=True))
         return self.run_vendor(up)
 

@@ -26,10 +26,10 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from torch_kernelize.lowering.targets import Target
-from torch_kernelize.repro import recorder
-from torch_kernelize.report import repro_counts
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.targets import Target
+from torch_kernelize.serving import repro_recorder as recorder
+from torch_kernelize.compiling.report import repro_counts
+from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.repro")
 
@@ -53,7 +53,7 @@ if __name__ == "__main__":
 def spec_graph(spec: KernelSpec) -> fx.GraphModule:
     """The one-node ATen graph that computes ``spec`` (placeholders in spec input order)."""
     if spec.graph is not None:
-        from torch_kernelize.lowering.regions import region_graph_module
+        from torch_kernelize.compiling.regions import region_graph_module
         return region_graph_module(spec)
     graph = fx.Graph()
     phs = [graph.placeholder(f"arg{i}") for i in range(len(spec.inputs))]

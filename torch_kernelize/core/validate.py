@@ -2,7 +2,7 @@
 
 Each trial draws fresh inputs (several seeds of random values, plus the edge kinds the op's
 family admits), runs the candidate with its outputs poisoned first, and compares every output
-with the reference under the tolerances of ``torch_kernelize.tolerances``; with
+with the reference under the tolerances of ``torch_kernelize.core.tolerances``; with
 ``elementwise_bar``, also with the vendor op's own output under the elementwise bar there.
 
 Comparisons stream over blocks of the outputs (``CHUNK_ELEMENTS`` at most, so their float64
@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from torch_kernelize.spec import KernelSpec, TensorMeta, dtype_from_name
-from torch_kernelize.tolerances import elementwise_bar, region_tolerance, tolerance
+from torch_kernelize.core.spec import KernelSpec, TensorMeta, dtype_from_name
+from torch_kernelize.core.tolerances import elementwise_bar, region_tolerance, tolerance
 
 DEFAULT_SEEDS = (0, 1, 2)
 CHUNK_ELEMENTS = 1 << 24   # the most elements one comparison step converts to float64

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from torch_kernelize.errors import OptionsError
+from torch_kernelize.core.errors import OptionsError
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

@@ -16,24 +16,24 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize import flush_repros
-from torch_kernelize.errors import MissingOpsError, TargetError
+from torch_kernelize.core.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
-from torch_kernelize.flat_code import flat_function
+from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.kernel_cache.store import LookupLog
-from torch_kernelize.lowering.decompositions import host_implementation
-from torch_kernelize.lowering.graph_regions import find_graph_regions
-from torch_kernelize.lowering.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
+from torch_kernelize.compiling.decompositions import host_implementation
+from torch_kernelize.compiling.graph_regions import find_graph_regions
+from torch_kernelize.compiling.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
                                               region_spec)
-from torch_kernelize.lowering.targets import Target, get_target
-from torch_kernelize.options import Options
-from torch_kernelize.planner import offline_generator, Decision, GraphPlan, family_name, plan_graph, resolve_family
-from torch_kernelize.reinplace import reinplace_accumulations
-from torch_kernelize.view_folding import fold_view_chains
-from torch_kernelize.report import GraphReport, ReportWriter
-from torch_kernelize.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
+from torch_kernelize.core.targets import Target, get_target
+from torch_kernelize.core.options import Options
+from torch_kernelize.compiling.planner import offline_generator, Decision, GraphPlan, family_name, plan_graph, resolve_family
+from torch_kernelize.compiling.reinplace import reinplace_accumulations
+from torch_kernelize.serving.view_folding import fold_view_chains
+from torch_kernelize.compiling.report import GraphReport, ReportWriter
+from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
-from torch_kernelize.shapes import SymbolBinder
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.shapes import SymbolBinder
+from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize")
 _graph_ids = itertools.count()
@@ -84,7 +84,7 @@ class Session:
     @property
     def repros(self):
         if self._repros is None and self.options.repro_dir is not None:
-            from torch_kernelize.repro.dump import ReproWriter
+            from torch_kernelize.serving.repro_writer import ReproWriter
             with self._made:
                 if self._repros is None:
                     self._repros = ReproWriter(self.options.repro_dir, self.options)
@@ -92,7 +92,7 @@ class Session:
 
     def load_runner(self, spec: KernelSpec, entry: Any):
         """The launcher of a cache hit, loaded once per process; None (with a warning) if it fails."""
-        from torch_kernelize.launch import load_program
+        from torch_kernelize.serving.launch import load_program
         cache = self.cache
         k = (str(cache.dir), spec.key)
         with self._runner_lock:
@@ -182,7 +182,7 @@ class LoweredGraph:
         """Positions of the graph's inputs that it writes to (CUDA graphs copy them back)."""
         if self.plan is None:
             return self._mutated_inputs
-        from torch_kernelize.cudagraphs import mutated_inputs
+        from torch_kernelize.serving.cudagraphs import mutated_inputs
         return mutated_inputs(self.plan.gm)
 
     def static_specialization(self) -> Specialization | None:

@@ -20,13 +20,13 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.planner import Decision, GraphPlan, tensor_input_nodes
-from torch_kernelize.launch import MisalignedInput
-from torch_kernelize.spec import KernelSpec
-from torch_kernelize.validate import compare_all
-from torch_kernelize.view_folding import VIEW_OPS, FoldedView
+from torch_kernelize.compiling.planner import Decision, GraphPlan, tensor_input_nodes
+from torch_kernelize.serving.launch import MisalignedInput
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.validate import compare_all
+from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
 
-log = logging.getLogger("torch_kernelize.runtime")
+log = logging.getLogger("torch_kernelize.serving.runtime")
 
 
 class KernelState:

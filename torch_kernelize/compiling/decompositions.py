@@ -207,7 +207,7 @@ def trace_decompositions(target: Any = None) -> dict[Any, Callable]:
     (neutral_attention.py)."""
     from torch._decomp import core_aten_decompositions
 
-    from torch_kernelize.lowering.neutral_attention import neutral_attention_table
+    from torch_kernelize.compiling.neutral_attention import neutral_attention_table
     table = dict(core_aten_decompositions())
     for op in KEEP_WHOLE_AT_TRACE:
         table.pop(op, None)
@@ -217,8 +217,8 @@ def trace_decompositions(target: Any = None) -> dict[Any, Callable]:
 
 def trace_rewrites(target: Any) -> list[str]:
     """The ops ``target``'s trace rewrites beyond the common table (part of a traced graph's key)."""
-    from torch_kernelize.lowering.neutral_attention import neutral_attention_table
-    from torch_kernelize.lowering.targets import op_name
+    from torch_kernelize.compiling.neutral_attention import neutral_attention_table
+    from torch_kernelize.core.targets import op_name
     return sorted(op_name(op) for op in neutral_attention_table(target))
 
 
@@ -382,7 +382,7 @@ def _bytes(val: Any) -> int:
 def materialized_bytes(sub: fx.GraphModule) -> int:
     """Bytes of the fresh tensors a decomposition's graph makes besides its outputs (views and
     factory fills excluded): what running it node by node writes to memory on the way."""
-    from torch_kernelize.lowering.op_classes import NodeClass, classify
+    from torch_kernelize.compiling.op_classes import NodeClass, classify
     outputs = set(pytree.tree_leaves(next(n for n in sub.graph.nodes if n.op == "output").args))
     return sum(_bytes(n.meta.get("val")) for n in sub.graph.nodes
                if n.op == "call_function" and n not in outputs and classify(n)[0] is NodeClass.COMPUTE)
