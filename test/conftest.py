@@ -42,7 +42,7 @@ def _fresh_repro_budget():
     if recorder is not None:
         recorder.flush(120)
         recorder.budget = recorder.MissBudget()
-        sys.modules["torch_kernelize.compiling.report"].repro_counts.clear()
+        recorder.repro_counts.clear()
 
 
 def run_python(code: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600,

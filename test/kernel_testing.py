@@ -78,7 +78,7 @@ def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> No
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from torch_kernelize.serving.triton_binaries import compile_options
+    from torch_kernelize.building.triton_compile import compile_options
     from torch_kernelize.serving.launch import import_source
 
     d = Path(tmp_path) / f"sm90_{next(_counter)}"

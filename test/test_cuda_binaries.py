@@ -19,7 +19,8 @@ import torch
 import torch_kernelize.serving.launch as launch_mod
 from kernel_testing import spec_of
 from torch_kernelize.building.programs import add_unaligned_binaries, write_program
-from torch_kernelize.serving.triton_binaries import has_unaligned, sass as _sass
+from torch_kernelize.building.triton_compile import sass as _sass
+from torch_kernelize.core.program import has_unaligned
 from torch_kernelize.serving.launch import MisalignedInput, ProgramRunner
 from torch_kernelize.lowering.kernels.elementwise import FAMILY
 
@@ -206,7 +207,8 @@ def test_launchers_need_no_import_of_the_source(tmp_path):
     from triton.compiler import CompiledKernel
     from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
 
-    from torch_kernelize.serving.triton_binaries import KernelSignature, StoredBinary, _launch_files, _source
+    from torch_kernelize.core.program import launch_files
+    from torch_kernelize.serving.triton_binaries import KernelSignature, StoredBinary, ast_source
     from torch_kernelize.serving.launch import import_source
     from torch_kernelize.lowering.kernels.histc import FAMILY as HISTC
 
@@ -215,12 +217,12 @@ def test_launchers_need_no_import_of_the_source(tmp_path):
     write_program(tmp_path, spec, program, "cuda", SM90)
     module = import_source(tmp_path / "kernel.py", "tk_test_signature")
     for i, launch in enumerate(program.launches):
-        cubin, meta = _launch_files(i)
+        cubin, meta = launch_files(i)
         files = {cubin: str(tmp_path / cubin), meta: str(tmp_path / meta)}
         seen = []
         for fn, stored in ((getattr(module, launch.kernel), False), (KernelSignature.of(launch, program), False),
                            (KernelSignature.of(launch, program), True)):
-            src = _source(fn, launch, program, spec)
+            src = ast_source(fn, launch, program, spec)
             if stored:
                 compiled = StoredBinary(src, tmp_path / cubin, tmp_path / meta, "h")
                 full = compiled.compiled()  # what Triton's launcher is built from, where torch's refuses

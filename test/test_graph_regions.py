@@ -25,7 +25,8 @@ from torch_kernelize.core import targets
 from torch_kernelize.compiling.graph_regions import MAX_GRAPH_NODES, find_graph_regions
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.targets import op_name
-from torch_kernelize.compiling.regions import describe_region, find_regions, region_spec
+from torch_kernelize.compiling.regions import find_regions, region_spec
+from torch_kernelize.core.region_graph import describe_region
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 aten = torch.ops.aten
@@ -485,7 +486,7 @@ def test_a_graph_region_without_a_correct_candidate_splits_then_vendor_wins_spli
 
     # "vendor wins" for the graph region: no miss any more, and the same split
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.compiling.regions import region_graph
+    from torch_kernelize.core.region_graph import region_graph
     from torch_kernelize.core.spec import KernelSpec
     store = KernelCache.for_target(tmp_path / "cache", targets.get_target("interpreter"))
     spec = KernelSpec.from_json(json.loads((Path(graph_row["repro"]) / "spec.json").read_text())["spec"])

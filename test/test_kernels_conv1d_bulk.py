@@ -19,7 +19,7 @@ import torch
 
 from kernel_testing import spec_of
 from test_kernels_conv1d import bench_spec
-from torch_kernelize.serving import cuda_cxx
+from torch_kernelize.building import nvcc
 from torch_kernelize.building.programs import write_program
 from torch_kernelize.serving.launch import load_program, read_program
 from torch_kernelize.lowering.kernels import conv1d_bulk
@@ -111,9 +111,9 @@ def test_invalid_configs_are_refused():
 
 def test_family_offers_cuda_configs_only_where_they_build_and_run(monkeypatch):
     spec = _gpu_spec(bench_spec())
-    monkeypatch.setattr(cuda_cxx, "available", lambda: False)
+    monkeypatch.setattr(nvcc, "available", lambda: False)
     assert not [c for c in FAMILY.seed_configs(spec) if c.get("IMPL")]
-    monkeypatch.setattr(cuda_cxx, "available", lambda: True)
+    monkeypatch.setattr(nvcc, "available", lambda: True)
     seeds = FAMILY.seed_configs(spec)
     assert seeds[0].get("IMPL") == "cuda" and [c for c in seeds if not c.get("IMPL")]  # Triton ones follow
     assert all(n.get("IMPL") == "cuda" for n in FAMILY.neighbours(spec, seeds[0]))
@@ -155,22 +155,22 @@ def test_program_language_is_checked():
 
 def test_nvcc_command_names_the_arch_and_the_constants(tmp_path):
     launch = Launch("k", (1,), (), {"A": 3, "B": True}, num_warps=4)
-    cmd = cuda_cxx.nvcc_command(tmp_path / "k.cu", tmp_path / "k.cubin", launch, 90)
+    cmd = nvcc.nvcc_command(tmp_path / "k.cu", tmp_path / "k.cubin", launch, 90)
     assert "-gencode=arch=compute_90,code=sm_90" in cmd and "-DA=3" in cmd and "-DB=1" in cmd
     with pytest.raises(ValueError, match="int or bool"):
-        cuda_cxx.nvcc_command(tmp_path / "k.cu", tmp_path / "k.cubin", dataclasses.replace(launch, constexprs={"A": 1.5}), 90)
+        nvcc.nvcc_command(tmp_path / "k.cu", tmp_path / "k.cubin", dataclasses.replace(launch, constexprs={"A": 1.5}), 90)
 
 
 def test_missing_nvcc_is_a_clear_build_error(tmp_path, monkeypatch):
-    monkeypatch.setenv(cuda_cxx.NVCC_ENV, str(tmp_path / "no-nvcc"))
-    assert cuda_cxx.nvcc() is None
+    monkeypatch.setenv(nvcc.NVCC_ENV, str(tmp_path / "no-nvcc"))
+    assert nvcc.nvcc() is None
     spec = bench_spec()
     program = FAMILY.generate(spec, conv1d_bulk.seeds(plan_of(spec))[0])
     with pytest.raises(RuntimeError, match="needs nvcc"):
         write_program(tmp_path / "p", spec, program, "cuda", ("cuda", 90, 32))
 
 
-NVCC = cuda_cxx.nvcc()
+NVCC = nvcc.nvcc()
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
@@ -202,7 +202,7 @@ def test_benchmark_shape_builds_for_sm90_without_spills(tmp_path):
     assert "0 bytes spill stores" in json.loads((tmp_path / "launch0.json").read_text())["ptxas"]
 
 
-GPU = torch.cuda.is_available() and cuda_cxx.available()
+GPU = torch.cuda.is_available() and nvcc.available()
 
 
 

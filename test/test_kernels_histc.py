@@ -301,7 +301,7 @@ def test_shared_variant_counts_in_shared_memory_on_sm90(copies, tmp_path):
     """The PTX helpers compile (the interpreter runs their twins): one warp-aggregated shared atomic
     per element, no tl.histogram (ballots), no local memory; the read-back stays inside the array
     (100 bins read 128: an out-of-bounds read of 32 copies was an illegal address on the H200)."""
-    from torch_kernelize.serving.triton_binaries import sass
+    from torch_kernelize.building.triton_compile import sass
     from torch_kernelize.building.programs import write_program
     from torch_kernelize.lowering.kernels.histc import _shared_words
     spec = spec_of(aten.histc.default, (torch.randn(1 << 16), 100))
@@ -320,7 +320,7 @@ def test_reverse_order_and_stream_hint(stream, tmp_path):
     """REVERSE (a range from the data only): the histogram programs take the blocks last-first and
     still count every element once; STREAM="evict_first" puts the hint on the x loads (sm_90:
     LDG.E.EF) and nowhere else."""
-    from torch_kernelize.serving.triton_binaries import sass
+    from torch_kernelize.building.triton_compile import sass
     from torch_kernelize.building.programs import write_program
     x = torch.randn(40, 130) * 2
     spec = spec_of(aten.histc.default, (x, 16))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from torch_kernelize.core.errors import KernelizeError
-from torch_kernelize.compiling.planner import TIERS
+from torch_kernelize.core.decision import TIERS
 
 log = logging.getLogger("torch_kernelize.bringup")
 

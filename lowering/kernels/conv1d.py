@@ -290,8 +290,8 @@ class Conv1dFamily(KernelFamily):
         ms on B2048 C96 L200 k3), for a spec on a CUDA device where they can be built and run."""
         if spec.inputs[0].device != "cuda" or conv1d_bulk.reason(plan) is not None:
             return []
-        from torch_kernelize.serving import cuda_cxx
-        return conv1d_bulk.seeds(plan) if cuda_cxx.available() else []
+        from torch_kernelize.building import nvcc
+        return conv1d_bulk.seeds(plan) if nvcc.available() else []
 
     def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
         plan = self._plan(spec)

@@ -693,7 +693,7 @@ class _Gen:
     def header(self) -> None:
         s, p, spec = self.src, self.p, self.spec
         if p.region:
-            from torch_kernelize.compiling.regions import describe_region
+            from torch_kernelize.core.region_graph import describe_region
             s(f"# {describe_region(spec)}")
             for n in json.loads(spec.graph)["nodes"]:
                 s(f"#   {n['op']} args={json.dumps(n['args'])} kwargs={json.dumps(n['kwargs'])} -> {n['meta']['dtype']}")

@@ -25,7 +25,7 @@ def write_program(directory: Path, spec: KernelSpec, program: KernelProgram, bac
     (directory / PROGRAM_FILE).write_text(json.dumps(program.to_json(), indent=1, sort_keys=True))
     files = [program.source_file, PROGRAM_FILE]
     if backend == "cuda":
-        from torch_kernelize.serving.triton_binaries import compile_launches
+        from torch_kernelize.building.triton_compile import compile_launches
         files += compile_launches(directory, spec, program, gpu_target)
     return files
 
@@ -33,6 +33,6 @@ def write_program(directory: Path, spec: KernelSpec, program: KernelProgram, bac
 def add_unaligned_binaries(directory: Path, spec: KernelSpec, gpu_target: tuple | None = None) -> list[str]:
     """Compile the program in ``directory`` again without assuming 16-byte aligned pointers (the
     runner's path for unaligned views); return the new files."""
-    from torch_kernelize.serving.triton_binaries import compile_launches
+    from torch_kernelize.building.triton_compile import compile_launches
 
     return compile_launches(Path(directory), spec, read_program(directory), gpu_target, aligned=False)

@@ -22,11 +22,14 @@ from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.graph_regions import find_graph_regions
-from torch_kernelize.compiling.regions import (Region, closes_cycle, describe_region, find_regions, group_matmuls,
-                                              region_spec)
+from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
+from torch_kernelize.compiling.regions import Region, closes_cycle, find_regions, group_matmuls, region_spec
+from torch_kernelize.core.region_graph import describe_region
 from torch_kernelize.core.targets import Target, get_target
+from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.options import Options
-from torch_kernelize.compiling.planner import offline_generator, Decision, GraphPlan, family_name, plan_graph, resolve_family
+from torch_kernelize.compiling.planner import GraphPlan, family_name, offline_generator, plan_graph, resolve_family
+from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
 from torch_kernelize.serving.view_folding import fold_view_chains
 from torch_kernelize.compiling.report import GraphReport, ReportWriter
@@ -34,6 +37,7 @@ from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTriton
                                      TritonCall, bind_graph)
 from torch_kernelize.core.shapes import SymbolBinder
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.validate import compare
 
 log = logging.getLogger("torch_kernelize")
 _graph_ids = itertools.count()
@@ -257,7 +261,7 @@ class LoweredGraph:
             # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
             # saved for a backward pass
             passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
-            gm = bind_graph(self.plan, decisions, lambda d: self.triton_call(d.spec, runners[d.node]),
+            gm = bind_graph(self.plan.gm, decisions, lambda d: self.triton_call(d.spec, runners[d.node]),
                             lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
@@ -378,8 +382,12 @@ class LoweredGraph:
 
     def triton_call(self, spec: KernelSpec, runner: Callable) -> TritonCall:
         """The call of a loaded kernel in this graph (a checked one in check mode)."""
-        cls = CheckedTritonCall if self.session.options.check else TritonCall
-        return cls(spec, runner, self.session.kernel_state(spec.key), self._on_kernel_failure)
+        state = self.session.kernel_state(spec.key)
+        if not self.session.options.check:
+            return TritonCall(spec, runner, state, self._on_kernel_failure)
+        family = family_for(spec)
+        return CheckedTritonCall(spec, runner, state, self._on_kernel_failure,
+                                 family.resolve_ties if family is not None else None)
 
     def _on_kernel_failure(self, call: TritonCall, why: str, tensors, kind: str) -> None:
         """A kernel raised (failure) or disagreed with the vendor op (mismatch): leave a repro,
@@ -390,7 +398,6 @@ class LoweredGraph:
         folder = None
         args = self._current_args
         if kind == "mismatch" and args is not None:
-            from torch_kernelize.repro.minify import minify, mismatch_predicate
             result = minify(self.plan.gm, args, mismatch_predicate(call.spec.key, self.target, self.session.options))
             if result is not None:
                 small, small_inputs = result
@@ -409,3 +416,51 @@ def lower(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[st
     """Lower an ATen FX graph with kernelize's planner and runtime (no Dynamo, no Inductor)."""
     opts = options if isinstance(options, Options) else Options.resolve(options)
     return LoweredGraph(gm, example_inputs, Session(opts, target), kind)
+
+
+# --- minifier predicates: pinned to one failure, they lower the candidate graphs ---------------
+
+def _quiet_for_minify(options: Any) -> Any:
+    """The predicate's own lowerings: no check mode, no repros, no report, no strict errors."""
+    return dataclasses.replace(options, check=False, repro_dir=None, report=None, strict=False)
+
+
+def mismatch_predicate(spec_key: str, target: Any, options: Any) -> Callable[[fx.GraphModule, list], bool]:
+    """True while lowering the graph puts kernel ``spec_key`` on the triton tier and the
+    outputs differ from the graph run by ATen."""
+    options = _quiet_for_minify(options)
+
+    def fails(fx_g: fx.GraphModule, inputs: list) -> bool:
+        try:
+            gm = retrace(fx_g, inputs)
+            session = Session(options, target, private_kernel_states=True)
+            lowered = LoweredGraph(gm, inputs, session, "minify")
+            decisions = lowered.report.decisions + lowered.report.regions
+            if not any(d.spec_key == spec_key and d.tier == "triton" for d in decisions):
+                return False
+            got = tensor_outputs(lowered(list(inputs)))
+            want = tensor_outputs(fx_g(*inputs))
+            return any(not compare(g, w.to(torch.float64) if w.is_floating_point() else w, None, factor=2.0).ok
+                       for g, w in zip(got, want))
+        except Exception:
+            return False
+    return fails
+
+
+def lowering_error_predicate(error: BaseException, target: Any, options: Any
+                             ) -> Callable[[fx.GraphModule, list], bool]:
+    """True while lowering the graph raises the same exception type with the same first line."""
+    options = _quiet_for_minify(options)
+    first_line = str(error).splitlines()[0] if str(error) else ""
+
+    def fails(fx_g: fx.GraphModule, inputs: list) -> bool:
+        try:
+            gm = retrace(fx_g, inputs)
+        except Exception:
+            return False
+        try:
+            LoweredGraph(gm, inputs, Session(options, target, private_kernel_states=True), "minify")
+        except Exception as e:
+            return type(e) is type(error) and (str(e).splitlines()[0] if str(e) else "") == first_line
+        return False
+    return fails

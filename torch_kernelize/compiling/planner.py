@@ -29,41 +29,17 @@ from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposab
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
 from torch_kernelize.core.targets import Target, op_name
+from torch_kernelize.core.decision import Decision
 from torch_kernelize.core.shapes import concrete_value
 from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.compiling.planner")
 
-TIERS = ("decompose", "triton", "vendor", "fallback")
 MAX_DECOMPOSE_ROUNDS = 16  # a decomposition whose ops decompose again, and so on: bounded
 # A decomposition that writes more than this many times the op's own inputs and outputs on the
 # way (mm -> broadcast multiply + sum: an [M, K, N] product) is not taken while a kernel family
 # generates the op whole: the op stays for tier 2, and its miss is recorded as the op itself.
 MAX_DECOMPOSITION_GROWTH = 4.0
-
-
-@dataclasses.dataclass
-class Decision:
-    node: str
-    op: str
-    tier: str
-    reason: str
-    rejected: dict[str, str] = dataclasses.field(default_factory=dict)  # higher tier -> why not
-    spec_key: str | None = None
-    shapes: str | None = None
-    family: str | None = None
-    miss: bool = False      # vendor ran it because the cache had no entry (a generator exists)
-    missing: bool = False   # nothing on the target runs it
-    repro: str | None = None
-    spec: KernelSpec | None = dataclasses.field(default=None, repr=False, compare=False)
-    entry: Any = dataclasses.field(default=None, repr=False, compare=False)
-    # a cache miss whose family (and so ``family``, ``miss`` and the rejection text) is not yet
-    # known: see ``resolve_family``
-    family_pending: bool = dataclasses.field(default=False, repr=False, compare=False)
-
-    def to_json(self) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("spec", "entry", "family_pending")}
-        return {k: v for k, v in d.items() if v not in (None, False) or k in ("tier", "reason")}
 
 
 @dataclasses.dataclass
@@ -184,12 +160,6 @@ def build_spec(node: fx.Node, bindings: dict[sympy.Symbol, int]) -> KernelSpec |
         raise ValueError("the op returns optional (None) outputs")
     args, kwargs = pytree.tree_unflatten(leaves, tree)
     return KernelSpec.from_call(node.target, args, kwargs, out)
-
-
-def tensor_input_nodes(node: fx.Node) -> list[fx.Node]:
-    """The node's tensor inputs in KernelSpec order (pytree order of args then kwargs)."""
-    flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
-    return [a for a in flat if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
 
 
 def _hint_bindings(node: fx.Node) -> dict[sympy.Symbol, int]:

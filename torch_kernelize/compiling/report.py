@@ -17,7 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from torch_kernelize.compiling.planner import TIERS, Decision
+from torch_kernelize.core.decision import TIERS, Decision
+from torch_kernelize.serving.repro_recorder import repro_counts
 
 log = logging.getLogger("torch_kernelize")
 REPORT_VERSION = 1
@@ -81,36 +82,6 @@ class GraphReport:
             if d.missing:
                 lines.append(f"  MISSING {d.op}: host fallback; repro: {d.repro or '(dumping off)'}")
         return "\n".join(lines)
-
-
-class ReproCounts:
-    """How this process's misses became reproducers: written, failed, or suppressed and why
-    (the repro writer counts, the report shows)."""
-
-    SUPPRESSED = ("duplicate", "count_cap", "bytes_cap", "queue_full")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: collections.Counter[str] = collections.Counter()
-
-    def add(self, outcome: str) -> None:
-        with self._lock:
-            self._counts[outcome] += 1
-
-    def clear(self) -> None:
-        """Count afresh (a test is a process of its own)."""
-        with self._lock:
-            self._counts.clear()
-
-    def to_json(self) -> dict[str, Any]:
-        with self._lock:
-            c = dict(self._counts)
-        suppressed = {why: c.get(why, 0) for why in self.SUPPRESSED}
-        return {"written": c.get("written", 0), "failed": c.get("failed", 0),
-                "suppressed": sum(suppressed.values()), "suppressed_by_reason": suppressed}
-
-
-repro_counts = ReproCounts()
 
 
 def _region_kind(d: Decision) -> str:

@@ -9,7 +9,7 @@ A program may instead be CUDA C++ (``language="cuda"``), for a kernel that needs
 not express (shared-memory addresses of its own, bulk copies): its kernels are ``extern "C"
 __global__`` functions, a launch's constexprs are the ``-D`` macros it is compiled with, its block
 is ``32 * num_warps`` threads and ``shared`` bytes of dynamic shared memory. Such a program runs
-on the cuda target only (cuda_cxx.py builds and launches it); the interpreter cannot run it.
+on the cuda target only (building/nvcc.py builds it, serving/cubin_launch.py launches it); the interpreter cannot run it.
 
 A launch may be grid-synchronized (``phases`` > 1): its kernel takes a constexpr ``PHASE`` and
 runs its phases one after another, every program waiting at a grid barrier between them (e.g. a
@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -250,3 +251,21 @@ def _cuda_arg_names(source: str, kernel: str) -> tuple[str, ...]:
         raise ValueError(f"kernel {kernel!r} is not defined in the program source")
     params = [p.strip() for p in m.group(1).split(",") if p.strip()]
     return tuple(re.search(r"(\w+)\s*$", p).group(1) for p in params)
+
+
+# --- the binaries in a program folder ------------------------------------------------------------
+
+def launch_files(i: int, aligned: bool = True) -> tuple[str, str]:
+    """The names of launch ``i``'s stored binary and metadata in a program folder."""
+    tag = "" if aligned else ".unaligned"
+    return f"launch{i}{tag}.cubin", f"launch{i}{tag}.json"
+
+
+def has_unaligned(directory: Path, launches: int) -> bool:
+    return all((Path(directory) / launch_files(i, False)[0]).exists() for i in range(launches))
+
+
+def remove_unaligned(directory: Path) -> None:
+    """Drop the binaries for unaligned views (a failed or partial set): such calls go to the vendor op."""
+    for f in Path(directory).glob("launch*.unaligned.*"):
+        f.unlink(missing_ok=True)

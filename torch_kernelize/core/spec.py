@@ -15,22 +15,14 @@ import math
 from typing import Any, Sequence
 
 import torch
+import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from torch_kernelize.core.encoding import decode_arg, dtype_from_name, dtype_name, encode_arg
+from torch_kernelize.core.region_graph import run_region_graph
 from torch_kernelize.core.targets import op_name, resolve_op
 
 SPEC_VERSION = 1  # bump when the canonical form changes: old cache entries then stop matching
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"{name!r} is not a torch dtype")
-    return dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,48 +68,6 @@ class TensorMeta:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "TensorMeta":
         return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d.get("device", "cpu"))
-
-
-# --- non-tensor arguments <-> JSON -------------------------------------------------------------
-
-def encode_arg(x: Any) -> Any:
-    """Canonical JSON form of one non-tensor argument (tensors are replaced before this)."""
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else {"float": repr(x)}
-    if isinstance(x, torch.dtype):
-        return {"dtype": dtype_name(x)}
-    if isinstance(x, torch.device):
-        return {"device": x.type}
-    if isinstance(x, torch.layout):
-        return {"layout": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.memory_format):
-        return {"memory_format": str(x).removeprefix("torch.")}
-    if isinstance(x, (list, tuple)):
-        return [encode_arg(v) for v in x]
-    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise TypeError("a KernelSpec needs concrete arguments; evaluate symbolic sizes first")
-    raise TypeError(f"cannot put an argument of type {type(x).__name__} in a KernelSpec")
-
-
-def decode_arg(x: Any, tensors: Sequence[torch.Tensor], device: str | None = None) -> Any:
-    if isinstance(x, list):
-        return [decode_arg(v, tensors, device) for v in x]
-    if isinstance(x, dict):
-        (kind, value), = x.items()
-        if kind == "tensor":
-            return tensors[value]
-        if kind == "float":
-            return float(value)
-        if kind == "dtype":
-            return dtype_from_name(value)
-        if kind == "device":
-            return torch.device(device or value)
-        if kind in ("layout", "memory_format"):
-            return getattr(torch, value)
-        raise ValueError(f"unknown encoded argument {x!r}")
-    return x
 
 
 def _is_tensor(x: Any) -> bool:
@@ -234,7 +184,6 @@ class KernelSpec:
         compiling/neutral_attention.py has CPU kernels only), the CPU runs it on copies, as the host
         fallback would: references, vendor timings and a disabled kernel's calls still work."""
         if self.graph is not None:
-            from torch_kernelize.compiling.regions import run_region_graph
             return tuple(run_region_graph(self, tensors))
         device = tensors[0].device.type if tensors else None
         args, kwargs = self.build_args(tensors, device)
@@ -257,10 +206,14 @@ class KernelSpec:
         up = [t.detach().to(device, torch.float64) if t.is_floating_point() else t.detach().to(device)
               for t in tensors]
         if self.graph is not None:  # a region's casts (x.float()) must not leave float64
-            from torch_kernelize.compiling.regions import run_region_graph
             return tuple(run_region_graph(self, up, reference=True))
         return self.run_vendor(up)
 
     def make_outputs(self, device: str | torch.device | None = None) -> list[torch.Tensor]:
         return [m.empty(device) for m in self.outputs]
 
+
+def tensor_input_nodes(node: fx.Node) -> list[fx.Node]:
+    """The node's tensor inputs in KernelSpec order (pytree order of args then kwargs)."""
+    flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
+    return [a for a in flat if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]

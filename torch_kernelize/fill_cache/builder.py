@@ -102,7 +102,7 @@ def _build_unaligned(spec_json: dict, directory: str, gpu_target: tuple | None) 
     """Worker: add the binaries for unaligned views to a built program; the error text, or None
     (then no such binary is left behind: the runner sends unaligned calls to the vendor op)."""
     from torch_kernelize.building.programs import add_unaligned_binaries
-    from torch_kernelize.serving.triton_binaries import remove_unaligned
+    from torch_kernelize.core.program import remove_unaligned
 
     try:
         add_unaligned_binaries(Path(directory), KernelSpec.from_json(spec_json), gpu_target)

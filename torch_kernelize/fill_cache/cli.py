@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_kernelize.core.errors import KernelizeError
-from torch_kernelize.serving.triton_binaries import remove_unaligned
+from torch_kernelize.core.program import remove_unaligned
 from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
@@ -38,7 +38,7 @@ from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureW
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
 from torch_kernelize.lowering.kernels import Config, family_for
-from torch_kernelize.compiling.regions import spec_ops
+from torch_kernelize.core.region_graph import spec_ops
 from torch_kernelize.core.targets import Target, get_target, resolve_op
 from torch_kernelize.core.options import OPTIONS, default_cache_dir
 from torch_kernelize.core.spec import KernelSpec

@@ -177,7 +177,7 @@ def specs_from_repros(folder: Path) -> list[Work]:
 def repro_work(repro: Path) -> Work | None:
     """One reproducer folder's spec and captured inputs; None (with a warning) if its spec.json is
     unreadable."""
-    from torch_kernelize.repro.run import load_inputs
+    from torch_kernelize.serving.repro_writer import load_inputs
 
     try:
         meta = json.loads((repro / "spec.json").read_text())

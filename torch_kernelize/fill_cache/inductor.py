@@ -37,7 +37,7 @@ import torch
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram
 from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
-from torch_kernelize.compiling.regions import spec_ops
+from torch_kernelize.core.region_graph import spec_ops
 from torch_kernelize.core.spec import KernelSpec
 
 GENERATOR = "inductor"

@@ -23,7 +23,7 @@ from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_av
 from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, trial_seeds
 from torch_kernelize.serving.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
-from torch_kernelize.lowering.kernels.base import to_device
+from torch_kernelize.core.devices import to_device
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.validate import validate

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels.base import to_device
+from torch_kernelize.core.devices import to_device
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 from torch_kernelize.core.validate import CHUNK_ELEMENTS, DEFAULT_SEEDS, Trials, sync_device
 

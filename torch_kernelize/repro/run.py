@@ -15,22 +15,14 @@ from typing import Any, Callable
 
 import torch
 
+from torch_kernelize.serving.repro_writer import load_inputs
+
 FIXED, REPRODUCES, ERROR = 0, 1, 2
-
-
-def load_inputs(load_args: Callable, folder: Path) -> list[torch.Tensor]:
-    from torch._dynamo.debug_utils import InputReader
-    store = folder / "inputs"
-    if not store.is_dir():
-        raise FileNotFoundError(f"{store} is missing: the captured inputs are gone")
-    reader = InputReader(save_dir=str(store))
-    load_args(reader)
-    return list(reader.args)
 
 
 def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
     """Captured inputs keep their strides on the device (expanded and gapped views included)."""
-    from torch_kernelize.lowering.kernels.base import to_device as move
+    from torch_kernelize.core.devices import to_device as move
     return move(t, device)
 
 

@@ -430,7 +430,8 @@ def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: s
         return ProgramRunner(spec, program, [_interpreted(getattr(module, l.kernel)) for l in program.launches],
                              backend)
     if backend == "cuda":  # the stored binaries; the source is not imported (KernelSignature)
-        from torch_kernelize.serving.triton_binaries import KernelSignature, has_unaligned, load_launch
+        from torch_kernelize.core.program import has_unaligned
+        from torch_kernelize.serving.triton_binaries import KernelSignature, load_launch
 
         def launchers(aligned: bool = True) -> list:
             return [load_launch(directory, i, KernelSignature.of(l, program), l, program, spec, aligned)

@@ -9,20 +9,20 @@ reference, the files) runs on one background thread fed by a bounded queue.
 A miss is recorded once per process per *record key* (today its spec key; a shape bucket will
 coarsen it), not at all where the folder already exists, and only while the process is under
 ``repro_max`` recorded misses and ``repro_max_bytes`` of captured inputs. Every miss that is not
-recorded is counted with its reason in the report (``report.repro_counts``). At interpreter exit
+recorded is counted with its reason in the report (``repro_counts``). At interpreter exit
 the queue is flushed, waiting at most ``EXIT_WAIT_S``.
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import math
 import queue
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from torch_kernelize.compiling.report import repro_counts
 from torch_kernelize.core.spec import KernelSpec, dtype_from_name
 
 log = logging.getLogger("torch_kernelize.repro")
@@ -33,6 +33,36 @@ EXIT_WAIT_S = 30.0   # the most an exiting interpreter waits for the reproducers
 QUEUE_SIZE = 1024
 
 NEW, DUPLICATE, COUNT_CAP, BYTES_CAP, QUEUE_FULL = "new", "duplicate", "count_cap", "bytes_cap", "queue_full"
+
+
+class ReproCounts:
+    """How this process's misses became reproducers: written, failed, or suppressed and why
+    (the repro writer counts, the report shows)."""
+
+    SUPPRESSED = ("duplicate", "count_cap", "bytes_cap", "queue_full")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: collections.Counter[str] = collections.Counter()
+
+    def add(self, outcome: str) -> None:
+        with self._lock:
+            self._counts[outcome] += 1
+
+    def clear(self) -> None:
+        """Count afresh (a test is a process of its own)."""
+        with self._lock:
+            self._counts.clear()
+
+    def to_json(self) -> dict[str, Any]:
+        with self._lock:
+            c = dict(self._counts)
+        suppressed = {why: c.get(why, 0) for why in self.SUPPRESSED}
+        return {"written": c.get("written", 0), "failed": c.get("failed", 0),
+                "suppressed": sum(suppressed.values()), "suppressed_by_reason": suppressed}
+
+
+repro_counts = ReproCounts()
 
 
 def captured_bytes(spec: KernelSpec) -> int:

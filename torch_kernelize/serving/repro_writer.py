@@ -21,14 +21,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
 from torch_kernelize.core.targets import Target
 from torch_kernelize.serving import repro_recorder as recorder
-from torch_kernelize.compiling.report import repro_counts
+from torch_kernelize.serving.repro_recorder import repro_counts
 from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.repro")
@@ -53,7 +53,7 @@ if __name__ == "__main__":
 def spec_graph(spec: KernelSpec) -> fx.GraphModule:
     """The one-node ATen graph that computes ``spec`` (placeholders in spec input order)."""
     if spec.graph is not None:
-        from torch_kernelize.compiling.regions import region_graph_module
+        from torch_kernelize.core.region_graph import region_graph_module
         return region_graph_module(spec)
     graph = fx.Graph()
     phs = [graph.placeholder(f"arg{i}") for i in range(len(spec.inputs))]
@@ -130,35 +130,15 @@ def write_repro(folder: Path, spec: KernelSpec | None, inputs: Sequence[torch.Te
         raise
 
 
-def dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
-                          target: Target, options: Any) -> Path | None:
-    """A graph kernelize could not lower: minify it (pinned to this error) and dump it."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    if options.repro_dir is None:
-        return None
-    try:
-        with unset_fake_temporarily():  # we are inside aot_autograd's fake mode: real tensors here
-            return _dump_lowering_failure(gm, example_inputs, error, target, options)
-    except Exception:
-        log.exception("could not dump the graph that failed to lower")
-        return None
-
-
-def _dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
-                           target: Target, options: Any) -> Path:
-    import hashlib
-
-    from torch_kernelize.repro.minify import lowering_error_predicate, minify, real_inputs_like
-
-    inputs = real_inputs_like(example_inputs)
-    result = minify(gm, inputs, lowering_error_predicate(error, target, options))
-    small, small_inputs = result if result is not None else (gm, inputs)
-    digest = hashlib.sha256(small.code.encode()).hexdigest()[:10]
-    folder = Path(options.repro_dir) / f"lowering-{type(error).__name__}-{digest}"
-    write_repro(folder, None, small_inputs, target, "lowering", options.cache_dir,
-                {"cause": f"{type(error).__name__}: {error}", "minified": result is not None}, gm=small)
-    return folder
+def load_inputs(load_args: Callable, folder: Path) -> list[torch.Tensor]:
+    """The captured inputs of the reproducer in ``folder``, read by its ``load_args``."""
+    from torch._dynamo.debug_utils import InputReader
+    store = folder / "inputs"
+    if not store.is_dir():
+        raise FileNotFoundError(f"{store} is missing: the captured inputs are gone")
+    reader = InputReader(save_dir=str(store))
+    load_args(reader)
+    return list(reader.args)
 
 
 class ReproWriter:

@@ -19,10 +19,9 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.compiling.planner import Decision, GraphPlan, tensor_input_nodes
+from torch_kernelize.core.decision import Decision
 from torch_kernelize.serving.launch import MisalignedInput
-from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec, tensor_input_nodes
 from torch_kernelize.core.validate import compare_all
 from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
 
@@ -127,12 +126,14 @@ class TritonCall:
 
 class CheckedTritonCall(TritonCall):
     """Check mode: every launch also runs the vendor op; a mismatch disables the kernel, is
-    recorded (and minified by the owner), and the vendor's answer is returned."""
+    recorded (and minified by the owner), and the vendor's answer is returned. ``resolve_ties``
+    is the spec's family's (``KernelFamily.resolve_ties``), where it has one: topk's index of an
+    equal element is as right as the vendor's."""
 
     def __init__(self, spec: KernelSpec, runner: Callable, state: KernelState,
-                 on_failure: Callable | None = None):
+                 on_failure: Callable | None = None, resolve_ties: Callable | None = None):
         super().__init__(spec, runner, state, on_failure)
-        self.family = family_for(spec)
+        self.resolve_ties = resolve_ties
 
     def donating(self) -> None:
         return None  # the vendor op runs after the kernel on the same inputs: they must stay intact
@@ -150,8 +151,8 @@ class CheckedTritonCall(TritonCall):
         want = self.vendor(*tensors)
         gots, wants = (got, want) if self.spec.tuple_output else ((got,), (want,))
         wants64 = [w.to(torch.float64) if w.is_floating_point() else w for w in wants]
-        if self.family is not None:  # e.g. topk: an index naming an equal element is as right as the vendor's
-            gots = self.family.resolve_ties(self.spec, tensors, gots, wants64)
+        if self.resolve_ties is not None:
+            gots = self.resolve_ties(self.spec, tensors, gots, wants64)
         c = compare_all(gots, wants64, self.spec, factor=2.0)  # the tolerances validation uses
         if not c.ok:
             self.disable(f"mismatch against the vendor op: {c.reason}", tensors, "mismatch")
@@ -195,7 +196,7 @@ class Specialization:
         return self._forward(*args)
 
 
-def bind_graph(plan: GraphPlan, decisions: list[Decision],
+def bind_graph(gm: fx.GraphModule, decisions: list[Decision],
                make_triton: Callable[[Decision], Callable],
                make_fallback: Callable[[Decision, Any], Callable],
                fused: Sequence[tuple[Any, Callable]] = (),
@@ -211,7 +212,7 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    out = graph.graph_copy(plan.gm.graph, env)
+    out = graph.graph_copy(gm.graph, env)
     graph.output(out)
     in_region = {n.name for region, _ in fused for n in region.nodes}
     by_name = {d.node: d for d in decisions if d.tier in ("triton", "fallback") and d.node not in in_region}
@@ -237,7 +238,7 @@ def bind_graph(plan: GraphPlan, decisions: list[Decision],
     guard_vendor_layouts(graph, guarded_inputs)
     graph.lint()
     # lazy: its FX code is generated only if something asks for it (calls run flat_code's function)
-    return _LazyGraphModule(plan.gm, graph)
+    return _LazyGraphModule(gm, graph)
 
 
 def guard_vendor_layouts(graph: fx.Graph, guarded_inputs: bool = True) -> int:

@@ -1,9 +1,7 @@
-"""Ahead-of-time Triton compilation for CUDA, and launching the stored binaries.
-
-``compile_launches`` runs ``triton.compile`` once per launch (fill_cache time) and stores the
-cubin and Triton's metadata. ``load_launch`` turns those files back into a launcher without
-compiling anything: through torch's static CUDA launcher when it takes the kernel (no C
-compilation either), else through Triton's own launcher rebuilt from the stored binary.
+"""Launching stored Triton binaries on CUDA. ``load_launch`` turns the cubin and Triton metadata
+that building/triton_compile.py stored back into a launcher without compiling anything: through
+torch's static CUDA launcher when it takes the kernel (no C compilation either), else through
+Triton's own launcher rebuilt from the stored binary.
 
 Pointer arguments are compiled as 16-byte aligned (Triton's ``tt.divisibility``: vector loads).
 A stored kernel also gets a second binary per launch compiled without that assumption for its
@@ -23,62 +21,13 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from torch_kernelize.serving.launch import import_source
-from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.program import KernelProgram, Launch, launch_files
 from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.serving.launch")
 
 
-def _gpu_target():
-    from triton.runtime import driver
-    return driver.active.get_current_target()
-
-
-def sass(cubin: Path) -> str:
-    """The SASS of a stored binary, disassembled by Triton's bundled cuobjdump (no GPU needed):
-    what tests and experiments inspect to check what a kernel compiled to."""
-    import subprocess
-
-    import triton
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-
-
-SASS_OPCODES = ("LDS", "STS", "LDSM", "STSM", "LDG", "STG", "LDGSTS", "LDL", "STL", "HGMMA", "HMMA", "SHFL")
-
-
-def sass_counts(cubin: bytes, opcodes: tuple[str, ...] = SASS_OPCODES, suffixes: bool = True) -> dict[str, int]:
-    """How often each instruction of ``opcodes`` occurs in a binary's SASS: by full name
-    (``LDS.U16`` apart from ``LDS.128``), or summed per opcode when ``suffixes`` is False."""
-    import collections
-    import re
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "k.cubin"
-        path.write_bytes(cubin)
-        text = sass(path)
-    names = re.findall(rf"\b((?:{'|'.join(opcodes)})(?:\.[\w.]*)?)\b", text)
-    return dict(sorted(collections.Counter(n if suffixes else n.split(".")[0] for n in names).items()))
-
-
-def _launch_files(i: int, aligned: bool = True) -> tuple[str, str]:
-    tag = "" if aligned else ".unaligned"
-    return f"launch{i}{tag}.cubin", f"launch{i}{tag}.json"
-
-
-def has_unaligned(directory: Path, launches: int) -> bool:
-    return all((Path(directory) / _launch_files(i, False)[0]).exists() for i in range(launches))
-
-
-def remove_unaligned(directory: Path) -> None:
-    """Drop the binaries for unaligned views (a failed or partial set): such calls go to the vendor op."""
-    for f in Path(directory).glob("launch*.unaligned.*"):
-        f.unlink(missing_ok=True)
-
-
-def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, aligned: bool = True):
+def ast_source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, aligned: bool = True):
     """ASTSource with the signature, constexprs and alignment facts of one launch (pointers
     16-byte aligned, except the inputs' where ``aligned`` is False; integer arguments by their values)."""
     from triton.compiler import ASTSource
@@ -98,45 +47,6 @@ def _source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec, a
                 or (kind in ("i32", "i64") and value % 16 == 0):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return ASTSource(fn, signature=signature, constexprs=dict(launch.constexprs), attrs=attrs)
-
-
-def compile_options(launch: Launch) -> dict[str, Any]:
-    """Triton's compile options for a launch."""
-    options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
-    if launch.synchronized:  # a grid barrier: the driver must place every program at once
-        options["launch_cooperative_grid"] = True
-    return options
-
-
-def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
-                     gpu_target: tuple | None = None, aligned: bool = True) -> list[str]:
-    """Compile every launch of ``program`` (written in ``directory``) and store its binary and
-    metadata there; return the file names. CUDA C++ programs build with nvcc (cuda_cxx.py) and
-    have no binaries for unaligned views."""
-    if program.language == "cuda":
-        if not aligned:
-            raise ValueError("CUDA C++ kernels take 16-byte aligned pointers only; unaligned views run the vendor op")
-        from torch_kernelize.serving import cuda_cxx
-        if gpu_target is None:
-            t = _gpu_target()
-            gpu_target = (t.backend, t.arch, t.warp_size)
-        return cuda_cxx.compile_launches(directory, program, gpu_target)
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    module = import_source(directory / program.source_file, f"torch_kernelize_build.k{spec.key}_{id(program)}")
-    target = GPUTarget(*gpu_target) if gpu_target is not None else _gpu_target()
-    files = []
-    for i, launch in enumerate(program.launches):
-        src = _source(getattr(module, launch.kernel), launch, program, spec, aligned)
-        compiled = triton.compile(src, target=target, options=compile_options(launch))
-        cubin, meta = _launch_files(i, aligned)
-        (directory / cubin).write_bytes(compiled.asm["cubin"])
-        metadata = dict(compiled.metadata._asdict())
-        metadata["target"] = {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size}
-        (directory / meta).write_text(json.dumps(metadata, default=str, sort_keys=True))
-        files += [cubin, meta]
-    return files
 
 
 def import_launcher() -> None:
@@ -248,10 +158,10 @@ def load_launch(directory: Path, i: int, fn: Any, launch: Launch, program: Kerne
     """The launcher of launch ``i`` from its stored cubin and metadata (no compilation); ``fn`` is
     the kernel's function or its KernelSignature."""
     if program.language == "cuda":
-        from torch_kernelize.serving import cuda_cxx
-        return cuda_cxx.load_launch(directory, i, launch)
+        from torch_kernelize.serving import cubin_launch
+        return cubin_launch.load_launch(directory, i, launch)
 
-    cubin, meta = _launch_files(i, aligned)
-    binary = StoredBinary(_source(fn, launch, program, spec, aligned), directory / cubin, directory / meta, spec.key)
+    cubin, meta = launch_files(i, aligned)
+    binary = StoredBinary(ast_source(fn, launch, program, spec, aligned), directory / cubin, directory / meta, spec.key)
     names = program.kernel_arg_names(launch.kernel)
     return CudaLaunch(binary, [k for k, n in enumerate(names) if n in launch.constexprs])

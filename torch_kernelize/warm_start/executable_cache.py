@@ -55,7 +55,7 @@ from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.kernel_cache.integrity import seal, unseal, write_file_atomic
 from torch_kernelize.core.targets import op_name, resolve_op
 from torch_kernelize.serving.op_bindings import binding_by_name, binding_name
-from torch_kernelize.compiling.planner import Decision
+from torch_kernelize.core.decision import Decision
 from torch_kernelize.serving.runtime import Specialization, TritonCall
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.serving.view_folding import FoldedView
