@@ -209,7 +209,7 @@ def test_a_decomposition_into_ops_nothing_runs_is_not_taken_over_a_family():
 
 def test_fill_stores_a_slower_kernel_for_an_op_the_vendor_cannot_run():
     # "vendor wins" means the target's library runs the op; on a bring-up chip it does not
-    from torch_kernelize.fill_cache.cli import ops_not_on_vendor
+    from torch_kernelize.fill_cache.store_policy import ops_not_on_vendor
     from torch_kernelize.compiling.regions import find_regions, region_spec
     from torch_kernelize.compiling.planner import build_spec
     x = torch.randn(8, 16)
