@@ -111,7 +111,7 @@ class KernelCache:
 
     @classmethod
     def for_target(cls, root: Path | str, target: Any) -> "KernelCache":
-        """The cache of ``target`` (a lowering.targets.Target): namespaced by its fingerprint."""
+        """The cache of ``target`` (a core.targets.Target): namespaced by its fingerprint."""
         return cls(root, target.fingerprint_id(), target.fingerprint())
 
     def __repr__(self) -> str:

@@ -114,8 +114,8 @@ def test_a_region_is_judged_by_the_values_it_rounds():
     # mm in fp16 read back as fp32: the fp32 output carries the fp16 matmul's rounding.
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from lowering.regions import find_regions, region_spec
-    from lowering.targets import get_target
+    from torch_kernelize.compiling.regions import find_regions, region_spec
+    from torch_kernelize.core.targets import get_target
     from torch_kernelize.core.validate import compare_all
 
     a, b = torch.randn(64, 128, dtype=torch.half), torch.randn(128, 16, dtype=torch.half)

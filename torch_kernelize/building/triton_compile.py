@@ -16,7 +16,7 @@ from torch_kernelize.serving.launch import import_source
 from torch_kernelize.serving.triton_binaries import ast_source
 
 
-def gpu_target():
+def current_gpu_target():
     """Triton's target for the current GPU."""
     from triton.runtime import driver
     return driver.active.get_current_target()
@@ -67,14 +67,14 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
         if not aligned:
             raise ValueError("CUDA C++ kernels take 16-byte aligned pointers only; unaligned views run the vendor op")
         if gpu_target is None:
-            t = gpu_target()
+            t = current_gpu_target()
             gpu_target = (t.backend, t.arch, t.warp_size)
         return nvcc.compile_launches(directory, program, gpu_target)
     import triton
     from triton.backends.compiler import GPUTarget
 
     module = import_source(directory / program.source_file, f"torch_kernelize_build.k{spec.key}_{id(program)}")
-    target = GPUTarget(*gpu_target) if gpu_target is not None else gpu_target()
+    target = GPUTarget(*gpu_target) if gpu_target is not None else current_gpu_target()
     files = []
     for i, launch in enumerate(program.launches):
         src = ast_source(getattr(module, launch.kernel), launch, program, spec, aligned)

@@ -99,7 +99,7 @@ REWRITES: dict[Any, Callable] = {
 
 
 def neutral_attention_table(target: Any) -> dict[Any, Callable]:
-    """The rewrites for ``target`` (a lowering.targets.Target): the CUDA attention ops its vendor
+    """The rewrites for ``target`` (a core.targets.Target): the CUDA attention ops its vendor
     does not run, on a CUDA device; none elsewhere (a CPU trace never shows them)."""
     if target is None or target.device != "cuda":
         return {}
