@@ -90,7 +90,7 @@ def measure(model_name: str, target: str, cache_dir: str) -> dict:
             inductor = torch.compile(model)
             inductor(x)
             inductor_ms = triton.testing.do_bench(lambda: inductor(x), warmup=50, rep=300)
-    from torch_kernelize.report import ReportWriter
+    from torch_kernelize.compiling.report import ReportWriter
     ReportWriter.for_path(report).write()
     graphs = json.loads(report.read_text())["graphs"]
     tiers: dict[str, int] = {}

@@ -105,7 +105,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
     repros = None
     if backend == "kernelize":
         from torch_kernelize import flush_repros
-        from torch_kernelize.report import ReportWriter, repro_counts
+        from torch_kernelize.compiling.report import ReportWriter, repro_counts
         flush_repros(60)
         ReportWriter.for_path(out / "kernelize-report.json").write()
         repros = repro_counts.to_json()

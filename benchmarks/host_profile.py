@@ -32,8 +32,8 @@ sys.path.insert(0, str(HERE))
 
 def census(graphs: list) -> dict[str, int]:
     """Calls per graph run, by kind: cached kernels, folded views, and each other op by name."""
-    from torch_kernelize.runtime import TritonCall
-    from torch_kernelize.view_folding import FoldedView
+    from torch_kernelize.serving.runtime import TritonCall
+    from torch_kernelize.serving.view_folding import FoldedView
     counts = collections.Counter()
     for gm in graphs:
         for n in gm.graph.nodes:
@@ -49,7 +49,7 @@ def time_runs_by_node(runs: list, sync) -> Any:
     """Make ``Specialization.__call__`` run its graph node by node, appending to ``runs`` one
     [(seconds, node name, callable name)] per run (``sync`` after each node); returns the original."""
     import torch.fx as fx
-    from torch_kernelize.runtime import Specialization
+    from torch_kernelize.serving.runtime import Specialization
 
     original = Specialization.__call__
 
@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
-    import torch_kernelize.lower as lower
+    import torch_kernelize.compiling.lower as lower
     from workloads import WORKLOADS
-    from torch_kernelize.lower import Session
+    from torch_kernelize.compiling.lower import Session
 
     lowered = []  # the executables (bound by lowering or restored from the executable cache)
     publish = lower.LoweredGraph._publish

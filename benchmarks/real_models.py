@@ -368,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.measure_one:
         return measure_one(args)
-    from torch_kernelize.errors import KernelizeError
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.errors import KernelizeError
+    from torch_kernelize.core.targets import get_target
     try:
         args.target_obj = get_target(args.target)
     except KernelizeError as e:

@@ -99,13 +99,13 @@ def _check_mode(model, inputs, ref, args) -> dict:
             self.messages.append(record.getMessage()[:400])
 
     handler = Collect()
-    logging.getLogger("torch_kernelize.runtime").addHandler(handler)
+    logging.getLogger("torch_kernelize.serving.runtime").addHandler(handler)
     try:
         torch._dynamo.reset()
         k = _kernelize(args, check=True)(model)
         err = rel_err(k(*inputs), ref)
     finally:
-        logging.getLogger("torch_kernelize.runtime").removeHandler(handler)
+        logging.getLogger("torch_kernelize.serving.runtime").removeHandler(handler)
     return {"err": err, "disabled": handler.messages[:20]}
 
 
@@ -207,8 +207,8 @@ def phase_overhead(args) -> dict:
     compiled = torch.compile(lambda a, b: a + b, backend="kernelize",
                              options={"target": "cuda", "cache_dir": str(args.cache_dir), "repro_dir": "off"})
     compiled(x, y)
-    from torch_kernelize.lower import Session
-    from torch_kernelize.spec import TensorMeta
+    from torch_kernelize.compiling.lower import Session
+    from torch_kernelize.core.spec import TensorMeta
     # this add's runner: the process has loaded the earlier workloads' runners too (other shapes)
     want = [TensorMeta.of(x), TensorMeta.of(y)]
     runners = [r for r in Session._runners.values()
@@ -285,9 +285,9 @@ with torch.no_grad():
 gc.callbacks.remove(gc_timer)
 counts["gc_s"], counts["gc_full"] = in_gc["s"], in_gc["full"]
 for kind in ("graph", "executable"):
-    cache = sys.modules.get(f"torch_kernelize.{{kind}}_cache")
+    cache = sys.modules.get(f"torch_kernelize.warm_start.{{kind}}_cache")
     counts[f"{{kind}}_cache_hits"] = cache.stats["hit"] if cache is not None else 0
-prewarm = sys.modules.get("torch_kernelize.prewarm")
+prewarm = sys.modules.get("torch_kernelize.warm_start.prewarm")
 if prewarm is not None:  # what the background warm-up did (and whether it was done when the call was)
     alive = prewarm._thread is not None and prewarm._thread.is_alive()
     prewarm.wait()

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.lowering.kernels.base import to_device
+from torch_kernelize.core.devices import to_device
 
 log = logging.getLogger("torch_kernelize.fallbacks")
 

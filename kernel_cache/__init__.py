@@ -4,7 +4,7 @@ Shared by concurrent processes that can be killed at any moment: entries are wri
 folder and renamed into place under a per-key lock, every file is covered by a sha256 manifest,
 and an entry that fails its checks is skipped with one warning, never trusted or fatal.
 """
-from torch_kernelize.errors import CacheError
+from torch_kernelize.core.errors import CacheError
 
 from .archive import CheckedArchive, ImportResult, export_cache, import_cache, verify_archive
 from .entry import FORMAT, CacheEntry, better, check_key, normalize_record

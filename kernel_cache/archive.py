@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from torch_kernelize.errors import CacheError
+from torch_kernelize.core.errors import CacheError
 
 from .entry import check_key, entry_from_files, is_key, normalize_record
 from . import signing

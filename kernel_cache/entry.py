@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from torch_kernelize.errors import CacheError
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.errors import CacheError
+from torch_kernelize.core.spec import KernelSpec
 
 from .integrity import ENTRY_FILE, PROGRAM_DIR, EntryProblem, check_manifest
 
@@ -62,7 +62,7 @@ def record_problems(r: Any) -> list[str]:
     except Exception as e:  # noqa: BLE001 - any malformed spec is a problem, never a crash
         problems.append(f"spec does not load: {type(e).__name__}: {e}")
     else:
-        if "bucket" in r:  # a shape bucket's entry: keyed by the bucket (torch_kernelize/buckets.py)
+        if "bucket" in r:  # a shape bucket's entry: keyed by the bucket (torch_kernelize/core/buckets.py)
             problems += _bucket_problems(r["bucket"], spec, key)
         elif isinstance(key, str) and spec.key != key:
             problems.append(f"spec key {spec.key} is not the entry key {key}")
@@ -95,7 +95,7 @@ def record_problems(r: Any) -> list[str]:
 
 
 def _bucket_problems(bucket: Any, spec: KernelSpec, key: Any) -> list[str]:
-    from torch_kernelize.buckets import Bucket, contains, values_of
+    from torch_kernelize.core.buckets import Bucket, contains, values_of
     try:
         b = Bucket.from_json(bucket)
         bkey = b.key(spec)
@@ -225,7 +225,7 @@ class CacheEntry:
         """The shape bucket (buckets.Bucket) this entry serves, or None for an exact-shape entry."""
         if "bucket" not in self.record:
             return None
-        from torch_kernelize.buckets import Bucket
+        from torch_kernelize.core.buckets import Bucket
         return Bucket.from_json(self.record["bucket"])
 
     @property

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any, Mapping
 
-from torch_kernelize.errors import CacheError
+from torch_kernelize.core.errors import CacheError
 
 from .integrity import fsync_dir, write_file_atomic
 

@@ -36,7 +36,7 @@ from typing import Any, Iterator, Mapping
 
 import filelock
 
-from torch_kernelize.errors import CacheError
+from torch_kernelize.core.errors import CacheError
 
 from .entry import CacheEntry, better, check_key, entry_from_files, is_key, normalize_record
 from .integrity import (ENTRY_FILE, IGNORED_DIRS, MANIFEST_FILE, PROGRAM_DIR, EntryProblem, dumps,
@@ -111,7 +111,7 @@ class KernelCache:
 
     @classmethod
     def for_target(cls, root: Path | str, target: Any) -> "KernelCache":
-        """The cache of ``target`` (a lowering.targets.Target): namespaced by its fingerprint."""
+        """The cache of ``target`` (a core.targets.Target): namespaced by its fingerprint."""
         return cls(root, target.fingerprint_id(), target.fingerprint())
 
     def __repr__(self) -> str:

@@ -38,11 +38,11 @@ def _fresh_repro_budget():
     """Each test has the miss-recording caps of a process of its own, and its queued
     reproducers are written before the next test starts."""
     yield
-    recorder = sys.modules.get("torch_kernelize.repro.recorder")
+    recorder = sys.modules.get("torch_kernelize.serving.repro_recorder")
     if recorder is not None:
         recorder.flush(120)
         recorder.budget = recorder.MissBudget()
-        sys.modules["torch_kernelize.report"].repro_counts.clear()
+        recorder.repro_counts.clear()
 
 
 def run_python(code: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 600,

@@ -12,12 +12,12 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.build import write_program
-from torch_kernelize.launch import ProgramRunner, load_program
+from torch_kernelize.building.programs import write_program
+from torch_kernelize.serving.launch import ProgramRunner, load_program
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily
-from torch_kernelize.lowering.kernels.program import KernelProgram
-from torch_kernelize.spec import KernelSpec
-from torch_kernelize.validate import ValidationRecord, compare, validate
+from torch_kernelize.core.program import KernelProgram
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.validate import ValidationRecord, compare, validate
 
 _counter = itertools.count()
 
@@ -103,8 +103,8 @@ def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> No
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from torch_kernelize.cuda_binaries import compile_options
-    from torch_kernelize.launch import import_source
+    from torch_kernelize.building.triton_compile import compile_options
+    from torch_kernelize.serving.launch import import_source
 
     d = Path(tmp_path) / f"sm90_{next(_counter)}"
     d.mkdir(parents=True)
@@ -134,7 +134,7 @@ def aten_counts(x: torch.Tensor, bins: int = 100, lo: float = 0, hi: float = 0) 
 
 def jit_runner(tmp_path: Path, spec: KernelSpec, program: KernelProgram) -> ProgramRunner:
     """A runner that launches the program's kernels through triton's JIT on the current GPU."""
-    from torch_kernelize.launch import import_source
+    from torch_kernelize.serving.launch import import_source
 
     d = Path(tmp_path) / f"jit{next(_counter)}"
     d.mkdir(parents=True)

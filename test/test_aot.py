@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from torch_kernelize import aot
-from torch_kernelize.errors import KernelizeError
+from torch_kernelize.core.errors import KernelizeError
 
 pytestmark = pytest.mark.skipif(aot.CompiledGraph is None, reason="this torch has no aot_compile")
 

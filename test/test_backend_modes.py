@@ -64,7 +64,7 @@ def test_default_dynamic_recompiles_once_then_serves_all_sizes(tmp_path):
 
 
 def test_dispatch_keys_on_the_concrete_shapes_seen_at_call_time():
-    from torch_kernelize.lower import LoweredGraph
+    from torch_kernelize.compiling.lower import LoweredGraph
     model, _ = make_mlp()
     seen = []
     orig = LoweredGraph._specialize

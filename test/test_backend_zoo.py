@@ -92,7 +92,7 @@ def test_torch_compile_imports_the_serving_path_before_the_first_call():
     proc = run_python("""
 import json, sys, torch
 torch.compile(torch.nn.Linear(4, 4), backend="kernelize", options={"target": "cpu"})
-print(json.dumps({m: m in sys.modules for m in ("torch_kernelize.lower", "torch_kernelize.graph_cache",
-                                                "torch_kernelize.executable_cache", "torch_kernelize.planner")}))
+print(json.dumps({m: m in sys.modules for m in ("torch_kernelize.compiling.lower", "torch_kernelize.warm_start.graph_cache",
+                                                "torch_kernelize.warm_start.executable_cache", "torch_kernelize.compiling.planner")}))
 """)
     assert all(last_json(proc).values()), last_json(proc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torch_kernelize.launch import import_source
+from torch_kernelize.serving.launch import import_source
 
 REPORT = Path(__file__).resolve().parent.parent / "benchmarks" / "report.py"
 

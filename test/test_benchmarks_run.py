@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torch_kernelize.launch import import_source
+from torch_kernelize.serving.launch import import_source
 
 RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
 
@@ -62,8 +62,8 @@ def test_first_run_table_times_each_node_of_a_bound_graph(tmp_path):
     """host_profile --first-run: every call_function node of each run is timed, and the table
     compares the first run with the second per callable."""
     import torch
-    from torch_kernelize.lower import lower
-    from torch_kernelize.runtime import Specialization
+    from torch_kernelize.compiling.lower import lower
+    from torch_kernelize.serving.runtime import Specialization
 
     hp = import_source(RUN.parent / "host_profile.py", "bench_host_profile")
     gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.relu.default(torch.ops.aten.mul.Tensor(x, 2.0)))

@@ -10,10 +10,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_kernelize import bringup
 from torch_kernelize.backend import kernelize
 from torch_kernelize.examples import HF_MODELS
-from torch_kernelize.lower import lower
-from torch_kernelize.lowering import decompositions
-from torch_kernelize.lowering.decompositions import NotDecomposable, host_implementation, trace_decomposition
-from torch_kernelize.lowering.targets import Target
+from torch_kernelize.compiling.lower import lower
+from torch_kernelize.compiling import decompositions
+from torch_kernelize.compiling.decompositions import NotDecomposable, host_implementation, trace_decomposition
+from torch_kernelize.core.targets import Target
 
 aten = torch.ops.aten
 pytest.importorskip("transformers")
@@ -209,9 +209,9 @@ def test_a_decomposition_into_ops_nothing_runs_is_not_taken_over_a_family():
 
 def test_fill_stores_a_slower_kernel_for_an_op_the_vendor_cannot_run():
     # "vendor wins" means the target's library runs the op; on a bring-up chip it does not
-    from torch_kernelize.fill_cache.cli import ops_not_on_vendor
-    from torch_kernelize.lowering.regions import find_regions, region_spec
-    from torch_kernelize.planner import build_spec
+    from torch_kernelize.fill_cache.store_policy import ops_not_on_vendor
+    from torch_kernelize.compiling.regions import find_regions, region_spec
+    from torch_kernelize.compiling.planner import build_spec
     x = torch.randn(8, 16)
     gm = make_fx(lambda x: (x * 2).relu(), tracing_mode="fake")(x)
     mul = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)

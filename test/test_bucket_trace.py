@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torch_kernelize.launch import import_source
+from torch_kernelize.serving.launch import import_source
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bucket_trace.py"
 

@@ -16,11 +16,11 @@ from torch_kernelize.fill_cache.buckets import BucketWork, DynamicDim, fill_buck
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.cli import FillRun, main as fill_main
 from torch_kernelize.kernel_cache import KernelCache
-from torch_kernelize.lower import Session
+from torch_kernelize.compiling.lower import Session
 from torch_kernelize.lowering.kernels.elementwise import ElementwiseFamily
-from torch_kernelize.lowering.targets import get_target
-from torch_kernelize.options import Options
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.core.options import Options
+from torch_kernelize.core.spec import KernelSpec
 
 MODEL = '''
 import torch
@@ -75,7 +75,7 @@ def test_a_filled_bucket_serves_every_size_in_it_exact_entries_win_and_outside_r
     with torch.no_grad():
         x = torch.randn(5, 16)
         torch.testing.assert_close(compiled(x), torch.sigmoid(x))  # planned: the bucket's kernel loaded now
-        import torch_kernelize.launch as launch
+        import torch_kernelize.serving.launch as launch
         import torch_kernelize.lowering.kernels.elementwise as elementwise
 
         def forbidden(*a, **k):
@@ -147,7 +147,7 @@ def test_misses_are_recorded_once_per_bucket_and_their_sizes_define_the_buckets_
     metas = [json.loads((f / "spec.json").read_text()) for f in folders]
     # dynamic=True: both dims are symbols, rows and columns
     assert all(m["bucket_dims"] == [["in", 0, 0, 0], ["in", 0, 1, 1], ["out", 0, 0, 0], ["out", 0, 1, 1]] for m in metas)
-    from torch_kernelize.report import ReportWriter
+    from torch_kernelize.compiling.report import ReportWriter
     ReportWriter.for_path(tmp_path / "report.json").write()
     counts = json.loads((tmp_path / "report.json").read_text())["repros"]
     assert counts["written"] == 2 and counts["suppressed_by_reason"]["same_bucket"] == 4

@@ -11,7 +11,7 @@ from torch_kernelize.fill_cache.builder import WORKER_DIED, Builder
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.fill_cache.search import run_search
-from torch_kernelize.lowering.targets import get_target
+from torch_kernelize.core.targets import get_target
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

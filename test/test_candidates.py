@@ -19,8 +19,8 @@ from torch_kernelize.fill_cache.external import Candidate, CandidateGenerator, w
 from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.recording import RecordingError
-from torch_kernelize.lowering.targets import get_target
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.core.spec import KernelSpec
 
 CANDIDATES = REPO / "test" / "candidates"
 EXAMPLE = REPO / "examples" / "logcumsumexp_candidate.py"
@@ -77,7 +77,7 @@ def test_intermediate_buffers_and_several_launches_are_recorded():
 
 def test_recorded_programs_compile_for_sm90(tmp_path):
     """What serving on the GPU loads: one cubin per recorded launch, compiled here (no GPU)."""
-    from torch_kernelize.build import write_program
+    from torch_kernelize.building.programs import write_program
     x = torch.randn(6, 100)
     spec = KernelSpec.from_call(aten.sum.dim_IntList, [x, [-1]], {}, x.sum(-1))
     candidate = Candidate(CANDIDATES / "sum_two_pass.py")
@@ -132,8 +132,8 @@ def test_a_candidate_correct_only_on_the_captured_inputs_is_rejected(tmp_path):
     spec = sigmoid_spec()
     candidate = Candidate(path)
     program = CandidateGenerator([candidate], None).generate(spec, candidate.config)
-    from torch_kernelize.build import write_program
-    from torch_kernelize.launch import load_program
+    from torch_kernelize.building.programs import write_program
+    from torch_kernelize.serving.launch import load_program
     write_program(tmp_path / "built", spec, program, "interpreter")
     got = load_program(tmp_path / "built", spec, "interpreter")(*captured)
     torch.testing.assert_close(got, torch.sigmoid(captured[0]))  # it does pass on what was captured

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import torch_kernelize.launch as launch_mod
+import torch_kernelize.serving.launch as launch_mod
 from kernel_testing import spec_of
-from torch_kernelize.build import add_unaligned_binaries, write_program
-from torch_kernelize.cuda_binaries import has_unaligned, sass as _sass
-from torch_kernelize.launch import MisalignedInput, ProgramRunner
+from torch_kernelize.building.programs import add_unaligned_binaries, write_program
+from torch_kernelize.building.triton_compile import sass as _sass
+from torch_kernelize.core.program import has_unaligned
+from torch_kernelize.serving.launch import MisalignedInput, ProgramRunner
 from torch_kernelize.lowering.kernels.elementwise import FAMILY
 
 SM90 = ("cuda", 90, 32)
@@ -113,7 +114,7 @@ def test_without_an_unaligned_binary_the_call_goes_to_the_vendor_op(no_stream, c
         raise FileNotFoundError("launch0.unaligned.cubin")
 
     runner, _ = _runner(broken)
-    with caplog.at_level(logging.WARNING, logger="torch_kernelize.launch"), pytest.raises(MisalignedInput):
+    with caplog.at_level(logging.WARNING, logger="torch_kernelize.serving.launch"), pytest.raises(MisalignedInput):
         runner.launch([x[1:], x[:-1]], outs, temps)
     assert "did not load" in caplog.text
     with pytest.raises(MisalignedInput):  # not retried on every call
@@ -139,7 +140,7 @@ def test_fill_stores_a_winner_once_its_unaligned_binaries_are_built(tmp_path, ca
     import concurrent.futures
 
     from torch_kernelize.fill_cache.cli import FillRun
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.targets import get_target
 
     class Cache:
         def __init__(self):
@@ -206,8 +207,9 @@ def test_launchers_need_no_import_of_the_source(tmp_path):
     from triton.compiler import CompiledKernel
     from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
 
-    from torch_kernelize.cuda_binaries import KernelSignature, StoredBinary, _launch_files, _source
-    from torch_kernelize.launch import import_source
+    from torch_kernelize.core.program import launch_files
+    from torch_kernelize.serving.triton_binaries import KernelSignature, StoredBinary, ast_source
+    from torch_kernelize.serving.launch import import_source
     from torch_kernelize.lowering.kernels.histc import FAMILY as HISTC
 
     spec = spec_of(aten.histc.default, (torch.randn(4096), 64, -2.0, 2.0))  # constexprs, several launches
@@ -215,12 +217,12 @@ def test_launchers_need_no_import_of_the_source(tmp_path):
     write_program(tmp_path, spec, program, "cuda", SM90)
     module = import_source(tmp_path / "kernel.py", "tk_test_signature")
     for i, launch in enumerate(program.launches):
-        cubin, meta = _launch_files(i)
+        cubin, meta = launch_files(i)
         files = {cubin: str(tmp_path / cubin), meta: str(tmp_path / meta)}
         seen = []
         for fn, stored in ((getattr(module, launch.kernel), False), (KernelSignature.of(launch, program), False),
                            (KernelSignature.of(launch, program), True)):
-            src = _source(fn, launch, program, spec)
+            src = ast_source(fn, launch, program, spec)
             if stored:
                 compiled = StoredBinary(src, tmp_path / cubin, tmp_path / meta, "h")
                 full = compiled.compiled()  # what Triton's launcher is built from, where torch's refuses
@@ -237,7 +239,7 @@ def test_launchers_need_no_import_of_the_source(tmp_path):
 def test_triton_kernel_arg_names_come_from_the_signature_alone_or_the_whole_parse():
     """A warm process reads each kernel's parameter names; only the ``def`` is parsed when its
     brackets can be matched, else the whole source (a comment or string inside the signature)."""
-    from torch_kernelize.lowering.kernels.program import KernelProgram, Launch, _arg_names, _signature_source
+    from torch_kernelize.core.program import KernelProgram, Launch, _arg_names, _signature_source
     src = ("import triton\n\n@triton.jit\ndef k_2(a):\n    pass\n\n@triton.jit\n"
            "def k(x_ptr, y_ptr: 'tl.pointer', n,\n      SHAPE: tl.constexpr = (1, 2), BLOCK: tl.constexpr = 128):\n"
            "    pass\n\n@triton.jit\ndef c(a,  # the input\n      b):\n    pass\n")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.cudagraphs import is_static_input, mutated_inputs
+from torch_kernelize.serving.cudagraphs import is_static_input, mutated_inputs
 
 aten = torch.ops.aten
 

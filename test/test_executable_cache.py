@@ -16,13 +16,14 @@ import pytest
 import torch
 
 from conftest import REPO, last_json, run_python, write_target
-from torch_kernelize import executable_cache, flush_repros, graph_cache
+from torch_kernelize.warm_start import executable_cache, graph_cache
+from torch_kernelize import flush_repros
 from torch_kernelize.examples import make_inplace, make_transformer
 from torch_kernelize.kernel_cache import KernelCache
 from torch_kernelize.kernel_cache.integrity import seal
-from torch_kernelize.lower import LoweredGraph
-from torch_kernelize.runtime import TritonCall
-from torch_kernelize.view_folding import FoldedView
+from torch_kernelize.compiling.lower import LoweredGraph
+from torch_kernelize.serving.runtime import TritonCall
+from torch_kernelize.serving.view_folding import FoldedView
 
 MODELS = REPO / "test" / "fill_models.py"
 sys.path.insert(0, str(REPO / "test"))
@@ -193,7 +194,7 @@ def test_a_miss_whose_repro_is_wanted_again_takes_the_normal_path(cache, tmp_pat
     assert runs == [{"miss": 1, "bypass": 1}, {"miss": 1, "save": 1}, {"hit": 1}]
     assert flush_repros(120), "the first call's repros are still being written"
     shutil.rmtree(repros)
-    from torch_kernelize.repro import recorder
+    from torch_kernelize.serving import repro_recorder as recorder
     recorder.budget = recorder.MissBudget()  # a new process: a miss is recorded once per process
     _, _, e4, _ = _compile(monkeypatch, model, inputs, cache, repro_dir=str(repros))
     assert e4 == {"stale": 1, "bypass": 1}
@@ -262,7 +263,7 @@ import json, logging, sys, torch
 logging.basicConfig(level=logging.INFO)
 sys.path.insert(0, {test!r})
 import fill_models
-from torch_kernelize import executable_cache
+from torch_kernelize.warm_start import executable_cache
 model, inputs = fill_models.make_experts()
 compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter", "repro_dir": "off",
                                                               "cache_dir": {cache!r}}})
@@ -285,8 +286,8 @@ def test_fresh_process_runs_the_executable_an_earlier_process_stored(cache):
 def test_a_kernel_that_does_not_load_is_never_stored_nor_restored(cache, monkeypatch):
     """A kernel that fails to load runs on the vendor op in this process; a later process tries
     again: so such an executable is not stored, and a stored one whose kernel fails is stale."""
-    import torch_kernelize.launch as launch
-    from torch_kernelize.lower import Session
+    import torch_kernelize.serving.launch as launch
+    from torch_kernelize.compiling.lower import Session
 
     model, inputs = fill_models.make_small()
     real = launch.load_program

@@ -118,7 +118,7 @@ def test_two_concurrent_runs_leave_a_valid_cache(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.targets import get_target
     kc = KernelCache.for_target(cache, get_target("interpreter"))
     assert kc.check_integrity() == []
     assert len(kc.keys()) >= 2  # the fused region (sigmoid, mul, softmax) and histc, + nodes searched before it

@@ -14,9 +14,9 @@ from kernel_testing import spec_of
 from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.lowering.kernels.base import sample_generator, sample_tensor
 from torch_kernelize.lowering.kernels.elementwise import FAMILY
-from torch_kernelize.lowering.targets import get_target
-from torch_kernelize.spec import TensorMeta
-from torch_kernelize.validate import DEFAULT_SEEDS, Trials, compare, validate
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.core.spec import TensorMeta
+from torch_kernelize.core.validate import DEFAULT_SEEDS, Trials, compare, validate
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 aten = torch.ops.aten
@@ -150,7 +150,7 @@ def test_the_reference_is_let_go_before_the_vendor_output_is_made():
 
 @pytest.mark.parametrize("case", range(6))
 def test_the_one_pass_comparison_decides_as_the_element_by_element_one(monkeypatch, case):
-    import torch_kernelize.validate as v
+    import torch_kernelize.core.validate as v
 
     g = torch.Generator().manual_seed(case)
     ref = torch.randn(300, 70, generator=g, dtype=torch.float64) * 10 ** (case - 2)
@@ -188,7 +188,7 @@ def test_a_store_that_keeps_nothing_judges_as_one_that_keeps_everything(monkeypa
 def test_the_nearer_of_reference_and_vendor_is_chosen_block_by_block(monkeypatch):
     """An edge trial the vendor leaves float64 on: per element the candidate's nearer expectation,
     the same in blocks as whole, for a strided output too."""
-    import torch_kernelize.validate as v
+    import torch_kernelize.core.validate as v
 
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(40, 30, generator=g, dtype=torch.float64)
@@ -211,9 +211,9 @@ def test_nothing_of_a_trial_outlives_it_when_the_store_keeps_nothing():
     """As on a device (inputs drawn again, references computed again): with the cycle collector
     off, every tensor of a trial is gone when the next one starts; a fused region's too."""
     from torch.fx.experimental.proxy_tensor import make_fx
-    from torch_kernelize.lowering import targets as tg
+    from torch_kernelize.core import targets as tg
     from torch_kernelize.lowering.kernels.fused import FAMILY as FUSED
-    from torch_kernelize.lowering.regions import find_regions, region_spec
+    from torch_kernelize.compiling.regions import find_regions, region_spec
 
     def chain(c, x):
         y = torch.relu(c) * 0.5 + x

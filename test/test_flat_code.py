@@ -9,11 +9,11 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kernel_testing import spec_of
-from torch_kernelize.flat_code import flat_function
-from torch_kernelize.launch import MisalignedInput
-from torch_kernelize.op_bindings import binding_by_name, binding_name, fast_binding
-from torch_kernelize.runtime import KernelState, TritonCall, guard_vendor_layouts
-from torch_kernelize.view_folding import fold_views
+from torch_kernelize.serving.flat_code import flat_function
+from torch_kernelize.serving.launch import MisalignedInput
+from torch_kernelize.serving.op_bindings import binding_by_name, binding_name, fast_binding
+from torch_kernelize.serving.runtime import KernelState, TritonCall, guard_vendor_layouts
+from torch_kernelize.serving.view_folding import fold_views
 
 aten = torch.ops.aten
 

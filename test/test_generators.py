@@ -23,7 +23,7 @@ from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.kernel_cache import KernelCache
 from torch_kernelize.lowering.kernels import Config, KernelFamily, family_for
 from torch_kernelize.lowering.kernels.elementwise import FAMILY as ELEMENTWISE
-from torch_kernelize.lowering.targets import get_target
+from torch_kernelize.core.targets import get_target
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 aten = torch.ops.aten
@@ -155,7 +155,7 @@ def test_inductor_output_with_an_extern_call_gives_no_candidate_and_says_why(mon
     with pytest.raises(ValueError, match="no Inductor candidate \\(default\\).*no Triton kernel.*extern"):
         InductorGenerator().generate(spec, Config.of(mode="default"))
     # a graph of an extern GEMM and a Triton epilogue: the GEMM cannot be in a program
-    from torch_kernelize.spec import KernelSpec
+    from torch_kernelize.core.spec import KernelSpec
     monkeypatch.setattr(KernelSpec, "run_vendor", lambda self, ts: (torch.relu(ts[0] @ ts[1]),))
     with pytest.raises(ValueError, match="not only Triton launches.*aten.mm.out on the host"):
         InductorGenerator().generate(spec, Config.of(mode="default"))

@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 
 from conftest import last_json, run_python, write_target
-from torch_kernelize import graph_cache
+from torch_kernelize.warm_start import graph_cache
 from torch_kernelize.examples import make_conv1d, make_inplace, make_mlp, make_transformer
-from torch_kernelize.options import Options
+from torch_kernelize.core.options import Options
 
 
 def _entries(cache_dir: Path) -> list[Path]:
@@ -182,9 +182,9 @@ def test_bad_entry_is_ignored_with_one_warning_and_rewritten(corrupt, tmp_path, 
     [entry] = [p for p in _entries(tmp_path) if p != other_entry]
     corrupt(entry, other_entry)
     graph_cache._warned.clear()
-    with caplog.at_level(logging.WARNING, logger="torch_kernelize.graph_cache"):
+    with caplog.at_level(logging.WARNING, logger="torch_kernelize.warm_start.graph_cache"):
         out, stats = _run(model, inputs, tmp_path)
-    warnings = [r for r in caplog.records if r.name == "torch_kernelize.graph_cache"]
+    warnings = [r for r in caplog.records if r.name == "torch_kernelize.warm_start.graph_cache"]
     assert len(warnings) == 1 and "is ignored" in warnings[0].getMessage(), warnings
     assert stats == {"corrupt": 1, "save": 1}
     torch.testing.assert_close(out, cold, rtol=0, atol=0)
@@ -302,7 +302,7 @@ def test_graph_cache_option(tmp_path, monkeypatch):
 WARM_SNIPPET = """
 import json, logging, torch
 logging.basicConfig(level=logging.INFO)
-from torch_kernelize import graph_cache
+from torch_kernelize.warm_start import graph_cache
 from torch_kernelize.examples import ZOO
 model, inputs = ZOO[{name!r}]()
 compiled = torch.compile(model, backend="kernelize", options={{"target": "cpu", "repro_dir": "off"}})

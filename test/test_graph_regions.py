@@ -1,4 +1,4 @@
-"""Graph regions (lowering/graph_regions.py): a compiler's fusion groups between boundary ops.
+"""Graph regions (compiling/graph_regions.py): a compiler's fusion groups between boundary ops.
 
 Formation on representative graphs (a decoder block, LayerNorm + GELU, softmax chains, several
 reductions, training graphs), their specs and float64 references, and the serving ladder on the
@@ -20,11 +20,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import graph_family
 from conftest import REPO
 from torch_kernelize import examples, flush_repros
-from torch_kernelize.lowering import kernels, targets
-from torch_kernelize.lowering.graph_regions import MAX_GRAPH_NODES, find_graph_regions
+from torch_kernelize.lowering import kernels
+from torch_kernelize.core import targets
+from torch_kernelize.compiling.graph_regions import MAX_GRAPH_NODES, find_graph_regions
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.lowering.targets import op_name
-from torch_kernelize.lowering.regions import describe_region, find_regions, region_spec
+from torch_kernelize.core.targets import op_name
+from torch_kernelize.compiling.regions import find_regions, region_spec
+from torch_kernelize.core.region_graph import describe_region
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 aten = torch.ops.aten
@@ -168,7 +170,7 @@ def test_the_reference_returns_the_traced_output_strides():
     """Where ATen lays an output out otherwise than the trace did (a kernel on another device
     may), the region's vendor run and reference still hand on the traced layout."""
     import dataclasses
-    from torch_kernelize.spec import TensorMeta
+    from torch_kernelize.core.spec import TensorMeta
     gm = trace(lambda x: (x * 2.0).sin() + 1.0, torch.randn(4, 8))
     spec = region_spec(find_regions(gm, targets.get_target("interpreter"))[0], {})
     out = spec.outputs[0]
@@ -333,8 +335,8 @@ def compiled_graphs(model, inputs, tmp_path, train: bool, **options):
     """Compile ``model`` with the backend (interpreter target) and run it once (with a backward
     pass when ``train``): its output, its gradients and the LoweredGraphs it made."""
     from torch_kernelize.backend import compile_with_session
-    from torch_kernelize.lower import Session
-    from torch_kernelize.options import Options
+    from torch_kernelize.compiling.lower import Session
+    from torch_kernelize.core.options import Options
 
     session = Session(Options(target=None, cache_dir=tmp_path / "cache", **options),
                       targets.get_target("interpreter"))
@@ -484,8 +486,8 @@ def test_a_graph_region_without_a_correct_candidate_splits_then_vendor_wins_spli
 
     # "vendor wins" for the graph region: no miss any more, and the same split
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.lowering.regions import region_graph
-    from torch_kernelize.spec import KernelSpec
+    from torch_kernelize.core.region_graph import region_graph
+    from torch_kernelize.core.spec import KernelSpec
     store = KernelCache.for_target(tmp_path / "cache", targets.get_target("interpreter"))
     spec = KernelSpec.from_json(json.loads((Path(graph_row["repro"]) / "spec.json").read_text())["spec"])
     assert region_graph(spec)["kind"] == "graph"
@@ -570,7 +572,7 @@ def test_a_graph_region_no_family_generates_is_a_miss_where_inductor_fills_it():
     """On a target whose Triton is CUDA, fill_cache asks Inductor by default, which generates any
     graph region: such a region's miss is recorded (named for Inductor) instead of dropped. On the
     interpreter Inductor is not asked by default, and only the smaller kinds have generators."""
-    from torch_kernelize.planner import offline_generator
+    from torch_kernelize.compiling.planner import offline_generator
 
     assert offline_generator("graph", targets.get_target("cuda")) == "inductor"
     assert offline_generator("graph", targets.get_target("interpreter")) is None

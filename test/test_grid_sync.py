@@ -11,13 +11,13 @@ import random
 import pytest
 import torch
 
-import torch_kernelize.launch as launch_mod
+import torch_kernelize.serving.launch as launch_mod
 from kernel_testing import load, spec_of
-from torch_kernelize.build import write_program
-from torch_kernelize.cuda_binaries import sass
-from torch_kernelize.launch import ProgramRunner
+from torch_kernelize.building.programs import write_program
+from torch_kernelize.building.triton_compile import sass
+from torch_kernelize.serving.launch import ProgramRunner
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.program import PHASE, Buffer, KernelProgram, Launch
+from torch_kernelize.core.program import PHASE, Buffer, KernelProgram, Launch
 
 aten = torch.ops.aten
 P = 4

@@ -16,10 +16,10 @@ import filelock
 import pytest
 import torch
 
-from torch_kernelize.errors import CacheError
+from torch_kernelize.core.errors import CacheError
 from torch_kernelize.kernel_cache import CacheEntry, KernelCache, clear_memo, export_cache, import_cache
 from torch_kernelize.kernel_cache import store as store_mod
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec
 
 NS = "testns-cpu-0123456789ab"
 FP = {"triton_backend": "interpreter", "device": "test cpu", "torch": "2.x", "triton": "3.x"}
@@ -696,7 +696,7 @@ def test_import_refuses_other_fingerprint(filled, tmp_path):
 
 
 def test_for_target_namespace():
-    from torch_kernelize.lowering.targets import BUILTIN_TARGETS
+    from torch_kernelize.core.targets import BUILTIN_TARGETS
     target = BUILTIN_TARGETS["interpreter"]
     cache = KernelCache.for_target("/nonexistent/root", target)
     assert cache.namespace == target.fingerprint_id()

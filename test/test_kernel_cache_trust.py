@@ -19,11 +19,11 @@ import torch
 
 from conftest import REPO, run_python
 from test_kernel_cache_cli import cli  # noqa: F401 - the fixture: tools/cache.py as a module
-from torch_kernelize.errors import CacheError
+from torch_kernelize.core.errors import CacheError
 from torch_kernelize.kernel_cache import KernelCache, clear_memo, export_cache, import_cache, signing
 from torch_kernelize.kernel_cache.integrity import dumps, manifest_of, sha256_bytes
 from torch_kernelize.kernel_cache.source_check import source_problems
-from torch_kernelize.lowering.targets import get_target
+from torch_kernelize.core.targets import get_target
 
 MODELS = REPO / "test" / "fill_models.py"
 
@@ -282,7 +282,7 @@ def _family_cases():
 def test_source_check_admits_what_the_generators_write(name):
     """--revalidate must not refuse our own kernels: every family's seed programs pass."""
     from torch_kernelize.lowering.kernels import family_for
-    from torch_kernelize.spec import KernelSpec
+    from torch_kernelize.core.spec import KernelSpec
     op, args, kwargs = _family_cases()[name]
     spec = KernelSpec.from_call(op, args, kwargs, op(*args, **kwargs))
     family = family_for(spec)

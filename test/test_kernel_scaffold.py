@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernel_testing import spec_of
-from torch_kernelize.lowering import regions
+from torch_kernelize.core import region_graph
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.elementwise import ElementwiseFamily
 from torch_kernelize.lowering.kernels.topk import TopkFamily
@@ -76,10 +76,10 @@ def test_the_schema_binder():
 
 
 def test_region_refs_have_one_decoder():
-    assert regions.node_ref({"input": 2}) == ("input", 2)
-    assert regions.node_ref({"node": 0}) == ("node", 0)
-    assert regions.node_ref({"tensor": 1}) is None and regions.node_ref(3) is None and regions.node_ref([{"node": 1}]) is None
-    assert regions.node_arg([{"tensor": 1}, [{"tensor": 0}, 2], {"float": "inf"}]) == \
+    assert region_graph.node_ref({"input": 2}) == ("input", 2)
+    assert region_graph.node_ref({"node": 0}) == ("node", 0)
+    assert region_graph.node_ref({"tensor": 1}) is None and region_graph.node_ref(3) is None and region_graph.node_ref([{"node": 1}]) is None
+    assert region_graph.node_arg([{"tensor": 1}, [{"tensor": 0}, 2], {"float": "inf"}]) == \
         [{"input": 1}, [{"input": 0}, 2], {"float": "inf"}]
 
 

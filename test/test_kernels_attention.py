@@ -14,7 +14,7 @@ from kernel_testing import assert_valid, compile_sm90, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.attention import FAMILY
 from torch_kernelize.lowering.kernels.base import Config
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -243,7 +243,7 @@ def test_offsets_past_int32_use_int64_indices(tmp_path):
 def test_attention_without_dropout_is_not_random():
     """The ops are tagged seeded (for dropout); with dropout_p == 0 they draw nothing, so the
     planner may serve them from the cache."""
-    from torch_kernelize.lowering.op_classes import is_random
+    from torch_kernelize.compiling.op_classes import is_random
     assert not is_random(FWD, ("q", "k", "v")) and not is_random(FWD, ("q", "k", "v", 0.0, True))
     assert not is_random(SDPA, ("q", "k", "v"), {"dropout_p": 0.0})
     assert is_random(FWD, ("q", "k", "v", 0.1)) and is_random(SDPA, ("q", "k", "v"), {"dropout_p": 0.5})

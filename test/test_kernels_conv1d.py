@@ -19,7 +19,7 @@ from kernel_testing import BenchRows, assert_valid, compare_eager, compile_sm90,
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.conv1d import FAMILY
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/NaN edge trials
 

@@ -19,14 +19,14 @@ import torch
 
 from kernel_testing import spec_of
 from test_kernels_conv1d import bench_spec
-from torch_kernelize import cuda_cxx
-from torch_kernelize.build import write_program
-from torch_kernelize.launch import load_program, read_program
+from torch_kernelize.building import nvcc
+from torch_kernelize.building.programs import write_program
+from torch_kernelize.serving.launch import load_program, read_program
 from torch_kernelize.lowering.kernels import conv1d_bulk
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.conv1d import FAMILY
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.validate import validate
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.validate import validate
 
 aten = torch.ops.aten
 F16, BF16 = torch.float16, torch.bfloat16
@@ -111,9 +111,9 @@ def test_invalid_configs_are_refused():
 
 def test_family_offers_cuda_configs_only_where_they_build_and_run(monkeypatch):
     spec = _gpu_spec(bench_spec())
-    monkeypatch.setattr(cuda_cxx, "available", lambda: False)
+    monkeypatch.setattr(nvcc, "available", lambda: False)
     assert not [c for c in FAMILY.seed_configs(spec) if c.get("IMPL")]
-    monkeypatch.setattr(cuda_cxx, "available", lambda: True)
+    monkeypatch.setattr(nvcc, "available", lambda: True)
     seeds = FAMILY.seed_configs(spec)
     assert seeds[0].get("IMPL") == "cuda" and [c for c in seeds if not c.get("IMPL")]  # Triton ones follow
     assert all(n.get("IMPL") == "cuda" for n in FAMILY.neighbours(spec, seeds[0]))
@@ -155,22 +155,22 @@ def test_program_language_is_checked():
 
 def test_nvcc_command_names_the_arch_and_the_constants(tmp_path):
     launch = Launch("k", (1,), (), {"A": 3, "B": True}, num_warps=4)
-    cmd = cuda_cxx.nvcc_command(tmp_path / "k.cu", tmp_path / "k.cubin", launch, 90)
+    cmd = nvcc.nvcc_command(tmp_path / "k.cu", tmp_path / "k.cubin", launch, 90)
     assert "-gencode=arch=compute_90,code=sm_90" in cmd and "-DA=3" in cmd and "-DB=1" in cmd
     with pytest.raises(ValueError, match="int or bool"):
-        cuda_cxx.nvcc_command(tmp_path / "k.cu", tmp_path / "k.cubin", dataclasses.replace(launch, constexprs={"A": 1.5}), 90)
+        nvcc.nvcc_command(tmp_path / "k.cu", tmp_path / "k.cubin", dataclasses.replace(launch, constexprs={"A": 1.5}), 90)
 
 
 def test_missing_nvcc_is_a_clear_build_error(tmp_path, monkeypatch):
-    monkeypatch.setenv(cuda_cxx.NVCC_ENV, str(tmp_path / "no-nvcc"))
-    assert cuda_cxx.nvcc() is None
+    monkeypatch.setenv(nvcc.NVCC_ENV, str(tmp_path / "no-nvcc"))
+    assert nvcc.nvcc() is None
     spec = bench_spec()
     program = FAMILY.generate(spec, conv1d_bulk.seeds(plan_of(spec))[0])
     with pytest.raises(RuntimeError, match="needs nvcc"):
         write_program(tmp_path / "p", spec, program, "cuda", ("cuda", 90, 32))
 
 
-NVCC = cuda_cxx.nvcc()
+NVCC = nvcc.nvcc()
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
@@ -202,7 +202,7 @@ def test_benchmark_shape_builds_for_sm90_without_spills(tmp_path):
     assert "0 bytes spill stores" in json.loads((tmp_path / "launch0.json").read_text())["ptxas"]
 
 
-GPU = torch.cuda.is_available() and cuda_cxx.available()
+GPU = torch.cuda.is_available() and nvcc.available()
 
 
 
@@ -219,7 +219,7 @@ def test_gpu_seeds_validate_through_the_stored_cubins(name, tmp_path):
 
 @pytest.mark.skipif(not GPU, reason="needs an sm_90 GPU and nvcc")
 def test_gpu_unaligned_input_goes_to_the_vendor_op(tmp_path):
-    from torch_kernelize.launch import MisalignedInput
+    from torch_kernelize.serving.launch import MisalignedInput
     spec = _gpu_spec(conv())
     write_program(tmp_path, spec, FAMILY.generate(spec, conv1d_bulk.seeds(plan_of(spec))[0]), "cuda")
     runner = load_program(tmp_path, spec, "cuda")
@@ -243,7 +243,7 @@ def test_gpu_fill_then_serve_runs_the_cuda_kernel(tmp_path):
     sources = list(cache.glob("**/kernel.cu"))
     assert len(sources) == 1 and (sources[0].parent / "launch0.cubin").exists()
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.targets import get_target
     kc = KernelCache.for_target(cache, get_target("cuda"))
     (key,) = kc.keys()
     status, entry, why = kc.lookup(key)

@@ -11,7 +11,7 @@ from kernel_testing import assert_valid, compare_eager, compile_sm90, run_valida
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.elementwise import FAMILY, OPS
-from torch_kernelize.lowering.kernels.program import KernelProgram
+from torch_kernelize.core.program import KernelProgram
 
 # the interpreter runs numpy, which warns on inf/NaN arithmetic the edge-value trials do on purpose
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -316,7 +316,7 @@ def test_registry_and_op_table():
 
 def test_int64_indexing_and_sm90(tmp_path):
     """Specs past 2^31 elements index in int64; generated programs compile for sm_90 (H100/H200)."""
-    from torch_kernelize.spec import KernelSpec, TensorMeta
+    from torch_kernelize.core.spec import KernelSpec, TensorMeta
     big = TensorMeta((2**16, 2**15 + 1), (2**15 + 1, 1), "float16")
     spec = KernelSpec("aten.sigmoid.default", [{"tensor": 0}], {}, (big,), (big,))
     assert FAMILY.supports(spec) is None

@@ -13,12 +13,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kernel_testing import assert_valid, compare_eager, compile_sm90, run_validation
-from torch_kernelize.lowering import targets
+from torch_kernelize.core import targets
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.fused import FAMILY, MAX_PASSES, analyse
-from torch_kernelize.lowering.regions import find_regions, region_spec
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.compiling.regions import find_regions, region_spec
+from torch_kernelize.core.spec import KernelSpec
 
 # the interpreter runs numpy, which warns on inf/NaN arithmetic the edge-value trials do on purpose
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -278,7 +278,7 @@ def _sm90_ptx(spec: KernelSpec, program) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from torch_kernelize.launch import import_source
+    from torch_kernelize.serving.launch import import_source
 
     import tempfile
     from pathlib import Path
@@ -363,7 +363,7 @@ def test_rope_over_gqa_k_view(tmp_path):
         moved = FAMILY.sample_inputs(spec, 0, kind, "meta")
         assert [x.stride() for x in moved] == [m.stride for m in spec.inputs], kind
     # captured inputs (repros) go through the same move: v's storage offset is kept too
-    from torch_kernelize.lowering.kernels.base import to_device
+    from torch_kernelize.core.devices import to_device
     v = torch.randn(b, s, 2, kvh, hd).permute(2, 0, 3, 1, 4)[1]
     on_meta = to_device(v, "meta")
     assert (on_meta.stride(), on_meta.storage_offset()) == (v.stride(), v.storage_offset())
@@ -440,7 +440,7 @@ def test_running_a_region_lets_each_intermediate_go_after_its_last_reader(monkey
     import gc
     import weakref
 
-    import torch_kernelize.lowering.regions as regions
+    import torch_kernelize.core.region_graph as regions
 
     spec = one_region(rmsnorm, torch.randn(8, 64, dtype=F16), torch.randn(64, dtype=F16))
     made, alive_at_last = [], []

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from kernel_testing import aten_counts, jit_runner
-from torch_kernelize.build import write_program
-from torch_kernelize.launch import load_program
+from torch_kernelize.building.programs import write_program
+from torch_kernelize.serving.launch import load_program
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.spec import KernelSpec
-from torch_kernelize.validate import validate
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.validate import validate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -10,7 +10,7 @@ import torch
 from kernel_testing import assert_mutant_fails, assert_valid, aten_counts, compare_eager, compile_sm90, load, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
-from torch_kernelize.lowering.kernels.program import Buffer
+from torch_kernelize.core.program import Buffer
 from torch_kernelize.lowering.kernels.histc import FAMILY, _dot_tile
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy casting NaN in masked lanes
@@ -298,8 +298,8 @@ def test_shared_variant_counts_in_shared_memory_on_sm90(copies, tmp_path):
     """The PTX helpers compile (the interpreter runs their twins): one warp-aggregated shared atomic
     per element, no tl.histogram (ballots), no local memory; the read-back stays inside the array
     (100 bins read 128: an out-of-bounds read of 32 copies was an illegal address on the H200)."""
-    from torch_kernelize.cuda_binaries import sass
-    from torch_kernelize.build import write_program
+    from torch_kernelize.building.triton_compile import sass
+    from torch_kernelize.building.programs import write_program
     from torch_kernelize.lowering.kernels.histc import _shared_words
     spec = spec_of(aten.histc.default, (torch.randn(1 << 16), 100))
     config = Config.of(BLOCK=2048, ITERS=4, num_warps=8, VARIANT="shared", COPIES=copies)
@@ -317,8 +317,8 @@ def test_reverse_order_and_stream_hint(stream, tmp_path):
     """REVERSE (a range from the data only): the histogram programs take the blocks last-first and
     still count every element once; STREAM="evict_first" puts the hint on the x loads (sm_90:
     LDG.E.EF) and nowhere else."""
-    from torch_kernelize.cuda_binaries import sass
-    from torch_kernelize.build import write_program
+    from torch_kernelize.building.triton_compile import sass
+    from torch_kernelize.building.programs import write_program
     x = torch.randn(40, 130) * 2
     spec = spec_of(aten.histc.default, (x, 16))
     config = Config.of(BLOCK=128, ITERS=4, num_warps=4, VARIANT="shared", COPIES=8, REVERSE=True,

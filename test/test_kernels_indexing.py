@@ -14,7 +14,7 @@ from kernel_testing import assert_valid, compare_eager, compile_sm90, load, run_
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.indexing import FAMILY
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN/inf edge values
 

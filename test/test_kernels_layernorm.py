@@ -13,7 +13,7 @@ from kernel_testing import assert_valid, compile_sm90, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.layernorm import FAMILY
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

@@ -17,9 +17,9 @@ from kernel_testing import BenchRows, assert_valid, compare_eager, compile_sm90,
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.matmul import FAMILY
-from torch_kernelize.lowering.regions import find_regions, region_spec
-from torch_kernelize.lowering.targets import get_target
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.compiling.regions import find_regions, region_spec
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/NaN edge trials
 

@@ -15,8 +15,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kernel_testing import assert_valid, compile_sm90
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.matmul import FAMILY
-from torch_kernelize.lowering.regions import closes_cycle, find_regions, group_matmuls, region_spec
-from torch_kernelize.lowering.targets import get_target
+from torch_kernelize.compiling.regions import closes_cycle, find_regions, group_matmuls, region_spec
+from torch_kernelize.core.targets import get_target
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/NaN edge trials
 
@@ -119,7 +119,7 @@ def test_group_seeds_count_every_members_tiles():
 def test_family_refuses_members_that_differ_beyond_m():
     """The family, not the formation heuristic, is the authority: members that are not one GEMM
     each, GEMMs of different N, or a single member are refused with the reason."""
-    from torch_kernelize.lowering.regions import Region
+    from torch_kernelize.compiling.regions import Region
     args = moe_args()
     _, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, args[4]), *args[:4])
     spec = region_spec(groups[0], {})
@@ -173,9 +173,9 @@ def test_gpu_grouped_kernels_validate(tmp_path):
     """On the GPU: every seed of each group (one member of a single row) validates, through
     Triton's JIT and through the project's ahead-of-time CUDA path."""
     from kernel_testing import jit_runner
-    from torch_kernelize.build import write_program
-    from torch_kernelize.launch import load_program
-    from torch_kernelize.validate import validate
+    from torch_kernelize.building.programs import write_program
+    from torch_kernelize.serving.launch import load_program
+    from torch_kernelize.core.validate import validate
     args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in moe_args(ends=(100, 300, 301, 812), d=256, f=128, dtype=F16)]
     _, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, args[4]), *args[:4])
     assert len(groups) == 3

@@ -11,7 +11,7 @@ from kernel_testing import assert_mutant_fails, assert_valid, compare_eager, com
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.sort import FAMILY
-from torch_kernelize.validate import compare_all
+from torch_kernelize.core.validate import compare_all
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN/inf edge values
 

@@ -110,7 +110,7 @@ def _tied_rows():
 
 
 def test_ties_accept_any_index_naming_an_equal_element():
-    from torch_kernelize.validate import compare_all
+    from torch_kernelize.core.validate import compare_all
     x, spec = _tied_rows()
     ref_v, ref_i = aten.topk.default(x.double(), 2)
     other = torch.tensor([[4, 2], [3, 4]])  # equal values, other columns than the reference's
@@ -127,7 +127,7 @@ def test_ties_accept_any_index_naming_an_equal_element():
 
 
 def test_validation_on_captured_ties_takes_the_rule():
-    from torch_kernelize.validate import validate
+    from torch_kernelize.core.validate import validate
     x, spec = _tied_rows()
 
     def run(inputs):  # a correct top-k that breaks ties towards the last column

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from test_cuda_binaries import _add_program, _Launcher
-from torch_kernelize import launch as launch_mod
-from torch_kernelize.launch import MisalignedInput, ProgramRunner
+from torch_kernelize.serving import launch as launch_mod
+from torch_kernelize.serving.launch import MisalignedInput, ProgramRunner
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import torch
 from kernel_testing import spec_of
 from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.lowering.kernels.elementwise import FAMILY
-from torch_kernelize.lowering.targets import get_target
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.core.spec import KernelSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

@@ -12,9 +12,9 @@ import torch
 
 from conftest import run_python
 from torch_kernelize import flush_repros
-from torch_kernelize.errors import OptionsError
-from torch_kernelize.options import Options
-from torch_kernelize.repro import dump
+from torch_kernelize.core.errors import OptionsError
+from torch_kernelize.core.options import Options
+from torch_kernelize.serving import repro_writer as dump
 
 
 def _model(x):
@@ -32,7 +32,7 @@ def _folders(tmp_path: Path) -> list[Path]:
 
 
 def _counts(tmp_path: Path) -> dict:
-    from torch_kernelize.report import ReportWriter
+    from torch_kernelize.compiling.report import ReportWriter
     ReportWriter.for_path(tmp_path / "report.json").write()
     return json.loads((tmp_path / "report.json").read_text())["repros"]
 
@@ -63,7 +63,7 @@ def test_a_miss_is_recorded_once_per_process_and_not_again_where_its_folder_exis
     stamps = {f: (f / "spec.json").stat().st_mtime_ns for f in folders}
 
     # a new process (the same folder on disk): nothing is written again
-    from torch_kernelize.repro import recorder
+    from torch_kernelize.serving import repro_recorder as recorder
     recorder.budget = recorder.MissBudget()
     torch._dynamo.reset()
     with torch.no_grad():
@@ -107,7 +107,7 @@ def test_reproducers_are_written_off_the_calling_thread(tmp_path, monkeypatch):
 def test_queued_reproducers_are_written_at_interpreter_exit(tmp_path):
     run_python(f"""
         import time, torch
-        from torch_kernelize.repro import dump
+        from torch_kernelize.serving import repro_writer as dump
         original = dump.write_repro
         def slow_write(*args, **kwargs):
             time.sleep(0.5)

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.lowering.decompositions import trace_decompositions, trace_rewrites
-from torch_kernelize.lowering.neutral_attention import (CPU_FLASH, CPU_FLASH_BACKWARD, REWRITES,
+from torch_kernelize.compiling.decompositions import trace_decompositions, trace_rewrites
+from torch_kernelize.compiling.neutral_attention import (CPU_FLASH, CPU_FLASH_BACKWARD, REWRITES,
                                                         neutral_attention_table)
-from torch_kernelize.lowering.targets import BUILTIN_TARGETS, Target
+from torch_kernelize.core.targets import BUILTIN_TARGETS, Target
 
 aten = torch.ops.aten
 GEMM_ONLY = Target("gemm-only", device="cuda", triton="cuda",
@@ -127,7 +127,7 @@ def test_a_model_on_fake_cuda_traces_to_the_family_s_op():
     """F.scaled_dot_product_attention on (fake) CUDA tensors through aot_autograd's table: the
     planner then sees an op the attention family generates."""
     from torch_kernelize.lowering.kernels import family_for
-    from torch_kernelize.planner import build_spec
+    from torch_kernelize.compiling.planner import build_spec
 
     def f(q):
         return FLASH(q, q, q, 0.0, True)[0] * 2
@@ -143,7 +143,7 @@ def test_a_model_on_fake_cuda_traces_to_the_family_s_op():
 def test_the_graph_cache_key_follows_the_rewrites():
     """A traced graph depends on the target's rewrites: a graph cached for a chip with vendor
     attention is not served to one without."""
-    from torch_kernelize import graph_cache
+    from torch_kernelize.warm_start import graph_cache
     x = torch.randn(4, 8)
     gm = torch.fx.symbolic_trace(lambda t: t * 2)
     for n in gm.graph.find_nodes(op="placeholder"):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import write_target
-from torch_kernelize.errors import OptionsError, TargetError
-from torch_kernelize.lowering.targets import BUILTIN_TARGETS, get_target, load_target_file
-from torch_kernelize.options import Options
+from torch_kernelize.core.errors import OptionsError, TargetError
+from torch_kernelize.core.targets import BUILTIN_TARGETS, get_target, load_target_file
+from torch_kernelize.core.options import Options
 
 
 def test_explicit_options_win_over_environment_over_defaults(tmp_path):

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.lower import lower
-from torch_kernelize.lowering.targets import Target
+from torch_kernelize.compiling.lower import lower
+from torch_kernelize.core.targets import Target
 
 aten = torch.ops.aten
 
@@ -92,7 +92,7 @@ def test_attention_stays_whole_and_decomposes_only_where_the_target_lacks_it():
     def f(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
 
-    from torch_kernelize.lowering.decompositions import trace_decompositions
+    from torch_kernelize.compiling.decompositions import trace_decompositions
     gm = make_fx(f, tracing_mode="fake", decomposition_table=trace_decompositions())(q, q, q)
     ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops  # not the math decomposition
@@ -109,7 +109,7 @@ def test_attention_stays_whole_and_decomposes_only_where_the_target_lacks_it():
 def test_index_add_stays_whole_and_decomposes_only_where_the_target_lacks_it():
     """Kept whole at trace time (its decomposition, index_put with accumulate, is a sort plus checks
     on CUDA); a chip without index_add still runs it, decomposed."""
-    from torch_kernelize.lowering.decompositions import trace_decompositions
+    from torch_kernelize.compiling.decompositions import trace_decompositions
 
     def f(x, i, s):
         return aten.index_add.default(x * 1, 0, i, s) + 1

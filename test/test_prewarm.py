@@ -11,9 +11,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torch_kernelize import backend, prewarm
+from torch_kernelize import backend
 
 
+
+from torch_kernelize.warm_start import prewarm
 @pytest.fixture(autouse=True)
 def _fresh_process_state(monkeypatch):
     """Each test is a new process to prewarm: not triggered yet, nothing noted, CPU allowed."""
@@ -87,7 +89,7 @@ def test_a_vendor_call_that_reads_a_fused_kernels_output_is_recorded():
     which reads the RoPE kernel's outputs, was not)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from torch_kernelize.runtime import _fuse
+    from torch_kernelize.serving.runtime import _fuse
 
     def f(x, w):
         h = torch.sin(x) * 2.0
@@ -205,7 +207,7 @@ def test_nothing_starts_when_the_environment_turns_it_off_or_the_device_is_not_r
     monkeypatch.chdir(prewarm.index_path().parent)  # another program (working directory): its own index
     assert prewarm.start() is None
     with pytest.raises(Exception, match="prewarm"):
-        from torch_kernelize.options import Options
+        from torch_kernelize.core.options import Options
         Options.resolve({"prewarm": "sometimes"})
 
 

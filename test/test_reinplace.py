@@ -1,11 +1,11 @@
-"""Reinplacing of functional accumulations (torch_kernelize/reinplace.py): a private, dead buffer is
+"""Reinplacing of functional accumulations (torch_kernelize/compiling/reinplace.py): a private, dead buffer is
 accumulated into in place; a graph input, or a buffer read elsewhere, keeps the functional copy."""
 from __future__ import annotations
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.reinplace import reinplace_accumulations
+from torch_kernelize.compiling.reinplace import reinplace_accumulations
 
 aten = torch.ops.aten
 
@@ -53,7 +53,7 @@ def test_graph_input_and_shared_buffers_keep_the_copy():
 
 def test_compiled_expert_loop_is_reinplaced_and_correct():
     """The MoE benchmark's pattern (out.index_add_ per expert) through the backend on the CPU."""
-    import torch_kernelize.lower as lower
+    import torch_kernelize.compiling.lower as lower
 
     seen = []
     original = lower.reinplace_accumulations
@@ -89,7 +89,7 @@ def test_cached_index_add_kernels_take_over_a_private_buffer(tmp_path):
     fresh zeros, the next on the first one's output; a buffer read elsewhere keeps its copy."""
     from kernel_testing import load, spec_of
     from torch_kernelize.lowering.kernels.indexing import FAMILY
-    from torch_kernelize.runtime import KernelState, TritonCall
+    from torch_kernelize.serving.runtime import KernelState, TritonCall
 
     def f(x, i, j):
         out = torch.zeros_like(x)

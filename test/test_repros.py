@@ -13,7 +13,7 @@ import torch
 from conftest import REPO, last_json, run_python, write_target
 sys.path.insert(0, str(REPO / "test"))
 from torch_kernelize import flush_repros
-from torch_kernelize.errors import MissingOpsError
+from torch_kernelize.core.errors import MissingOpsError
 
 pytestmark = pytest.mark.slow
 MODELS = REPO / "test" / "fill_models.py"
@@ -92,7 +92,7 @@ def test_strict_mode_names_every_missing_op_and_its_repro_folder(tmp_path):
 def _plant(cache_root: Path, op: str, edit) -> str:
     """Replace the stored program of the entry for ``op`` by an edited one, with valid hashes."""
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.targets import get_target
     import shutil
     kc = KernelCache.for_target(cache_root, get_target("interpreter"))
     entry = next(e for e in kc.entries() if e.spec.op == op)
@@ -157,7 +157,7 @@ def test_a_kernel_that_raises_at_run_time_is_disabled_and_the_answer_stays_right
 def test_a_graph_that_fails_to_lower_is_minified_and_the_error_names_the_repro(tmp_path):
     proc = run_python(f"""
         import json, torch
-        import torch_kernelize.planner as planner
+        import torch_kernelize.compiling.planner as planner
         real = planner.build_spec
         def buggy(node, bindings):
             if node.target is torch.ops.aten.sigmoid.default:

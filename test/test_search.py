@@ -78,7 +78,7 @@ def test_near_ties_are_timed_again_before_the_decision(search, paired, status, t
     from torch_kernelize.fill_cache.cli import FillRun
     from torch_kernelize.fill_cache.collect import Work
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.targets import get_target
 
     target = get_target("interpreter")
     confirmed = []

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torch_kernelize.examples import make_mlp
-from torch_kernelize.lower import LoweredGraph
+from torch_kernelize.compiling.lower import LoweredGraph
 
 
 def test_a_seen_shape_is_one_lookup_on_the_varying_sizes(monkeypatch):

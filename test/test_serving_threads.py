@@ -16,11 +16,11 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from conftest import REPO, write_target
-from torch_kernelize.errors import MissingOpsError
+from torch_kernelize.core.errors import MissingOpsError
 from torch_kernelize.examples import make_mlp
-from torch_kernelize.launch import ProgramRunner
-from torch_kernelize.lower import LoweredGraph, Session, lower
-from torch_kernelize.planner import GraphPlan
+from torch_kernelize.serving.launch import ProgramRunner
+from torch_kernelize.compiling.lower import LoweredGraph, Session, lower
+from torch_kernelize.compiling.planner import GraphPlan
 
 sys.path.insert(0, str(REPO / "test"))
 import fill_models  # noqa: E402

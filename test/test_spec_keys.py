@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.lowering.regions import find_regions, region_spec
-from torch_kernelize.lowering.targets import get_target
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.compiling.regions import find_regions, region_spec
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.core.spec import KernelSpec
 
 aten = torch.ops.aten
 e = torch.empty

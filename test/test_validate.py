@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from torch_kernelize.spec import KernelSpec
-from torch_kernelize.validate import compare, validate
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.validate import compare, validate
 
 aten = torch.ops.aten
 
@@ -114,9 +114,9 @@ def test_a_region_is_judged_by_the_values_it_rounds():
     # mm in fp16 read back as fp32: the fp32 output carries the fp16 matmul's rounding.
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from lowering.regions import find_regions, region_spec
-    from lowering.targets import get_target
-    from torch_kernelize.validate import compare_all
+    from torch_kernelize.compiling.regions import find_regions, region_spec
+    from torch_kernelize.core.targets import get_target
+    from torch_kernelize.core.validate import compare_all
 
     a, b = torch.randn(64, 128, dtype=torch.half), torch.randn(128, 16, dtype=torch.half)
     gm = make_fx(lambda a, b: aten._to_copy.default(aten.mm.default(a, b), dtype=torch.float32))(a, b)
@@ -132,7 +132,7 @@ def test_a_region_is_judged_by_the_values_it_rounds():
 def test_a_kernel_close_to_float64_only_at_the_scale_of_its_largest_value_fails_the_elementwise_bar():
     # An output whose largest value is 1000: the float64 bar allows 1e-4 * 1000 on every element,
     # so small elements 2e-4 off pass it; torch.allclose(out, eager, atol=1e-4, rtol=1e-4) fails.
-    from torch_kernelize.validate import BY_ELEMENTWISE, BY_REFERENCE
+    from torch_kernelize.core.validate import BY_ELEMENTWISE, BY_REFERENCE
 
     x = torch.randn(256)
     spec = _spec(aten.mul.Tensor, x, x)
@@ -157,7 +157,7 @@ def test_a_kernel_close_to_float64_only_at_the_scale_of_its_largest_value_fails_
 
 
 def test_streamed_comparison_judges_as_the_whole_tensor_does(monkeypatch):
-    import torch_kernelize.validate as v
+    import torch_kernelize.core.validate as v
 
     ref = torch.randn(64, 33, dtype=torch.float64)
     ref[50, 3] = 900.0  # the scale (max |ref|) lies in a late block

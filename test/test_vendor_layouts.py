@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kernel_testing import load, spec_of
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.runtime import KernelState, TritonCall, guard_vendor_layouts
+from torch_kernelize.serving.runtime import KernelState, TritonCall, guard_vendor_layouts
 
 aten = torch.ops.aten
 
@@ -56,7 +56,7 @@ def test_a_vendor_output_in_another_layout_runs_on_the_vendor_op(tmp_path, caplo
     mm.target = lambda a, b: torch.mm(b.t(), a.t()).t()  # same values, column-major: strides (1, 4)
     guard_vendor_layouts(gm.graph)
     gm.recompile()
-    with caplog.at_level(logging.WARNING, logger="torch_kernelize.runtime"):
+    with caplog.at_level(logging.WARNING, logger="torch_kernelize.serving.runtime"):
         for _ in range(2):
             for got, w in zip(gm(*args), want):
                 torch.testing.assert_close(got, w)

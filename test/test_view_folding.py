@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.view_folding import FoldedView, fold_views
+from torch_kernelize.serving.view_folding import FoldedView, fold_views
 
 aten = torch.ops.aten
 

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from torch_kernelize.errors import CacheError, KernelizeError
+from torch_kernelize.core.errors import CacheError, KernelizeError
 from torch_kernelize.kernel_cache import KernelCache, export_cache, import_cache
 from torch_kernelize.kernel_cache import signing
 from torch_kernelize.kernel_cache.store import QUARANTINE_DIR
@@ -62,7 +62,7 @@ def _caches(args: argparse.Namespace, need_one: bool = False, need_entries: bool
     root = _root(args)
     found = _namespaces(root)
     if getattr(args, "target", None):
-        from torch_kernelize.lowering.targets import get_target
+        from torch_kernelize.core.targets import get_target
         caches = [KernelCache.for_target(root, get_target(args.target))]
     elif getattr(args, "namespace", None):
         caches = [KernelCache(root, args.namespace)]
@@ -200,18 +200,18 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"{cache.dir}: removed {n} leftover(s)")
     graphs = Path(args.cache_dir) / "graphs"  # the graph and executable caches' default place
     if graphs.is_dir():
-        from torch_kernelize.graph_cache import GraphCache
+        from torch_kernelize.warm_start.graph_cache import GraphCache
         n = GraphCache(graphs).gc(max_age_s=args.max_age_minutes * 60)
         print(f"{graphs}: removed {n} leftover(s)")
     if (Path(args.cache_dir) / "prewarm").is_dir():
-        from torch_kernelize import prewarm
+        from torch_kernelize.warm_start import prewarm
         n = prewarm.gc(Path(args.cache_dir), max_age_s=args.max_age_minutes * 60)
         print(f"{Path(args.cache_dir) / 'prewarm'}: removed {n} index(es) of gone executables or leftover(s)")
     return EXIT_OK
 
 
 def _runnable_target(name: str):
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.targets import get_target
     target = get_target(name)
     if target.device == "cuda":
         import torch

@@ -61,8 +61,8 @@ def _workloads() -> dict:
 def install_timers(t: dict[str, float]) -> None:
     """Wrap kernelize's phases with inclusive timers (seconds summed over calls)."""
     import torch_kernelize.backend as backend
-    import torch_kernelize.lower as lower
-    from torch_kernelize.lowering import decompositions
+    import torch_kernelize.compiling.lower as lower
+    from torch_kernelize.compiling import decompositions
 
     def timed(owner, name, label):
         fn = getattr(owner, name)
@@ -89,11 +89,11 @@ def install_timers(t: dict[str, float]) -> None:
     timed(lower, "bind_graph", "lowering: specialise: bind (view folding, FX codegen)")
     timed(lower.LoweredGraph, "__init__", "lowering: LoweredGraph total")
     try:
-        from torch_kernelize import graph_cache
+        from torch_kernelize.warm_start import graph_cache
         timed(graph_cache, "probe", "graph cache: key")
         timed(graph_cache.GraphCache, "load", "graph cache: load")
         timed(graph_cache.GraphCache, "save", "graph cache: save")
-        from torch_kernelize import executable_cache
+        from torch_kernelize.warm_start import executable_cache
         timed(executable_cache, "key_for", "executable cache: key")
         timed(executable_cache.ExecutableCache, "load", "executable cache: load (incl. runners, codegen)")
         timed(executable_cache.ExecutableCache, "_restore", "executable cache: load: restore")

@@ -17,5 +17,5 @@ def flush_repros(timeout: float | None = None) -> bool:
     """Wait until this process's miss reproducers are on disk: they are written in the
     background, and at interpreter exit. False if ``timeout`` seconds passed first."""
     import sys
-    recorder = sys.modules.get("torch_kernelize.repro.recorder")
+    recorder = sys.modules.get("torch_kernelize.serving.repro_recorder")
     return True if recorder is None else recorder.flush(timeout)  # (never imported: nothing recorded)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from torch_kernelize.errors import KernelizeError
+from torch_kernelize.core.errors import KernelizeError
 
 try:  # torch 2.10+ (2.13 re-exports it from aot_compile_types)
     from torch._dynamo.aot_compile import SerializableCallable

@@ -3,7 +3,7 @@
     torch.compile(model, backend="kernelize", options={"target": "interpreter"})
 
 Dynamo's FX graph goes through aot_autograd (functional ATen, torch's core decompositions except
-the fused ops vendors run whole, see lowering.decompositions.KEEP_WHOLE_AT_TRACE;
+the fused ops vendors run whole, see compiling/decompositions.KEEP_WHOLE_AT_TRACE;
 inference, forward and backward graphs), and each ATen graph is lowered by ``lower.LoweredGraph``.
 Inference graphs are kept in the graph cache (graph_cache.py): a later process loads the ATen
 graph instead of running aot_autograd again; and their bound executables in the executable cache
@@ -11,13 +11,17 @@ graph instead of running aot_autograd again; and their bound executables in the 
 """
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch.fx as fx
 
-from torch_kernelize import prewarm
-from torch_kernelize.errors import KernelizeError, LoweringError
-from torch_kernelize.options import Options
+from torch_kernelize.warm_start import prewarm
+from torch_kernelize.core.errors import KernelizeError, LoweringError
+from torch_kernelize.core.options import Options
+
+log = logging.getLogger("torch_kernelize.repro")
 
 prewarm.install()  # imported when torch.compile looks the backend up: before Dynamo's first trace
 
@@ -28,10 +32,12 @@ def _import_serving_path() -> None:
     imports Inductor: ~50 ms that would otherwise land inside the first call (H200 host)."""
     import torch
 
-    from torch_kernelize import executable_cache, graph_cache, lower  # noqa: F401
+    from torch_kernelize.warm_start import executable_cache, graph_cache  # noqa: F401
+
+    from torch_kernelize.compiling import lower  # noqa: F401
     if torch.backends.cuda.is_built():  # a build flag: no CUDA driver call, so fork-safe
-        from torch_kernelize import cuda_binaries
-        cuda_binaries.import_launcher()
+        from torch_kernelize.serving import triton_binaries
+        triton_binaries.import_launcher()
 
 
 _import_serving_path()
@@ -40,7 +46,7 @@ _import_serving_path()
 def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
               options: Mapping[str, Any] | None = None):
     """Backend entry: Dynamo calls it with its FX graph and example inputs."""
-    from torch_kernelize.lower import Session
+    from torch_kernelize.compiling.lower import Session
 
     return compile_with_session(gm, example_inputs, Session(Options.resolve(options, mode)), use_graph_cache=True)
 
@@ -48,14 +54,13 @@ def kernelize(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | 
 def _executable(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any], session: Any, kind: str,
                 on_lowered: Callable[[Any], None] | None) -> Callable[[list], Any]:
     """Lower one ATen graph and return its boxed executable (one list of arguments)."""
-    from torch_kernelize.lower import LoweredGraph
+    from torch_kernelize.compiling.lower import LoweredGraph
 
     try:
         lowered = LoweredGraph(aten_gm, aten_inputs, session, kind)
     except KernelizeError:
         raise
     except Exception as e:  # a bug in lowering: leave a minified repro, then say where
-        from torch_kernelize.repro.dump import dump_lowering_failure
         folder = dump_lowering_failure(aten_gm, aten_inputs, e, session.target_for(aten_inputs), session.options)
         raise LoweringError(f"kernelize could not lower a {kind} graph: {type(e).__name__}: {e}"
                             + (f"\nminified repro: {folder}" if folder else "")) from e
@@ -68,7 +73,7 @@ def _boxed(lowered: Any, aten_inputs: Sequence[Any], session: Any, kind: str) ->
     """A LoweredGraph as aot_autograd's boxed executable, under CUDA graphs if asked."""
     run = lowered
     if session.options.cudagraphs:
-        from torch_kernelize.cudagraphs import wrap_cudagraphs
+        from torch_kernelize.serving.cudagraphs import wrap_cudagraphs
         run = wrap_cudagraphs(lowered, aten_inputs, kind)
 
     def boxed(args: list) -> Any:
@@ -87,13 +92,13 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
     session.target_for(example_inputs)  # resolve (and validate) the target before tracing
     cache = probe = executables = exe_key = None
     if use_graph_cache and session.options.graph_cache_dir is not None:
-        from torch_kernelize import graph_cache
+        from torch_kernelize.warm_start import graph_cache
         cache = graph_cache.GraphCache(session.options.graph_cache_dir)
-        from torch_kernelize.lowering.decompositions import trace_rewrites
+        from torch_kernelize.compiling.decompositions import trace_rewrites
         probe = graph_cache.probe(gm, example_inputs, trace_rewrites(session.target_for(example_inputs)))
         if probe.key is not None:
             if session.options.executable_cache and on_lowered is None:
-                from torch_kernelize.executable_cache import ExecutableCache, key_for
+                from torch_kernelize.warm_start.executable_cache import ExecutableCache, key_for
                 executables, exe_key = ExecutableCache(cache.root), key_for(probe.key, session)
                 restored = executables.load(exe_key, session, example_inputs)
                 if restored is not None:
@@ -108,7 +113,7 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
 
     from torch._dynamo.backends.common import aot_autograd
 
-    from torch_kernelize.lowering.decompositions import trace_decompositions
+    from torch_kernelize.compiling.decompositions import trace_decompositions
 
     def compiler(kind: str):
         def compile_graph(aten_gm: fx.GraphModule, aten_inputs: Sequence[Any]):
@@ -128,3 +133,36 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)
+
+
+def dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
+                          target: Any, options: Any) -> Path | None:
+    """A graph kernelize could not lower: minify it (pinned to this error) and dump it."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if options.repro_dir is None:
+        return None
+    try:
+        with unset_fake_temporarily():  # we are inside aot_autograd's fake mode: real tensors here
+            return _dump_lowering_failure(gm, example_inputs, error, target, options)
+    except Exception:
+        log.exception("could not dump the graph that failed to lower")
+        return None
+
+
+def _dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
+                           target: Any, options: Any) -> Path:
+    import hashlib
+
+    from torch_kernelize.compiling.lower import lowering_error_predicate
+    from torch_kernelize.compiling.minify import minify, real_inputs_like
+    from torch_kernelize.serving.repro_writer import write_repro
+
+    inputs = real_inputs_like(example_inputs)
+    result = minify(gm, inputs, lowering_error_predicate(error, target, options))
+    small, small_inputs = result if result is not None else (gm, inputs)
+    digest = hashlib.sha256(small.code.encode()).hexdigest()[:10]
+    folder = Path(options.repro_dir) / f"lowering-{type(error).__name__}-{digest}"
+    write_repro(folder, None, small_inputs, target, "lowering", options.cache_dir,
+                {"cause": f"{type(error).__name__}: {error}", "minified": result is not None}, gm=small)
+    return folder

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from torch_kernelize.errors import KernelizeError
-from torch_kernelize.planner import TIERS
+from torch_kernelize.core.errors import KernelizeError
+from torch_kernelize.core.decision import TIERS
 
 log = logging.getLogger("torch_kernelize.bringup")
 
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from torch_kernelize.fill_cache import cli as fill_cli
     from torch_kernelize.fill_cache.collect import UsageError
-    from torch_kernelize.lowering.targets import get_target
-    from torch_kernelize.options import default_cache_dir
+    from torch_kernelize.core.targets import get_target
+    from torch_kernelize.core.options import default_cache_dir
 
     cache_dir = args.cache_dir or default_cache_dir()
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch, Buffer
+from torch_kernelize.core.program import KernelProgram, Launch, Buffer
 
 FAMILIES: list[KernelFamily] = []
 

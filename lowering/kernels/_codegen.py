@@ -17,8 +17,8 @@ import dataclasses
 import math
 from typing import Any, Iterable, Sequence
 
-from torch_kernelize.lowering.targets import resolve_op
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.targets import resolve_op
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 TL_TYPES = {
     "float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float64": "tl.float64",

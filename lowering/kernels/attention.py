@@ -43,8 +43,8 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, next_pow2,
                                                    sample_tensor, to_device)
-from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.program import Buffer, KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 FWD_CPU = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 BWD_CPU = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"

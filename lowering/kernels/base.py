@@ -16,8 +16,9 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from torch_kernelize.lowering.kernels._codegen import Unsupported, bind, tensor_index
-from torch_kernelize.lowering.kernels.program import KernelProgram
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.devices import to_device  # noqa: F401 (the families' import)
+from torch_kernelize.core.program import KernelProgram
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 # Multiprocessors of an H100 SXM/H200: what seeds of persistent grids start from (the search varies it)
 SMS = 132
@@ -151,7 +152,7 @@ class KernelFamily:
 
     def bucket_support(self, spec: KernelSpec, dims: Sequence[tuple[str, int, int, int]]) -> str | None:
         """None when ``generate_bucketed`` makes kernels that take the sizes of ``dims`` (see
-        torch_kernelize/buckets.py) at run time, so one serves a whole shape bucket; else why not.
+        torch_kernelize/core/buckets.py) at run time, so one serves a whole shape bucket; else why not.
         The one place a family declares it: fill_cache offers a bucket only to such a family."""
         return f"{self.name} kernels take no sizes at run time"
 
@@ -275,25 +276,6 @@ def sample_tensor(meta: TensorMeta, g: torch.Generator, kind: str = "random",
         flat = flat.to(dtype)
     return torch.as_strided(flat, meta.shape, meta.stride) if meta.numel else torch.empty_strided(
         meta.shape, meta.stride, dtype=dtype, device=device)
-
-
-def to_device(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
-    """``t`` on ``device`` with its strides and storage offset kept.
-
-    Kernels bake the spec's strides in, so their inputs must have exactly those strides.
-    ``Tensor.to`` keeps strides only for non-overlapping dense tensors: a view with gaps (k of a
-    packed kv projection: a select of a permute) or an expanded one arrives contiguous, and the
-    kernel reads wrong elements. So the storage span is moved and viewed again.
-    """
-    device = torch.device(device)
-    if t.device.type == device.type and device.index in (None, t.device.index):
-        return t
-    if not t.numel():
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
-    off = t.storage_offset()
-    span = off + 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-    flat = torch.as_strided(t.detach(), (span,), (1,), 0).to(device)
-    return torch.as_strided(flat, t.shape, t.stride(), off)
 
 
 def doubled_and_halved(config: Config, keys: Sequence[str]) -> list[Config]:

@@ -60,8 +60,8 @@ import math
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels import conv1d_bulk
 from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2, unique
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 MAX_ACC_REGS = 128         # fp32 accumulator registers per thread
 MAX_W_REGS = 96            # 32-bit registers per thread for weights held across tiles (TILES > 1)
@@ -285,8 +285,8 @@ class Conv1dFamily(KernelFamily):
         ms on B2048 C96 L200 k3), for a spec on a CUDA device where they can be built and run."""
         if spec.inputs[0].device != "cuda" or conv1d_bulk.reason(plan) is not None:
             return []
-        from torch_kernelize import cuda_cxx
-        return conv1d_bulk.seeds(plan) if cuda_cxx.available() else []
+        from torch_kernelize.building import nvcc
+        return conv1d_bulk.seeds(plan) if nvcc.available() else []
 
     def _steps(self, plan: _Plan, c: Config) -> list[Config]:
         if c.get("IMPL") is not None:

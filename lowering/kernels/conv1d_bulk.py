@@ -1,7 +1,7 @@
 """conv1d (stride 1, groups 1, fp16/bf16, contiguous NCL) as a CUDA C++ implicit GEMM: bulk
 copies and a transposed input slab in shared memory (conv1d_bulk.cu). The conv1d family
 (conv1d.py) offers these configurations (``IMPL="cuda"``) beside its Triton ones for specs on a
-CUDA device, where CUDA C++ can be built and run (cuda_cxx.available()); fill_cache keeps
+CUDA device, where CUDA C++ can be built and run (building/nvcc.py's available()); fill_cache keeps
 whichever validates and runs fastest.
 
 Why CUDA C++: a tap at shift s reads the input s positions over, which in NCL memory is an
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import SMS, Config, unique
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 if TYPE_CHECKING:
     from torch_kernelize.lowering.kernels.conv1d import _Plan

@@ -21,8 +21,8 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_generator, sample_tensor, to_device
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 # --- helper device functions (emitted into a module only when its kernel uses them) ------------
 
@@ -496,7 +496,7 @@ class ElementwiseFamily(KernelFamily):
         problem = self.bucket_support(spec, dims)
         if problem is not None:
             raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
-        from torch_kernelize.buckets import product
+        from torch_kernelize.core.buckets import product
         plan = self.planned(spec)
         out = spec.outputs[0]
         block = int(config["BLOCK"])

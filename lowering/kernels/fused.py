@@ -52,9 +52,9 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.lowering.regions import node_ref
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.region_graph import node_ref
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 REDUCE_OPS = {"aten.sum.dim_IntList": "sum", "aten.mean.dim": "mean",
               "aten.amax.default": "amax", "aten.amin.default": "amin"}

@@ -69,8 +69,8 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, sample_tensor, to_device
-from torch_kernelize.lowering.kernels.program import PHASE, Buffer, KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import PHASE, Buffer, KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 LOCAL_MAX_BINS = 1024     # tl.histogram keeps next_pow2(bins) counters per program (registers/smem)
 DOT_MAX_SIDE = 64         # "dot": a [HI, LO] count tile, HI, LO <= 64 (at most 4096 bins, 32 regs/thread at 4 warps)

@@ -40,8 +40,8 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device
-from torch_kernelize.lowering.kernels.program import Buffer, Donation, KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import Buffer, Donation, KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 OPS = {
     "aten.index.Tensor": "index",

@@ -20,8 +20,8 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels import fused
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, to_device
-from torch_kernelize.lowering.kernels.program import KernelProgram
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.program import KernelProgram
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 OP = "aten.native_layer_norm.default"
 

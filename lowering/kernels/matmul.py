@@ -47,9 +47,9 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.lowering.regions import node_arg, node_ref
-from torch_kernelize.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.region_graph import node_arg, node_ref
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 MM_OPS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm"}
 SMEM_BYTES = 232448          # sm_90: 227 KB of shared memory per block
@@ -655,7 +655,7 @@ class _Gen:
     def header(self) -> None:
         s, p, spec = self.src, self.p, self.spec
         if p.region:
-            from torch_kernelize.lowering.regions import describe_region
+            from torch_kernelize.core.region_graph import describe_region
             s(f"# {describe_region(spec)}")
             for n in json.loads(spec.graph)["nodes"]:
                 s(f"#   {n['op']} args={json.dumps(n['args'])} kwargs={json.dumps(n['kwargs'])} -> {n['meta']['dtype']}")

@@ -27,8 +27,8 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec, dtype_name
+from torch_kernelize.core.program import Buffer, KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec, dtype_name
 
 aten = torch.ops.aten
 

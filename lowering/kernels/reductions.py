@@ -25,8 +25,8 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device
-from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import Buffer, KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 REDUCE_OPS = {
     "aten.sum.dim_IntList": "sum", "aten.sum.default": "sum",

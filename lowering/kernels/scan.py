@@ -24,8 +24,8 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, sample_generator,
                                                    sample_tensor, to_device)
-from torch_kernelize.lowering.kernels.program import Buffer, KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import Buffer, KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 IN_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 OUT_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")

@@ -27,8 +27,8 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import (Config, PicksAlongDim, doubled_and_halved, sample_tensor,
                                                    to_device)
-from torch_kernelize.lowering.kernels.program import KernelProgram, Launch
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
 
 MAX_K = 64
 MAX_N = 16384

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
-from torch_kernelize.lowering.targets import Target
+from torch_kernelize.core.targets import Target
 
 
 def timing_available(target: Target) -> bool:

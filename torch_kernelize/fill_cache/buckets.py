@@ -23,16 +23,16 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.bucket_lookup import bucket_dims, bucket_runner
-from torch_kernelize.buckets import Boundaries, Bucket, Dim, Range, bucket_key, spec_at, unbucketable, values_of
+from torch_kernelize.compiling.bucket_lookup import bucket_dims, bucket_runner
+from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, bucket_key, spec_at, unbucketable, values_of
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, load_model
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.fill_cache.search import run_search
 from torch_kernelize.lowering.kernels import Config, KernelFamily, family_for
-from torch_kernelize.lowering.targets import Target
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.targets import Target
+from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
@@ -136,8 +136,8 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
                      boundaries: Boundaries) -> list[BucketWork]:
     """The buckets of every node of ``ref`` whose sizes vary with the ``dynamic`` dims."""
     from torch_kernelize.backend import compile_with_session
-    from torch_kernelize.lower import Session
-    from torch_kernelize.options import Options
+    from torch_kernelize.compiling.lower import Session
+    from torch_kernelize.core.options import Options
 
     model, inputs = load_model(ref)
     inputs = list(inputs)

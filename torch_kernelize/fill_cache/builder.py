@@ -25,9 +25,9 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily
-from torch_kernelize.lowering.kernels.program import KernelProgram
-from torch_kernelize.lowering.targets import Target
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.program import KernelProgram
+from torch_kernelize.core.targets import Target
+from torch_kernelize.core.spec import KernelSpec
 
 
 WORKER_DIED = ("the build worker died while building this candidate (killed by a signal: a segfault in "
@@ -79,7 +79,7 @@ def _build(spec_json: dict, family: tuple[str, str] | dict, config_json: dict, d
            gpu_target: tuple | None) -> str | None:
     """Worker: generate + write (+ compile) one candidate; the error text, or None. ``family`` is
     a family_ref, or a program generated in the parent (see _generator)."""
-    from torch_kernelize.build import write_program
+    from torch_kernelize.building.programs import write_program
 
     try:
         spec = KernelSpec.from_json(spec_json)
@@ -101,8 +101,8 @@ def _error_text(e: BaseException) -> str:
 def _build_unaligned(spec_json: dict, directory: str, gpu_target: tuple | None) -> str | None:
     """Worker: add the binaries for unaligned views to a built program; the error text, or None
     (then no such binary is left behind: the runner sends unaligned calls to the vendor op)."""
-    from torch_kernelize.build import add_unaligned_binaries
-    from torch_kernelize.cuda_binaries import remove_unaligned
+    from torch_kernelize.building.programs import add_unaligned_binaries
+    from torch_kernelize.core.program import remove_unaligned
 
     try:
         add_unaligned_binaries(Path(directory), KernelSpec.from_json(spec_json), gpu_target)

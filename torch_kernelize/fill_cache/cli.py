@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.errors import KernelizeError
-from torch_kernelize.cuda_binaries import remove_unaligned
+from torch_kernelize.core.errors import KernelizeError
+from torch_kernelize.core.program import remove_unaligned
 from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.buckets import fill_buckets, works_from_args
 from torch_kernelize.fill_cache.builder import Builder
@@ -37,23 +37,17 @@ from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
 from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
+from torch_kernelize.fill_cache.store_policy import MIN_SPEEDUP, needs_confirmation, verdict
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
 from torch_kernelize.lowering.kernels import Config, family_for
-from torch_kernelize.lowering.regions import spec_ops
-from torch_kernelize.lowering.targets import Target, get_target, resolve_op
-from torch_kernelize.options import OPTIONS, default_cache_dir
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.targets import Target, get_target
+from torch_kernelize.core.options import OPTIONS, default_cache_dir
+from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
 DEFAULT_BUDGET = {"cuda": 12, "interpreter": 2}
-# Measured on the H200: matmuls stored at "1.01x" of cuBLAS in their own 50 ms median ran 4% slower
-# than cuBLAS inside the Llama benchmark; a winner must be clearly faster than the vendor kernel.
-MIN_SPEEDUP = 1.03
-CONFIRM_BELOW = 1.25  # a winner this close to the vendor kernel is timed again, alternately
 LOOKAHEAD = 3  # specs whose seed candidates are compiled ahead
-INTERPRETER_NOTE = ("interpreter target: timings are not measured (the Triton interpreter's speed means "
-                    "nothing); this validated kernel is stored so that the Triton tier can be exercised on CPU")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,13 +95,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.budget is not None and args.budget < 1:
         p.error("--budget must be at least 1")
     return args
-
-
-def ops_not_on_vendor(target: Target, spec: Any) -> list[str]:
-    """The ops of ``spec`` that the target's own library does not run. Where there are any (a
-    bring-up chip), "vendor wins" would leave them to the host fallback: the fastest correct
-    Triton candidate is stored whatever its speed against ATen's kernel."""
-    return sorted(op for op in set(spec_ops(spec)) if not target.vendor_runs(resolve_op(op)))
 
 
 def _registry_family(spec: Any) -> Any:
@@ -225,7 +212,7 @@ class FillRun:
         row["max_err"] = (best["validation"] or {}).get("max_err")
         timings = {"candidate_ms": best["candidate_ms"], "vendor_ms": best["vendor_ms"],
                    "speedup": best["fitness"] if best["measured"] else None, "measured": best["measured"]}
-        if best["measured"] and best["fitness"] < CONFIRM_BELOW:
+        if needs_confirmation(best):
             # near a tie: time the winner and the vendor kernel again, alternately, before deciding
             confirmed = measurer.confirm(Config.from_json(best["config"]))
             if confirmed is not None:
@@ -237,18 +224,13 @@ class FillRun:
         record = {"format": 1, "key": spec.key, "spec": spec.to_json(), "family": origin["generator"],
                   "config": best["config"], "validation": best["validation"], "timings": timings,
                   "provenance": {**self.provenance(family.name, result), **origin}}
-        if best["measured"] and best["fitness"] <= self.min_speedup and not ops_not_on_vendor(self.target, spec):
-            record.update(winner="vendor", note=f"vendor wins: best Triton candidate ran at "
-                          f"{best['fitness']:.3f}x the vendor kernel")
+        winner, note = verdict(best, self.target, spec, self.min_speedup)
+        record.update(winner=winner, note=note)
+        if winner == "vendor":
             self.cache.put(record, None, replace=True if work.replace else self.force)
             row.update(status="vendor wins", winner=f"vendor (best {family.name} {best['fitness']:.2f}x)",
                        speedup=best["fitness"])
             return row
-        note = "" if best["measured"] else INTERPRETER_NOTE
-        if best["measured"] and best["fitness"] <= self.min_speedup:
-            note = (f"stored although it ran at {best['fitness']:.3f}x the vendor kernel: the target's vendor "
-                    f"does not run {', '.join(ops_not_on_vendor(self.target, spec))}")
-        record.update(winner="triton", note=note)
         pending = False
         try:
             built, _ = measurer.build(Config.from_json(best["config"]))

@@ -16,10 +16,10 @@ from typing import Any, Callable
 import torch
 
 from torch_kernelize import flush_repros
-from torch_kernelize.errors import KernelizeError
+from torch_kernelize.core.errors import KernelizeError
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.lowering.targets import Target
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.targets import Target
+from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
@@ -99,8 +99,8 @@ def run_compiled(ref: str, target: Target, cache_dir: Path, repro_dir: Path | No
     and the kernel cache as it is, and run it once under no_grad: (model, inputs, its output,
     the LoweredGraphs it made)."""
     from torch_kernelize.backend import compile_with_session
-    from torch_kernelize.lower import Session
-    from torch_kernelize.options import Options
+    from torch_kernelize.compiling.lower import Session
+    from torch_kernelize.core.options import Options
 
     model, inputs = load_model(ref)
     device = "cuda" if target.device == "cuda" else "cpu"
@@ -177,7 +177,7 @@ def specs_from_repros(folder: Path) -> list[Work]:
 def repro_work(repro: Path) -> Work | None:
     """One reproducer folder's spec and captured inputs; None (with a warning) if its spec.json is
     unreadable."""
-    from torch_kernelize.repro.run import load_inputs
+    from torch_kernelize.serving.repro_writer import load_inputs
 
     try:
         meta = json.loads((repro / "spec.json").read_text())

@@ -240,7 +240,7 @@ def import_bytes(root: Path, data: bytes, target: Any) -> Any:
     """Import an archive a rank sent into the cache under ``root``: on its signature where it is
     signed by a key this user trusts, else by re-validating every entry on this machine (the
     store that carried it authenticates nobody). Returns kernel_cache.archive.ImportResult."""
-    from torch_kernelize.errors import CacheError
+    from torch_kernelize.core.errors import CacheError
     from torch_kernelize.fill_cache.verify import verify_entries
     from torch_kernelize.kernel_cache.archive import import_cache, trusted_signer, verify_archive
 

@@ -28,7 +28,7 @@ import torch
 from torch_kernelize.fill_cache.collect import UsageError, Work
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, family_for
 from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec
 
 GENERATOR = "external"
 RECORD_SEEDS = (7, 8)  # the launcher is recorded on two draws: its launches must not depend on values
@@ -204,7 +204,7 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments)."""
     from torch_kernelize.fill_cache.collect import repro_work
     from torch_kernelize.fill_cache.measure import Measurer
-    from torch_kernelize.lowering.targets import get_target
+    from torch_kernelize.core.targets import get_target
 
     p = argparse.ArgumentParser(prog="check_candidate.py", description=check_main.__doc__)
     p.add_argument("candidate", type=Path, help="the candidate file")

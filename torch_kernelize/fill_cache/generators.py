@@ -26,7 +26,7 @@ import torch
 
 from torch_kernelize.fill_cache.collect import UsageError
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, families
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec
 
 ENTRY_POINT_GROUP = "torch_kernelize.generators"
 TAG = "generator"  # the config parameter that names a generator other than the spec's family

@@ -37,8 +37,8 @@ import torch
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram
 from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
-from torch_kernelize.lowering.regions import spec_ops
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.region_graph import spec_ops
+from torch_kernelize.core.spec import KernelSpec
 
 GENERATOR = "inductor"
 RECORD_SEED = 7

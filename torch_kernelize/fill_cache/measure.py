@@ -21,12 +21,12 @@ import torch
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_available
 from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, trial_seeds
-from torch_kernelize.launch import load_program
+from torch_kernelize.serving.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
-from torch_kernelize.lowering.kernels.base import to_device
-from torch_kernelize.lowering.targets import Target
-from torch_kernelize.spec import KernelSpec
-from torch_kernelize.validate import validate
+from torch_kernelize.core.devices import to_device
+from torch_kernelize.core.targets import Target
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.validate import validate
 
 PHASES = ("build", "reference", "validation", "timing")
 

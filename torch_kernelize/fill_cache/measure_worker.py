@@ -23,8 +23,8 @@ import torch
 from torch_kernelize.fill_cache.builder import Builder, family_ref, find_family
 from torch_kernelize.fill_cache.measure import Evaluation, Measurer, _short
 from torch_kernelize.lowering.kernels import Config, KernelFamily
-from torch_kernelize.lowering.targets import Target
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.targets import Target
+from torch_kernelize.core.spec import KernelSpec
 
 
 class WorkerDied(RuntimeError):

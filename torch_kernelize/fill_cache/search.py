@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Callable
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily
-from torch_kernelize.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec
 
 BEAM = 3  # how many of the best correct candidates are expanded at each step
 

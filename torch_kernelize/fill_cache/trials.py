@@ -25,9 +25,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels.base import to_device
-from torch_kernelize.spec import KernelSpec, TensorMeta
-from torch_kernelize.validate import CHUNK_ELEMENTS, DEFAULT_SEEDS, Trials, sync_device
+from torch_kernelize.core.devices import to_device
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.validate import CHUNK_ELEMENTS, DEFAULT_SEEDS, Trials, sync_device
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 

@@ -9,11 +9,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from torch_kernelize.launch import load_program
+from torch_kernelize.serving.launch import load_program
 from torch_kernelize.fill_cache.generators import ANY_OP
 from torch_kernelize.lowering.kernels import families, family_for
-from torch_kernelize.lowering.targets import Target
-from torch_kernelize.validate import validate
+from torch_kernelize.core.targets import Target
+from torch_kernelize.core.validate import validate
 
 VERIFY_SEEDS = (101, 102, 103)  # not the seeds fill_cache validated on
 

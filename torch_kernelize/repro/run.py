@@ -15,27 +15,19 @@ from typing import Any, Callable
 
 import torch
 
+from torch_kernelize.serving.repro_writer import load_inputs
+
 FIXED, REPRODUCES, ERROR = 0, 1, 2
-
-
-def load_inputs(load_args: Callable, folder: Path) -> list[torch.Tensor]:
-    from torch._dynamo.debug_utils import InputReader
-    store = folder / "inputs"
-    if not store.is_dir():
-        raise FileNotFoundError(f"{store} is missing: the captured inputs are gone")
-    reader = InputReader(save_dir=str(store))
-    load_args(reader)
-    return list(reader.args)
 
 
 def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
     """Captured inputs keep their strides on the device (expanded and gapped views included)."""
-    from torch_kernelize.lowering.kernels.base import to_device as move
+    from torch_kernelize.core.devices import to_device as move
     return move(t, device)
 
 
 def compare_outputs(outs: list[torch.Tensor], refs: list[torch.Tensor], op: str | None):
-    from torch_kernelize.validate import Comparison, compare
+    from torch_kernelize.core.validate import Comparison, compare
     if len(outs) != len(refs):
         return Comparison(False, reason=f"{len(outs)} outputs, the reference has {len(refs)}")
     worst = Comparison(True)
@@ -53,9 +45,9 @@ def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[st
     """(status, message) of one repro run."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from torch_kernelize.lower import lower
-    from torch_kernelize.lowering.targets import get_target
-    from torch_kernelize.spec import KernelSpec
+    from torch_kernelize.compiling.lower import lower
+    from torch_kernelize.core.targets import get_target
+    from torch_kernelize.core.spec import KernelSpec
 
     kind = meta["kind"]
     spec = KernelSpec.from_json(meta["spec"]) if meta.get("spec") else None
@@ -107,7 +99,7 @@ def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[st
 
 
 def _triton_calls(lowered: Any) -> list[Any]:
-    from torch_kernelize.runtime import TritonCall
+    from torch_kernelize.serving.runtime import TritonCall
     return [n.target for s in lowered._specializations.values() for n in s.gm.graph.nodes
             if isinstance(n.target, TritonCall)]
 

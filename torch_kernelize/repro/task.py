@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from torch_kernelize.lowering.kernels import KernelFamily, family_for
-from torch_kernelize.spec import KernelSpec, TensorMeta
-from torch_kernelize.tolerances import TOLERANCES, tolerance
-from torch_kernelize.validate import DEFAULT_SEEDS
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
+from torch_kernelize.core.tolerances import TOLERANCES, tolerance
+from torch_kernelize.core.validate import DEFAULT_SEEDS
 
 TASK_FILE, CHECK_FILE = "task.md", "check_candidate.py"
 # Measured on the lent H200 (shared/notes/torch-triton-facts.md): what the floors below divide by

@@ -1,0 +1,167 @@
+"""Serving shape buckets: a node of a dynamic graph runs the kernel of the filled bucket that
+holds its concrete sizes when no exact-shape entry exists (an exact entry always wins).
+
+Which dims of a node vary is read off its symbolic metadata once: each tensor dim whose size is
+a bare size symbol is a variable (numbered by first appearance); a node with any other symbolic
+size or argument (``2*s0``, a SymInt argument) is not bucketed. A graph's ``GraphBuckets`` lists
+the cache once, when the graph is planned, and loads every bucket entry of its nodes then; a new
+shape later is answered from memory: an exact key absent from the listing is a miss without a
+look at the disk, and a bucket hit needs only its launch sizes computed (``bucket_runner``).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Callable
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.core.buckets import PREFIX_LEN, Dim, contains, instantiate, key_prefix, unbucketable, values_of
+from torch_kernelize.core.spec import tensor_input_nodes
+from torch_kernelize.core.spec import KernelSpec
+
+
+def _size_expr(v: Any) -> Any:
+    return v.node.expr if isinstance(v, torch.SymInt) else v
+
+
+def bucket_dims(node: fx.Node) -> tuple[Dim, ...] | None:
+    """The variable dims of ``node``'s spec (its tensor inputs in spec order, then its outputs);
+    None when none varies or a size or argument is a symbolic expression other than one symbol."""
+    flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
+    for a in flat:
+        v = a.meta.get("val") if isinstance(a, fx.Node) else a
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return None
+    out = node.meta.get("val")
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    tensors = [("in", i, n.meta.get("val")) for i, n in enumerate(tensor_input_nodes(node))]
+    tensors += [("out", i, t) for i, t in enumerate(o for o in outs if o is not None)]
+    var_of: dict[sympy.Symbol, int] = {}
+    dims = []
+    for side, i, t in tensors:
+        if not isinstance(t, torch.Tensor):
+            return None
+        for d, size in enumerate(t.shape):
+            e = _size_expr(size)
+            if isinstance(e, (int, sympy.Integer)):
+                continue
+            if not isinstance(e, sympy.Symbol):
+                return None
+            dims.append((side, i, d, var_of.setdefault(e, len(var_of))))
+    return tuple(dims) or None
+
+
+class GraphBuckets:
+    """One dynamic graph's view of the cache's buckets: the cache's keys as listed when the graph
+    was planned, each node's variable dims, and the bucket entries of each abstract spec."""
+
+    def __init__(self, cache: Any, load_runner: Callable[[KernelSpec, Any], Any]):
+        self.cache = cache
+        try:
+            self.keys = frozenset(cache.keys())
+        except OSError:  # an unreadable cache: every lookup misses (the session has warned once)
+            self.keys = frozenset()
+        self._by_prefix: dict[str, list[str]] = {}  # every key by its first PREFIX_LEN digits
+        for key in sorted(self.keys):
+            self._by_prefix.setdefault(key[:PREFIX_LEN], []).append(key)
+        self._load_runner = load_runner
+        self._dims: dict[str, tuple[Dim, ...] | None] = {}   # node name -> its variable dims
+        self._prefixes: dict[tuple, str] = {}
+        self._buckets: dict[str, list[tuple[Any, Any]]] = {}  # key prefix -> [(Bucket, CacheEntry)]
+        self.miss_dims: dict[str, tuple[Dim, ...]] = {}  # a bucketable miss's spec key -> its dims (its repro's)
+        self._lock = threading.Lock()
+
+    def dims(self, node: fx.Node) -> tuple[Dim, ...] | None:
+        if node.name not in self._dims:
+            self._dims[node.name] = bucket_dims(node)
+        return self._dims[node.name]
+
+    def prefix(self, node: fx.Node, spec: KernelSpec, dims: tuple[Dim, ...], sub: tuple[Dim, ...]) -> str:
+        """``key_prefix(spec, sub)``, hashed once per node and sizes of the dims ``sub`` leaves
+        fixed (what else it hashes is the same for every shape of the node)."""
+        fixed = {(s, i, d) for s, i, d, _ in dims} - {(s, i, d) for s, i, d, _ in sub}
+        sizes = tuple((spec.inputs if s == "in" else spec.outputs)[i].shape[d] for s, i, d in sorted(fixed))
+        memo = (node.name, sub, sizes)
+        found = self._prefixes.get(memo)
+        if found is None:
+            found = self._prefixes[memo] = key_prefix(spec, sub)
+        return found
+
+    def buckets(self, prefix: str) -> list[tuple[Any, Any]]:
+        """Every valid bucket entry whose key starts with ``prefix`` (read once per graph, with
+        their kernels loaded)."""
+        with self._lock:
+            found = self._buckets.get(prefix)
+            if found is None:
+                found = []
+                for key in self._by_prefix.get(prefix, ()):
+                    entry = self.cache.get(key)
+                    bucket = entry.bucket if entry is not None else None
+                    if bucket is None:
+                        continue
+                    if entry.winner == "triton":
+                        self._load_runner(entry.spec, entry)  # loaded now, not on a later call's path
+                    found.append((bucket, entry))
+                self._buckets[prefix] = found
+            return found
+
+    def lookups(self, log: Any) -> "BucketLookup":
+        return BucketLookup(self, log)
+
+
+class BucketLookup:
+    """The lookups of one specialization (``log``: a LookupLog): exact keys first, in the listing;
+    then, for a node (``lookup_node``), the bucket that holds its sizes."""
+
+    def __init__(self, graph: GraphBuckets, log: Any):
+        self.graph = graph
+        self.log = log
+        self.witnesses = log.witnesses
+
+    def lookup(self, key: str) -> tuple[str, Any, str]:
+        if key not in self.graph.keys:
+            self.witnesses[key] = {"absent": True}
+            return "miss", None, f"no cache entry for key {key} (listing of {self.graph.cache.dir} when planned)"
+        return self.log.lookup(key)
+
+    def lookup_node(self, node: fx.Node, spec: KernelSpec) -> tuple[str, Any, str]:
+        exact = self.lookup(spec.key)
+        dims = self.graph.dims(node)
+        if dims is None or unbucketable(spec, dims) is not None:
+            return exact
+        found = [(sub, self.graph.buckets(self.graph.prefix(node, spec, dims, sub))) for sub in subsets(dims)]
+        if exact[0] != "miss":
+            return exact
+        for sub, buckets in found:
+            values = values_of(spec, sub)
+            for bucket, entry in buckets:
+                if bucket.dims == sub and contains(bucket.ranges, values):
+                    status = "hit" if entry.winner == "triton" else "vendor"
+                    where = " x ".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
+                    return status, entry, f"bucket {entry.key} (sizes {where}) of {entry.family or 'vendor'}"
+        self.graph.miss_dims[spec.key] = dims
+        return exact
+
+
+def subsets(dims: tuple[Dim, ...]) -> list[tuple[Dim, ...]]:
+    """``dims`` restricted to each non-empty subset of its variables (renumbered), most variables
+    first: a bucket filled with the batch varying serves a graph whose hidden size is symbolic
+    too (``dynamic=True`` makes every dim a symbol), at the hidden size it was filled for."""
+    names = sorted({v for *_, v in dims})
+    out = []
+    for r in range(len(names), 0, -1):
+        for keep in itertools.combinations(names, r):
+            out.append(tuple((s, i, d, keep.index(v)) for s, i, d, v in dims if v in keep))
+    return out
+
+
+def bucket_runner(spec: KernelSpec, dims: tuple[Dim, ...], base: Any) -> Any:
+    """The runner of ``spec`` from its bucket's loaded runner ``base`` (launch.ProgramRunner): the
+    same kernels, with the launch sizes of ``spec``'s sizes. No disk access, no compilation."""
+    from torch_kernelize.serving.launch import ProgramRunner
+    program = instantiate(base.program, values_of(spec, dims))
+    return ProgramRunner(spec, program, base._kernels, base.backend, base._load_unaligned)

@@ -1,0 +1,495 @@
+"""Lower one ATen graph: plan it, report the plan, and return its executable.
+
+``lower`` is also the public entry for code that already holds an ATen FX graph (the repro
+scripts use it): it runs kernelize's own lowering without Dynamo or Inductor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
+
+from torch_kernelize import flush_repros
+from torch_kernelize.core.buckets import pow2_bucket
+from torch_kernelize.core.errors import MissingOpsError, TargetError
+from torch_kernelize.fallbacks import HostFallback
+from torch_kernelize.serving.flat_code import flat_function
+from torch_kernelize.kernel_cache.store import LookupLog
+from torch_kernelize.compiling.decompositions import host_implementation
+from torch_kernelize.compiling.graph_regions import find_graph_regions
+from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
+from torch_kernelize.compiling.regions import Region, closes_cycle, find_regions, group_matmuls, region_spec
+from torch_kernelize.core.region_graph import describe_region
+from torch_kernelize.core.targets import Target, get_target
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.core.options import Options
+from torch_kernelize.compiling.planner import GraphPlan, family_name, offline_generator, plan_graph, resolve_family
+from torch_kernelize.core.decision import Decision
+from torch_kernelize.compiling.reinplace import reinplace_accumulations
+from torch_kernelize.serving.view_folding import fold_view_chains
+from torch_kernelize.compiling.report import GraphReport, ReportWriter
+from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
+                                     TritonCall, bind_graph)
+from torch_kernelize.core.shapes import SymbolBinder
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.validate import compare
+
+log = logging.getLogger("torch_kernelize")
+_graph_ids = itertools.count()
+STRICT_WAIT_S = 60.0  # the most strict mode waits for the repros its MissingOpsError names
+
+
+class Session:
+    """What the graphs of one torch.compile call share: options, target, cache, repro writer."""
+
+    _runners: dict[tuple[str, str], Any] = {}   # (cache namespace dir, spec key) -> loaded runner, per process
+    _states: dict[tuple[str, str], KernelState] = {}  # (cache namespace dir, spec key) -> health, per process
+    _runner_lock = threading.Lock()
+
+    def __init__(self, options: Options, target: Target | None = None, private_kernel_states: bool = False):
+        self.options = options
+        self._target = target
+        self._cache = None
+        self._repros = None
+        self._made = threading.Lock()  # the cache and repro writer are made once, by one thread
+        # The minifier re-runs a disabled kernel on purpose: it gets its own, fresh states.
+        self._kernel_states = {} if private_kernel_states else self._states
+
+    def kernel_state(self, key: str) -> KernelState:
+        k = (str(self.cache.dir), key)
+        with self._runner_lock:
+            return self._kernel_states.setdefault(k, KernelState(key))
+
+    def target_for(self, example_inputs: Sequence[Any]) -> Target:
+        if self._target is None:
+            device = next((t.device.type for t in example_inputs if isinstance(t, torch.Tensor)), "cpu")
+            self._target = get_target(self.options.target, device)
+            if self._target.device == "cuda" and not torch.cuda.is_available():
+                raise TargetError(f"target {self._target.name!r} needs CUDA, which this machine does not have; "
+                                  "use target='interpreter' or 'cpu', or a target file with device = 'cpu'")
+        return self._target
+
+    @property
+    def cache(self):
+        if self._cache is None and self._target is not None and self._target.has_triton:
+            from torch_kernelize.kernel_cache import KernelCache
+            with self._made:
+                if self._cache is None:
+                    cache = KernelCache.for_target(self.options.cache_dir, self._target)
+                    cache.warn_if_unusable()
+                    self._cache = cache
+        return self._cache
+
+    @property
+    def repros(self):
+        if self._repros is None and self.options.repro_dir is not None:
+            from torch_kernelize.serving.repro_writer import ReproWriter
+            with self._made:
+                if self._repros is None:
+                    self._repros = ReproWriter(self.options.repro_dir, self.options)
+        return self._repros
+
+    def load_runner(self, spec: KernelSpec, entry: Any):
+        """The launcher of a cache hit, loaded once per process; None (with a warning) if it fails."""
+        from torch_kernelize.serving.launch import load_program
+        cache = self.cache
+        bucketed = "bucket" in entry.record  # a shape bucket's entry (bucket_lookup.py), loaded once
+        k = (str(cache.dir), entry.key if bucketed else spec.key)
+        with self._runner_lock:
+            if k in self._runners:
+                runner = self._runners[k]
+                return runner if not bucketed or runner is None else self._sized(spec, entry, runner)
+            try:
+                runner = load_program(entry.program_dir, entry.spec if bucketed else spec, self._target.triton)
+            except Exception as e:
+                log.warning("cache entry %s (%s) could not be loaded and is skipped: %s: %s",
+                            spec.key, entry.path, type(e).__name__, e)
+                runner = None
+            self._runners[k] = runner
+            return runner if not bucketed or runner is None else self._sized(spec, entry, runner)
+
+    def _sized(self, spec: KernelSpec, entry: Any, base: Any):
+        """A bucket's runner for the sizes of ``spec`` (memoized per spec; caller holds the lock)."""
+        from torch_kernelize.compiling.bucket_lookup import bucket_runner
+        k = (str(self.cache.dir), entry.key, spec.key)
+        if k not in self._runners:
+            self._runners[k] = bucket_runner(spec, entry.bucket.dims, base) if spec != entry.spec else base
+        return self._runners[k]
+
+    def runner_failed(self, key: str) -> bool:
+        """Whether this process tried to load the kernel of ``key`` and could not."""
+        cache = self.cache
+        return cache is not None and self._runners.get((str(cache.dir), key), True) is None
+
+
+class LoweredGraph:
+    """The executable of one ATen graph; called with one list of arguments (aot_autograd's boxed
+    convention; backend.py marks its wrapper as such)."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], session: Session, kind: str,
+                 name: str | None = None):
+        self.session = session
+        self.target = session.target_for(example_inputs)
+        self.kind = kind
+        self.name = name or f"{kind}_{next(_graph_ids)}"
+        # Plan a copy: the graph we were given stays intact (a failing one is minified from it).
+        # The copy is only read (its code is generated if the minifier runs it): a lazy module
+        # skips the Python codegen of each recompile (~10 ms a pass for a graph of 300 nodes).
+        graph = fx.Graph()
+        graph.output(graph.graph_copy(gm.graph, {}))
+        self.plan: GraphPlan = plan_graph(_LazyGraphModule(gm, graph), self.target)
+        self.binder = SymbolBinder(self.plan.gm)
+        self.regions: list[Region] = []
+        if self.target.has_triton:
+            regions = find_regions(self.plan.gm, self.target)
+            # the largest first: a hit covers what it holds, a miss (or "vendor wins") leaves it
+            # to the regions inside, then to the nodes. GEMM groups, then a compiler's fusion
+            # groups (which hold the matmul regions' epilogues), then the regions of our family.
+            self.regions = (group_matmuls(self.plan.gm, regions, self.target)
+                            + find_graph_regions(self.plan.gm, regions) + regions)
+        self._region_of: dict[str, Region] = {}
+        self._specializations: dict[tuple, Specialization] = {}
+        self._lock = threading.Lock()
+        self._buckets = None  # a dynamic graph's shape buckets, made when it is first planned
+        first = self._specialize(self.binder.key(list(example_inputs)))
+        self._publish(first, self._signature(first.key))
+        self._static = first if self.binder.is_static else None
+        self._check = session.options.check
+
+    @classmethod
+    def from_bound(cls, session: Session, example_inputs: Sequence[Any], kind: str,
+                   bind: Callable[["LoweredGraph"], Specialization], signature: str,
+                   mutated_inputs: list[int]) -> "LoweredGraph":
+        """The executable of a static graph whose bound form is already known (the executable
+        cache rebuilt it): no plan, and nothing to specialise again. ``bind`` makes the
+        Specialization; it gets the new object to make its kernel calls (``triton_call``)."""
+        self = cls.__new__(cls)
+        self.session = session
+        self.target = session.target_for(example_inputs)
+        self.kind = kind
+        self.name = f"{kind}_{next(_graph_ids)}"
+        self.plan = self.binder = None
+        self.regions, self._region_of, self._lock, self._buckets = [], {}, threading.Lock(), None
+        self._mutated_inputs = mutated_inputs
+        self._check = False
+        first = bind(self)
+        self._specializations = {first.key: first}
+        self._publish(first, signature)
+        self._static = first
+        return self
+
+    def _publish(self, first: Specialization, signature: str) -> None:
+        """The report of the first specialisation: to the log, and to the report file if asked."""
+        self.report = GraphReport(self.name, self.kind, self.target.describe(), signature,
+                                  first.decisions, first.regions)
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s", self.report.table())
+        if self.session.options.report is not None:
+            ReportWriter.for_path(self.session.options.report).add(self.report)
+
+    @property
+    def mutated_inputs(self) -> list[int]:
+        """Positions of the graph's inputs that it writes to (CUDA graphs copy them back)."""
+        if self.plan is None:
+            return self._mutated_inputs
+        from torch_kernelize.serving.cudagraphs import mutated_inputs
+        return mutated_inputs(self.plan.gm)
+
+    def static_specialization(self) -> Specialization | None:
+        """The one bound executable of a graph of static shapes (None for a dynamic one)."""
+        return self._static
+
+    # --- calling --------------------------------------------------------------------------------
+    # check mode: each thread's call being checked (for the minifier)
+    _checked_calls = threading.local()
+
+    @property
+    def _current_args(self) -> list | None:
+        call = getattr(self._checked_calls, "call", None)
+        return call[1] if call is not None and call[0] is self else None
+
+    def __call__(self, args: list) -> Any:
+        if self._check:
+            calls = self._checked_calls
+            outer = getattr(calls, "call", None)
+            calls.call = (self, list(args))
+            try:
+                return self._dispatch(args)
+            finally:
+                calls.call = outer
+        return self._dispatch(args)
+
+    def _dispatch(self, args: list) -> Any:
+        if self._static is not None:
+            return self._static(args)
+        spec = self._specializations.get(self.binder.call_key(args))
+        if spec is None:
+            spec = self._specialize(self.binder.key(args))
+        return spec(args)
+
+    def forward(self, *args: Any) -> Any:
+        """Unboxed call, for code that holds the inputs as positional arguments."""
+        return self(list(args))
+
+    # --- specialization -------------------------------------------------------------------------
+    def _signature(self, key: tuple) -> str:
+        return ", ".join(f"{s}={v}" for s, v in zip(self.binder.symbols, key))
+
+    def _specialize(self, key: tuple) -> Specialization:
+        with self._lock:
+            if key in self._specializations:
+                return self._specializations[key]
+            session = self.session
+            bindings = self.binder.bindings(key)
+            # every lookup is kept with its witness: the executable cache stores them
+            lookups = LookupLog(session.cache) if session.cache is not None else None
+            if lookups is not None and not self.binder.is_static:  # shape buckets: bucket_lookup.py
+                if self._buckets is None:
+                    from torch_kernelize.compiling.bucket_lookup import GraphBuckets
+                    self._buckets = GraphBuckets(session.cache, session.load_runner)
+                lookups = self._buckets.lookups(lookups)
+            decisions = self.plan.decide(bindings, lookups, resolve=False)
+            runners = {}
+            for i, d in enumerate(decisions):
+                if d.tier == "triton":
+                    runner = session.load_runner(d.spec, d.entry)
+                    if runner is None:
+                        decisions[i] = d = self._downgrade(d, "the cache entry could not be loaded")
+                    else:
+                        runners[d.node] = runner
+            fused, region_decisions = self._decide_regions(bindings, decisions, lookups)
+            # misses' families only now: nodes a fused region covers are no misses
+            decisions = [resolve_family(d) for d in decisions]
+            repros = session.repros
+            pending = []  # the misses recorded as reproducers: their first call captures their inputs
+            for d in decisions + region_decisions:
+                if repros is not None and (d.miss or d.missing) and d.spec is not None:
+                    verdict = repros.check(d.spec, self._record_key(d, key))
+                    if verdict in ("new", "duplicate"):  # (a capped one has no folder to point to)
+                        d.repro = str(repros.folder_for(d.spec))
+                    if verdict == "new":
+                        pending.append(d)
+            # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
+            # saved for a backward pass
+            passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
+            gm = bind_graph(self.plan.gm, decisions,
+                            lambda d: self.triton_call(d.spec, runners[d.node], d.entry.key if d.entry else None),
+                            lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
+                                                         [m.stride for m in d.spec.outputs] if d.spec else None),
+                            fused, passes, guarded_inputs=self.kind != "backward")
+            missing = {d.op: d.repro for d in decisions if d.missing}
+            strict = session.options.strict and missing
+            first_call = None
+            if pending or strict:
+                first_call = lambda s, args: self._first_call(s, args, pending, missing if strict else None)
+            spec = Specialization(gm, decisions, key, first_call,
+                                  flat_function(gm, guarded_inputs=self.kind != "backward"))
+            spec.regions = region_decisions
+            spec.lookups = lookups.witnesses if lookups is not None else {}
+            self._specializations[key] = spec
+            if len(self._specializations) > 1:
+                log.info("%s: new shape signature %s: %d on triton, %d misses", self.name, self._signature(key),
+                         sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
+            return spec
+
+    def _record_key(self, d: Decision, key: tuple) -> str | None:
+        """The key a miss of a dynamic graph is recorded once under per process: its node's (or
+        region's) with every size symbol's default shape bucket (buckets.pow2_bucket), so the
+        shapes of one bucket leave one reproducer. None (a static graph): its spec's."""
+        if self.binder is None or self.binder.is_static:
+            return None
+        ranges = [pow2_bucket(v) if isinstance(v, int) and v >= 1 else v for v in key]
+        return f"{self.name}:{d.node}:{ranges}"
+
+    def _decide_regions(self, bindings, decisions: list[Decision], cache: Any):
+        """Look every fused region up in ``cache``; hits replace their nodes, misses are recorded."""
+        fused, region_decisions = [], []
+        if cache is None:
+            return fused, region_decisions
+        by_node = {d.node: i for i, d in enumerate(decisions) if d.tier != "decompose"}
+        covered: set[str] = set()
+        for region in self.regions:
+            if covered & region.names:
+                continue  # a member of a group that runs fused
+            spec = region_spec(region, bindings)
+            if spec is None:  # (a region of ops the vendor cannot run is looked up too: a bring-up chip's)
+                continue
+            status, entry, why = cache.lookup(spec.key)
+            family = family_name(spec, entry) or offline_generator(region.kind, self.target)
+            what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
+            d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
+                         shapes=what, family=family, spec=spec, entry=entry)
+            self._region_of[spec.key] = region
+            if status == "hit" and closes_cycle(region, [r for r, _ in fused]):
+                # (only groups can: two of them each feeding the other; the first one fused stays)
+                status, why = "cycle", "fused with the regions before it, it would wait for its own outputs"
+            if status == "hit":
+                runner = self.session.load_runner(spec, entry)
+                if runner is not None:
+                    d.tier, d.reason = "triton", f"fused {what}: {why}"
+                    fused.append((region, self.triton_call(spec, runner)))
+                    covered |= region.names
+                    for n in region.nodes:
+                        i = by_node.get(n.name)
+                        if i is None:
+                            continue  # a getitem: not an op, no decision
+                        decisions[i] = dataclasses.replace(
+                            decisions[i], tier="triton", miss=False, family=family,
+                            reason=f"in fused region {spec.key}: {what}")
+                    region_decisions.append(d)
+                    continue
+                why = "the cache entry could not be loaded"
+            elif status == "miss":
+                why = f"region cache miss (spec {spec.key})" if family else f"no Triton generator for this {what}"
+            d.reason = f"nodes run one by one: {why}"
+            d.miss = status == "miss" and family is not None
+            region_decisions.append(d)
+        return fused, region_decisions
+
+    def _downgrade(self, d: Decision, why: str) -> Decision:
+        rejected = dict(d.rejected, triton=why)
+        if self.target.vendor_runs(d.spec.op_overload if d.spec else None):
+            return dataclasses.replace(d, tier="vendor", reason="the target's vendor kernel runs it", rejected=rejected)
+        return dataclasses.replace(d, tier="fallback", reason="nothing on the target runs it: host fallback",
+                                   rejected=rejected, missing=True)
+
+    def _first_call(self, spec: Specialization, args: list, pending: list[Decision],
+                    strict_missing: dict[str, str | None] | None) -> Any:
+        """Run once through an interpreter that captures the inputs of the repros this process
+        still records (claimed now: another graph, or the cap, may have taken them since)."""
+        repros = self.session.repros
+        pending = [d for d in pending if repros.claim(d.spec, self._record_key(d, spec.key))]
+        out = self._capture(spec, args, pending) if pending else spec._forward(*args)
+        if strict_missing:
+            flush_repros(STRICT_WAIT_S)  # the error names the repro folders: they are there when it is raised
+            error = MissingOpsError(self.target.name, strict_missing)
+
+            def refuse(*_: Any) -> Any:
+                raise error
+            spec._forward = refuse
+            raise error
+        return out
+
+    def _capture(self, spec: Specialization, args: list, pending: list[Decision]) -> Any:
+        """Run the call through an interpreter that takes CPU copies of the pending misses'
+        inputs, and hand them to the repro writer."""
+        regions = {d.spec_key: self._region_of[d.spec_key] for d in pending if d.op == "region"}
+        wanted = {n.name for r in regions.values() for n in r.inputs}
+        # Region inputs that view folding removed from the bound graph are computed by the planned
+        # graph (ATen ops), before the call writes any input (those it writes run on copies).
+        folded = wanted - {n.name for n in spec.gm.graph.nodes}
+        values: dict[str, torch.Tensor] = {}
+        if folded:
+            written = set(self.mutated_inputs)
+            planned = CapturingInterpreter(self.plan.gm, set(), folded)
+            planned.run(*[a.clone() if i in written else a for i, a in enumerate(args)])
+            values = planned.values
+        interp = CapturingInterpreter(spec.gm, {d.node for d in pending if d.op != "region"}, wanted - folded)
+        out = interp.run(*args)
+        values = {**values, **interp.values}
+        repros = self.session.repros
+        for d in pending:
+            inputs = None
+            if d.op == "region":
+                inputs = [values.get(n.name) for n in regions[d.spec_key].inputs]
+                inputs = inputs if all(t is not None for t in inputs) else None
+            elif d.node in interp.captured:
+                inputs = interp.captured[d.node]
+            if inputs is None:  # not captured here: a graph that computes it may record it
+                repros.release(d.spec, self._record_key(d, spec.key))
+            else:
+                repros.write(d, inputs, self.target, kind="missing" if d.missing else "miss",
+                             bucket_dims=self._buckets.miss_dims.get(d.spec_key) if self._buckets else None)
+        return out
+
+    def triton_call(self, spec: KernelSpec, runner: Callable, entry_key: str | None = None) -> TritonCall:
+        """The call of a loaded kernel in this graph (a checked one in check mode). Its health is
+        its entry's (``entry_key``: a shape bucket's kernel that fails is disabled for the bucket)."""
+        state = self.session.kernel_state(entry_key or spec.key)
+        if not self.session.options.check:
+            return TritonCall(spec, runner, state, self._on_kernel_failure)
+        family = family_for(spec)
+        return CheckedTritonCall(spec, runner, state, self._on_kernel_failure,
+                                 family.resolve_ties if family is not None else None)
+
+    def _on_kernel_failure(self, call: TritonCall, why: str, tensors, kind: str) -> None:
+        """A kernel raised (failure) or disagreed with the vendor op (mismatch): leave a repro,
+        shrunk in context by the minifier when the graph's inputs allow it."""
+        repros = self.session.repros
+        if repros is None or not tensors:
+            return
+        folder = None
+        args = self._current_args
+        if kind == "mismatch" and args is not None:
+            result = minify(self.plan.gm, args, mismatch_predicate(call.spec.key, self.target, self.session.options))
+            if result is not None:
+                small, small_inputs = result
+                folder = repros.write_failure(call.spec, small_inputs, self.target, why, kind=kind, gm=small,
+                                              extra={"minified_from": {"graph": self.name,
+                                                                       "nodes": len(self.plan.gm.graph.nodes),
+                                                                       "to": len(small.graph.nodes)}})
+        if folder is None:
+            folder = repros.write_failure(call.spec, [t.detach().cpu() for t in tensors], self.target, why, kind=kind)
+        if folder is not None:
+            log.error("repro of the %s of kernel %s: %s", kind, call.spec.key, folder)
+
+
+def lower(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | Options | None = None,
+          kind: str = "inference", target: Target | None = None) -> LoweredGraph:
+    """Lower an ATen FX graph with kernelize's planner and runtime (no Dynamo, no Inductor)."""
+    opts = options if isinstance(options, Options) else Options.resolve(options)
+    return LoweredGraph(gm, example_inputs, Session(opts, target), kind)
+
+
+# --- minifier predicates: pinned to one failure, they lower the candidate graphs ---------------
+
+def _quiet_for_minify(options: Any) -> Any:
+    """The predicate's own lowerings: no check mode, no repros, no report, no strict errors."""
+    return dataclasses.replace(options, check=False, repro_dir=None, report=None, strict=False)
+
+
+def mismatch_predicate(spec_key: str, target: Any, options: Any) -> Callable[[fx.GraphModule, list], bool]:
+    """True while lowering the graph puts kernel ``spec_key`` on the triton tier and the
+    outputs differ from the graph run by ATen."""
+    options = _quiet_for_minify(options)
+
+    def fails(fx_g: fx.GraphModule, inputs: list) -> bool:
+        try:
+            gm = retrace(fx_g, inputs)
+            session = Session(options, target, private_kernel_states=True)
+            lowered = LoweredGraph(gm, inputs, session, "minify")
+            decisions = lowered.report.decisions + lowered.report.regions
+            if not any(d.spec_key == spec_key and d.tier == "triton" for d in decisions):
+                return False
+            got = tensor_outputs(lowered(list(inputs)))
+            want = tensor_outputs(fx_g(*inputs))
+            return any(not compare(g, w.to(torch.float64) if w.is_floating_point() else w, None, factor=2.0).ok
+                       for g, w in zip(got, want))
+        except Exception:
+            return False
+    return fails
+
+
+def lowering_error_predicate(error: BaseException, target: Any, options: Any
+                             ) -> Callable[[fx.GraphModule, list], bool]:
+    """True while lowering the graph raises the same exception type with the same first line."""
+    options = _quiet_for_minify(options)
+    first_line = str(error).splitlines()[0] if str(error) else ""
+
+    def fails(fx_g: fx.GraphModule, inputs: list) -> bool:
+        try:
+            gm = retrace(fx_g, inputs)
+        except Exception:
+            return False
+        try:
+            LoweredGraph(gm, inputs, Session(options, target, private_kernel_states=True), "minify")
+        except Exception as e:
+            return type(e) is type(error) and (str(e).splitlines()[0] if str(e) else "") == first_line
+        return False
+    return fails

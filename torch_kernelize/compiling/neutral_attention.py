@@ -1,0 +1,106 @@
+"""CUDA's fused attention ops traced as the device-neutral flash op, for a chip without them.
+
+On CUDA tensors ``F.scaled_dot_product_attention`` becomes ``aten._scaled_dot_product_flash_attention``,
+``_efficient_attention`` or ``_cudnn_attention`` (and their backwards in training graphs). Their
+outputs carry what only NVIDIA's kernels use: ``None`` cumulative lengths, SymInt maxima, rng
+state, a logsumexp padded to 32 rows. A chip whose vendor library lacks them has no decomposition
+for them either, and the host fallback cannot run them (they have no CPU kernel).
+
+For such a target the trace maps each of them to ``aten._scaled_dot_product_flash_attention_for_cpu``
+(out, logsumexp) and its backward: the same function of q, k, v (top-left causal, scale, additive
+mask), with a meta function for any device. That op is what every tier handles: the attention
+kernel family generates it, torch's decomposition decomposes it, the host fallback runs it on
+CPU; a float64 reference exists. The extra outputs are filled in with what the originals return
+when dropout is off (empty rng tensors, the sequence lengths); only the matching backward,
+mapped likewise, reads them. Dropout (random) and a mask that needs its own gradient keep the
+CUDA op.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+aten = torch.ops.aten
+CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+CPU_FLASH_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _flash(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    if dropout_p != 0 or return_debug_mask:
+        return NotImplemented
+    out, lse = CPU_FLASH(query, key, value, 0.0, is_causal, scale=scale)
+    rng = torch.empty(2, dtype=torch.uint64, device=query.device)
+    unused = torch.empty((), dtype=torch.uint64, device=query.device)
+    debug = torch.empty(0, dtype=query.dtype, device=query.device)
+    return out, lse, None, None, query.shape[2], key.shape[2], rng, unused, debug
+
+
+def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                    dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    if dropout_p != 0:
+        return NotImplemented
+    return CPU_FLASH_BACKWARD(grad_out, query, key, value, out, logsumexp, 0.0, is_causal, scale=scale)
+
+
+def _cudnn(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+           return_debug_mask=False, *, scale=None):
+    if dropout_p != 0 or return_debug_mask:
+        return NotImplemented
+    out, lse = CPU_FLASH(query, key, value, 0.0, is_causal, attn_mask=attn_bias, scale=scale)
+    seed = torch.empty((), dtype=torch.int64, device=query.device)
+    offset = torch.empty((), dtype=torch.int64, device=query.device)
+    # cuDNN's logsumexp is [B, H, L, 1]
+    return out, lse.unsqueeze(-1), None, None, query.shape[2], key.shape[2], seed, offset, None
+
+
+def _cudnn_backward(grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias,
+                    cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, *, scale=None):
+    if dropout_p != 0:
+        return NotImplemented
+    return CPU_FLASH_BACKWARD(grad_out, query, key, value, out, logsumexp.squeeze(-1), 0.0, is_causal,
+                              attn_mask=attn_bias, scale=scale)
+
+
+def _efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+    if dropout_p != 0 or value.shape[-1] != query.shape[-1]:   # the CPU op needs one head dim
+        return NotImplemented
+    out, lse = CPU_FLASH(query, key, value, 0.0, is_causal, attn_mask=attn_bias, scale=scale)
+    L = query.shape[2]
+    if compute_log_sumexp:   # padded to a multiple of 32 rows, as the CUDA kernel writes it (+inf past L)
+        lse = aten.constant_pad_nd.default(lse, [0, math.ceil(L / 32) * 32 - L], float("inf"))
+    else:
+        lse = torch.empty((query.shape[0], query.shape[1], 0), dtype=torch.float32, device=query.device)
+    seed = torch.empty((), dtype=torch.int64, device=query.device)
+    offset = torch.empty((), dtype=torch.int64, device=query.device)
+    return out, lse, seed, offset
+
+
+def _efficient_backward(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset,
+                        dropout_p, grad_input_mask, is_causal=False, *, scale=None):
+    if dropout_p != 0 or value.shape[-1] != query.shape[-1] or (attn_bias is not None and grad_input_mask[3]):
+        return NotImplemented   # the CPU backward gives no gradient for the mask
+    lse = aten.slice.Tensor(logsumexp, 2, 0, query.shape[2])
+    dq, dk, dv = CPU_FLASH_BACKWARD(grad_out, query, key, value, out, lse, 0.0, is_causal,
+                                    attn_mask=attn_bias, scale=scale)
+    return dq, dk, dv, None
+
+
+# CUDA op -> (its device-neutral form, its backward and that one's form)
+REWRITES: dict[Any, Callable] = {
+    aten._scaled_dot_product_flash_attention.default: _flash,
+    aten._scaled_dot_product_flash_attention_backward.default: _flash_backward,
+    aten._scaled_dot_product_efficient_attention.default: _efficient,
+    aten._scaled_dot_product_efficient_attention_backward.default: _efficient_backward,
+    aten._scaled_dot_product_cudnn_attention.default: _cudnn,
+    aten._scaled_dot_product_cudnn_attention_backward.default: _cudnn_backward,
+}
+
+
+def neutral_attention_table(target: Any) -> dict[Any, Callable]:
+    """The rewrites for ``target`` (a core.targets.Target): the CUDA attention ops its vendor
+    does not run, on a CUDA device; none elsewhere (a CPU trace never shows them)."""
+    if target is None or target.device != "cuda":
+        return {}
+    return {op: fn for op, fn in REWRITES.items() if not target.vendor_runs(op)}

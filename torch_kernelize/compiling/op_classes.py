@@ -1,0 +1,100 @@
+"""What kind of node is this? Classes of FX nodes that the planner treats differently.
+
+- structural: not an ATen computation (getitem, SymInt arithmetic, sym_size, asserts); runs as is
+  and is not counted in coverage.
+- passthrough: ops the backend must not touch (collectives and their waits, mutations of graph
+  inputs): they run exactly as given, on the vendor tier, and are never kernels.
+- view: ops that only make a new view of a tensor's storage; nothing to generate.
+- compute: everything else. These are the nodes the tier ladder decides.
+"""
+from __future__ import annotations
+
+import enum
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+class NodeClass(enum.Enum):
+    STRUCTURAL = "structural"
+    PASSTHROUGH = "passthrough"
+    VIEW = "view"
+    COMPUTE = "compute"
+
+
+_COLLECTIVE_NAMESPACES = {"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor"}
+_STRUCTURAL_ATEN = {
+    aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default,
+    aten._assert_async.msg, aten._assert_scalar.default, aten._local_scalar_dense.default,
+}
+# Ops that return a fresh tensor but are still just a reinterpretation of the same data.
+_VIEW_LIKE = {aten._unsafe_view.default, aten.view.dtype, aten.lift_fresh_copy.default}
+# Factory ops create a tensor from nothing but sizes and a value; the vendor fills memory.
+_FACTORY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_permuted.default, aten.full.default,
+            aten.zeros.default, aten.ones.default, aten.scalar_tensor.default, aten.arange.start_step,
+            aten.arange.default, aten.arange.start, aten.empty_like.default, aten.full_like.default,
+            aten.zeros_like.default, aten.ones_like.default, aten.new_empty.default, aten.new_zeros.default,
+            aten.new_full.default}
+
+
+def classify(node: fx.Node) -> tuple[NodeClass, str]:
+    """The class of a call_function node and a short reason for it."""
+    target = node.target
+    if target is operator.getitem or not isinstance(target, torch._ops.OpOverload):
+        return NodeClass.STRUCTURAL, "not an ATen op"
+    if target in _STRUCTURAL_ATEN:
+        return NodeClass.STRUCTURAL, "shape/assert bookkeeping"
+    if target.namespace in _COLLECTIVE_NAMESPACES:
+        return NodeClass.PASSTHROUGH, "collective: passed through untouched"
+    if target.namespace != "aten":
+        return NodeClass.PASSTHROUGH, f"{target.namespace} op: passed through untouched"
+    if target.is_view or target in _VIEW_LIKE:
+        return NodeClass.VIEW, "view op: no data to compute"
+    if target in _FACTORY:
+        return NodeClass.VIEW, "factory op: fills new memory, nothing to generate"
+    if target._schema.is_mutable:
+        return NodeClass.PASSTHROUGH, "mutating op (input mutation kept by functionalization)"
+    return NodeClass.COMPUTE, ""
+
+
+def is_factory(target: Any) -> bool:
+    """Ops that fill new memory from sizes and a value (some take a tensor only for its metadata)."""
+    return target in _FACTORY
+
+
+def is_random(target: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
+    """Ops that draw random numbers (dropout, attention with dropout): never replaced by a
+    cached kernel, whose stream of random numbers could not match. An op whose only randomness
+    is a ``dropout_p`` argument (the attention ops, tagged seeded as a whole) draws nothing when
+    ``args``/``kwargs`` give it dropout_p == 0."""
+    if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags):
+        return False
+    schema = target._schema.arguments
+    names = [a.name for a in schema]
+    if "dropout_p" not in names:
+        return True
+    i = names.index("dropout_p")
+    if kwargs and "dropout_p" in kwargs:
+        p = kwargs["dropout_p"]
+    elif i < len(args) and not schema[i].kwarg_only:
+        p = args[i]
+    else:
+        p = schema[i].default_value if schema[i].has_default_value() else None
+    return not (isinstance(p, (int, float)) and p == 0)
+
+
+def is_compute(node: fx.Node) -> bool:
+    return node.op == "call_function" and classify(node)[0] is NodeClass.COMPUTE
+
+
+def counts_in_coverage(node: fx.Node) -> bool:
+    return node.op == "call_function" and classify(node)[0] is not NodeClass.STRUCTURAL
+
+
+def describe_target(target: Any) -> str:
+    from torch_kernelize.core.targets import op_name
+    return op_name(target)

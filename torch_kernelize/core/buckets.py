@@ -1,0 +1,248 @@
+"""Shape buckets: one kernel validated for a range of sizes in the dims a model varies.
+
+A *bucketed spec* is a concrete KernelSpec (the representative, normally the bucket's upper edge)
+plus ``dims``: which dims of its inputs and outputs are *variables* (the batch, the sequence),
+each one a ``(side, tensor, dim, var)`` with side "in" or "out". A *bucket* gives each variable a
+range ``[lo, hi]``. Every tensor holding a variable dim must be contiguous, so its strides are a
+function of its sizes and one kernel can serve every size of the bucket.
+
+Keys: ``abstract_key`` hashes the spec's canonical form with the variable sizes replaced by
+their variable and those strides by "contiguous"; a bucket's cache key is that hash's first 16
+hex digits and 8 more of its ranges. All buckets of one abstract spec thus share a key prefix,
+which lets serving find them by listing the cache once, whatever boundaries filled them.
+
+A bucketed program's launches name, in ``Launch.runtime_sizes``, which grid entries and scalar
+arguments are functions of the variables (``SizeExpr``); ``instantiate`` evaluates them for one
+concrete size. Nothing else changes between sizes: the same binaries run the whole bucket.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Sequence, Union
+
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
+
+BUCKET_VERSION = 1
+PREFIX_LEN = 16  # hex digits of the abstract key that start every bucket key of that spec
+SIDES = ("in", "out")
+
+Dim = tuple[str, int, int, int]          # (side, tensor index, dim, variable)
+Range = tuple[int, int]                  # inclusive
+# an int, a variable ("v0"), or [op, operand, ...] with op "mul" or "cdiv"
+SizeExpr = Union[int, str, list]
+
+
+# --- bucket boundaries --------------------------------------------------------------------------
+
+def pow2_bucket(n: int) -> Range:
+    """The default bucket of a size: 1, 2, 3-4, 5-8, 9-16, ..."""
+    if n < 1:
+        raise ValueError(f"a bucketed size must be at least 1, not {n}")
+    hi = 1 << (n - 1).bit_length()
+    return (hi // 2 + 1 if hi > 1 else 1, hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundaries:
+    """Buckets from the upper edges a user gives: ``8,64,512`` makes 1-8, 9-64, 65-512 (empty:
+    powers of two). A size above the last edge is in no bucket."""
+    edges: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Boundaries":
+        if not text:
+            return cls()
+        try:
+            edges = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+        except ValueError:
+            raise ValueError(f"--buckets {text!r}: write the buckets' upper edges as integers, e.g. 8,64,512") from None
+        if not edges or edges[0] < 1:
+            raise ValueError(f"--buckets {text!r}: the upper edges must be integers of at least 1")
+        return cls(edges)
+
+    def bucket_of(self, n: int) -> Range | None:
+        if not self.edges:
+            return pow2_bucket(n)
+        lo = 1
+        for hi in self.edges:
+            if n <= hi:
+                return (lo, hi) if n >= lo else None
+            lo = hi + 1
+        return None
+
+    def covering(self, lo: int, hi: int) -> list[Range]:
+        """The buckets that together hold every size in ``[lo, hi]``, in order."""
+        out, n = [], lo
+        while n <= hi:
+            b = self.bucket_of(n)
+            if b is None:
+                break
+            out.append(b)
+            n = b[1] + 1
+        return out
+
+
+# --- keys ---------------------------------------------------------------------------------------
+
+def _metas(spec: KernelSpec, side: str) -> tuple[TensorMeta, ...]:
+    return spec.inputs if side == "in" else spec.outputs
+
+
+def unbucketable(spec: KernelSpec, dims: Sequence[Dim]) -> str | None:
+    """Why ``spec`` cannot be bucketed in ``dims`` (None: it can)."""
+    if not dims:
+        return "no dim varies"
+    for side, i, d, _ in dims:
+        if side not in SIDES or i >= len(_metas(spec, side)) or d >= len(_metas(spec, side)[i].shape):
+            return f"no dim {d} of {side}put {i}"
+        if not _metas(spec, side)[i].is_contiguous():
+            return f"{side}put {i} is not contiguous: its strides are no function of its sizes"
+    return None
+
+
+def abstract_canonical(spec: KernelSpec, dims: Sequence[Dim]) -> dict[str, Any]:
+    """The spec's canonical form with the variable sizes as ``{"var": v}`` and their tensors'
+    strides as "contiguous": the same for every size of every bucket."""
+    problem = unbucketable(spec, dims)
+    if problem is not None:
+        raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
+    d = spec.canonical()
+    names = {"in": "inputs", "out": "outputs"}
+    for side, i, dim, var in dims:
+        meta = d[names[side]][i]
+        meta["shape"][dim] = {"var": var}
+        meta["stride"] = "contiguous"
+    d["bucket_version"] = BUCKET_VERSION
+    return d
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def key_prefix(spec: KernelSpec, dims: Sequence[Dim]) -> str:
+    """The first hex digits of every bucket key of this abstract spec."""
+    return _digest(abstract_canonical(spec, dims))[:PREFIX_LEN]
+
+
+def bucket_key(spec: KernelSpec, dims: Sequence[Dim], ranges: Sequence[Range]) -> str:
+    """The cache key of the bucket ``ranges`` (one per variable) of ``spec`` bucketed in ``dims``."""
+    return key_prefix(spec, dims) + _digest([list(r) for r in ranges])[:24 - PREFIX_LEN]
+
+
+def variables(dims: Sequence[Dim]) -> int:
+    return 1 + max(v for *_, v in dims) if dims else 0
+
+
+def values_of(spec: KernelSpec, dims: Sequence[Dim]) -> tuple[int, ...]:
+    """Each variable's size in ``spec``."""
+    out: dict[int, int] = {}
+    for side, i, d, v in dims:
+        out.setdefault(v, _metas(spec, side)[i].shape[d])
+    return tuple(out[v] for v in range(variables(dims)))
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
+def spec_at(spec: KernelSpec, dims: Sequence[Dim], values: Sequence[int]) -> KernelSpec:
+    """The concrete spec of ``spec`` with each variable set to ``values`` (contiguous strides)."""
+    metas = {"in": [list(m.shape) for m in spec.inputs], "out": [list(m.shape) for m in spec.outputs]}
+    for side, i, d, v in dims:
+        metas[side][i][d] = int(values[v])
+    varied = {(side, i) for side, i, _, _ in dims}
+
+    def rebuilt(side: str) -> tuple[TensorMeta, ...]:
+        return tuple(dataclasses.replace(m, shape=tuple(metas[side][i]),
+                                         stride=contiguous_strides(metas[side][i]) if (side, i) in varied else m.stride)
+                     for i, m in enumerate(_metas(spec, side)))
+    return dataclasses.replace(spec, inputs=rebuilt("in"), outputs=rebuilt("out"))
+
+
+def contains(ranges: Sequence[Range], values: Sequence[int]) -> bool:
+    return len(ranges) == len(values) and all(lo <= v <= hi for (lo, hi), v in zip(ranges, values))
+
+
+# --- the bucket record of a cache entry ---------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """What a bucket entry's record holds under "bucket": its dims and ranges (and, written by
+    fill_cache, the sizes its winner was validated at)."""
+    dims: tuple[Dim, ...]
+    ranges: tuple[Range, ...]
+    validated: tuple[tuple[int, ...], ...] = ()
+
+    def key(self, spec: KernelSpec) -> str:
+        return bucket_key(spec, self.dims, self.ranges)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": BUCKET_VERSION, "dims": [list(d) for d in self.dims],
+                "ranges": [list(r) for r in self.ranges], "validated_sizes": [list(v) for v in self.validated]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Bucket":
+        if d.get("version") != BUCKET_VERSION:
+            raise ValueError(f"bucket version {d.get('version')!r} is not {BUCKET_VERSION}")
+        return cls(tuple((str(s), int(i), int(k), int(v)) for s, i, k, v in d["dims"]),
+                   tuple((int(lo), int(hi)) for lo, hi in d["ranges"]),
+                   tuple(tuple(int(x) for x in v) for v in d.get("validated_sizes", ())))
+
+
+# --- sizes computed at launch time --------------------------------------------------------------
+
+def evaluate(expr: SizeExpr, values: Sequence[int]) -> int:
+    """The value of a SizeExpr for the variables' ``values``."""
+    if isinstance(expr, bool):
+        raise ValueError(f"bad size expression {expr!r}")
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, str) and expr.startswith("v") and expr[1:].isdigit():
+        return int(values[int(expr[1:])])
+    if isinstance(expr, list) and expr and expr[0] in ("mul", "cdiv"):
+        args = [evaluate(e, values) for e in expr[1:]]
+        if expr[0] == "mul":
+            out = 1
+            for a in args:
+                out *= a
+            return out
+        if len(args) == 2 and args[1] > 0:
+            return -(-args[0] // args[1])
+    raise ValueError(f"bad size expression {expr!r}")
+
+
+def product(factors: Sequence[SizeExpr]) -> SizeExpr:
+    """A SizeExpr for the product of ``factors`` (constants folded)."""
+    const, rest = 1, []
+    for f in factors:
+        if isinstance(f, int):
+            const *= f
+        else:
+            rest.append(f)
+    if not rest:
+        return const
+    return ["mul", *([const] if const != 1 else []), *rest] if len(rest) > 1 or const != 1 else rest[0]
+
+
+def instantiate(program: Any, values: Sequence[int]) -> Any:
+    """``program`` (a KernelProgram) with every launch's run-time sizes evaluated for ``values``."""
+    launches = []
+    for launch in program.launches:
+        sizes = launch.runtime_sizes
+        if not sizes:
+            launches.append(launch)
+            continue
+        grid = tuple(evaluate(g, values) for g in sizes.get("grid", launch.grid))
+        args = list(launch.args)
+        for pos, expr in sizes.get("args", {}).items():
+            kind, _ = args[int(pos)]
+            args[int(pos)] = (kind, evaluate(expr, values))
+        launches.append(dataclasses.replace(launch, grid=grid, args=tuple(args)))
+    return dataclasses.replace(program, launches=tuple(launches))

@@ -1,0 +1,108 @@
+"""Concrete shapes for a symbolic graph: bind the graph's size symbols from the call's inputs,
+then evaluate every node's (possibly symbolic) metadata to plain integers.
+
+One ATen graph serves many shapes (dynamic shapes); kernels are keyed on concrete shapes. A
+``SymbolBinder`` reads, from a call's arguments, exactly the values that fix every backed size
+symbol; that tuple is the specialization key of the call. Values that depend on data (unbacked
+symbols, e.g. after nonzero) cannot be fixed this way and evaluate to None.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+
+from torch_kernelize.core.spec import TensorMeta, dtype_name
+
+
+def _expr(v: Any) -> Any:
+    return v.node.expr if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) else v
+
+
+def _hint(v: Any) -> Any:
+    """A concrete value for an example argument: ints stay, SymInts give their hint."""
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return v.node.hint
+    return v
+
+
+class SymbolBinder:
+    """Where in a graph's arguments each free size symbol can be read."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self.sites: list[tuple[int, str, int, sympy.Symbol]] = []
+        seen: set[sympy.Symbol] = set()
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for i, ph in enumerate(placeholders):
+            val = ph.meta.get("val")
+            candidates: list[tuple[str, int, Any]] = []
+            if isinstance(val, torch.Tensor):
+                candidates += [("size", d, s) for d, s in enumerate(val.shape)]
+                candidates += [("stride", d, s) for d, s in enumerate(val.stride())]
+            elif isinstance(val, torch.SymInt):
+                candidates.append(("int", 0, val))
+            for kind, d, s in candidates:
+                e = _expr(s)
+                if isinstance(e, sympy.Symbol) and e not in seen:
+                    seen.add(e)
+                    self.sites.append((i, kind, d, e))
+        self.symbols = tuple(site[3] for site in self.sites)
+        self.call_key = self._call_key()
+
+    def _call_key(self) -> Callable[[Sequence[Any]], tuple]:
+        """``key`` for a call's real arguments (plain ints, no SymInt hints), as one generated
+        expression: the hot path of a dynamic graph's dispatch is this and one dict lookup."""
+        read = {"size": "args[{i}].size({d})", "stride": "args[{i}].stride({d})", "int": "args[{i}]"}
+        items = "".join(read[kind].format(i=i, d=d) + ", " for i, kind, d, _ in self.sites)
+        return eval(f"lambda args: ({items})")  # built from ints and fixed names only
+
+    @property
+    def is_static(self) -> bool:
+        return not self.sites
+
+    def key(self, args: Sequence[Any]) -> tuple:
+        """The specialization key of a call: the value of every bound symbol."""
+        out = []
+        for i, kind, d, _ in self.sites:
+            a = args[i]
+            out.append(a.shape[d] if kind == "size" else a.stride(d) if kind == "stride" else a)
+        return tuple(_hint(v) for v in out)
+
+    def bindings(self, key: tuple) -> dict[sympy.Symbol, sympy.Integer]:
+        return {sym: sympy.Integer(int(v)) for sym, v in zip(self.symbols, key) if v is not None}
+
+
+def evaluate(v: Any, bindings: dict[sympy.Symbol, int]) -> Any:
+    """A concrete int/float/bool for a Python or symbolic scalar; None if it cannot be fixed."""
+    e = _expr(v)
+    if isinstance(e, (bool, int, float)):
+        return e
+    if isinstance(e, sympy.Basic):
+        r = sympy.sympify(e.xreplace(bindings))
+        if r.free_symbols:
+            return None
+        if r.is_Boolean or r in (sympy.true, sympy.false):
+            return bool(r)
+        return int(r) if r.is_integer else float(r)
+    return v
+
+
+def concrete_meta(val: Any, bindings: dict[sympy.Symbol, int]) -> TensorMeta | None:
+    """The TensorMeta of a (fake) tensor with every size fixed, or None if some size is unbound."""
+    shape = [evaluate(s, bindings) for s in val.shape]
+    stride = [evaluate(s, bindings) for s in val.stride()]
+    if any(x is None for x in shape + stride):
+        return None
+    return TensorMeta(tuple(shape), tuple(stride), dtype_name(val.dtype), val.device.type)
+
+
+def concrete_value(val: Any, bindings: dict[sympy.Symbol, int]) -> Any:
+    """TensorMeta for tensors, numbers for scalars, tuples element-wise; None if unresolvable."""
+    if isinstance(val, torch.Tensor):
+        return concrete_meta(val, bindings)
+    if isinstance(val, (tuple, list)):
+        items = [concrete_value(v, bindings) for v in val]
+        return None if any(i is None and v is not None for i, v in zip(items, val)) else type(val)(items)
+    return evaluate(val, bindings)

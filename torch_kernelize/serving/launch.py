@@ -1,0 +1,434 @@
+"""The runner: load a built KernelProgram from its files and launch it. No generation here.
+
+On the interpreter target the kernels' Python functions run through Triton's interpreter. On
+CUDA each launch is rebuilt from its stored binary (cubin + metadata): no Triton compilation on
+the serving path. Outputs are allocated with the spec's exact shape, stride and dtype.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import logging
+import operator
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from torch_kernelize.core.buckets import contiguous_strides as _contiguous
+from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
+
+PROGRAM_FILE = "program.json"
+
+_import_lock = threading.Lock()
+# Triton's interpreter is not reentrant: a run patches triton.language for the whole process and
+# restores it when done, so a second thread interpreting meanwhile fails (and its kernel would be
+# disabled). Interpreted launches take turns; CUDA launches need no lock.
+_interpreter_lock = threading.RLock()
+log = logging.getLogger("torch_kernelize.serving.launch")
+
+
+class MisalignedInput(RuntimeError):
+    """A CUDA kernel was compiled for 16-byte aligned pointers, got an unaligned view and has no
+    binary for unaligned pointers: the caller runs the vendor op for this one call (the kernel
+    stays enabled)."""
+
+
+def poison_value(dtype: torch.dtype) -> float | int | bool:
+    """What fills an output before a validation run, so that unwritten elements show up."""
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).min + 7
+
+
+def import_source(path: Path, module_name: str):
+    """Import a kernel source file as a module (Triton's @jit needs the source on disk)."""
+    with _import_lock:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # triton resolves globals through the module
+        # No __pycache__ inside cache entries: every file there is covered by the manifest.
+        saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+        finally:
+            sys.dont_write_bytecode = saved
+    return module
+
+
+INTERPRETER_TWINS = "INTERPRETER_TWINS"
+
+
+def use_interpreter_twins(module: Any) -> None:
+    """Swap a kernel module's inline-PTX helpers (and ``libdevice``) for their interpreter twins.
+
+    The interpreter runs no PTX. A source whose helpers use ``tl.inline_asm_elementwise`` names,
+    in a module-level dict ``INTERPRETER_TWINS = {"helper": "helper_twin"}``, a ``@triton.jit``
+    twin of each that computes the same result in plain Triton; the kernels resolve helpers
+    through the module's globals, so the interpreted kernels call the twins. (CPU tests thus
+    check everything but the PTX itself, which fill_cache validates on the GPU.)
+    """
+    for name, twin in getattr(module, INTERPRETER_TWINS, {}).items():
+        if not hasattr(module, twin):
+            raise ValueError(f"{module.__name__}: interpreter twin {twin!r} of {name!r} is not defined")
+        setattr(module, name, getattr(module, twin))
+    libdevice = getattr(module, "libdevice", None)
+    if getattr(libdevice, "__name__", "").startswith("triton.language.extra"):
+        module.libdevice = _InterpreterLibdevice()
+
+
+class _InterpreterLibdevice:
+    """``libdevice`` as the interpreter can run it (it runs no extern library, Inductor's kernels
+    call ``libdevice.exp`` and kin): each function is ``triton.language.math``'s of the same name,
+    looked up at call time, when the interpreter has patched that module."""
+
+    def __getattr__(self, name: str) -> Any:
+        import triton.language as tl
+        fn = getattr(tl.math, name, None)
+        if fn is None:
+            raise AttributeError(f"libdevice.{name} has no triton.language.math equivalent that the Triton "
+                                 "interpreter runs (the kernel runs on the cuda target only)")
+        return fn
+
+
+def _interpreted(fn: Any):
+    from triton.runtime.interpreter import InterpretedFunction
+    _interpret_nested_jit_calls()
+    return fn if isinstance(fn, InterpretedFunction) else InterpretedFunction(fn.fn)
+
+
+def _interpret_nested_jit_calls() -> None:
+    """Let interpreted kernels call @triton.jit helpers (tl.sum, tl.max, tl.sigmoid, own helpers).
+
+    Unless TRITON_INTERPRET=1 was set when triton was imported, those helpers are JITFunctions,
+    whose ``__call__`` only raises ("outside of the scope of a kernel"); a compiled kernel never
+    calls it (the code generator inlines them). Installed once: such calls run interpreted.
+    """
+    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
+    from triton.runtime.jit import JITFunction
+    if getattr(JITFunction.__call__, "_interprets", False):
+        return
+    cache: dict[int, tuple[Any, Any]] = {}
+
+    def call(self, *args, **kwargs):
+        hit = cache.get(id(self))
+        if hit is None or hit[0] is not self:
+            hit = cache[id(self)] = (self, InterpretedFunction(self.fn))
+        # like InterpretedFunction.__call__, but undo the language patching afterwards, so that a
+        # later triton.compile in this process sees the real triton.language again
+        scope = _patch_lang(self.fn)
+        try:
+            return hit[1].rewrite()(*args, **kwargs)
+        finally:
+            scope.restore()
+
+    call._interprets = True
+    JITFunction.__call__ = call
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a cheap call, where torch has it
+
+
+def _raw_stream(device: torch.device) -> int:
+    """The current CUDA stream's handle."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+# Inductor's output code allocates through these: no Python argument parsing, no device object.
+_GUARDS = getattr(torch._C, "_dynamo", None) and getattr(torch._C._dynamo, "guards", None)
+_EMPTY_STRIDED_CPU = getattr(_GUARDS, "_empty_strided_cpu", None)
+_EMPTY_STRIDED_CUDA = getattr(_GUARDS, "_empty_strided_cuda", None)  # on the current device
+_CUDA_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def _empty_strided(device: torch.device) -> Callable[[tuple, tuple, torch.dtype], torch.Tensor]:
+    """``(shape, stride, dtype) -> tensor`` allocating on ``device``, the cheapest way there is."""
+    if device.type == "cpu" and _EMPTY_STRIDED_CPU is not None:
+        return _EMPTY_STRIDED_CPU
+    if (device.type == "cuda" and _EMPTY_STRIDED_CUDA is not None and _CUDA_DEVICE is not None
+            and device.index in (None, _CUDA_DEVICE())):
+        return _EMPTY_STRIDED_CUDA
+    return lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
+    """pool -> the tuple of the pool's items at ``positions`` (itemgetter, always a tuple)."""
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda pool: (pool[only],)
+    return operator.itemgetter(*positions) if positions else (lambda pool: ())
+
+
+class ProgramRunner:
+    """A loaded program for one spec: call it with the spec's input tensors."""
+
+    def __init__(self, spec: KernelSpec, program: KernelProgram, kernels: Sequence[Any], backend: str,
+                 unaligned: Callable[[], Sequence[Any]] | None = None):
+        """``unaligned`` loads (once, on the first unaligned input) the launchers compiled without
+        the 16-byte alignment assumption (CUDA)."""
+        self.spec = spec
+        self.program = program
+        self.backend = backend
+        self._kernels = list(kernels)  # one launchable per launch
+        self._out_metas = spec.outputs
+        self._tuple = spec.tuple_output
+        names = [program.kernel_arg_names(l.kernel) for l in program.launches]
+        # Pre-resolve each launch's argument list into (kind, value) pairs plus constexpr order.
+        self._plans = [self._plan(l, n) for l, n in zip(program.launches, names)]
+        # The hot path's view of the same: outputs to allocate, and (for CUDA) each launch's
+        # arguments as positions in one pool (inputs, outputs, temps, state, constants) with the
+        # constants its launcher does not take already dropped.
+        tmp = len(spec.inputs) + len(spec.outputs)
+        self._pool_base = {"in": 0, "out": len(spec.inputs), "tmp": tmp, "state": tmp + len(program.temps)}
+        self._consts: tuple = ()
+        self._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i))
+                            for i, m in enumerate(spec.outputs)]
+        self._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) for b in program.temps]
+        # state buffers (grid-barrier semaphores), zeroed once per (device, stream) and kept: calls
+        # on one stream run one after another, so they take turns on one set
+        self._state_allocs = [(b.shape, getattr(torch, b.dtype)) for b in program.state]
+        self._states: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        self._keep = list(range(len(program.launches)))  # the launches a call runs
+        self._donated: dict[int, int] = {}  # output -> the input it is written into (donating())
+        if backend == "cuda":
+            self._cuda_plans = self._cuda_plans_for(self._kernels)
+        self._load_unaligned = unaligned
+        self._unaligned_tried = False
+        self._unaligned_plans: list | None = None
+        self._unaligned_lock = threading.Lock()
+        self.direct = self._direct_call()
+
+    def donating(self) -> "ProgramRunner | None":
+        """This program writing its donated outputs into the caller's inputs and leaving out the
+        launches that only copied them (see Donation); the caller guarantees that nothing reads
+        those inputs afterwards. None if the program declares no donation."""
+        donations = self.program.donations
+        if not donations:
+            return None
+        runner = copy.copy(self)
+        skip = {i for d in donations for i in d.skip}
+        runner._keep = [i for i in self._keep if i not in skip]
+        runner._donated = {d.out: d.input for d in donations}
+        runner._out_allocs = [None if i in runner._donated else a for i, a in enumerate(self._out_allocs)]
+        if self.backend == "cuda":
+            runner._cuda_plans = runner._cuda_plans_for(self._kernels)
+        runner._unaligned_tried, runner._unaligned_plans = False, None
+        runner._unaligned_lock = threading.Lock()
+        runner.direct = None  # (the generated call knows no donation)
+        return runner
+
+    def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
+        """Per kept launch: (its launcher's run, a getter of its arguments from the pool, grid)."""
+        plans, consts = [], list(self._consts)
+        first_const = self._pool_base["state"] + len(self.program.state)
+        for i in self._keep:
+            k, (_, order, grid) = kernels[i], self._plans[i]
+            where = []
+            for j, (kind, value) in enumerate(order):
+                if j in k.dropped:
+                    continue
+                if kind in self._pool_base:
+                    where.append(self._pool_base[kind] + value)
+                else:
+                    where.append(first_const + len(consts))
+                    consts.append(value)
+            plans.append((k.run, _getter(where), *grid))
+        self._consts = tuple(consts)
+        return plans
+
+    def _direct_call(self) -> Callable | None:
+        """The CUDA hot path of this program as one generated function of its inputs: outputs
+        and temporaries allocated and every launch made with its arguments written out, no
+        per-call pools, loops or frames of ours between the caller and the launchers. A call
+        with an input off a 16-byte boundary, or on another device than the current one, takes
+        the general path (``__call__``). None where the general path is the only one (not CUDA,
+        donated outputs, state buffers, no inputs)."""
+        if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
+                or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
+            return None
+        names: dict[str, Any] = {"general": self.__call__, "empty": _EMPTY_STRIDED_CUDA,
+                                 "stream_of": _RAW_STREAM, "current_device": _CUDA_DEVICE}
+
+        def ref(value: Any) -> str:
+            if type(value) is int or (type(value) is float and value == value and abs(value) != float("inf")):
+                return repr(value)
+            names[f"c{len(names)}"] = value
+            return f"c{len(names) - 1}"
+        ins = ", ".join(f"i{k}" for k in range(len(self.spec.inputs)))
+        body = [f"if {' or '.join(f'i{k}.data_ptr() % 16' for k in range(len(self.spec.inputs)))}:",
+                f"    return general({ins})",
+                "device = i0.get_device()",
+                "if device != current_device():",
+                f"    return general({ins})"]
+        buffers = [(f"o{k}", shape, stride, dtype, init) for k, (shape, stride, dtype, init) in enumerate(self._out_allocs)]
+        buffers += [(f"t{k}", shape, _contiguous(shape), dtype, init)
+                    for k, (shape, dtype, init) in enumerate(self._temp_allocs)]
+        for name, shape, stride, dtype, init in buffers:
+            body.append(f"{name} = empty({ref(tuple(shape))}, {ref(tuple(stride))}, {ref(dtype)})")
+            if init is not None:
+                body.append(f"{name}.fill_({ref(init)})")
+        body.append("stream = stream_of(device)")
+        prefix = {"in": "i", "out": "o", "tmp": "t"}
+        for j, i in enumerate(self._keep):
+            kernel, (_, order, grid) = self._kernels[i], self._plans[i]
+            names[f"run{j}"] = kernel.run
+            args = [f"{prefix[kind]}{value}" if kind in prefix else ref(value)
+                    for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
+            body.append(f"run{j}({', '.join(ref(g) for g in grid)}, stream, {', '.join(args)})")
+        outs = [f"o{k}" for k in range(len(self._out_allocs))]
+        body.append(f"return ({', '.join(outs)},)" if self._tuple else f"return {outs[0]}")
+        source = f"def direct({ins}):\n" + "".join(f"    {line}\n" for line in body)
+        exec(compile(source, f"<kernelize launch {self.spec.key}>", "exec"), names)
+        direct = names["direct"]
+        direct.source = source
+        return direct
+
+    def _plans_for_unaligned(self) -> list:
+        if self._unaligned_plans is not None:
+            return self._unaligned_plans
+        with self._unaligned_lock:  # loaded once, whichever thread meets an unaligned input first
+            if self._unaligned_plans is None:
+                if self._load_unaligned is None or self._unaligned_tried:
+                    raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned")
+                self._unaligned_tried = True
+                try:
+                    self._unaligned_plans = self._cuda_plans_for(self._load_unaligned())
+                except Exception as e:  # e.g. the entry was replaced meanwhile: the vendor op, per call
+                    log.warning("%s: the binary for unaligned inputs did not load (%s: %s)",
+                                self.spec.describe(), type(e).__name__, e)
+                    raise MisalignedInput(f"an input of {self.spec.describe()} is not 16-byte aligned") from e
+            return self._unaligned_plans
+
+    def _plan(self, launch: Launch, names: list[str]):
+        runtime = [n for n in names if n not in launch.constexprs]
+        by_name = dict(zip(runtime, launch.args))
+        # Full parameter order (CUDA launchers take constexprs in place); interpreter takes kwargs.
+        order = [("const", launch.constexprs[n]) if n in launch.constexprs else by_name[n] for n in names]
+        grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+        return launch, order, grid
+
+    def allocate(self, device: torch.device, poison: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        outs = []
+        empty = _empty_strided(device)
+        for alloc in self._out_allocs:
+            if alloc is None:  # donated: the caller's input (see donating())
+                outs.append(None)
+                continue
+            shape, stride, dtype, init = alloc
+            t = empty(shape, stride, dtype)
+            if init is not None:
+                t.fill_(init)
+            elif poison:
+                t.fill_(poison_value(t.dtype))
+            outs.append(t)
+        temps = []
+        for shape, dtype, init in self._temp_allocs:
+            t = torch.empty(shape, dtype=dtype, device=device)
+            if init is not None:
+                t.fill_(init)
+            elif poison:
+                t.fill_(poison_value(t.dtype))
+            temps.append(t)
+        return outs, temps
+
+    def state(self, device: torch.device, stream: int = 0) -> tuple[torch.Tensor, ...]:
+        """The state buffers of calls on ``stream`` of ``device``: zeroed when first asked for."""
+        key = (device.index if device.index is not None else -1, stream)
+        bufs = self._states.get(key)
+        if bufs is None:  # two threads meeting here keep the first set (dict.setdefault is atomic)
+            bufs = self._states.setdefault(key, tuple(torch.zeros(shape, dtype=dtype, device=device)
+                                                      for shape, dtype in self._state_allocs))
+        return bufs
+
+    def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
+        if self.backend == "cuda":  # the serving path: no per-call dicts or argument lists
+            plans = self._cuda_plans
+            for t in inputs:
+                if t.data_ptr() % 16:
+                    plans = self._plans_for_unaligned()
+                    break
+            device = inputs[0].device if inputs else torch.device("cuda")
+            stream = _raw_stream(device)
+            state = self.state(device, stream) if self._state_allocs else ()
+            pool = (*inputs, *outs, *temps, *state, *self._consts)
+            for run, args, gx, gy, gz in plans:
+                run(gx, gy, gz, stream, *args(pool))
+            return
+        with _interpreter_lock:
+            self._interpret(inputs, outs, temps)
+
+    def _interpret(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
+        device = inputs[0].device if inputs else torch.device("cpu")
+        bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device) if self._state_allocs else ()}
+        for i in self._keep:
+            kernel, (launch, order, grid) = self._kernels[i], self._plans[i]
+            args = [bufs[k][v] if k in bufs else v for k, v in order]
+            if not launch.synchronized:
+                kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
+                continue
+            # The interpreter runs the programs one after another, so a grid barrier would wait
+            # forever: one launch per phase instead (a launch's end is a grid barrier).
+            at = self.program.kernel_arg_names(launch.kernel).index(PHASE)
+            for phase in range(1, launch.phases + 1):
+                args[at] = phase
+                kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
+
+    def __call__(self, *inputs: torch.Tensor):
+        device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")
+        outs, temps = self.allocate(device)
+        for out, given in self._donated.items():
+            if self.backend == "cuda" and inputs[given].data_ptr() % 16:  # outputs are compiled aligned
+                raise MisalignedInput(f"the buffer donated to {self.spec.describe()} is not 16-byte aligned")
+            outs[out] = inputs[given]
+        self.launch(inputs, outs, temps)
+        return tuple(outs) if self._tuple else outs[0]
+
+    def run_poisoned(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Validation: outputs poisoned before the launch, always returned as a tuple."""
+        device = inputs[0].device if inputs else torch.device("cpu")
+        outs, temps = self.allocate(device, poison=True)
+        self.launch(inputs, outs, temps)
+        return tuple(outs)
+
+
+def read_program(directory: Path) -> KernelProgram:
+    """A built program's launch list and source (whichever language it is written in)."""
+    meta = json.loads((Path(directory) / PROGRAM_FILE).read_text())
+    source = (Path(directory) / SOURCE_FILES[meta.get("language", "triton")]).read_text()
+    return KernelProgram.from_json(meta, source)
+
+
+def load_program(directory: Path, spec: KernelSpec, backend: str, module_name: str | None = None) -> ProgramRunner:
+    """Load a built program from ``directory`` (kernel.py or kernel.cu, program.json, launch
+    binaries); ``module_name`` names the imported source (interpreter)."""
+    directory = Path(directory)
+    program = read_program(directory)
+    if program.language != "triton" and backend != "cuda":
+        raise ValueError(f"{spec.describe()}: a {program.language} program runs on the cuda target only, "
+                         f"not on {backend!r}")
+    if backend == "interpreter":
+        module = import_source(directory / program.source_file, module_name or f"torch_kernelize_kernels.k{spec.key}")
+        use_interpreter_twins(module)
+        return ProgramRunner(spec, program, [_interpreted(getattr(module, l.kernel)) for l in program.launches],
+                             backend)
+    if backend == "cuda":  # the stored binaries; the source is not imported (KernelSignature)
+        from torch_kernelize.core.program import has_unaligned
+        from torch_kernelize.serving.triton_binaries import KernelSignature, load_launch
+
+        def launchers(aligned: bool = True) -> list:
+            return [load_launch(directory, i, KernelSignature.of(l, program), l, program, spec, aligned)
+                    for i, l in enumerate(program.launches)]
+        unaligned = (lambda: launchers(False)) if has_unaligned(directory, len(program.launches)) else None
+        return ProgramRunner(spec, program, launchers(), backend, unaligned)
+    raise ValueError(f"no Triton runner for backend {backend!r}")
