@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torch_kernelize import buckets as B
+from torch_kernelize.core import buckets as B
 from torch_kernelize import flush_repros
 from torch_kernelize.backend import compile_with_session
 from torch_kernelize.fill_cache.buckets import BucketWork, DynamicDim, fill_bucket, inside_sizes

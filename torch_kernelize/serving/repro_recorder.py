@@ -7,10 +7,11 @@ reproducer costs (the FX repro script, the content-addressed input store, the fl
 reference, the files) runs on one background thread fed by a bounded queue.
 
 A miss is recorded once per process per *record key* (its spec key; in a dynamic graph its node's
-with the shape bucket of each size symbol: one shape of each bucket is recorded), not at all where the folder already exists, and only while the process is under
-``repro_max`` recorded misses and ``repro_max_bytes`` of captured inputs. Every miss that is not
-recorded is counted with its reason in the report (``repro_counts``). At interpreter exit
-the queue is flushed, waiting at most ``EXIT_WAIT_S``.
+with the shape bucket of each size symbol: one shape of each bucket is recorded), not at all
+where the folder already exists, and only while the process is under ``repro_max`` recorded
+misses and ``repro_max_bytes`` of captured inputs. Every miss that is not recorded is counted
+with its reason in the report (``repro_counts``). At interpreter exit the queue is flushed,
+waiting at most ``EXIT_WAIT_S``; what is still queued then is dropped (and said so).
 """
 from __future__ import annotations
 
@@ -122,7 +123,13 @@ def _exists(path: Path) -> bool:
 
 
 class BackgroundWriter:
-    """One daemon thread that runs queued writes in order; a failing write is logged, never raised."""
+    """One daemon thread that runs queued writes in order; a failing write is logged, never raised.
+
+    At exit it gets ``EXIT_WAIT_S`` to finish; then the writes still queued are dropped and the one
+    running is waited for. The wait is registered with ``threading``'s exit hooks, which run before
+    ``concurrent.futures`` refuses new work (the repro string's generation uses it) and before the
+    interpreter is finalized: a daemon thread still inside torch at finalization aborts the process.
+    """
 
     def __init__(self, size: int = QUEUE_SIZE) -> None:
         self._queue: queue.Queue[Callable[[], None]] = queue.Queue(size)
@@ -130,6 +137,8 @@ class BackgroundWriter:
         self._pending = 0
         self._thread: threading.Thread | None = None
         self._warned = False
+        self._stopping = False
+        self._hooked = False
 
     def submit(self, write: Callable[[], None]) -> bool:
         """Queue ``write``; False (nothing queued) when the queue is full."""
@@ -139,6 +148,8 @@ class BackgroundWriter:
             except queue.Full:
                 return False
             self._pending += 1
+            if not self._hooked:
+                self._hooked = _at_exit(self.close)
             if self._thread is None or not self._thread.is_alive():  # (none yet, or a forked child)
                 self._thread = threading.Thread(target=self._run, name="kernelize-repro-writer", daemon=True)
                 self._thread.start()
@@ -153,10 +164,26 @@ class BackgroundWriter:
     def pending(self) -> int:
         return self._pending
 
+    def close(self, timeout: float | None = None) -> None:
+        """The exit: wait ``timeout`` s (``EXIT_WAIT_S``) for the queue; then drop what is queued and
+        finish the running write."""
+        timeout = EXIT_WAIT_S if timeout is None else timeout
+        if not self._pending or self.flush(timeout):
+            return
+        with self._idle:
+            self._stopping = True
+            dropped = self._pending - 1  # the running write finishes
+        log.warning("kernelize: %d reproducer(s) not written: the interpreter exited after waiting %.0f s "
+                    "for them (nothing half-written is left in place)", dropped, timeout)
+        self.flush()
+
     def _run(self) -> None:
         while True:
             write = self._queue.get()
             try:
+                if self._stopping:
+                    repro_counts.add("failed")
+                    continue
                 write()
             except Exception as e:
                 repro_counts.add("failed")
@@ -186,8 +213,13 @@ def flush(timeout: float | None = None) -> bool:
     return writer.flush(timeout)
 
 
-@atexit.register
-def _flush_at_exit() -> None:
-    if writer.pending and not writer.flush(EXIT_WAIT_S):
-        log.warning("kernelize: %d reproducer(s) not written: the interpreter exited after waiting %.0f s "
-                    "for them (nothing half-written is left in place)", writer.pending, EXIT_WAIT_S)
+def _at_exit(hook: Callable[[], None]) -> bool:
+    """Run ``hook`` when the main thread is done, before concurrent.futures shuts down (threading's
+    exit hooks run last-registered first, and it registers when imported); atexit where the private
+    hook is missing. False once the interpreter is already exiting."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        (register or atexit.register)(hook)
+    except RuntimeError:  # "can't register atexit after shutdown"
+        return False
+    return True
