@@ -2,13 +2,13 @@
 ``fill_cache --model`` and the benchmarks.
 
 Each ``make_*`` function returns ``(model, example_inputs)``, the form ``fill_cache --model
-torch_kernelize.model_zoo:make_moe`` expects; its arguments size the model and its inputs, and the
-defaults are small, so that it runs on CPU and on the Triton interpreter in seconds. The
-benchmarks' seed workloads are the same models at their benchmark sizes (``make_seed_*``,
-``SEED_WORKLOADS``), built in fp16 on ``$KERNELIZE_BENCH_DEVICE`` (default ``cuda``; ``cpu`` for a
-dry run of the planning). Models we do not write (transformers') are built from configs at the
-end. This module imports only torch (transformers where asked), so a test can load it by file
-path without importing torch_kernelize.
+torch_kernelize.model_zoo:make_moe`` expects. Its arguments size the model and its inputs; the
+defaults are small, so that it runs on CPU and on the Triton interpreter in seconds
+(``make_conv1d_layer``'s are a GPU shape). The benchmarks' seed workloads are the same models at
+their benchmark sizes (``make_seed_*``, ``SEED_WORKLOADS``), built on ``$KERNELIZE_BENCH_DEVICE``
+(default ``cuda``; ``cpu`` for a dry run of the planning). Models we do not write (transformers')
+are built from configs at the end. This module imports only torch (transformers where asked), so
+a test can load it by file path without importing torch_kernelize.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+ModelAndInputs = tuple[nn.Module, tuple]  # what every make_* returns: fill_cache --model's form
 
 
 class MLP(nn.Module):
@@ -123,33 +125,33 @@ class InPlace(nn.Module):
         return h.sigmoid_() + self.steps
 
 
-def _seeded(model: nn.Module, *inputs: torch.Tensor):
+def _seeded(model: nn.Module, *inputs: torch.Tensor) -> ModelAndInputs:
     return model.eval(), inputs
 
 
-def make_mlp(batch: int = 8):
+def make_mlp(batch: int = 8) -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(MLP(), torch.randn(batch, 32))
 
 
-def make_conv1d(batch: int = 2):
+def make_conv1d(batch: int = 2) -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(Conv1dStack(), torch.randn(batch, 8, 24))
 
 
-def make_transformer(batch: int = 2, seq: int = 8):
+def make_transformer(batch: int = 2, seq: int = 8) -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(TransformerBlock(), torch.randn(batch, seq, 32))
 
 
 def make_moe(tokens: int = 16, d: int = 32, f: int = 32, experts: int = 4, k: int = 2, init_std: float = 0.1,
-             dtype: torch.dtype = torch.float32, device: str = "cpu"):
+             dtype: torch.dtype = torch.float32, device: str = "cpu") -> ModelAndInputs:
     torch.manual_seed(0)
     model = MoE(d, f, experts, k, init_std).to(device, dtype)
     return _seeded(model, torch.randn(tokens, d, device=device, dtype=dtype))
 
 
-def make_inplace(batch: int = 4):
+def make_inplace(batch: int = 4) -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(InPlace(), torch.randn(batch, 16))
 
@@ -168,7 +170,7 @@ class LogSpaceScan(nn.Module):
         return running - running[:, -1:]
 
 
-def make_log_scan(rows: int = 8, cols: int = 64):
+def make_log_scan(rows: int = 8, cols: int = 64) -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(LogSpaceScan(), torch.randn(rows, cols))
 
@@ -187,7 +189,7 @@ class Demo(nn.Module):
         return x + self.moe(x)
 
 
-def make_demo(tokens: int = 16):
+def make_demo(tokens: int = 16) -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(Demo(), torch.randn(tokens, 32))
 
@@ -207,7 +209,7 @@ class Small(nn.Module):
         return h.softmax(-1), torch.histc(x, bins=8, min=-2.0, max=2.0)
 
 
-def make_small():
+def make_small() -> ModelAndInputs:
     torch.manual_seed(0)
     return Small(), (torch.randn(16, 32),)
 
@@ -220,7 +222,7 @@ class Wide(nn.Module):
         return torch.tanh(x)
 
 
-def make_wide():
+def make_wide() -> ModelAndInputs:
     torch.manual_seed(0)
     return Wide(), (torch.randn(64, 256),)
 
@@ -246,7 +248,7 @@ class Experts(nn.Module):
         return torch.cat(out)
 
 
-def make_experts():
+def make_experts() -> ModelAndInputs:
     torch.manual_seed(0)
     return Experts(), (torch.randn(40, 32),)
 
@@ -268,7 +270,7 @@ class Crossed(nn.Module):
         return yb, xd
 
 
-def make_crossed():
+def make_crossed() -> ModelAndInputs:
     torch.manual_seed(0)
     return Crossed(), (torch.randn(8, 16), torch.randn(4, 32))
 
@@ -290,7 +292,7 @@ class Attention(nn.Module):
         return a.transpose(1, 2).reshape(b, l, d) * 2.0
 
 
-def make_attention():
+def make_attention() -> ModelAndInputs:
     torch.manual_seed(0)
     # head dim 8 against 512 keys: the math decomposition's [L, S] scores are 16x the op's tensors
     return Attention(), (torch.randn(1, 512, 16),)
@@ -309,7 +311,7 @@ class Centered(nn.Module):
         return self.fc2((h - h.mean(0, keepdim=True)) * torch.sigmoid(h))
 
 
-def make_centered():
+def make_centered() -> ModelAndInputs:
     torch.manual_seed(0)
     return Centered(), (torch.randn(8, 32),)
 
@@ -317,7 +319,7 @@ def make_centered():
 # --- the benchmarks' seed workloads: sized by arguments (small defaults), at benchmark sizes below ---
 
 def make_conv1d_layer(batch: int = 6, c_in: int = 32, c_out: int = 48, length: int = 64, k: int = 3,
-                      dtype: torch.dtype = torch.float16, device: str = "cuda"):
+                      dtype: torch.dtype = torch.float16, device: str = "cuda") -> ModelAndInputs:
     """One conv1d (stride 1, same padding). The defaults are a shape the conv1d family's CUDA C++
     configurations take (fp16, on the GPU)."""
     torch.manual_seed(0)
@@ -337,17 +339,18 @@ class HistcData(nn.Module):
         return torch.histc(x, bins=256)
 
 
-def make_histc_fixed(n: int = 1 << 16, device: str = "cpu"):
+def make_histc_fixed(n: int = 1 << 16, device: str = "cpu") -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(HistcFixed(), torch.randn(n, device=device))
 
 
-def make_histc_data(n: int = 1 << 16, device: str = "cpu"):
+def make_histc_data(n: int = 1 << 16, device: str = "cpu") -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(HistcData(), torch.randn(n, device=device))
 
 
-def make_rmsnorm(rows: int = 64, d: int = 1024, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def make_rmsnorm(rows: int = 64, d: int = 1024, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu") -> ModelAndInputs:
     torch.manual_seed(0)
     return _seeded(RMSNorm(d).to(device, dtype), torch.randn(rows, d, device=device, dtype=dtype))
 
@@ -420,7 +423,7 @@ class Llama(nn.Module):
 
 
 def make_llama(layers: int = 4, d: int = 256, vocab: int = 1000, batch: int = 1, seq: int = 64,
-               dtype: torch.dtype = torch.float32, device: str = "cpu"):
+               dtype: torch.dtype = torch.float32, device: str = "cpu") -> ModelAndInputs:
     torch.manual_seed(0)
     model = Llama(layers, d, vocab).to(device, dtype)
     for p in model.parameters():  # keep activations in range in fp16
@@ -433,28 +436,28 @@ def bench_device() -> str:
     return os.environ.get("KERNELIZE_BENCH_DEVICE", "cuda")
 
 
-def make_seed_conv1d():
+def make_seed_conv1d() -> ModelAndInputs:
     return make_conv1d_layer(batch=2048, c_in=96, c_out=96, length=200, k=3, dtype=torch.half, device=bench_device())
 
 
-def make_seed_histc_fixed():
+def make_seed_histc_fixed() -> ModelAndInputs:
     return make_histc_fixed(n=1 << 24, device=bench_device())
 
 
-def make_seed_histc_data():
+def make_seed_histc_data() -> ModelAndInputs:
     return make_histc_data(n=1 << 24, device=bench_device())
 
 
-def make_seed_rmsnorm():
+def make_seed_rmsnorm() -> ModelAndInputs:
     return make_rmsnorm(rows=4096, d=8192, dtype=torch.half, device=bench_device())
 
 
-def make_seed_moe():
+def make_seed_moe() -> ModelAndInputs:
     return make_moe(tokens=4096, d=1024, f=512, experts=16, k=4, init_std=0.02, dtype=torch.half,
                     device=bench_device())
 
 
-def make_seed_llama():
+def make_seed_llama() -> ModelAndInputs:
     return make_llama(layers=4, d=1024, vocab=32000, batch=8, seq=512, dtype=torch.half, device=bench_device())
 
 
@@ -472,7 +475,8 @@ SEED_WORKLOADS = {
 # --- model definitions we do not write: transformers' own, built from tiny configs (no weights) ---
 # Sizes fit the CPU tests and the interpreter; benchmarks/real_models.py builds them at real sizes.
 
-def hf_model(config: object, batch: int, seq: int, dtype: torch.dtype | None = None, device: str = "cpu"):
+def hf_model(config: object, batch: int, seq: int, dtype: torch.dtype | None = None,
+             device: str = "cpu") -> ModelAndInputs:
     """transformers' model for ``config`` without weights (seeded random init), in eval mode, built on
     ``device`` in ``dtype``: a masked LM for BERT, a causal LM otherwise; random token ids as input."""
     import transformers
@@ -489,30 +493,30 @@ HF_TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden
                max_position_embeddings=64)
 
 
-def make_hf_llama(batch: int = 2, seq: int = 16):
+def make_hf_llama(batch: int = 2, seq: int = 16) -> ModelAndInputs:
     import transformers
     return hf_model(transformers.LlamaConfig(num_key_value_heads=2, **HF_TINY), batch, seq)
 
 
-def make_hf_gpt2(batch: int = 2, seq: int = 16):
+def make_hf_gpt2(batch: int = 2, seq: int = 16) -> ModelAndInputs:
     import transformers
     return hf_model(transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                             bos_token_id=0, eos_token_id=0), batch, seq)
 
 
-def make_hf_mixtral(batch: int = 2, seq: int = 16):
+def make_hf_mixtral(batch: int = 2, seq: int = 16) -> ModelAndInputs:
     import transformers
     return hf_model(transformers.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
                                                **HF_TINY), batch, seq)
 
 
-def make_hf_qwen3_moe(batch: int = 2, seq: int = 16):
+def make_hf_qwen3_moe(batch: int = 2, seq: int = 16) -> ModelAndInputs:
     import transformers
     return hf_model(transformers.Qwen3MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
                                                 moe_intermediate_size=64, head_dim=16, **HF_TINY), batch, seq)
 
 
-def make_hf_bert(batch: int = 2, seq: int = 16):
+def make_hf_bert(batch: int = 2, seq: int = 16) -> ModelAndInputs:
     import transformers
     return hf_model(transformers.BertConfig(**HF_TINY), batch, seq)
 
@@ -521,7 +525,7 @@ HF_MODELS = {"llama": make_hf_llama, "gpt2": make_hf_gpt2, "mixtral": make_hf_mi
              "qwen3_moe": make_hf_qwen3_moe, "bert": make_hf_bert}
 
 
-def make_hf_llama_logits():
+def make_hf_llama_logits() -> ModelAndInputs:
     """transformers' Llama (one layer, GQA: 4 query heads over 2 key/value heads) through its
     SDPA attention; returns the logits."""
     import transformers
