@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from torch_kernelize.examples import hf_model
+from torch_kernelize.model_zoo import hf_model
 
 HERE = Path(__file__).resolve()
 GEMM_ONLY = """name = "gemm-only"

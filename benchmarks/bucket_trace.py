@@ -34,8 +34,8 @@ import torch
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
-MODELS = {"llama": (f"{HERE.parent / 'real_models.py'}:make_llama", "torch_kernelize.examples:make_hf_llama"),
-          "mixtral": (f"{HERE.parent / 'real_models.py'}:make_mixtral", "torch_kernelize.examples:make_hf_mixtral")}
+MODELS = {"llama": (f"{HERE.parent / 'real_models.py'}:make_llama", "torch_kernelize.model_zoo:make_hf_llama"),
+          "mixtral": (f"{HERE.parent / 'real_models.py'}:make_mixtral", "torch_kernelize.model_zoo:make_hf_mixtral")}
 TARGET_FIRST_EXTRA_MS = 1.0
 
 

@@ -166,7 +166,7 @@ def make_layernorm_fp32_4GB():  # 131072 rows of 8192
 
 
 def make_rmsnorm_fp16_1GB():
-    from torch_kernelize.examples import RMSNorm
+    from torch_kernelize.model_zoo import RMSNorm
     torch.manual_seed(0)
     d = _n(8192, 64)
     return _model(RMSNorm(d), torch.half), (_t(65536, d, dtype=torch.half, tiny=(8, d)),)

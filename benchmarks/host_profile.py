@@ -5,7 +5,7 @@ up, then profiles calls and prints the functions that take the host's time, how 
 kernel is launched (torch's static launcher, Triton's, or the driver for CUDA C++), and the host time per call beside
 the GPU time per call:
 
-    python -m torch_kernelize.fill_cache --model benchmarks/workloads.py:make_llama --cache-dir DIR
+    python -m torch_kernelize.fill_cache --model torch_kernelize.model_zoo:make_seed_llama --cache-dir DIR
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR --first-call [--timers]
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR --first-run
@@ -112,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import torch_kernelize.compiling.lower as lower
-    from workloads import WORKLOADS
+    from torch_kernelize.model_zoo import SEED_WORKLOADS
     from torch_kernelize.compiling.lower import Session
 
     lowered = []  # the executables (bound by lowering or restored from the executable cache)
     publish = lower.LoweredGraph._publish
     lower.LoweredGraph._publish = lambda self, *a: lowered.append(self) or publish(self, *a)
-    model, inputs = WORKLOADS[args.workload]()
+    model, inputs = SEED_WORKLOADS[args.workload]()
     fn = torch.compile(model, backend="kernelize", options={
         "target": args.target, "cache_dir": args.cache_dir, "repro_dir": "off", "cudagraphs": args.cudagraphs})
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

@@ -47,7 +47,7 @@ from real_models_report import write_json, write_results  # noqa: E402
 from timing import (bench, coverage, host_ms_per_call, host_speed_us, kernel_times, rel_err,  # noqa: E402
                     sync, work_floor)
 
-from torch_kernelize.examples import hf_model  # noqa: E402
+from torch_kernelize.model_zoo import hf_model  # noqa: E402
 
 WRITE_MARGIN_S = 10.0  # left at the end of --time-limit: a stopped child's grace and the last writes
 GRACE_S = 8.0  # between a stopped child's SIGINT and the SIGKILL of its process group
@@ -128,11 +128,11 @@ class Model:
 
 
 MODELS = {m.name: m for m in (
-    Model("llama", "transformers", f"{HERE}:make_llama", "torch_kernelize.examples:make_hf_llama",
+    Model("llama", "transformers", f"{HERE}:make_llama", "torch_kernelize.model_zoo:make_hf_llama",
           "transformers Llama, d2048 (TinyLlama widths), 4 layers, b8 x s512"),
-    Model("mixtral", "transformers", f"{HERE}:make_mixtral", "torch_kernelize.examples:make_hf_mixtral",
+    Model("mixtral", "transformers", f"{HERE}:make_mixtral", "torch_kernelize.model_zoo:make_hf_mixtral",
           "transformers Mixtral, d2048, 8 experts top-2, 4 layers, b8 x s512"),
-    Model("bert", "transformers", f"{HERE}:make_bert", "torch_kernelize.examples:make_hf_bert",
+    Model("bert", "transformers", f"{HERE}:make_bert", "torch_kernelize.model_zoo:make_hf_bert",
           "transformers BERT-base, 12 layers, b8 x s512"),
     Model("resnet50", "torchvision", f"{HERE}:make_resnet50", f"{HERE}:make_resnet50_smoke",
           "torchvision ResNet-50, b32 x 224^2"),

@@ -42,12 +42,12 @@ BUDGETS = {"moe_T4096_d1024_E16_top4_fp16": 3, "conv1d_B2048_C96_L200_k3_fp16": 
 
 
 def _fill(args, names: list[str], budget: int, timeout: int, tag: str) -> dict:
-    from workloads import WORKLOADS
+    from torch_kernelize.model_zoo import SEED_WORKLOADS
     cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--quiet", "--target", "cuda",
            "--cache-dir", str(args.cache_dir), "--budget", str(budget),
            "--summary", str(args.reports / f"fill_summary_{tag}.json")]
     for n in names:
-        cmd += ["--model", f"{HERE / 'workloads.py'}:{WORKLOADS[n].__name__}"]
+        cmd += ["--model", f"torch_kernelize.model_zoo:{SEED_WORKLOADS[n].__name__}"]
     if args.resume:
         cmd.append("--resume")
     t0, faults = time.perf_counter(), 0
@@ -113,12 +113,12 @@ def _each_workload(names, run_one, summary=lambda row: row) -> dict:
     """run_one(name, model, inputs, row) for each workload under no_grad; an error is recorded in
     its row and the next workload runs."""
     import torch
-    from workloads import WORKLOADS
+    from torch_kernelize.model_zoo import SEED_WORKLOADS
     results = {}
     for name in names:
         row = {}
         try:
-            model, inputs = WORKLOADS[name]()
+            model, inputs = SEED_WORKLOADS[name]()
             with torch.no_grad():
                 run_one(name, model, inputs, row)
         except Exception as e:
@@ -227,8 +227,7 @@ FIRST_CALL = r"""
 import functools, json, os, sys, time
 t_start = time.perf_counter()
 import torch
-sys.path.insert(0, {here!r})
-from workloads import WORKLOADS
+from torch_kernelize.model_zoo import SEED_WORKLOADS
 backend = {backend!r}
 counts = {{"triton_compile": 0}}
 import triton, triton.compiler.compiler as cc
@@ -237,7 +236,7 @@ def counting(*a, **k):
     counts["triton_compile"] += 1
     return orig(*a, **k)
 cc.compile = triton.compile = counting
-model, inputs = WORKLOADS[{name!r}]()
+model, inputs = SEED_WORKLOADS[{name!r}]()
 sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)  # (CPU: the tests' dry run)
 sync()
 options = {{"target": "cuda", "cache_dir": {cache!r}, "repro_dir": "off"}}
@@ -356,7 +355,7 @@ def phase_firstcall(args, names, save=lambda rows: None) -> dict:
             artifact = str(args.cache_dir / "aot" / f"{name}.{backend}")
             Path(artifact).unlink(missing_ok=True)
             Path(artifact).parent.mkdir(parents=True, exist_ok=True)
-            code = FIRST_CALL.format(here=str(HERE), backend=backend, name=name, cache=str(args.cache_dir),
+            code = FIRST_CALL.format(backend=backend, name=name, cache=str(args.cache_dir),
                                      artifact=artifact)
             env = _child_env(**({"KERNELIZE_PREWARM": "off"} if backend == "kernelize_noprewarm" else {}))
             children[backend] = (code, env, warm)
@@ -440,8 +439,8 @@ def main() -> int:
     args.reports = args.reports or args.out / "reports"
     args.reports.mkdir(parents=True, exist_ok=True)
     args.cache_dir = args.cache_dir or args.out / "kernel_cache"
-    from workloads import WORKLOADS
-    names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    from torch_kernelize.model_zoo import SEED_WORKLOADS
+    names = args.workloads.split(",") if args.workloads else list(SEED_WORKLOADS)
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     import torch

@@ -1,5 +1,5 @@
 """A test generator for one graph region that no family of ours generates: the region between
-fill_models.Centered's two GEMMs (a mean over the batch dim, the first GEMM's sigmoid epilogue,
+model_zoo.Centered's two GEMMs (a mean over the batch dim, the first GEMM's sigmoid epilogue,
 and what joins them). It stands for a whole-graph generator (the Inductor one) in the tests of
 graph regions: its program is recorded from ``launch`` like a candidate file's and goes through
 fill_cache's harness. ``WRONG`` makes a family whose kernel is off by a little (no correct candidate)."""

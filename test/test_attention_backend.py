@@ -43,10 +43,9 @@ def test_a_chip_without_vendor_attention_runs_the_flash_kernel(tmp_path):
 
 
 TRAIN_SNIPPET = """
-import importlib.util, json, torch
-spec = importlib.util.spec_from_file_location("fill_models", {models!r})
-mods = importlib.util.module_from_spec(spec); spec.loader.exec_module(mods)
-model, (x,) = mods.make_attention()
+import json, torch
+from torch_kernelize import model_zoo
+model, (x,) = model_zoo.make_attention()
 compiled = torch.compile(model, backend="kernelize", options={{"target": {target!r}, "cache_dir": {cache!r},
                          "repro_dir": {repros!r}, "report": {report!r}}})
 weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
@@ -70,7 +69,7 @@ def test_training_step_runs_forward_and_backward_attention_on_the_triton_tier(tm
     cache, repros = tmp_path / "cache", tmp_path / "repros"
 
     def step(name):
-        return last_json(run_python(TRAIN_SNIPPET.format(models=str(MODELS), target=chip, cache=str(cache),
+        return last_json(run_python(TRAIN_SNIPPET.format(target=chip, cache=str(cache),
                                                          repros=str(repros), report=str(tmp_path / name))))
 
     before = step("before.json")
@@ -86,7 +85,7 @@ def test_a_tiny_llama_s_attention_runs_on_the_triton_tier(tmp_path):
     """transformers' Llama (GQA, causal, through SDPA): its attention node is the family's after one fill."""
     pytest.importorskip("transformers")
     cache = tmp_path / "cache"
-    fill_cache("--model", f"{MODELS}:make_tiny_llama", "--target", "interpreter", "--cache-dir", str(cache))
-    after, _ = compile_in_fresh_process(tmp_path, cache, fn="make_tiny_llama", target="interpreter")
+    fill_cache("--model", f"{MODELS}:make_hf_llama_logits", "--target", "interpreter", "--cache-dir", str(cache))
+    after, _ = compile_in_fresh_process(tmp_path, cache, fn="make_hf_llama_logits", target="interpreter")
     assert after["tiers"][ATTENTION] == "triton", after["tiers"]
     assert after["err"] < 1e-4

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from torch_kernelize.examples import make_mlp, make_transformer
+from torch_kernelize.model_zoo import make_mlp, make_transformer
 
 
 def _compile(model, **options):

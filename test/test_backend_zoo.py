@@ -14,13 +14,13 @@ from conftest import last_json, run_python, write_target
 ZOO_SNIPPET = """
 import importlib.util, json, sys, torch
 name, target = {name!r}, {target!r}
-# Load the example models from their file, so that torch_kernelize itself is not imported here:
+# Load the model zoo from its file, so that torch_kernelize itself is not imported here:
 # `backend="kernelize"` has to come from the entry point.
-spec = importlib.util.spec_from_file_location("zoo_examples", {examples_path!r})
+spec = importlib.util.spec_from_file_location("model_zoo", {zoo_path!r})
 zoo = importlib.util.module_from_spec(spec); spec.loader.exec_module(zoo)
 assert "torch_kernelize" not in sys.modules
-model, inputs = zoo.ZOO[name]()
-ref_model, _ = zoo.ZOO[name]()
+model, inputs = zoo.SMALL_MODELS[name]()
+ref_model, _ = zoo.SMALL_MODELS[name]()
 compiled = torch.compile(model, backend="kernelize", options={{"target": target, "report": {report!r}}})
 with torch.no_grad():
     outs = [compiled(*inputs) for _ in range(2)]
@@ -31,9 +31,9 @@ print(json.dumps({{"err": err, "state_err": state_err, "loaded": "torch_kerneliz
 """
 
 
-def _examples_path():
-    import torch_kernelize.examples as ex
-    return ex.__file__
+def _zoo_path():
+    import torch_kernelize.model_zoo as zoo
+    return zoo.__file__
 
 
 @pytest.mark.parametrize("name", ["mlp", "conv1d", "transformer", "moe", "inplace"])
@@ -41,7 +41,7 @@ def _examples_path():
 def test_zoo_matches_eager_in_fresh_process(name, target, tmp_path):
     report = tmp_path / "report.json"
     proc = run_python(ZOO_SNIPPET.format(name=name, target=target, report=str(report),
-                                         examples_path=_examples_path()))
+                                         zoo_path=_zoo_path()))
     res = last_json(proc)
     assert res["loaded"], "the backend did not load torch_kernelize through the entry point"
     assert res["err"] < 1e-4, res
@@ -59,7 +59,7 @@ def test_moe_histc_goes_to_fallback_on_a_target_without_histc(tmp_path):
     chip = write_target(tmp_path / "chip.toml", unsupported=["aten.histc"], triton="none")
     report = tmp_path / "report.json"
     proc = run_python(ZOO_SNIPPET.format(name="moe", target=str(chip), report=str(report),
-                                         examples_path=_examples_path()))
+                                         zoo_path=_zoo_path()))
     assert last_json(proc)["err"] < 1e-5
     doc = json.loads(report.read_text())
     histc = [n for g in doc["graphs"] for n in g["nodes"] if n["op"] == "aten.histc.default"]
@@ -75,7 +75,7 @@ def test_gelu_unsupported_is_decomposed_and_still_matches(tmp_path):
     chip = write_target(tmp_path / "chip.toml", unsupported=["aten.gelu"], triton="none")
     report = tmp_path / "report.json"
     proc = run_python(ZOO_SNIPPET.format(name="mlp", target=str(chip), report=str(report),
-                                         examples_path=_examples_path()))
+                                         zoo_path=_zoo_path()))
     assert last_json(proc)["err"] < 1e-5
     nodes = [n for g in json.loads(report.read_text())["graphs"] for n in g["nodes"]]
     gelu = [n for n in nodes if n["op"] == "aten.gelu.default"]

@@ -29,7 +29,7 @@ def test_first_call_script_reports_the_collections_inside_the_call(tmp_path):
     import json
     import os
     run = _run_module()
-    code = run.FIRST_CALL.format(here=str(RUN.parent), backend="eager", name="histc_16M_256bins_fixed",
+    code = run.FIRST_CALL.format(backend="eager", name="histc_16M_256bins_fixed",
                                  cache=str(tmp_path), artifact=str(tmp_path / "a"))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, KERNELIZE_BENCH_DEVICE="cpu"))

@@ -218,7 +218,7 @@ def test_a_candidate_must_say_what_it_is_for_and_match_something(tmp_path):
 
 def _repro(tmp_path: Path) -> tuple[Path, Path, Path]:
     """A chip without aten.logcumsumexp, a model using it compiled once: (chip, repros, folder)."""
-    from torch_kernelize.examples import make_log_scan
+    from torch_kernelize.model_zoo import make_log_scan
     chip = write_target(tmp_path / "chip.toml", unsupported=["aten.logcumsumexp"])
     repros = tmp_path / "repros"
     model, inputs = make_log_scan()
@@ -264,7 +264,7 @@ def test_the_task_writer_and_its_checker(tmp_path):
 def test_candidate_file_to_served_kernel(tmp_path):
     from torch_kernelize.fill_cache.cli import main
     from torch_kernelize.kernel_cache import KernelCache
-    from torch_kernelize.examples import make_log_scan
+    from torch_kernelize.model_zoo import make_log_scan
 
     chip, repros, folder = _repro(tmp_path)
     cache = tmp_path / "cache"

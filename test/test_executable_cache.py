@@ -15,24 +15,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, last_json, run_python, write_target
+from conftest import last_json, run_python, write_target
 from torch_kernelize.warm_start import executable_cache, graph_cache
 from torch_kernelize import flush_repros
-from torch_kernelize.examples import make_inplace, make_transformer
+from torch_kernelize import model_zoo
+from torch_kernelize.model_zoo import make_inplace, make_transformer
 from torch_kernelize.kernel_cache import KernelCache
 from torch_kernelize.kernel_cache.integrity import seal
 from torch_kernelize.compiling.lower import LoweredGraph
 from torch_kernelize.serving.runtime import TritonCall
 from torch_kernelize.serving.view_folding import FoldedView
 
-MODELS = REPO / "test" / "fill_models.py"
-sys.path.insert(0, str(REPO / "test"))
-import fill_models  # noqa: E402
+MODELS = "torch_kernelize.model_zoo"
 
 
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory) -> Path:
-    """An interpreter-target kernel cache filled for fill_models' small model and expert loop."""
+    """An interpreter-target kernel cache filled for the zoo's small model and expert loop."""
     cache = tmp_path_factory.mktemp("filled")
     for model in ("make_small", "make_experts"):
         proc = subprocess.run([sys.executable, "-m", "torch_kernelize.fill_cache", "--quiet", "--model",
@@ -80,8 +79,8 @@ def _hit_keys(lowered: LoweredGraph) -> list[str]:
 
 
 MODELS_UNDER_TEST = {
-    "small": fill_models.make_small,        # a fused softmax region, histc
-    "experts": fill_models.make_experts,    # matmul groups
+    "small": model_zoo.make_small,        # a fused softmax region, histc
+    "experts": model_zoo.make_experts,    # matmul groups
     "transformer": make_transformer,        # folded views, misses
 }
 
@@ -144,7 +143,7 @@ def _rewrite(cache: KernelCache, key: str) -> None:
                                           (_corrupt, {"stale": 1, "bypass": 1}),
                                           (_rewrite, {"stale": 1, "save": 1})])
 def test_a_changed_kernel_cache_takes_the_normal_path(change, after, cache, monkeypatch):
-    model, inputs = fill_models.make_small()
+    model, inputs = model_zoo.make_small()
     _, _, _, [lo1] = _compile(monkeypatch, model, inputs, cache)
     key = _hit_keys(lo1)[0]
     kc = KernelCache(cache, next(p.name for p in cache.iterdir() if p.name.startswith("interpreter")))
@@ -175,7 +174,7 @@ def test_filling_a_miss_makes_the_entry_stale(cache, monkeypatch):
 
 
 def test_check_mode_and_host_fallbacks_are_never_stored(cache, tmp_path, monkeypatch):
-    model, inputs = fill_models.make_small()
+    model, inputs = model_zoo.make_small()
     _, _, e1, _ = _compile(monkeypatch, model, inputs, cache, check=True)
     _, _, e2, _ = _compile(monkeypatch, model, inputs, cache, check=True)
     assert e1 == e2 == {"miss": 1, "bypass": 1}
@@ -228,7 +227,7 @@ def _foreign_global(path: Path, marker: Path) -> None:
 
 @pytest.mark.parametrize("corrupt", [_garbage, _flipped, _foreign_global])
 def test_bad_entry_is_ignored_with_one_warning_and_rewritten(corrupt, cache, tmp_path, monkeypatch, caplog):
-    model, inputs = fill_models.make_small()
+    model, inputs = model_zoo.make_small()
     cold, *_ = _compile(monkeypatch, model, inputs, cache)
     [entry] = (cache / "graphs").glob(f"*{executable_cache.SUFFIX}")
     marker = tmp_path / "ran"
@@ -244,7 +243,7 @@ def test_bad_entry_is_ignored_with_one_warning_and_rewritten(corrupt, cache, tmp
 
 
 def test_key_follows_options_and_target(cache, tmp_path, monkeypatch):
-    model, inputs = fill_models.make_small()
+    model, inputs = model_zoo.make_small()
     _compile(monkeypatch, model, inputs, cache)
     _, _, e2, _ = _compile(monkeypatch, model, inputs, cache, strict=True)
     _, _, e3, _ = _compile(monkeypatch, model, inputs, cache, target=str(write_target(tmp_path / "chip.toml")))
@@ -261,10 +260,9 @@ def test_key_follows_options_and_target(cache, tmp_path, monkeypatch):
 WARM_SNIPPET = """
 import json, logging, sys, torch
 logging.basicConfig(level=logging.INFO)
-sys.path.insert(0, {test!r})
-import fill_models
 from torch_kernelize.warm_start import executable_cache
-model, inputs = fill_models.make_experts()
+from torch_kernelize import model_zoo
+model, inputs = model_zoo.make_experts()
 compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter", "repro_dir": "off",
                                                               "cache_dir": {cache!r}}})
 with torch.no_grad():
@@ -275,7 +273,7 @@ print(json.dumps({{"stats": dict(executable_cache.stats), "out": out.tolist()}})
 
 @pytest.mark.slow
 def test_fresh_process_runs_the_executable_an_earlier_process_stored(cache):
-    code = WARM_SNIPPET.format(test=str(REPO / "test"), cache=str(cache))
+    code = WARM_SNIPPET.format(cache=str(cache))
     cold, warm = run_python(code), run_python(code)
     c, w = last_json(cold), last_json(warm)
     assert c["stats"] == {"miss": 1, "save": 1} and w["stats"] == {"hit": 1}
@@ -289,7 +287,7 @@ def test_a_kernel_that_does_not_load_is_never_stored_nor_restored(cache, monkeyp
     import torch_kernelize.serving.launch as launch
     from torch_kernelize.compiling.lower import Session
 
-    model, inputs = fill_models.make_small()
+    model, inputs = model_zoo.make_small()
     real = launch.load_program
 
     def failing(directory, spec, *a, **k):

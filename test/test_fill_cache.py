@@ -11,17 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, last_json, run_python
+from conftest import last_json, run_python
 
 pytestmark = pytest.mark.slow
 
-MODELS = REPO / "test" / "fill_models.py"
+MODELS = "torch_kernelize.model_zoo"  # the model zoo: --model references are f"{MODELS}:make_..."
 
 COMPILE_SNIPPET = """
-import importlib.util, json, sys, torch
-spec = importlib.util.spec_from_file_location("fill_models", {models!r})
-mods = importlib.util.module_from_spec(spec); spec.loader.exec_module(mods)
-model, inputs = mods.{fn}()
+import json, sys, torch
+from torch_kernelize import model_zoo
+model, inputs = model_zoo.{fn}()
 compiled = torch.compile(model, backend="kernelize", options={{"target": {target!r}, "cache_dir": {cache!r},
                          "repro_dir": {repros!r}, "report": {report!r}}})
 with torch.no_grad():
@@ -37,7 +36,7 @@ print(json.dumps({{"err": err, "tiers": tiers, "misses": misses}}))
 
 
 def compile_in_fresh_process(tmp_path, cache, fn="make_small", name="report.json", env=None, target="interpreter"):
-    proc = run_python(COMPILE_SNIPPET.format(models=str(MODELS), fn=fn, cache=str(cache), target=target,
+    proc = run_python(COMPILE_SNIPPET.format(fn=fn, cache=str(cache), target=target,
                                              repros=str(tmp_path / "repros"), report=str(tmp_path / name)), env=env)
     return last_json(proc), proc
 
@@ -148,7 +147,7 @@ def test_serving_from_a_warm_cache_compiles_nothing(tmp_path):
     cache = tmp_path / "cache"
     fill_cache("--model", f"{MODELS}:make_small", "--target", "interpreter", "--cache-dir", str(cache))
     proc = run_python(f"""
-        import importlib.util, json, torch, triton
+        import json, torch, triton
         import triton.compiler.compiler as cc
         from triton.runtime.jit import JITFunction
         counts = {{"compile": 0, "jit_run": 0}}
@@ -161,9 +160,8 @@ def test_serving_from_a_warm_cache_compiles_nothing(tmp_path):
             return orig_run(self, *a, **k)
         cc.compile = triton.compile = counting_compile
         JITFunction.run = counting_run
-        spec = importlib.util.spec_from_file_location("fill_models", {str(MODELS)!r})
-        mods = importlib.util.module_from_spec(spec); spec.loader.exec_module(mods)
-        model, inputs = mods.make_small()
+        from torch_kernelize import model_zoo
+        model, inputs = model_zoo.make_small()
         compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter",
                                  "cache_dir": {str(cache)!r}, "repro_dir": "off"}})
         with torch.no_grad():

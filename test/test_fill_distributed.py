@@ -97,11 +97,11 @@ def test_a_rank_with_other_work_than_rank0_or_after_rank0_failed_stops_with_a_us
         r1.share([_work("a")], lambda w: 1, "x")
 
 
-MODEL = "torch_kernelize.examples:make_mlp"
+MODEL = "torch_kernelize.model_zoo:make_mlp"
 
 SERVE = """
 import json, torch
-from torch_kernelize.examples import make_mlp
+from torch_kernelize.model_zoo import make_mlp
 model, inputs = make_mlp()
 compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter", "cache_dir": {cache!r},
                          "repro_dir": "off", "report": {report!r}}})

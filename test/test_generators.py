@@ -230,7 +230,7 @@ def test_an_inductor_winner_is_served_by_a_warm_process_that_compiles_nothing(tm
 
 def test_an_unknown_generator_on_the_command_line_exits_2_with_the_names_there_are(plugins, tmp_path, capsys):
     from torch_kernelize.fill_cache.cli import main
-    assert main(["--model", "test/fill_models.py:make_small", "--target", "interpreter", "--cache-dir",
+    assert main(["--model", "torch_kernelize.model_zoo:make_small", "--target", "interpreter", "--cache-dir",
                  str(tmp_path / "cache"), "--generators", "inductor,nope"]) == 2
     err = capsys.readouterr().err
     assert "--generators: no generator named nope; there are bad-plugin, good-plugin, inductor" in err

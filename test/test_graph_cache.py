@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from conftest import last_json, run_python, write_target
 from torch_kernelize.warm_start import graph_cache
-from torch_kernelize.examples import make_conv1d, make_inplace, make_mlp, make_transformer
+from torch_kernelize.model_zoo import make_conv1d, make_inplace, make_mlp, make_transformer
 from torch_kernelize.core.options import Options
 
 
@@ -303,8 +303,8 @@ WARM_SNIPPET = """
 import json, logging, torch
 logging.basicConfig(level=logging.INFO)
 from torch_kernelize.warm_start import graph_cache
-from torch_kernelize.examples import ZOO
-model, inputs = ZOO[{name!r}]()
+from torch_kernelize.model_zoo import SMALL_MODELS
+model, inputs = SMALL_MODELS[{name!r}]()
 compiled = torch.compile(model, backend="kernelize", options={{"target": "cpu", "repro_dir": "off"}})
 with torch.no_grad():
     out = compiled(*inputs)

@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import graph_family
-from conftest import REPO
-from torch_kernelize import examples, flush_repros
+from torch_kernelize import flush_repros, model_zoo
 from torch_kernelize.lowering import kernels
 from torch_kernelize.core import targets
 from torch_kernelize.compiling.graph_regions import MAX_GRAPH_NODES, find_graph_regions
@@ -30,7 +29,6 @@ from torch_kernelize.core.region_graph import describe_region
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 aten = torch.ops.aten
-MODELS = REPO / "test" / "fill_models.py"
 BOUNDARIES = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.convolution.default",
               "aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.embedding.default"}
 
@@ -85,7 +83,7 @@ def check_reference(spec):
 # --- formation -----------------------------------------------------------------------------------
 
 def test_a_decoder_blocks_chains_form_between_its_gemms():
-    model = examples.TransformerBlock().eval()
+    model = model_zoo.TransformerBlock().eval()
     gm = trace_module(model, torch.randn(2, 8, 32))
     regions = graph_regions(gm)
     assert regions and all(r.kind == "graph" for r in regions)
@@ -154,7 +152,7 @@ def test_a_layernorm_whose_mean_and_rstd_are_saved_is_one_loop_too(tmp_path, dty
 
 def test_bert_residual_and_gelu_join_their_layernorms(tmp_path):
     pytest.importorskip("transformers")
-    model, inputs = examples.make_hf_bert()
+    model, inputs = model_zoo.make_hf_bert()
     with torch.no_grad():
         _, _, graphs = compiled_graphs(model, inputs, tmp_path, train=False)
     regions = [r for g in graphs for r in g.regions if r.kind == "graph"]
@@ -231,7 +229,7 @@ def test_random_ops_and_gemms_are_boundaries():
 
 
 def test_keys_are_stable_across_identical_graphs_and_differ_with_shapes():
-    model = examples.TransformerBlock().eval()
+    model = model_zoo.TransformerBlock().eval()
 
     def keys(batch):
         gm = trace_module(model, torch.randn(batch, 8, 32))
@@ -381,7 +379,7 @@ def test_training_graphs_get_graph_regions_forward_and_backward(tmp_path):
 
 def test_llama_training_graphs_get_graph_regions(tmp_path):
     pytest.importorskip("transformers")
-    model, inputs = examples.make_hf_llama()
+    model, inputs = model_zoo.make_hf_llama()
     model.train()
     _, _, graphs = compiled_graphs(model, inputs, tmp_path, train=True)
     by_kind = {g.kind: g for g in graphs}
@@ -409,11 +407,7 @@ def with_family(monkeypatch):
 
 def centered(tmp_path, **options):
     """make_centered compiled under no_grad, run once: (output, eager output, its report)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("fill_models_for_regions", MODELS)
-    models = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(models)
-    model, inputs = models.make_centered()
+    model, inputs = model_zoo.make_centered()
     report = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}.json"
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="kernelize", options={
@@ -450,7 +444,7 @@ def test_a_served_graph_region_covers_its_nodes_and_blocks_the_gemm_epilogue(tmp
     repro = Path(graph_row["repro"])
     assert json.loads((repro / "spec.json").read_text())["spec"]["key"] == graph_row["spec_key"]
 
-    specs = fill(tmp_path, "--model", f"{MODELS}:make_centered")
+    specs = fill(tmp_path, "--model", "torch_kernelize.model_zoo:make_centered")
     assert specs[graph_row["spec_key"]]["status"] == "stored"
     # inside the graph region (the pointwise one), or blocked by it (the GEMM's epilogue region)
     assert specs[rows["pointwise"]["spec_key"]]["status"] == "in a fused region"
@@ -472,7 +466,7 @@ def test_a_graph_region_without_a_correct_candidate_splits_then_vendor_wins_spli
     _, _, before = centered(tmp_path, repro_dir=str(tmp_path / "repros"))
     graph_row = region_rows(before)["graph"]
     graph_key = graph_row["spec_key"]
-    specs = fill(tmp_path, "--model", f"{MODELS}:make_centered")
+    specs = fill(tmp_path, "--model", "torch_kernelize.model_zoo:make_centered")
     assert specs[graph_key]["status"] == "no correct candidate"
     # the smaller regions inside it are searched then, and served
     rows = region_rows(before)
@@ -504,7 +498,7 @@ def test_a_graph_region_without_a_correct_candidate_splits_then_vendor_wins_spli
 
 def _llama():
     pytest.importorskip("transformers")
-    model, inputs = examples.make_hf_llama()
+    model, inputs = model_zoo.make_hf_llama()
     return model, inputs
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_python
+from conftest import run_python
 from test_kernel_cache_cli import cli  # noqa: F401 - the fixture: tools/cache.py as a module
 from torch_kernelize.core.errors import CacheError
 from torch_kernelize.kernel_cache import KernelCache, clear_memo, export_cache, import_cache, signing
@@ -25,7 +25,7 @@ from torch_kernelize.kernel_cache.integrity import dumps, manifest_of, sha256_by
 from torch_kernelize.kernel_cache.source_check import source_problems
 from torch_kernelize.core.targets import get_target
 
-MODELS = REPO / "test" / "fill_models.py"
+MODELS = "torch_kernelize.model_zoo"
 
 
 @pytest.fixture(scope="module")

@@ -238,7 +238,7 @@ def test_gpu_fill_then_serve_runs_the_cuda_kernel(tmp_path):
     from test_fill_cache import MODELS, compile_in_fresh_process, fill_cache
     cache = tmp_path / "cache"
     # a winner however its time compares with cuDNN's: this checks the path, not the speed
-    fill_cache("--model", f"{MODELS}:make_conv1d", "--target", "cuda", "--cache-dir", str(cache), "--budget", "2",
+    fill_cache("--model", f"{MODELS}:make_conv1d_layer", "--target", "cuda", "--cache-dir", str(cache), "--budget", "2",
                "--min-speedup", "0")
     sources = list(cache.glob("**/kernel.cu"))
     assert len(sources) == 1 and (sources[0].parent / "launch0.cubin").exists()
@@ -248,7 +248,7 @@ def test_gpu_fill_then_serve_runs_the_cuda_kernel(tmp_path):
     (key,) = kc.keys()
     status, entry, why = kc.lookup(key)
     assert status == "hit" and entry.language == "cuda" and why.startswith("CUDA C++ kernel conv1d"), why
-    res, _ = compile_in_fresh_process(tmp_path, cache, fn="make_conv1d", target="cuda")
+    res, _ = compile_in_fresh_process(tmp_path, cache, fn="make_conv1d_layer", target="cuda")
     assert res["tiers"]["aten.convolution.default"] == "triton" and res["misses"] == []
     assert res["err"] < 2e-2
 

@@ -45,7 +45,7 @@ def looped(spec: KernelSpec, block_n: int = 16, block_m: int = 2, **kw) -> Confi
 
 # --- the functions regions are cut from ----------------------------------------------------------
 
-def rmsnorm(x, w):  # torch_kernelize.examples.RMSNorm
+def rmsnorm(x, w):  # torch_kernelize.model_zoo.RMSNorm
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
 
@@ -336,7 +336,7 @@ def test_plan_levels():
 
 
 def rope_gqa_k(kv, cos, sin):
-    """RoPE on k of a GQA layer (benchmarks/workloads.py DecoderLayer/Rope, scaled down: 2 kv heads
+    """RoPE on k of a GQA layer (torch_kernelize.model_zoo DecoderLayer/Rope, scaled down: 2 kv heads
     of 16): k is a select of a permute of the packed kv projection, a view with gaps (v between)."""
     b, s, _ = kv.shape
     k, v = kv.view(b, s, 2, 2, 16).permute(2, 0, 3, 1, 4)
@@ -370,7 +370,7 @@ def test_rope_over_gqa_k_view(tmp_path):
 
 
 def rope_halves(q, cos, sin):
-    """Llama's RoPE (benchmarks/workloads.py Rope): the rotated halves are a cat of a negated slice
+    """Llama's RoPE (torch_kernelize.model_zoo Rope): the rotated halves are a cat of a negated slice
     and a slice, which the region reads in place (the neg computed where its piece is read)."""
     q1, q2 = q.chunk(2, -1)
     return q * cos + torch.cat([-q2, q1], -1) * sin

@@ -181,7 +181,7 @@ def test_repeated_indices_accumulate(tmp_path):
 
 
 def _moe_graph_specs(tokens=32, experts=4, k=2, d=16):
-    """KernelSpecs of the routing ops of a functionalized MoE forward (torch_kernelize.examples.MoE)."""
+    """KernelSpecs of the routing ops of a functionalized MoE forward (torch_kernelize.model_zoo.MoE)."""
     def routing(x, logits, h):
         probs = logits.float().softmax(-1)
         topw, topi = probs.topk(k, -1)

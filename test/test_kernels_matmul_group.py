@@ -71,8 +71,8 @@ def test_dependent_gemms_are_not_grouped():
 def test_two_groups_feeding_each_other_close_a_cycle():
     """X = {xa, xd}, Y = {yb, yc}: yb reads xa and xd reads yc. Each group is independent inside,
     but fused together they would wait for each other: the second one fused is refused."""
-    import fill_models
-    model, inputs = fill_models.make_crossed()
+    from torch_kernelize.model_zoo import make_crossed
+    model, inputs = make_crossed()
     _, regions, groups = groups_of(lambda x, z, w, v: torch.func.functional_call(model, {"w": w, "v": v}, (x, z)),
                                    *inputs, model.w.detach(), model.v.detach())
     assert len(groups) == 2

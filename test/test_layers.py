@@ -35,7 +35,7 @@ PREFIXES = {
     "torch_kernelize.bringup": "apps",
     "torch_kernelize.demo": "apps",
     "torch_kernelize.demo_external": "apps",
-    "torch_kernelize.examples": "apps",
+    "torch_kernelize.model_zoo": "apps",
 }
 
 

@@ -16,7 +16,7 @@ from torch_kernelize import flush_repros
 from torch_kernelize.core.errors import MissingOpsError
 
 pytestmark = pytest.mark.slow
-MODELS = REPO / "test" / "fill_models.py"
+MODELS = "torch_kernelize.model_zoo"
 
 
 def repro_exit(folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -32,7 +32,7 @@ def fill(*args: str) -> subprocess.CompletedProcess:
 
 
 def _small(tmp_path, chip, cache, repros, strict=False, check=False):
-    from fill_models import make_small
+    from torch_kernelize.model_zoo import make_small
     model, inputs = make_small()
     compiled = torch.compile(model, backend="kernelize", options={
         "target": str(chip), "cache_dir": str(cache), "repro_dir": str(repros), "strict": strict, "check": check})
@@ -113,7 +113,7 @@ def test_check_mode_catches_a_planted_wrong_kernel_and_minifies_it_to_one_node(t
         (d / "kernel.py").write_text(src.replace("(1.0 - e)", "(1.5 - e)"))
     key = _plant(cache, "aten.tanh.default", wrong)
 
-    from fill_models import make_wide
+    from torch_kernelize.model_zoo import make_wide
     model, inputs = make_wide()
     compiled = torch.compile(lambda x: model(x) * 2 + 1, backend="kernelize", options={
         "target": "interpreter", "cache_dir": str(cache), "repro_dir": str(repros), "check": True})
@@ -142,7 +142,7 @@ def test_a_kernel_that_raises_at_run_time_is_disabled_and_the_answer_stays_right
         prog["launches"][0]["args"][0] = ["in", 7]
         (d / "program.json").write_text(json.dumps(prog))
     _plant(cache, "aten.histc.default", broken)
-    from fill_models import make_small
+    from torch_kernelize.model_zoo import make_small
     model, inputs = make_small()
     compiled = torch.compile(model, backend="kernelize", options={
         "target": "interpreter", "cache_dir": str(cache), "repro_dir": str(repros)})
@@ -194,7 +194,7 @@ def test_repros_list_tool(tmp_path):
 def test_every_region_miss_gets_a_repro_also_when_view_folding_removed_its_inputs(tmp_path):
     """In an inference graph, view folding replaces a chain of views by one re-striding call: a
     region whose inputs are such views still gets its repro (the planned graph computes them)."""
-    from torch_kernelize.examples import make_transformer
+    from torch_kernelize.model_zoo import make_transformer
     model, inputs = make_transformer()
     repros, report = tmp_path / "repros", tmp_path / "report.json"
     compiled = torch.compile(model, backend="kernelize", options={

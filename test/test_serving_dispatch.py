@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_kernelize.examples import make_mlp
+from torch_kernelize.model_zoo import make_mlp
 from torch_kernelize.compiling.lower import LoweredGraph
 
 

@@ -15,15 +15,14 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from conftest import REPO, write_target
+from conftest import write_target
 from torch_kernelize.core.errors import MissingOpsError
-from torch_kernelize.examples import make_mlp
+from torch_kernelize import model_zoo
+from torch_kernelize.model_zoo import make_mlp
 from torch_kernelize.serving.launch import ProgramRunner
 from torch_kernelize.compiling.lower import LoweredGraph, Session, lower
 from torch_kernelize.compiling.planner import GraphPlan
 
-sys.path.insert(0, str(REPO / "test"))
-import fill_models  # noqa: E402
 
 THREADS = 4
 
@@ -51,10 +50,10 @@ def _in_threads(work, n: int = THREADS) -> list:
 
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory) -> Path:
-    """An interpreter-target kernel cache holding fill_models.make_small's kernels (a fused region, histc)."""
+    """An interpreter-target kernel cache holding model_zoo.make_small's kernels (a fused region, histc)."""
     cache = tmp_path_factory.mktemp("filled")
     proc = subprocess.run([sys.executable, "-m", "torch_kernelize.fill_cache", "--quiet", "--model",
-                           f"{REPO / 'test' / 'fill_models.py'}:make_small", "--target", "interpreter",
+                           "torch_kernelize.model_zoo:make_small", "--target", "interpreter",
                            "--cache-dir", str(cache), "--budget", "1"],
                           capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -68,7 +67,7 @@ def test_interpreter_kernels_stay_enabled_and_right_under_threads(check, filled,
     launches = []
     launch = ProgramRunner.launch
     monkeypatch.setattr(ProgramRunner, "launch", lambda self, *a: launches.append(self.spec.key) or launch(self, *a))
-    model, (x,) = fill_models.make_small()
+    model, (x,) = model_zoo.make_small()
     compiled = torch.compile(model, backend="kernelize",
                              options={"target": "interpreter", "cache_dir": str(cache), "repro_dir": "off",
                                       "check": check})

@@ -30,32 +30,19 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-os.environ.setdefault("KERNELIZE_BENCH_DEVICE", "cpu")
 
 
 def _workloads() -> dict:
-    """Small CPU instances of benchmarks/workloads.py's models (tracing cost depends on the graph,
-    not on the sizes)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    """Small CPU instances of the benchmarks' seed workloads (torch_kernelize.model_zoo: tracing
+    cost depends on the graph, not on the sizes)."""
     import torch
-    import workloads as w
-
-    def conv1d():
-        return w.Conv1d().eval(), (torch.randn(4, 96, 200),)
-
-    def histc():
-        return w.HistcFixed().eval(), (torch.randn(1 << 16),)
-
-    def rmsnorm():
-        return w.RMSNorm(1024).eval(), (torch.randn(64, 1024),)
-
-    def moe():
-        return w.MoE(d=64, f=32, experts=4, k=2).eval(), (torch.randn(64, 64),)
-
-    def llama():
-        return w.Llama(layers=4, d=256, vocab=1000).eval(), (torch.randint(0, 1000, (1, 64)),)
-    return {"conv1d": conv1d, "histc": histc, "rmsnorm": rmsnorm, "moe": moe, "llama4L": llama}
+    from torch_kernelize import model_zoo as z
+    f32 = torch.float32
+    return {"conv1d": lambda: z.make_conv1d_layer(batch=4, c_in=96, c_out=96, length=200, dtype=f32, device="cpu"),
+            "histc": lambda: z.make_histc_fixed(n=1 << 16),
+            "rmsnorm": lambda: z.make_rmsnorm(rows=64, d=1024),
+            "moe": lambda: z.make_moe(tokens=64, d=64, f=32, experts=4, k=2),
+            "llama4L": lambda: z.make_llama(layers=4, d=256, vocab=1000, batch=1, seq=64)}
 
 
 def install_timers(t: dict[str, float]) -> None:
@@ -139,7 +126,7 @@ _KEEP_ENV = False
 
 def _run(backend: str, workload: str, cache_dir: Path, breakdown: bool = False, graph_cache: bool = True,
          executable_cache: bool = True) -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"), KERNELIZE_BENCH_DEVICE="cpu")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"))
     if not graph_cache:
         env["KERNELIZE_GRAPH_CACHE"] = "off"
     if not executable_cache:

@@ -1,6 +1,6 @@
 """Bring a model up on a chip in one command: fill the kernel cache for it, compile it, report.
 
-    python -m torch_kernelize.bringup --target chip.toml --model torch_kernelize.examples:make_block
+    python -m torch_kernelize.bringup --target chip.toml --model torch_kernelize.model_zoo:make_hf_llama
     python -m torch_kernelize.bringup --target chip.toml --model a.py:make --model b.py:make --budget 2
 
 For each model: ``fill_cache --model`` on the target, then ``torch.compile(model, backend="kernelize")``

@@ -2,7 +2,7 @@
 
 The chip is described in a TOML file: its vendor library lacks aten.histc (no decomposition
 exists: nothing can run it) and aten.gelu (decomposable); its Triton backend is the CPU
-interpreter. The embedded example is a small MoE layer behind an MLP (torch_kernelize.examples).
+interpreter. The embedded example is a small MoE layer behind an MLP (torch_kernelize.model_zoo).
 
   1. compile + run: the coverage report shows each node's tier; misses and the missing op are
      dumped as reproducers;
@@ -33,7 +33,7 @@ RUN_MODEL = """
 import json, logging, sys, torch
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
 logging.getLogger("torch_kernelize.fallbacks").setLevel(logging.WARNING)
-from torch_kernelize.examples import {maker}
+from torch_kernelize.model_zoo import {maker}
 model, inputs = {maker}()
 compiled = torch.compile(model, backend="kernelize", options={options!r})
 with torch.no_grad():
@@ -45,7 +45,7 @@ print(json.dumps({{"max_abs_diff_vs_eager": (got - want).abs().max().item()}}))
 
 
 def model_script(options: dict, maker: str = "make_demo") -> str:
-    """Python source that compiles and runs ``torch_kernelize.examples.<maker>`` with ``options``."""
+    """Python source that compiles and runs ``torch_kernelize.model_zoo.<maker>`` with ``options``."""
     return RUN_MODEL.format(options=options, maker=maker)
 
 

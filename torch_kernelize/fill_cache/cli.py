@@ -1,6 +1,6 @@
 """The fill_cache command line: collect work, search each spec under a lock, store winners.
 
-    python -m torch_kernelize.fill_cache --model torch_kernelize.examples:make_moe --target interpreter
+    python -m torch_kernelize.fill_cache --model torch_kernelize.model_zoo:make_moe --target interpreter
     python -m torch_kernelize.fill_cache --repros kernelize_repros --target chip.toml --resume
 
 Several processes may fill one cache at once (one per GPU, or per node under torchrun): each
