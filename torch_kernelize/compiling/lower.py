@@ -24,12 +24,11 @@ from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.graph_regions import find_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
-from torch_kernelize.compiling.regions import Region, closes_cycle, find_regions, group_matmuls, region_spec
-from torch_kernelize.core.region_graph import describe_region
+from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
 from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.options import Options
-from torch_kernelize.compiling.planner import GraphPlan, family_name, offline_generator, plan_graph, resolve_family
+from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
 from torch_kernelize.serving.view_folding import fold_view_chains
@@ -260,7 +259,7 @@ class LoweredGraph:
                 if d.tier == "triton":
                     runner = session.load_runner(d.spec, d.entry)
                     if runner is None:
-                        decisions[i] = d = self._downgrade(d, "the cache entry could not be loaded")
+                        decisions[i] = d = downgrade(d, "the cache entry could not be loaded", self.target)
                     else:
                         runners[d.node] = runner
             fused, region_decisions = self._decide_regions(bindings, decisions, lookups)
@@ -308,56 +307,17 @@ class LoweredGraph:
         return f"{self.name}:{d.node}:{ranges}"
 
     def _decide_regions(self, bindings, decisions: list[Decision], cache: Any):
-        """Look every fused region up in ``cache``; hits replace their nodes, misses are recorded."""
+        """The planner's region rung (``decide_regions``), each hit bound as a kernel call."""
         fused, region_decisions = [], []
         if cache is None:
             return fused, region_decisions
-        by_node = {d.node: i for i, d in enumerate(decisions) if d.tier != "decompose"}
-        covered: set[str] = set()
-        for region in self.regions:
-            if covered & region.names:
-                continue  # a member of a group that runs fused
-            spec = region_spec(region, bindings)
-            if spec is None:  # (a region of ops the vendor cannot run is looked up too: a bring-up chip's)
-                continue
-            status, entry, why = cache.lookup(spec.key)
-            family = family_name(spec, entry) or offline_generator(region.kind, self.target)
-            what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
-            d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
-                         shapes=what, family=family, spec=spec, entry=entry)
-            self._region_of[spec.key] = region
-            if status == "hit" and closes_cycle(region, [r for r, _ in fused]):
-                # (only groups can: two of them each feeding the other; the first one fused stays)
-                status, why = "cycle", "fused with the regions before it, it would wait for its own outputs"
-            if status == "hit":
-                runner = self.session.load_runner(spec, entry)
-                if runner is not None:
-                    d.tier, d.reason = "triton", f"fused {what}: {why}"
-                    fused.append((region, self.triton_call(spec, runner)))
-                    covered |= region.names
-                    for n in region.nodes:
-                        i = by_node.get(n.name)
-                        if i is None:
-                            continue  # a getitem: not an op, no decision
-                        decisions[i] = dataclasses.replace(
-                            decisions[i], tier="triton", miss=False, family=family,
-                            reason=f"in fused region {spec.key}: {what}")
-                    region_decisions.append(d)
-                    continue
-                why = "the cache entry could not be loaded"
-            elif status == "miss":
-                why = f"region cache miss (spec {spec.key})" if family else f"no Triton generator for this {what}"
-            d.reason = f"nodes run one by one: {why}"
-            d.miss = status == "miss" and family is not None
+        for region, d, runner in decide_regions(self.regions, bindings, decisions, cache, self.target,
+                                                self.session.load_runner):
+            self._region_of[d.spec_key] = region
+            if runner is not None:
+                fused.append((region, self.triton_call(d.spec, runner)))
             region_decisions.append(d)
         return fused, region_decisions
-
-    def _downgrade(self, d: Decision, why: str) -> Decision:
-        rejected = dict(d.rejected, triton=why)
-        if self.target.vendor_runs(d.spec.op_overload if d.spec else None):
-            return dataclasses.replace(d, tier="vendor", reason="the target's vendor kernel runs it", rejected=rejected)
-        return dataclasses.replace(d, tier="fallback", reason="nothing on the target runs it: host fallback",
-                                   rejected=rejected, missing=True)
 
     def _first_call(self, spec: Specialization, args: list, pending: list[Decision],
                     strict_missing: dict[str, str | None] | None) -> Any:

@@ -8,6 +8,13 @@ Tier ladder, most abstract first:
                entry is a MISS, recorded for fill_cache);
   4 fallback   nothing on the target runs it: the host fallback runs it (a MISSING OP).
 
+Fused regions are tried before their nodes (``decide_regions``: graph regions, GEMM groups,
+then the smaller kinds): a region whose kernel is stored runs whole and its nodes' decisions say
+so; a miss, a kernel that cannot be loaded or a region that would close a cycle leaves the nodes
+to their own rungs. A stored kernel that cannot be loaded drops a node to the next rung
+(``downgrade``). At run time a kernel that fails is disabled and its call runs the vendor op
+(serving/runtime.py's TritonCall): the one rung that is taken while the model runs.
+
 Planning is split in two: ``plan_graph`` does the shape-independent work once per graph
 (decompositions, op classes, vendor support), ``GraphPlan.decide`` does the shape-dependent part
 (specs and cache lookups) once per concrete shape signature.
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import sympy
 import torch
@@ -28,8 +35,10 @@ from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposab
                                                      trace_decomposition)
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
+from torch_kernelize.compiling.regions import Region, closes_cycle, region_spec
 from torch_kernelize.core.targets import Target, op_name
 from torch_kernelize.core.decision import Decision
+from torch_kernelize.core.region_graph import describe_region
 from torch_kernelize.core.shapes import concrete_value
 from torch_kernelize.core.spec import KernelSpec
 
@@ -111,6 +120,63 @@ class GraphPlan:
         rejected["vendor"] = f"target {self.target.name!r} does not run {f.op}"
         return Decision(f.node.name, f.op, "fallback", "nothing on the target runs it: host fallback",
                         rejected, missing=True, **common)
+
+
+def downgrade(d: Decision, why: str, target: Target) -> Decision:
+    """A node whose stored kernel cannot be used after all (``why``): the next rung down."""
+    rejected = dict(d.rejected, triton=why)
+    if target.vendor_runs(d.spec.op_overload if d.spec else None):
+        return dataclasses.replace(d, tier="vendor", reason="the target's vendor kernel runs it", rejected=rejected)
+    return dataclasses.replace(d, tier="fallback", reason="nothing on the target runs it: host fallback",
+                               rejected=rejected, missing=True)
+
+
+def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], decisions: list[Decision],
+                   cache: Any, target: Target, load_runner: Callable[[KernelSpec, Any], Any]
+                   ) -> list[tuple[Region, Decision, Any]]:
+    """The region rung: every region (in ``regions``' order, larger kinds first) looked up in
+    ``cache``; (region, its decision, the loaded runner or None) per region looked up. A hit's
+    nodes, in ``decisions``, are marked as run by it; a region overlapping one already taken is
+    skipped, as is one whose spec cannot be built."""
+    looked_up: list[tuple[Region, Decision, Any]] = []
+    by_node = {d.node: i for i, d in enumerate(decisions) if d.tier != "decompose"}
+    covered: set[str] = set()
+    taken: list[Region] = []
+    for region in regions:
+        if covered & region.names:
+            continue  # a member of a group that runs fused
+        spec = region_spec(region, bindings)
+        if spec is None:  # (a region of ops the vendor cannot run is looked up too: a bring-up chip's)
+            continue
+        status, entry, why = cache.lookup(spec.key)
+        family = family_name(spec, entry) or offline_generator(region.kind, target)
+        what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
+        d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
+                     shapes=what, family=family, spec=spec, entry=entry)
+        if status == "hit" and closes_cycle(region, taken):
+            # (only groups can: two of them each feeding the other; the first one fused stays)
+            status, why = "cycle", "fused with the regions before it, it would wait for its own outputs"
+        if status == "hit":
+            runner = load_runner(spec, entry)
+            if runner is not None:
+                d.tier, d.reason = "triton", f"fused {what}: {why}"
+                taken.append(region)
+                covered |= region.names
+                for n in region.nodes:
+                    i = by_node.get(n.name)
+                    if i is None:
+                        continue  # a getitem: not an op, no decision
+                    decisions[i] = dataclasses.replace(decisions[i], tier="triton", miss=False, family=family,
+                                                       reason=f"in fused region {spec.key}: {what}")
+                looked_up.append((region, d, runner))
+                continue
+            why = "the cache entry could not be loaded"
+        elif status == "miss":
+            why = f"region cache miss (spec {spec.key})" if family else f"no Triton generator for this {what}"
+        d.reason = f"nodes run one by one: {why}"
+        d.miss = status == "miss" and family is not None
+        looked_up.append((region, d, None))
+    return looked_up
 
 
 def resolve_family(d: Decision) -> Decision:
