@@ -237,7 +237,10 @@ def run_bounded(cmd: list[str], limit_s: float, log: Path, env: dict | None = No
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}  (limit {limit_s:.0f} s)\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # (SIGINT at its default in the child, even where this run was started with it ignored:
+        # nohup, a background job; SIGINT is how the child is asked to stop)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=_default_sigint)
         stopped = False
         try:
             proc.wait(timeout=max(1.0, limit_s))
@@ -254,6 +257,10 @@ def run_bounded(cmd: list[str], limit_s: float, log: Path, env: dict | None = No
                 pass
             proc.wait()
     return proc.returncode, time.perf_counter() - t0, stopped
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A suite started in the background (`make test &`, nohup) inherits SIGINT ignored, and so would
+# every child: Python then installs no KeyboardInterrupt, and the tests that stop a child with
+# SIGINT (fill_cache's Ctrl-C) would see it run on. A handler of our own is reset to the default
+# in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
