@@ -144,8 +144,9 @@ def load_inputs(load_args: Callable, folder: Path) -> list[torch.Tensor]:
 class ReproWriter:
     """The backend's repro sink: one folder per spec key under ``root``.
 
-    Misses (``check`` when planned, ``claim`` and ``write`` on the first call) are recorded by the process's background writer within
-    its caps (recorder.py); failures and mismatches (``write_failure``) are rare and written at once.
+    Misses (``check`` when planned, ``claim`` and ``write`` on the first call) are recorded by the
+    process's background writer within its caps (repro_recorder.py); failures and mismatches
+    (``write_failure``) are rare and written at once.
     """
 
     def __init__(self, root: Path, options: Any):

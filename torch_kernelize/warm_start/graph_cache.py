@@ -48,8 +48,8 @@ SUFFIX = ".graph"
 _MAGIC = b"torch_kernelize graph cache\n"
 # The ATen graph depends on these modules' code: the aot_autograd call, the trace-time
 # decomposition table, and this file (entry format, runtime wrapper).
-_SOURCES = ("torch_kernelize.backend", "torch_kernelize.warm_start.graph_cache", "torch_kernelize.compiling.decompositions",
-            "torch_kernelize.compiling.neutral_attention")
+_SOURCES = ("torch_kernelize.backend", "torch_kernelize.warm_start.graph_cache",
+            "torch_kernelize.compiling.decompositions", "torch_kernelize.compiling.neutral_attention")
 _SAFE_OP_NAMESPACES = ("aten", "prims")  # registered whenever torch is imported: loadable anywhere
 _SAFE_FUNCTION_MODULES = ("torch", "math", "operator", "_operator", "builtins")
 
