@@ -483,6 +483,7 @@ def test_a_graph_region_without_a_correct_candidate_splits_then_vendor_wins_spli
     from torch_kernelize.core.region_graph import region_graph
     from torch_kernelize.core.spec import KernelSpec
     store = KernelCache.for_target(tmp_path / "cache", targets.get_target("interpreter"))
+    flush_repros()  # misses are recorded in the background
     spec = KernelSpec.from_json(json.loads((Path(graph_row["repro"]) / "spec.json").read_text())["spec"])
     assert region_graph(spec)["kind"] == "graph"
     store.put({"key": spec.key, "spec": spec.to_json(), "winner": "vendor", "validation": {},

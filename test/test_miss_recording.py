@@ -104,6 +104,23 @@ def test_reproducers_are_written_off_the_calling_thread(tmp_path, monkeypatch):
     assert all(t is not threading.main_thread() and t.name == "kernelize-repro-writer" for t in writers)
 
 
+def test_writing_a_reproducer_runs_no_compiled_hash_under_a_reseeded_rng(tmp_path, monkeypatch):
+    """The content store's default hash is a torch.compile'd kernel run under a reseeded global RNG:
+    from the writer thread it would race the model's compiles and hand seed-0 numbers to whichever
+    thread draws meanwhile. The writer hashes with sha1 instead."""
+    import torch.utils._content_store as store
+
+    def compiled_hash(*args, **kwargs):
+        raise AssertionError("the repro writer ran the compiled storage hash")
+
+    monkeypatch.setattr(store, "hash_storage_kernel", compiled_hash)
+    from torch_kernelize.core import targets
+    gm = torch.fx.symbolic_trace(_model)
+    x = torch.randn(4, 8)
+    assert dump.write_repro(tmp_path / "r", None, [x], targets.get_target("interpreter"), "lowering", None, gm=gm)
+    assert {"spec.json", "repro.py", "inputs"} <= {p.name for p in (tmp_path / "r").iterdir()}
+
+
 def test_queued_reproducers_are_written_at_interpreter_exit(tmp_path):
     run_python(f"""
         import time, torch

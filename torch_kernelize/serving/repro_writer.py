@@ -96,7 +96,11 @@ def write_repro(folder: Path, spec: KernelSpec | None, inputs: Sequence[torch.Te
     try:
         gm = gm if gm is not None else spec_graph(spec)
         cpu_inputs = [t.detach().cpu() for t in inputs]
-        code = generate_compiler_repro_string(gm, cpu_inputs, save_dir=str(tmp / "inputs"))
+        # stable_hash: the content store hashes with sha1. Its default hash is a torch.compile'd
+        # kernel that reseeds the global RNG while it runs: on this background thread that is an
+        # Inductor compile racing the model's, and random numbers drawn meanwhile on any thread
+        # come from seed 0.
+        code = generate_compiler_repro_string(gm, cpu_inputs, save_dir=str(tmp / "inputs"), stable_hash=True)
         code = code.replace(str(tmp / "inputs"), "inputs")  # the folder may move: paths are relative
         what = spec.describe() if spec is not None else f"graph of {len(gm.graph.nodes)} nodes"
         header = (f"# torch_kernelize reproducer ({kind}): {what}\n"
