@@ -312,7 +312,7 @@ class LoweredGraph:
             spec.regions = region_decisions
             spec.lookups = lookups.witnesses if lookups is not None else {}
             self._specializations[key] = spec
-            if self._buckets is not None:
+            if not self.binder.is_static:
                 self._share(spec, decisions, region_decisions, {n: r for n, (_, r) in calls.items()}, verdicts)
             if len(self._specializations) > 1:
                 log.info("%s: new shape signature %s: %d on triton, %d misses", self.name, self._signature(key),
@@ -346,7 +346,8 @@ class LoweredGraph:
         symbols at one value, a bucket kernel's inside its bucket."""
         if self._classes is None:
             nodes = [(f.node, f.op) for f in self.plan.facts if f.klass is NodeClass.COMPUTE]
-            self._classes = shape_classes(self.binder.symbols, nodes, self.regions, self._buckets.entries(),
+            entries = self._buckets.entries() if self._buckets is not None else ()  # (no cache: no cuts)
+            self._classes = shape_classes(self.binder.symbols, nodes, self.regions, entries,
                                           record_buckets=self.session.repros is not None)
         single: set = set()
         ranges: dict = {}
