@@ -37,7 +37,8 @@ body that asserts the alignment (tl.multiple_of) when they are aligned, a plain 
 correct for every pointer, vectorized for the usual allocator-aligned one.
 
 The LayerNorm family (layernorm.py) builds a rowwise graph for native_layer_norm and uses the
-same planner and emitter.
+same planner and emitter; for a shape bucket the rowwise emitter takes the number of rows at run
+time (``generate_plan``'s ``runtime_rows``). Regions themselves are served by exact shape only.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ do for any dense layout), every step in fp32, the variance in two passes over th
 registers (exact, no E[x^2] - E[x]^2 cancellation). ``out`` is rounded once to its dtype; mean
 and rstd are stored in the dtypes the spec gives (fp32 on CUDA for fp16/bf16 inputs, the input
 dtype on CPU). Rows longer than 16K elements take three passes (mean, variance, output).
+A shape bucket over the leading dims takes the number of rows at run time (``n_rows``).
 """
 from __future__ import annotations
 

@@ -14,6 +14,10 @@ combines the partials (sum / max / min directly; var by Chan's parallel formula)
 
 Everything accumulates in fp32 and is rounded to the output dtype on store. Softmax uses the
 online max/sum update when R does not fit one block.
+
+Shape buckets (core/buckets.py): where only the kept leading dims vary and every tensor is
+contiguous, the same kernel takes the number of rows as the argument ``n_rows`` (the reduced
+length stays literal); SPLIT > 1 is not bucketed (its temporary is sized by the rows).
 """
 from __future__ import annotations
 
