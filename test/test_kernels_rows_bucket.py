@@ -10,7 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_testing import assert_bucket_valid, spec_of  # noqa: E402
+from kernel_testing import assert_bucket_valid, compile_sm90, spec_of  # noqa: E402
 
 from torch_kernelize.backend import compile_with_session
 from torch_kernelize.compiling.lower import Session
@@ -102,6 +102,14 @@ def test_split_configs_stay_out_of_a_bucket_search_and_int64_indexing_follows_th
     assert ".to(tl.int64)" in program.source  # decided at the representative: every size of the bucket fits
     (launch,) = instantiate(program, (3,)).launches
     assert launch.args[-1] == ("i32", 3) and launch.grid == (-(-3 // config["BLOCK_M"]),)
+
+
+def test_bucketed_row_kernels_compile_for_sm90(tmp_path):
+    """Real GPU code: the run-time row count is an i32 argument of the compiled binary."""
+    soft = spec_of(aten._softmax.default, [_x(64, 1024, dtype=f16), -1, False])
+    ln = spec_of(aten.native_layer_norm.default, [_x(64, 4096, dtype=bf16), [4096], _x(4096, dtype=bf16), None, 1e-5])
+    for family, spec, dims in ((REDUCTIONS, soft, ROWS), (LAYER_NORM, ln, LN_ROWS)):
+        compile_sm90(spec, family.generate_bucketed(spec, family.seed_configs(spec)[0], dims), tmp_path)
 
 
 MODELS = {
