@@ -73,6 +73,7 @@ class GraphBuckets:
         self._prefixes: dict[tuple, str] = {}
         self._buckets: dict[str, list[tuple[Any, Any]]] = {}  # key prefix -> [(Bucket, CacheEntry)]
         self.miss_dims: dict[str, tuple[Dim, ...]] = {}  # a bucketable miss's spec key -> its dims (its repro's)
+        self._entries: list[Any] | None = None
         self._lock = threading.Lock()
 
     def dims(self, node: fx.Node) -> tuple[Dim, ...] | None:
@@ -108,6 +109,14 @@ class GraphBuckets:
                     found.append((bucket, entry))
                 self._buckets[prefix] = found
             return found
+
+    def entries(self) -> list[Any]:
+        """Every valid entry of the listing (read once per graph: shape_classes.py partitions the
+        graph's shapes by them)."""
+        with self._lock:
+            if self._entries is None:
+                self._entries = [e for e in map(self.cache.get, sorted(self.keys)) if e is not None]
+            return self._entries
 
     def lookups(self, log: Any) -> "BucketLookup":
         return BucketLookup(self, log)

@@ -6,6 +6,7 @@ scripts use it): it runs kernelize's own lowering without Dynamo or Inductor.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -16,12 +17,16 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize import flush_repros
-from torch_kernelize.core.buckets import pow2_bucket
+from torch_kernelize.core.buckets import pow2_bucket, spec_at
 from torch_kernelize.core.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
+from torch_kernelize.serving.bucket_call import BucketCall, readable
 from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.kernel_cache.store import LookupLog
+from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
 from torch_kernelize.compiling.decompositions import host_implementation
+from torch_kernelize.compiling.op_classes import NodeClass
+from torch_kernelize.compiling.shape_classes import bucket_symbols, node_symbols, node_tensors, region_symbols, shape_classes
 from torch_kernelize.compiling.graph_regions import find_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
@@ -115,7 +120,6 @@ class Session:
 
     def _sized(self, spec: KernelSpec, entry: Any, base: Any):
         """A bucket's runner for the sizes of ``spec`` (memoized per spec; caller holds the lock)."""
-        from torch_kernelize.compiling.bucket_lookup import bucket_runner
         k = (str(self.cache.dir), entry.key, spec.key)
         if k not in self._runners:
             self._runners[k] = bucket_runner(spec, entry.bucket.dims, base) if spec != entry.spec else base
@@ -156,6 +160,8 @@ class LoweredGraph:
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
         self._buckets = None  # a dynamic graph's shape buckets, made when it is first planned
+        self._classes = None  # its shape classes (shape_classes.py), made then too
+        self._by_class: dict[tuple, Specialization] = {}  # a class -> the specialization serving all of it
         first = self._specialize(self.binder.key(list(example_inputs)))
         self._publish(first, self._signature(first.key))
         self._static = first if self.binder.is_static else None
@@ -244,19 +250,31 @@ class LoweredGraph:
         with self._lock:
             if key in self._specializations:
                 return self._specializations[key]
+            shared = self._by_class.get(self._classes.of(key)) if self._classes is not None else None
+            if shared is not None:  # planned at another signature of its shape class
+                self._specializations[key] = shared
+                if shared.miss_symbols:  # (its misses are recorded once per bucket: counted here)
+                    changed = {s for s, a, b in zip(self.binder.symbols, key, shared.key) if a != b}
+                    for symbols, verdict in shared.miss_symbols:
+                        self.session.repros.count_unplanned(verdict, bool(symbols & changed))
+                return shared
             session = self.session
             bindings = self.binder.bindings(key)
             # every lookup is kept with its witness: the executable cache stores them
             lookups = LookupLog(session.cache) if session.cache is not None else None
             if lookups is not None and not self.binder.is_static:  # shape buckets: bucket_lookup.py
                 if self._buckets is None:
-                    from torch_kernelize.compiling.bucket_lookup import GraphBuckets
                     self._buckets = GraphBuckets(session.cache, session.load_runner)
                 lookups = self._buckets.lookups(lookups)
             decisions = self.plan.decide(bindings, lookups, resolve=False)
             runners = {}
+            calls: dict[str, tuple[BucketCall, dict]] = {}  # node -> its bucket's call, and its symbols' ranges
             for i, d in enumerate(decisions):
                 if d.tier == "triton":
+                    call = self._bucket_call(d) if self._buckets is not None else None
+                    if call is not None:
+                        calls[d.node] = call
+                        continue
                     runner = session.load_runner(d.spec, d.entry)
                     if runner is None:
                         decisions[i] = d = downgrade(d, "the cache entry could not be loaded", self.target)
@@ -267,9 +285,10 @@ class LoweredGraph:
             decisions = [resolve_family(d) for d in decisions]
             repros = session.repros
             pending = []  # the misses recorded as reproducers: their first call captures their inputs
+            verdicts = {}  # each checked miss's (by its decision's node) verdict
             for d in decisions + region_decisions:
                 if repros is not None and (d.miss or d.missing) and d.spec is not None:
-                    verdict = repros.check(d.spec, self._record_key(d, key))
+                    verdict = verdicts[d.node] = repros.check(d.spec, self._record_key(d, key))
                     if verdict in ("new", "duplicate"):  # (a capped one has no folder to point to)
                         d.repro = str(repros.folder_for(d.spec))
                     if verdict == "new":
@@ -278,7 +297,8 @@ class LoweredGraph:
             # saved for a backward pass
             passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
             gm = bind_graph(self.plan.gm, decisions,
-                            lambda d: self.triton_call(d.spec, runners[d.node], d.entry.key if d.entry else None),
+                            lambda d: calls[d.node][0] if d.node in calls else
+                            self.triton_call(d.spec, runners[d.node], d.entry.key if d.entry else None),
                             lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
@@ -292,10 +312,68 @@ class LoweredGraph:
             spec.regions = region_decisions
             spec.lookups = lookups.witnesses if lookups is not None else {}
             self._specializations[key] = spec
+            if self._buckets is not None:
+                self._share(spec, decisions, region_decisions, {n: r for n, (_, r) in calls.items()}, verdicts)
             if len(self._specializations) > 1:
                 log.info("%s: new shape signature %s: %d on triton, %d misses", self.name, self._signature(key),
                          sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
             return spec
+
+    def _bucket_call(self, d: Decision) -> tuple[BucketCall, dict] | None:
+        """A bucket hit's kernel as a call that serves any size of the bucket, and the range of
+        each symbol it varies in; None for an exact hit, or a bucket whose sizes cannot all be
+        read off the node's inputs (then the kernel of the node's sizes is bound)."""
+        entry = d.entry
+        bucket = entry.bucket if entry is not None else None
+        if bucket is None or not readable(bucket.dims):
+            return None
+        inputs, outputs = node_tensors(self._nodes[d.node])
+        varied = bucket_symbols(inputs, outputs, bucket.dims)
+        base = self.session.load_runner(entry.spec, entry) if varied is not None else None
+        if base is None:
+            return None
+
+        def make(values: tuple[int, ...]) -> TritonCall:
+            spec = spec_at(entry.spec, bucket.dims, values)
+            return self.triton_call(spec, bucket_runner(spec, bucket.dims, base), entry.key)
+        call = BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make)
+        return call, {s: bucket.ranges[v] for s, v in varied.items()}
+
+    def _share(self, spec: Specialization, decisions: list[Decision], regions: list[Decision],
+               bucket_ranges: dict[str, dict], verdicts: dict[str, str]) -> None:
+        """Let ``spec`` serve every signature of its shape class where each kernel it binds is
+        valid over the whole class (shape_classes.py): an exact kernel's and a host fallback's
+        symbols at one value, a bucket kernel's inside its bucket."""
+        if self._classes is None:
+            nodes = [(f.node, f.op) for f in self.plan.facts if f.klass is NodeClass.COMPUTE]
+            self._classes = shape_classes(self.binder.symbols, nodes, self.regions, self._buckets.entries(),
+                                          record_buckets=self.session.repros is not None)
+        single: set = set()
+        ranges: dict = {}
+        covered = set()
+        for d in regions:
+            if d.tier == "triton":
+                region = self._region_of[d.spec_key]
+                single |= region_symbols(region)
+                covered |= region.names
+        for d in decisions:
+            if d.node in covered or d.tier not in ("triton", "fallback"):
+                continue
+            varied = bucket_ranges.get(d.node, {})
+            single |= node_symbols(self._nodes[d.node]) - varied.keys()
+            for s, (lo, hi) in varied.items():
+                was = ranges.get(s, (lo, hi))
+                ranges[s] = (max(lo, was[0]), min(hi, was[1]))
+        if not self._classes.admits(spec.key, single, ranges):
+            return
+        spec.miss_symbols = [(frozenset(region_symbols(self._region_of[d.spec_key]) if d.op == "region"
+                                        else node_symbols(self._nodes[d.node])), verdicts[d.node])
+                             for d in decisions + regions if d.node in verdicts]
+        self._by_class.setdefault(self._classes.of(spec.key), spec)
+
+    @functools.cached_property
+    def _nodes(self) -> dict[str, fx.Node]:
+        return {n.name: n for n in self.plan.gm.graph.nodes}
 
     def _record_key(self, d: Decision, key: tuple) -> str | None:
         """The key a miss of a dynamic graph is recorded once under per process: its node's (or

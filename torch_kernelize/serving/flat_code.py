@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from torch_kernelize.serving.bucket_call import BucketCall
 from torch_kernelize.serving.op_bindings import fast_binding
 from torch_kernelize.serving.runtime import TritonCall, has_traced_layout
 from torch_kernelize.serving.view_folding import FoldedView, reinterpret_tensor
@@ -149,6 +150,8 @@ def _statement(w: _Writer, n: fx.Node, guarded_inputs: bool, checked_inputs: dic
         return _folded_view(w, n, target, guarded_inputs, checked_inputs)
     if type(target) is TritonCall:
         return _kernel_call(w, n, target)
+    if type(target) is BucketCall:  # (each size's TritonCall does the checks)
+        return [f"{out} = {w.ref(target, target.__name__)}({w.call_args(n.args, {})})"]
     if isinstance(target, torch._ops.OpOverload):
         fn = n.meta.get("binding")  # chosen before (or restored by the executable cache)
         if fn is None:

@@ -186,6 +186,14 @@ class ReproWriter:
         """Give a claimed miss back: its inputs could not be captured here."""
         recorder.budget.give_back(self.root, record_key or spec.key, recorder.captured_bytes(spec))
 
+    def count_unplanned(self, verdict: str, resized: bool) -> None:
+        """Count a miss of a signature served by another's specialization, never planned and so
+        never checked: ``verdict`` was the other's miss's, ``resized`` whether its sizes differ.
+        A recorded one's bucket has its reproducer (the other's); a capped one is capped still."""
+        if verdict in (recorder.NEW, recorder.DUPLICATE, recorder.SAME_BUCKET):
+            verdict = recorder.SAME_BUCKET if resized else recorder.DUPLICATE
+        repro_counts.add(verdict)
+
     def _counted(self, verdict: str) -> str:
         if verdict != recorder.NEW:
             repro_counts.add(verdict)

@@ -63,6 +63,12 @@ class TritonCall:
         self.layout_checks: tuple[tuple[int, tuple[int, ...]], ...] = ()
         self.__name__ = f"triton_{spec.short_name}_{spec.key[:8]}"
 
+    def checking(self, inputs: Sequence[int]) -> "TritonCall":
+        """This call checking that ``inputs`` arrive with the strides its kernel was built for."""
+        checked = copy.copy(self)
+        checked.layout_checks = tuple((i, self.spec.inputs[i].stride) for i in inputs)
+        return checked
+
     def vendor(self, *tensors: torch.Tensor):
         """The spec's op on the vendor kernel, its outputs in the traced layout (later kernels
         read them with the traced strides, as they would this call's kernel's outputs)."""
@@ -173,6 +179,8 @@ class Specialization:
         self.key = key
         self.regions: list[Decision] = []  # fused regions looked up, hit or miss (for the report)
         self.lookups: dict[str, Any] = {}  # kernel-cache key -> witness of its lookup (executable cache)
+        # each checked miss's size symbols and its verdict (the signatures it is shared with count them)
+        self.miss_symbols: list[tuple[frozenset, str]] = []
         self._forward = forward if forward is not None else gm.forward
         self._first_call = first_call
         self._lock = threading.Lock()
@@ -253,12 +261,10 @@ def guard_vendor_layouts(graph: fx.Graph, guarded_inputs: bool = True) -> int:
         call = node.target
         if node.op != "call_function" or not isinstance(call, TritonCall):
             continue
-        unsure = tuple((i, call.spec.inputs[i].stride) for i, a in enumerate(node.args)
+        unsure = tuple(i for i, a in enumerate(node.args)
                        if i < len(call.spec.inputs) and not has_traced_layout(a, guarded_inputs))
         if unsure:
-            checked = copy.copy(call)
-            checked.layout_checks = unsure
-            node.target = checked
+            node.target = call.checking(unsure)
             checks += len(unsure)
     return checks
 

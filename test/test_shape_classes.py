@@ -1,0 +1,142 @@
+"""Shape classes (compiling/shape_classes.py): the signatures of a dynamic graph that find the same
+cache entries share one specialization, so a new shape inside a filled bucket is served without
+planning, binding or generating code; exact entries stay classes of their own; a specialization
+whose kernels are not valid over its whole class is never shared."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+
+from torch_kernelize.backend import compile_with_session
+from torch_kernelize.compiling import lower as lower_module
+from torch_kernelize.compiling.lower import Session
+from torch_kernelize.compiling.planner import GraphPlan
+from torch_kernelize.compiling.shape_classes import ShapeClasses
+from torch_kernelize.core.options import Options
+from torch_kernelize.fill_cache.cli import main as fill_main
+from torch_kernelize.serving.bucket_call import BucketCall
+from torch_kernelize.serving.runtime import KernelState, TritonCall
+
+MODEL = '''
+import torch
+def make():
+    return torch.nn.Sigmoid(), (torch.randn({rows}, 16),)
+'''
+
+
+def _fill_bucket(tmp_path: Path, rows: int = 6, dynamic: str = "0:0:5-8") -> None:
+    """An exact entry at (rows, 16) and the bucket ``dynamic`` around it."""
+    (tmp_path / "model.py").write_text(MODEL.format(rows=rows))
+    assert fill_main(["--target", "interpreter", "--cache-dir", str(tmp_path / "cache"), "--quiet", "--budget", "1",
+                      "--model", f"{tmp_path / 'model.py'}:make", "--dynamic", dynamic]) == 0
+
+
+def _serving(tmp_path: Path, **options):
+    opts = Options.resolve({"target": "interpreter", "cache_dir": str(tmp_path / "cache"), "repro_dir": "off",
+                            "graph_cache": "off", **options})
+    session, graphs = Session(opts), []
+    compiled = torch.compile(torch.sigmoid, dynamic=True,
+                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    return compiled, graphs
+
+
+def _specialization(graph, rows: int):
+    (spec,) = {id(s): s for k, s in graph._specializations.items() if rows in k}.values()
+    return spec
+
+
+def _sigmoid(spec):
+    (d,) = [d for d in spec.decisions if d.op == "aten.sigmoid.default"]
+    return d
+
+
+def test_a_new_size_inside_a_filled_bucket_is_served_without_planning(tmp_path, monkeypatch):
+    _fill_bucket(tmp_path)
+    compiled, graphs = _serving(tmp_path)
+    with torch.no_grad():
+        x = torch.randn(7, 16)
+        torch.testing.assert_close(compiled(x), torch.sigmoid(x))  # planned: the class 7-8 of the bucket 5-8
+
+        def forbidden(*a, **k):
+            raise AssertionError("a new size of a planned shape class must not be planned, bound or generated")
+        monkeypatch.setattr(GraphPlan, "decide", forbidden)
+        monkeypatch.setattr(lower_module, "bind_graph", forbidden)
+        monkeypatch.setattr(lower_module, "flat_function", forbidden)
+        x = torch.randn(8, 16)
+        torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+        monkeypatch.undo()
+        for rows in (5, 6, 9):  # 5 and 6 are classes of their own (6 has an exact entry); 9 is outside
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+    (g,) = graphs
+    seven, eight = _specialization(g, 7), _specialization(g, 8)
+    assert seven is eight
+    call = next(n.target for n in seven.gm.graph.nodes if isinstance(n.target, BucketCall))
+    assert sorted(call._sized) == [(7,), (8,)]  # one launch plan per size, the same binaries
+    assert _sigmoid(seven).entry.bucket.ranges == ((5, 8),)
+    six = _sigmoid(_specialization(g, 6))
+    assert six.entry.bucket is None and six.entry.key == six.spec_key  # the exact entry wins
+    assert _specialization(g, 5) is not seven and _sigmoid(_specialization(g, 5)).entry.bucket is not None
+    assert _sigmoid(_specialization(g, 9)).tier == "vendor"
+
+
+def test_a_specialization_with_an_exact_kernel_is_never_shared(tmp_path, monkeypatch):
+    """Even where the partition does not isolate an exact entry's sizes (here: a partition without
+    any cut), the specialization that binds its kernel serves that one signature."""
+    _fill_bucket(tmp_path)
+    monkeypatch.setattr(lower_module, "shape_classes",
+                        lambda symbols, *a, **k: ShapeClasses(symbols, record_buckets=False))
+    compiled, graphs = _serving(tmp_path)
+    with torch.no_grad():
+        for rows in (6, 7, 12):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+    (g,) = graphs
+    six, seven = _specialization(g, 6), _specialization(g, 7)
+    assert six is not seven and _sigmoid(six).entry.bucket is None
+    # without cuts the bucket's call cannot prove 12 inside its bucket: 7's is not shared either
+    assert _specialization(g, 12) is not seven and _sigmoid(_specialization(g, 12)).tier == "vendor"
+
+
+def test_the_partition_cells_and_what_a_class_admits():
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    classes = ShapeClasses((s0, s1), record_buckets=False)
+    classes.cut(s0, 5, 8)
+    classes.isolate({s0: 6})
+    classes.pin([s1])
+    assert classes.of((7, 16)) == classes.of((8, 16)) != classes.of((6, 16))
+    assert classes.of((7, 16)) != classes.of((7, 17))  # s1 pinned: every value a class
+    assert classes.of((9, 16)) == classes.of((100, 16)) != classes.of((8, 16))
+    assert classes.cell((7, 16), s0) == (7, 8) and classes.cell((6, 16), s0) == (6, 6)
+    assert classes.cell((7, 16), s1) == (16, 16)
+    assert classes.admits((7, 16), single=[s1], ranges={s0: (5, 8)})
+    assert not classes.admits((7, 16), single=[s0], ranges={})       # 7 and 8 share the class
+    assert not classes.admits((9, 16), single=[], ranges={s0: (5, 8)})  # 9.. is outside the bucket
+    recording = ShapeClasses((s0, s1), record_buckets=True)
+    assert recording.of((5, 16)) == recording.of((8, 16)) != recording.of((9, 16))  # pow2 recording buckets
+
+
+def test_a_bucket_call_makes_one_checked_call_per_size():
+    made = []
+
+    class Spec:
+        short_name, key = "sigmoid", "0" * 24
+
+        def __init__(self, rows):
+            self.inputs = (type("M", (), {"stride": (16, 1), "shape": (rows, 16)})(),)
+
+    def make(values):
+        made.append(values)
+        return TritonCall(Spec(values[0]), lambda x: x * 2, KernelState("k"))
+
+    dims = (("in", 0, 0, 0), ("out", 0, 0, 0))
+    call = BucketCall(Spec(8), dims, KernelState("k"), make).checking([0])
+    x = torch.randn(7, 16)
+    torch.testing.assert_close(call(x), x * 2)
+    call(torch.randn(7, 16))
+    assert made == [(7,)] and call.sized((7,)).layout_checks == ((0, (16, 1)),)
+    with pytest.raises(ValueError, match="appears on no input"):
+        BucketCall(Spec(8), (("out", 0, 0, 0),), KernelState("k"), make)

@@ -1,0 +1,273 @@
+"""Shape classes: which concrete shapes of a dynamic graph share one specialization.
+
+A dynamic graph is specialised per concrete shape signature (the values of its size symbols), and
+planning one (specs, lookups, regions, binding, code generation) takes tens of milliseconds, while
+a server sees a new signature on almost every request. Two signatures get the same decisions when
+every kernel-eligible node and region finds the same cache entry at both (or none at both); then
+one bound graph serves both: vendor ops take their sizes from their inputs at run time, a bucket's
+kernel reads its sizes off its inputs (serving/bucket_call.py), and view folding leaves symbolic
+layouts alone.
+
+The class of a signature is read off a partition of each symbol's values, made once per graph
+from the cache listing it is planned against (``shape_classes``):
+
+- an exact entry of a node or region, at the sizes it was made for, isolates those sizes (a cell
+  of one value in each of the node's symbols);
+- a bucket entry cuts its variables' symbols at its edges and isolates the sizes it holds fixed;
+- a node or region with an entry whose sizes cannot be read back onto the graph's symbols pins
+  its symbols (every value a class of its own).
+
+When misses are recorded, a class also holds each symbol's default recording bucket (pow2), so
+each recording bucket is planned, and its misses recorded, once.
+
+A specialization is shared over its class only if ``ShapeClasses.admits`` it: every kernel it
+binds is valid over the whole cell (an exact kernel's and a host fallback's symbols in a cell of
+one value; a bucket kernel's cell inside its bucket). Otherwise it serves its own signature. So a
+partition that is too coarse costs planning time, never a wrong kernel; one that is too fine only
+plans more often.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Any, Iterable, Mapping, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.compiling.planner import build_spec
+from torch_kernelize.compiling.regions import Region, region_spec
+from torch_kernelize.core.buckets import PREFIX_LEN, Range, key_prefix, pow2_bucket
+from torch_kernelize.core.region_graph import GETITEM, spec_ops
+from torch_kernelize.core.spec import tensor_input_nodes
+from torch_kernelize.core.targets import op_name
+
+
+def _expr(v: Any) -> Any:
+    return v.node.expr if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) else v
+
+
+def _value_symbols(v: Any) -> set[sympy.Symbol]:
+    """The size symbols a traced value (a tensor's sizes, strides and offset; a SymInt) depends on."""
+    found: set[sympy.Symbol] = set()
+    for leaf in pytree.tree_leaves(v):
+        if isinstance(leaf, torch.Tensor):
+            try:
+                parts = (*leaf.shape, *leaf.stride(), leaf.storage_offset())
+            except Exception:  # a sparse or opaque tensor: its sizes only
+                parts = tuple(leaf.shape)
+            for p in parts:
+                found |= _value_symbols(p)
+        elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            found |= set(_expr(leaf).free_symbols)
+    return found
+
+
+def node_symbols(node: fx.Node) -> set[sympy.Symbol]:
+    """The size symbols a node's spec depends on: of its output and of every value it reads."""
+    found = _value_symbols(node.meta.get("val"))
+    for a in node.all_input_nodes:
+        found |= _value_symbols(a.meta.get("val"))
+    return found
+
+
+def region_symbols(region: Region) -> set[sympy.Symbol]:
+    """The size symbols a region's spec depends on (its nodes' read their inputs too)."""
+    found: set[sympy.Symbol] = set()
+    for n in region.nodes:
+        found |= node_symbols(n)
+    return found
+
+
+def node_tensors(node: fx.Node) -> tuple[list[Any], list[Any]]:
+    """A node's traced tensors in its spec's order: (the tensor inputs, the outputs)."""
+    out = node.meta.get("val")
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return [n.meta.get("val") for n in tensor_input_nodes(node)], [o for o in outs if o is not None]
+
+
+def read_sizes(traced: Sequence[Any], metas: Sequence[Any]) -> dict[sympy.Symbol, int] | None:
+    """The value of each size symbol that is a whole dim of ``traced`` in the concrete ``metas``
+    (TensorMetas, the same tensors); None where they cannot be the same tensors (another rank, a
+    static size that differs, one symbol at two sizes)."""
+    if len(traced) != len(metas):
+        return None
+    found: dict[sympy.Symbol, int] = {}
+    for t, m in zip(traced, metas):
+        if not isinstance(t, torch.Tensor) or len(t.shape) != len(m.shape):
+            return None
+        for size, want in zip(t.shape, m.shape):
+            e = _expr(size)
+            if isinstance(e, (int, sympy.Integer)):
+                if int(e) != want:
+                    return None
+            elif isinstance(e, sympy.Symbol):
+                if found.setdefault(e, want) != want:
+                    return None
+    return found
+
+
+class ShapeClasses:
+    """A partition of each size symbol's values; a signature's class is its cell in each."""
+
+    def __init__(self, symbols: Sequence[sympy.Symbol], record_buckets: bool):
+        self.symbols = tuple(symbols)
+        self._index = {s: j for j, s in enumerate(self.symbols)}
+        self._cuts: list[set[int]] = [set() for _ in self.symbols]
+        self._pinned = [False] * len(self.symbols)
+        self._sorted: list[list[int]] | None = None
+        self.record_buckets = record_buckets
+
+    # --- made once, before the first class is asked -----------------------------------------------
+    def isolate(self, values: Mapping[sympy.Symbol, int]) -> None:
+        for s, v in values.items():
+            self.cut(s, v, v)
+
+    def cut(self, symbol: sympy.Symbol, lo: int, hi: int) -> None:
+        """Make ``[lo, hi]`` a union of cells of ``symbol``."""
+        j = self._index.get(symbol)
+        if j is not None:
+            self._cuts[j] |= {int(lo), int(hi) + 1}
+            self._sorted = None
+
+    def pin(self, symbols: Iterable[sympy.Symbol]) -> None:
+        for s in symbols:
+            j = self._index.get(s)
+            if j is not None:
+                self._pinned[j] = True
+
+    # --- asked per new signature ------------------------------------------------------------------
+    def _cells(self) -> list[list[int]]:
+        if self._sorted is None:
+            self._sorted = [sorted(c) for c in self._cuts]
+        return self._sorted
+
+    def of(self, key: Sequence[Any]) -> tuple:
+        """The class of the signature ``key`` (the symbols' values, in ``symbols`` order)."""
+        cells = self._cells()
+        out = []
+        for j, v in enumerate(key):
+            if self._pinned[j] or type(v) is not int:
+                out.append(("=", v))
+            else:
+                out.append(bisect.bisect_right(cells[j], v))
+        if self.record_buckets:
+            out.append(tuple(pow2_bucket(v) if type(v) is int and v >= 1 else v for v in key))
+        return tuple(out)
+
+    def cell(self, key: Sequence[Any], symbol: sympy.Symbol) -> Range | None:
+        """The values of ``symbol`` in ``key``'s class (None: unbounded above, or not a size)."""
+        j = self._index.get(symbol)
+        if j is None:
+            return None  # a symbol the binder does not read: never free
+        v = key[j]
+        if type(v) is not int:
+            return None
+        if self._pinned[j]:
+            return (v, v)
+        cuts = self._cells()[j]
+        at = bisect.bisect_right(cuts, v)
+        lo = cuts[at - 1] if at > 0 else -(1 << 62)
+        hi = cuts[at] - 1 if at < len(cuts) else 1 << 62
+        return (lo, hi)
+
+    def admits(self, key: Sequence[Any], single: Iterable[sympy.Symbol],
+               ranges: Mapping[sympy.Symbol, Range]) -> bool:
+        """Whether in ``key``'s class every symbol of ``single`` has one value and each symbol of
+        ``ranges`` stays inside its range: what a bound kernel needs to serve the whole class."""
+        for s in single:
+            c = self.cell(key, s)
+            if c is None or c[0] != c[1]:
+                return False
+        for s, (lo, hi) in ranges.items():
+            c = self.cell(key, s)
+            if c is None or c[0] < lo or c[1] > hi:
+                return False
+        return True
+
+
+def shape_classes(symbols: Sequence[sympy.Symbol], nodes: Iterable[tuple[fx.Node, str]],
+                  regions: Iterable[Region], entries: Iterable[Any], record_buckets: bool) -> ShapeClasses:
+    """The partition of a graph's signatures by the cache ``entries`` (CacheEntries of the listing)
+    its kernel-eligible ``nodes`` ((node, op name)) and ``regions`` could find."""
+    classes = ShapeClasses(symbols, record_buckets)
+    known = set(symbols)
+    by_op: dict[str, list[Any]] = {}
+    for e in entries:
+        by_op.setdefault(e.spec.op, []).append(e)
+    for node, op in nodes:
+        syms = node_symbols(node)
+        if syms and by_op.get(op):
+            _node_cells(classes, node, syms, by_op[op], known)
+    region_entries = {}
+    for e in by_op.get("region", ()):
+        region_entries.setdefault((tuple(spec_ops(e.spec)), len(e.spec.inputs)), []).append(e)
+    for region in regions:
+        syms = region_symbols(region)
+        ops = tuple(o for o in (op_name(n.target) for n in region.nodes) if o != GETITEM)
+        found = region_entries.get((ops, len(region.inputs)))
+        if syms and found:
+            _region_cells(classes, region, syms, found, known)
+    return classes
+
+
+def _node_cells(classes: ShapeClasses, node: fx.Node, syms: set, entries: list[Any], known: set) -> None:
+    inputs, outputs = node_tensors(node)
+    for e in entries:
+        bound = read_sizes([*inputs, *outputs], (*e.spec.inputs, *e.spec.outputs))
+        if bound is None:
+            continue  # never this node's, at any size
+        if not syms <= bound.keys() or not syms <= known:
+            classes.pin(syms)
+            return
+        try:
+            spec = build_spec(node, {s: sympy.Integer(v) for s, v in bound.items()})
+        except (TypeError, ValueError):
+            spec = None
+        if spec is None:
+            continue
+        bucket = e.bucket
+        if bucket is None:
+            if spec.key == e.key:
+                classes.isolate({s: bound[s] for s in syms})
+            continue
+        varied = bucket_symbols(inputs, outputs, bucket.dims)
+        if varied is None:
+            continue
+        try:
+            same = key_prefix(spec, bucket.dims) == e.key[:PREFIX_LEN]
+        except (ValueError, IndexError):
+            same = False
+        if same:
+            for s, v in varied.items():
+                classes.cut(s, *bucket.ranges[v])
+            classes.isolate({s: bound[s] for s in syms - varied.keys()})
+
+
+def bucket_symbols(inputs: Sequence[Any], outputs: Sequence[Any], dims: Sequence[Any]
+                    ) -> dict[sympy.Symbol, int] | None:
+    """The symbol each of a bucket's variables is on the node (symbol -> variable); None if a
+    variable's dim is no bare symbol there, or two symbols."""
+    out: dict[sympy.Symbol, int] = {}
+    for side, i, d, v in dims:
+        tensors = inputs if side == "in" else outputs
+        t = tensors[i] if i < len(tensors) else None
+        e = _expr(t.shape[d]) if isinstance(t, torch.Tensor) and d < len(t.shape) else None
+        if not isinstance(e, sympy.Symbol) or out.setdefault(e, v) != v:
+            return None
+    return out if len(set(out.values())) == len(out) else None
+
+
+def _region_cells(classes: ShapeClasses, region: Region, syms: set, entries: list[Any], known: set) -> None:
+    traced = [n.meta.get("val") for n in (*region.inputs, *region.outputs)]
+    for e in entries:
+        bound = read_sizes(traced, (*e.spec.inputs, *e.spec.outputs))
+        if bound is None:
+            continue
+        if not syms <= bound.keys() or not syms <= known:
+            classes.pin(syms)
+            return
+        spec = region_spec(region, {s: sympy.Integer(v) for s, v in bound.items()})
+        if spec is not None and spec.key == e.key:
+            classes.isolate({s: bound[s] for s in syms})

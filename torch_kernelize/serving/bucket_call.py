@@ -1,0 +1,78 @@
+"""A shape bucket's kernel in a specialization that serves every shape of its class.
+
+A dynamic graph's specialization can be shared by many concrete shapes (compiling/shape_classes.py).
+Its exact-shape kernels are then pinned to one shape, but a bucket's kernel serves all of them:
+``BucketCall`` reads the bucket's variable sizes off its input tensors and runs the ``TritonCall``
+of those sizes, made on first sight of them (the bucket's binaries are already loaded: the sizes
+only change the launch grid and scalar arguments) and kept. Health, layout checks and the vendor
+path on failure are each size's TritonCall's; the state is the bucket entry's, so a failing kernel
+is disabled for the whole bucket.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any, Callable, Sequence
+
+from torch_kernelize.core.buckets import Dim
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.serving.runtime import KernelState, TritonCall
+
+
+def readable(dims: Sequence[Dim]) -> bool:
+    """Whether every variable of ``dims`` can be read off an input (not only an output)."""
+    variables = {v for *_, v in dims}
+    return variables == {v for side, _, _, v in dims if side == "in"}
+
+
+class BucketCall(TritonCall):
+    """The call of one bucket's kernel at whatever sizes of the bucket its inputs have."""
+
+    def __init__(self, spec: KernelSpec, dims: Sequence[Dim], state: KernelState,
+                 make: Callable[[tuple[int, ...]], TritonCall]):
+        """``spec``: the node's spec where the specialization was made (its name, the report's);
+        ``dims``: the bucket's variable dims, every variable on an input (``readable``);
+        ``make(values)``: the TritonCall of the bucket's kernel at those variable sizes."""
+        super().__init__(spec, None, state)  # (no runner of its own: each size's call has one)
+        if not readable(dims):
+            raise ValueError(f"bucket dims {list(dims)}: a variable appears on no input")
+        first = {}
+        for side, i, d, v in dims:
+            if side == "in":
+                first.setdefault(v, (i, d))
+        reads = "".join(f"t[{i}].shape[{d}], " for i, d in (first[v] for v in sorted(first)))
+        self._values = eval(f"lambda t: ({reads})")  # built from ints only
+        self._make = make
+        self._sized: dict[tuple[int, ...], TritonCall] = {}
+        self._lock = threading.Lock()
+        self.layout_inputs: tuple[int, ...] = ()  # inputs whose strides each size's call checks
+        self.__name__ = f"triton_{spec.short_name}_bucket_{state.key[:8]}"
+
+    def sized(self, values: tuple[int, ...]) -> TritonCall:
+        call = self._sized.get(values)
+        if call is None:
+            with self._lock:
+                call = self._sized.get(values)
+                if call is None:
+                    call = self._make(values)
+                    call.layout_checks = tuple((i, call.spec.inputs[i].stride) for i in self.layout_inputs)
+                    self._sized[values] = call
+        return call
+
+    def checking(self, inputs: Sequence[int]) -> "BucketCall":
+        checked = copy.copy(self)
+        checked.layout_inputs = tuple(inputs)
+        checked._sized, checked._lock = {}, threading.Lock()  # (its own calls: they check)
+        return checked
+
+    def __call__(self, *tensors: Any):
+        return self.sized(self._values(tensors))(*tensors)
+
+    def vendor(self, *tensors: Any):
+        return self.sized(self._values(tensors)).vendor(*tensors)
+
+    def failed(self, e: Exception, tensors: Sequence[Any]):
+        return self.sized(self._values(tensors)).failed(e, tensors)
+
+    def donating(self) -> None:
+        return None  # (a bucket's programs are run as allocated: no donated variant)
