@@ -21,6 +21,7 @@ from torch_kernelize.fill_cache.buckets import BucketFamily
 from torch_kernelize.fill_cache.cli import main as fill_main
 from torch_kernelize.kernel_cache import KernelCache
 from torch_kernelize.lowering.kernels.base import Config
+from torch_kernelize.lowering.kernels.elementwise import FAMILY as ELEMENTWISE
 from torch_kernelize.lowering.kernels.layernorm import FAMILY as LAYER_NORM
 from torch_kernelize.lowering.kernels.reductions import FAMILY as REDUCTIONS
 
@@ -69,7 +70,25 @@ def test_a_bucketed_layer_norm_is_right_at_both_edges_and_inside(affine, tmp_pat
     assert_bucket_valid(LAYER_NORM, spec, dims, ((3, 4), (5, 8)), tmp_path, looped)
 
 
+def test_a_bucketed_pointwise_op_reads_one_value_per_row_of_a_norms_statistics(tmp_path):
+    # RMSNorm's x * rsqrt(mean(x^2) + eps): [B, S, H] times [B, S, 1], batch and sequence varying
+    x, r = _x(4, 8, 32), _x(4, 8, 1)
+    spec = spec_of(aten.mul.Tensor, [x, r])
+    dims = tuple((side, i, d, d) for side, i in (("in", 0), ("in", 1), ("out", 0)) for d in (0, 1))
+    program = assert_bucket_valid(ELEMENTWISE, spec, dims, ((3, 4), (5, 8)), tmp_path)
+    assert "idx // 32" in program.source
+    # a bias [H] beside the varying rows still reads idx % H
+    bias = spec_of(aten.add.Tensor, [x, _x(32)])
+    assert "idx % 32" in assert_bucket_valid(ELEMENTWISE, bias, ROWS + (("in", 0, 1, 1), ("out", 0, 1, 1)),
+                                             ((3, 4), (5, 8)), tmp_path).source
+
+
 def test_what_does_not_fit_a_bucket_over_the_rows_is_refused_with_a_reason():
+    per_row = spec_of(aten.mul.Tensor, [_x(8, 32), _x(8, 1)])
+    assert "broadcasts otherwise" in ELEMENTWISE.bucket_support(per_row, (("in", 0, 1, 0), ("out", 0, 1, 0)))
+    assert "other dims" in ELEMENTWISE.bucket_support(per_row, (("in", 0, 0, 0), ("out", 0, 0, 0)))
+    bias = spec_of(aten.add.Tensor, [_x(8, 32), _x(32)])
+    assert "broadcasts otherwise" in ELEMENTWISE.bucket_support(bias, (("in", 0, 1, 0), ("in", 1, 0, 0), ("out", 0, 1, 0)))
     soft = spec_of(aten._softmax.default, [_x(8, 40), -1, False])
     assert "reduced" in REDUCTIONS.bucket_support(soft, (("in", 0, 1, 0), ("out", 0, 1, 0)))
     assert "other dims" in REDUCTIONS.bucket_support(soft, (("in", 0, 0, 0),))
