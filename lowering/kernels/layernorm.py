@@ -21,6 +21,7 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels import fused
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, to_device
+from torch_kernelize.core.buckets import product
 from torch_kernelize.core.program import KernelProgram
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
@@ -167,7 +168,6 @@ class LayerNormFamily(KernelFamily):
         problem = self.bucket_support(spec, dims)
         if problem is not None:
             raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
-        from torch_kernelize.core.buckets import product
         args = cg.bind(spec)
         x = spec.inputs[cg.tensor_index(args.get("input"))]
         var_of = {d: v for side, i, d, v in dims if side == "in"}

@@ -29,6 +29,7 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device
+from torch_kernelize.core.buckets import product
 from torch_kernelize.core.program import Buffer, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 
@@ -244,8 +245,6 @@ class ReductionFamily(KernelFamily):
                 if not m.is_contiguous():
                     return f"{side}put {i} is not contiguous: its strides are no function of its sizes"
         var_in = {d: v for side, i, d, v in dims if side == "in"}
-        if any(side == "in" and i != 0 for side, i, _, _ in dims):
-            return "only the reduced input has sizes"
         if bad := sorted(d for d in var_in if d not in plan.kept):
             return f"input dim(s) {bad} vary but are reduced: the reduced length is literal in the kernel"
         for k, o in enumerate(spec.outputs):
@@ -269,7 +268,6 @@ class ReductionFamily(KernelFamily):
         problem = self.bucket_support(spec, dims) or self.bucket_config_problem(config)
         if problem is not None:
             raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
-        from torch_kernelize.core.buckets import product
         plan = self.checked_plan(spec, config)
         var_of = {d: v for side, i, d, v in dims if side == "in"}
         rows = product([f"v{var_of[d]}" if d in var_of else spec.inputs[0].shape[d] for d in plan.kept])
