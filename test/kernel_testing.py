@@ -97,6 +97,29 @@ def assert_valid(family: KernelFamily, spec: KernelSpec, tmp_path: Path, config:
     return program
 
 
+def assert_bucket_valid(family: KernelFamily, spec: KernelSpec, dims: Sequence[tuple[str, int, int, int]],
+                        ranges: Sequence[tuple[int, int]], tmp_path: Path, config: Config | None = None,
+                        seeds: Sequence[int] = (0,)) -> KernelProgram:
+    """The bucketed program of ``spec`` (a representative: each variable of ``dims`` at its
+    range's upper edge), built and loaded once, then validated against the float64 reference at
+    the lower edges, the upper edges and a size inside, launched as serving launches it."""
+    from torch_kernelize.compiling.bucket_lookup import bucket_runner
+    from torch_kernelize.core.buckets import spec_at, values_of
+
+    assert tuple(hi for _, hi in ranges) == values_of(spec, dims), "the representative is the upper edge"
+    assert family.bucket_support(spec, dims) is None, family.bucket_support(spec, dims)
+    config = config or family.seed_configs(spec)[0]
+    program = family.generate_bucketed(spec, config, dims)
+    base = load(tmp_path, spec, program)
+    sizes = [tuple(lo for lo, _ in ranges), tuple((lo + hi) // 2 for lo, hi in ranges), tuple(hi for _, hi in ranges)]
+    for values in dict.fromkeys(sizes):
+        concrete = spec_at(spec, dims, values)
+        rec = validate(bucket_runner(concrete, dims, base).run_poisoned, concrete, family.sample_inputs,
+                       family.edge_kinds, seeds=seeds, resolve_ties=family.resolve_ties)
+        assert rec.ok, f"{concrete.describe()} [{config}] at sizes {values}: {rec.reason}\n{program.source}"
+    return program
+
+
 def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> None:
     """Compile every launch for sm_90 (H100/H200) with triton's bundled ptxas: no GPU needed."""
     import triton

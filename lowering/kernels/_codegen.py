@@ -276,20 +276,22 @@ def decompose(index: str, sizes: Sequence[int], stride_sets: Sequence[Sequence[i
     return lines, offsets
 
 
-def block_offsets(s: "Source", index: str, program: str, block: str, size: int, n: int, wide: bool,
+def block_offsets(s: "Source", index: str, program: str, block: str, size: int, n: int | str, wide: bool,
                   mask: str, sizes: Sequence[int], stride_sets: Sequence[Sequence[int]],
                   prefix: str) -> tuple[list[str], str | None]:
     """Emit a program's block of flat indices, ``index = program * block + tl.arange(0, block)``
     (``block`` the constexpr, ``size`` its value; int64 when ``wide``), the ``mask`` of those
     below ``n`` where blocks overrun it, and the split of ``index`` over ``sizes`` (``decompose``).
+    ``n`` may name a run-time argument (a shape bucket's size): then every block is masked.
     Returns the offset of each stride set and the mask's name (None when every index is in range)."""
     s(f"{index} = {program}{'.to(tl.int64)' if wide else ''} * {block} + tl.arange(0, {block})")
-    if n % size:
+    masked = isinstance(n, str) or n % size != 0
+    if masked:
         s(f"{mask} = {index} < {n}")
     lines, offs = decompose(index, sizes, stride_sets, prefix)
     for line in lines:
         s(line)
-    return offs, mask if n % size else None
+    return offs, mask if masked else None
 
 
 def scaled(expr: str, stride: int) -> str:

@@ -162,6 +162,11 @@ class KernelFamily:
         run time: its launches' ``runtime_sizes`` say which grid entries and arguments they are."""
         raise NotImplementedError(f"{self.name} generates no bucketed kernels")
 
+    def bucket_config_problem(self, config: Config) -> str | None:
+        """Why ``generate_bucketed`` does not take ``config``, a point of the family's space
+        (None: it does); fill_cache's bucket search leaves such configs out. The default: all."""
+        return None
+
     def evaluations(self, spec: KernelSpec, budget: int) -> int:
         """How many configurations a search of ``spec`` may evaluate, given the run's budget."""
         return budget

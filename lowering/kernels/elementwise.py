@@ -461,8 +461,9 @@ class ElementwiseFamily(KernelFamily):
 
     def bucket_support(self, spec: KernelSpec, dims) -> str | None:
         """Contiguous operands only: the output walked flat up to a run-time ``n_elements``; each
-        input the same shape, one element, or the output's trailing dims (none of them varying:
-        a bias), read at ``idx % inner``."""
+        input the same shape, one element, the output's trailing dims (none of them varying: a
+        bias), read at ``idx % inner``, or one value per row (the output's shape with static
+        trailing dims of size 1: a norm's statistics), read at ``idx // inner``."""
         plan = self.plan(spec)
         if isinstance(plan, str):
             return plan
@@ -476,17 +477,18 @@ class ElementwiseFamily(KernelFamily):
                 continue
             if not m.is_contiguous():
                 return f"input {i} is not contiguous"
-            shape = list(m.shape)
-            while shape and shape[0] == 1 and len(shape) > 1:
-                shape.pop(0)
-            lead = len(m.shape) - len(shape)
-            if m.shape == out.shape and len(m.shape) == len(out.shape):
-                if any(var_of.get(("in", i, d)) != var_of.get(("out", 0, d)) for d in range(len(out.shape))):
+            how = _bucketed_read(m, out)
+            if how is None:
+                return f"input {i} broadcasts otherwise than along the output's varying leading dims"
+            kind, k = how
+            if kind == "rows":  # the first k dims vary as the output's; the rest are static
+                if any(var_of.get(("in", i, d)) != var_of.get(("out", 0, d)) for d in range(k)):
                     return f"input {i} varies in other dims than the output"
-                continue
-            k = len(shape)
-            if tuple(shape) != out.shape[len(out.shape) - k:] or any(
-                    ("in", i, lead + j) in var_of or ("out", 0, len(out.shape) - k + j) in var_of for j in range(k)):
+                static = [("in", i, d) for d in range(k, len(m.shape))] + [("out", 0, d) for d in range(k, len(out.shape))]
+            else:  # a bias: none of its dims vary, nor the output's dims it spans
+                static = [("in", i, d) for d in range(len(m.shape))] + [
+                    ("out", 0, d) for d in range(len(out.shape) - k, len(out.shape))]
+            if any(d in var_of for d in static):
                 return f"input {i} broadcasts otherwise than along the output's varying leading dims"
         return None
 
@@ -504,7 +506,9 @@ class ElementwiseFamily(KernelFamily):
         offsets = {}
         for i in inputs:
             m = spec.inputs[i]
-            offsets[i] = "0" if m.numel == 1 else "idx" if m.shape == out.shape else f"idx % {m.numel}"
+            kind, k = _bucketed_read(m, out) if m.numel != 1 else ("one", 0)
+            offsets[i] = {"one": "0", "rows": "idx" if k == len(out.shape) else f"idx // {math.prod(out.shape[k:])}",
+                          "bias": f"idx % {m.numel}"}[kind]
         wide = out.numel + block >= 2**31  # the representative is the bucket's largest size
         src, kname = self._emit(spec, config, plan, inputs, ["# n_elements outputs (a run-time size), walked flat"],
                                 [], "idx", offsets, "n_elements", wide, ["n_elements"])
@@ -593,6 +597,25 @@ class ElementwiseFamily(KernelFamily):
                     _restrict(t, m, lambda f: f.masked_fill(f == 0, 1))  # ATen raises on integer x // 0
             tensors.append(to_device(t, device))
         return tensors
+
+
+def _bucketed_read(m: TensorMeta, out: TensorMeta) -> tuple[str, int] | None:
+    """How a bucketed kernel reads contiguous input ``m`` (of more than one element) at the flat
+    output index: ("rows", k) when ``m`` is the output's first k dims followed by size-1 dims (k =
+    rank: the same shape), ("bias", k) when it is the output's last k dims after leading size-1
+    dims; None otherwise. Which of those dims may vary, the caller checks."""
+    if len(m.shape) == len(out.shape):
+        k = len(m.shape)
+        while k and m.shape[k - 1] == 1 and out.shape[k - 1] != 1:
+            k -= 1
+        if m.shape[:k] == out.shape[:k] and all(s == 1 for s in m.shape[k:]):
+            return "rows", k
+    shape = list(m.shape)
+    while len(shape) > 1 and shape[0] == 1:
+        shape.pop(0)
+    if tuple(shape) == out.shape[len(out.shape) - len(shape):]:
+        return "bias", len(shape)
+    return None
 
 
 def _restrict(t: torch.Tensor, meta: TensorMeta, fn) -> None:

@@ -37,7 +37,8 @@ body that asserts the alignment (tl.multiple_of) when they are aligned, a plain 
 correct for every pointer, vectorized for the usual allocator-aligned one.
 
 The LayerNorm family (layernorm.py) builds a rowwise graph for native_layer_norm and uses the
-same planner and emitter.
+same planner and emitter; for a shape bucket the rowwise emitter takes the number of rows at run
+time (``generate_plan``'s ``runtime_rows``). Regions themselves are served by exact shape only.
 """
 from __future__ import annotations
 
@@ -847,6 +848,13 @@ class _PointwiseEmitter(_Emitter):
 
 
 class _RowwiseEmitter(_Emitter):
+    """``runtime_rows``: a bucketed kernel's number of rows as a SizeExpr (core/buckets.py); the
+    kernel then takes it as the argument ``n_rows`` and masks every block of rows."""
+    runtime_rows: Any = None
+
+    def params(self) -> list[str]:
+        return super().params() + ([] if self.runtime_rows is None else ["n_rows"])
+
     def program(self, graph_nodes: list[dict[str, Any]]) -> KernelProgram:
         self.graph_nodes = graph_nodes
         p, s = self.p, self.s
@@ -857,22 +865,27 @@ class _RowwiseEmitter(_Emitter):
             cg.max_offset(p.lead_sizes, st) + (p.N - 1 + self.bn) * abs(t.col_stride) > cg.INT32_MAX
             for st, t in zip(sets, p.inputs + p.outputs))
         self.module_head()
-        s(f"# rows: M={p.M} over sizes {list(p.lead_sizes)}; row length N={p.N}; "
+        rows = f"M={p.M}" if self.runtime_rows is None else f"n_rows (a run-time size, at most {p.M})"
+        s(f"# rows: {rows} over sizes {list(p.lead_sizes)}; row length N={p.N}; "
           + ("one pass, the row in registers" if self.single else
              f"{p.passes} pass(es) over the row in blocks of {self.bn}"),
           "# row strides: " + ", ".join(f"{t.name} {list(st)}" for t, st in zip(p.inputs + p.outputs, sets)),
           "# last-dim strides: " + ", ".join(f"{t.name} {t.col_stride}" for t in p.inputs + p.outputs))
         self.wrap(["BLOCK_M", "BLOCK_N"], self.body)
-        launch = Launch(self.kname, (-(-p.M // self.bm),),
-                        tuple(("in", i) for i in range(len(p.inputs))) + tuple(("out", k) for k in range(len(p.outputs))),
-                        {"BLOCK_M": self.bm, "BLOCK_N": self.bn}, num_warps=int(self.c["num_warps"]),
-                        num_stages=int(self.c["num_stages"]))
+        args = tuple(("in", i) for i in range(len(p.inputs))) + tuple(("out", k) for k in range(len(p.outputs)))
+        sizes = {}
+        if self.runtime_rows is not None:
+            args += (("i64" if p.M + self.bm > cg.INT32_MAX else "i32", p.M),)
+            sizes = {"grid": [["cdiv", self.runtime_rows, self.bm]], "args": {str(len(args) - 1): self.runtime_rows}}
+        launch = Launch(self.kname, (-(-p.M // self.bm),), args, {"BLOCK_M": self.bm, "BLOCK_N": self.bn},
+                        num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]), runtime_sizes=sizes)
         return KernelProgram(s.text(), (launch,))
 
     # rows, columns, masks, pointers ---------------------------------------------------------
     def rows(self) -> None:
         p, s = self.p, self.s
-        offs, self.row_mask = cg.block_offsets(s, "rows", "pid", "BLOCK_M", self.bm, p.M, self.wide, "row_mask",
+        offs, self.row_mask = cg.block_offsets(s, "rows", "pid", "BLOCK_M", self.bm,
+                                               p.M if self.runtime_rows is None else "n_rows", self.wide, "row_mask",
                                                p.lead_sizes, p.lead_strides, "m")
         self.col_mask = None
         named: dict[str, str] = {}
@@ -1141,12 +1154,28 @@ def region_header(graph: dict[str, Any], inputs: Sequence[TensorMeta], outputs: 
     return "\n".join(lines)
 
 
-def generate_plan(plan: _Plan, graph: dict[str, Any], config: Config, header: str, kname: str) -> KernelProgram:
+def generate_plan(plan: _Plan, graph: dict[str, Any], config: Config, header: str, kname: str,
+                  runtime_rows: Any = None) -> KernelProgram:
+    """The program of an analysed plan. ``runtime_rows`` (rowwise plans whose ``rowwise_bucket_problem``
+    is None): the number of rows as a SizeExpr of a shape bucket's variables, taken at run time."""
     # the emitters note offsets and alignment (per config) on the plan's tensors: they work on a
     # copy, so the plan the family keeps for a spec stays as analysed
     plan = copy.deepcopy(plan)
     emitter = (_RowwiseEmitter if plan.kind == "rowwise" else _PointwiseEmitter)(plan, config, header, kname)
+    if runtime_rows is not None:
+        if plan.kind != "rowwise" or rowwise_bucket_problem(plan) is not None:
+            raise ValueError(f"rows at run time: {rowwise_bucket_problem(plan) or 'not a rowwise plan'}")
+        emitter.runtime_rows = runtime_rows
     return emitter.program(graph["nodes"])
+
+
+def rowwise_bucket_problem(plan: _Plan) -> str | None:
+    """Why the rows of a rowwise plan cannot be a run-time size (None: they can): every tensor's
+    rows must be one strided run (or broadcast), so that a row's offset is its index times a
+    stride that does not change with the number of rows."""
+    if len(plan.lead_sizes) > 1:
+        return "the rows are not one strided run in every tensor"
+    return None
 
 
 # --- configs -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ do for any dense layout), every step in fp32, the variance in two passes over th
 registers (exact, no E[x^2] - E[x]^2 cancellation). ``out`` is rounded once to its dtype; mean
 and rstd are stored in the dtypes the spec gives (fp32 on CUDA for fp16/bf16 inputs, the input
 dtype on CPU). Rows longer than 16K elements take three passes (mean, variance, output).
+A shape bucket over the leading dims takes the number of rows at run time (``n_rows``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels import fused
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, to_device
+from torch_kernelize.core.buckets import product
 from torch_kernelize.core.program import KernelProgram
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
@@ -128,9 +130,49 @@ class LayerNormFamily(KernelFamily):
         return fused.rowwise_neighbours(got[0], config)
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        return self._program(spec, config)
+
+    def _program(self, spec: KernelSpec, config: Config, rows: Any = None) -> KernelProgram:
         plan, graph = self.checked_plan(spec, config)
         header = cg.describe_spec(spec) + "\n# computed as the rowwise region below (two-pass variance, fp32)"
-        return fused.generate_plan(plan, graph, config, header, "layer_norm_kernel")
+        return fused.generate_plan(plan, graph, config, header, "layer_norm_kernel", runtime_rows=rows)
+
+    # --- shape buckets ------------------------------------------------------------------------
+    def bucket_support(self, spec: KernelSpec, dims) -> str | None:
+        """Buckets over the rows: contiguous input and outputs, only leading (not normalized) dims
+        varying, each with the same variable in the input, ``out``, ``mean`` and ``rstd``; the
+        weight and bias fixed."""
+        got = self.plan(spec)
+        if isinstance(got, str):
+            return got
+        args = cg.bind(spec)
+        ix = cg.tensor_index(args.get("input"))
+        lead = len(spec.inputs[ix].shape) - len(args["normalized_shape"])
+        for side, metas in (("in", spec.inputs), ("out", spec.outputs)):
+            for i, m in enumerate(metas):
+                if not m.is_contiguous():
+                    return f"{side}put {i} is not contiguous: its strides are no function of its sizes"
+        if any(side == "in" and i != ix for side, i, _, _ in dims):
+            return "the weight or bias varies: only the input's rows may"
+        var_in = {d: v for side, i, d, v in dims if side == "in"}
+        if bad := sorted(d for d in var_in if d >= lead):
+            return f"input dim(s) {bad} vary but are normalized: the row length is literal in the kernel"
+        for k in range(len(spec.outputs)):
+            if {d: v for side, i, d, v in dims if side == "out" and i == k} != var_in:
+                return f"output {k} varies in other dims than the input's rows"
+        return fused.rowwise_bucket_problem(got[0])
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config, dims) -> KernelProgram:
+        """The kernel of ``generate`` with the number of rows a run-time argument ``n_rows``
+        (int64 indexing decided at the representative, the bucket's largest size)."""
+        problem = self.bucket_support(spec, dims)
+        if problem is not None:
+            raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
+        args = cg.bind(spec)
+        x = spec.inputs[cg.tensor_index(args.get("input"))]
+        var_of = {d: v for side, i, d, v in dims if side == "in"}
+        lead = len(x.shape) - len(args["normalized_shape"])
+        return self._program(spec, config, product([f"v{var_of[d]}" if d in var_of else x.shape[d] for d in range(lead)]))
 
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:

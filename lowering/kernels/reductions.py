@@ -14,6 +14,10 @@ combines the partials (sum / max / min directly; var by Chan's parallel formula)
 
 Everything accumulates in fp32 and is rounded to the output dtype on store. Softmax uses the
 online max/sum update when R does not fit one block.
+
+Shape buckets (core/buckets.py): where only the kept leading dims vary and every tensor is
+contiguous, the same kernel takes the number of rows as the argument ``n_rows`` (the reduced
+length stays literal); SPLIT > 1 is not bucketed (its temporary is sized by the rows).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device
+from torch_kernelize.core.buckets import product
 from torch_kernelize.core.program import Buffer, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 
@@ -53,6 +58,7 @@ class _Plan:
     r_sizes: tuple[int, ...]          # reduced axis, merged
     r_strides: list[tuple[int, ...]]  # [input] (+ [output] for softmax)
     denom: float = 0.0                # var: max(0, R - correction)
+    kept: tuple[int, ...] = ()        # the input's dims that form the rows, in order
 
 
 def _norm_dims(dims: Any, ndim: int) -> list[int] | str:
@@ -147,7 +153,7 @@ class ReductionFamily(KernelFamily):
             r_sets.append(tuple(spec.outputs[0].stride[d] for d in dims))
         r_sizes, r_strides = cg.simplify([x.shape[d] for d in dims], r_sets, order_by=0)
         return _Plan(kind, x.dtype, pre_cast, [o.dtype for o in spec.outputs], M, R, m_sizes, m_strides,
-                     r_sizes, r_strides, denom)
+                     r_sizes, r_strides, denom, tuple(keep))
 
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
@@ -221,6 +227,52 @@ class ReductionFamily(KernelFamily):
         gen = _Gen(spec, plan, config)
         return gen.program()
 
+    # --- shape buckets ------------------------------------------------------------------------
+    def bucket_support(self, spec: KernelSpec, dims) -> str | None:
+        """Buckets over the rows: a contiguous input reduced (or softmaxed) over its trailing dims,
+        contiguous outputs, and only kept dims varying, each with the same variable in the input
+        and every output. The rows are then one run whose stride is a product of literal sizes."""
+        plan = self.plan(spec)
+        if isinstance(plan, str):
+            return plan
+        x = spec.inputs[0]
+        ndim = len(x.shape)
+        reduced = [d for d in range(ndim) if d not in plan.kept]
+        if reduced != list(range(ndim - len(reduced), ndim)):
+            return f"reduces dims {reduced}, not trailing ones: the rows are not the leading dims"
+        for side, metas in (("in", spec.inputs), ("out", spec.outputs)):
+            for i, m in enumerate(metas):
+                if not m.is_contiguous():
+                    return f"{side}put {i} is not contiguous: its strides are no function of its sizes"
+        var_in = {d: v for side, i, d, v in dims if side == "in"}
+        if bad := sorted(d for d in var_in if d not in plan.kept):
+            return f"input dim(s) {bad} vary but are reduced: the reduced length is literal in the kernel"
+        for k, o in enumerate(spec.outputs):
+            same_rank = len(o.shape) == ndim  # softmax, keepdim: dim d is the input's d
+            var_out = {(d if same_rank else plan.kept[d]): v for side, i, d, v in dims if side == "out" and i == k}
+            if var_out != var_in:
+                return f"output {k} varies in other dims than the input's rows"
+        if len(plan.m_sizes) > 1:
+            return "the rows are not one strided run"
+        return None
+
+    def bucket_config_problem(self, config: Config) -> str | None:
+        if int(config["SPLIT"]) > 1:
+            return "SPLIT > 1 keeps partial results in a temporary sized by the rows: not bucketed"
+        return None
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config, dims) -> KernelProgram:
+        """The kernel of ``generate`` with the number of rows a run-time argument ``n_rows``: one
+        binary serves every size of the bucket (its launch's grid and ``n_rows`` are SizeExprs).
+        Offsets and int64 indexing are decided at the representative, the bucket's largest size."""
+        problem = self.bucket_support(spec, dims) or self.bucket_config_problem(config)
+        if problem is not None:
+            raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
+        plan = self.checked_plan(spec, config)
+        var_of = {d: v for side, i, d, v in dims if side == "in"}
+        rows = product([f"v{var_of[d]}" if d in var_of else spec.inputs[0].shape[d] for d in plan.kept])
+        return _Gen(spec, plan, config, rows).program()
+
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         inputs = super().sample_inputs(spec, seed, kind, device)
@@ -240,8 +292,11 @@ class ReductionFamily(KernelFamily):
 
 
 class _Gen:
-    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config):
-        self.spec, self.p, self.c = spec, plan, config
+    """The module of one (spec, config). ``rows``: a bucketed kernel's number of rows as a SizeExpr
+    (core/buckets.py); the kernel then takes it as the argument ``n_rows`` and masks every block."""
+
+    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config, rows: Any = None):
+        self.spec, self.p, self.c, self.runtime_rows = spec, plan, config, rows
         self.bm, self.br = int(config["BLOCK_M"]), int(config["BLOCK_R"])
         split = int(config["SPLIT"])
         self.chunk = -(-plan.R // split)
@@ -256,10 +311,26 @@ class _Gen:
         self.kname = spec.op.split(".")[1].lstrip("_")
 
     # small emitters ------------------------------------------------------------------------
+    @property
+    def size_params(self) -> str:
+        """The kernel's run-time size parameters, after its pointers."""
+        return "" if self.runtime_rows is None else ", n_rows"
+
+    def row_launch(self, kernel: str, args: tuple, consts: dict[str, int], warps: int, stages: int) -> Launch:
+        """The launch of one program per BLOCK_M rows; a bucketed one's grid and ``n_rows`` are
+        the SizeExprs of the rows."""
+        grid = (-(-self.p.M // self.bm),)
+        if self.runtime_rows is None:
+            return Launch(kernel, grid, args, consts, warps, stages)
+        args = args + (("i64" if self.p.M + self.bm > cg.INT32_MAX else "i32", self.p.M),)
+        sizes = {"grid": [["cdiv", self.runtime_rows, self.bm]], "args": {str(len(args) - 1): self.runtime_rows}}
+        return Launch(kernel, grid, args, consts, warps, stages, runtime_sizes=sizes)
+
     def rows(self, pid: str = "pid") -> tuple[list[str], str | None]:
         """Emit row indices, their mask and per-tensor row offsets; returns (offsets, row_mask)."""
         p, s = self.p, self.src
-        offs, row_mask = cg.block_offsets(s, "rows", pid, "BLOCK_M", self.bm, p.M, self.wide, "row_mask",
+        offs, row_mask = cg.block_offsets(s, "rows", pid, "BLOCK_M", self.bm,
+                                          p.M if self.runtime_rows is None else "n_rows", self.wide, "row_mask",
                                           p.m_sizes, p.m_strides, "m")
         names = ["in_row"] + [f"out{i}_row" for i in range(len(offs) - 1)]
         for k, (name, off) in enumerate(zip(names, offs)):
@@ -327,7 +398,8 @@ class _Gen:
     def header(self) -> None:
         s, p = self.src, self.p
         s(cg.HEADER, cg.describe_spec(self.spec))
-        s(f"# rows M={p.M} over sizes {list(p.m_sizes)}, strides " + ", ".join(
+        s((f"# rows M={p.M}" if self.runtime_rows is None else f"# rows n_rows (a run-time size, at most {p.M})")
+          + f" over sizes {list(p.m_sizes)}, strides " + ", ".join(
             f"{n} {list(st)}" for n, st in zip(["in0"] + [f"out{i}" for i in range(len(p.out_dtypes))], p.m_strides)))
         s(f"# reduced R={p.R} over sizes {list(p.r_sizes)}, strides " + ", ".join(
             f"{n} {list(st)}" for n, st in zip(["in0", "out0"], p.r_strides)))
@@ -437,14 +509,15 @@ class _Gen:
         warps, stages = int(self.c["num_warps"]), int(self.c["num_stages"])
         if self.split == 1:
             outs = ", ".join(f"out{i}_ptr" for i in range(nout))
-            s("@triton.jit", f"def {self.kname}_kernel(in0_ptr, {outs}, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):").indent()
+            s("@triton.jit", f"def {self.kname}_kernel(in0_ptr, {outs}{self.size_params}, "
+              "BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):").indent()
             s("pid = tl.program_id(0)")
             offs, row_mask = self.rows()
             self.accumulate(offs, row_mask, None)
             self.finish(offs, row_mask)
             s.dedent()
-            launch = Launch(f"{self.kname}_kernel", (grid_m,), (("in", 0),) + tuple(("out", i) for i in range(nout)),
-                            consts, warps, stages)
+            launch = self.row_launch(f"{self.kname}_kernel", (("in", 0),) + tuple(("out", i) for i in range(nout)),
+                                     consts, warps, stages)
             return KernelProgram(s.text(), (launch,))
 
         # split: partial results per (chunk, row) into tmp, then a combine kernel
@@ -512,7 +585,8 @@ class _Gen:
     def softmax(self) -> KernelProgram:
         s, p = self.src, self.p
         log = p.kind == "log_softmax"
-        s("@triton.jit", f"def {self.kname}_kernel(in0_ptr, out0_ptr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):").indent()
+        s("@triton.jit", f"def {self.kname}_kernel(in0_ptr, out0_ptr{self.size_params}, "
+          "BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):").indent()
         s("pid = tl.program_id(0)")
         offs, row_mask = self.rows()
         in_row, out_row = offs[0], offs[1]
@@ -564,8 +638,8 @@ class _Gen:
             result(mask, col_offs)
             s.dedent()
         s.dedent()
-        launch = Launch(f"{self.kname}_kernel", (-(-p.M // self.bm),), (("in", 0), ("out", 0)),
-                        {"BLOCK_M": self.bm, "BLOCK_R": self.br}, int(self.c["num_warps"]), int(self.c["num_stages"]))
+        launch = self.row_launch(f"{self.kname}_kernel", (("in", 0), ("out", 0)), {"BLOCK_M": self.bm, "BLOCK_R": self.br},
+                                 int(self.c["num_warps"]), int(self.c["num_stages"]))
         return KernelProgram(s.text(), (launch,))
 
 

@@ -89,10 +89,10 @@ class BucketFamily(KernelFamily):
         return self.family.bucket_support(spec, self.dims)
 
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        return self.family.seed_configs(spec)
+        return [c for c in self.family.seed_configs(spec) if self.family.bucket_config_problem(c) is None]
 
     def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
-        return self.family.neighbours(spec, config)
+        return [c for c in self.family.neighbours(spec, config) if self.family.bucket_config_problem(c) is None]
 
     def sample_inputs(self, spec, seed, kind="random", device="cpu"):
         return self.family.sample_inputs(spec, seed, kind, device)
