@@ -531,8 +531,6 @@ def _varying(spec: KernelSpec, plan: _Plan | _Group, dims: tuple[Dim, ...]) -> _
     """What of ``plan`` varies with ``dims``, or why the kernel cannot take those sizes at run time."""
     if isinstance(plan, _Group):
         return "matmul groups are not bucketed (each member's M is a literal of the launch)"
-    if (problem := unbucketable(spec, dims)) is not None:
-        return problem
     rank = 3 if plan.op == "bmm" else 2
     if plan.a == plan.b and any(s == "in" and i == plan.a for s, i, _, _ in dims):
         return "A and B are one tensor: its sizes would vary as both M and K"
@@ -560,9 +558,11 @@ def _varying(spec: KernelSpec, plan: _Plan | _Group, dims: tuple[Dim, ...]) -> _
             return (f"{role} varies ({side}put {i} dim {d}): the kernel takes M (and bmm's batch) at run time, "
                     f"K and N are literals (a model's weights)")
         if role is None:
-            return f"{side}put {i} dim {d} varies, but the kernel broadcasts that dim"
+            return unbucketable(spec, dims) or f"{side}put {i} dim {d} varies, but the kernel broadcasts that dim"
         if var_of.setdefault(role, v) != v:
             return f"{role} is two variables ({var_of[role]} and {v})"
+    if (problem := unbucketable(spec, dims)) is not None:   # (after K and N: the clearer reason)
+        return problem
     if "M" in var_of and var_of["M"] == var_of.get("batch"):
         return "the batch and M are one variable"
     if any(v not in var_of.values() for *_, v in dims):
