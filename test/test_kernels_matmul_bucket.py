@@ -17,7 +17,7 @@ from torch_kernelize.backend import compile_with_session
 from torch_kernelize.compiling.lower import Session
 from torch_kernelize.core import buckets as B
 from torch_kernelize.core.options import Options
-from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 from torch_kernelize.core.targets import get_target
 from torch_kernelize.fill_cache.buckets import inside_sizes
 from torch_kernelize.fill_cache.cli import main as fill_main
@@ -134,7 +134,16 @@ def test_a_bucketed_kernel_compiles_for_sm90(tmp_path):
     """bf16 bmm with M and the batch at run time, the ALIGN variant: real GPU code (bundled ptxas)."""
     spec = spec_of(aten.bmm.default, (rand(4, 512, 128, dtype=torch.bfloat16), rand(4, 128, 256, dtype=torch.bfloat16)))
     cfg = FAMILY.seed_configs(spec)[0].replace(ALIGN=True)
-    compile_sm90(spec, FAMILY.generate_bucketed(spec, cfg, varying(spec, {4: 0, 512: 1})), tmp_path)
+    program = FAMILY.generate_bucketed(spec, cfg, varying(spec, {4: 0, 512: 1}))
+    assert "arange(0, BLOCK_M).to(tl.int64)" not in program.source
+    compile_sm90(spec, program, tmp_path)
+    # offsets are int64 when the upper edge's pass int32 (every smaller M's then fit in them)
+    a, b, o = TensorMeta((70000, 40000), (40000, 1), "bfloat16"), TensorMeta((40000, 256), (1, 40000), "bfloat16"), \
+        TensorMeta((70000, 256), (256, 1), "bfloat16")
+    big = KernelSpec("aten.mm.default", [{"tensor": 0}, {"tensor": 1}], {}, (a, b), (o,))
+    program = FAMILY.generate_bucketed(big, FAMILY.seed_configs(big)[0], varying(big, {70000: 0}))
+    assert "arange(0, BLOCK_M).to(tl.int64)" in program.source and "ram = rm % M" in program.source
+    compile_sm90(big, program, tmp_path)
 
 
 MODEL = '''
