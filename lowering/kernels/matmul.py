@@ -24,6 +24,13 @@ pointers once and calls a body compiled with ``tl.multiple_of`` hints on its poi
 when the base is 16-byte aligned and the other strides are multiples of 16 bytes), or the plain
 body otherwise: correct for any pointer, but both bodies are compiled (code size, registers).
 
+Shape buckets (``generate_bucketed``): M, the rows of A and C (a model's tokens), is a run-time
+argument; the rows are always masked by it, the GROUP_M swizzle counts its row blocks from it,
+and the grid is a size expression of it; bmm's batch is the grid's second axis. K and N (the
+weights) stay literals, so the K loop keeps its literal bounds. Every other decision (tile caps,
+int64 offsets, alignment hints) is taken at the bucket's upper edge, which holds for every
+smaller M; a contiguous [B, M, *] tensor's batch stride is written as a multiple of M.
+
 Epilogue (regions): node 0 is the matmul; the following nodes are pointwise ops on tensors of its
 shape (elementwise.OPS gives each node's expression). They run on the fp32 accumulator tile in
 registers, node by node as the graph says: the matmul's own fp16/bf16 output is rounded to that
@@ -672,11 +679,15 @@ class _Gen:
             grid.append(f"v{v.batch}" if v.batch is not None else p.B)
         return {"grid": grid, **({"args": {str(n_args - 1): f"v{v.m}"}} if self.runtime_m else {})}
 
+    def m_factor(self, tile: str, stride: int) -> int | None:
+        """Where pointer tile ``tile``'s batch stride ``stride`` is a multiple of the run-time M
+        (a contiguous [B, M, *] tensor of a bucketed bmm): that multiple."""
+        return self.varying.m_scaled.get(tile) if self.runtime_m and stride else None
+
     def batch_stride(self, tile: str, stride: int) -> int | str:
-        """The batch stride of pointer tile ``tile``: an expression of the run-time M where it is
-        a multiple of M (a contiguous [B, M, *] tensor of a bucketed bmm)."""
-        scaled = self.varying.m_scaled.get(tile) if self.runtime_m and stride else None
-        return stride if scaled is None else ("M" if scaled == 1 else f"M * {scaled}")
+        """The batch stride of pointer tile ``tile``: a literal, or an expression of the run-time M."""
+        factor = self.m_factor(tile, stride)
+        return stride if factor is None else "M" if factor == 1 else f"M * {factor}"
 
     def group_program(self) -> KernelProgram:
         """One launch for every member: program ``pid`` finds its member (a chain of comparisons
@@ -735,7 +746,7 @@ class _Gen:
         e = elt(p.dtype)
         # a batch stride that is a multiple of a run-time M is a multiple of 16 bytes for every M
         # exactly when its factor is: the hints test that factor
-        sb_ = lambda tile, sb: self.varying.m_scaled.get(tile, sb) if self.runtime_m and sb else sb
+        sb_ = lambda tile, sb: self.m_factor(tile, sb) or sb
         out = {"a": self._hint(asm, ask, sb_("a", asb), e, p.B > 1), "b": self._hint(bsk, bsn, bsb, e, p.B > 1)}
         for i, (sb, sm, sn) in p.tile_inputs.items():
             out[f"in{i}"] = None if (sm, sn) == (0, 0) else self._hint(sm, sn, sb_(f"in{i}", sb),
@@ -786,10 +797,16 @@ class _Gen:
         batch = f"batch {p.B} x " if p.op == "bmm" else ""
         # M is a run-time value in a group and in a bucketed kernel (whose upper edge is p.M: where
         # that fits one row block, every M of the bucket does)
-        M, mb = ("M", "mb") if self.group else ("M", 1 if self.mb == 1 else "mb") if self.runtime_m else (p.M, self.mb)
+        if self.group:
+            M, mb = "M", "mb"
+        elif self.runtime_m:
+            M, mb = "M", 1 if self.mb == 1 else "mb"
+        else:
+            M, mb = p.M, self.mb
+        (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
         s(f"# C[{batch}M={M}, N={p.N}] = A[{M}, K={p.K}] @ B[{p.K}, {p.N}], fp32 accumulation; "
           f"{mb} x {self.nb} tiles")
-        s(f"# strides (batch, row, col): A {list(p.a_strides)}, B {list(p.b_strides)}")
+        s(f"# strides (batch, row, col): A [{self.batch_stride('a', asb)}, {asm}, {ask}], B {list(p.b_strides)}")
         if self.runtime_m:
             s(f"# M is a run-time size (at most {p.M}, the bucket's upper edge): rows are masked by it")
             if mb != 1 and self.nb != 1:
@@ -816,7 +833,6 @@ class _Gen:
         if self.n_masked:
             s(f"n_mask = rn < {p.N}")
         # operand rows/cols at the edges: contiguous dims are masked, others wrapped into range
-        (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
 
         def edge(index: str, masked: bool, stride: int, mask: str, wrapped: str, n: int, what: tuple[str, str]):
             """An operand's indices along a masked edge: masked where contiguous, else wrapped."""
