@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from kernel_testing import compile_sm90, run_validation, spec_of
 from test_kernels_matmul import matmul_regions
+from test_kernels_matmul_group import experts, groups_of, moe_args
+from torch_kernelize.compiling.regions import region_spec
 from torch_kernelize.backend import compile_with_session
 from torch_kernelize.compiling.lower import Session
 from torch_kernelize.core import buckets as B
@@ -128,6 +130,9 @@ def test_what_cannot_vary_is_refused_with_a_reason():
     one = tuple((s, i, d, 0) for s, i, d, _ in varying(bmm, {3: 0, 40: 1}))
     assert "one variable" in FAMILY.bucket_support(bmm, one)
     assert FAMILY.bucket_support(spec_of(aten.mm.default, (rand(8, 8).int(), rand(8, 8).int())), (("in", 0, 0, 0),))
+    _, _, groups = groups_of(lambda x, a, b, c: experts(x, a, b, c, (5, 24, 40)), *moe_args()[:4])
+    group = region_spec(groups[0], {})
+    assert FAMILY.supports(group) is None and "groups are not bucketed" in FAMILY.bucket_support(group, (("in", 0, 0, 0),))
 
 
 def test_a_bucketed_kernel_compiles_for_sm90(tmp_path):
