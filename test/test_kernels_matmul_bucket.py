@@ -16,6 +16,7 @@ from test_kernels_matmul import matmul_regions
 from test_kernels_matmul_group import experts, groups_of, moe_args
 from torch_kernelize.compiling.regions import region_spec
 from torch_kernelize.backend import compile_with_session
+from torch_kernelize.building.programs import write_program
 from torch_kernelize.compiling.lower import Session
 from torch_kernelize.core import buckets as B
 from torch_kernelize.core.options import Options
@@ -26,6 +27,8 @@ from torch_kernelize.fill_cache.cli import main as fill_main
 from torch_kernelize.kernel_cache import KernelCache
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.matmul import FAMILY
+from torch_kernelize.serving.launch import import_source
+from torch_kernelize.serving.triton_binaries import ast_source
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on inf/NaN edge trials
 
@@ -137,12 +140,19 @@ def test_what_cannot_vary_is_refused_with_a_reason():
 
 
 def test_a_bucketed_kernel_compiles_for_sm90(tmp_path):
-    """bf16 bmm with M and the batch at run time, the ALIGN variant: real GPU code (bundled ptxas)."""
+    """bf16 bmm with M and the batch at run time, the ALIGN variant: real GPU code (bundled ptxas),
+    built as fill_cache builds it for serving, with no divisibility assumed of M."""
     spec = spec_of(aten.bmm.default, (rand(4, 512, 128, dtype=torch.bfloat16), rand(4, 128, 256, dtype=torch.bfloat16)))
     cfg = FAMILY.seed_configs(spec)[0].replace(ALIGN=True)
     program = FAMILY.generate_bucketed(spec, cfg, varying(spec, {4: 0, 512: 1}))
     assert "arange(0, BLOCK_M).to(tl.int64)" not in program.source
-    compile_sm90(spec, program, tmp_path)
+    # the build serving's binaries come from: M = 512 is a multiple of 16, but not every M of the bucket is
+    write_program(tmp_path / "bmm", spec, program, "cuda", ("cuda", 90, 32))
+    module = import_source(tmp_path / "bmm" / program.source_file, "tk_test_matmul_bucket_sm90")
+    (launch,) = program.launches
+    names = list(program.signature(launch, spec))
+    attrs = ast_source(getattr(module, launch.kernel), launch, program, spec).attrs
+    assert (names.index("in0_ptr"),) in attrs and (names.index("M"),) not in attrs
     # offsets are int64 when the upper edge's pass int32 (every smaller M's then fit in them)
     a, b, o = TensorMeta((70000, 40000), (40000, 1), "bfloat16"), TensorMeta((40000, 256), (1, 40000), "bfloat16"), \
         TensorMeta((70000, 256), (256, 1), "bfloat16")
