@@ -5,7 +5,7 @@ Linear layer filled with ``fill_cache --dynamic`` runs its GEMMs on the bucket's
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+import json
 
 import pytest
 import torch
@@ -184,7 +184,8 @@ def test_a_filled_bucket_runs_a_linear_layers_gemms_at_every_batch_size_in_it(tm
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 8, bias=False))
     opts = Options.resolve({"target": "interpreter", "cache_dir": str(tmp_path / "cache"),
-                            "repro_dir": str(tmp_path / "repros"), "graph_cache": "off"})
+                            "repro_dir": str(tmp_path / "repros"), "graph_cache": "off",
+                            "report": str(tmp_path / "report.json")})
     session, graphs = Session(opts), []
     compiled = torch.compile(model, dynamic=True,
                              backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
@@ -202,6 +203,10 @@ def test_a_filled_bucket_runs_a_linear_layers_gemms_at_every_batch_size_in_it(tm
         for rows in (7, 8):
             x = torch.randn(rows, 16)
             torch.testing.assert_close(compiled(x), model(x))
+    # the report (of the graph's first shape, 5 rows): both GEMMs on triton
+    (report,) = json.loads((tmp_path / "report.json").read_text())["graphs"]
+    per_op = report["summary"]["per_op"]
+    assert per_op["aten.addmm.default"] == {"triton": 1} and per_op["aten.mm.default"] == {"triton": 1}
     (g,) = graphs
     for rows in (5, 7, 8):
         (spec,) = [s for k, s in g._specializations.items() if rows in k]
