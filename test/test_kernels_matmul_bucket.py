@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from kernel_testing import compile_sm90, run_validation, spec_of
 from test_kernels_matmul import matmul_regions
 from test_kernels_matmul_group import experts, groups_of, moe_args
-from torch_kernelize.compiling.regions import region_spec
 from torch_kernelize.backend import compile_with_session
 from torch_kernelize.building.programs import write_program
 from torch_kernelize.compiling.lower import Session
+from torch_kernelize.compiling.regions import region_spec
 from torch_kernelize.core import buckets as B
 from torch_kernelize.core.options import Options
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
