@@ -167,19 +167,27 @@ import torch
 def make():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 8, bias=False)), \\
-        (torch.randn(6, 16),)
+        (torch.randn({example}),)
 '''
+GEMMS = ("aten.addmm.default", "aten.mm.default")
 
 
-def test_a_filled_bucket_runs_a_linear_layers_gemms_at_every_batch_size_in_it(tmp_path, monkeypatch):
-    (tmp_path / "model.py").write_text(MODEL)
+@pytest.mark.parametrize("shape,dynamic,sizes,ranges", [
+    # a batch of rows: M is the batch
+    (lambda n: (n, 16), "0:0:5-8", (5, 7, 8), {((5, 8),)}),
+    # [2, seq, 16] flattened into the GEMMs' rows: M is 2 * seq (fill traces it so, serving as s0 * s1)
+    (lambda n: (2, n, 16), "0:1:3-8", (3, 5, 8), {((5, 8),), ((9, 16),)}),
+], ids=["batch", "batch-x-seq"])
+def test_a_filled_bucket_runs_a_linear_layers_gemms_at_every_size_in_it(shape, dynamic, sizes, ranges, tmp_path,
+                                                                        monkeypatch):
+    (tmp_path / "model.py").write_text(MODEL.format(example=", ".join(map(str, shape(6)))))
     assert fill_main(["--target", "interpreter", "--cache-dir", str(tmp_path / "cache"), "--quiet", "--budget", "1",
-                      "--model", f"{tmp_path / 'model.py'}:make", "--dynamic", "0:0:5-8"]) == 0
+                      "--model", f"{tmp_path / 'model.py'}:make", "--dynamic", dynamic]) == 0
     cache = KernelCache.for_target(tmp_path / "cache", get_target("interpreter"))
-    buckets = {e.spec.op: e for e in cache.entries() if e.bucket is not None}
-    assert {"aten.addmm.default", "aten.mm.default"} <= set(buckets)
-    assert all(buckets[op].bucket.ranges == ((5, 8),) and buckets[op].winner == "triton"
-               for op in ("aten.addmm.default", "aten.mm.default"))
+    buckets = {e.key: e for e in cache.entries() if e.bucket is not None and e.spec.op in GEMMS}
+    for op in GEMMS:
+        assert {e.bucket.ranges for e in buckets.values() if e.spec.op == op} == ranges
+    assert all(e.winner == "triton" for e in buckets.values())
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 8, bias=False))
@@ -190,7 +198,7 @@ def test_a_filled_bucket_runs_a_linear_layers_gemms_at_every_batch_size_in_it(tm
     compiled = torch.compile(model, dynamic=True,
                              backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
     with torch.no_grad():
-        x = torch.randn(5, 16)
+        x = torch.randn(shape(sizes[0]))
         torch.testing.assert_close(compiled(x), model(x))   # planned: the buckets' kernels loaded now
         import torch_kernelize.lowering.kernels.matmul as matmul
         import torch_kernelize.serving.launch as launch
@@ -200,17 +208,18 @@ def test_a_filled_bucket_runs_a_linear_layers_gemms_at_every_batch_size_in_it(tm
         for owner, name in ((launch, "load_program"), (KernelCache, "_read"), (KernelCache, "keys"),
                             (matmul.MatmulFamily, "generate_bucketed"), (matmul.MatmulFamily, "generate")):
             monkeypatch.setattr(owner, name, forbidden)
-        for rows in (7, 8):
-            x = torch.randn(rows, 16)
+        for n in sizes[1:]:
+            x = torch.randn(shape(n))
             torch.testing.assert_close(compiled(x), model(x))
-    # the report (of the graph's first shape, 5 rows): both GEMMs on triton
+    # the report (of the graph's first shape): both GEMMs on triton
     (report,) = json.loads((tmp_path / "report.json").read_text())["graphs"]
     per_op = report["summary"]["per_op"]
-    assert per_op["aten.addmm.default"] == {"triton": 1} and per_op["aten.mm.default"] == {"triton": 1}
+    assert all(per_op[op] == {"triton": 1} for op in GEMMS), per_op
     (g,) = graphs
-    for rows in (5, 7, 8):
-        (spec,) = [s for k, s in g._specializations.items() if rows in k]
-        gemms = {d.op: d for d in spec.decisions if d.op in ("aten.addmm.default", "aten.mm.default")}
+    for n in sizes:
+        (spec,) = [s for k, s in g._specializations.items() if n in k]
+        gemms = [d for d in spec.decisions if d.op in GEMMS]
         assert len(gemms) == 2
-        for op, d in gemms.items():
-            assert d.tier == "triton" and d.entry.key == buckets[op].key and "bucket" in d.reason, (rows, d.reason)
+        for d in gemms:
+            assert d.tier == "triton" and d.entry.key in buckets and "bucket" in d.reason, (n, d.reason)
+            assert B.contains(d.entry.bucket.ranges, (d.spec.outputs[0].shape[0],))
