@@ -5,10 +5,10 @@ Which dims of a node vary is read off its symbolic metadata once: each tensor di
 a size symbol, or a product of size symbols and a positive integer (``8*s0``: a [batch, seq]
 input flattened into the rows of a GEMM), is a variable, one per distinct size (numbered by first
 appearance); a node with any other symbolic size or argument (``s0 - 1``, a SymInt argument) is
-not bucketed. A graph's ``GraphBuckets`` lists
-the cache once, when the graph is planned, and loads every bucket entry of its nodes then; a new
-shape later is answered from memory: an exact key absent from the listing is a miss without a
-look at the disk, and a bucket hit needs only its launch sizes computed (``bucket_runner``).
+not bucketed. A graph's ``GraphBuckets`` lists the cache once, when the graph is planned, and
+loads every bucket entry of its nodes then; a new shape later is answered from memory: an exact
+key absent from the listing is a miss without a look at the disk, and a bucket hit needs only its
+launch sizes computed (``bucket_runner``).
 """
 from __future__ import annotations
 
