@@ -140,3 +140,23 @@ def test_a_bucket_call_makes_one_checked_call_per_size():
     assert made == [(7,)] and call.sized((7,)).layout_checks == ((0, (16, 1)),)
     with pytest.raises(ValueError, match="appears on no input"):
         BucketCall(Spec(8), (("out", 0, 0, 0),), KernelState("k"), make)
+
+
+def test_a_bucket_of_rows_that_are_a_multiple_of_a_symbol_bounds_the_symbol():
+    """A GEMM of a [batch, seq] input flattened to 8*seq rows: the bucket 9-64 of its rows holds
+    seq in 2-8; the exact sizes of an entry are read back through the multiple too."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch_kernelize.compiling.shape_classes import bucket_symbols, read_sizes, scaled_symbol
+    from torch_kernelize.core.spec import TensorMeta
+    env = ShapeEnv()
+    seq = env.create_symbol(5, ConstantSource("seq"))
+    with FakeTensorMode(shape_env=env):
+        rows = torch.empty(8 * env.create_symintnode(seq, hint=5), 16)
+    assert scaled_symbol(rows.shape[0].node.expr) == (seq, 8)
+    assert scaled_symbol(seq) == (seq, 1) and scaled_symbol(seq + 1) is None
+    dims = (("in", 0, 0, 0),)
+    assert bucket_symbols([rows], [], dims, [(9, 64)]) == {seq: (2, 8)}
+    assert read_sizes([rows], [TensorMeta((40, 16), (16, 1), "float32")]) == {seq: 5}
+    assert read_sizes([rows], [TensorMeta((41, 16), (16, 1), "float32")]) is None  # not a multiple of 8

@@ -24,6 +24,13 @@ pointers once and calls a body compiled with ``tl.multiple_of`` hints on its poi
 when the base is 16-byte aligned and the other strides are multiples of 16 bytes), or the plain
 body otherwise: correct for any pointer, but both bodies are compiled (code size, registers).
 
+Shape buckets (``generate_bucketed``): M, the rows of A and C (a model's tokens), is a run-time
+argument; the rows are always masked by it, the GROUP_M swizzle counts its row blocks from it,
+and the grid is a size expression of it; bmm's batch is the grid's second axis. K and N (the
+weights) stay literals, so the K loop keeps its literal bounds. Every other decision (tile caps,
+int64 offsets, alignment hints) is taken at the bucket's upper edge, which holds for every
+smaller M; a contiguous [B, M, *] tensor's batch stride is written as a multiple of M.
+
 Epilogue (regions): node 0 is the matmul; the following nodes are pointwise ops on tensors of its
 shape (elementwise.OPS gives each node's expression). They run on the fp32 accumulator tile in
 registers, node by node as the graph says: the matmul's own fp16/bf16 output is rounded to that
@@ -44,6 +51,7 @@ from typing import Any
 
 import torch
 
+from torch_kernelize.core.buckets import Dim, contiguous_strides, product, unbucketable
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import SMS, Config, KernelFamily, next_pow2
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
@@ -118,6 +126,16 @@ class _Group:
 
     def tiles(self, bm: int, bn: int) -> int:
         return sum(-(-m.M // bm) * -(-m.N // bn) for m in self.members)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Varying:
+    """The sizes a bucketed GEMM takes at run time: the variable (buckets.py) that is M, the one
+    that is bmm's batch, and the tensors whose batch stride is a multiple of M (a contiguous
+    [B, M, *] tensor): pointer tile name ("a", "in<i>", "out<o>") -> that multiple."""
+    m: int | None
+    batch: int | None
+    m_scaled: dict[str, int]
 
 
 def _member_specs(spec: KernelSpec, graph: dict[str, Any]) -> list[tuple[KernelSpec, list[int], list[int]]] | str:
@@ -494,11 +512,86 @@ class MatmulFamily(KernelFamily):
             return _Gen(plan.member_specs[plan.template], plan.rep, config, plan).program()
         return _Gen(spec, plan, config).program()
 
+    # --- shape buckets ------------------------------------------------------------------------
+    def bucket_support(self, spec: KernelSpec, dims: tuple[Dim, ...]) -> str | None:
+        """M varies (the rows of A and C: tokens), and for bmm the batch; K and N are the weights'
+        sizes and stay literal. Every tensor of M rows (or of the batch) must vary with it."""
+        plan = self.plan(spec)
+        if isinstance(plan, str):
+            return plan
+        varying = _varying(spec, plan, dims)
+        return varying if isinstance(varying, str) else None
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config, dims: tuple[Dim, ...]) -> KernelProgram:
+        """The kernel of ``generate`` with M a run-time argument (rows masked by it, the GROUP_M
+        swizzle and the grid computed from it) and bmm's batch the grid's second axis: one binary
+        serves every size of the bucket. ``spec`` is the representative, the bucket's upper edge:
+        the int64 decision is taken there, where offsets reach furthest."""
+        plan = self.checked_plan(spec, config)
+        varying = _varying(spec, plan, dims) if isinstance(plan, _Plan) else "matmul groups are not bucketed"
+        if isinstance(varying, str):
+            raise ValueError(f"{spec.describe()} cannot be bucketed: {varying}")
+        return _Gen(spec, plan, config, varying=varying).program()
+
+
+def _varying(spec: KernelSpec, plan: _Plan | _Group, dims: tuple[Dim, ...]) -> _Varying | str:
+    """What of ``plan`` varies with ``dims``, or why the kernel cannot take those sizes at run time."""
+    if isinstance(plan, _Group):
+        return "matmul groups are not bucketed (each member's M is a literal of the launch)"
+    rank = 3 if plan.op == "bmm" else 2
+    if plan.a == plan.b and any(s == "in" and i == plan.a for s, i, _, _ in dims):
+        return "A and B are one tensor: its sizes would vary as both M and K"
+    gemm = lambda rows, cols: {rank - 2: rows, rank - 1: cols, **({0: "batch"} if rank == 3 else {})}
+    # each pointer tile of the kernel: its tensor, and the role of each of that tensor's dims
+    tiles: list[tuple[str, tuple[str, int], dict[int, str]]] = [
+        ("a", ("in", plan.a), gemm("M", "K")), ("b", ("in", plan.b), gemm("K", "N"))]
+    for i, (sb, sm, sn) in plan.tile_inputs.items():
+        r = len(spec.inputs[i].shape)
+        tiles.append((f"in{i}", ("in", i), {d: role for d, role, st in ((r - 3, "batch", sb), (r - 2, "M", sm),
+                                                                        (r - 1, "N", sn)) if d >= 0 and st}))
+    tiles += [(f"out{o}", ("out", o), gemm("M", "N")) for o in range(len(spec.outputs))]
+    roles: dict[tuple[str, int, int], str] = {}
+    for _, (side, i), rs in tiles:
+        for d, role in rs.items():
+            if roles.setdefault((side, i, d), role) != role and "M" in (role, roles[(side, i, d)]):
+                return f"{side}put {i} dim {d} is M of one operand and {role} of another"
+    read = {t for _, t, _ in tiles}
+    var_of: dict[str, int] = {}
+    for side, i, d, v in dims:
+        if (side, i) not in read:
+            continue   # an input the kernel does not read (addmm's self when beta == 0)
+        role = roles.get((side, i, d))
+        if role in ("K", "N"):
+            return (f"{role} varies ({side}put {i} dim {d}): the kernel takes M (and bmm's batch) at run time, "
+                    f"K and N are literals (a model's weights)")
+        if role is None:
+            return unbucketable(spec, dims) or f"{side}put {i} dim {d} varies, but the kernel broadcasts that dim"
+        if var_of.setdefault(role, v) != v:
+            return f"{role} is two variables ({var_of[role]} and {v})"
+    if (problem := unbucketable(spec, dims)) is not None:   # (after K and N: the clearer reason)
+        return problem
+    if "M" in var_of and var_of["M"] == var_of.get("batch"):
+        return "the batch and M are one variable"
+    if any(v not in var_of.values() for *_, v in dims):
+        return "a variable sizes only inputs the kernel does not read"
+    marked = {(side, i, d) for side, i, d, _ in dims}
+    for (side, i, d), role in roles.items():
+        if role in var_of and (side, i, d) not in marked:
+            return f"{side}put {i} has {role} in dim {d}, but that dim does not vary with {role}"
+    m_scaled: dict[str, int] = {}
+    for name, (side, i), rs in tiles:
+        m_dim = next((d for d, role in rs.items() if role == "M"), None)
+        if "M" in var_of and m_dim is not None and m_dim > 0:
+            # a contiguous [B, M, *] tensor: its batch stride is M times the rest
+            shape = (spec.inputs if side == "in" else spec.outputs)[i].shape
+            m_scaled[name] = contiguous_strides(shape[:m_dim] + (1,) + shape[m_dim + 1:])[0]
+    return _Varying(var_of.get("M"), var_of.get("batch"), m_scaled)
+
 
 # --- code generation -------------------------------------------------------------------------
 
 
-def _term(expr: str, stride: int) -> str:
+def _term(expr: str, stride: int | str) -> str:
     return expr if stride == 1 else f"{expr} * {stride}"
 
 
@@ -510,10 +603,12 @@ def _join(terms: list[str]) -> str:
 class _Gen:
     """The kernel of one GEMM (a plan), or of a group: then ``spec`` and ``plan`` are the template
     member's (in its own numbering), and ``program`` adds the selection of each member's pointers
-    and M."""
+    and M. ``varying``: a bucketed kernel's run-time sizes (``plan`` is the bucket's upper edge)."""
 
-    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config, group: _Group | None = None):
-        self.spec, self.p, self.c, self.group = spec, plan, config, group
+    def __init__(self, spec: KernelSpec, plan: _Plan, config: Config, group: _Group | None = None,
+                 varying: _Varying | None = None):
+        self.spec, self.p, self.c, self.group, self.varying = spec, plan, config, group, varying
+        self.runtime_m = varying is not None and varying.m is not None
         self.bm, self.bn, self.bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
         self.mb, self.nb = -(-plan.M // self.bm), -(-plan.N // self.bn)
         self.src = cg.Source()
@@ -539,6 +634,7 @@ class _Gen:
         s.blank()("")
         inputs = sorted({p.a, p.b} | set(p.tile_inputs))
         ptrs = [f"in{i}_ptr" for i in inputs] + [f"out{o}_ptr" for o in range(len(p.outputs))]
+        ptrs += ["M"] if self.runtime_m else []   # (not a pointer: the run-time size after them)
         consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"]
         kname = ("region_" if p.region else "") + p.op + "_kernel"
         pids = ["pid"] + (["pid_b"] if p.B > 1 else [])
@@ -565,10 +661,33 @@ class _Gen:
             self.body(hints=False)
         s.dedent()
         grid = (self.mb * self.nb,) + ((p.B,) if p.B > 1 else ())
-        launch = Launch(kname, grid, tuple(("in", i) for i in inputs) + tuple(("out", o) for o in range(len(p.outputs))),
+        args = tuple(("in", i) for i in inputs) + tuple(("out", o) for o in range(len(p.outputs)))
+        args += (("i32", p.M),) if self.runtime_m else ()
+        launch = Launch(kname, grid, args,
                         {"BLOCK_M": self.bm, "BLOCK_N": self.bn, "BLOCK_K": self.bk, "GROUP_M": int(self.c["GROUP_M"])},
-                        num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]))
+                        num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]),
+                        runtime_sizes=self.runtime_sizes(len(args)))
         return KernelProgram(s.text(), (launch,))
+
+    def runtime_sizes(self, n_args: int) -> dict[str, Any]:
+        """A bucketed launch's grid and M argument as functions of the bucket's variables."""
+        v, p = self.varying, self.p
+        if v is None:
+            return {}
+        grid: list[Any] = [product([["cdiv", f"v{v.m}", self.bm], self.nb]) if self.runtime_m else self.mb * self.nb]
+        if p.B > 1:
+            grid.append(f"v{v.batch}" if v.batch is not None else p.B)
+        return {"grid": grid, **({"args": {str(n_args - 1): f"v{v.m}"}} if self.runtime_m else {})}
+
+    def m_factor(self, tile: str, stride: int) -> int | None:
+        """Where pointer tile ``tile``'s batch stride ``stride`` is a multiple of the run-time M
+        (a contiguous [B, M, *] tensor of a bucketed bmm): that multiple."""
+        return self.varying.m_scaled.get(tile) if self.runtime_m and stride else None
+
+    def batch_stride(self, tile: str, stride: int) -> int | str:
+        """The batch stride of pointer tile ``tile``: a literal, or an expression of the run-time M."""
+        factor = self.m_factor(tile, stride)
+        return stride if factor is None else "M" if factor == 1 else f"M * {factor}"
 
     def group_program(self) -> KernelProgram:
         """One launch for every member: program ``pid`` finds its member (a chain of comparisons
@@ -625,12 +744,16 @@ class _Gen:
         elt = lambda dt: 1 if dt == "bool" else torch.finfo(getattr(torch, dt)).bits // 8
         (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
         e = elt(p.dtype)
-        out = {"a": self._hint(asm, ask, asb, e, p.B > 1), "b": self._hint(bsk, bsn, bsb, e, p.B > 1)}
+        # a batch stride that is a multiple of a run-time M is a multiple of 16 bytes for every M
+        # exactly when its factor is: the hints test that factor
+        sb_ = lambda tile, sb: self.m_factor(tile, sb) or sb
+        out = {"a": self._hint(asm, ask, sb_("a", asb), e, p.B > 1), "b": self._hint(bsk, bsn, bsb, e, p.B > 1)}
         for i, (sb, sm, sn) in p.tile_inputs.items():
-            out[f"in{i}"] = None if (sm, sn) == (0, 0) else self._hint(sm, sn, sb, elt(self.spec.inputs[i].dtype), p.B > 1)
+            out[f"in{i}"] = None if (sm, sn) == (0, 0) else self._hint(sm, sn, sb_(f"in{i}", sb),
+                                                                       elt(self.spec.inputs[i].dtype), p.B > 1)
         for o, m in enumerate(self.spec.outputs):
             sb, sm, sn = _pad3(m.stride)
-            out[f"out{o}"] = self._hint(sm, sn, sb, elt(m.dtype), p.B > 1)
+            out[f"out{o}"] = self._hint(sm, sn, sb_(f"out{o}", sb), elt(m.dtype), p.B > 1)
         return out
 
     def hinted_pointers(self) -> list[str]:
@@ -672,10 +795,22 @@ class _Gen:
         p, s = self.p, self.src
         self.use_hints, self.hint_of = hints, self.hints()
         batch = f"batch {p.B} x " if p.op == "bmm" else ""
-        M, mb = (("M", "mb") if self.group else (p.M, self.mb))
+        # M is a run-time value in a group and in a bucketed kernel (whose upper edge is p.M: where
+        # that fits one row block, every M of the bucket does)
+        if self.group:
+            M, mb = "M", "mb"
+        elif self.runtime_m:
+            M, mb = "M", 1 if self.mb == 1 else "mb"
+        else:
+            M, mb = p.M, self.mb
+        (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
         s(f"# C[{batch}M={M}, N={p.N}] = A[{M}, K={p.K}] @ B[{p.K}, {p.N}], fp32 accumulation; "
           f"{mb} x {self.nb} tiles")
-        s(f"# strides (batch, row, col): A {list(p.a_strides)}, B {list(p.b_strides)}")
+        s(f"# strides (batch, row, col): A [{self.batch_stride('a', asb)}, {asm}, {ask}], B {list(p.b_strides)}")
+        if self.runtime_m:
+            s(f"# M is a run-time size (at most {p.M}, the bucket's upper edge): rows are masked by it")
+            if mb != 1 and self.nb != 1:
+                s(f"mb = (M + {self.bm - 1}) // BLOCK_M")
         if mb == 1:
             s("pid_m = 0", "pid_n = pid")
         elif self.nb == 1:
@@ -692,13 +827,12 @@ class _Gen:
           f"rn = {'' if self.nb == 1 else 'pid_n * BLOCK_N + '}tl.arange(0, BLOCK_N){cast}",
           "rk = tl.arange(0, BLOCK_K)")
         ms = [m.M for m in self.group.members] if self.group else [p.M]
-        self.m_masked, self.n_masked = any(m % self.bm for m in ms), p.N % self.bn != 0
+        self.m_masked, self.n_masked = self.runtime_m or any(m % self.bm for m in ms), p.N % self.bn != 0
         if self.m_masked:
             s(f"m_mask = rm < {M}")
         if self.n_masked:
             s(f"n_mask = rn < {p.N}")
         # operand rows/cols at the edges: contiguous dims are masked, others wrapped into range
-        (asb, asm, ask), (bsb, bsk, bsn) = p.a_strides, p.b_strides
 
         def edge(index: str, masked: bool, stride: int, mask: str, wrapped: str, n: int, what: tuple[str, str]):
             """An operand's indices along a masked edge: masked where contiguous, else wrapped."""
@@ -710,7 +844,7 @@ class _Gen:
             return wrapped, None
         a_rows, a_mask = edge("rm", self.m_masked, asm, "m_mask[:, None]", "ram", M, ("rows", "M"))
         b_cols, b_mask = edge("rn", self.n_masked, bsn, "n_mask[None, :]", "rbn", p.N, ("columns", "N"))
-        a_b = _term("pid_b", asb) if p.B > 1 and asb else ""
+        a_b = _term("pid_b", self.batch_stride("a", asb)) if p.B > 1 and asb else ""
         b_b = _term("pid_b", bsb) if p.B > 1 and bsb else ""
         # (a zero stride keeps its "* 0": the pointer tile must keep both dims for the dot)
         self.pointer("a_ptrs", f"in{p.a}_ptr + {_join([a_b, _term(f'{a_rows}[:, None]', asm), _term('rk[None, :]', ask)])}", "a")
@@ -742,12 +876,12 @@ class _Gen:
             s("acc = tl.dot(a, b, acc)")
 
     # epilogue ----------------------------------------------------------------------------------
-    def tile_offset(self, strides: tuple[int, int, int]) -> tuple[str, str | None]:
+    def tile_offset(self, strides: tuple[int, int, int], tile: str) -> tuple[str, str | None]:
         """Offset expression of a (batch, m, n)-strided tensor over the tile, and its mask."""
         sb, sm, sn = strides
         terms, masks = [], []
         if self.p.B > 1 and sb:
-            terms.append(_term("pid_b", sb))
+            terms.append(_term("pid_b", self.batch_stride(tile, sb)))
         if sm:
             terms.append(_term("rm[:, None]", sm))
             if self.m_masked:
@@ -790,7 +924,7 @@ class _Gen:
         s("# outputs")
         for o, j in enumerate(p.outputs):
             m = self.spec.outputs[o]
-            off, mask = self.tile_offset(_pad3(m.stride))
+            off, mask = self.tile_offset(_pad3(m.stride), f"out{o}")
             value = self.values[j]
             if m.dtype in cg.HALF:
                 value = f"{value}.to({cg.HALF[m.dtype]})"
@@ -801,7 +935,7 @@ class _Gen:
         if i in self.loaded:
             return self.loaded[i]
         m = self.spec.inputs[i]
-        off, mask = self.tile_offset(self.p.tile_inputs[i])
+        off, mask = self.tile_offset(self.p.tile_inputs[i], f"in{i}")
         var = f"x{i}"
         kw = f", mask={mask}, other={'0' if m.dtype == 'bool' else '0.0'}" if mask else ""
         conv = ".to(tl.float32)" if m.dtype in cg.HALF else ""

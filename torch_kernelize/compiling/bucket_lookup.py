@@ -2,11 +2,13 @@
 holds its concrete sizes when no exact-shape entry exists (an exact entry always wins).
 
 Which dims of a node vary is read off its symbolic metadata once: each tensor dim whose size is
-a bare size symbol is a variable (numbered by first appearance); a node with any other symbolic
-size or argument (``2*s0``, a SymInt argument) is not bucketed. A graph's ``GraphBuckets`` lists
-the cache once, when the graph is planned, and loads every bucket entry of its nodes then; a new
-shape later is answered from memory: an exact key absent from the listing is a miss without a
-look at the disk, and a bucket hit needs only its launch sizes computed (``bucket_runner``).
+a size symbol, or a product of size symbols and a positive integer (``8*s0``: a [batch, seq]
+input flattened into the rows of a GEMM), is a variable, one per distinct size (numbered by first
+appearance); a node with any other symbolic size or argument (``s0 - 1``, a SymInt argument) is
+not bucketed. A graph's ``GraphBuckets`` lists the cache once, when the graph is planned, and
+loads every bucket entry of its nodes then; a new shape later is answered from memory: an exact
+key absent from the listing is a miss without a look at the disk, and a bucket hit needs only its
+launch sizes computed (``bucket_runner``).
 """
 from __future__ import annotations
 
@@ -28,9 +30,24 @@ def _size_expr(v: Any) -> Any:
     return v.node.expr if isinstance(v, torch.SymInt) else v
 
 
+def _is_product(e: Any) -> bool:
+    """Whether ``e`` is a size symbol or a product of them and a positive integer: a size that
+    grows with each of its symbols (so a range of them maps to a range of it)."""
+    if isinstance(e, sympy.Symbol):
+        return True
+    return isinstance(e, sympy.Mul) and all(
+        isinstance(f, sympy.Symbol) or (isinstance(f, sympy.Integer) and f > 0) for f in e.args)
+
+
 def bucket_dims(node: fx.Node) -> tuple[Dim, ...] | None:
     """The variable dims of ``node``'s spec (its tensor inputs in spec order, then its outputs);
-    None when none varies or a size or argument is a symbolic expression other than one symbol."""
+    None when none varies or a size or argument is another symbolic expression."""
+    found = bucket_sizes(node)
+    return found[0] if found is not None else None
+
+
+def bucket_sizes(node: fx.Node) -> tuple[tuple[Dim, ...], tuple[Any, ...]] | None:
+    """``bucket_dims(node)`` and each variable's size as a sympy expression of the size symbols."""
     flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
     for a in flat:
         v = a.meta.get("val") if isinstance(a, fx.Node) else a
@@ -40,7 +57,7 @@ def bucket_dims(node: fx.Node) -> tuple[Dim, ...] | None:
     outs = out if isinstance(out, (tuple, list)) else (out,)
     tensors = [("in", i, n.meta.get("val")) for i, n in enumerate(tensor_input_nodes(node))]
     tensors += [("out", i, t) for i, t in enumerate(o for o in outs if o is not None)]
-    var_of: dict[sympy.Symbol, int] = {}
+    var_of: dict[Any, int] = {}
     dims = []
     for side, i, t in tensors:
         if not isinstance(t, torch.Tensor):
@@ -49,10 +66,10 @@ def bucket_dims(node: fx.Node) -> tuple[Dim, ...] | None:
             e = _size_expr(size)
             if isinstance(e, (int, sympy.Integer)):
                 continue
-            if not isinstance(e, sympy.Symbol):
+            if not _is_product(e):
                 return None
             dims.append((side, i, d, var_of.setdefault(e, len(var_of))))
-    return tuple(dims) or None
+    return (tuple(dims), tuple(var_of)) if dims else None
 
 
 class GraphBuckets:

@@ -328,7 +328,7 @@ class LoweredGraph:
         if bucket is None or not readable(bucket.dims):
             return None
         inputs, outputs = node_tensors(self._nodes[d.node])
-        varied = bucket_symbols(inputs, outputs, bucket.dims)
+        varied = bucket_symbols(inputs, outputs, bucket.dims, bucket.ranges)
         base = self.session.load_runner(entry.spec, entry) if varied is not None else None
         if base is None:
             return None
@@ -336,8 +336,7 @@ class LoweredGraph:
         def make(values: tuple[int, ...]) -> TritonCall:
             spec = spec_at(entry.spec, bucket.dims, values)
             return self.triton_call(spec, bucket_runner(spec, bucket.dims, base), entry.key)
-        call = BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make)
-        return call, {s: bucket.ranges[v] for s, v in varied.items()}
+        return BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make), varied
 
     def _share(self, spec: Specialization, decisions: list[Decision], regions: list[Decision],
                bucket_ranges: dict[str, dict], verdicts: dict[str, str]) -> None:

@@ -87,10 +87,22 @@ def node_tensors(node: fx.Node) -> tuple[list[Any], list[Any]]:
     return [n.meta.get("val") for n in tensor_input_nodes(node)], [o for o in outs if o is not None]
 
 
+def scaled_symbol(e: Any) -> tuple[sympy.Symbol, int] | None:
+    """``(s, c)`` for a size ``c * s`` of one size symbol (``8*s0``: a [batch, seq] input
+    flattened into a GEMM's rows; ``c`` 1 for a bare symbol); None for any other expression."""
+    if isinstance(e, sympy.Symbol):
+        return e, 1
+    if isinstance(e, sympy.Mul) and len(e.args) == 2:
+        c, sym = sorted(e.args, key=lambda a: not isinstance(a, sympy.Integer))
+        if isinstance(c, sympy.Integer) and c > 0 and isinstance(sym, sympy.Symbol):
+            return sym, int(c)
+    return None
+
+
 def read_sizes(traced: Sequence[Any], metas: Sequence[Any]) -> dict[sympy.Symbol, int] | None:
-    """The value of each size symbol that is a whole dim of ``traced`` in the concrete ``metas``
-    (TensorMetas, the same tensors); None where they cannot be the same tensors (another rank, a
-    static size that differs, one symbol at two sizes)."""
+    """The value of each size symbol that makes a dim of ``traced`` (a symbol, or a multiple of
+    one) in the concrete ``metas`` (TensorMetas, the same tensors); None where they cannot be the
+    same tensors (another rank, a static size that differs, one symbol at two sizes)."""
     if len(traced) != len(metas):
         return None
     found: dict[sympy.Symbol, int] = {}
@@ -102,8 +114,9 @@ def read_sizes(traced: Sequence[Any], metas: Sequence[Any]) -> dict[sympy.Symbol
             if isinstance(e, (int, sympy.Integer)):
                 if int(e) != want:
                     return None
-            elif isinstance(e, sympy.Symbol):
-                if found.setdefault(e, want) != want:
+            elif (scaled := scaled_symbol(e)) is not None:
+                sym, c = scaled
+                if want % c or found.setdefault(sym, want // c) != want // c:
                     return None
     return found
 
@@ -232,7 +245,7 @@ def _node_cells(classes: ShapeClasses, node: fx.Node, syms: set, entries: list[A
             if spec.key == e.key:
                 classes.isolate({s: bound[s] for s in syms})
             continue
-        varied = bucket_symbols(inputs, outputs, bucket.dims)
+        varied = bucket_symbols(inputs, outputs, bucket.dims, bucket.ranges)
         if varied is None:
             continue
         try:
@@ -240,23 +253,30 @@ def _node_cells(classes: ShapeClasses, node: fx.Node, syms: set, entries: list[A
         except (ValueError, IndexError):
             same = False
         if same:
-            for s, v in varied.items():
-                classes.cut(s, *bucket.ranges[v])
+            for s, (lo, hi) in varied.items():
+                classes.cut(s, lo, hi)
             classes.isolate({s: bound[s] for s in syms - varied.keys()})
 
 
-def bucket_symbols(inputs: Sequence[Any], outputs: Sequence[Any], dims: Sequence[Any]
-                    ) -> dict[sympy.Symbol, int] | None:
-    """The symbol each of a bucket's variables is on the node (symbol -> variable); None if a
-    variable's dim is no bare symbol there, or two symbols."""
-    out: dict[sympy.Symbol, int] = {}
+def bucket_symbols(inputs: Sequence[Any], outputs: Sequence[Any], dims: Sequence[Any],
+                   ranges: Sequence[Range]) -> dict[sympy.Symbol, Range] | None:
+    """The range of each size symbol a bucket's variables are on the node, given the variables'
+    ``ranges``: a variable whose dim is ``c * s`` holds ``s`` in ``[ceil(lo / c), hi // c]``.
+    None if a variable's dim is no (multiple of a) single symbol there, or not one symbol."""
+    symbol_of: dict[int, tuple[sympy.Symbol, int]] = {}
     for side, i, d, v in dims:
         tensors = inputs if side == "in" else outputs
         t = tensors[i] if i < len(tensors) else None
-        e = _expr(t.shape[d]) if isinstance(t, torch.Tensor) and d < len(t.shape) else None
-        if not isinstance(e, sympy.Symbol) or out.setdefault(e, v) != v:
+        scaled = scaled_symbol(_expr(t.shape[d])) if isinstance(t, torch.Tensor) and d < len(t.shape) else None
+        if scaled is None or symbol_of.setdefault(v, scaled) != scaled:
             return None
-    return out if len(set(out.values())) == len(out) else None
+    out: dict[sympy.Symbol, Range] = {}
+    for v, (sym, c) in symbol_of.items():
+        lo, hi = ranges[v]
+        r = (-(-lo // c), hi // c)
+        if out.setdefault(sym, r) != r:
+            return None  # one symbol under two variables: no box of its own
+    return out
 
 
 def _region_cells(classes: ShapeClasses, region: Region, syms: set, entries: list[Any], known: set) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.compiling.bucket_lookup import bucket_dims, bucket_runner
+from torch_kernelize.compiling.bucket_lookup import bucket_runner, bucket_sizes
 from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, bucket_key, spec_at, unbucketable, values_of
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, load_model
@@ -171,20 +171,30 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
         if g.plan is None:
             continue
         nodes = {n.name: n for n in g.plan.gm.graph.nodes}
-        for spec_ in g._specializations.values():
+        for key, spec_ in g._specializations.items():
+            bindings = g.binder.bindings(key)
             for dec in spec_.decisions:
                 node = nodes.get(dec.node)
-                dims = bucket_dims(node) if node is not None and dec.spec is not None else None
-                if dims is None:
+                found = bucket_sizes(node) if node is not None and dec.spec is not None else None
+                if found is None:
                     continue
-                ranges = []
-                for v in values_of(dec.spec, dims):
-                    d = example.get(v)
-                    ranges.append(boundaries.covering(d.lo, d.hi) if d is not None else [])
+                dims, sizes = found
+                ranges = [boundaries.covering(*span) if span is not None else []
+                          for span in (_span(e, bindings, example) for e in sizes)]
                 if all(ranges):
                     for w in works_for(dec.spec, dims, ranges, f"model:{ref}"):
                         works.setdefault(w.key, w)
     return list(works.values())
+
+
+def _span(size: Any, bindings: dict, example: dict[int, DynamicDim]) -> Range | None:
+    """The sizes ``size`` (a size symbol, or a product of them and a positive integer: it grows
+    with each) takes as its symbols range over their --dynamic ranges; None when a symbol is no
+    --dynamic dim (each is known by its traced size)."""
+    dyn = {s: example.get(bindings.get(s)) for s in size.free_symbols}
+    if any(d is None for d in dyn.values()):
+        return None
+    return int(size.subs({s: d.lo for s, d in dyn.items()})), int(size.subs({s: d.hi for s, d in dyn.items()}))
 
 
 def work_from_repro(spec: KernelSpec, meta: dict[str, Any], source: str, boundaries: Boundaries) -> list[BucketWork]:
