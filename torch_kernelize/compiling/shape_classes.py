@@ -170,7 +170,8 @@ class ShapeClasses:
         return tuple(out)
 
     def cell(self, key: Sequence[Any], symbol: sympy.Symbol) -> Range | None:
-        """The values of ``symbol`` in ``key``'s class (None: unbounded above, or not a size)."""
+        """The values of ``symbol`` in ``key``'s class (an end far off where it is unbounded); None for
+        a symbol the binder does not read, or a value that is no int."""
         j = self._index.get(symbol)
         if j is None:
             return None  # a symbol the binder does not read: never free
