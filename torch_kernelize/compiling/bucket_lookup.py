@@ -46,17 +46,46 @@ def bucket_dims(node: fx.Node) -> tuple[Dim, ...] | None:
     return found[0] if found is not None else None
 
 
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _symbolic_argument(node: fx.Node) -> bool:
+    flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
+    return any(isinstance(a.meta.get("val") if isinstance(a, fx.Node) else a, _SYMBOLIC) for a in flat)
+
+
 def bucket_sizes(node: fx.Node) -> tuple[tuple[Dim, ...], tuple[Any, ...]] | None:
     """``bucket_dims(node)`` and each variable's size as a sympy expression of the size symbols."""
-    flat, _ = pytree.tree_flatten((list(node.args), dict(node.kwargs)))
-    for a in flat:
-        v = a.meta.get("val") if isinstance(a, fx.Node) else a
-        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return None
+    if _symbolic_argument(node):
+        return None
     out = node.meta.get("val")
     outs = out if isinstance(out, (tuple, list)) else (out,)
     tensors = [("in", i, n.meta.get("val")) for i, n in enumerate(tensor_input_nodes(node))]
     tensors += [("out", i, t) for i, t in enumerate(o for o in outs if o is not None)]
+    return _variable_dims(tensors)
+
+
+def region_bucket_sizes(region: Any) -> tuple[tuple[Dim, ...], tuple[Any, ...]] | None:
+    """The variable dims of a fused region's spec (its inputs, outputs and the values of its graph's
+    nodes, ``"node"``) and each variable's size; None where a size is another expression, a node
+    reads a symbolic scalar (a view's computed sizes), or a tuple-valued node's pieces vary (the
+    graph keeps their sizes in one list, which a bucket does not abstract)."""
+    tensors = [("in", i, n.meta.get("val")) for i, n in enumerate(region.inputs)]
+    tensors += [("out", i, n.meta.get("val")) for i, n in enumerate(region.outputs)]
+    for j, n in enumerate(region.nodes):
+        val = n.meta.get("val")
+        if _symbolic_argument(n) or isinstance(val, _SYMBOLIC):
+            return None
+        if isinstance(val, (tuple, list)):
+            if any(isinstance(v, torch.Tensor) and not all(isinstance(_size_expr(x), (int, sympy.Integer)) for x in v.shape)
+                   for v in val):
+                return None
+            continue
+        tensors.append(("node", j, val))
+    return _variable_dims(tensors)
+
+
+def _variable_dims(tensors: list[tuple[str, int, Any]]) -> tuple[tuple[Dim, ...], tuple[Any, ...]] | None:
     var_of: dict[Any, int] = {}
     dims = []
     for side, i, t in tensors:
@@ -98,12 +127,19 @@ class GraphBuckets:
             self._dims[node.name] = bucket_dims(node)
         return self._dims[node.name]
 
-    def prefix(self, node: fx.Node, spec: KernelSpec, dims: tuple[Dim, ...], sub: tuple[Dim, ...]) -> str:
-        """``key_prefix(spec, sub)``, hashed once per node and sizes of the dims ``sub`` leaves
-        fixed (what else it hashes is the same for every shape of the node)."""
+    def region_dims(self, region: Any) -> tuple[Dim, ...] | None:
+        name = region_name(region)
+        if name not in self._dims:
+            found = region_bucket_sizes(region)
+            self._dims[name] = found[0] if found is not None else None
+        return self._dims[name]
+
+    def prefix(self, name: str, spec: KernelSpec, dims: tuple[Dim, ...], sub: tuple[Dim, ...]) -> str:
+        """``key_prefix(spec, sub)``, hashed once per node (or region: ``name``) and sizes of the
+        dims ``sub`` leaves fixed (what else it hashes is the same for every shape of the node)."""
         fixed = {(s, i, d) for s, i, d, _ in dims} - {(s, i, d) for s, i, d, _ in sub}
-        sizes = tuple((spec.inputs if s == "in" else spec.outputs)[i].shape[d] for s, i, d in sorted(fixed))
-        memo = (node.name, sub, sizes)
+        sizes = tuple(values_of(spec, [(s, i, d, k) for k, (s, i, d) in enumerate(sorted(fixed))]))
+        memo = (name, sub, sizes)
         found = self._prefixes.get(memo)
         if found is None:
             found = self._prefixes[memo] = key_prefix(spec, sub)
@@ -155,11 +191,17 @@ class BucketLookup:
         return self.log.lookup(key)
 
     def lookup_node(self, node: fx.Node, spec: KernelSpec) -> tuple[str, Any, str]:
+        return self._lookup(node.name, spec, self.graph.dims(node))
+
+    def lookup_region(self, region: Any, spec: KernelSpec) -> tuple[str, Any, str]:
+        """A fused region's: its exact key, then the bucket of its family that holds its sizes."""
+        return self._lookup(region_name(region), spec, self.graph.region_dims(region))
+
+    def _lookup(self, name: str, spec: KernelSpec, dims: tuple[Dim, ...] | None) -> tuple[str, Any, str]:
         exact = self.lookup(spec.key)
-        dims = self.graph.dims(node)
         if dims is None or unbucketable(spec, dims) is not None:
             return exact
-        found = [(sub, self.graph.buckets(self.graph.prefix(node, spec, dims, sub))) for sub in subsets(dims)]
+        found = [(sub, self.graph.buckets(self.graph.prefix(name, spec, dims, sub))) for sub in subsets(dims)]
         if exact[0] != "miss":
             return exact
         for sub, buckets in found:
@@ -171,6 +213,11 @@ class BucketLookup:
                     return status, entry, f"bucket {entry.key} (sizes {where}) of {entry.family or 'vendor'}"
         self.graph.miss_dims[spec.key] = dims
         return exact
+
+
+def region_name(region: Any) -> str:
+    """What a region's memos are keyed by: its kind and first node (regions of one kind do not overlap)."""
+    return f"region:{region.kind}:{region.nodes[0].name}"
 
 
 def subsets(dims: tuple[Dim, ...]) -> list[tuple[Dim, ...]]:

@@ -148,7 +148,8 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
         spec = region_spec(region, bindings)
         if spec is None:  # (a region of ops the vendor cannot run is looked up too: a bring-up chip's)
             continue
-        status, entry, why = cache.lookup(spec.key)
+        lookup_region = getattr(cache, "lookup_region", None)  # a dynamic graph's: shape buckets too
+        status, entry, why = lookup_region(region, spec) if lookup_region is not None else cache.lookup(spec.key)
         family = family_name(spec, entry) or offline_generator(region.kind, target)
         what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
         d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,

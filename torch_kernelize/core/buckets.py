@@ -2,9 +2,10 @@
 
 A *bucketed spec* is a concrete KernelSpec (the representative, normally the bucket's upper edge)
 plus ``dims``: which dims of its inputs and outputs are *variables* (the batch, the sequence),
-each one a ``(side, tensor, dim, var)`` with side "in" or "out". A *bucket* gives each variable a
-range ``[lo, hi]``. Every tensor holding a variable dim must be contiguous, so its strides are a
-function of its sizes and one kernel can serve every size of the bucket.
+each one a ``(side, tensor, dim, var)`` with side "in" or "out", or "node" for the value of node
+``tensor`` of a fused region's graph (its intermediate results have sizes too). A *bucket* gives
+each variable a range ``[lo, hi]``. Every tensor holding a variable dim must be contiguous, so
+its strides are a function of its sizes and one kernel can serve every size of the bucket.
 
 Keys: ``abstract_key`` hashes the spec's canonical form with the variable sizes replaced by
 their variable and those strides by "contiguous"; a bucket's cache key is that hash's first 16
@@ -26,7 +27,7 @@ from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 BUCKET_VERSION = 1
 PREFIX_LEN = 16  # hex digits of the abstract key that start every bucket key of that spec
-SIDES = ("in", "out")
+SIDES = ("in", "out", "node")
 
 Dim = tuple[str, int, int, int]          # (side, tensor index, dim, variable)
 Range = tuple[int, int]                  # inclusive
@@ -86,7 +87,20 @@ class Boundaries:
 
 # --- keys ---------------------------------------------------------------------------------------
 
-def _metas(spec: KernelSpec, side: str) -> tuple[TensorMeta, ...]:
+def _graph_nodes(spec: KernelSpec) -> list[dict[str, Any]]:
+    return json.loads(spec.graph)["nodes"] if spec.graph is not None else []
+
+
+def _node_meta(node: dict[str, Any]) -> TensorMeta | None:
+    """A region graph node's value as a TensorMeta; None for a tuple-valued node (its pieces are
+    getitem nodes of their own) or one without a tensor."""
+    meta = node.get("meta")
+    return TensorMeta.from_json(meta) if isinstance(meta, dict) else None
+
+
+def _metas(spec: KernelSpec, side: str) -> tuple[TensorMeta | None, ...]:
+    if side == "node":
+        return tuple(_node_meta(n) for n in _graph_nodes(spec))
     return spec.inputs if side == "in" else spec.outputs
 
 
@@ -94,11 +108,13 @@ def unbucketable(spec: KernelSpec, dims: Sequence[Dim]) -> str | None:
     """Why ``spec`` cannot be bucketed in ``dims`` (None: it can)."""
     if not dims:
         return "no dim varies"
+    metas = {side: _metas(spec, side) for side in {s for s, *_ in dims} & set(SIDES)}
     for side, i, d, _ in dims:
-        if side not in SIDES or i >= len(_metas(spec, side)) or d >= len(_metas(spec, side)[i].shape):
-            return f"no dim {d} of {side}put {i}"
-        if not _metas(spec, side)[i].is_contiguous():
-            return f"{side}put {i} is not contiguous: its strides are no function of its sizes"
+        if side not in SIDES or i >= len(metas[side]) or metas[side][i] is None or d >= len(metas[side][i].shape):
+            return f"no dim {d} of {side}put {i}" if side != "node" else f"no dim {d} of region node {i}'s value"
+        if not metas[side][i].is_contiguous():
+            what = f"{side}put {i}" if side != "node" else f"region node {i}'s value"
+            return f"{what} is not contiguous: its strides are no function of its sizes"
     return None
 
 
@@ -109,11 +125,15 @@ def abstract_canonical(spec: KernelSpec, dims: Sequence[Dim]) -> dict[str, Any]:
     if problem is not None:
         raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
     d = spec.canonical()
+    nodes = _graph_nodes(spec)
     names = {"in": "inputs", "out": "outputs"}
     for side, i, dim, var in dims:
-        meta = d[names[side]][i]
+        meta = nodes[i]["meta"] if side == "node" else d[names[side]][i]
         meta["shape"][dim] = {"var": var}
         meta["stride"] = "contiguous"
+    if nodes and any(side == "node" for side, *_ in dims):
+        graph = json.loads(spec.graph)
+        d["graph"] = json.dumps(dict(graph, nodes=nodes), sort_keys=True, separators=(",", ":"))
     d["bucket_version"] = BUCKET_VERSION
     return d
 
@@ -139,8 +159,10 @@ def variables(dims: Sequence[Dim]) -> int:
 def values_of(spec: KernelSpec, dims: Sequence[Dim]) -> tuple[int, ...]:
     """Each variable's size in ``spec``."""
     out: dict[int, int] = {}
-    for side, i, d, v in dims:
-        out.setdefault(v, _metas(spec, side)[i].shape[d])
+    metas: dict[str, tuple] = {}
+    for side, i, d, v in sorted(dims, key=lambda dim: dim[0] == "node"):  # (a region's graph parsed last, if at all)
+        if v not in out:
+            out[v] = (metas.get(side) or metas.setdefault(side, _metas(spec, side)))[i].shape[d]
     return tuple(out[v] for v in range(variables(dims)))
 
 
@@ -155,15 +177,24 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 def spec_at(spec: KernelSpec, dims: Sequence[Dim], values: Sequence[int]) -> KernelSpec:
     """The concrete spec of ``spec`` with each variable set to ``values`` (contiguous strides)."""
     metas = {"in": [list(m.shape) for m in spec.inputs], "out": [list(m.shape) for m in spec.outputs]}
+    nodes = _graph_nodes(spec) if any(side == "node" for side, *_ in dims) else []
     for side, i, d, v in dims:
-        metas[side][i][d] = int(values[v])
+        if side == "node":
+            meta = nodes[i]["meta"]
+            meta["shape"][d] = int(values[v])
+            meta["stride"] = list(contiguous_strides(meta["shape"]))
+        else:
+            metas[side][i][d] = int(values[v])
     varied = {(side, i) for side, i, _, _ in dims}
 
     def rebuilt(side: str) -> tuple[TensorMeta, ...]:
         return tuple(dataclasses.replace(m, shape=tuple(metas[side][i]),
                                          stride=contiguous_strides(metas[side][i]) if (side, i) in varied else m.stride)
                      for i, m in enumerate(_metas(spec, side)))
-    return dataclasses.replace(spec, inputs=rebuilt("in"), outputs=rebuilt("out"))
+    graph = spec.graph
+    if nodes:
+        graph = json.dumps(dict(json.loads(spec.graph), nodes=nodes), sort_keys=True, separators=(",", ":"))
+    return dataclasses.replace(spec, inputs=rebuilt("in"), outputs=rebuilt("out"), graph=graph)
 
 
 def contains(ranges: Sequence[Range], values: Sequence[int]) -> bool:
