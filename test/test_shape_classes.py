@@ -157,6 +157,43 @@ def test_a_bucket_of_rows_that_are_a_multiple_of_a_symbol_bounds_the_symbol():
     assert scaled_symbol(rows.shape[0].node.expr) == (seq, 8)
     assert scaled_symbol(seq) == (seq, 1) and scaled_symbol(seq + 1) is None
     dims = (("in", 0, 0, 0),)
-    assert bucket_symbols([rows], [], dims, [(9, 64)]) == {seq: (2, 8)}
+    assert bucket_symbols({"in": [rows]}, dims, [(9, 64)]) == {seq: (2, 8)}
     assert read_sizes([rows], [TensorMeta((40, 16), (16, 1), "float32")]) == {seq: 5}
     assert read_sizes([rows], [TensorMeta((41, 16), (16, 1), "float32")]) is None  # not a multiple of 8
+
+
+LINEARS = '''
+import torch
+def make():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 8, bias=False)), \\
+        (torch.randn(6, 16),)
+'''
+
+
+def test_a_fused_region_from_its_bucket_serves_its_class_too(tmp_path, monkeypatch):
+    """addmm + ReLU (a matmul region) filled as a bucket of rows: its kernel is bound as a
+    BucketCall, so a new batch size in the class runs fused without planning."""
+    (tmp_path / "model.py").write_text(LINEARS)
+    assert fill_main(["--target", "interpreter", "--cache-dir", str(tmp_path / "cache"), "--quiet", "--budget", "1",
+                      "--model", f"{tmp_path / 'model.py'}:make", "--dynamic", "0:0:5-8"]) == 0
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.ReLU(), torch.nn.Linear(12, 8, bias=False))
+    opts = Options.resolve({"target": "interpreter", "cache_dir": str(tmp_path / "cache"), "repro_dir": "off",
+                            "graph_cache": "off"})
+    session, graphs = Session(opts), []
+    compiled = torch.compile(model, dynamic=True,
+                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    with torch.no_grad():
+        x = torch.randn(7, 16)
+        torch.testing.assert_close(compiled(x), model(x))
+        monkeypatch.setattr(GraphPlan, "decide", lambda *a, **k: pytest.fail("planned again"))
+        x = torch.randn(8, 16)
+        torch.testing.assert_close(compiled(x), model(x))
+    (g,) = graphs
+    spec = _specialization(g, 7)
+    assert spec is _specialization(g, 8)
+    (region,) = [d for d in spec.regions if d.tier == "triton"]
+    assert region.entry.bucket is not None and region.entry.bucket.ranges == ((5, 8),)
+    fused = [n.target for n in spec.gm.graph.nodes if isinstance(n.target, BucketCall) and n.target.spec.op == "region"]
+    assert len(fused) == 1 and sorted(fused[0]._sized) == [(7,), (8,)]

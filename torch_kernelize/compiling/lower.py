@@ -26,7 +26,8 @@ from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
 from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.op_classes import NodeClass
-from torch_kernelize.compiling.shape_classes import bucket_symbols, node_symbols, node_tensors, region_symbols, shape_classes
+from torch_kernelize.compiling.shape_classes import (bucket_symbols, node_symbols, node_tensors, region_symbols,
+                                                     region_tensors, shape_classes)
 from torch_kernelize.compiling.graph_regions import find_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
@@ -280,7 +281,7 @@ class LoweredGraph:
                         decisions[i] = d = downgrade(d, "the cache entry could not be loaded", self.target)
                     else:
                         runners[d.node] = runner
-            fused, region_decisions = self._decide_regions(bindings, decisions, lookups)
+            fused, region_decisions = self._decide_regions(bindings, decisions, lookups, calls)
             # misses' families only now: nodes a fused region covers are no misses
             decisions = [resolve_family(d) for d in decisions]
             repros = session.repros
@@ -319,16 +320,19 @@ class LoweredGraph:
                          sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
             return spec
 
-    def _bucket_call(self, d: Decision) -> tuple[BucketCall, dict] | None:
+    def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None) -> tuple[BucketCall, dict] | None:
         """A bucket hit's kernel as a call that serves any size of the bucket, and the range of
         each symbol it varies in; None for an exact hit, or a bucket whose sizes cannot all be
-        read off the node's inputs (then the kernel of the node's sizes is bound)."""
+        read off the node's inputs (then the kernel of the node's sizes is bound). ``tensors``:
+        a region's traced values by bucket side (a node's are read off it)."""
         entry = d.entry
         bucket = entry.bucket if entry is not None else None
         if bucket is None or not readable(bucket.dims):
             return None
-        inputs, outputs = node_tensors(self._nodes[d.node])
-        varied = bucket_symbols(inputs, outputs, bucket.dims, bucket.ranges)
+        if tensors is None:
+            inputs, outputs = node_tensors(self._nodes[d.node])
+            tensors = {"in": inputs, "out": outputs}
+        varied = bucket_symbols(tensors, bucket.dims, bucket.ranges)
         base = self.session.load_runner(entry.spec, entry) if varied is not None else None
         if base is None:
             return None
@@ -351,16 +355,17 @@ class LoweredGraph:
         single: set = set()
         ranges: dict = {}
         covered = set()
+        bound: list[tuple[set, dict]] = []  # each kernel bound: its symbols, and the ranges of those it varies in
         for d in regions:
             if d.tier == "triton":
                 region = self._region_of[d.spec_key]
-                single |= region_symbols(region)
+                bound.append((region_symbols(region), bucket_ranges.get(d.node, {})))
                 covered |= region.names
         for d in decisions:
-            if d.node in covered or d.tier not in ("triton", "fallback"):
-                continue
-            varied = bucket_ranges.get(d.node, {})
-            single |= node_symbols(self._nodes[d.node]) - varied.keys()
+            if d.node not in covered and d.tier in ("triton", "fallback"):
+                bound.append((node_symbols(self._nodes[d.node]), bucket_ranges.get(d.node, {})))
+        for symbols, varied in bound:
+            single |= symbols - varied.keys()
             for s, (lo, hi) in varied.items():
                 was = ranges.get(s, (lo, hi))
                 ranges[s] = (max(lo, was[0]), min(hi, was[1]))
@@ -384,8 +389,9 @@ class LoweredGraph:
         ranges = [pow2_bucket(v) if isinstance(v, int) and v >= 1 else v for v in key]
         return f"{self.name}:{d.node}:{ranges}"
 
-    def _decide_regions(self, bindings, decisions: list[Decision], cache: Any):
-        """The planner's region rung (``decide_regions``), each hit bound as a kernel call."""
+    def _decide_regions(self, bindings, decisions: list[Decision], cache: Any, calls: dict[str, tuple]):
+        """The planner's region rung (``decide_regions``), each hit bound as a kernel call (a
+        bucket's, in ``calls`` by the decision's node, where it serves the region's whole bucket)."""
         fused, region_decisions = [], []
         if cache is None:
             return fused, region_decisions
@@ -393,7 +399,10 @@ class LoweredGraph:
                                                 self.session.load_runner):
             self._region_of[d.spec_key] = region
             if runner is not None:
-                fused.append((region, self.triton_call(d.spec, runner)))
+                call = self._bucket_call(d, region_tensors(region)) if self._buckets is not None else None
+                if call is not None:
+                    calls[d.node] = call
+                fused.append((region, call[0] if call is not None else self.triton_call(d.spec, runner)))
             region_decisions.append(d)
         return fused, region_decisions
 

@@ -121,6 +121,34 @@ def read_sizes(traced: Sequence[Any], metas: Sequence[Any]) -> dict[sympy.Symbol
     return found
 
 
+def bucket_symbols(tensors: Mapping[str, Sequence[Any]], dims: Sequence[Any],
+                   ranges: Sequence[Range]) -> dict[sympy.Symbol, Range] | None:
+    """The range of each size symbol a bucket's variables are on the node or region, given the
+    variables' ``ranges`` (``tensors``: its traced values by bucket side, "in", "out" and a
+    region's "node"): a variable whose dim is ``c * s`` holds ``s`` in ``[ceil(lo / c), hi // c]``.
+    None if a variable's dim is no (multiple of a) single symbol there, or not one symbol."""
+    symbol_of: dict[int, tuple[sympy.Symbol, int]] = {}
+    for side, i, d, v in dims:
+        values = tensors.get(side, ())
+        t = values[i] if i < len(values) else None
+        scaled = scaled_symbol(_expr(t.shape[d])) if isinstance(t, torch.Tensor) and d < len(t.shape) else None
+        if scaled is None or symbol_of.setdefault(v, scaled) != scaled:
+            return None
+    out: dict[sympy.Symbol, Range] = {}
+    for v, (sym, c) in symbol_of.items():
+        lo, hi = ranges[v]
+        r = (-(-lo // c), hi // c)
+        if out.setdefault(sym, r) != r:
+            return None  # one symbol under two variables: no box of its own
+    return out
+
+
+def region_tensors(region: Region) -> dict[str, list[Any]]:
+    """A region's traced values by bucket side (core/buckets.py): inputs, outputs, graph nodes."""
+    return {"in": [n.meta.get("val") for n in region.inputs], "out": [n.meta.get("val") for n in region.outputs],
+            "node": [n.meta.get("val") for n in region.nodes]}
+
+
 class ShapeClasses:
     """A partition of each size symbol's values; a signature's class is its cell in each."""
 
@@ -241,54 +269,39 @@ def _node_cells(classes: ShapeClasses, node: fx.Node, syms: set, entries: list[A
             spec = None
         if spec is None:
             continue
-        bucket = e.bucket
-        if bucket is None:
-            if spec.key == e.key:
-                classes.isolate({s: bound[s] for s in syms})
-            continue
-        varied = bucket_symbols(inputs, outputs, bucket.dims, bucket.ranges)
-        if varied is None:
-            continue
-        try:
-            same = key_prefix(spec, bucket.dims) == e.key[:PREFIX_LEN]
-        except (ValueError, IndexError):
-            same = False
-        if same:
-            for s, (lo, hi) in varied.items():
-                classes.cut(s, lo, hi)
-            classes.isolate({s: bound[s] for s in syms - varied.keys()})
-
-
-def bucket_symbols(inputs: Sequence[Any], outputs: Sequence[Any], dims: Sequence[Any],
-                   ranges: Sequence[Range]) -> dict[sympy.Symbol, Range] | None:
-    """The range of each size symbol a bucket's variables are on the node, given the variables'
-    ``ranges``: a variable whose dim is ``c * s`` holds ``s`` in ``[ceil(lo / c), hi // c]``.
-    None if a variable's dim is no (multiple of a) single symbol there, or not one symbol."""
-    symbol_of: dict[int, tuple[sympy.Symbol, int]] = {}
-    for side, i, d, v in dims:
-        tensors = inputs if side == "in" else outputs
-        t = tensors[i] if i < len(tensors) else None
-        scaled = scaled_symbol(_expr(t.shape[d])) if isinstance(t, torch.Tensor) and d < len(t.shape) else None
-        if scaled is None or symbol_of.setdefault(v, scaled) != scaled:
-            return None
-    out: dict[sympy.Symbol, Range] = {}
-    for v, (sym, c) in symbol_of.items():
-        lo, hi = ranges[v]
-        r = (-(-lo // c), hi // c)
-        if out.setdefault(sym, r) != r:
-            return None  # one symbol under two variables: no box of its own
-    return out
+        _entry_cells(classes, spec, e, syms, bound, {"in": inputs, "out": outputs})
 
 
 def _region_cells(classes: ShapeClasses, region: Region, syms: set, entries: list[Any], known: set) -> None:
-    traced = [n.meta.get("val") for n in (*region.inputs, *region.outputs)]
+    tensors = region_tensors(region)
     for e in entries:
-        bound = read_sizes(traced, (*e.spec.inputs, *e.spec.outputs))
+        bound = read_sizes([*tensors["in"], *tensors["out"]], (*e.spec.inputs, *e.spec.outputs))
         if bound is None:
             continue
         if not syms <= bound.keys() or not syms <= known:
             classes.pin(syms)
             return
         spec = region_spec(region, {s: sympy.Integer(v) for s, v in bound.items()})
-        if spec is not None and spec.key == e.key:
+        if spec is not None:
+            _entry_cells(classes, spec, e, syms, bound, tensors)
+
+
+def _entry_cells(classes: ShapeClasses, spec: Any, e: Any, syms: set, bound: dict, tensors: Mapping[str, Any]) -> None:
+    """The cells entry ``e`` draws for a node or region whose spec at the sizes ``bound`` (read
+    back off ``e``) is ``spec``: the point of an exact entry, the box of a bucket."""
+    bucket = e.bucket
+    if bucket is None:
+        if spec.key == e.key:
             classes.isolate({s: bound[s] for s in syms})
+        return
+    varied = bucket_symbols(tensors, bucket.dims, bucket.ranges)
+    if varied is None:
+        return
+    try:
+        same = key_prefix(spec, bucket.dims) == e.key[:PREFIX_LEN]
+    except (ValueError, IndexError):
+        same = False
+    if same:
+        for s, (lo, hi) in varied.items():
+            classes.cut(s, lo, hi)
+        classes.isolate({s: bound[s] for s in syms - varied.keys()})

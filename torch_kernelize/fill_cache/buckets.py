@@ -1,8 +1,8 @@
 """fill_cache for shape buckets: one winner per bucket, validated over the whole bucket.
 
 ``--model M --dynamic INPUT:DIM:LO-HI`` traces the model with that input dim symbolic; every node
-whose family takes its varying sizes at run time (``KernelFamily.bucket_support``) becomes one
-BucketWork per bucket covering LO-HI (powers of two, or ``--buckets`` upper edges). A recorded
+and fused region whose family takes its varying sizes at run time (``KernelFamily.bucket_support``)
+becomes one BucketWork per bucket covering LO-HI (powers of two, or ``--buckets`` upper edges). A recorded
 miss that names its bucket dims (the serving path writes them) defines the bucket of its size.
 
 A bucket's search runs at its representative, the upper edge, where each candidate is validated
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.compiling.bucket_lookup import bucket_runner, bucket_sizes
+from torch_kernelize.compiling.bucket_lookup import bucket_runner, bucket_sizes, region_bucket_sizes
 from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, bucket_key, spec_at, unbucketable, values_of
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, load_model
@@ -173,9 +173,13 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
         nodes = {n.name: n for n in g.plan.gm.graph.nodes}
         for key, spec_ in g._specializations.items():
             bindings = g.binder.bindings(key)
-            for dec in spec_.decisions:
-                node = nodes.get(dec.node)
-                found = bucket_sizes(node) if node is not None and dec.spec is not None else None
+            for dec in spec_.decisions + spec_.regions:
+                if dec.op == "region":  # a fused region looked up (hit or miss): its graph's sizes vary too
+                    region = g._region_of.get(dec.spec_key)
+                    found = region_bucket_sizes(region) if region is not None and dec.spec is not None else None
+                else:
+                    node = nodes.get(dec.node)
+                    found = bucket_sizes(node) if node is not None and dec.spec is not None else None
                 if found is None:
                     continue
                 dims, sizes = found
