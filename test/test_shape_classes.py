@@ -4,6 +4,7 @@ planning, binding or generating code; exact entries stay classes of their own; a
 whose kernels are not valid over its whole class is never shared."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -142,24 +143,36 @@ def test_a_bucket_call_makes_one_checked_call_per_size():
         BucketCall(Spec(8), (("out", 0, 0, 0),), KernelState("k"), make)
 
 
-def test_a_bucket_of_rows_that_are_a_multiple_of_a_symbol_bounds_the_symbol():
-    """A GEMM of a [batch, seq] input flattened to 8*seq rows: the bucket 9-64 of its rows holds
-    seq in 2-8; the exact sizes of an entry are read back through the multiple too."""
+def test_sizes_that_are_products_of_symbols_are_coordinates_of_their_own():
+    """A GEMM of a [batch, seq] input flattened into batch*seq rows: the bucket 9-64 of its rows
+    is a range of the product (the cell of batch*seq, whatever batch and seq are apart), and an
+    exact entry's sizes are read back through the product."""
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
-    from torch_kernelize.compiling.shape_classes import bucket_symbols, read_sizes, scaled_symbol
+    from torch_kernelize.compiling.shape_classes import bucket_symbols, product_factors, read_sizes
     from torch_kernelize.core.spec import TensorMeta
     env = ShapeEnv()
-    seq = env.create_symbol(5, ConstantSource("seq"))
+    batch, seq = env.create_symbol(2, ConstantSource("batch")), env.create_symbol(5, ConstantSource("seq"))
     with FakeTensorMode(shape_env=env):
-        rows = torch.empty(8 * env.create_symintnode(seq, hint=5), 16)
-    assert scaled_symbol(rows.shape[0].node.expr) == (seq, 8)
-    assert scaled_symbol(seq) == (seq, 1) and scaled_symbol(seq + 1) is None
+        rows = torch.empty(env.create_symintnode(batch, hint=2) * env.create_symintnode(seq, hint=5), 16)
+        eight = torch.empty(8 * env.create_symintnode(seq, hint=5), 16)
+    product = rows.shape[0].node.expr
+    assert product_factors(product) == (1, tuple(sorted((batch, seq), key=str)))
+    assert product_factors(eight.shape[0].node.expr) == (8, (seq,)) and product_factors(seq + 1) is None
     dims = (("in", 0, 0, 0),)
-    assert bucket_symbols({"in": [rows]}, dims, [(9, 64)]) == {seq: (2, 8)}
-    assert read_sizes([rows], [TensorMeta((40, 16), (16, 1), "float32")]) == {seq: 5}
-    assert read_sizes([rows], [TensorMeta((41, 16), (16, 1), "float32")]) is None  # not a multiple of 8
+    assert bucket_symbols({"in": [rows]}, dims, [(9, 64)]) == {product: (9, 64)}
+    bound, sizes = read_sizes([eight], [TensorMeta((40, 16), (16, 1), "float32")])
+    assert bound == {seq: 5} and sizes == {8 * seq: 40}
+    assert read_sizes([eight], [TensorMeta((41, 16), (16, 1), "float32")]) is None  # not a multiple of 8
+    bound, sizes = read_sizes([rows], [TensorMeta((12, 16), (16, 1), "float32")])
+    assert math.prod(bound.values()) == 12 and sizes == {product: 12}  # (only the product is fixed)
+
+    classes = ShapeClasses((batch, seq), record_buckets=False)
+    classes.cut(product, 9, 64)
+    assert classes.of((2, 5)) == classes.of((4, 16)) == classes.of((3, 7)) != classes.of((2, 4))
+    assert classes.admits((2, 5), single=[], ranges={product: (9, 64)})
+    assert not classes.admits((2, 5), single=[seq], ranges={})  # seq itself is free in the class
 
 
 LINEARS = '''

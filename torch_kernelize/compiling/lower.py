@@ -364,8 +364,8 @@ class LoweredGraph:
         for d in decisions:
             if d.node not in covered and d.tier in ("triton", "fallback"):
                 bound.append((node_symbols(self._nodes[d.node]), bucket_ranges.get(d.node, {})))
-        for symbols, varied in bound:
-            single |= symbols - varied.keys()
+        for symbols, varied in bound:  # (a bucket's kernel depends on its symbols through its varied sizes)
+            single |= symbols - {x for size in varied for x in size.free_symbols}
             for s, (lo, hi) in varied.items():
                 was = ranges.get(s, (lo, hi))
                 ranges[s] = (max(lo, was[0]), min(hi, was[1]))

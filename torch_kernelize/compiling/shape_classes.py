@@ -29,7 +29,8 @@ plans more often.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Iterable, Mapping, Sequence
+import math
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sympy
 import torch
@@ -87,25 +88,33 @@ def node_tensors(node: fx.Node) -> tuple[list[Any], list[Any]]:
     return [n.meta.get("val") for n in tensor_input_nodes(node)], [o for o in outs if o is not None]
 
 
-def scaled_symbol(e: Any) -> tuple[sympy.Symbol, int] | None:
-    """``(s, c)`` for a size ``c * s`` of one size symbol (``8*s0``: a [batch, seq] input
-    flattened into a GEMM's rows; ``c`` 1 for a bare symbol); None for any other expression."""
+def product_factors(e: Any) -> tuple[int, tuple[sympy.Symbol, ...]] | None:
+    """``(c, symbols)`` for a size ``c * s0 * s1 ...`` (a bare symbol; ``8*s0``: a [batch, seq]
+    input flattened into a GEMM's rows; ``s0*s1``); None for any other expression."""
     if isinstance(e, sympy.Symbol):
-        return e, 1
-    if isinstance(e, sympy.Mul) and len(e.args) == 2:
-        c, sym = sorted(e.args, key=lambda a: not isinstance(a, sympy.Integer))
-        if isinstance(c, sympy.Integer) and c > 0 and isinstance(sym, sympy.Symbol):
-            return sym, int(c)
+        return 1, (e,)
+    if isinstance(e, sympy.Mul):
+        c, syms = 1, []
+        for f in e.args:
+            if isinstance(f, sympy.Integer) and f > 0:
+                c *= int(f)
+            elif isinstance(f, sympy.Symbol):
+                syms.append(f)
+            else:
+                return None
+        return (c, tuple(sorted(syms, key=str))) if syms else None
     return None
 
 
-def read_sizes(traced: Sequence[Any], metas: Sequence[Any]) -> dict[sympy.Symbol, int] | None:
-    """The value of each size symbol that makes a dim of ``traced`` (a symbol, or a multiple of
-    one) in the concrete ``metas`` (TensorMetas, the same tensors); None where they cannot be the
-    same tensors (another rank, a static size that differs, one symbol at two sizes)."""
+def read_sizes(traced: Sequence[Any], metas: Sequence[Any]) -> tuple[dict, dict] | None:
+    """Where the traced tensors ``traced`` are the concrete ``metas`` (TensorMetas, the same
+    tensors): (a value of each size symbol that gives them those sizes, the value of each symbolic
+    size); None where they cannot be the same tensors (another rank, a static size that differs, a
+    size that no symbols' values give). A product's symbols that no other dim fixes are solved
+    last, all but one set to 1: the sizes, and so the spec, depend only on their product."""
     if len(traced) != len(metas):
         return None
-    found: dict[sympy.Symbol, int] = {}
+    sizes: dict[Any, int] = {}
     for t, m in zip(traced, metas):
         if not isinstance(t, torch.Tensor) or len(t.shape) != len(m.shape):
             return None
@@ -114,33 +123,55 @@ def read_sizes(traced: Sequence[Any], metas: Sequence[Any]) -> dict[sympy.Symbol
             if isinstance(e, (int, sympy.Integer)):
                 if int(e) != want:
                     return None
-            elif (scaled := scaled_symbol(e)) is not None:
-                sym, c = scaled
-                if want % c or found.setdefault(sym, want // c) != want // c:
-                    return None
-    return found
+            elif sizes.setdefault(e, want) != want:
+                return None
+    found: dict[sympy.Symbol, int] = {}
+    pending = []
+    for e, want in sizes.items():
+        factors = product_factors(e)
+        if factors is not None:
+            pending.append((factors, want))
+    for relax in (False, True):
+        progress = True
+        while progress and pending:
+            progress, left = False, []
+            for (c, syms), want in pending:
+                free = [x for x in syms if x not in found]
+                if len(free) > 1 and relax:
+                    for x in free[:-1]:
+                        found[x] = 1
+                    free = free[-1:]
+                known = c * math.prod(found[x] for x in syms if x in found)
+                if not free:
+                    if known != want:
+                        return None
+                elif len(free) == 1:
+                    if want % known:
+                        return None
+                    found[free[0]] = want // known
+                else:
+                    left.append(((c, syms), want))
+                    continue
+                progress = True
+            pending = left
+    return found, sizes
 
 
 def bucket_symbols(tensors: Mapping[str, Sequence[Any]], dims: Sequence[Any],
-                   ranges: Sequence[Range]) -> dict[sympy.Symbol, Range] | None:
-    """The range of each size symbol a bucket's variables are on the node or region, given the
+                   ranges: Sequence[Range]) -> dict[Any, Range] | None:
+    """The range of each symbolic size a bucket's variables are on the node or region, given the
     variables' ``ranges`` (``tensors``: its traced values by bucket side, "in", "out" and a
-    region's "node"): a variable whose dim is ``c * s`` holds ``s`` in ``[ceil(lo / c), hi // c]``.
-    None if a variable's dim is no (multiple of a) single symbol there, or not one symbol."""
-    symbol_of: dict[int, tuple[sympy.Symbol, int]] = {}
+    region's "node"); None if a variable's dim is no product of size symbols there, or two sizes."""
+    size_of: dict[int, Any] = {}
     for side, i, d, v in dims:
         values = tensors.get(side, ())
         t = values[i] if i < len(values) else None
-        scaled = scaled_symbol(_expr(t.shape[d])) if isinstance(t, torch.Tensor) and d < len(t.shape) else None
-        if scaled is None or symbol_of.setdefault(v, scaled) != scaled:
+        e = _expr(t.shape[d]) if isinstance(t, torch.Tensor) and d < len(t.shape) else None
+        if e is None or product_factors(e) is None or size_of.setdefault(v, e) != e:
             return None
-    out: dict[sympy.Symbol, Range] = {}
-    for v, (sym, c) in symbol_of.items():
-        lo, hi = ranges[v]
-        r = (-(-lo // c), hi // c)
-        if out.setdefault(sym, r) != r:
-            return None  # one symbol under two variables: no box of its own
-    return out
+    if len(set(size_of.values())) != len(size_of):
+        return None  # one size under two variables: no box of its own
+    return {e: tuple(ranges[v]) for v, e in size_of.items()}
 
 
 def region_tensors(region: Region) -> dict[str, list[Any]]:
@@ -150,24 +181,45 @@ def region_tensors(region: Region) -> dict[str, list[Any]]:
 
 
 class ShapeClasses:
-    """A partition of each size symbol's values; a signature's class is its cell in each."""
+    """A partition of the values of each size symbol and of each product of them (a *coordinate*);
+    a signature's class is its cell in each."""
 
     def __init__(self, symbols: Sequence[sympy.Symbol], record_buckets: bool):
         self.symbols = tuple(symbols)
         self._index = {s: j for j, s in enumerate(self.symbols)}
+        self._coords: dict[Any, int] = dict(self._index)  # size expression -> coordinate
+        self._values: list[Callable[[Sequence[Any]], Any]] = [lambda k, j=j: k[j] for j in range(len(self.symbols))]
         self._cuts: list[set[int]] = [set() for _ in self.symbols]
         self._pinned = [False] * len(self.symbols)
         self._sorted: list[list[int]] | None = None
         self.record_buckets = record_buckets
 
-    # --- made once, before the first class is asked -----------------------------------------------
-    def isolate(self, values: Mapping[sympy.Symbol, int]) -> None:
-        for s, v in values.items():
-            self.cut(s, v, v)
+    def _coord(self, expr: Any, make: bool) -> int | None:
+        """The coordinate of a size expression (made if ``make``); None for one of symbols the
+        binder does not read, or not a product."""
+        j = self._coords.get(expr)
+        if j is not None or not make:
+            return j
+        factors = product_factors(expr)
+        if factors is None or any(x not in self._index for x in factors[1]):
+            return None
+        c, syms = factors
+        at = [self._index[x] for x in syms]
+        self._values.append(lambda k, c=c, at=at: c * math.prod(k[i] for i in at)
+                            if all(type(k[i]) is int for i in at) else None)
+        self._cuts.append(set())
+        self._pinned.append(False)
+        j = self._coords[expr] = len(self._values) - 1
+        return j
 
-    def cut(self, symbol: sympy.Symbol, lo: int, hi: int) -> None:
-        """Make ``[lo, hi]`` a union of cells of ``symbol``."""
-        j = self._index.get(symbol)
+    # --- made once, before the first class is asked -----------------------------------------------
+    def isolate(self, values: Mapping[Any, int]) -> None:
+        for e, v in values.items():
+            self.cut(e, v, v)
+
+    def cut(self, expr: Any, lo: int, hi: int) -> None:
+        """Make ``[lo, hi]`` a union of cells of the size ``expr`` (a symbol or a product)."""
+        j = self._coord(expr, make=True)
         if j is not None:
             self._cuts[j] |= {int(lo), int(hi) + 1}
             self._sorted = None
@@ -188,22 +240,24 @@ class ShapeClasses:
         """The class of the signature ``key`` (the symbols' values, in ``symbols`` order)."""
         cells = self._cells()
         out = []
-        for j, v in enumerate(key):
+        for j, value in enumerate(self._values):
+            v = value(key)
             if self._pinned[j] or type(v) is not int:
                 out.append(("=", v))
-            else:
+            elif cells[j]:
                 out.append(bisect.bisect_right(cells[j], v))
         if self.record_buckets:
             out.append(tuple(pow2_bucket(v) if type(v) is int and v >= 1 else v for v in key))
         return tuple(out)
 
-    def cell(self, key: Sequence[Any], symbol: sympy.Symbol) -> Range | None:
-        """The values of ``symbol`` in ``key``'s class (an end far off where it is unbounded); None for
-        a symbol the binder does not read, or a value that is no int."""
-        j = self._index.get(symbol)
+    def cell(self, key: Sequence[Any], expr: Any) -> Range | None:
+        """The values of the size ``expr`` (a symbol or a product) in ``key``'s class (an end far
+        off where it is unbounded); None for a size of no coordinate, or a value that is no int.
+        A product's cell is its own: its symbols' cells do not bound it (nor it them)."""
+        j = self._coord(expr, make=False)
         if j is None:
-            return None  # a symbol the binder does not read: never free
-        v = key[j]
+            return None
+        v = self._values[j](key)
         if type(v) is not int:
             return None
         if self._pinned[j]:
@@ -214,16 +268,15 @@ class ShapeClasses:
         hi = cuts[at] - 1 if at < len(cuts) else 1 << 62
         return (lo, hi)
 
-    def admits(self, key: Sequence[Any], single: Iterable[sympy.Symbol],
-               ranges: Mapping[sympy.Symbol, Range]) -> bool:
-        """Whether in ``key``'s class every symbol of ``single`` has one value and each symbol of
+    def admits(self, key: Sequence[Any], single: Iterable[Any], ranges: Mapping[Any, Range]) -> bool:
+        """Whether in ``key``'s class every size of ``single`` has one value and each size of
         ``ranges`` stays inside its range: what a bound kernel needs to serve the whole class."""
-        for s in single:
-            c = self.cell(key, s)
+        for e in single:
+            c = self.cell(key, e)
             if c is None or c[0] != c[1]:
                 return False
-        for s, (lo, hi) in ranges.items():
-            c = self.cell(key, s)
+        for e, (lo, hi) in ranges.items():
+            c = self.cell(key, e)
             if c is None or c[0] < lo or c[1] > hi:
                 return False
         return True
@@ -257,9 +310,10 @@ def shape_classes(symbols: Sequence[sympy.Symbol], nodes: Iterable[tuple[fx.Node
 def _node_cells(classes: ShapeClasses, node: fx.Node, syms: set, entries: list[Any], known: set) -> None:
     inputs, outputs = node_tensors(node)
     for e in entries:
-        bound = read_sizes([*inputs, *outputs], (*e.spec.inputs, *e.spec.outputs))
-        if bound is None:
+        read = read_sizes([*inputs, *outputs], (*e.spec.inputs, *e.spec.outputs))
+        if read is None:
             continue  # never this node's, at any size
+        bound, sizes = read
         if not syms <= bound.keys() or not syms <= known:
             classes.pin(syms)
             return
@@ -267,32 +321,33 @@ def _node_cells(classes: ShapeClasses, node: fx.Node, syms: set, entries: list[A
             spec = build_spec(node, {s: sympy.Integer(v) for s, v in bound.items()})
         except (TypeError, ValueError):
             spec = None
-        if spec is None:
-            continue
-        _entry_cells(classes, spec, e, syms, bound, {"in": inputs, "out": outputs})
+        if spec is not None:
+            _entry_cells(classes, spec, e, sizes, {"in": inputs, "out": outputs})
 
 
 def _region_cells(classes: ShapeClasses, region: Region, syms: set, entries: list[Any], known: set) -> None:
     tensors = region_tensors(region)
     for e in entries:
-        bound = read_sizes([*tensors["in"], *tensors["out"]], (*e.spec.inputs, *e.spec.outputs))
-        if bound is None:
+        read = read_sizes([*tensors["in"], *tensors["out"]], (*e.spec.inputs, *e.spec.outputs))
+        if read is None:
             continue
+        bound, sizes = read
         if not syms <= bound.keys() or not syms <= known:
             classes.pin(syms)
             return
         spec = region_spec(region, {s: sympy.Integer(v) for s, v in bound.items()})
         if spec is not None:
-            _entry_cells(classes, spec, e, syms, bound, tensors)
+            _entry_cells(classes, spec, e, sizes, tensors)
 
 
-def _entry_cells(classes: ShapeClasses, spec: Any, e: Any, syms: set, bound: dict, tensors: Mapping[str, Any]) -> None:
-    """The cells entry ``e`` draws for a node or region whose spec at the sizes ``bound`` (read
-    back off ``e``) is ``spec``: the point of an exact entry, the box of a bucket."""
+def _entry_cells(classes: ShapeClasses, spec: Any, e: Any, sizes: dict, tensors: Mapping[str, Any]) -> None:
+    """The cells entry ``e`` draws for a node or region whose spec is ``spec`` where its symbolic
+    sizes have the values ``sizes`` (read back off ``e``): the point of an exact entry, the box of
+    a bucket (its other sizes at their values)."""
     bucket = e.bucket
     if bucket is None:
         if spec.key == e.key:
-            classes.isolate({s: bound[s] for s in syms})
+            classes.isolate(sizes)
         return
     varied = bucket_symbols(tensors, bucket.dims, bucket.ranges)
     if varied is None:
@@ -302,6 +357,6 @@ def _entry_cells(classes: ShapeClasses, spec: Any, e: Any, syms: set, bound: dic
     except (ValueError, IndexError):
         same = False
     if same:
-        for s, (lo, hi) in varied.items():
-            classes.cut(s, lo, hi)
-        classes.isolate({s: bound[s] for s in syms - varied.keys()})
+        for size, (lo, hi) in varied.items():
+            classes.cut(size, lo, hi)
+        classes.isolate({size: v for size, v in sizes.items() if size not in varied})
