@@ -14,11 +14,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_testing import assert_bucket_valid  # noqa: E402
+from kernel_testing import assert_bucket_valid, compile_sm90  # noqa: E402
 
 from torch_kernelize.compiling.bucket_lookup import region_bucket_sizes
 from torch_kernelize.compiling.regions import find_regions, region_spec
 from torch_kernelize.core import targets
+from torch_kernelize.core.buckets import instantiate, spec_at
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.fused import FAMILY
@@ -150,3 +151,30 @@ def test_what_a_bucket_of_a_region_refuses_and_why():
     spec, dims = bucketed_region(swish_mul_add, _x(4, 8, 48), _x(4, 8, 1), _x(48), vary=(4, 8))
     assert FAMILY.bucket_support(spec, dims) is None
     assert "input 1 dim 2 varies but broadcasts" in FAMILY.bucket_support(spec, dims + (("in", 1, 2, 1),))
+
+
+def test_bucketed_region_kernels_compile_for_sm90(tmp_path):
+    """Real GPU code: the run-time rows or elements are an i32 argument of the compiled binary."""
+    rms, rms_dims = bucketed_region(rmsnorm, _x(64, 8, 4096, dtype=BF16), _x(4096, dtype=BF16), vary=(64, 8))
+    pw, pw_dims = bucketed_region(swish_mul_add, _x(16, 24, 256, dtype=F16), _x(16, 24, 1, dtype=F16),
+                                  _x(256, dtype=F16), vary=(16, 24))
+    for spec, dims in ((rms, rms_dims), (pw, pw_dims)):
+        program = FAMILY.generate_bucketed(spec, FAMILY.seed_configs(spec)[0], dims)
+        assert program.launches[0].args[-1][0] == "i32"
+        compile_sm90(spec, program, tmp_path)
+
+
+def test_int64_indexing_is_decided_at_the_representative():
+    """A bucket whose upper edge passes int32 offsets indexes in int64 at every size; one that does
+    not, in int32. The size argument is i64 where the size itself can pass int32 (the elements,
+    not the rows: 2^26 rows of 48)."""
+    rms = bucketed_region(rmsnorm, _x(4, 8, 48), _x(48), vary=(4, 8))
+    pw = bucketed_region(swish_mul_add, _x(4, 8, 48), _x(4, 8, 1), _x(48), vary=(4, 8))
+    for (spec, dims), size_type in ((rms, "i32"), (pw, "i64")):
+        config = FAMILY.seed_configs(spec)[0].replace(ALIGN=False)  # (the alignment test casts pointers)
+        small = FAMILY.generate_bucketed(spec, config, dims)
+        huge = FAMILY.generate_bucketed(spec_at(spec, dims, (1 << 16, 1 << 10)), config, dims)
+        assert ".to(tl.int64)" not in small.source and small.launches[0].args[-1][0] == "i32"
+        assert ".to(tl.int64)" in huge.source and huge.launches[0].args[-1][0] == size_type
+        (launch,) = instantiate(huge, (3, 5)).launches
+        assert launch.args[-1][1] == 15 * (1 if "n_rows" in huge.source else 48)
