@@ -78,6 +78,8 @@ ROWWISE = {
     "rmsnorm-f16": (rmsnorm, lambda: (_x(4, 8, 48, dtype=F16), _x(48, dtype=F16)), (4, 8), ((3, 4), (5, 8))),
     "layernorm-bf16-seq-only": (layernorm_manual, lambda: (_x(3, 8, 40, dtype=BF16), _x(40, dtype=BF16),
                                                            _x(40, dtype=BF16)), (8,), ((5, 8),)),
+    # the rows are the one variable itself ("v0")
+    "rmsnorm-2d": (rmsnorm, lambda: (_x(8, 40), _x(40)), (8,), ((5, 8),)),
     # the mask varies with the rows as the scores do
     "masked-softmax": (masked_softmax, lambda: (_x(4, 6, 24), _x(4, 6, 24)), (4, 6), ((3, 4), (4, 6))),
 }
@@ -104,6 +106,8 @@ POINTWISE = {
     # z a bias over the hidden size, y one value per row: read at idx % H and idx // H
     "bias-and-rows": (swish_mul_add, lambda: (_x(4, 8, 48, dtype=F16), _x(4, 8, 1, dtype=F16), _x(48, dtype=F16)),
                       (4, 8), ((3, 4), (5, 8))),
+    # a flat run: the number of elements is the one variable itself ("v0")
+    "one-dim": (swish_mul_add, lambda: (_x(300), _x(300), _x(1)), (300,), ((129, 300),)),
     # the batch varies, the sequence not: y is broadcast over the batch, a static run inside it
     "broadcast-over-the-batch": (swish_mul_add, lambda: (_x(4, 8, 40), _x(8, 40), _x(1)), (4,), ((3, 4),)),
 }

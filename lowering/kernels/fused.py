@@ -1243,28 +1243,29 @@ def _iteration_vars(spec: KernelSpec, plan: _Plan, dims: Sequence[tuple[str, int
     return var_of
 
 
-def _rowwise_bucket(plan: _Plan, var_of: dict[int, int]) -> Any:
-    """The number of rows (a SizeExpr) of a rowwise region whose leading dims vary, or why not."""
+def _rowwise_bucket(plan: _Plan, var_of: dict[int, int]) -> tuple[str | None, Any]:
+    """(None, the number of rows as a SizeExpr) of a rowwise region whose leading dims vary, or
+    (why not, None)."""
     last = len(plan.shape) - 1
     if last in var_of:
-        return f"the row length (dim {last}, reduced) varies: it is literal in the kernel"
+        return f"the row length (dim {last}, reduced) varies: it is literal in the kernel", None
     problem = rowwise_bucket_problem(plan)
     if problem is not None:
-        return problem
-    return product([f"v{var_of[k]}" if k in var_of else plan.shape[k] for k in range(last)])
+        return problem, None
+    return None, product([f"v{var_of[k]}" if k in var_of else plan.shape[k] for k in range(last)])
 
 
-def _pointwise_bucket(plan: _Plan, var_of: dict[int, int]) -> Any:
-    """The number of elements (a SizeExpr) of a pointwise region, or why it cannot be a run-time
-    size: the flat walk splits its index over its (merged) sizes, and only the outermost one is
+def _pointwise_bucket(plan: _Plan, var_of: dict[int, int]) -> tuple[str | None, Any]:
+    """(None, the number of elements as a SizeExpr) of a pointwise region, or (why it cannot be a
+    run-time size, None): the flat walk splits its index over its (merged) sizes, and only the outermost one is
     never taken modulo its size, so every varying dim must be merged into it."""
     if cut := sorted(n.cat[0] for n in plan.nodes if n.cat and n.cat[0] in var_of):
-        return f"the cat dim {cut[0]} varies: the pieces' bounds are literal in the kernel"
+        return f"the cat dim {cut[0]} varies: the pieces' bounds are literal in the kernel", None
     top = max(var_of)
     if math.prod(plan.flat_sizes[1:]) != math.prod(plan.shape[top + 1:]):
         return ("the varying dims do not merge into one run in every tensor (an input broadcast across them, "
-                "or a cat dim inside them): the walk's inner sizes are literal")
-    return product([f"v{var_of[k]}" if k in var_of else size for k, size in enumerate(plan.shape)])
+                "or a cat dim inside them): the walk's inner sizes are literal"), None
+    return None, product([f"v{var_of[k]}" if k in var_of else size for k, size in enumerate(plan.shape)])
 
 
 # --- configs -----------------------------------------------------------------------------------
@@ -1393,16 +1394,17 @@ class FusedRegionFamily(KernelFamily):
                              f"fused_{plan.kind}_kernel")
 
     # --- shape buckets ------------------------------------------------------------------------
-    def _bucket(self, spec: KernelSpec, dims: Sequence[tuple[str, int, int, int]]) -> Any:
-        """The run-time size of a bucketed region (rowwise: its rows; pointwise: its elements) as
-        a SizeExpr, or why the region cannot take the sizes of ``dims`` at run time."""
+    def _bucket(self, spec: KernelSpec, dims: Sequence[tuple[str, int, int, int]]) -> tuple[str | None, Any]:
+        """(None, the run-time size of a bucketed region as a SizeExpr: rowwise, its rows;
+        pointwise, its elements), or (why the region cannot take the sizes of ``dims`` at run
+        time, None). (A SizeExpr may itself be a string, "v0".)"""
         problem = self.supports(spec) or unbucketable(spec, dims)
         if problem is not None:
-            return problem
+            return problem, None
         plan = self.plan(spec)[0]
         var_of = _iteration_vars(spec, plan, dims)
         if isinstance(var_of, str):
-            return var_of
+            return var_of, None
         return (_rowwise_bucket if plan.kind == "rowwise" else _pointwise_bucket)(plan, var_of)
 
     def bucket_support(self, spec: KernelSpec, dims: Sequence[tuple[str, int, int, int]]) -> str | None:
@@ -1410,16 +1412,15 @@ class FusedRegionFamily(KernelFamily):
         merge into the outermost run of the flat walk (inputs of the output's shape, one element,
         a static trailing bias or one value per row). Every tensor spanning a varying dim varies
         with it, contiguous, in inputs, outputs and the graph's node values alike."""
-        got = self._bucket(spec, dims)
-        return got if isinstance(got, str) else None
+        return self._bucket(spec, dims)[0]
 
     def generate_bucketed(self, spec: KernelSpec, config: Config,
                           dims: Sequence[tuple[str, int, int, int]]) -> KernelProgram:
         """The kernel of ``generate`` with the number of rows (rowwise) or elements (pointwise) a
         run-time argument; int64 indexing is decided at the representative, the bucket's largest."""
-        size = self._bucket(spec, dims)
-        if isinstance(size, str):
-            raise ValueError(f"{spec.describe()} cannot be bucketed: {size}")
+        problem, size = self._bucket(spec, dims)
+        if problem is not None:
+            raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
         plan, graph = self.checked_plan(spec, config)
         runtime = {"runtime_rows" if plan.kind == "rowwise" else "runtime_elements": size}
         return generate_plan(plan, graph, config, region_header(graph, spec.inputs, spec.outputs),
