@@ -1257,8 +1257,8 @@ def _rowwise_bucket(plan: _Plan, var_of: dict[int, int]) -> tuple[str | None, An
 
 def _pointwise_bucket(plan: _Plan, var_of: dict[int, int]) -> tuple[str | None, Any]:
     """(None, the number of elements as a SizeExpr) of a pointwise region, or (why it cannot be a
-    run-time size, None): the flat walk splits its index over its (merged) sizes, and only the outermost one is
-    never taken modulo its size, so every varying dim must be merged into it."""
+    run-time size, None): the flat walk splits its index over its (merged) sizes, and only the
+    outermost one is never taken modulo its size, so every varying dim must be merged into it."""
     if cut := sorted(n.cat[0] for n in plan.nodes if n.cat and n.cat[0] in var_of):
         return f"the cat dim {cut[0]} varies: the pieces' bounds are literal in the kernel", None
     top = max(var_of)
