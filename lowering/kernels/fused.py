@@ -38,7 +38,9 @@ correct for every pointer, vectorized for the usual allocator-aligned one.
 
 The LayerNorm family (layernorm.py) builds a rowwise graph for native_layer_norm and uses the
 same planner and emitter; for a shape bucket the rowwise emitter takes the number of rows at run
-time (``generate_plan``'s ``runtime_rows``). Regions themselves are served by exact shape only.
+time (``generate_plan``'s ``runtime_rows``). A region in a shape bucket takes its rows (rowwise) or
+its number of elements (pointwise) at run time likewise: the same kernel, the varying size an
+argument (``bucket_support``).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ import torch
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, next_pow2, unique
 from torch_kernelize.lowering.kernels.elementwise import HELPERS, OPS, PointwiseOp
+from torch_kernelize.core.buckets import product, unbucketable
 from torch_kernelize.core.program import KernelProgram, Launch
 from torch_kernelize.core.region_graph import node_ref
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
@@ -745,6 +748,14 @@ class _Emitter:
 
 
 class _PointwiseEmitter(_Emitter):
+    """``runtime_elements``: a bucketed kernel's number of elements as a SizeExpr (core/buckets.py);
+    the kernel then takes it as the argument ``n_elements``, masks every block, and the outermost
+    dim of the flat walk (which holds every varying dim) is never reduced modulo its size."""
+    runtime_elements: Any = None
+
+    def params(self) -> list[str]:
+        return super().params() + ([] if self.runtime_elements is None else ["n_elements"])
+
     def program(self, graph_nodes: list[dict[str, Any]]) -> KernelProgram:
         self.graph_nodes = graph_nodes
         p, s = self.p, self.s
@@ -761,14 +772,19 @@ class _PointwiseEmitter(_Emitter):
                 continue
             t.cls = "scalar" if off == "0" else "block"
             t.hint = off == "idx" and (block * _itemsize(t.meta.dtype)) % 16 == 0
-        self.masked = numel % block != 0
+        self.masked = numel % block != 0 or self.runtime_elements is not None
         self.module_head()
-        s(f"# {numel} elements walked in the first output's memory order over sizes {list(sizes)};",
+        count = f"{numel}" if self.runtime_elements is None else f"n_elements (a run-time size, at most {numel})"
+        s(f"# {count} elements walked in the first output's memory order over sizes {list(sizes)};",
           "# strides: " + ", ".join(f"{t.name} {list(t.strides)}" for t in p.outputs + p.inputs))
         self.wrap(["BLOCK"], self.body)
-        launch = Launch(self.kname, (-(-numel // block),),
-                        tuple(("in", i) for i in range(len(p.inputs))) + tuple(("out", k) for k in range(len(p.outputs))),
-                        {"BLOCK": block}, num_warps=warps, num_stages=1)
+        args = tuple(("in", i) for i in range(len(p.inputs))) + tuple(("out", k) for k in range(len(p.outputs)))
+        sizes = {}
+        if self.runtime_elements is not None:
+            args += (("i64" if self.wide else "i32", numel),)
+            sizes = {"grid": [["cdiv", self.runtime_elements, block]], "args": {str(len(args) - 1): self.runtime_elements}}
+        launch = Launch(self.kname, (-(-numel // block),), args, {"BLOCK": block}, num_warps=warps, num_stages=1,
+                        runtime_sizes=sizes)
         return KernelProgram(s.text(), (launch,))
 
     def pointer(self, t: _Tensor, hinted: bool) -> str:
@@ -783,7 +799,7 @@ class _PointwiseEmitter(_Emitter):
         s(f"idx = pid{'.to(tl.int64)' if self.wide else ''} * BLOCK + tl.arange(0, BLOCK)")
         mask = ""
         if self.masked:
-            s(f"mask = idx < {math.prod(p.flat_sizes)}")
+            s(f"mask = idx < {math.prod(p.flat_sizes) if self.runtime_elements is None else 'n_elements'}")
             mask = ", mask=mask"
         for line in self.coord_lines:
             s(line)
@@ -1155,9 +1171,11 @@ def region_header(graph: dict[str, Any], inputs: Sequence[TensorMeta], outputs: 
 
 
 def generate_plan(plan: _Plan, graph: dict[str, Any], config: Config, header: str, kname: str,
-                  runtime_rows: Any = None) -> KernelProgram:
+                  runtime_rows: Any = None, runtime_elements: Any = None) -> KernelProgram:
     """The program of an analysed plan. ``runtime_rows`` (rowwise plans whose ``rowwise_bucket_problem``
-    is None): the number of rows as a SizeExpr of a shape bucket's variables, taken at run time."""
+    is None): the number of rows as a SizeExpr of a shape bucket's variables, taken at run time;
+    ``runtime_elements`` (pointwise plans whose varying dims merge into the flat walk's outermost
+    dim, see ``_pointwise_bucket``): the number of elements, likewise."""
     # the emitters note offsets and alignment (per config) on the plan's tensors: they work on a
     # copy, so the plan the family keeps for a spec stays as analysed
     plan = copy.deepcopy(plan)
@@ -1166,6 +1184,10 @@ def generate_plan(plan: _Plan, graph: dict[str, Any], config: Config, header: st
         if plan.kind != "rowwise" or rowwise_bucket_problem(plan) is not None:
             raise ValueError(f"rows at run time: {rowwise_bucket_problem(plan) or 'not a rowwise plan'}")
         emitter.runtime_rows = runtime_rows
+    if runtime_elements is not None:
+        if plan.kind != "pointwise":
+            raise ValueError("elements at run time: not a pointwise plan")
+        emitter.runtime_elements = runtime_elements
     return emitter.program(graph["nodes"])
 
 
@@ -1176,6 +1198,74 @@ def rowwise_bucket_problem(plan: _Plan) -> str | None:
     if len(plan.lead_sizes) > 1:
         return "the rows are not one strided run in every tensor"
     return None
+
+
+# --- shape buckets -----------------------------------------------------------------------------
+
+def _what(side: str, i: int) -> str:
+    return f"region node {i}'s value" if side == "node" else f"{side}put {i}"
+
+
+def _iteration_vars(spec: KernelSpec, plan: _Plan, dims: Sequence[tuple[str, int, int, int]]) -> dict[int, int] | str:
+    """Which dims of the region's iteration shape vary, and with which variable: every varying dim
+    of an input, an output or a graph node's value, aligned with the iteration shape from the
+    right (as it broadcasts); or why ``dims`` do not make one iteration shape vary. Each tensor
+    that spans a varying dim must vary with it (else its size would stay the representative's)."""
+    shape = plan.shape
+    nodes = json.loads(spec.graph)["nodes"]
+    metas = {"in": list(spec.inputs), "out": list(spec.outputs),
+             "node": [TensorMeta.from_json(n["meta"]) if isinstance(n.get("meta"), dict) else None for n in nodes]}
+    var_of: dict[int, int] = {}
+    listed = set()
+    for side, i, d, v in dims:
+        m = metas[side][i]
+        k = d + len(shape) - len(m.shape)
+        if k < 0 or m.shape[d] != shape[k]:
+            return f"{_what(side, i)} dim {d} varies but broadcasts over the region's iteration shape {list(shape)}"
+        if var_of.setdefault(k, v) != v:
+            return f"dim {k} of the region's iteration shape varies with two variables (v{var_of[k]} and v{v})"
+        listed.add((side, i, d))
+    for side, ms in metas.items():
+        for i, m in enumerate(ms):
+            if m is None:
+                continue
+            for d, size in enumerate(m.shape):
+                k = d + len(shape) - len(m.shape)
+                if k in var_of and size == shape[k] != 1 and (side, i, d) not in listed:
+                    return (f"{_what(side, i)} dim {d} spans varying dim {k} of the region but is not a bucket dim "
+                            f"(v{var_of[k]}): its size would stay {size}")
+    for j, n in enumerate(nodes):
+        if not isinstance(n.get("meta"), dict):
+            return f"region node {j} ({n['op']}) has several outputs: their sizes are not bucketed"
+        if n["op"] == EXPAND_OP and metas["node"][j] is not None and any(
+                d + len(shape) - len(metas["node"][j].shape) in var_of for d in range(len(metas["node"][j].shape))):
+            return f"region node {j} (expand) varies: its sizes are literal in its arguments"
+    return var_of
+
+
+def _rowwise_bucket(plan: _Plan, var_of: dict[int, int]) -> tuple[str | None, Any]:
+    """(None, the number of rows as a SizeExpr) of a rowwise region whose leading dims vary, or
+    (why not, None)."""
+    last = len(plan.shape) - 1
+    if last in var_of:
+        return f"the row length (dim {last}, reduced) varies: it is literal in the kernel", None
+    problem = rowwise_bucket_problem(plan)
+    if problem is not None:
+        return problem, None
+    return None, product([f"v{var_of[k]}" if k in var_of else plan.shape[k] for k in range(last)])
+
+
+def _pointwise_bucket(plan: _Plan, var_of: dict[int, int]) -> tuple[str | None, Any]:
+    """(None, the number of elements as a SizeExpr) of a pointwise region, or (why it cannot be a
+    run-time size, None): the flat walk splits its index over its (merged) sizes, and only the
+    outermost one is never taken modulo its size, so every varying dim must be merged into it."""
+    if cut := sorted(n.cat[0] for n in plan.nodes if n.cat and n.cat[0] in var_of):
+        return f"the cat dim {cut[0]} varies: the pieces' bounds are literal in the kernel", None
+    top = max(var_of)
+    if math.prod(plan.flat_sizes[1:]) != math.prod(plan.shape[top + 1:]):
+        return ("the varying dims do not merge into one run in every tensor (an input broadcast across them, "
+                "or a cat dim inside them): the walk's inner sizes are literal"), None
+    return None, product([f"v{var_of[k]}" if k in var_of else size for k, size in enumerate(plan.shape)])
 
 
 # --- configs -----------------------------------------------------------------------------------
@@ -1302,6 +1392,39 @@ class FusedRegionFamily(KernelFamily):
         plan, graph = self.checked_plan(spec, config)
         return generate_plan(plan, graph, config, region_header(graph, spec.inputs, spec.outputs),
                              f"fused_{plan.kind}_kernel")
+
+    # --- shape buckets ------------------------------------------------------------------------
+    def _bucket(self, spec: KernelSpec, dims: Sequence[tuple[str, int, int, int]]) -> tuple[str | None, Any]:
+        """(None, the run-time size of a bucketed region as a SizeExpr: rowwise, its rows;
+        pointwise, its elements), or (why the region cannot take the sizes of ``dims`` at run
+        time, None). (A SizeExpr may itself be a string, "v0".)"""
+        problem = self.supports(spec) or unbucketable(spec, dims)
+        if problem is not None:
+            return problem, None
+        plan = self.plan(spec)[0]
+        var_of = _iteration_vars(spec, plan, dims)
+        if isinstance(var_of, str):
+            return var_of, None
+        return (_rowwise_bucket if plan.kind == "rowwise" else _pointwise_bucket)(plan, var_of)
+
+    def bucket_support(self, spec: KernelSpec, dims: Sequence[tuple[str, int, int, int]]) -> str | None:
+        """Rowwise regions vary in their rows (leading dims) only; pointwise regions in dims that
+        merge into the outermost run of the flat walk (inputs of the output's shape, one element,
+        a static trailing bias or one value per row). Every tensor spanning a varying dim varies
+        with it, contiguous, in inputs, outputs and the graph's node values alike."""
+        return self._bucket(spec, dims)[0]
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config,
+                          dims: Sequence[tuple[str, int, int, int]]) -> KernelProgram:
+        """The kernel of ``generate`` with the number of rows (rowwise) or elements (pointwise) a
+        run-time argument; int64 indexing is decided at the representative, the bucket's largest."""
+        problem, size = self._bucket(spec, dims)
+        if problem is not None:
+            raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
+        plan, graph = self.checked_plan(spec, config)
+        runtime = {"runtime_rows" if plan.kind == "rowwise" else "runtime_elements": size}
+        return generate_plan(plan, graph, config, region_header(graph, spec.inputs, spec.outputs),
+                             f"fused_{plan.kind}_kernel", **runtime)
 
 
 FAMILY = FusedRegionFamily()
