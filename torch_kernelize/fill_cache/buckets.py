@@ -156,13 +156,16 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
                              "no other dim of the example inputs has")
         example[size] = d
         inputs[d.input] = _resized(inputs[d.input], d.dim, size)
-        torch._dynamo.mark_dynamic(inputs[d.input], d.dim % inputs[d.input].dim())
     model = model.to(device)
     inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
     session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=None), target)
     graphs: list[Any] = []
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    # traced as serving traces it (dynamic=True: every input dim a symbol, and Python floats such
+    # as a norm's eps graph inputs), so that the specs filled are the ones served; the symbols of
+    # dims that no --dynamic names stay at their traced sizes in the buckets
+    compiled = torch.compile(model, dynamic=True,
+                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
     with torch.no_grad():
         compiled(*inputs)
     torch._dynamo.reset()
@@ -182,7 +185,9 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
                     found = bucket_sizes(node) if node is not None and dec.spec is not None else None
                 if found is None:
                     continue
-                dims, sizes = found
+                dims, sizes = _dynamic_only(*found, bindings, example)
+                if not dims:
+                    continue
                 ranges = [boundaries.covering(*span) if span is not None else []
                           for span in (_span(e, bindings, example) for e in sizes)]
                 if all(ranges):
@@ -191,14 +196,25 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
     return list(works.values())
 
 
+def _dynamic_only(dims: tuple[Dim, ...], sizes: tuple[Any, ...], bindings: dict,
+                  example: dict[int, DynamicDim]) -> tuple[tuple[Dim, ...], tuple[Any, ...]]:
+    """``dims`` without the variables whose size has no --dynamic symbol (each is known by its
+    traced size): those stay at their traced sizes; the others are numbered again."""
+    keep = [v for v, e in enumerate(sizes) if any(example.get(bindings.get(s)) for s in e.free_symbols)]
+    new = {v: k for k, v in enumerate(keep)}
+    return (tuple((side, i, d, new[v]) for side, i, d, v in dims if v in new), tuple(sizes[v] for v in keep))
+
+
 def _span(size: Any, bindings: dict, example: dict[int, DynamicDim]) -> Range | None:
     """The sizes ``size`` (a size symbol, or a product of them and a positive integer: it grows
-    with each) takes as its symbols range over their --dynamic ranges; None when a symbol is no
-    --dynamic dim (each is known by its traced size)."""
+    with each) takes as its --dynamic symbols range over their ranges, the others at their traced
+    sizes (each symbol is known by its traced size); None when it has no --dynamic symbol."""
     dyn = {s: example.get(bindings.get(s)) for s in size.free_symbols}
-    if any(d is None for d in dyn.values()):
+    if not any(dyn.values()):
         return None
-    return int(size.subs({s: d.lo for s, d in dyn.items()})), int(size.subs({s: d.hi for s, d in dyn.items()}))
+    fixed = {s: int(bindings[s]) for s, d in dyn.items() if d is None}
+    return (int(size.subs({**fixed, **{s: d.lo for s, d in dyn.items() if d}})),
+            int(size.subs({**fixed, **{s: d.hi for s, d in dyn.items() if d}})))
 
 
 def work_from_repro(spec: KernelSpec, meta: dict[str, Any], source: str, boundaries: Boundaries) -> list[BucketWork]:
