@@ -337,9 +337,10 @@ class LoweredGraph:
         if base is None:
             return None
 
-        def make(values: tuple[int, ...]) -> TritonCall:
+        def make(values: tuple[int, ...]) -> TritonCall:  # (a new size: no code generated, no key hashed)
             spec = spec_at(entry.spec, bucket.dims, values)
-            return self.triton_call(spec, bucket_runner(spec, bucket.dims, base), entry.key)
+            return self.triton_call(spec, bucket_runner(spec, bucket.dims, base, values, direct=False), entry.key,
+                                    f"triton_{spec.short_name}_bucket_{entry.key[:8]}_{'x'.join(map(str, values))}")
         return BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make), varied
 
     def _share(self, spec: Specialization, decisions: list[Decision], regions: list[Decision],
@@ -455,15 +456,16 @@ class LoweredGraph:
                              bucket_dims=self._buckets.miss_dims.get(d.spec_key) if self._buckets else None)
         return out
 
-    def triton_call(self, spec: KernelSpec, runner: Callable, entry_key: str | None = None) -> TritonCall:
+    def triton_call(self, spec: KernelSpec, runner: Callable, entry_key: str | None = None,
+                    name: str | None = None) -> TritonCall:
         """The call of a loaded kernel in this graph (a checked one in check mode). Its health is
         its entry's (``entry_key``: a shape bucket's kernel that fails is disabled for the bucket)."""
         state = self.session.kernel_state(entry_key or spec.key)
         if not self.session.options.check:
-            return TritonCall(spec, runner, state, self._on_kernel_failure)
+            return TritonCall(spec, runner, state, self._on_kernel_failure, name)
         family = family_for(spec)
         return CheckedTritonCall(spec, runner, state, self._on_kernel_failure,
-                                 family.resolve_ties if family is not None else None)
+                                 family.resolve_ties if family is not None else None, name)
 
     def _on_kernel_failure(self, call: TritonCall, why: str, tensors, kind: str) -> None:
         """A kernel raised (failure) or disagreed with the vendor op (mismatch): leave a repro,

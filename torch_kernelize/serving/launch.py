@@ -174,9 +174,10 @@ class ProgramRunner:
     """A loaded program for one spec: call it with the spec's input tensors."""
 
     def __init__(self, spec: KernelSpec, program: KernelProgram, kernels: Sequence[Any], backend: str,
-                 unaligned: Callable[[], Sequence[Any]] | None = None):
+                 unaligned: Callable[[], Sequence[Any]] | None = None, direct: bool = True):
         """``unaligned`` loads (once, on the first unaligned input) the launchers compiled without
-        the 16-byte alignment assumption (CUDA)."""
+        the 16-byte alignment assumption (CUDA). ``direct``: generate the CUDA hot path's function
+        (``direct``; a runner only ever called as a whole, like a bucket's per size, needs none)."""
         self.spec = spec
         self.program = program
         self.backend = backend
@@ -207,7 +208,7 @@ class ProgramRunner:
         self._unaligned_tried = False
         self._unaligned_plans: list | None = None
         self._unaligned_lock = threading.Lock()
-        self.direct = self._direct_call()
+        self.direct = self._direct_call() if direct else None
 
     def donating(self) -> "ProgramRunner | None":
         """This program writing its donated outputs into the caller's inputs and leaving out the

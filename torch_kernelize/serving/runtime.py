@@ -52,7 +52,7 @@ class TritonCall:
     disabled for the process and its node runs on the vendor op from then on: the answer stays right."""
 
     def __init__(self, spec: KernelSpec, runner: Callable, state: KernelState,
-                 on_failure: Callable | None = None):
+                 on_failure: Callable | None = None, name: str | None = None):
         self.spec = spec
         self.runner = runner
         self.state = state
@@ -61,7 +61,7 @@ class TritonCall:
         # certain: made by a vendor op, whose output strides can differ from its meta function's
         # (guard_vendor_layouts); such a call runs on the vendor op instead of misreading them
         self.layout_checks: tuple[tuple[int, tuple[int, ...]], ...] = ()
-        self.__name__ = f"triton_{spec.short_name}_{spec.key[:8]}"
+        self.__name__ = name or f"triton_{spec.short_name}_{spec.key[:8]}"
 
     def checking(self, inputs: Sequence[int]) -> "TritonCall":
         """This call checking that ``inputs`` arrive with the strides its kernel was built for."""
@@ -137,8 +137,8 @@ class CheckedTritonCall(TritonCall):
     equal element is as right as the vendor's."""
 
     def __init__(self, spec: KernelSpec, runner: Callable, state: KernelState,
-                 on_failure: Callable | None = None, resolve_ties: Callable | None = None):
-        super().__init__(spec, runner, state, on_failure)
+                 on_failure: Callable | None = None, resolve_ties: Callable | None = None, name: str | None = None):
+        super().__init__(spec, runner, state, on_failure, name)
         self.resolve_ties = resolve_ties
 
     def donating(self) -> None:
