@@ -269,7 +269,7 @@ class LoweredGraph:
                 lookups = self._buckets.lookups(lookups)
             decisions = self.plan.decide(bindings, lookups, resolve=False)
             runners = {}
-            calls: dict[str, tuple[BucketCall, dict]] = {}  # node -> its bucket's call, and its symbols' ranges
+            calls: dict[str, tuple[BucketCall, dict]] = {}  # node (or region) -> its bucket's call, and its sizes' ranges
             for i, d in enumerate(decisions):
                 if d.tier == "triton":
                     call = self._bucket_call(d) if self._buckets is not None else None

@@ -8,14 +8,20 @@ one bound graph serves both: vendor ops take their sizes from their inputs at ru
 kernel reads its sizes off its inputs (serving/bucket_call.py), and view folding leaves symbolic
 layouts alone.
 
-The class of a signature is read off a partition of each symbol's values, made once per graph
-from the cache listing it is planned against (``shape_classes``):
+The class of a signature is read off a partition of the values of its *coordinates*: each size
+symbol, and each product of them that is a size (under ``dynamic=True`` a GEMM's rows are
+``batch*seq``: its buckets bound the product, not either symbol). The partition is made once per
+graph from the cache listing it is planned against (``shape_classes``):
 
 - an exact entry of a node or region, at the sizes it was made for, isolates those sizes (a cell
-  of one value in each of the node's symbols);
-- a bucket entry cuts its variables' symbols at its edges and isolates the sizes it holds fixed;
+  of one value in each of its sizes);
+- a bucket entry cuts its variables' sizes at its edges and isolates the sizes it holds fixed;
 - a node or region with an entry whose sizes cannot be read back onto the graph's symbols pins
   its symbols (every value a class of its own).
+
+An entry whose sizes are read back imperfectly (a product's symbols that nothing else fixes are
+guessed, all but one set to 1) may fail to isolate its point; that signature is then served by
+its class's bucket kernels instead of the exact one: slower, never wrong.
 
 When misses are recorded, a class also holds each symbol's default recording bucket (pow2), so
 each recording bucket is planned, and its misses recorded, once.
