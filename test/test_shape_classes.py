@@ -121,26 +121,26 @@ def test_the_partition_cells_and_what_a_class_admits():
 
 
 def test_a_bucket_call_makes_one_checked_call_per_size():
+    from torch_kernelize.core.buckets import spec_at
+    from torch_kernelize.core.spec import KernelSpec
+    x8 = torch.randn(8, 16)
+    spec = KernelSpec.from_call(torch.ops.aten.sigmoid.default, [x8], {}, torch.sigmoid(x8))
+    dims = (("in", 0, 0, 0), ("out", 0, 0, 0))
     made = []
-
-    class Spec:
-        short_name, key = "sigmoid", "0" * 24
-
-        def __init__(self, rows):
-            self.inputs = (type("M", (), {"stride": (16, 1), "shape": (rows, 16)})(),)
 
     def make(values):
         made.append(values)
-        return TritonCall(Spec(values[0]), lambda x: x * 2, KernelState("k"))
+        return TritonCall(spec_at(spec, dims, values), lambda x: x * 2, KernelState("k"))
 
-    dims = (("in", 0, 0, 0), ("out", 0, 0, 0))
-    call = BucketCall(Spec(8), dims, KernelState("k"), make).checking([0])
+    call = BucketCall(spec, dims, KernelState("k"), make).checking([0])
     x = torch.randn(7, 16)
     torch.testing.assert_close(call(x), x * 2)
     call(torch.randn(7, 16))
     assert made == [(7,)] and call.sized((7,)).layout_checks == ((0, (16, 1)),)
+    assert call(x.t().contiguous().t()) is not None  # another layout: the vendor op (sigmoid)
+    torch.testing.assert_close(call(x.t().contiguous().t()), torch.sigmoid(x))
     with pytest.raises(ValueError, match="appears on no input"):
-        BucketCall(Spec(8), (("out", 0, 0, 0),), KernelState("k"), make)
+        BucketCall(spec, (("out", 0, 0, 0),), KernelState("k"), make)
 
 
 def test_sizes_that_are_products_of_symbols_are_coordinates_of_their_own():
@@ -210,3 +210,25 @@ def test_a_fused_region_from_its_bucket_serves_its_class_too(tmp_path, monkeypat
     assert region.entry.bucket is not None and region.entry.bucket.ranges == ((5, 8),)
     fused = [n.target for n in spec.gm.graph.nodes if isinstance(n.target, BucketCall) and n.target.spec.op == "region"]
     assert len(fused) == 1 and sorted(fused[0]._sized) == [(7,), (8,)]
+
+
+def test_a_bucket_kernel_that_fails_at_a_new_size_answers_with_the_vendor_op_at_that_size(tmp_path, monkeypatch):
+    """The size's call makes its spec only now (the vendor op's outputs take its sizes), and the
+    kernel is disabled for the whole bucket."""
+    _fill_bucket(tmp_path)
+    compiled, graphs = _serving(tmp_path)
+    with torch.no_grad():
+        x = torch.randn(7, 16)
+        torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+        import torch_kernelize.serving.launch as launch
+
+        def broken(self, *inputs):
+            raise RuntimeError("a launch failed")
+        monkeypatch.setattr(launch.ProgramRunner, "__call__", broken)
+        x = torch.randn(8, 16)
+        torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+    (g,) = graphs
+    call = next(n.target for n in _specialization(g, 8).gm.graph.nodes if isinstance(n.target, BucketCall))
+    eight = call.sized((8,))
+    assert eight.spec.inputs[0].shape == (8, 16) and "a launch failed" in (eight.state.disabled or "")
+    assert call.sized((7,)).state.disabled  # (one state: the bucket's)

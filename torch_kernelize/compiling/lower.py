@@ -17,10 +17,10 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize import flush_repros
-from torch_kernelize.core.buckets import pow2_bucket, spec_at
+from torch_kernelize.core.buckets import instantiate, metas_at, pow2_bucket, spec_at
 from torch_kernelize.core.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
-from torch_kernelize.serving.bucket_call import BucketCall, readable
+from torch_kernelize.serving.bucket_call import BucketCall, SizedCall, readable
 from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
@@ -337,10 +337,15 @@ class LoweredGraph:
         if base is None:
             return None
 
-        def make(values: tuple[int, ...]) -> TritonCall:  # (a new size: no code generated, no key hashed)
-            spec = spec_at(entry.spec, bucket.dims, values)
-            return self.triton_call(spec, bucket_runner(spec, bucket.dims, base, values, direct=False), entry.key,
-                                    f"triton_{spec.short_name}_bucket_{entry.key[:8]}_{'x'.join(map(str, values))}")
+        def make(values: tuple[int, ...]) -> TritonCall:
+            """A new size's call: its launch plan from the loaded runner (no code generated, no spec
+            made or hashed until something reads it)."""
+            runner = base.resized(instantiate(base.program, values), metas_at(entry.spec, bucket.dims, values))
+            name = f"triton_{entry.spec.short_name}_bucket_{entry.key[:8]}_{'x'.join(map(str, values))}"
+            if self.session.options.check:  # (a checked call runs the vendor op every time: it needs its spec)
+                return self.triton_call(spec_at(entry.spec, bucket.dims, values), runner, entry.key, name)
+            return SizedCall(lambda: spec_at(entry.spec, bucket.dims, values), runner,
+                             self.session.kernel_state(entry.key), self._on_kernel_failure, name)
         return BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make), varied
 
     def _share(self, spec: Specialization, decisions: list[Decision], regions: list[Decision],

@@ -174,6 +174,18 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def metas_at(spec: KernelSpec, dims: Sequence[Dim], values: Sequence[int], side: str = "out") -> tuple[TensorMeta, ...]:
+    """The inputs or outputs (``side``) of ``spec_at(spec, dims, values)``, without the rest of the spec."""
+    metas = _metas(spec, side)
+    shapes = [list(m.shape) for m in metas]
+    for s, i, d, v in dims:
+        if s == side:
+            shapes[i][d] = int(values[v])
+    varied = {i for s, i, _, _ in dims if s == side}
+    return tuple(TensorMeta(tuple(shapes[i]), contiguous_strides(shapes[i]), m.dtype, m.device) if i in varied else m
+                 for i, m in enumerate(metas))
+
+
 def spec_at(spec: KernelSpec, dims: Sequence[Dim], values: Sequence[int]) -> KernelSpec:
     """The concrete spec of ``spec`` with each variable set to ``values`` (contiguous strides)."""
     metas = {"in": [list(m.shape) for m in spec.inputs], "out": [list(m.shape) for m in spec.outputs]}

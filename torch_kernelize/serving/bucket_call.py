@@ -14,9 +14,29 @@ import copy
 import threading
 from typing import Any, Callable, Sequence
 
-from torch_kernelize.core.buckets import Dim
+from torch_kernelize.core.buckets import Dim, metas_at
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.serving.runtime import KernelState, TritonCall
+
+
+class SizedCall(TritonCall):
+    """One size's call of a bucket's kernel. Its spec, which only the vendor path, a failure's
+    record and layout checks read, is made when first asked for: a new size costs its launch
+    plan alone."""
+
+    def __init__(self, make_spec: Callable[[], KernelSpec], runner: Callable, state: KernelState,
+                 on_failure: Callable | None, name: str):
+        # (TritonCall's own __init__ would make the spec now)
+        self._make_spec, self._spec = make_spec, None
+        self.runner, self.state, self.on_failure = runner, state, on_failure
+        self.layout_checks = ()
+        self.__name__ = name
+
+    @property
+    def spec(self) -> KernelSpec:
+        if self._spec is None:
+            self._spec = self._make_spec()
+        return self._spec
 
 
 def readable(dims: Sequence[Dim]) -> bool:
@@ -42,6 +62,7 @@ class BucketCall(TritonCall):
                 first.setdefault(v, (i, d))
         reads = "".join(f"t[{i}].shape[{d}], " for i, d in (first[v] for v in sorted(first)))
         self._values = eval(f"lambda t: ({reads})")  # built from ints only
+        self._dims = tuple(dims)
         self._make = make
         self._sized: dict[tuple[int, ...], TritonCall] = {}
         self._lock = threading.Lock()
@@ -55,7 +76,9 @@ class BucketCall(TritonCall):
                 call = self._sized.get(values)
                 if call is None:
                     call = self._make(values)
-                    call.layout_checks = tuple((i, call.spec.inputs[i].stride) for i in self.layout_inputs)
+                    if self.layout_inputs:  # (the inputs' strides at these sizes, without the spec)
+                        metas = metas_at(self.spec, self._dims, values, "in")
+                        call.layout_checks = tuple((i, metas[i].stride) for i in self.layout_inputs)
                     self._sized[values] = call
         return call
 

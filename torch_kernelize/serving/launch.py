@@ -184,7 +184,7 @@ class ProgramRunner:
         self._kernels = list(kernels)  # one launchable per launch
         self._out_metas = spec.outputs
         self._tuple = spec.tuple_output
-        names = [program.kernel_arg_names(l.kernel) for l in program.launches]
+        self._names = names = [program.kernel_arg_names(l.kernel) for l in program.launches]
         # Pre-resolve each launch's argument list into (kind, value) pairs plus constexpr order.
         self._plans = [self._plan(l, n) for l, n in zip(program.launches, names)]
         # The hot path's view of the same: outputs to allocate, and (for CUDA) each launch's
@@ -209,6 +209,23 @@ class ProgramRunner:
         self._unaligned_plans: list | None = None
         self._unaligned_lock = threading.Lock()
         self.direct = self._direct_call() if direct else None
+
+    def resized(self, program: KernelProgram, outputs: Sequence[Any]) -> "ProgramRunner":
+        """This runner with ``program`` (its own, with other launch sizes: a shape bucket's at one
+        size, core/buckets.instantiate) and outputs of the sizes ``outputs`` (TensorMetas): the
+        same kernels, nothing loaded, parsed or generated, no direct function."""
+        runner = copy.copy(self)
+        runner.program = program
+        runner._out_metas = tuple(outputs)
+        runner._plans = [self._plan(l, n) for l, n in zip(program.launches, self._names)]
+        runner._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i)) for i, m in enumerate(outputs)]
+        if self.backend == "cuda":
+            runner._consts = ()
+            runner._cuda_plans = runner._cuda_plans_for(self._kernels)
+        runner._unaligned_tried, runner._unaligned_plans = False, None
+        runner._unaligned_lock = threading.Lock()
+        runner.direct = None
+        return runner
 
     def donating(self) -> "ProgramRunner | None":
         """This program writing its donated outputs into the caller's inputs and leaving out the
