@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kernel_testing import assert_bucket_valid
+from kernel_testing import assert_bucket_valid, compile_sm90
 from torch_kernelize.compiling.bucket_lookup import region_bucket_sizes
 from torch_kernelize.compiling.regions import find_regions, group_matmuls, region_spec
-from torch_kernelize.core.buckets import evaluate
+from torch_kernelize.core.buckets import evaluate, spec_at
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import get_target
 from torch_kernelize.lowering.kernels.base import Config
@@ -88,6 +88,18 @@ def test_the_fixed_size_group_kernel_is_unchanged_by_bucketing():
     assert not fixed.launches[0].runtime_sizes and "M = pid * 0 + 40" in fixed.source
     bucketed = FAMILY.generate_bucketed(spec, SMALL, dims)
     assert "M = pid * 0 + 40" not in bucketed.source and "tiles = mb * 2" in bucketed.source
+
+
+def test_bucketed_group_kernels_compile_for_sm90(tmp_path):
+    """Real GPU code, with int32 and (an upper edge of 2^27 rows) int64 offsets: M is an i32
+    argument of the binary and every member's first program is computed from it."""
+    spec, dims = bucketed_group(qkv, *CASES["qkv-f16-one-row-block"][1](), vary=(13,))
+    config = FAMILY.seed_configs(spec)[0]
+    for rep in (spec, spec_at(spec, dims, (1 << 27,))):
+        program = FAMILY.generate_bucketed(rep, config, dims)
+        assert program.launches[0].args[-1][0] == "i32"
+        assert (".to(tl.int64)" in program.source) == (rep is not spec)
+        compile_sm90(rep, program, tmp_path)
 
 
 def test_what_a_bucketed_group_refuses_and_why():

@@ -742,7 +742,8 @@ class _Gen:
         # M is a run-time value (``pid * 0 + m``: a tensor, which the if-blocks may rebind; a
         # literal would be a constexpr)
         for j, (member, ins, outs) in enumerate(zip(g.members, g.in_maps, g.out_maps)):
-            start = (f"{j} * tiles" if j else "pid * 0") if self.runtime_m else str(self.starts[j])
+            # (``pid * 0 + ``: every branch binds ``start`` with pid's type, int64 where it is wide)
+            start = f"pid * 0 + {j} * tiles" if self.runtime_m else str(self.starts[j])
             assign = [f"in{i}_ptr = g_in{ins[i]}_ptr" for i in local] + \
                      [f"out{o}_ptr = g_out{outs[o]}_ptr" for o in range(len(outs))] + \
                      ([] if self.runtime_m else [f"M = pid * 0 + {member.M}"]) + [f"start = {start}"]
