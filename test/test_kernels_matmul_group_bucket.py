@@ -143,26 +143,15 @@ def make():
 def test_fill_then_serve_runs_the_group_from_its_bucket(tmp_path):
     """q = Wq x, k = Wk x filled as a bucket of rows (``--dynamic 0:0:5-8``): a dynamic=True
     compile serves 5, 7 and 8 rows with the group on triton, from that bucket."""
-    import importlib.util
-
-    from torch_kernelize.backend import compile_with_session
-    from torch_kernelize.compiling.lower import Session
-    from torch_kernelize.core.options import Options
-    from torch_kernelize.fill_cache.cli import main as fill_main
+    from test_buckets import _fill, _serving
     from torch_kernelize.serving.bucket_call import BucketCall
 
     (tmp_path / "model.py").write_text(QK)
-    assert fill_main(["--target", "interpreter", "--cache-dir", str(tmp_path / "cache"), "--quiet", "--budget", "1",
-                      "--model", f"{tmp_path / 'model.py'}:make", "--dynamic", "0:0:5-8"]) == 0
-    spec_ = importlib.util.spec_from_file_location("qk_model", tmp_path / "model.py")
-    module = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(module)
-    model, _ = module.make()
-    opts = Options.resolve({"target": "interpreter", "cache_dir": str(tmp_path / "cache"), "repro_dir": "off",
-                            "graph_cache": "off"})
-    session, graphs = Session(opts), []
-    compiled = torch.compile(model, dynamic=True,
-                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    assert _fill(tmp_path, "--model", f"{tmp_path / 'model.py'}:make", "--dynamic", "0:0:5-8") == 0
+    made: dict = {}
+    exec(QK, made)
+    model, _ = made["make"]()
+    compiled, graphs = _serving(tmp_path, model)
     with torch.no_grad():
         for rows in (5, 7, 8):
             x = torch.randn(rows, 16)
@@ -175,3 +164,4 @@ def test_fill_then_serve_runs_the_group_from_its_bucket(tmp_path):
     calls = [n.target for s in served for n in s.gm.graph.nodes
              if isinstance(n.target, BucketCall) and n.target.spec.op == "region"]
     assert calls and all('"matmul_group"' in c.spec.graph for c in calls)
+    assert not list((tmp_path / "repros").glob("*")), "a size inside the filled bucket was recorded as a miss"
