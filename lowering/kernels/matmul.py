@@ -29,7 +29,10 @@ argument; the rows are always masked by it, the GROUP_M swizzle counts its row b
 and the grid is a size expression of it; bmm's batch is the grid's second axis. K and N (the
 weights) stay literals, so the K loop keeps its literal bounds. Every other decision (tile caps,
 int64 offsets, alignment hints) is taken at the bucket's upper edge, which holds for every
-smaller M; a contiguous [B, M, *] tensor's batch stride is written as a multiple of M.
+smaller M; a contiguous [B, M, *] tensor's batch stride is written as a multiple of M. A matmul
+group is bucketed when every member's M is the same variable (a layer's projections of the same
+tokens): every member then owns ``cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)`` programs, so the members'
+first programs and the grid are computed from M too.
 
 Epilogue (regions): node 0 is the matmul; the following nodes are pointwise ops on tensors of its
 shape (elementwise.OPS gives each node's expression). They run on the fp32 accumulator tile in
@@ -720,7 +723,8 @@ class _Gen:
     def group_program(self) -> KernelProgram:
         """One launch for every member: program ``pid`` finds its member (a chain of comparisons
         with the members' first programs), takes that member's pointers and M under the template's
-        names, and runs the GEMM body on its tile ``pid - start``."""
+        names, and runs the GEMM body on its tile ``pid - start``. Bucketed, M is the kernel's
+        argument (every member's) and the members' first programs are multiples of its tile count."""
         p, s, g = self.p, self.src, self.group
         s(cg.HEADER)
         ms = "M, a run-time size (one for every member)" if self.runtime_m else f"M = {[m.M for m in g.members]}"
@@ -739,8 +743,8 @@ class _Gen:
         if self.runtime_m:
             # every member has the run-time M rows: member j owns programs [j * tiles, (j + 1) * tiles)
             s(f"mb = (M + {self.bm - 1}) // BLOCK_M", f"tiles = mb * {self.nb}")
-        # M is a run-time value (``pid * 0 + m``: a tensor, which the if-blocks may rebind; a
-        # literal would be a constexpr)
+        # a fixed-size group's M is a run-time value too (``pid * 0 + m``: a tensor, which the
+        # if-blocks may rebind; a literal would be a constexpr)
         for j, (member, ins, outs) in enumerate(zip(g.members, g.in_maps, g.out_maps)):
             # (``pid * 0 + ``: every branch binds ``start`` with pid's type, int64 where it is wide)
             start = f"pid * 0 + {j} * tiles" if self.runtime_m else str(self.starts[j])
@@ -758,8 +762,7 @@ class _Gen:
         s.dedent()
         args = tuple(("in", i) for i in range(n_in)) + tuple(("out", o) for o in range(n_out))
         args += (("i32", p.M),) if self.runtime_m else ()
-        grid = (self.starts[-1],)
-        launch = Launch(f"region_group_{p.op}_kernel", grid, args,
+        launch = Launch(f"region_group_{p.op}_kernel", (self.starts[-1],), args,
                         {"BLOCK_M": self.bm, "BLOCK_N": self.bn, "BLOCK_K": self.bk, "GROUP_M": int(self.c["GROUP_M"])},
                         num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]),
                         runtime_sizes=self.runtime_sizes(len(args)))
