@@ -56,12 +56,18 @@ def biased_relu_pair(x, wq, bq, wk, bk):
     return torch.relu(F.linear(x, wq, bq)), torch.relu(F.linear(x, wk, bk))
 
 
+def residual_pair(x, wq, wk, r):
+    """An epilogue input of M rows (a residual), read by both members."""
+    return x @ wq.t() + r, x @ wk.t() + r
+
+
 CASES = {
     # name: (fn, inputs at the upper edge, the bucket of the rows)
     "qkv-f32": (qkv, lambda: (_x(40, 32), _x(24, 32), _x(24, 32), _x(24, 32)), (17, 40)),
     "qkv-f16-one-row-block": (qkv, lambda: (_x(13, 48, dtype=F16), *[_x(24, 48, dtype=F16) for _ in range(3)]), (9, 13)),
     "bias-relu-f16": (biased_relu_pair, lambda: (_x(40, 32, dtype=F16), _x(24, 32, dtype=F16), _x(24, dtype=F16),
                                                  _x(24, 32, dtype=F16), _x(24, dtype=F16)), (1, 40)),
+    "residual-f32": (residual_pair, lambda: (_x(36, 32), _x(24, 32), _x(24, 32), _x(36, 24)), (20, 36)),
 }
 
 
