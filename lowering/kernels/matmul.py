@@ -29,7 +29,10 @@ argument; the rows are always masked by it, the GROUP_M swizzle counts its row b
 and the grid is a size expression of it; bmm's batch is the grid's second axis. K and N (the
 weights) stay literals, so the K loop keeps its literal bounds. Every other decision (tile caps,
 int64 offsets, alignment hints) is taken at the bucket's upper edge, which holds for every
-smaller M; a contiguous [B, M, *] tensor's batch stride is written as a multiple of M.
+smaller M; a contiguous [B, M, *] tensor's batch stride is written as a multiple of M. A matmul
+group is bucketed when every member's M is the same variable (a layer's projections of the same
+tokens): every member then owns ``cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)`` programs, so the members'
+first programs and the grid are computed from M too.
 
 Epilogue (regions): node 0 is the matmul; the following nodes are pointwise ops on tensors of its
 shape (elementwise.OPS gives each node's expression). They run on the fp32 accumulator tile in
@@ -528,16 +531,18 @@ class MatmulFamily(KernelFamily):
         serves every size of the bucket. ``spec`` is the representative, the bucket's upper edge:
         the int64 decision is taken there, where offsets reach furthest."""
         plan = self.checked_plan(spec, config)
-        varying = _varying(spec, plan, dims) if isinstance(plan, _Plan) else "matmul groups are not bucketed"
+        varying = _varying(spec, plan, dims)
         if isinstance(varying, str):
             raise ValueError(f"{spec.describe()} cannot be bucketed: {varying}")
+        if isinstance(plan, _Group):
+            return _Gen(plan.member_specs[plan.template], plan.rep, config, plan, varying=varying).program()
         return _Gen(spec, plan, config, varying=varying).program()
 
 
 def _varying(spec: KernelSpec, plan: _Plan | _Group, dims: tuple[Dim, ...]) -> _Varying | str:
     """What of ``plan`` varies with ``dims``, or why the kernel cannot take those sizes at run time."""
     if isinstance(plan, _Group):
-        return "matmul groups are not bucketed (each member's M is a literal of the launch)"
+        return _group_varying(plan, dims)
     rank = 3 if plan.op == "bmm" else 2
     if plan.a == plan.b and any(s == "in" and i == plan.a for s, i, _, _ in dims):
         return "A and B are one tensor: its sizes would vary as both M and K"
@@ -586,6 +591,30 @@ def _varying(spec: KernelSpec, plan: _Plan | _Group, dims: tuple[Dim, ...]) -> _
             shape = (spec.inputs if side == "in" else spec.outputs)[i].shape
             m_scaled[name] = contiguous_strides(shape[:m_dim] + (1,) + shape[m_dim + 1:])[0]
     return _Varying(var_of.get("M"), var_of.get("batch"), m_scaled)
+
+
+def _group_varying(group: _Group, dims: tuple[Dim, ...]) -> _Varying | str:
+    """A group serves a bucket when every member's M is one variable (the tokens every projection
+    of a layer reads): each member is checked as a GEMM of its own, its dims renumbered."""
+    if (problem := unbucketable(group.spec, dims)) is not None:
+        return problem
+    node_maps = json.loads(group.spec.graph)["members"]
+    found: list[_Varying] = []
+    for j, (sub, plan, ins, outs, idxs) in enumerate(zip(group.member_specs, group.members, group.in_maps,
+                                                         group.out_maps, node_maps)):
+        local = {"in": ins, "out": outs, "node": idxs}
+        sub_dims = tuple((side, local[side].index(i), d, v) for side, i, d, v in dims if i in local[side])
+        v = _varying(sub, plan, sub_dims) if sub_dims else None
+        if isinstance(v, str):
+            return f"member {j}: {v}"
+        if v is None or v.m is None:
+            return f"member {j}: its M does not vary (a group's members take one run-time M)"
+        found.append(v)
+    if len({v.m for v in found}) > 1:
+        return f"the members' M are different variables ({sorted({v.m for v in found})}): one launch takes one M"
+    if len({m.M for m in group.members}) > 1:
+        return f"the members' M differ at the representative ({[m.M for m in group.members]}) though one variable sizes them"
+    return found[group.template]
 
 
 # --- code generation -------------------------------------------------------------------------
@@ -674,7 +703,9 @@ class _Gen:
         v, p = self.varying, self.p
         if v is None:
             return {}
-        grid: list[Any] = [product([["cdiv", f"v{v.m}", self.bm], self.nb]) if self.runtime_m else self.mb * self.nb]
+        members = len(self.group.members) if self.group else 1
+        grid: list[Any] = [product([["cdiv", f"v{v.m}", self.bm], self.nb * members]) if self.runtime_m
+                           else self.mb * self.nb]
         if p.B > 1:
             grid.append(f"v{v.batch}" if v.batch is not None else p.B)
         return {"grid": grid, **({"args": {str(n_args - 1): f"v{v.m}"}} if self.runtime_m else {})}
@@ -692,37 +723,49 @@ class _Gen:
     def group_program(self) -> KernelProgram:
         """One launch for every member: program ``pid`` finds its member (a chain of comparisons
         with the members' first programs), takes that member's pointers and M under the template's
-        names, and runs the GEMM body on its tile ``pid - start``."""
+        names, and runs the GEMM body on its tile ``pid - start``. Bucketed, M is the kernel's
+        argument (every member's) and the members' first programs are multiples of its tile count."""
         p, s, g = self.p, self.src, self.group
         s(cg.HEADER)
-        s(f"# matmul group: {len(g.members)} GEMMs of one structure, M = {[m.M for m in g.members]}")
+        ms = "M, a run-time size (one for every member)" if self.runtime_m else f"M = {[m.M for m in g.members]}"
+        s(f"# matmul group: {len(g.members)} GEMMs of one structure, {ms}")
         self.header()
         for h in p.helpers:
             s.blank()(HELPERS[h].strip("\n"))
         s.blank()("")
         n_in, n_out = len(g.spec.inputs), len(g.spec.outputs)
         params = [f"g_in{i}_ptr" for i in range(n_in)] + [f"g_out{o}_ptr" for o in range(n_out)]
+        params += ["M"] if self.runtime_m else []
         consts = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"]
         s("@triton.jit", f"def region_group_{p.op}_kernel({', '.join(params + [c + ': tl.constexpr' for c in consts])}):").indent()
         s(f"pid = tl.program_id(0){'.to(tl.int64)' if self.wide else ''}")
         local = sorted({p.a, p.b} | set(p.tile_inputs))
-        # M is a run-time value (``pid * 0 + m``: a tensor, which the if-blocks may rebind; a
-        # literal would be a constexpr)
+        if self.runtime_m:
+            # every member has the run-time M rows: member j owns programs [j * tiles, (j + 1) * tiles)
+            s(f"mb = (M + {self.bm - 1}) // BLOCK_M", f"tiles = mb * {self.nb}")
+        # a fixed-size group's M is a run-time value too (``pid * 0 + m``: a tensor, which the
+        # if-blocks may rebind; a literal would be a constexpr)
         for j, (member, ins, outs) in enumerate(zip(g.members, g.in_maps, g.out_maps)):
+            # (``pid * 0 + ``: every branch binds ``start`` with pid's type, int64 where it is wide)
+            start = f"pid * 0 + {j} * tiles" if self.runtime_m else str(self.starts[j])
             assign = [f"in{i}_ptr = g_in{ins[i]}_ptr" for i in local] + \
                      [f"out{o}_ptr = g_out{outs[o]}_ptr" for o in range(len(outs))] + \
-                     [f"M = pid * 0 + {member.M}", f"start = {self.starts[j]}"]
+                     ([] if self.runtime_m else [f"M = pid * 0 + {member.M}"]) + [f"start = {start}"]
             if j == 0:
-                s(f"# member 0: programs [0, {self.starts[1]})", *assign)
+                s(f"# member 0: programs [0, {'tiles' if self.runtime_m else self.starts[1]})", *assign)
             else:
-                s(f"if pid >= {self.starts[j]}:  # member {j}").indent()(*assign).dedent()
-        s(f"mb = (M + {self.bm - 1}) // BLOCK_M", "pid = pid - start")
+                s(f"if pid >= {start}:  # member {j}").indent()(*assign).dedent()
+        if not self.runtime_m:
+            s(f"mb = (M + {self.bm - 1}) // BLOCK_M")
+        s("pid = pid - start")
         self.body(hints=False)
         s.dedent()
-        launch = Launch(f"region_group_{p.op}_kernel", (self.starts[-1],),
-                        tuple(("in", i) for i in range(n_in)) + tuple(("out", o) for o in range(n_out)),
+        args = tuple(("in", i) for i in range(n_in)) + tuple(("out", o) for o in range(n_out))
+        args += (("i32", p.M),) if self.runtime_m else ()
+        launch = Launch(f"region_group_{p.op}_kernel", (self.starts[-1],), args,
                         {"BLOCK_M": self.bm, "BLOCK_N": self.bn, "BLOCK_K": self.bk, "GROUP_M": int(self.c["GROUP_M"])},
-                        num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]))
+                        num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]),
+                        runtime_sizes=self.runtime_sizes(len(args)))
         return KernelProgram(s.text(), (launch,))
 
     # alignment hints ---------------------------------------------------------------------------
@@ -809,7 +852,7 @@ class _Gen:
         s(f"# strides (batch, row, col): A [{self.batch_stride('a', asb)}, {asm}, {ask}], B {list(p.b_strides)}")
         if self.runtime_m:
             s(f"# M is a run-time size (at most {p.M}, the bucket's upper edge): rows are masked by it")
-            if mb != 1 and self.nb != 1:
+            if mb != 1 and self.nb != 1 and not self.group:
                 s(f"mb = (M + {self.bm - 1}) // BLOCK_M")
         if mb == 1:
             s("pid_m = 0", "pid_n = pid")
