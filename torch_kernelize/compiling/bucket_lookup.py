@@ -232,11 +232,9 @@ def subsets(dims: tuple[Dim, ...]) -> list[tuple[Dim, ...]]:
     return out
 
 
-def bucket_runner(spec: KernelSpec, dims: tuple[Dim, ...], base: Any, values: tuple[int, ...] | None = None,
-                  direct: bool = True) -> Any:
+def bucket_runner(spec: KernelSpec, dims: tuple[Dim, ...], base: Any) -> Any:
     """The runner of ``spec`` from its bucket's loaded runner ``base`` (launch.ProgramRunner): the
-    same kernels, with the launch sizes of ``spec``'s sizes (``values``, its variables', where the
-    caller knows them). No disk access, no compilation; ``direct``: see ProgramRunner."""
+    same kernels, with the launch sizes of ``spec``'s sizes. No disk access, no compilation."""
     from torch_kernelize.serving.launch import ProgramRunner
-    program = instantiate(base.program, values if values is not None else values_of(spec, dims))
-    return ProgramRunner(spec, program, base._kernels, base.backend, base._load_unaligned, direct)
+    program = instantiate(base.program, values_of(spec, dims))
+    return ProgramRunner(spec, program, base._kernels, base.backend, base._load_unaligned)

@@ -174,10 +174,9 @@ class ProgramRunner:
     """A loaded program for one spec: call it with the spec's input tensors."""
 
     def __init__(self, spec: KernelSpec, program: KernelProgram, kernels: Sequence[Any], backend: str,
-                 unaligned: Callable[[], Sequence[Any]] | None = None, direct: bool = True):
+                 unaligned: Callable[[], Sequence[Any]] | None = None):
         """``unaligned`` loads (once, on the first unaligned input) the launchers compiled without
-        the 16-byte alignment assumption (CUDA). ``direct``: generate the CUDA hot path's function
-        (``direct``; a runner only ever called as a whole, like a bucket's per size, needs none)."""
+        the 16-byte alignment assumption (CUDA)."""
         self.spec = spec
         self.program = program
         self.backend = backend
@@ -208,7 +207,7 @@ class ProgramRunner:
         self._unaligned_tried = False
         self._unaligned_plans: list | None = None
         self._unaligned_lock = threading.Lock()
-        self.direct = self._direct_call() if direct else None
+        self.direct = self._direct_call()
 
     def resized(self, program: KernelProgram, outputs: Sequence[Any]) -> "ProgramRunner":
         """This runner with ``program`` (its own, with other launch sizes: a shape bucket's at one
