@@ -294,6 +294,14 @@ def block_offsets(s: "Source", index: str, program: str, block: str, size: int, 
     return offs, mask if masked else None
 
 
+def runtime_size(args: tuple, n: int, expr: Any, block: int, wide: bool) -> tuple[tuple, dict[str, Any]]:
+    """A launch of one program per ``block`` of a size taken at run time (a shape bucket's: the
+    SizeExpr ``expr``, ``n`` at the representative): its arguments, ``args`` and the size (i64 if
+    ``wide``), and its ``runtime_sizes`` (the grid ``cdiv(expr, block)`` and that argument)."""
+    args = args + (("i64" if wide else "i32", n),)
+    return args, {"grid": [["cdiv", expr, block]], "args": {str(len(args) - 1): expr}}
+
+
 def scaled(expr: str, stride: int) -> str:
     """``expr * stride`` without the noise of 0 and 1."""
     if stride == 0:

@@ -514,9 +514,9 @@ class ElementwiseFamily(KernelFamily):
                                 [], "idx", offsets, "n_elements", wide, ["n_elements"])
         var_of = {(i, d): v for side, i, d, v in dims if side == "out"}
         n = product([f"v{var_of[(0, d)]}" if (0, d) in var_of else size for d, size in enumerate(out.shape)])
-        args = tuple(("in", i) for i in inputs) + (("out", 0), ("i64" if wide else "i32", out.numel))
+        args, sizes = cg.runtime_size(tuple(("in", i) for i in inputs) + (("out", 0),), out.numel, n, block, wide)
         launch = Launch(kname, (-(-out.numel // block),), args, {"BLOCK": block}, num_warps=int(config["num_warps"]),
-                        num_stages=1, runtime_sizes={"grid": [["cdiv", n, block]], "args": {str(len(args) - 1): n}})
+                        num_stages=1, runtime_sizes=sizes)
         return KernelProgram(src, (launch,))
 
     def _emit(self, spec: KernelSpec, config: Config, plan, inputs: list[int], comments: list[str],

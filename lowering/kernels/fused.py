@@ -781,8 +781,7 @@ class _PointwiseEmitter(_Emitter):
         args = tuple(("in", i) for i in range(len(p.inputs))) + tuple(("out", k) for k in range(len(p.outputs)))
         sizes = {}
         if self.runtime_elements is not None:
-            args += (("i64" if self.wide else "i32", numel),)
-            sizes = {"grid": [["cdiv", self.runtime_elements, block]], "args": {str(len(args) - 1): self.runtime_elements}}
+            args, sizes = cg.runtime_size(args, numel, self.runtime_elements, block, self.wide)
         launch = Launch(self.kname, (-(-numel // block),), args, {"BLOCK": block}, num_warps=warps, num_stages=1,
                         runtime_sizes=sizes)
         return KernelProgram(s.text(), (launch,))
@@ -891,8 +890,7 @@ class _RowwiseEmitter(_Emitter):
         args = tuple(("in", i) for i in range(len(p.inputs))) + tuple(("out", k) for k in range(len(p.outputs)))
         sizes = {}
         if self.runtime_rows is not None:
-            args += (("i64" if p.M + self.bm > cg.INT32_MAX else "i32", p.M),)
-            sizes = {"grid": [["cdiv", self.runtime_rows, self.bm]], "args": {str(len(args) - 1): self.runtime_rows}}
+            args, sizes = cg.runtime_size(args, p.M, self.runtime_rows, self.bm, p.M + self.bm > cg.INT32_MAX)
         launch = Launch(self.kname, (-(-p.M // self.bm),), args, {"BLOCK_M": self.bm, "BLOCK_N": self.bn},
                         num_warps=int(self.c["num_warps"]), num_stages=int(self.c["num_stages"]), runtime_sizes=sizes)
         return KernelProgram(s.text(), (launch,))

@@ -322,8 +322,7 @@ class _Gen:
         grid = (-(-self.p.M // self.bm),)
         if self.runtime_rows is None:
             return Launch(kernel, grid, args, consts, warps, stages)
-        args = args + (("i64" if self.p.M + self.bm > cg.INT32_MAX else "i32", self.p.M),)
-        sizes = {"grid": [["cdiv", self.runtime_rows, self.bm]], "args": {str(len(args) - 1): self.runtime_rows}}
+        args, sizes = cg.runtime_size(args, self.p.M, self.runtime_rows, self.bm, self.p.M + self.bm > cg.INT32_MAX)
         return Launch(kernel, grid, args, consts, warps, stages, runtime_sizes=sizes)
 
     def rows(self, pid: str = "pid") -> tuple[list[str], str | None]:
