@@ -10,7 +10,13 @@ interpreter; this is how CI exercises the Triton tier). A new chip is a small TO
     [ops]
     unsupported = ["aten.gelu", "aten.histc.default"]   # or: supported = [...] (an allow-list)
 
-An op name without an overload ("aten.gelu") covers all its overloads.
+An op name without an overload ("aten.gelu") covers all its overloads. Optional ceilings, which
+the bottleneck ledger divides bytes and FLOPs by (ledger/floors.py)::
+
+    bandwidth_gbs = 3350      # copy bandwidth, GB/s (bytes read + written)
+    [tflops]                  # dense matmul rate per dtype, TFLOP/s
+    bfloat16 = 989
+    float16 = 989
 """
 from __future__ import annotations
 
@@ -85,6 +91,8 @@ class Target:
     unsupported: frozenset[str] = frozenset()
     supported: frozenset[str] | None = None  # an allow-list when given
     source: str = "built-in"
+    bandwidth_gbs: float | None = None           # the chip file's ceilings (floors of the ledger)
+    tflops: tuple[tuple[str, float], ...] = ()    # (dtype, TFLOP/s) pairs
 
     def __post_init__(self):
         if self.device not in DEVICES:
@@ -146,7 +154,7 @@ BUILTIN_TARGETS: dict[str, Target] = {
     "interpreter": Target("interpreter", device="cpu", triton="interpreter"),
 }
 
-_TOP_KEYS = {"name", "device", "triton", "description", "ops"}
+_TOP_KEYS = {"name", "device", "triton", "description", "ops", "bandwidth_gbs", "tflops"}
 _OPS_KEYS = {"unsupported", "supported"}
 
 
@@ -176,7 +184,25 @@ def load_target_file(path: str | Path) -> Target:
     supported = _check_op_names(ops["supported"], where) if "supported" in ops else None
     unsupported = _check_op_names(ops.get("unsupported", []), where)
     return Target(name=data["name"], device=data["device"], triton=data["triton"],
-                  unsupported=unsupported, supported=supported, source=str(path.resolve()))
+                  unsupported=unsupported, supported=supported, source=str(path.resolve()),
+                  **_ceilings(data, where))
+
+
+def _ceilings(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """A chip file's optional ``bandwidth_gbs`` and ``[tflops]`` (dtype = TFLOP/s), checked."""
+    def positive(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+    bandwidth = data.get("bandwidth_gbs")
+    if bandwidth is not None and not positive(bandwidth):
+        raise TargetError(f"{where}: bandwidth_gbs must be a positive number (GB/s), got {bandwidth!r}")
+    tflops = data.get("tflops", {})
+    if not isinstance(tflops, dict) or not all(positive(v) for v in tflops.values()):
+        raise TargetError(f"{where}: [tflops] must map dtype names to positive numbers (TFLOP/s), e.g. bfloat16 = 989")
+    bad = [k for k in tflops if not isinstance(getattr(torch, k, None), torch.dtype)]
+    if bad:
+        raise TargetError(f"{where}: [tflops] {bad} are not torch dtype names (float16, bfloat16, float32, ...)")
+    return {"bandwidth_gbs": None if bandwidth is None else float(bandwidth),
+            "tflops": tuple(sorted((k, float(v)) for k, v in tflops.items()))}
 
 
 def get_target(spec: str | None, input_device: str | None = None) -> Target:

@@ -33,3 +33,21 @@ def paired_ms(vendor: Callable[[], object], candidate: Callable[[], object], rou
         v.append(median_ms(vendor))
         c.append(median_ms(candidate))
     return statistics.median(v), statistics.median(c)
+
+
+def graph_replay_ms(fn: Callable[[], object]) -> float | None:
+    """Median ms of ``fn`` captured once into a CUDA graph and replayed (launch overhead gone:
+    how a kernel runs inside a captured model); None where ``fn`` cannot be captured."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm on a side stream, as capture wants
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # noqa: BLE001 - a host sync or an allocation capture refuses: no replay time
+        return None
+    return median_ms(graph.replay)

@@ -209,6 +209,9 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="check_candidate.py", description=check_main.__doc__)
     p.add_argument("candidate", type=Path, help="the candidate file")
     p.add_argument("--target", default=None, help="cuda or interpreter (default: cuda where a GPU is present)")
+    p.add_argument("--time", action="store_true", help="also time the accepted candidate on the captured inputs "
+                   "(median, and under CUDA-graph replay) against perf.json's time to beat, where there is one; "
+                   "needs a GPU")
     args = p.parse_args(argv)
     try:
         target = get_target(args.target or ("cuda" if torch.cuda.is_available() else "interpreter"))
@@ -233,4 +236,30 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
                       "candidate_ms": ev.candidate_ms, "vendor_ms": ev.vendor_ms,
                       "speedup": ev.fitness if ev.measured else None}, indent=1))
     print(f"ACCEPTED: correct on every trial of {target.name}" if ev.correct else f"REJECTED: {ev.error}")
+    if ev.correct and args.time:
+        print(_timed_verdict(repro, measurer, candidate, work, target))
     return 0 if ev.correct else 1
+
+
+def _timed_verdict(repro: Path, measurer: Any, candidate: Candidate, work: Work, target: Any) -> str:
+    """check_candidate --time: the candidate's median and CUDA-graph replay times on the captured
+    inputs (random ones where none were captured), beside the reproducer's time to beat."""
+    perf_path = repro / "perf.json"
+    perf = json.loads(perf_path.read_text()) if perf_path.exists() else {}
+    beat = perf.get("time_to_beat_us")
+    if target.triton != "cuda":
+        return (f"TIME: not measured: timing needs a GPU (target {target.name!r} runs kernels through "
+                f"{target.triton}); run this with --target cuda on one" + (f" (time to beat: {beat:.3g} us)" if beat else ""))
+    from torch_kernelize.fill_cache.benchmark import graph_replay_ms, median_ms
+    _, runner = measurer.build(candidate.config)
+    inputs = work.captured or measurer.family.sample_inputs(work.spec, 0, "random", "cpu")
+    inputs = [t.to("cuda") if isinstance(t, torch.Tensor) else t for t in inputs]
+    median_us = median_ms(lambda: runner(*inputs), rep_ms=200) * 1e3
+    replay = graph_replay_ms(lambda: runner(*inputs))
+    line = f"TIME: {median_us:.3g} us median" + (f", {replay * 1e3:.3g} us under CUDA-graph replay" if replay else "")
+    if not beat:
+        return line + " (no perf.json here: nothing to beat)"
+    beat_replay = perf.get("graph_replay_us")
+    won = median_us < beat and (replay is None or not beat_replay or replay * 1e3 < beat_replay)
+    return (line + f"; time to beat {beat:.3g} us" + (f" ({beat_replay:.3g} us replayed)" if beat_replay else "")
+            + (": FASTER, hand it back with fill_cache --candidate" if won else ": NOT FASTER"))

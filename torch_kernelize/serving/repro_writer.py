@@ -39,6 +39,7 @@ KINDS = {
     "mismatch": "a cached Triton kernel gave a wrong answer inside the model (check mode)",
     "failure": "a cached Triton kernel raised at run time and was disabled",
     "lowering": "kernelize failed to lower this graph",
+    "slow": "the kernel is right but far from the chip's floor: one of the model's slowest (the bottleneck ledger)",
 }
 
 REPRO_MAIN = '''

@@ -7,6 +7,7 @@ is a key lookup (none at all for static graphs) and that function: no planning, 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import heapq
 import logging
@@ -189,6 +190,17 @@ class Specialization:
     def has_first_call_work(self) -> bool:
         """Whether the first call still has work of its own to do (capture repros, refuse ops)."""
         return self._first_call is not None
+
+    @contextlib.contextmanager
+    def running(self, forward: Callable[..., Any]):
+        """Run ``forward`` (the bound graph's inputs -> its outputs) in place of the generated code
+        while the block lasts: the bottleneck ledger times the bound graph node by node this way,
+        and serving pays nothing for it."""
+        saved, self._forward = self._forward, forward
+        try:
+            yield
+        finally:
+            self._forward = saved
 
     def __call__(self, args: list) -> Any:
         if self._first_call is not None:

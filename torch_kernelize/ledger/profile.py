@@ -1,0 +1,222 @@
+"""Profile a served model node by node: what each kernel call costs per model call.
+
+The model runs as it is served (``torch.compile(backend="kernelize")``, the kernel cache as it
+is). Served calls are timed whole (wall time; on CUDA also the host's time to issue one). Then
+each bound graph runs node by node through an ``fx.Interpreter`` in place of its generated code
+(``Specialization.running``): the same kernel calls, vendor ops and host fallbacks, each timed
+(CPU and the interpreter: wall time around the node; CUDA: torch.profiler's device time of the
+kernels each node's ``record_function`` range launched). Serving itself has no hook and pays
+nothing. Each node keeps its graph, name, tier, spec and cache entry key: rank.py maps them to
+the cache's records.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import operator
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from torch_kernelize.core.region_graph import spec_ops
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.targets import op_name
+from torch_kernelize.serving.runtime import CapturingInterpreter, TritonCall
+from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
+
+RANGE = "kernelize|"  # record_function ranges: kernelize|<graph>|<node>
+
+
+@dataclasses.dataclass
+class NodeRun:
+    """One node (or fused region) of a served graph, per model call."""
+    graph: str
+    node: str
+    tier: str                  # triton | vendor | fallback | view
+    op: str
+    spec: KernelSpec | None
+    entry_key: str | None      # the cache entry serving it (a shape bucket's key differs from the spec's)
+    launches: float = 0.0      # kernel launches per model call
+    seconds: float = 0.0       # time per model call
+    call: Any = dataclasses.field(default=None, repr=False)  # the bound kernel call (TritonCall), to time alone
+
+    @property
+    def key(self) -> str | None:
+        return self.spec.key if self.spec is not None else None
+
+
+@dataclasses.dataclass
+class Profile:
+    device: str                 # "cuda" or "cpu"
+    calls: int
+    call_s: float               # one served call, wall time (median)
+    host_s: float | None        # CUDA: the host's time to issue one call; None where kernels run on the host
+    nodes: list[NodeRun]
+
+    @property
+    def kernel_s(self) -> float:
+        return sum(n.seconds for n in self.nodes)
+
+    @property
+    def launches(self) -> float:
+        return sum(n.launches for n in self.nodes)
+
+    @property
+    def host_bound(self) -> bool | None:
+        """Whether issuing a call takes longer than its kernels run (None: not known here)."""
+        return None if self.host_s is None else self.host_s > self.kernel_s
+
+
+def _classify(n: fx.Node, decisions: dict[str, Any]) -> NodeRun | None:
+    """What node ``n`` of a bound graph runs, with its nominal launches (None: it runs nothing)."""
+    target = n.target
+    if n.op != "call_function" or target is operator.getitem:
+        return None
+    if isinstance(target, TritonCall):  # a cached kernel (a node's, a fused region's, a bucket's)
+        spec = target.spec
+        program = getattr(target.runner, "program", None)
+        return NodeRun("", n.name, "triton", _describe(spec),
+                       spec, target.state.key, len(program.launches) if program is not None else 1, call=target)
+    d = decisions.get(n.name)
+    spec = getattr(d, "spec", None)
+    if isinstance(target, FoldedView) or target in VIEW_OPS:
+        return NodeRun("", n.name, "view", op_name(getattr(target, "op", target)), None, None, 0)
+    tier = getattr(d, "tier", "vendor") if d is not None else "vendor"
+    name = _describe(spec) if spec is not None else op_name(getattr(target, "op", target))
+    entry = getattr(getattr(d, "entry", None), "key", None)
+    return NodeRun("", n.name, tier if tier in ("vendor", "fallback") else "vendor", name, spec, entry, 1)
+
+
+def _describe(spec: KernelSpec) -> str:
+    """One op's description; a fused region's ops and shapes ("region mm+tanh+mul f32[16x32] ...")."""
+    if spec.graph is None:
+        return spec.describe()
+    ops = [op.split(".")[1] for op in spec_ops(spec)]
+    return f"region {'+'.join(ops)} " + " ".join(m.short() for m in spec.inputs)
+
+
+def specializations(graphs: Sequence[Any]) -> list[tuple[str, Any]]:
+    """(graph name, Specialization) of every bound executable the compile made, each once."""
+    seen, out = set(), []
+    for g in graphs:
+        for s in g._specializations.values():
+            if id(s) not in seen:
+                seen.add(id(s))
+                out.append((g.name, s))
+    return out
+
+
+class _Timed(fx.Interpreter):
+    """Runs a bound graph node by node, adding each node's time (``clock``) to ``spent``; on CUDA
+    inside a record_function range named after it instead."""
+
+    def __init__(self, gm: fx.GraphModule, graph: str, watched: set[str], spent: dict, clock: Callable[[], float],
+                 cuda: bool):
+        super().__init__(gm)
+        self.graph_name, self.watched, self.spent, self.clock, self.cuda = graph, watched, spent, clock, cuda
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.name not in self.watched:
+            return super().run_node(n)
+        if self.cuda:
+            with torch.profiler.record_function(f"{RANGE}{self.graph_name}|{n.name}"):
+                return super().run_node(n)
+        started = self.clock()
+        try:
+            return super().run_node(n)
+        finally:
+            self.spent[(self.graph_name, n.name)] += self.clock() - started
+
+
+def _served_times(call: Callable[[], Any], calls: int, cuda: bool, clock: Callable[[], float]
+                  ) -> tuple[float, float | None]:
+    """(wall seconds, host seconds to issue) of one served call, medians over ``calls``."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    walls, issues = [], []
+    for _ in range(calls):
+        sync()
+        started = clock()
+        call()
+        issued = clock()
+        sync()
+        walls.append(clock() - started)
+        issues.append(issued - started)
+    return statistics.median(walls), (statistics.median(issues) if cuda else None)
+
+
+def profile_model(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any], cuda: bool, calls: int = 3,
+                  clock: Callable[[], float] = time.perf_counter) -> Profile:
+    """Profile ``calls`` calls of the compiled model on ``inputs`` (it has run once: graphs made,
+    first calls done); ``graphs`` are the LoweredGraphs it made. ``clock`` is injected in tests."""
+    def call() -> Any:
+        with torch.no_grad():
+            return compiled(*inputs)
+
+    call()  # warm: a first call's work (reproducer capture) is not profiled
+    call_s, host_s = _served_times(call, calls, cuda, clock)
+    runs: dict[tuple[str, str], NodeRun] = {}
+    for graph, spec in specializations(graphs):
+        decisions = {d.node: d for d in spec.decisions}
+        for n in spec.gm.graph.nodes:
+            r = _classify(n, decisions)
+            if r is not None:
+                runs[(graph, n.name)] = dataclasses.replace(r, graph=graph)
+    spent: dict[tuple[str, str], float] = collections.defaultdict(float)
+    kernels: dict[tuple[str, str], int] = collections.defaultdict(int)
+    with _running_timed(graphs, {k[1] for k in runs}, spent, clock, cuda):
+        if cuda:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    call()
+                torch.cuda.synchronize()
+            _read_ranges(prof.events(), spent, kernels)
+        else:
+            for _ in range(calls):
+                call()
+    for k, r in runs.items():
+        r.seconds = spent.get(k, 0.0) / calls
+        if cuda:
+            r.launches = kernels.get(k, 0) / calls
+    return Profile("cuda" if cuda else "cpu", calls, call_s, host_s, list(runs.values()))
+
+
+@contextlib.contextmanager
+def _running_timed(graphs: Sequence[Any], watched: set[str], spent: dict, clock: Callable[[], float], cuda: bool):
+    """Every specialization runs through ``_Timed`` while the block lasts."""
+    with contextlib.ExitStack() as stack:
+        for graph, s in specializations(graphs):
+            stack.enter_context(s.running(_Timed(s.gm, graph, watched, spent, clock, cuda).run))
+        yield
+
+
+def _read_ranges(events: Sequence[Any], spent: dict, kernels: dict) -> None:
+    """Each node range's device time (s) and kernel count, from torch.profiler's events."""
+    def count(ev: Any) -> int:
+        return len(getattr(ev, "kernels", ())) + sum(count(c) for c in ev.cpu_children)
+
+    for ev in events:
+        if ev.name.startswith(RANGE) and ev.device_type == torch.autograd.DeviceType.CPU:
+            _, graph, node = ev.name.split("|", 2)
+            spent[(graph, node)] += ev.device_time_total * 1e-6   # (microseconds)
+            kernels[(graph, node)] += count(ev)
+
+
+def capture_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any],
+                   wanted: set[tuple[str, str]]) -> dict[tuple[str, str], list[torch.Tensor]]:
+    """CPU copies of the tensor inputs of the ``wanted`` (graph, node)s, from one served call."""
+    interpreters = []
+    with contextlib.ExitStack() as stack:
+        for graph, spec in specializations(graphs):
+            names = {node for g, node in wanted if g == graph}
+            if names:
+                interp = CapturingInterpreter(spec.gm, names)
+                interpreters.append((graph, interp))
+                stack.enter_context(spec.running(interp.run))
+        with torch.no_grad():
+            compiled(*inputs)
+    return {(graph, node): tensors for graph, interp in interpreters for node, tensors in interp.captured.items()}

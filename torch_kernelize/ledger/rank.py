@@ -1,0 +1,142 @@
+"""The ledger's rows: the profiled nodes grouped by spec, ranked by time per model call, each
+against its floor and beside what the fill measured for it.
+
+A row is one spec (every node of the model that runs it: a Llama's four identical layers make
+one row with four times the launches), or one op for nodes without a spec (views, host ops).
+Its generator is the cache entry's provenance (whichever generator made the served kernel, a
+whole graph's program included); its alternatives are the best median each generator reached in
+the fill's journal (ours, inductor, external, ...), and the vendor kernel's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from torch_kernelize.ledger.floors import Ceilings, Floor, floor
+from torch_kernelize.ledger.profile import NodeRun, Profile
+
+ABOVE_FLOOR = 1.5   # a row this many times its floor (or more) is worth a performance reproducer
+
+
+@dataclasses.dataclass
+class Row:
+    key: str                      # spec key, or "op:<name>" for nodes without a spec
+    op: str
+    tier: str
+    generator: str                # what made the served implementation (the entry's provenance)
+    seconds: float                # per model call
+    launches: float               # per model call
+    share: float = 0.0            # of the kernels' time per call
+    floor_s: float | None = None  # per model call (every node of the row at its floor)
+    bound: str = "n/a"            # memory | compute | n/a
+    bytes: int = 0                # per node call
+    flops: int = 0
+    alternatives: dict[str, float] = dataclasses.field(default_factory=dict)  # generator -> best ms (fill)
+    nodes: list[NodeRun] = dataclasses.field(default_factory=list, repr=False)
+
+    @property
+    def distance(self) -> float | None:
+        """Time over floor (1.0: at the floor); None where the floor is not known."""
+        return self.seconds / self.floor_s if self.floor_s else None
+
+    @property
+    def above_floor(self) -> bool:
+        """Worth a reproducer: far from its floor, or its floor is unknown (nothing says it is fine)."""
+        return self.distance is None or self.distance >= ABOVE_FLOOR
+
+    @property
+    def best_alternative(self) -> tuple[str, float] | None:
+        """The fastest implementation the fill measured other than the served one (name, ms)."""
+        others = {k: v for k, v in self.alternatives.items() if k != self.generator}
+        return min(others.items(), key=lambda kv: kv[1]) if others else None
+
+    @property
+    def spec(self) -> Any:
+        return self.nodes[0].spec if self.nodes else None
+
+    @property
+    def where(self) -> list[str]:
+        return [f"{n.graph}:{n.node}" for n in self.nodes]
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "nodes"}
+        best = self.best_alternative
+        out.update(where=self.where, distance=self.distance, above_floor=self.above_floor,
+                   best_alternative={"generator": best[0], "ms": best[1]} if best else None)
+        return out
+
+
+def journal_best(journal: Path) -> dict[str, float]:
+    """Per generator, the best correct candidate's median ms in a fill journal, and the vendor
+    kernel's ("vendor"); empty where nothing was timed (the interpreter times nothing)."""
+    best: dict[str, float] = {}
+    if not journal.exists():
+        return best
+
+    def keep(name: str, ms: Any) -> None:
+        if isinstance(ms, (int, float)) and ms > 0:
+            best[name] = min(best.get(name, float("inf")), float(ms))
+
+    for line in journal.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue   # a line cut short by a kill
+        keep("vendor", r.get("vendor_ms"))
+        if r.get("correct"):
+            name = (r.get("config") or {}).get("generator") or str(r.get("family") or "ours").split("+")[0]
+            keep(name, r.get("candidate_ms"))
+    return best
+
+
+def _generator(tier: str, entry: Any, spec: Any) -> str:
+    if tier == "triton" and entry is not None:
+        return entry.provenance.get("generator") or entry.family or "triton"
+    if tier == "vendor":
+        return "vendor" if entry is not None or spec is None else "vendor (miss)"
+    return {"fallback": "host", "view": "view"}.get(tier, tier)
+
+
+def _alternatives(cache: Any, key: str, entry: Any) -> dict[str, float]:
+    from torch_kernelize.kernel_cache.store import JOURNALS_DIR
+    found = journal_best(Path(cache.dir) / JOURNALS_DIR / f"{key}.jsonl")
+    if entry is not None and entry.timings.get("measured"):   # the stored winner's own (confirmed) times
+        t = entry.timings
+        if t.get("vendor_ms"):
+            found["vendor"] = min(found.get("vendor", float("inf")), t["vendor_ms"])
+        if t.get("candidate_ms") and entry.winner == "triton":
+            name = entry.provenance.get("generator") or entry.family or "triton"
+            found[name] = min(found.get(name, float("inf")), t["candidate_ms"])
+    return found
+
+
+def rank(profile: Profile, cache: Any, ceilings: Ceilings) -> list[Row]:
+    """The profile's nodes grouped into rows, slowest first. ``cache``: the KernelCache the model
+    was served from (None: no entries, no alternatives)."""
+    groups: dict[str, list[NodeRun]] = {}
+    for n in profile.nodes:
+        groups.setdefault(n.key or f"op:{n.op}", []).append(n)
+    total = sum(n.seconds for n in profile.nodes) or 1.0
+    rows = []
+    for key, nodes in groups.items():
+        first = nodes[0]
+        entry_key = first.entry_key or first.key
+        entry = cache.get(entry_key) if cache is not None and entry_key else None
+        row = Row(key, first.op, first.tier, _generator(first.tier, entry, first.spec),
+                  sum(n.seconds for n in nodes), sum(n.launches for n in nodes), nodes=nodes)
+        row.share = row.seconds / total
+        if first.spec is not None:
+            f: Floor = floor(first.spec, ceilings)
+            row.bytes, row.flops, row.bound = f.bytes, f.flops, f.bound
+            row.floor_s = f.us * 1e-6 * len(nodes) if f.us is not None else None
+            if cache is not None:
+                row.alternatives = _alternatives(cache, entry_key, entry)
+        rows.append(row)
+    return sorted(rows, key=lambda r: -r.seconds)
+
+
+def worth_a_reproducer(rows: Sequence[Row], top: int) -> list[Row]:
+    """The ``top`` slowest rows with a kernel spec that are above their floor."""
+    return [r for r in rows if r.spec is not None and r.tier in ("triton", "vendor") and r.above_floor][:top]
