@@ -16,7 +16,7 @@ PACKAGES = {"torch_kernelize": "torch_kernelize", "torch_kernelize.lowering": "l
             "torch_kernelize.fallbacks": "fallbacks", "torch_kernelize.kernel_cache": "kernel_cache"}
 # lowest first; a module may import its own layer and the ones before it
 LAYERS = ["core", "kernel_cache", "serving", "building", "generators", "compiling", "warm_start",
-          "backend", "fill_cache", "repro", "apps"]
+          "backend", "fill_cache", "repro", "ledger", "apps"]
 # module name prefix -> layer; the longest prefix that matches decides
 PREFIXES = {
     "torch_kernelize": "core",  # the package itself: __version__ and flush_repros, no imports
@@ -32,6 +32,8 @@ PREFIXES = {
     "torch_kernelize.aot": "backend",
     "torch_kernelize.fill_cache": "fill_cache",
     "torch_kernelize.repro": "repro",
+    "torch_kernelize.ledger": "ledger",
+    "torch_kernelize.bottlenecks": "apps",
     "torch_kernelize.bringup": "apps",
     "torch_kernelize.demo": "apps",
     "torch_kernelize.demo_external": "apps",

@@ -96,12 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     record = history.run_record(args.model, target.name, profile, rows)
     history.append(path, record)
     print(history.compare(before, record))
-    stem = args.out / re.sub(r"[^A-Za-z0-9_.-]+", "_", args.model).strip("_")
-    output.write_json(stem.with_suffix(".json"), output.ledger_json(
+    where, _, fn = args.model.rpartition(":")
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", f"{Path(where).stem if where.endswith('.py') else where}_{fn}")
+    ledger = args.out / f"{name}-{target.name}.json"
+    output.write_json(ledger, output.ledger_json(
         rows, profile, {"model": args.model, "target": target.name, "ceilings": ceilings.to_json(),
                         "reproducers": [str(f) for f in folders], "before": before}))
-    print(f"ledger: {stem.with_suffix('.json')}")
-    print(output.chart(rows, stem.with_suffix(".png"), f"{args.model} on {target.name}: time per call vs floor"))
+    print(f"ledger: {ledger}")
+    print(output.chart(rows, ledger.with_suffix(".png"), f"{args.model} on {target.name}: time per call vs floor"))
     return 0
 
 

@@ -44,8 +44,8 @@ def perf_record(row: Row, target: Target, ceilings: Ceilings, model: str, median
     return {
         "model": model, "target": target.name, "where": row.where,
         "time_to_beat_us": median_us, "graph_replay_us": replay_us,
-        "timed": "alone on the captured inputs (do_bench median)" if target.device == "cuda" else
-                 "inside the model on the host (the interpreter: not a GPU time)",
+        "timed": "median, alone on the captured inputs (triton.testing.do_bench)" if target.device == "cuda" else
+                 "per call inside the model, on the host (not a GPU time)",
         "served_by": row.generator, "tier": row.tier, "share_of_call": row.share, "calls_per_model_call": calls,
         "floor_us": row.floor_s / calls * 1e6 if row.floor_s else None, "bound": row.bound,
         "bytes": row.bytes, "flops": row.flops, "ceilings": ceilings.to_json(),
@@ -65,7 +65,7 @@ def performance_section(perf: dict[str, Any], folder: Path) -> str:
         f"call(s) per model call ({', '.join(perf['where'][:4])}{', ...' if len(perf['where']) > 4 else ''}), "
         f"served by `{perf['served_by']}` ({perf['tier']}).",
         "",
-        f"- time to beat: {perf['time_to_beat_us']:.3g} us median, {perf['timed']}"
+        f"- time to beat: {perf['time_to_beat_us']:.3g} us, {perf['timed']}"
         + (f"; {replay:.3g} us under CUDA-graph replay" if replay is not None else ""),
         f"- floor: {floor:.3g} us ({perf['bound']}-bound: {perf['bytes']:,} bytes, {perf['flops']:,} FLOPs at "
         f"{perf['ceilings']['source']} ceilings)" if floor is not None else

@@ -1,0 +1,229 @@
+"""The bottleneck ledger (python -m torch_kernelize.bottlenecks): floors at a chip's ceilings, the
+ranking, performance reproducers and their task, check_candidate --time, the reconnect history,
+the outputs; timings are injected wherever a number is asserted (the CPU is noisy)."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO
+from torch_kernelize import bottlenecks
+from torch_kernelize.core.errors import TargetError
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.targets import Target, get_target, load_target_file
+from torch_kernelize.ledger import history, output
+from torch_kernelize.ledger.floors import Ceilings, ceilings_for, floor
+from torch_kernelize.ledger.perf_repro import write_perf_repro
+from torch_kernelize.ledger.profile import NodeRun, Profile
+from torch_kernelize.ledger.rank import rank, worth_a_reproducer
+
+aten = torch.ops.aten
+CHIP = Ceilings(1000.0, {"bfloat16": 100.0}, "chip file")   # 1 TB/s, 100 TFLOP/s
+
+
+def _spec(op, *tensors, dtype=torch.float32) -> KernelSpec:
+    tensors = [t.to(dtype) for t in tensors]
+    return KernelSpec.from_call(op, tensors, {}, op(*tensors))
+
+
+MM = _spec(aten.mm.default, torch.randn(1024, 512), torch.randn(512, 1024), dtype=torch.bfloat16)
+TANH = _spec(aten.tanh.default, torch.randn(64, 256))
+SIGMOID = _spec(aten.sigmoid.default, torch.randn(8, 32))
+
+
+def test_floors_at_the_chip_files_ceilings(tmp_path):
+    chip = tmp_path / "chip.toml"
+    chip.write_text('name = "c"\ndevice = "cpu"\ntriton = "interpreter"\nbandwidth_gbs = 1000\n[tflops]\nbfloat16 = 100\n')
+    ceilings = ceilings_for(load_target_file(chip), None)
+    assert (ceilings.bandwidth_gbs, ceilings.tflops, ceilings.source) == (1000.0, {"bfloat16": 100.0}, "chip file")
+    f = floor(MM, ceilings)   # 2*1024*512*1024 FLOPs at 100 TFLOP/s beats its bytes at 1 TB/s
+    assert (f.flops, f.bytes, f.bound) == (2 * 1024 * 512 * 1024, 2 * (2 * 1024 * 512 + 1024 * 1024), "compute")
+    assert f.us == pytest.approx(f.flops / 100e12 * 1e6)
+    t = floor(TANH, ceilings)  # float32 FLOPs of an elementwise op are none: its bytes decide
+    assert (t.flops, t.bytes, t.bound) == (0, 2 * 64 * 256 * 4, "memory")
+    assert t.us == pytest.approx(t.bytes / 1e12 * 1e6)
+    assert floor(TANH, ceilings_for(get_target("interpreter"), tmp_path)).us is None
+    chip.write_text('name = "c"\ndevice = "cpu"\ntriton = "interpreter"\n[tflops]\nfloat17 = 3\n')
+    with pytest.raises(TargetError, match="not torch dtype names"):
+        load_target_file(chip)
+
+
+def test_the_cuda_targets_ceilings_are_measured_once_and_kept(tmp_path):
+    measured = []
+
+    def measure():
+        measured.append(1)
+        return {"bandwidth_gbs": 4230.0, "tflops": {"bfloat16": 729.0}, "source": "measured"}
+    gpu = Target("gpu", device="cuda", triton="cuda")
+    first, again = ceilings_for(gpu, tmp_path, measure), ceilings_for(gpu, tmp_path, measure)
+    assert first == again and first.bandwidth_gbs == 4230.0 and len(measured) == 1
+    assert (tmp_path / gpu.fingerprint_id() / "ceilings.json").exists()
+
+
+def _profile(host_s=None) -> Profile:
+    nodes = [NodeRun("g0", "mm_1", "triton", "mm", MM, MM.key, 1, 300e-6),
+             NodeRun("g0", "tanh", "vendor", "tanh", TANH, None, 1, 100e-6),
+             NodeRun("g0", "view", "view", "aten.view.default", None, None, 0, 5e-6),
+             NodeRun("g1", "mm_2", "triton", "mm", MM, MM.key, 2, 300e-6)]
+    return Profile("cuda", 3, 1e-3, host_s, nodes)
+
+
+class _Cache:
+    """A cache with one entry, its journal beside it: what rank reads of a KernelCache."""
+
+    def __init__(self, root: Path):
+        self.dir = root
+        (root / "journals").mkdir(parents=True)
+        lines = [{"config": {"BLOCK": 64}, "family": "matmul+inductor", "correct": True, "candidate_ms": 0.5,
+                  "vendor_ms": 0.4},
+                 {"config": {"generator": "inductor"}, "family": "matmul+inductor", "correct": True,
+                  "candidate_ms": 0.35, "vendor_ms": 0.41},
+                 {"config": {"BLOCK": 32}, "family": "matmul+inductor", "correct": False, "candidate_ms": 0.01}]
+        (root / "journals" / f"{MM.key}.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n{cut")
+
+    def get(self, key):
+        if key != MM.key:
+            return None
+        return types.SimpleNamespace(winner="triton", family="matmul", timings={"measured": False},
+                                     provenance={"generator": "inductor"})
+
+
+def test_rows_are_specs_ranked_by_time_against_their_floor(tmp_path):
+    rows = rank(_profile(), _Cache(tmp_path), CHIP)
+    assert [r.key for r in rows] == [MM.key, TANH.key, "op:aten.view.default"]
+    mm = rows[0]
+    assert mm.where == ["g0:mm_1", "g1:mm_2"] and mm.launches == 3 and mm.seconds == pytest.approx(600e-6)
+    assert mm.share == pytest.approx(600 / 705)
+    assert mm.floor_s == pytest.approx(2 * floor(MM, CHIP).us * 1e-6)   # both nodes at the floor
+    assert mm.distance == pytest.approx(600e-6 / mm.floor_s)
+    # the served kernel's generator is the entry's provenance; the journal's best of each other one
+    assert mm.generator == "inductor" and mm.alternatives == {"vendor": 0.4, "matmul": 0.5, "inductor": 0.35}
+    assert mm.best_alternative == ("vendor", 0.4)
+    assert rows[1].generator == "vendor (miss)" and rows[1].floor_s == pytest.approx(floor(TANH, CHIP).us * 1e-6)
+    assert rows[2].floor_s is None and rows[2].generator == "view"
+    assert [r.key for r in worth_a_reproducer(rows, 5)] == [MM.key, TANH.key]
+    near = Ceilings(1000.0, {"bfloat16": 100.0 * mm.floor_s / 600e-6}, "x")   # the mm at its floor now
+    assert [r.key for r in worth_a_reproducer(rank(_profile(), _Cache(tmp_path / "2"), near), 5)] == [TANH.key]
+    assert json.loads(json.dumps(mm.to_json()))["best_alternative"] == {"generator": "vendor", "ms": 0.4}
+
+
+def test_a_performance_reproducer_says_what_to_beat_and_how(tmp_path):
+    node = NodeRun("g0", "sigmoid", "vendor", "sigmoid", SIGMOID, None, 1, 40e-6)
+    row = rank(Profile("cpu", 3, 1e-4, None, [node]), None, CHIP)[0]
+    x = torch.randn(8, 32)
+    folder = write_perf_repro(tmp_path / "repros", row, [x], get_target("interpreter"), tmp_path / "cache", CHIP,
+                              "m.py:make")
+    meta = json.loads((folder / "spec.json").read_text())
+    perf = json.loads((folder / "perf.json").read_text())
+    assert meta["kind"] == "slow" and meta["spec"]["key"] == SIGMOID.key and meta["perf"]["time_to_beat_us"] == 40.0
+    assert perf["time_to_beat_us"] == pytest.approx(40.0) and perf["graph_replay_us"] is None
+    assert perf["floor_us"] == pytest.approx(2 * 8 * 32 * 4 / 1e12 * 1e6) and perf["bound"] == "memory"
+    assert torch.equal(torch.load(folder / "reference.pt")[0], torch.sigmoid(x.double()))
+    task = (folder / "task.md").read_text()
+    for text in ("## Time to beat", "time to beat: 40 us", "floor: 0.00205 us (memory-bound: 2,048 bytes",
+                 "python check_candidate.py my_kernel.py --time",
+                 f"fill_cache --repros {folder.parent} --candidate my_kernel.py", "python -m torch_kernelize.bottlenecks",
+                 f'SPECS = ["{SIGMOID.key}"]'):
+        assert text in task, text
+    node.seconds = 20e-6   # a later run refreshes the time to beat in place
+    write_perf_repro(tmp_path / "repros", rank(Profile("cpu", 3, 1e-4, None, [node]), None, CHIP)[0], [x],
+                     get_target("interpreter"), tmp_path / "cache", CHIP, "m.py:make")
+    assert json.loads((folder / "perf.json").read_text())["time_to_beat_us"] == pytest.approx(20.0)
+    assert (folder / "task.md").read_text().count("## Time to beat") == 1
+
+    from torch_kernelize.fill_cache.external import check_main
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = check_main(folder, [str(REPO / "test" / "candidates" / "sigmoid_ok.py"), "--time", "--target",
+                                   "interpreter"])
+    assert code == 0 and "ACCEPTED" in out.getvalue(), out.getvalue()
+    assert "TIME: not measured: timing needs a GPU" in out.getvalue() and "time to beat: 20 us" in out.getvalue()
+
+
+def test_the_history_shows_the_time_per_call_before_and_after(tmp_path):
+    path = tmp_path / "ledger-history.jsonl"
+    rows = rank(_profile(), None, CHIP)
+    first = history.run_record("m.py:make", "cuda", _profile(), rows)
+    assert history.last_run(path, "m.py:make") is None
+    assert "first run" in history.compare(None, first)
+    history.append(path, first)
+    history.append(path, history.run_record("other.py:make", "cuda", Profile("cuda", 3, 9.0, None, []), []))
+    with open(path, "a") as f:
+        f.write("{half a line\n")
+    faster = _profile()
+    faster.call_s, faster.nodes[0].seconds, faster.nodes[3].seconds = 0.5e-3, 100e-6, 100e-6
+    second = history.run_record("m.py:make", "cuda", faster, rank(faster, None, CHIP))
+    before = history.last_run(path, "m.py:make")
+    assert before["call_ms"] == pytest.approx(1.0)
+    line = history.compare(before, second)
+    assert "1 ms before" in line and "-> 0.5 ms per call (2.00x)" in line and "0.6 -> 0.2 ms" in line, line
+
+
+def test_table_json_and_chart(tmp_path, monkeypatch):
+    profile = _profile(host_s=2e-3)   # the host takes longer to issue a call than its kernels run
+    rows = rank(profile, None, CHIP)
+    text = output.table(rows, profile)
+    assert "HOST-BOUND" in text and "1 ms per call" in text and "3 launches per call" not in text
+    lines = text.splitlines()
+    assert lines[3].split()[:3] == ["1", "600", "85.1%"] and "inductor" not in lines[3]
+    assert "device-bound" in output.table(rows, _profile(host_s=1e-6))
+    data = output.ledger_json(rows, profile, {"model": "m"})
+    assert data["host_bound"] is True and [r["key"] for r in data["rows"]] == [r.key for r in rows]
+    try:
+        import matplotlib  # noqa: F401 - the optional `bench` extra
+    except ImportError:
+        pass
+    else:
+        assert output.chart(rows, tmp_path / "c.png", "t") == f"chart: {tmp_path / 'c.png'}"
+        assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # as if it were not installed
+    assert output.chart(rows, tmp_path / "d.png", "t").startswith("chart: skipped (matplotlib is not installed")
+
+
+MODEL = '''
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32, 32))
+    def forward(self, x):
+        return torch.tanh(x @ self.w) * 2.0, torch.sigmoid(x)
+def make():
+    torch.manual_seed(0)
+    return M(), (torch.randn(16, 32),)
+'''
+
+
+def test_the_command_maps_launches_to_their_generators_and_reconnects(tmp_path, capsys):
+    from torch_kernelize.fill_cache import cli as fill_cli
+    model = tmp_path / "m.py"
+    model.write_text(MODEL)
+    ref, cache = f"{model}:make", tmp_path / "cache"
+    args = ["--model", ref, "--target", "interpreter", "--cache-dir", str(cache)]
+    assert fill_cli.main(args + ["--quiet", "--budget", "1", "--generators", "none"]) == 0
+    capsys.readouterr()
+    ledger = args + ["--repro-dir", str(tmp_path / "repros"), "--out", str(tmp_path / "out"), "--top", "1"]
+    assert bottlenecks.main(ledger) == 0
+    first = capsys.readouterr().out
+    assert "first run" in first and "host and kernel time are one here" in first
+    data = json.loads((tmp_path / "out" / "m_make-interpreter.json").read_text())
+    served = {" ".join(r["op"].split()[:2]) if r["op"].startswith("region") else r["op"].split("(")[0]:
+              (r["tier"], r["generator"], r["launches"]) for r in data["rows"]}
+    assert served == {"region mm+tanh+mul": ("triton", "matmul", 1), "aten.sigmoid.default": ("triton", "elementwise", 1)}
+    folders = list((tmp_path / "repros").glob("perf-*/perf.json"))
+    assert len(folders) == 1 and data["reproducers"] == [str(folders[0].parent)]
+    assert bottlenecks.main(ledger) == 0
+    second = capsys.readouterr().out
+    assert "ms before (" in second, second
+    lines = list(cache.glob("*/ledger-history.jsonl"))[0].read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(l)["model"] == ref for l in lines)
+    assert bottlenecks.main(["--model", f"{tmp_path}/nope.py:make", "--target", "interpreter", "--cache-dir",
+                             str(cache)]) == 2
+    assert "does not exist" in capsys.readouterr().err
