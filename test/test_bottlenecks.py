@@ -163,7 +163,7 @@ def test_the_history_shows_the_time_per_call_before_and_after(tmp_path):
     before = history.last_run(path, "m.py:make")
     assert before["call_ms"] == pytest.approx(1.0)
     line = history.compare(before, second)
-    assert "1 ms before" in line and "-> 0.5 ms per call (2.00x)" in line and "0.6 -> 0.2 ms" in line, line
+    assert "1 ms before" in line and "-> 0.5 ms per call (2x faster)" in line and "0.6 -> 0.2 ms" in line, line
 
 
 def test_table_json_and_chart(tmp_path, monkeypatch):
@@ -190,40 +190,58 @@ def test_table_json_and_chart(tmp_path, monkeypatch):
 MODEL = '''
 import torch
 class M(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(32, 32))
     def forward(self, x):
-        return torch.tanh(x @ self.w) * 2.0, torch.sigmoid(x)
+        return (torch.tanh(x) * 2.0).exp()
 def make():
     torch.manual_seed(0)
     return M(), (torch.randn(16, 32),)
 '''
 
 
-def test_the_command_maps_launches_to_their_generators_and_reconnects(tmp_path, capsys):
+def test_fusion_opportunities_are_regions_whose_nodes_run_apart(tmp_path):
+    from torch_kernelize.ledger.profile import RegionRun
+    from torch_kernelize.ledger.rank import fusions
+    region = KernelSpec("region", [], {}, TANH.inputs, TANH.outputs, False, '{"kind":"pointwise","nodes":[]}')
+    nodes = [NodeRun("g", "tanh", "vendor", "tanh", TANH, None, 1, 10e-6),
+             NodeRun("g", "view", "view", "view", None, None, 0, 1e-6),
+             NodeRun("g", "mul", "triton", "mul", TANH, None, 1, 20e-6),
+             NodeRun("g", "exp", "vendor", "exp", TANH, None, 1, 30e-6)]
+    regions = [RegionRun("g", region, ["tanh", "view", "mul"], ["x"], "miss"),
+               RegionRun("g", region, ["mul", "exp"], ["mul"], "miss"),      # overlaps the larger one
+               RegionRun("g", region, ["view", "exp"], ["x"], "miss")]       # one launch: nothing to fuse
+    found = fusions(Profile("cpu", 1, 1e-4, None, nodes, regions), CHIP)
+    assert len(found) == 1 and [n.node for n in found[0].nodes] == ["mul", "exp"]
+    row = found[0]
+    assert (row.tier, row.launches, row.calls, row.input_values) == ("fusion", 2, 1, [("g", "mul")])
+    assert row.seconds == pytest.approx(50e-6) and row.spec is region
+    assert row.floor_s == pytest.approx(floor(TANH, CHIP).us * 1e-6)   # the region's bytes once
+
+
+def test_the_command_ranks_offers_a_fusion_and_reconnects_after_the_fill(tmp_path, capsys):
     from torch_kernelize.fill_cache import cli as fill_cli
     model = tmp_path / "m.py"
     model.write_text(MODEL)
-    ref, cache = f"{model}:make", tmp_path / "cache"
-    args = ["--model", ref, "--target", "interpreter", "--cache-dir", str(cache)]
-    assert fill_cli.main(args + ["--quiet", "--budget", "1", "--generators", "none"]) == 0
-    capsys.readouterr()
-    ledger = args + ["--repro-dir", str(tmp_path / "repros"), "--out", str(tmp_path / "out"), "--top", "1"]
-    assert bottlenecks.main(ledger) == 0
+    ref, cache, repros = f"{model}:make", tmp_path / "cache", tmp_path / "repros"
+    args = ["--target", "interpreter", "--cache-dir", str(cache)]
+    ledger = ["--model", ref, *args, "--repro-dir", str(repros), "--out", str(tmp_path / "out"), "--top", "1"]
+    assert bottlenecks.main(ledger) == 0   # nothing filled: three vendor ops, one region they could be
     first = capsys.readouterr().out
     assert "first run" in first and "host and kernel time are one here" in first
+    assert "fuse 3 launches: pointwise region [tanh mul exp]" in first
     data = json.loads((tmp_path / "out" / "m_make-interpreter.json").read_text())
-    served = {" ".join(r["op"].split()[:2]) if r["op"].startswith("region") else r["op"].split("(")[0]:
-              (r["tier"], r["generator"], r["launches"]) for r in data["rows"]}
-    assert served == {"region mm+tanh+mul": ("triton", "matmul", 1), "aten.sigmoid.default": ("triton", "elementwise", 1)}
-    folders = list((tmp_path / "repros").glob("perf-*/perf.json"))
-    assert len(folders) == 1 and data["reproducers"] == [str(folders[0].parent)]
+    assert {(r["tier"], r["generator"], r["launches"]) for r in data["rows"]} == {("vendor", "vendor (miss)", 1)}
+    assert len(data["fusions"]) == 1 and len(data["reproducers"]) == 2
+    fusion = next(Path(f) for f in data["reproducers"] if json.loads((Path(f) / "perf.json").read_text())["fusion_of"])
+    assert "A fusion opportunity" in (fusion / "task.md").read_text()
+    # the reproducers filled (as a candidate file would be): the region now runs as one kernel
+    assert fill_cli.main(["--repros", str(repros), *args, "--quiet", "--budget", "1"]) == 0
+    capsys.readouterr()
     assert bottlenecks.main(ledger) == 0
     second = capsys.readouterr().out
-    assert "ms before (" in second, second
+    data = json.loads((tmp_path / "out" / "m_make-interpreter.json").read_text())
+    assert [(r["tier"], r["generator"], r["launches"]) for r in data["rows"]] == [("triton", "fused", 1)]
+    assert data["fusions"] == [] and "ms before (" in second and data["before"]["launches"] == 3
     lines = list(cache.glob("*/ledger-history.jsonl"))[0].read_text().splitlines()
-    assert len(lines) == 2 and all(json.loads(l)["model"] == ref for l in lines)
-    assert bottlenecks.main(["--model", f"{tmp_path}/nope.py:make", "--target", "interpreter", "--cache-dir",
-                             str(cache)]) == 2
+    assert len(lines) == 2 and all(json.loads(line)["model"] == ref for line in lines)
+    assert bottlenecks.main(["--model", f"{tmp_path}/nope.py:make", *args]) == 2
     assert "does not exist" in capsys.readouterr().err

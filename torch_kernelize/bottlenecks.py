@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch_kernelize.ledger.floors import ceilings_for
     from torch_kernelize.ledger.perf_repro import write_perf_repro
     from torch_kernelize.ledger.profile import capture_inputs, profile_model
-    from torch_kernelize.ledger.rank import rank, worth_a_reproducer
+    from torch_kernelize.ledger.rank import fusions, rank, worth_a_reproducer
 
     try:
         target = get_target(args.target or ("cuda" if torch.cuda.is_available() else None))
@@ -74,17 +74,23 @@ def main(argv: list[str] | None = None) -> int:
         with served_model(args.model, target, args.cache_dir) as (_, inputs, compiled, _, graphs):
             profile = profile_model(compiled, inputs, graphs, cuda=target.device == "cuda", calls=args.calls)
             ceilings = ceilings_for(target, args.cache_dir)
-            rows = rank(profile, cache, ceilings)
-            slow = worth_a_reproducer(rows, args.top)
-            captured = capture_inputs(compiled, inputs, graphs, {(r.nodes[0].graph, r.nodes[0].node) for r in slow})
+            rows, fused = rank(profile, cache, ceilings), fusions(profile, ceilings)
+            slow = worth_a_reproducer(rows, args.top) + worth_a_reproducer(fused, args.top)
+            captured, values = capture_inputs(compiled, inputs, graphs,
+                                              {(r.nodes[0].graph, r.nodes[0].node) for r in slow if r.region is None},
+                                              {v for r in slow for v in r.input_values or ()})
     except KernelizeError as e:
         print(f"bottlenecks: error: {e}", file=sys.stderr)
         return 2
     print(f"bottleneck ledger of {args.model} on target {target.name!r} (ceilings: {ceilings.source})")
     print(output.table(rows, profile))
+    print(output.fusion_table(fused))
     folders = []
     for r in slow:
-        inputs_of = captured.get((r.nodes[0].graph, r.nodes[0].node))
+        if r.input_values is not None:
+            inputs_of = [values[v] for v in r.input_values if v in values]
+        else:
+            inputs_of = captured.get((r.nodes[0].graph, r.nodes[0].node))
         if inputs_of is None or len(inputs_of) != len(r.spec.inputs):
             log.warning("%s: its inputs were not captured; no reproducer", r.op)
             continue
@@ -101,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ledger = args.out / f"{name}-{target.name}.json"
     output.write_json(ledger, output.ledger_json(
         rows, profile, {"model": args.model, "target": target.name, "ceilings": ceilings.to_json(),
-                        "reproducers": [str(f) for f in folders], "before": before}))
+                        "reproducers": [str(f) for f in folders], "before": before}, fused))
     print(f"ledger: {ledger}")
     print(output.chart(rows, ledger.with_suffix(".png"), f"{args.model} on {target.name}: time per call vs floor"))
     return 0

@@ -52,9 +52,10 @@ def compare(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
     now = f"{after['call_ms']:.3g} ms per call"
     if before is None:
         return f"time per call: {now} (first run: kept in the history for the next)"
-    ratio = before["call_ms"] / after["call_ms"] if after["call_ms"] else float("inf")
+    speed = before["call_ms"] / after["call_ms"] if after["call_ms"] else float("inf")
+    ratio = f"{speed:.3g}x faster" if speed >= 1 else f"{1 / speed:.3g}x slower"
     moved = {r["key"]: r["ms"] for r in before.get("top", [])}
     changed = [f"{r['op'][:40]} {moved[r['key']]:.3g} -> {r['ms']:.3g} ms" for r in after["top"]
                if r["key"] in moved and abs(moved[r["key"]] - r["ms"]) > 0.05 * max(moved[r["key"]], 1e-9)]
-    line = (f"time per call: {before['call_ms']:.3g} ms before ({before['date']}) -> {now} ({ratio:.2f}x)")
+    line = (f"time per call: {before['call_ms']:.3g} ms before ({before['date']}) -> {now} ({ratio})")
     return line + ("\n  " + "\n  ".join(changed[:5]) if changed else "")

@@ -39,11 +39,24 @@ def table(rows: Sequence[Row], profile: Profile, limit: int = 20) -> str:
     return "\n".join(lines)
 
 
-def ledger_json(rows: Sequence[Row], profile: Profile, extra: dict[str, Any]) -> dict[str, Any]:
+def fusion_table(fusions: Sequence[Row], limit: int = 10) -> str:
+    """The fusion opportunities: regions the planner tried whose nodes run as separate launches."""
+    if not fusions:
+        return "fusion opportunities: none (every region the planner formed runs fused, or has one launch)"
+    lines = ["fusion opportunities (regions without a kernel, their nodes run as separate launches):"]
+    for r in fusions[:limit]:
+        dist = f"{r.distance:.1f}x" if r.distance is not None else "n/a"
+        lines.append(f"    {_us(r.seconds):>9} us {100 * r.share:>5.1f}% {r.launches:>4.0f} launches  floor "
+                     f"{_us(r.floor_s)} us ({dist})  {r.op[:90]}")
+    return "\n".join(lines)
+
+
+def ledger_json(rows: Sequence[Row], profile: Profile, extra: dict[str, Any],
+                fusions: Sequence[Row] = ()) -> dict[str, Any]:
     return {**extra, "call_ms": profile.call_s * 1e3, "kernel_ms": profile.kernel_s * 1e3,
             "host_ms": None if profile.host_s is None else profile.host_s * 1e3, "host_bound": profile.host_bound,
             "launches": profile.launches, "calls": profile.calls, "device": profile.device,
-            "rows": [r.to_json() for r in rows]}
+            "rows": [r.to_json() for r in rows], "fusions": [r.to_json() for r in fusions]}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

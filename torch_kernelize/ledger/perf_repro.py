@@ -28,9 +28,9 @@ def served_times(row: Row, inputs: Sequence[torch.Tensor], target: Target) -> tu
     """(median us, CUDA-graph replay us) of one call of the row's served implementation. On CUDA
     timed alone on the captured inputs (triton.testing.do_bench), as check_candidate --time times
     a candidate; elsewhere the ledger's in-model time per node call, and no replay."""
-    per_node = row.seconds / len(row.nodes) * 1e6
-    if target.device != "cuda":
-        return per_node, None
+    per_call = row.seconds / row.calls * 1e6
+    if target.device != "cuda" or row.region is not None:  # (a fusion's launches: timed in the model)
+        return per_call, None
     from torch_kernelize.fill_cache.benchmark import graph_replay_ms, median_ms
     call: Callable = row.nodes[0].call or (lambda *t: row.spec.run_vendor(t))
     on_device = [t.to("cuda") for t in inputs]
@@ -40,12 +40,14 @@ def served_times(row: Row, inputs: Sequence[torch.Tensor], target: Target) -> tu
 
 def perf_record(row: Row, target: Target, ceilings: Ceilings, model: str, median_us: float,
                 replay_us: float | None) -> dict[str, Any]:
-    calls = len(row.nodes)
+    calls = row.calls
     return {
         "model": model, "target": target.name, "where": row.where,
         "time_to_beat_us": median_us, "graph_replay_us": replay_us,
-        "timed": "median, alone on the captured inputs (triton.testing.do_bench)" if target.device == "cuda" else
-                 "per call inside the model, on the host (not a GPU time)",
+        "timed": ("per call inside the model, on the host (not a GPU time)" if target.device != "cuda" else
+                  "per call inside the model (torch.profiler device time)" if row.region is not None else
+                  "median, alone on the captured inputs (triton.testing.do_bench)"),
+        "fusion_of": [f"{n.graph}:{n.node} {n.op}" for n in row.nodes] if row.region is not None else None,
         "served_by": row.generator, "tier": row.tier, "share_of_call": row.share, "calls_per_model_call": calls,
         "floor_us": row.floor_s / calls * 1e6 if row.floor_s else None, "bound": row.bound,
         "bytes": row.bytes, "flops": row.flops, "ceilings": ceilings.to_json(),
@@ -64,6 +66,9 @@ def performance_section(perf: dict[str, Any], folder: Path) -> str:
         f"{100 * perf['share_of_call']:.1f}% of the kernels' time per model call, {perf['calls_per_model_call']} "
         f"call(s) per model call ({', '.join(perf['where'][:4])}{', ...' if len(perf['where']) > 4 else ''}), "
         f"served by `{perf['served_by']}` ({perf['tier']}).",
+        *(["", "A fusion opportunity: the region's nodes run as separate kernels now, each writing what the next "
+           "reads back. One kernel for the whole region (its inputs above, its outputs only) beats their sum:", "",
+           *[f"  - {x}" for x in perf["fusion_of"]]] if perf.get("fusion_of") else []),
         "",
         f"- time to beat: {perf['time_to_beat_us']:.3g} us, {perf['timed']}"
         + (f"; {replay:.3g} us under CUDA-graph replay" if replay is not None else ""),

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from torch_kernelize.core.region_graph import spec_ops
+from torch_kernelize.core.region_graph import describe_region
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import op_name
 from torch_kernelize.serving.runtime import CapturingInterpreter, TritonCall
@@ -50,12 +50,24 @@ class NodeRun:
 
 
 @dataclasses.dataclass
+class RegionRun:
+    """A fused region the planner tried that did not get a kernel: its nodes run as separate
+    launches (a fusion opportunity, whose spec a kernel for it would be served by)."""
+    graph: str
+    spec: KernelSpec
+    members: list[str]         # its nodes' names in the bound graph
+    inputs: list[str]          # the nodes whose values are its inputs, in the spec's order
+    served: str                # why it is not fused now (the region decision's reason)
+
+
+@dataclasses.dataclass
 class Profile:
     device: str                 # "cuda" or "cpu"
     calls: int
     call_s: float               # one served call, wall time (median)
     host_s: float | None        # CUDA: the host's time to issue one call; None where kernels run on the host
     nodes: list[NodeRun]
+    regions: list[RegionRun] = dataclasses.field(default_factory=list)
 
     @property
     def kernel_s(self) -> float:
@@ -92,21 +104,35 @@ def _classify(n: fx.Node, decisions: dict[str, Any]) -> NodeRun | None:
 
 
 def _describe(spec: KernelSpec) -> str:
-    """One op's description; a fused region's ops and shapes ("region mm+tanh+mul f32[16x32] ...")."""
+    """One op's description; a fused region's kind, ops and input shapes."""
     if spec.graph is None:
         return spec.describe()
-    ops = [op.split(".")[1] for op in spec_ops(spec)]
-    return f"region {'+'.join(ops)} " + " ".join(m.short() for m in spec.inputs)
+    return f"{describe_region(spec)} " + " ".join(m.short() for m in spec.inputs)
 
 
-def specializations(graphs: Sequence[Any]) -> list[tuple[str, Any]]:
-    """(graph name, Specialization) of every bound executable the compile made, each once."""
+def specializations(graphs: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """(LoweredGraph, Specialization) of every bound executable the compile made, each once."""
     seen, out = set(), []
     for g in graphs:
         for s in g._specializations.values():
             if id(s) not in seen:
                 seen.add(id(s))
-                out.append((g.name, s))
+                out.append((g, s))
+    return out
+
+
+def _unfused_regions(graph: Any, spec: Any, bound: set[str]) -> list[RegionRun]:
+    """The regions of a specialization that were tried and missed, whose nodes (and inputs) are
+    all in the bound graph under their names: run there as separate launches."""
+    out = []
+    for d in spec.regions:
+        region = graph._region_of.get(d.spec_key)
+        if d.tier == "triton" or d.spec is None or region is None:
+            continue
+        members = [n.name for n in region.nodes]
+        inputs = [n.name for n in region.inputs]
+        if set(members) <= bound and set(inputs) <= bound:
+            out.append(RegionRun(graph.name, d.spec, members, inputs, d.reason or "not in the cache"))
     return out
 
 
@@ -159,12 +185,14 @@ def profile_model(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[An
     call()  # warm: a first call's work (reproducer capture) is not profiled
     call_s, host_s = _served_times(call, calls, cuda, clock)
     runs: dict[tuple[str, str], NodeRun] = {}
+    regions: list[RegionRun] = []
     for graph, spec in specializations(graphs):
         decisions = {d.node: d for d in spec.decisions}
         for n in spec.gm.graph.nodes:
             r = _classify(n, decisions)
             if r is not None:
-                runs[(graph, n.name)] = dataclasses.replace(r, graph=graph)
+                runs[(graph.name, n.name)] = dataclasses.replace(r, graph=graph.name)
+        regions += _unfused_regions(graph, spec, {n.name for n in spec.gm.graph.nodes})
     spent: dict[tuple[str, str], float] = collections.defaultdict(float)
     kernels: dict[tuple[str, str], int] = collections.defaultdict(int)
     with _running_timed(graphs, {k[1] for k in runs}, spent, clock, cuda):
@@ -182,7 +210,7 @@ def profile_model(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[An
         r.seconds = spent.get(k, 0.0) / calls
         if cuda:
             r.launches = kernels.get(k, 0) / calls
-    return Profile("cuda" if cuda else "cpu", calls, call_s, host_s, list(runs.values()))
+    return Profile("cuda" if cuda else "cpu", calls, call_s, host_s, list(runs.values()), regions)
 
 
 @contextlib.contextmanager
@@ -190,7 +218,7 @@ def _running_timed(graphs: Sequence[Any], watched: set[str], spent: dict, clock:
     """Every specialization runs through ``_Timed`` while the block lasts."""
     with contextlib.ExitStack() as stack:
         for graph, s in specializations(graphs):
-            stack.enter_context(s.running(_Timed(s.gm, graph, watched, spent, clock, cuda).run))
+            stack.enter_context(s.running(_Timed(s.gm, graph.name, watched, spent, clock, cuda).run))
         yield
 
 
@@ -207,16 +235,20 @@ def _read_ranges(events: Sequence[Any], spent: dict, kernels: dict) -> None:
 
 
 def capture_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any],
-                   wanted: set[tuple[str, str]]) -> dict[tuple[str, str], list[torch.Tensor]]:
-    """CPU copies of the tensor inputs of the ``wanted`` (graph, node)s, from one served call."""
+                   inputs_of: set[tuple[str, str]], values_of: set[tuple[str, str]] = frozenset()
+                   ) -> tuple[dict[tuple[str, str], list[torch.Tensor]], dict[tuple[str, str], torch.Tensor]]:
+    """CPU copies, from one served call, of the tensor inputs of the ``inputs_of`` (graph, node)s
+    and of the values of the ``values_of`` ones."""
     interpreters = []
     with contextlib.ExitStack() as stack:
         for graph, spec in specializations(graphs):
-            names = {node for g, node in wanted if g == graph}
-            if names:
-                interp = CapturingInterpreter(spec.gm, names)
-                interpreters.append((graph, interp))
+            ins = {node for g, node in inputs_of if g == graph.name}
+            values = {node for g, node in values_of if g == graph.name}
+            if ins or values:
+                interp = CapturingInterpreter(spec.gm, ins, values)
+                interpreters.append((graph.name, interp))
                 stack.enter_context(spec.running(interp.run))
         with torch.no_grad():
             compiled(*inputs)
-    return {(graph, node): tensors for graph, interp in interpreters for node, tensors in interp.captured.items()}
+    return ({(g, node): t for g, i in interpreters for node, t in i.captured.items()},
+            {(g, node): t for g, i in interpreters for node, t in i.values.items()})

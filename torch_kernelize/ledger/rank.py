@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from torch_kernelize.core.region_graph import describe_region
 from torch_kernelize.ledger.floors import Ceilings, Floor, floor
 from torch_kernelize.ledger.profile import NodeRun, Profile
 
@@ -34,7 +35,11 @@ class Row:
     bytes: int = 0                # per node call
     flops: int = 0
     alternatives: dict[str, float] = dataclasses.field(default_factory=dict)  # generator -> best ms (fill)
+    calls: int = 1                # calls of the spec per model call
     nodes: list[NodeRun] = dataclasses.field(default_factory=list, repr=False)
+    # a fusion opportunity's: its region spec, and the (graph, node)s whose values are its inputs
+    region: Any = dataclasses.field(default=None, repr=False)
+    input_values: list[tuple[str, str]] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def distance(self) -> float | None:
@@ -54,14 +59,15 @@ class Row:
 
     @property
     def spec(self) -> Any:
-        return self.nodes[0].spec if self.nodes else None
+        return self.region if self.region is not None else (self.nodes[0].spec if self.nodes else None)
 
     @property
     def where(self) -> list[str]:
         return [f"{n.graph}:{n.node}" for n in self.nodes]
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "nodes"}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("nodes", "region", "input_values")}
         best = self.best_alternative
         out.update(where=self.where, distance=self.distance, above_floor=self.above_floor,
                    best_alternative={"generator": best[0], "ms": best[1]} if best else None)
@@ -125,18 +131,50 @@ def rank(profile: Profile, cache: Any, ceilings: Ceilings) -> list[Row]:
         entry_key = first.entry_key or first.key
         entry = cache.get(entry_key) if cache is not None and entry_key else None
         row = Row(key, first.op, first.tier, _generator(first.tier, entry, first.spec),
-                  sum(n.seconds for n in nodes), sum(n.launches for n in nodes), nodes=nodes)
+                  sum(n.seconds for n in nodes), sum(n.launches for n in nodes), calls=len(nodes), nodes=nodes)
         row.share = row.seconds / total
-        if first.spec is not None:
-            f: Floor = floor(first.spec, ceilings)
-            row.bytes, row.flops, row.bound = f.bytes, f.flops, f.bound
-            row.floor_s = f.us * 1e-6 * len(nodes) if f.us is not None else None
-            if cache is not None:
-                row.alternatives = _alternatives(cache, entry_key, entry)
+        _at_floor(row, ceilings)
+        if first.spec is not None and cache is not None:
+            row.alternatives = _alternatives(cache, entry_key, entry)
         rows.append(row)
     return sorted(rows, key=lambda r: -r.seconds)
 
 
+def _at_floor(row: Row, ceilings: Ceilings) -> None:
+    if row.spec is not None:
+        f: Floor = floor(row.spec, ceilings)
+        row.bytes, row.flops, row.bound = f.bytes, f.flops, f.bound
+        row.floor_s = f.us * 1e-6 * row.calls if f.us is not None else None
+
+
+def fusions(profile: Profile, ceilings: Ceilings) -> list[Row]:
+    """Fusion opportunities: each region the planner tried without a kernel whose nodes run as
+    two or more launches, as one row (its time: theirs; its floor: the region's, whose
+    intermediates never leave the chip). Largest first; a region overlapping a larger one is left out."""
+    by_node = {(n.graph, n.node): n for n in profile.nodes}
+    total = sum(n.seconds for n in profile.nodes) or 1.0
+    rows, taken = [], set()
+    for r in profile.regions:
+        members = [by_node[(r.graph, m)] for m in r.members if (r.graph, m) in by_node]
+        launching = [n for n in members if n.launches > 0]
+        if len(launching) < 2:
+            continue
+        row = Row(r.spec.key, f"fuse {len(launching)} launches: {describe_region(r.spec)}",
+                  "fusion", f"{len(launching)} kernels ({r.served[:40]})", sum(n.seconds for n in members),
+                  sum(n.launches for n in members), nodes=members, region=r.spec,
+                  input_values=[(r.graph, i) for i in r.inputs])
+        row.share = row.seconds / total
+        _at_floor(row, ceilings)
+        rows.append(row)
+    out = []
+    for row in sorted(rows, key=lambda r: -r.seconds):
+        mine = {(n.graph, n.node) for n in row.nodes}
+        if not mine & taken:
+            out.append(row)
+            taken |= mine
+    return out
+
+
 def worth_a_reproducer(rows: Sequence[Row], top: int) -> list[Row]:
     """The ``top`` slowest rows with a kernel spec that are above their floor."""
-    return [r for r in rows if r.spec is not None and r.tier in ("triton", "vendor") and r.above_floor][:top]
+    return [r for r in rows if r.spec is not None and r.tier in ("triton", "vendor", "fusion") and r.above_floor][:top]
