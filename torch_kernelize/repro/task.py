@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from torch_kernelize.lowering.kernels import KernelFamily, family_for
+from torch_kernelize.core.costs import bytes_moved
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 from torch_kernelize.core.tolerances import TOLERANCES, tolerance
 from torch_kernelize.core.validate import DEFAULT_SEEDS
@@ -86,16 +87,8 @@ def _arguments(spec: KernelSpec) -> list[str]:
     return out
 
 
-def _span_bytes(m: TensorMeta) -> int:
-    """Bytes a kernel must touch at least: each distinct element once (an expanded input's once)."""
-    if not m.numel:
-        return 0
-    distinct = math.prod(s for s, st in zip(m.shape, m.stride) if st != 0)
-    return distinct * torch.empty((), dtype=m.torch_dtype).element_size()
-
-
 def _floors(spec: KernelSpec) -> list[str]:
-    moved = sum(_span_bytes(m) for m in spec.inputs + spec.outputs)
+    moved = bytes_moved(spec)
     lines = [f"- bytes read + written at least: {moved:,} -> {moved / H200_BYTES_PER_S * 1e6:.3g} us at the "
              f"H200's measured copy ceiling ({H200_BYTES_PER_S / 1e12:.2f} TB/s)"]
     if spec.op in MATMULS:
