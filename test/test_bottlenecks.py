@@ -245,3 +245,21 @@ def test_the_command_ranks_offers_a_fusion_and_reconnects_after_the_fill(tmp_pat
     assert len(lines) == 2 and all(json.loads(line)["model"] == ref for line in lines)
     assert bottlenecks.main(["--model", f"{tmp_path}/nope.py:make", *args]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_node_ranges_are_read_from_torch_profiler_events():
+    """The CUDA path's reading of torch.profiler's events (their names and fields), on CPU events:
+    each node's range is found by name, its device time (none here) and kernels counted."""
+    import collections
+    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch_kernelize.ledger.profile import RANGE, _read_ranges
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with record_function(f"{RANGE}inference_0|mm_1"):
+                torch.randn(8, 8) @ torch.randn(8, 8)
+            with record_function(f"{RANGE}inference_0|relu|x"):   # a node name holding the separator
+                torch.relu(torch.randn(4))
+    spent, kernels = collections.defaultdict(float), collections.defaultdict(int)
+    _read_ranges(prof.events(), spent, kernels)
+    assert set(spent) == {("inference_0", "mm_1"), ("inference_0", "relu|x")}
+    assert all(v == 0.0 for v in spent.values()) and all(v == 0 for v in kernels.values())

@@ -229,15 +229,16 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     measurer = Measurer(work.spec, generator, target, [work.captured] if work.captured else [])
     try:
         ev = measurer.evaluate(candidate.config)
-    finally:
+        timed = _timed_verdict(repro, measurer, candidate, work, target) if ev.correct and args.time else None
+    finally:  # (the built candidate goes with the builder: timed before)
         measurer.builder.close()
     print(json.dumps({"spec": work.spec.key, "candidate": candidate.describe(), "correct": ev.correct,
                       "error": ev.error, "max_err": (ev.validation or {}).get("max_err"),
                       "candidate_ms": ev.candidate_ms, "vendor_ms": ev.vendor_ms,
                       "speedup": ev.fitness if ev.measured else None}, indent=1))
     print(f"ACCEPTED: correct on every trial of {target.name}" if ev.correct else f"REJECTED: {ev.error}")
-    if ev.correct and args.time:
-        print(_timed_verdict(repro, measurer, candidate, work, target))
+    if timed is not None:
+        print(timed)
     return 0 if ev.correct else 1
 
 
@@ -250,10 +251,11 @@ def _timed_verdict(repro: Path, measurer: Any, candidate: Candidate, work: Work,
     if target.triton != "cuda":
         return (f"TIME: not measured: timing needs a GPU (target {target.name!r} runs kernels through "
                 f"{target.triton}); run this with --target cuda on one" + (f" (time to beat: {beat:.3g} us)" if beat else ""))
+    from torch_kernelize.core.devices import to_device
     from torch_kernelize.fill_cache.benchmark import graph_replay_ms, median_ms
     _, runner = measurer.build(candidate.config)
     inputs = work.captured or measurer.family.sample_inputs(work.spec, 0, "random", "cpu")
-    inputs = [t.to("cuda") if isinstance(t, torch.Tensor) else t for t in inputs]
+    inputs = [to_device(t, "cuda") if isinstance(t, torch.Tensor) else t for t in inputs]
     median_us = median_ms(lambda: runner(*inputs), rep_ms=200) * 1e3
     replay = graph_replay_ms(lambda: runner(*inputs))
     line = f"TIME: {median_us:.3g} us median" + (f", {replay * 1e3:.3g} us under CUDA-graph replay" if replay else "")

@@ -31,9 +31,10 @@ def served_times(row: Row, inputs: Sequence[torch.Tensor], target: Target) -> tu
     per_call = row.seconds / row.calls * 1e6
     if target.device != "cuda" or row.region is not None:  # (a fusion's launches: timed in the model)
         return per_call, None
+    from torch_kernelize.core.devices import to_device
     from torch_kernelize.fill_cache.benchmark import graph_replay_ms, median_ms
     call: Callable = row.nodes[0].call or (lambda *t: row.spec.run_vendor(t))
-    on_device = [t.to("cuda") for t in inputs]
+    on_device = [to_device(t, "cuda") for t in inputs]
     replay = graph_replay_ms(lambda: call(*on_device))
     return median_ms(lambda: call(*on_device), rep_ms=200) * 1e3, (replay * 1e3 if replay is not None else None)
 

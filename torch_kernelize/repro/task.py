@@ -40,7 +40,7 @@ EDGE_VALUES = {
 CHECK_SCRIPT = '''\
 """Check a candidate kernel file against this reproducer exactly as fill_cache does.
 
-    python check_candidate.py my_kernel.py [--target cuda|interpreter]
+    python check_candidate.py my_kernel.py [--target cuda|interpreter] [--time]
 
 Exit 0: accepted (on a GPU with its time beside the vendor kernel's); 1: rejected, with the
 first failing trial; 2: it could not be checked. Needs torch_kernelize installed.
