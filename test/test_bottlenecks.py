@@ -263,3 +263,32 @@ def test_node_ranges_are_read_from_torch_profiler_events():
     _read_ranges(prof.events(), spent, kernels)
     assert set(spent) == {("inference_0", "mm_1"), ("inference_0", "relu|x")}
     assert all(v == 0.0 for v in spent.values()) and all(v == 0 for v in kernels.values())
+
+
+def test_the_profile_maps_nodes_and_takes_the_median_call(tmp_path):
+    """A real served model, timed with an injected clock: every node found with its spec and
+    tier, the fusion opportunity found, and a call that a busy host stretched does not count."""
+    from torch_kernelize.fill_cache.collect import served_model
+    from torch_kernelize.ledger.profile import profile_model
+    model = tmp_path / "m.py"
+    model.write_text(MODEL)
+
+    class Clock:
+        t, step = 0.0, 1e-6
+
+        def __call__(self):
+            self.t += self.step
+            return self.t
+    clock, invoked = Clock(), []
+    with served_model(f"{model}:make", get_target("interpreter"), tmp_path / "cache") as (_, inputs, compiled, _, graphs):
+        def call(*args):
+            invoked.append(1)
+            clock.step = 1.0 if len(invoked) == 6 else 1e-6   # the second profiled call is preempted
+            return compiled(*args)
+        profile = profile_model(call, inputs, graphs, cuda=False, calls=3, clock=clock)
+    assert len(invoked) == 7 and profile.call_s == pytest.approx(2e-6) and profile.host_s is None
+    ops = {n.op.split("(")[0]: (n.tier, n.launches, n.seconds) for n in profile.nodes}
+    assert set(ops) == {"aten.tanh.default", "aten.mul.Tensor", "aten.exp.default"}
+    assert all(tier == "vendor" and launches == 1 and s == pytest.approx(1e-6) for tier, launches, s in ops.values())
+    (region,) = [r for r in profile.regions if len(r.members) == 3]
+    assert region.spec.op == "region" and len(region.inputs) == 1

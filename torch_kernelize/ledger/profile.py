@@ -96,9 +96,11 @@ def _classify(n: fx.Node, decisions: dict[str, Any]) -> NodeRun | None:
     d = decisions.get(n.name)
     spec = getattr(d, "spec", None)
     if isinstance(target, FoldedView) or target in VIEW_OPS:
-        return NodeRun("", n.name, "view", op_name(getattr(target, "op", target)), None, None, 0)
+        return NodeRun("", n.name, "view", "view (folded)" if isinstance(target, FoldedView) else op_name(target),
+                       None, None, 0)
     tier = getattr(d, "tier", "vendor") if d is not None else "vendor"
-    name = _describe(spec) if spec is not None else op_name(getattr(target, "op", target))
+    host_op = getattr(target, "name", None)  # a host fallback names its op
+    name = _describe(spec) if spec is not None else host_op if isinstance(host_op, str) else op_name(target)
     entry = getattr(getattr(d, "entry", None), "key", None)
     return NodeRun("", n.name, tier if tier in ("vendor", "fallback") else "vendor", name, spec, entry, 1)
 
@@ -204,13 +206,27 @@ def profile_model(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[An
                 torch.cuda.synchronize()
             _read_ranges(prof.events(), spent, kernels)
         else:
-            for _ in range(calls):
-                call()
+            samples = _per_call(call, calls, spent)
     for k, r in runs.items():
-        r.seconds = spent.get(k, 0.0) / calls
+        # on the host, the median call's time: a busy machine's preemptions hit single calls
+        r.seconds = spent.get(k, 0.0) / calls if cuda else statistics.median(samples.get(k, [0.0]))
         if cuda:
             r.launches = kernels.get(k, 0) / calls
     return Profile("cuda" if cuda else "cpu", calls, call_s, host_s, list(runs.values()), regions)
+
+
+def _per_call(call: Callable[[], Any], calls: int, spent: dict) -> dict[tuple[str, str], list[float]]:
+    """Each node's time in each of ``calls`` calls (what ``spent`` gained in it; 0.0 where the
+    node did not run in a call)."""
+    samples: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    for i in range(calls):
+        before = dict(spent)
+        call()
+        for k, v in spent.items():
+            samples[k] += [0.0] * (i - len(samples[k])) + [v - before.get(k, 0.0)]
+    for k in samples:
+        samples[k] += [0.0] * (calls - len(samples[k]))
+    return samples
 
 
 @contextlib.contextmanager
