@@ -3,6 +3,7 @@ ranking, performance reproducers and their task, check_candidate --time, the rec
 the outputs; timings are injected wherever a number is asserted (the CPU is noisy)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
@@ -215,6 +216,12 @@ def test_fusion_opportunities_are_regions_whose_nodes_run_apart(tmp_path):
     assert (row.tier, row.launches, row.calls, row.input_values) == ("fusion", 2, 1, [("g", "mul")])
     assert row.seconds == pytest.approx(50e-6) and row.spec is region
     assert row.floor_s == pytest.approx(floor(TANH, CHIP).us * 1e-6)   # the region's bytes once
+    # two layers' identical regions are one row, as two calls of one kernel are
+    layer2 = [dataclasses.replace(n, node=n.node + "_2") for n in nodes]
+    twice = [*regions, RegionRun("g", region, ["mul_2", "exp_2"], ["mul_2"], "miss")]
+    (row,) = fusions(Profile("cpu", 1, 1e-4, None, nodes + layer2, twice), CHIP)
+    assert (row.calls, row.launches, row.where) == (2, 4, ["g:mul", "g:exp", "g:mul_2", "g:exp_2"])
+    assert row.floor_s == pytest.approx(2 * floor(TANH, CHIP).us * 1e-6) and row.op.startswith("fuse 2 launches")
 
 
 def test_the_command_ranks_offers_a_fusion_and_reconnects_after_the_fill(tmp_path, capsys):

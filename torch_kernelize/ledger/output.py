@@ -82,6 +82,9 @@ def chart(rows: Sequence[Row], path: Path, title: str, limit: int = 15) -> str:
     for i, r in zip(y, shown):
         if r.floor_s is None:
             ax.text(0, i - 0.2, " floor n/a", va="center", fontsize=7)
+    values = [v for r in shown for v in (r.seconds, r.floor_s or 0) if v > 0]
+    if values and max(values) > 100 * min(values):  # floors far below the times: a log scale shows both
+        ax.set_xscale("log")
     ax.set_yticks(list(y), labels, fontsize=7)
     ax.set_xlabel("microseconds per model call")
     ax.set_title(title, fontsize=9)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from torch_kernelize.core.region_graph import describe_region
+from torch_kernelize.core.region_graph import describe_region, region_graph
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import op_name
 from torch_kernelize.serving.runtime import CapturingInterpreter, TritonCall
@@ -128,7 +128,7 @@ def _unfused_regions(graph: Any, spec: Any, bound: set[str]) -> list[RegionRun]:
     all in the bound graph under their names: run there as separate launches."""
     out = []
     for d in spec.regions:
-        region = graph._region_of.get(d.spec_key)
+        region = _region_of(graph, d)
         if d.tier == "triton" or d.spec is None or region is None:
             continue
         members = [n.name for n in region.nodes]
@@ -136,6 +136,15 @@ def _unfused_regions(graph: Any, spec: Any, bound: set[str]) -> list[RegionRun]:
         if set(members) <= bound and set(inputs) <= bound:
             out.append(RegionRun(graph.name, d.spec, members, inputs, d.reason or "not in the cache"))
     return out
+
+
+def _region_of(graph: Any, d: Any) -> Any:
+    """The Region a region decision was made for. Identical regions (a model's layers) share a
+    spec key, so it is found by its first node (the decision's name) and its kind and size."""
+    first = d.node.partition(":")[2]
+    kind, size = region_graph(d.spec)["kind"], len(region_graph(d.spec)["nodes"])
+    return next((r for r in graph.regions if r.nodes and r.nodes[0].name == first and r.kind == kind
+                 and len(r.nodes) == size), None)
 
 
 class _Timed(fx.Interpreter):

@@ -148,31 +148,35 @@ def _at_floor(row: Row, ceilings: Ceilings) -> None:
 
 
 def fusions(profile: Profile, ceilings: Ceilings) -> list[Row]:
-    """Fusion opportunities: each region the planner tried without a kernel whose nodes run as
-    two or more launches, as one row (its time: theirs; its floor: the region's, whose
-    intermediates never leave the chip). Largest first; a region overlapping a larger one is left out."""
+    """Fusion opportunities: the regions the planner tried without a kernel whose nodes run as
+    two or more launches, one row per region spec (identical layers add up, as kernels do). Its
+    time is its nodes'; its floor the region's, whose intermediates never leave the chip. A region
+    overlapping a larger one is left out."""
     by_node = {(n.graph, n.node): n for n in profile.nodes}
-    total = sum(n.seconds for n in profile.nodes) or 1.0
-    rows, taken = [], set()
+    found = []
     for r in profile.regions:
         members = [by_node[(r.graph, m)] for m in r.members if (r.graph, m) in by_node]
-        launching = [n for n in members if n.launches > 0]
-        if len(launching) < 2:
-            continue
-        row = Row(r.spec.key, f"fuse {len(launching)} launches: {describe_region(r.spec)}",
-                  "fusion", f"{len(launching)} kernels ({r.served[:40]})", sum(n.seconds for n in members),
-                  sum(n.launches for n in members), nodes=members, region=r.spec,
-                  input_values=[(r.graph, i) for i in r.inputs])
+        if sum(n.launches > 0 for n in members) >= 2:
+            found.append((sum(n.seconds for n in members), r, members))
+    taken: set[tuple[str, str]] = set()
+    groups: dict[str, list[tuple[Any, list[NodeRun]]]] = {}
+    for _, r, members in sorted(found, key=lambda f: -f[0]):
+        mine = {(n.graph, n.node) for n in members}
+        if not mine & taken:
+            taken |= mine
+            groups.setdefault(r.spec.key, []).append((r, members))
+    total = sum(n.seconds for n in profile.nodes) or 1.0
+    rows = []
+    for key, regions in groups.items():
+        first, nodes = regions[0][0], [n for _, members in regions for n in members]
+        launches = sum(n.launches for n in nodes)
+        row = Row(key, f"fuse {launches / len(regions):.0f} launches: {describe_region(first.spec)}", "fusion",
+                  f"{launches:.0f} kernels ({first.served[:40]})", sum(n.seconds for n in nodes), launches,
+                  calls=len(regions), nodes=nodes, region=first.spec, input_values=[(first.graph, i) for i in first.inputs])
         row.share = row.seconds / total
         _at_floor(row, ceilings)
         rows.append(row)
-    out = []
-    for row in sorted(rows, key=lambda r: -r.seconds):
-        mine = {(n.graph, n.node) for n in row.nodes}
-        if not mine & taken:
-            out.append(row)
-            taken |= mine
-    return out
+    return sorted(rows, key=lambda r: -r.seconds)
 
 
 def worth_a_reproducer(rows: Sequence[Row], top: int) -> list[Row]:
