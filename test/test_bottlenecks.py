@@ -207,18 +207,21 @@ def test_fusion_opportunities_are_regions_whose_nodes_run_apart(tmp_path):
              NodeRun("g", "view", "view", "view", None, None, 0, 1e-6),
              NodeRun("g", "mul", "triton", "mul", TANH, None, 1, 20e-6),
              NodeRun("g", "exp", "vendor", "exp", TANH, None, 1, 30e-6)]
-    regions = [RegionRun("g", region, ["tanh", "view", "mul"], ["x"], "miss"),
-               RegionRun("g", region, ["mul", "exp"], ["mul"], "miss"),      # overlaps the larger one
-               RegionRun("g", region, ["view", "exp"], ["x"], "miss")]       # one launch: nothing to fuse
+    regions = [RegionRun("g", region, ["tanh", "view", "mul"], [("tanh", 0)], "miss"),
+               RegionRun("g", region, ["mul", "exp"], [("mul", 0)], "miss"),     # overlaps the larger one
+               RegionRun("g", region, ["view", "exp"], [("view", 0)], "miss")]   # one launch: nothing to fuse
     found = fusions(Profile("cpu", 1, 1e-4, None, nodes, regions), CHIP)
     assert len(found) == 1 and [n.node for n in found[0].nodes] == ["mul", "exp"]
     row = found[0]
-    assert (row.tier, row.launches, row.calls, row.input_values) == ("fusion", 2, 1, [("g", "mul")])
+    assert (row.tier, row.launches, row.calls, row.input_sources) == ("fusion", 2, 1, [("g", "mul", 0)])
+    x = torch.randn(3)
+    assert row.capture_points() == [("g", "mul")] and row.inputs_from({("g", "mul"): [x]}) == [x]
+    assert row.inputs_from({}) is None
     assert row.seconds == pytest.approx(50e-6) and row.spec is region
     assert row.floor_s == pytest.approx(floor(TANH, CHIP).us * 1e-6)   # the region's bytes once
     # two layers' identical regions are one row, as two calls of one kernel are
     layer2 = [dataclasses.replace(n, node=n.node + "_2") for n in nodes]
-    twice = [*regions, RegionRun("g", region, ["mul_2", "exp_2"], ["mul_2"], "miss")]
+    twice = [*regions, RegionRun("g", region, ["mul_2", "exp_2"], [("mul_2", 0)], "miss")]
     (row,) = fusions(Profile("cpu", 1, 1e-4, None, nodes + layer2, twice), CHIP)
     assert (row.calls, row.launches, row.where) == (2, 4, ["g:mul", "g:exp", "g:mul_2", "g:exp_2"])
     assert row.floor_s == pytest.approx(2 * floor(TANH, CHIP).us * 1e-6) and row.op.startswith("fuse 2 launches")
@@ -298,4 +301,4 @@ def test_the_profile_maps_nodes_and_takes_the_median_call(tmp_path):
     assert set(ops) == {"aten.tanh.default", "aten.mul.Tensor", "aten.exp.default"}
     assert all(tier == "vendor" and launches == 1 and s == pytest.approx(1e-6) for tier, launches, s in ops.values())
     (region,) = [r for r in profile.regions if len(r.members) == 3]
-    assert region.spec.op == "region" and len(region.inputs) == 1
+    assert region.spec.op == "region" and region.inputs == [("tanh", 0)]

@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             ceilings = ceilings_for(target, args.cache_dir)
             rows, fused = rank(profile, cache, ceilings), fusions(profile, ceilings)
             slow = worth_a_reproducer(rows, args.top) + worth_a_reproducer(fused, args.top)
-            captured, values = capture_inputs(compiled, inputs, graphs,
-                                              {(r.nodes[0].graph, r.nodes[0].node) for r in slow if r.region is None},
-                                              {v for r in slow for v in r.input_values or ()})
+            captured = capture_inputs(compiled, inputs, graphs, {p for r in slow for p in r.capture_points()})
     except KernelizeError as e:
         print(f"bottlenecks: error: {e}", file=sys.stderr)
         return 2
@@ -87,10 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(output.fusion_table(fused))
     folders = []
     for r in slow:
-        if r.input_values is not None:
-            inputs_of = [values[v] for v in r.input_values if v in values]
-        else:
-            inputs_of = captured.get((r.nodes[0].graph, r.nodes[0].node))
+        inputs_of = r.inputs_from(captured)
         if inputs_of is None or len(inputs_of) != len(r.spec.inputs):
             log.warning("%s: its inputs were not captured; no reproducer", r.op)
             continue

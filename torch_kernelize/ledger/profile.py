@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
+from torch.utils import _pytree as pytree
 
 from torch_kernelize.core.region_graph import describe_region, region_graph
 from torch_kernelize.core.spec import KernelSpec
@@ -56,7 +57,7 @@ class RegionRun:
     graph: str
     spec: KernelSpec
     members: list[str]         # its nodes' names in the bound graph
-    inputs: list[str]          # the nodes whose values are its inputs, in the spec's order
+    inputs: list[tuple[str, int]]  # per spec input: a member node reading it, and which of its tensor inputs
     served: str                # why it is not fused now (the region decision's reason)
 
 
@@ -124,18 +125,37 @@ def specializations(graphs: Sequence[Any]) -> list[tuple[Any, Any]]:
 
 
 def _unfused_regions(graph: Any, spec: Any, bound: set[str]) -> list[RegionRun]:
-    """The regions of a specialization that were tried and missed, whose nodes (and inputs) are
-    all in the bound graph under their names: run there as separate launches."""
+    """The regions of a specialization that were tried and missed, whose nodes are in the bound
+    graph under their names (views that were folded aside): run there as separate launches."""
     out = []
     for d in spec.regions:
-        region = _region_of(graph, d)
-        if d.tier == "triton" or d.spec is None or region is None:
+        region = _region_of(graph, d) if d.tier != "triton" and d.spec is not None else None
+        if region is None:
             continue
-        members = [n.name for n in region.nodes]
-        inputs = [n.name for n in region.inputs]
-        if set(members) <= bound and set(inputs) <= bound:
-            out.append(RegionRun(graph.name, d.spec, members, inputs, d.reason or "not in the cache"))
+        members = [n.name for n in region.nodes if n.name in bound]
+        if any(n.name not in bound and n.target not in VIEW_OPS for n in region.nodes):
+            continue
+        sources = _input_sources(region, set(members))
+        if sources is not None:
+            out.append(RegionRun(graph.name, d.spec, members, sources, d.reason or "not in the cache"))
     return out
+
+
+def _input_sources(region: Any, bound: set[str]) -> list[tuple[str, int]] | None:
+    """Where each region input can be captured: a bound member that reads it, and its position
+    among that member's tensor inputs (a view of it may have been folded into the argument: the
+    same tensor). None where an input has no such reader."""
+    sources = []
+    for x in region.inputs:
+        for m in region.nodes:
+            tensors = [a for a in pytree.tree_leaves((m.args, m.kwargs))
+                       if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+            if m.name in bound and x in tensors:
+                sources.append((m.name, tensors.index(x)))
+                break
+        else:
+            return None
+    return sources
 
 
 def _region_of(graph: Any, d: Any) -> Any:
@@ -260,20 +280,16 @@ def _read_ranges(events: Sequence[Any], spent: dict, kernels: dict) -> None:
 
 
 def capture_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any],
-                   inputs_of: set[tuple[str, str]], values_of: set[tuple[str, str]] = frozenset()
-                   ) -> tuple[dict[tuple[str, str], list[torch.Tensor]], dict[tuple[str, str], torch.Tensor]]:
-    """CPU copies, from one served call, of the tensor inputs of the ``inputs_of`` (graph, node)s
-    and of the values of the ``values_of`` ones."""
+                   wanted: set[tuple[str, str]]) -> dict[tuple[str, str], list[torch.Tensor]]:
+    """CPU copies of the tensor inputs of the ``wanted`` (graph, node)s, from one served call."""
     interpreters = []
     with contextlib.ExitStack() as stack:
         for graph, spec in specializations(graphs):
-            ins = {node for g, node in inputs_of if g == graph.name}
-            values = {node for g, node in values_of if g == graph.name}
-            if ins or values:
-                interp = CapturingInterpreter(spec.gm, ins, values)
+            names = {node for g, node in wanted if g == graph.name}
+            if names:
+                interp = CapturingInterpreter(spec.gm, names)
                 interpreters.append((graph.name, interp))
                 stack.enter_context(spec.running(interp.run))
         with torch.no_grad():
             compiled(*inputs)
-    return ({(g, node): t for g, i in interpreters for node, t in i.captured.items()},
-            {(g, node): t for g, i in interpreters for node, t in i.values.items()})
+    return {(g, node): t for g, i in interpreters for node, t in i.captured.items()}

@@ -37,9 +37,25 @@ class Row:
     alternatives: dict[str, float] = dataclasses.field(default_factory=dict)  # generator -> best ms (fill)
     calls: int = 1                # calls of the spec per model call
     nodes: list[NodeRun] = dataclasses.field(default_factory=list, repr=False)
-    # a fusion opportunity's: its region spec, and the (graph, node)s whose values are its inputs
+    # a fusion opportunity's: its region spec, and per input the (graph, node, which tensor input)
+    # to capture it from
     region: Any = dataclasses.field(default=None, repr=False)
-    input_values: list[tuple[str, str]] | None = dataclasses.field(default=None, repr=False)
+    input_sources: list[tuple[str, str, int]] | None = dataclasses.field(default=None, repr=False)
+
+    def capture_points(self) -> list[tuple[str, str]]:
+        """The (graph, node)s whose inputs the row's reproducer needs."""
+        if self.input_sources is None:
+            return [(self.nodes[0].graph, self.nodes[0].node)]
+        return [(g, n) for g, n, _ in self.input_sources]
+
+    def inputs_from(self, captured: dict) -> list | None:
+        """The row's kernel inputs out of ``capture_inputs``' result; None where one is missing."""
+        if self.input_sources is None:
+            return captured.get((self.nodes[0].graph, self.nodes[0].node))
+        got = [captured.get((g, n)) for g, n, _ in self.input_sources]
+        if any(t is None or i >= len(t) for t, (_, _, i) in zip(got, self.input_sources)):
+            return None
+        return [t[i] for t, (_, _, i) in zip(got, self.input_sources)]
 
     @property
     def distance(self) -> float | None:
@@ -67,7 +83,7 @@ class Row:
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("nodes", "region", "input_values")}
+               if f.name not in ("nodes", "region", "input_sources")}
         best = self.best_alternative
         out.update(where=self.where, distance=self.distance, above_floor=self.above_floor,
                    best_alternative={"generator": best[0], "ms": best[1]} if best else None)
@@ -172,7 +188,8 @@ def fusions(profile: Profile, ceilings: Ceilings) -> list[Row]:
         launches = sum(n.launches for n in nodes)
         row = Row(key, f"fuse {launches / len(regions):.0f} launches: {describe_region(first.spec)}", "fusion",
                   f"{launches:.0f} kernels ({first.served[:40]})", sum(n.seconds for n in nodes), launches,
-                  calls=len(regions), nodes=nodes, region=first.spec, input_values=[(first.graph, i) for i in first.inputs])
+                  calls=len(regions), nodes=nodes, region=first.spec,
+                  input_sources=[(first.graph, m, i) for m, i in first.inputs])
         row.share = row.seconds / total
         _at_floor(row, ceilings)
         rows.append(row)
