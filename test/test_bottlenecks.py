@@ -84,7 +84,8 @@ class _Cache:
                   "vendor_ms": 0.4},
                  {"config": {"generator": "inductor"}, "family": "matmul+inductor", "correct": True,
                   "candidate_ms": 0.35, "vendor_ms": 0.41},
-                 {"config": {"BLOCK": 32}, "family": "matmul+inductor", "correct": False, "candidate_ms": 0.01}]
+                 {"config": {"BLOCK": 32}, "family": "matmul+inductor", "correct": False, "candidate_ms": 0.01},
+                 {"config": {"external": "9f2c"}, "family": "matmul+external", "correct": True, "candidate_ms": 0.45}]
         (root / "journals" / f"{MM.key}.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n{cut")
 
     def get(self, key):
@@ -103,7 +104,8 @@ def test_rows_are_specs_ranked_by_time_against_their_floor(tmp_path):
     assert mm.floor_s == pytest.approx(2 * floor(MM, CHIP).us * 1e-6)   # both nodes at the floor
     assert mm.distance == pytest.approx(600e-6 / mm.floor_s)
     # the served kernel's generator is the entry's provenance; the journal's best of each other one
-    assert mm.generator == "inductor" and mm.alternatives == {"vendor": 0.4, "matmul": 0.5, "inductor": 0.35}
+    assert mm.generator == "inductor"
+    assert mm.alternatives == {"vendor": 0.4, "matmul": 0.5, "inductor": 0.35, "external": 0.45}
     assert mm.best_alternative == ("vendor", 0.4)
     assert rows[1].generator == "vendor (miss)" and rows[1].floor_s == pytest.approx(floor(TANH, CHIP).us * 1e-6)
     assert rows[2].floor_s is None and rows[2].generator == "view"

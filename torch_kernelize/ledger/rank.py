@@ -108,7 +108,9 @@ def journal_best(journal: Path) -> dict[str, float]:
             continue   # a line cut short by a kill
         keep("vendor", r.get("vendor_ms"))
         if r.get("correct"):
-            name = (r.get("config") or {}).get("generator") or str(r.get("family") or "ours").split("+")[0]
+            config = r.get("config") or {}   # tagged by another generator, a candidate file's, or the family's
+            name = config.get("generator") or ("external" if "external" in config else
+                                               str(r.get("family") or "ours").split("+")[0])
             keep(name, r.get("candidate_ms"))
     return best
 
