@@ -271,10 +271,11 @@ def test_node_ranges_are_read_from_torch_profiler_events():
                 torch.randn(8, 8) @ torch.randn(8, 8)
             with record_function(f"{RANGE}inference_0|relu|x"):   # a node name holding the separator
                 torch.relu(torch.randn(4))
-    spent, kernels = collections.defaultdict(float), collections.defaultdict(int)
+    spent = collections.defaultdict(float)
+    kernels = collections.defaultdict(lambda: collections.defaultdict(float))
     _read_ranges(prof.events(), spent, kernels)
     assert set(spent) == {("inference_0", "mm_1"), ("inference_0", "relu|x")}
-    assert all(v == 0.0 for v in spent.values()) and all(v == 0 for v in kernels.values())
+    assert all(v == 0.0 for v in spent.values()) and not any(kernels.values())   # no device kernels on a CPU
 
 
 def test_the_profile_maps_nodes_and_takes_the_median_call(tmp_path):
@@ -304,3 +305,26 @@ def test_the_profile_maps_nodes_and_takes_the_median_call(tmp_path):
     assert all(tier == "vendor" and launches == 1 and s == pytest.approx(1e-6) for tier, launches, s in ops.values())
     (region,) = [r for r in profile.regions if len(r.members) == 3]
     assert region.spec.op == "region" and region.inputs == [("tanh", 0)]
+
+
+def test_a_whole_graph_without_its_program_is_no_fusion_opportunity():
+    """Issue 35's whole-graph regions compete as wholes in the fill; a whole graph left to its
+    regions ("own assembly wins") would cover every other opportunity."""
+    import torch.fx as fx
+    from torch_kernelize.compiling.regions import Region
+    from torch_kernelize.ledger.profile import _unfused_regions
+    gm = fx.symbolic_trace(lambda x: torch.exp(torch.tanh(x)))
+    x, tanh, exp = [n for n in gm.graph.nodes if n.op != "output"]
+    for n in (x, tanh, exp):
+        n.meta["val"] = torch.empty(4)
+
+    def decision(kind):
+        graph = json.dumps({"kind": kind, "nodes": [{}, {}], "outputs": [1]})
+        spec = KernelSpec("region", [], {}, TANH.inputs, TANH.outputs, False, graph)
+        return types.SimpleNamespace(node=f"region:{tanh.name}", spec=spec, spec_key=spec.key, tier="vendor",
+                                     reason="miss")
+    graph = types.SimpleNamespace(name="g", regions=[Region(kind, [tanh, exp], [x], [exp]) for kind in ("whole", "pointwise")])
+    spec = types.SimpleNamespace(regions=[decision("whole"), decision("pointwise")])
+    found = _unfused_regions(graph, spec, {x.name, tanh.name, exp.name})
+    assert [(r.members, r.inputs) for r in found] == [([tanh.name, exp.name], [(tanh.name, 0)])]
+    assert json.loads(found[0].spec.graph)["kind"] == "pointwise"

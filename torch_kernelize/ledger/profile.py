@@ -30,6 +30,9 @@ from torch_kernelize.serving.runtime import CapturingInterpreter, TritonCall
 from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
 
 RANGE = "kernelize|"  # record_function ranges: kernelize|<graph>|<node>
+# region kinds that are no fusion opportunity: a whole graph's program (whole_graph.py) competes
+# as a whole in the fill, and its "own assembly wins" leaves the graph to its regions
+NOT_FUSIONS = frozenset({"whole"})
 
 
 @dataclasses.dataclass
@@ -44,6 +47,9 @@ class NodeRun:
     launches: float = 0.0      # kernel launches per model call
     seconds: float = 0.0       # time per model call
     call: Any = dataclasses.field(default=None, repr=False)  # the bound kernel call (TritonCall), to time alone
+    # CUDA: the device kernels its launches ran, name -> seconds per model call (a whole graph's
+    # program, or a vendor op that runs several, broken down)
+    kernels: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def key(self) -> str | None:
@@ -130,7 +136,7 @@ def _unfused_regions(graph: Any, spec: Any, bound: set[str]) -> list[RegionRun]:
     out = []
     for d in spec.regions:
         region = _region_of(graph, d) if d.tier != "triton" and d.spec is not None else None
-        if region is None:
+        if region is None or region.kind in NOT_FUSIONS:
             continue
         members = [n.name for n in region.nodes if n.name in bound]
         if any(n.name not in bound and n.target not in VIEW_OPS for n in region.nodes):
@@ -225,7 +231,7 @@ def profile_model(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[An
                 runs[(graph.name, n.name)] = dataclasses.replace(r, graph=graph.name)
         regions += _unfused_regions(graph, spec, {n.name for n in spec.gm.graph.nodes})
     spent: dict[tuple[str, str], float] = collections.defaultdict(float)
-    kernels: dict[tuple[str, str], int] = collections.defaultdict(int)
+    kernels: dict[tuple[str, str], dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
     with _running_timed(graphs, {k[1] for k in runs}, spent, clock, cuda):
         if cuda:
             from torch.profiler import ProfilerActivity, profile
@@ -240,7 +246,9 @@ def profile_model(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[An
         # on the host, the median call's time: a busy machine's preemptions hit single calls
         r.seconds = spent.get(k, 0.0) / calls if cuda else statistics.median(samples.get(k, [0.0]))
         if cuda:
-            r.launches = kernels.get(k, 0) / calls
+            ran = kernels.get(k, {})
+            r.launches = ran.get(LAUNCHES, 0.0) / calls
+            r.kernels = {name: t / calls for name, t in ran.items() if name != LAUNCHES}
     return Profile("cuda" if cuda else "cpu", calls, call_s, host_s, list(runs.values()), regions)
 
 
@@ -267,16 +275,24 @@ def _running_timed(graphs: Sequence[Any], watched: set[str], spent: dict, clock:
         yield
 
 
+LAUNCHES = ""  # (the key that counts a range's kernels beside their names)
+
+
 def _read_ranges(events: Sequence[Any], spent: dict, kernels: dict) -> None:
-    """Each node range's device time (s) and kernel count, from torch.profiler's events."""
-    def count(ev: Any) -> int:
-        return len(getattr(ev, "kernels", ())) + sum(count(c) for c in ev.cpu_children)
+    """Each node range's device time (s), and the kernels it ran (name -> seconds; LAUNCHES: how
+    many), from torch.profiler's events: a range's kernels are those of the launches under it."""
+    def walk(ev: Any, into: dict) -> None:
+        for k in getattr(ev, "kernels", ()):
+            into[k.name] += k.duration * 1e-6   # (microseconds)
+            into[LAUNCHES] += 1
+        for child in ev.cpu_children:
+            walk(child, into)
 
     for ev in events:
         if ev.name.startswith(RANGE) and ev.device_type == torch.autograd.DeviceType.CPU:
             _, graph, node = ev.name.split("|", 2)
-            spent[(graph, node)] += ev.device_time_total * 1e-6   # (microseconds)
-            kernels[(graph, node)] += count(ev)
+            spent[(graph, node)] += ev.device_time_total * 1e-6
+            walk(ev, kernels[(graph, node)])
 
 
 def capture_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any],

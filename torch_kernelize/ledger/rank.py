@@ -85,8 +85,13 @@ class Row:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if f.name not in ("nodes", "region", "input_sources")}
         best = self.best_alternative
+        kernels: dict[str, float] = {}
+        for n in self.nodes:
+            for name, t in n.kernels.items():
+                kernels[name] = kernels.get(name, 0.0) + t
         out.update(where=self.where, distance=self.distance, above_floor=self.above_floor,
-                   best_alternative={"generator": best[0], "ms": best[1]} if best else None)
+                   best_alternative={"generator": best[0], "ms": best[1]} if best else None,
+                   kernels=dict(sorted(kernels.items(), key=lambda kv: -kv[1])))
         return out
 
 
