@@ -276,6 +276,19 @@ def test_node_ranges_are_read_from_torch_profiler_events():
     _read_ranges(prof.events(), spent, kernels)
     assert set(spent) == {("inference_0", "mm_1"), ("inference_0", "relu|x")}
     assert all(v == 0.0 for v in spent.values()) and not any(kernels.values())   # no device kernels on a CPU
+    # as CUDA events come: the kernels hang off the launch calls under the range (microseconds)
+    from torch.autograd.profiler_util import Kernel
+    cpu = torch.autograd.DeviceType.CPU
+    launch = types.SimpleNamespace(name="cuLaunchKernel", device_type=cpu, cpu_children=[],
+                                   kernels=[Kernel("triton_poi_fused_0", 0, 3.0)])
+    vendor = types.SimpleNamespace(name="aten::mm", device_type=cpu, kernels=[Kernel("sm90_gemm", 0, 5.0)],
+                                   cpu_children=[launch])
+    node = types.SimpleNamespace(name=f"{RANGE}g|whole", device_type=cpu, kernels=[], cpu_children=[vendor],
+                                 device_time_total=8.0)
+    _read_ranges([node, vendor, launch], spent, kernels)
+    assert spent[("g", "whole")] == pytest.approx(8e-6)
+    assert kernels[("g", "whole")] == {"sm90_gemm": pytest.approx(5e-6), "triton_poi_fused_0": pytest.approx(3e-6),
+                                       "": 2}
 
 
 def test_the_profile_maps_nodes_and_takes_the_median_call(tmp_path):
