@@ -29,7 +29,8 @@ def table(rows: Sequence[Row], profile: Profile, limit: int = 20) -> str:
     lines = [summary_line(profile), head, "-" * len(head)]
     for i, r in enumerate(rows[:limit], 1):
         best = r.best_alternative
-        other = f"{best[0]} {best[1] * 1e3:.3g}us" if best else "-"
+        # (the fill times one call of the kernel: "x N" where the model calls it N times)
+        other = f"{best[0]} {best[1] * 1e3:.3g}us" + (f" x{r.calls}" if r.calls > 1 else "") if best else "-"
         dist = f"{r.distance:.1f}x" if r.distance is not None else "n/a"
         lines.append(f"{i:>3} {_us(r.seconds):>9} {100 * r.share:>5.1f}% {r.launches:>6.0f} {_us(r.floor_s):>9} "
                      f"{dist:>8}  {r.generator[:14]:<14} {other[:20]:<20} {r.op[:70]}")
