@@ -32,7 +32,7 @@ from torch_kernelize.core.errors import CacheError
 
 from .entry import check_key, entry_from_files, is_key, normalize_record
 from . import signing
-from .integrity import ENTRY_FILE, PROGRAM_DIR, EntryProblem, dumps, replacing, sha256_bytes
+from .integrity import ENTRY_FILE, PROGRAM_DIR, EntryProblem, dumps, executable_file, replacing, sha256_bytes
 from .source_check import source_problems
 from .store import ENTRIES_DIR, FINGERPRINT_FILE, KernelCache
 
@@ -119,6 +119,9 @@ def _read_members(archive: Path) -> dict[str, bytes]:
         with tarfile.open(archive, "r:*") as tf:
             for m in tf:
                 _check_member_name(m.name)
+                if executable_file(m.name):
+                    raise CacheError(f"archive member {m.name!r} is bytecode or a native library, which an "
+                                     "archive never holds (kernels are loaded from their source); refused")
                 if m.isdir():
                     continue
                 if not m.isreg():

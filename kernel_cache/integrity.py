@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -18,8 +19,19 @@ from typing import Any, Iterator, Mapping
 ENTRY_FILE = "entry.json"
 MANIFEST_FILE = "manifest.json"
 PROGRAM_DIR = "program"
-# Python writes bytecode next to an imported kernel.py; it is derived data, never part of an entry.
+# Python may have left bytecode next to a kernel.py; it is never part of an entry, and never read:
+# kernels load from their source (core/source_module.py).
 IGNORED_DIRS = frozenset({"__pycache__"})
+# Bytecode and native libraries: an importer or loader would run them without reading any source,
+# so no entry holds one and an archive holding one is refused.
+_EXECUTABLE = re.compile(r".*\.(pyc|pyo|pyd|so|dylib|dll)(\.[0-9.]*)?", re.IGNORECASE)
+
+
+def executable_file(rel: str) -> bool:
+    """Whether ``rel`` (a '/'-separated path) is bytecode or a native library, or lies in a
+    ``__pycache__`` folder."""
+    parts = rel.split("/")
+    return any(p in IGNORED_DIRS for p in parts) or bool(_EXECUTABLE.fullmatch(parts[-1]))
 
 
 class EntryProblem(Exception):
@@ -186,6 +198,9 @@ def check_manifest(files: Mapping[str, bytes]) -> None:
     for rel in sorted(set(files) | set(listed)):
         if rel == MANIFEST_FILE:
             continue
+        if executable_file(rel):
+            raise EntryProblem(f"{rel} is bytecode or a native library, which an entry never holds "
+                               "(kernels are loaded from their source)")
         if not _allowed(rel):
             raise EntryProblem(f"unexpected file {rel!r} (an entry holds entry.json, manifest.json and program/)")
         if rel not in files:

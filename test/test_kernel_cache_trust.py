@@ -6,8 +6,10 @@ histc), so that a changed kernel computes a wrong histogram, as in the probe tha
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import py_compile
 import shutil
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from torch_kernelize.kernel_cache import KernelCache, clear_memo, export_cache, 
 from torch_kernelize.kernel_cache.integrity import dumps, manifest_of, sha256_bytes
 from torch_kernelize.kernel_cache.source_check import source_problems
 from torch_kernelize.core.targets import get_target
+from torch_kernelize.lowering.kernels import family_for
 
 MODELS = "torch_kernelize.model_zoo"
 
@@ -230,6 +233,61 @@ def test_revalidate_refuses_an_archive_for_another_target(cache, tmp_path, cli, 
     assert cli.main(["import", str(archive), "--cache-dir", str(tmp_path / "t"), "--revalidate"]) == 2
     assert "needs --target" in capsys.readouterr().err
     assert not (tmp_path / "t").exists()
+
+
+# --- bytecode ----------------------------------------------------------------------------------------
+
+def bytecode_of(source: str, marker: Path, cfile: Path) -> bytes:
+    """``source`` plus a line that leaves ``marker``, compiled as Python would cache it, with an
+    unchecked hash: a loader that prefers bytecode runs it without reading the source."""
+    src = cfile.parent / "planted_src.py"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text(source + f"\nopen({str(marker)!r}, 'w').write('bytecode ran')\n")
+    py_compile.compile(str(src), cfile=str(cfile), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+                       doraise=True)
+    src.unlink()
+    return cfile.read_bytes()
+
+
+@pytest.mark.parametrize("member", [f"program/__pycache__/kernel.{sys.implementation.cache_tag}.pyc",
+                                    "program/kernel.so"])
+def test_an_archive_holding_bytecode_is_refused_even_when_signed(cache, tmp_path, cli, capsys, member):
+    archive = tmp_path / "a.tar.gz"
+    export_cache(cache, archive)
+    key = histc_key(cache)
+    marker = tmp_path / "ran"
+    m = members(archive)
+    prefix = f"entries/{key}/"
+    m[prefix + member] = bytecode_of(m[prefix + "program/kernel.py"].decode(), marker, tmp_path / "b" / "k.pyc")
+    entry = {n[len(prefix):]: d for n, d in m.items() if n.startswith(prefix)}
+    m[prefix + "manifest.json"] = dumps(manifest_of(entry))  # every hash recomputed, and signed again
+    manifest = json.loads(m["MANIFEST.json"])
+    manifest["files"] = {n: sha256_bytes(d) for n, d in sorted(m.items()) if n not in ("MANIFEST.json", "SIGNATURE.json")}
+    m["MANIFEST.json"] = dumps(manifest)
+    m["SIGNATURE.json"] = dumps({"format": 1, **signing.sign(m["MANIFEST.json"])})
+    bad = write_tar(tmp_path / "bad.tar.gz", m)
+    target = tmp_path / "target"
+    for extra in ([], ["--revalidate", "--target", "interpreter"]):
+        assert cli.main(["import", str(bad), "--cache-dir", str(target), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"archive member '{prefix + member}' is bytecode or a native library" in err, err
+    assert not target.exists() and not marker.exists()
+
+
+def test_bytecode_beside_a_cached_kernel_never_runs(cache, tmp_path, cli, capsys):
+    """As another user of a shared cache (or a crafted copy) could leave it: loading the kernel
+    to serve it, and verify, run the source."""
+    from torch_kernelize.serving.launch import load_program
+    entry = cache.get(histc_key(cache))
+    source = entry.program_dir / "kernel.py"
+    marker = tmp_path / "ran"
+    bytecode_of(source.read_text(), marker, Path(importlib.util.cache_from_source(str(source))))
+    assert cache.check_integrity() == []  # __pycache__ is not part of an entry
+    runner = load_program(entry.program_dir, entry.spec, "interpreter", module_name="tk_trust_planted")
+    runner(*family_for(entry.spec).sample_inputs(entry.spec, 0))
+    assert not marker.exists()
+    assert cli.main(["verify", "--cache-dir", str(cache.root), "--target", "interpreter"]) == 0
+    assert "2/2 entries verified" in capsys.readouterr().out and not marker.exists()
 
 
 # --- quarantine ------------------------------------------------------------------------------------

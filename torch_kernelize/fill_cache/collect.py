@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import importlib.util
 import json
 import logging
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +16,7 @@ import torch
 
 from torch_kernelize import flush_repros
 from torch_kernelize.core.errors import KernelizeError
+from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
@@ -70,11 +69,8 @@ def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
         path = Path(where)
         if not path.exists():
             raise UsageError(f"--model {ref!r}: {path} does not exist")
-        spec = importlib.util.spec_from_file_location(f"kernelize_model_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
         try:
-            spec.loader.exec_module(module)
+            module = load_source_module(path, f"kernelize_model_{path.stem}")
         except Exception as e:  # a syntax error, a missing import: the user's file, not ours
             raise UsageError(f"--model {ref!r}: {path} does not import: {type(e).__name__}: {e}") from None
     else:
@@ -198,9 +194,7 @@ def repro_work(repro: Path) -> Work | None:
         return None
     captured = None
     try:
-        mod_spec = importlib.util.spec_from_file_location(f"kernelize_repro_{spec.key}", repro / "repro.py")
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
+        module = load_source_module(repro / "repro.py", f"kernelize_repro_{spec.key}")
         captured = load_inputs(module.load_args, repro)
     except Exception as e:
         log.warning("%s: captured inputs not loaded (%s); validating on random inputs only", repro, e)

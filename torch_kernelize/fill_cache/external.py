@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 from torch_kernelize.fill_cache.collect import UsageError, Work
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, family_for
 from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
+from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.core.spec import KernelSpec
 
 GENERATOR = "external"
@@ -63,13 +63,9 @@ class Candidate:
         name = f"kernelize_candidate_{self.sha256[:16]}"
         if name in sys.modules:
             return sys.modules[name]
-        spec = importlib.util.spec_from_file_location(name, self.path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # Triton resolves a kernel's globals through its module
         try:
-            spec.loader.exec_module(module)
+            module = load_source_module(self.path, name)
         except Exception as e:
-            sys.modules.pop(name, None)
             raise UsageError(f"--candidate {self.path}: importing it failed: {type(e).__name__}: {e}") from None
         return module
 

@@ -7,11 +7,9 @@ the serving path. Outputs are allocated with the spec's exact shape, stride and 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import logging
 import operator
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from torch_kernelize.core.buckets import contiguous_strides as _contiguous
+from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 
@@ -48,21 +47,10 @@ def poison_value(dtype: torch.dtype) -> float | int | bool:
 
 
 def import_source(path: Path, module_name: str):
-    """Import a kernel source file as a module (Triton's @jit needs the source on disk)."""
+    """Import a kernel source file as a module, from its text: never from bytecode beside it
+    (core/source_module.py says why); Triton's @jit reads the same text back."""
     with _import_lock:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # triton resolves globals through the module
-        # No __pycache__ inside cache entries: every file there is covered by the manifest.
-        saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(module_name, None)
-            raise
-        finally:
-            sys.dont_write_bytecode = saved
-    return module
+        return load_source_module(path, module_name)
 
 
 INTERPRETER_TWINS = "INTERPRETER_TWINS"
