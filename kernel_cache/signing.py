@@ -6,6 +6,9 @@ else ``~/.config/torch_kernelize``)::
     signing_key.pem    this user's private key (PKCS#8 PEM, mode 0600), made on first export
     trusted_keys       one public key a line: ``ed25519:<base64> [name]``; '#' starts a comment
 
+Both files, and the folder, count only when they belong to the user (or root) and no one else
+can write them, as ssh asks of ``authorized_keys``; otherwise CacheError says what to fix.
+
 A public key is written ``ed25519:<base64 of its 32 raw bytes>``: one token to paste into
 ``tools/cache.py trust add``. The user's own key is always trusted (whoever can read it can sign
 as the user anyway). ``cryptography`` is imported only here, and only when a key is used: the
@@ -77,7 +80,32 @@ def _public_text(raw: bytes) -> str:
     return KEY_PREFIX + base64.b64encode(raw).decode()
 
 
+def _check_owner(path: Path, st: os.stat_result, what: str) -> None:
+    """ssh's rule for authorized_keys: what says whom you trust is yours (or root's) and nobody
+    else can change it; CacheError otherwise."""
+    me = os.geteuid() if hasattr(os, "geteuid") else None
+    if me is not None and st.st_uid not in (me, 0):
+        raise CacheError(f"{what} {path} belongs to uid {st.st_uid}, not to you (uid {me}) or root, so it cannot "
+                         f"say whom you trust; if it is yours: chown {me} {path}")
+    if st.st_mode & 0o022:
+        raise CacheError(f"{what} {path} can be changed by other users (mode {stat.S_IMODE(st.st_mode):o}), so it "
+                         f"cannot say whom you trust; chmod go-w {path}")
+
+
+def _check_config_dir() -> None:
+    """The config folder, where it exists, passes _check_owner (whoever can write it can swap the files)."""
+    folder = config_dir()
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CacheError(f"cannot read the config folder {folder}: {e.strerror}") from None
+    _check_owner(folder, st, "the config folder")
+
+
 def _check_private(path: Path, st: os.stat_result) -> None:
+    _check_owner(path, st, "the signing key")
     if st.st_mode & 0o077:
         raise CacheError(f"the signing key {path} can be read by other users (mode {stat.S_IMODE(st.st_mode):o}); "
                          f"make it private: chmod 600 {path}")
@@ -86,9 +114,12 @@ def _check_private(path: Path, st: os.stat_result) -> None:
 def _load_private(path: Path) -> Any:
     from cryptography.hazmat.primitives import serialization
     ed25519 = _ed25519()
-    _check_private(path, path.stat())
+    _check_config_dir()
+    with open(path, "rb") as f:  # the checked file is the one read
+        _check_private(path, os.fstat(f.fileno()))
+        pem = f.read()
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as e:
         raise CacheError(f"the signing key {path} does not load ({e}); move it away and a new one is made "
                          "on the next export (those who trust the old key must then trust the new one)") from None
@@ -106,6 +137,7 @@ def signing_key(create: bool = True) -> Any:
     if not create:
         return None
     from cryptography.hazmat.primitives import serialization
+    _check_config_dir()
     key = _ed25519().Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
@@ -168,16 +200,20 @@ def _trusted_path() -> Path:
 
 def _read_trusted() -> dict[str, str]:
     path = _trusted_path()
+    _check_config_dir()
     try:
-        st = path.stat()
-        text = path.read_text()
+        with open(path, "rb") as f:  # the checked file is the one read
+            st = os.fstat(f.fileno())
+            data = f.read()
     except FileNotFoundError:
         return {}
     except OSError as e:
         raise CacheError(f"cannot read the trusted keys in {path}: {e}") from None
-    if st.st_mode & 0o022:
-        raise CacheError(f"{path} can be changed by other users (mode {stat.S_IMODE(st.st_mode):o}), so it "
-                         f"cannot say whom you trust; chmod 644 {path}")
+    _check_owner(path, st, "the trusted keys file")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise CacheError(f"{path} is not text: one public key a line (tools/cache.py trust add)") from None
     keys: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()

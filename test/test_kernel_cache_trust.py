@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import py_compile
 import shutil
 import subprocess
@@ -403,6 +404,37 @@ def test_keys_and_trusted_file_are_guarded(tmp_path, monkeypatch):
     assert signing.trust_remove(other) and not signing.trust_remove(other)
     doc = signing.sign(b"manifest")
     assert signing.signature_verifies(b"manifest", doc) and not signing.signature_verifies(b"manifest!", doc)
+
+
+def owned_by_someone_else(monkeypatch, path: Path) -> None:
+    """Make ``path`` another user's: chown it where this runs as root, else pretend to be another uid."""
+    if os.geteuid() == 0:
+        os.chown(path, 12345, 12345)
+    else:
+        monkeypatch.setattr(signing.os, "geteuid", lambda: path.stat().st_uid + 1)
+
+
+@pytest.mark.parametrize("what, name, match", [
+    ("file", signing.TRUSTED_FILE, "the trusted keys file .* belongs to uid"),
+    ("file", signing.KEY_FILE, "the signing key .* belongs to uid"),
+    ("folder", None, "the config folder .* belongs to uid"),
+    ("writable folder", None, "the config folder .* can be changed by other users"),
+])
+def test_trust_files_of_another_user_are_refused(tmp_path, monkeypatch, what, name, match):
+    use_config(monkeypatch, tmp_path / "cfg")
+    signing.own_public_key()
+    other = "ed25519:" + "A" * 43 + "="
+    signing.trust_add(other, "someone")
+    path = tmp_path / "cfg" / name if name else tmp_path / "cfg"
+    if what == "writable folder":
+        path.chmod(0o777)
+    else:
+        owned_by_someone_else(monkeypatch, path)
+    with pytest.raises(CacheError, match=match):
+        signing.trusted_keys()
+    if name != signing.TRUSTED_FILE:  # signing reads the key and the folder, not the trusted file
+        with pytest.raises(CacheError, match=match):
+            signing.sign(b"x")
 
 
 def test_serving_path_never_imports_cryptography():
