@@ -181,6 +181,16 @@ def test_serving_from_a_warm_cache_compiles_nothing(tmp_path):
     assert "None" not in res["families"], res  # covered nodes name the region's family
 
 
+FORWARD_RAISES = """
+import torch
+class M(torch.nn.Module):
+    def forward(self, x):
+        raise ValueError("shapes do not match\\nmore context")
+def make():
+    return M(), (torch.randn(4, 4),)
+"""
+
+
 @pytest.mark.parametrize("case", ["cache dir is a file", "model file does not import", "model function raises",
                                   "bad budget", "nothing to fill"])
 def test_bad_input_exits_2_with_one_clear_line(case, tmp_path):
@@ -200,6 +210,90 @@ def test_bad_input_exits_2_with_one_clear_line(case, tmp_path):
     expected = {"cache dir is a file": "--cache-dir", "model file does not import": "does not import",
                 "model function raises": "no weights here", "bad budget": "--budget", "nothing to fill": "--model"}
     assert expected[case] in lines[0]
+
+
+FORWARD_RAISES = """
+import torch
+class M(torch.nn.Module):
+    def forward(self, x):
+        raise ValueError("shapes do not match\\nmore context")
+def make():
+    return M(), (torch.randn(4, 4),)
+"""
+
+
+def main_code(args: list[str]) -> int:
+    """fill_cache's exit code, in this process (argparse's errors exit through SystemExit)."""
+    from torch_kernelize.fill_cache import cli
+    try:
+        return cli.main(["--quiet", "--target", "interpreter", *args])
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("case", ["model forward raises", "candidate not .py", "target is a folder",
+                                  "summary is a folder"])
+def test_more_bad_input_exits_2_with_one_line(case, tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "forward.py").write_text(FORWARD_RAISES)
+    model = ["--model", f"{MODELS}:make_small", "--cache-dir", str(tmp_path / "c")]
+    args, expected = {
+        "model forward raises": (["--model", f"{tmp_path / 'forward.py'}:make", "--cache-dir", str(tmp_path / "c")],
+                                 "forward.py:make': running it on cpu raised ValueError: shapes do not match"),
+        "candidate not .py": ([*model, "--candidate", str(tmp_path / "afile")], "a Python file named *.py"),
+        "target is a folder": ([*model, "--target", str(tmp_path)], "cannot be read as a .toml file"),
+        "summary is a folder": ([*model, "--summary", str(tmp_path)], "is a folder")}[case]
+    assert main_code(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fill_cache: error: ") and expected in lines[0], lines
+
+
+def test_a_model_that_raises_shows_its_traceback_with_verbose(tmp_path, capsys):
+    from torch_kernelize.fill_cache import cli
+    (tmp_path / "forward.py").write_text(FORWARD_RAISES)
+    args = ["--quiet", "--model", f"{tmp_path / 'forward.py'}:make", "--target", "interpreter",
+            "--cache-dir", str(tmp_path / "c")]
+    assert cli.main([*args, "--verbose"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and 'forward.py", line 5, in forward' in err
+    assert err.strip().splitlines()[-1].startswith("fill_cache: error: --model")
+
+
+def test_a_full_disk_exits_4_in_one_line_leaves_nothing_half_written_and_resume_finishes(tmp_path, monkeypatch,
+                                                                                         capsys):
+    import errno
+
+    from torch_kernelize.fill_cache import cli
+    from torch_kernelize.kernel_cache import KernelCache, clear_memo, store
+    from torch_kernelize.core.targets import get_target
+
+    real, calls = store.write_durable, []
+
+    def full_disk(path, data):  # the second file of the first entry: half of it is on disk
+        calls.append(path)
+        if len(calls) == 2:
+            with open(path, "wb") as f:
+                f.write(data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+    monkeypatch.setattr(store, "write_durable", full_disk)
+    cache = tmp_path / "cache"
+    args = ["--quiet", "--model", f"{MODELS}:make_small", "--target", "interpreter", "--cache-dir", str(cache),
+            "--budget", "1"]
+    assert cli.main(args) == 4
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "free disk space" in lines[0], lines
+    assert "--resume" in lines[0]
+    clear_memo()
+    kc = KernelCache.for_target(cache, get_target("interpreter"))
+    assert kc.keys() == [] and not [p for p in kc.entries_dir.iterdir() if p.name != "journals"]
+    journaled = len(_journal_lines(cache))
+    monkeypatch.setattr(store, "write_durable", real)
+    assert cli.main([*args, "--resume"]) == 0
+    clear_memo()
+    assert len(kc.keys()) == 2 and kc.check_integrity() == []
+    configs = [(r["spec"], json.dumps(r["config"], sort_keys=True)) for r in _journal_lines(cache)]
+    assert len(configs) == len(set(configs)) and journaled >= 1  # nothing evaluated twice
 
 
 def test_a_spec_without_a_correct_candidate_exits_1(tmp_path, monkeypatch):

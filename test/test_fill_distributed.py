@@ -45,6 +45,7 @@ def test_worst_exit_code_puts_bad_input_first_then_interrupted_then_lost():
     assert worst([1, 3]) == 3
     assert worst([3, 130, 1]) == 130
     assert worst([130, 2, 0]) == 2
+    assert worst([130, 4, 3]) == 4 and worst([4, 2]) == 2  # the machine (a full disk) after bad input
     assert worst([]) == 0
 
 

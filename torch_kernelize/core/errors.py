@@ -1,6 +1,17 @@
 """Exceptions a user can meet. Each message says what was wrong and what to do about it."""
 from __future__ import annotations
 
+import errno
+
+# OS errors that say the machine, not the work, is at fault: a full disk or quota, a permission
+# taken away, a read-only filesystem. fill_cache stops on them (exit 4) instead of blaming a candidate.
+MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def machine_error(e: BaseException) -> bool:
+    """Whether ``e`` is an OSError of MACHINE_ERRNOS."""
+    return isinstance(e, OSError) and e.errno in MACHINE_ERRNOS
+
 
 class KernelizeError(Exception):
     """Base class of every error torch_kernelize raises on purpose."""

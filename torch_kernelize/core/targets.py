@@ -164,6 +164,9 @@ def load_target_file(path: str | Path) -> Target:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise TargetError(f"target file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:  # a folder, unreadable, not text
+        raise TargetError(f"target file {path} cannot be read as a .toml file: "
+                          f"{getattr(e, 'strerror', None) or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise TargetError(f"target file {path} is not valid TOML: {e}") from None
     unknown = set(data) - _TOP_KEYS

@@ -26,7 +26,7 @@ import torch
 from torch_kernelize.compiling.bucket_lookup import bucket_runner, bucket_sizes, region_bucket_sizes
 from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, bucket_key, spec_at, unbucketable, values_of
 from torch_kernelize.fill_cache.builder import Builder
-from torch_kernelize.fill_cache.collect import UsageError, load_model
+from torch_kernelize.fill_cache.collect import UsageError, load_model, running_model
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.fill_cache.search import run_search
@@ -156,19 +156,22 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
                              "no other dim of the example inputs has")
         example[size] = d
         inputs[d.input] = _resized(inputs[d.input], d.dim, size)
-    model = model.to(device)
-    inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
     session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=None), target)
     graphs: list[Any] = []
     torch._dynamo.reset()
     # traced as serving traces it (dynamic=True: every input dim a symbol, and Python floats such
     # as a norm's eps graph inputs), so that the specs filled are the ones served; the symbols of
     # dims that no --dynamic names stay at their traced sizes in the buckets
-    compiled = torch.compile(model, dynamic=True,
-                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
-    with torch.no_grad():
-        compiled(*inputs)
-    torch._dynamo.reset()
+    try:
+        with running_model(ref, device):
+            model = model.to(device)
+            inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
+            compiled = torch.compile(model, dynamic=True,
+                                     backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+            with torch.no_grad():
+                compiled(*inputs)
+    finally:
+        torch._dynamo.reset()
     works: dict[str, BucketWork] = {}
     for g in graphs:
         if g.plan is None:

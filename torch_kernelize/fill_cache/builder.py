@@ -25,6 +25,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily
+from torch_kernelize.core.errors import machine_error
 from torch_kernelize.core.program import KernelProgram
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
@@ -90,6 +91,8 @@ def _build(spec_json: dict, family: tuple[str, str] | dict, config_json: dict, d
         write_program(Path(directory), spec, program, backend, gpu_target)
         return None
     except Exception as e:
+        if machine_error(e):  # a full disk is not the candidate's fault: the run stops (cli.py)
+            raise
         return _error_text(e)
 
 
@@ -180,6 +183,8 @@ class Builder:
                 try:
                     self._futures[k] = _done(_build(*self._job(spec, family, config)))
                 except Exception as e:
+                    if machine_error(e):
+                        raise
                     self._futures[k] = _done(_error_text(e))
             else:
                 self.submit(spec, family, [config])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import errno
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import platform
 import socket
 import sys
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any, Sequence
@@ -46,6 +48,7 @@ from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
+EXIT_MACHINE = 4  # an OS error stopped the run (README: Filling the cache)
 DEFAULT_BUDGET = {"cuda": 12, "interpreter": 2}
 LOOKAHEAD = 3  # specs whose seed candidates are compiled ahead
 
@@ -89,11 +92,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "--cache-dir (signed by a key it trusts, else re-validated there)")
     p.add_argument("--summary", type=Path, default=None, help="JSON summary path (default: in the cache)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="with an error (a --model that raises, an OS error), "
+                   "its traceback too")
     args = p.parse_args(argv)
     if not args.model and not args.repros:
         p.error("give --model and/or --repros: what should the cache be filled for?")
     if args.budget is not None and args.budget < 1:
         p.error("--budget must be at least 1")
+    for c in args.candidate:
+        if c.suffix != ".py":
+            p.error(f"--candidate {c}: a candidate is a Python file named *.py")
+    if args.summary is not None and args.summary.is_dir():
+        p.error(f"--summary {args.summary} is a folder; give the JSON file to write (e.g. {args.summary / 'fill.json'})")
     return args
 
 
@@ -444,8 +454,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
         rows += fill_buckets(run, buckets)  # shape buckets, after the exact shapes
     except KernelizeError as e:
+        _traceback(args, e)
         print(f"fill_cache: error: {e}", file=sys.stderr)
         code, error = 2, str(e)
+    except OSError as e:  # the machine's (a full disk, a permission): everything so far is journaled or stored whole
+        _traceback(args, e)
+        error = machine_stop(e, args.cache_dir)
+        print(f"fill_cache: {error}", file=sys.stderr)
+        code = EXIT_MACHINE
     except KeyboardInterrupt:  # every evaluation so far is journaled (fsynced); winners found are stored
         print("fill_cache: interrupted; run the same command with --resume to continue where it stopped",
               file=sys.stderr)
@@ -461,8 +477,31 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         return code
     summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
-    return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": target.describe(),
-                                                "cache": str(cache.dir), "budget": budget})
+    try:
+        return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": target.describe(),
+                                                    "cache": str(cache.dir), "budget": budget})
+    except OSError as e:  # the summary could not be written (everything else is stored)
+        _traceback(args, e)
+        print(f"fill_cache: {machine_stop(e, args.cache_dir)}", file=sys.stderr)
+        return EXIT_MACHINE
+
+
+def _traceback(args: argparse.Namespace, e: BaseException) -> None:
+    if args.verbose:
+        traceback.print_exception(e)
+
+
+def machine_stop(e: OSError, cache_dir: Path) -> str:
+    """One line for an OS error that stopped the run: what happened, where, what to do."""
+    what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        todo = f"free disk space (the cache is in {cache_dir})"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        todo = "make it writable again"
+    else:
+        todo = "fix that"
+    return (f"stopped by an OS error ({what}); {todo}, then run the same command with --resume: every "
+            "evaluation so far is journaled and every winner stored whole")
 
 
 def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: FillRun | None,

@@ -10,12 +10,12 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from torch_kernelize import flush_repros
-from torch_kernelize.core.errors import KernelizeError
+from torch_kernelize.core.errors import KernelizeError, machine_error
 from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.targets import Target
@@ -72,19 +72,19 @@ def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
         try:
             module = load_source_module(path, f"kernelize_model_{path.stem}")
         except Exception as e:  # a syntax error, a missing import: the user's file, not ours
-            raise UsageError(f"--model {ref!r}: {path} does not import: {type(e).__name__}: {e}") from None
+            raise UsageError(f"--model {ref!r}: {path} does not import: {one_line(e)}") from e
     else:
         try:
             module = importlib.import_module(where)
         except Exception as e:
-            raise UsageError(f"--model {ref!r}: cannot import {where}: {type(e).__name__}: {e}") from None
+            raise UsageError(f"--model {ref!r}: cannot import {where}: {one_line(e)}") from e
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise UsageError(f"--model {ref!r}: {where} has no function {fn_name}")
     try:
         result = fn()
     except Exception as e:
-        raise UsageError(f"--model {ref!r}: {fn_name}() raised {type(e).__name__}: {e}") from None
+        raise UsageError(f"--model {ref!r}: {fn_name}() raised {one_line(e)}") from e
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[1], (tuple, list))):
         raise UsageError(f"--model {ref!r}: {fn_name}() must return (model, tuple_of_example_inputs)")
     return result[0], tuple(result[1])
@@ -109,18 +109,37 @@ def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | No
 
     model, inputs = load_model(ref)
     device = "cuda" if target.device == "cuda" else "cpu"
-    model = model.to(device)
-    inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
     session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=repro_dir), target)
     graphs: list[Any] = []
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
-        with torch.no_grad():
-            out = compiled(*inputs)
+        with running_model(ref, device):
+            model = model.to(device)
+            inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
+            compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+            with torch.no_grad():
+                out = compiled(*inputs)
         yield model, inputs, compiled, out, graphs
     finally:
         torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def running_model(ref: str, device: str) -> Iterator[None]:
+    """Make what a --model's own code raises (moved, compiled, run) a UsageError naming it, its
+    cause kept for --verbose; a full disk and our own errors pass as they are."""
+    try:
+        yield
+    except Exception as e:
+        if machine_error(e) or isinstance(e, KernelizeError):
+            raise
+        raise UsageError(f"--model {ref!r}: running it on {device} raised {one_line(e)}") from e
+
+
+def one_line(e: BaseException) -> str:
+    """``Type: first line of the message`` (Dynamo appends pages of context to a model's error)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def specs_from_model(ref: str, target: Target, cache_dir: Path,

@@ -42,8 +42,9 @@ HEARTBEAT_S = 5.0     # how often each rank bumps its heartbeat
 DEAD_AFTER_S = 120.0  # a rank whose heartbeat has not moved for this long is reported dead
 POLL_S = 0.5
 # How bad a rank's exit code is, least first: bad input (2) is the one to fix before anything
-# else; interrupted (130), a device fault or a rank lost (3) are resumed with --resume.
-SEVERITY = (0, 1, 3, 130, 2)
+# else, then the machine (4: a full disk, a permission); interrupted (130), a device fault or a
+# rank lost (3) are resumed with --resume.
+SEVERITY = (0, 1, 3, 130, 4, 2)
 
 
 def launched() -> bool:

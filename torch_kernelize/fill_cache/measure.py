@@ -24,6 +24,7 @@ from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, trial_seeds
 from torch_kernelize.serving.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.core.devices import to_device
+from torch_kernelize.core.errors import machine_error
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.validate import validate
@@ -169,6 +170,8 @@ class Measurer:
         try:
             _, runner = self.build(config)
         except Exception as e:
+            if machine_error(e):  # not the candidate's fault, and not journaled: the run stops (cli.py)
+                raise
             return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
         record = self._validate(runner.run_poisoned)
         if not record.ok:

@@ -23,6 +23,7 @@ import torch
 from torch_kernelize.fill_cache.builder import Builder, family_ref, find_family
 from torch_kernelize.fill_cache.measure import Evaluation, Measurer, _short
 from torch_kernelize.lowering.kernels import Config, KernelFamily
+from torch_kernelize.core.errors import machine_error
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
 
@@ -224,6 +225,8 @@ class IsolatedMeasurer:
         try:
             directory = self.builder.build(self.spec, self.family, config)
         except Exception as e:
+            if machine_error(e):  # not the candidate's fault (measure.py)
+                raise
             return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
         finally:
             self.seconds["build"] += time.perf_counter() - t0
