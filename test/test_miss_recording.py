@@ -84,6 +84,22 @@ def test_the_cap_in_bytes_of_captured_inputs(tmp_path):
     assert counts["written"] == 1 and counts["suppressed_by_reason"]["bytes_cap"] >= 1
 
 
+def test_the_cap_warning_counts_what_was_written(tmp_path, caplog):
+    # tanh's (64, 32) input (8 KiB) alone is over the cap when the graph is planned, before the
+    # (22, 8) misses (704 bytes each) are taken on the first call and written
+    def model(x, y):
+        return torch.sigmoid(x) * 2, torch.tanh(y)
+    opts = {"target": "interpreter", "cache_dir": str(tmp_path / "cache"), "repro_dir": str(tmp_path / "repros"),
+            "graph_cache": "off", "repro_max_bytes": 3000}
+    with caplog.at_level(logging.WARNING, logger="torch_kernelize"), torch.no_grad():
+        torch.compile(model, backend="kernelize", options=opts)(torch.randn(22, 8), torch.randn(64, 32))
+        assert flush_repros(60)
+    said = [r.getMessage() for r in caplog.records if "met its cap" in r.getMessage()]
+    written = _folders(tmp_path)
+    assert len(said) == 1 and len(written) >= 2, (said, written)
+    assert f"wrote {len(written)} miss reproducer(s) ({704 * len(written)} bytes of inputs)" in said[0]
+
+
 def test_reproducers_are_written_off_the_calling_thread(tmp_path, monkeypatch):
     release, writers = threading.Event(), []
     original = dump.write_repro

@@ -80,6 +80,9 @@ class MissBudget:
         self._taken: dict[tuple[str, str], str] = {}   # (repro root, record key) -> the spec key taken
         self.count = 0
         self.bytes = 0
+        # what became of the taken misses, for the cap's warning: settled (written or not), written
+        self.settled = self.written = self.written_bytes = 0
+        self.cap: tuple[int, int] | None = None  # (repro_max, repro_max_bytes) once a miss met a cap
         self.said_capped = False  # whether the log has said that the process reached a cap
 
     def verdict(self, root: Path, key: str, folder: Path, nbytes: int, max_count: int, max_bytes: int,
@@ -113,6 +116,36 @@ class MissBudget:
                 del self._taken[(str(root), key)]
                 self.count -= 1
                 self.bytes -= nbytes
+
+
+    def note_cap(self, max_count: int, max_bytes: int) -> None:
+        """A miss met a cap. The warning waits until the misses taken so far are written (say_capped),
+        so that it counts what was written; at the latest it is said at exit."""
+        with self._lock:
+            if self.cap is not None:
+                return
+            self.cap = (max_count, max_bytes)
+        _at_exit(lambda: self.say_capped(final=True))
+
+    def settle(self, written_bytes: int | None) -> None:
+        """A taken miss's write ended: written (its inputs' bytes), or not (None)."""
+        with self._lock:
+            self.settled += 1
+            if written_bytes is not None:
+                self.written += 1
+                self.written_bytes += written_bytes
+
+    def say_capped(self, final: bool = False) -> None:
+        """Log once that a cap was met, with what was written: once every taken miss is settled
+        (``final``: now, as at a flush or the exit)."""
+        with self._lock:
+            if self.cap is None or self.said_capped or (not final and self.settled < self.count):
+                return
+            self.said_capped = True
+            written, nbytes = self.written, self.written_bytes
+        log.warning("kernelize: this process wrote %d miss reproducer(s) (%d bytes of inputs) and met its cap "
+                    "(repro_max=%d, repro_max_bytes=%d): other misses are only counted, in the report's 'repros'",
+                    written, nbytes, *self.cap)
 
 
 def _exists(path: Path) -> bool:
@@ -210,7 +243,9 @@ writer = BackgroundWriter()
 
 def flush(timeout: float | None = None) -> bool:
     """Wait until the reproducers of this process's misses are on disk (all of them: True)."""
-    return writer.flush(timeout)
+    done = writer.flush(timeout)
+    budget.say_capped(final=done)
+    return done
 
 
 def _at_exit(hook: Callable[[], None]) -> bool:

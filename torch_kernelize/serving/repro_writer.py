@@ -181,7 +181,7 @@ class ReproWriter:
     def claim(self, spec: KernelSpec, record_key: str | None = None) -> bool:
         """Take a miss for recording (True), just before its inputs are captured; False when another
         graph took it or a cap was reached since ``check`` (counted for the report)."""
-        return self._counted(self._verdict(spec, True, record_key)) == recorder.NEW
+        return self._counted(self._verdict(spec, True, record_key), claiming=True) == recorder.NEW
 
     def release(self, spec: KernelSpec, record_key: str | None = None) -> None:
         """Give a claimed miss back: its inputs could not be captured here."""
@@ -195,15 +195,13 @@ class ReproWriter:
             verdict = recorder.SAME_BUCKET if resized else recorder.DUPLICATE
         repro_counts.add(verdict)
 
-    def _counted(self, verdict: str) -> str:
+    def _counted(self, verdict: str, claiming: bool = False) -> str:
         if verdict != recorder.NEW:
             repro_counts.add(verdict)
-            if verdict not in (recorder.DUPLICATE, recorder.SAME_BUCKET) and not recorder.budget.said_capped:
-                recorder.budget.said_capped = True
-                log.warning("kernelize: this process recorded %d miss reproducers (%d bytes of inputs), its cap "
-                            "(repro_max=%d, repro_max_bytes=%d): later misses are only counted, in the report's "
-                            "'repros'", recorder.budget.count, recorder.budget.bytes,
-                            self.options.repro_max, self.options.repro_max_bytes)
+            if verdict not in (recorder.DUPLICATE, recorder.SAME_BUCKET):
+                recorder.budget.note_cap(self.options.repro_max, self.options.repro_max_bytes)
+                if claiming:  # (when planning, the misses the plan records are not taken yet)
+                    recorder.budget.say_capped()
         return verdict
 
     def write(self, decision: Any, inputs: Sequence[torch.Tensor], target: Target, kind: str,
@@ -216,11 +214,17 @@ class ReproWriter:
             extra["bucket_dims"] = [list(d) for d in bucket_dims]
 
         def write() -> None:
-            if write_repro(self.folder_for(spec), spec, inputs, target, kind, self.options.cache_dir, extra):
-                repro_counts.add("written")
-                log.debug("wrote %s repro for %s to %s", kind, spec.describe(), self.folder_for(spec))
-            else:  # another process wrote it first
-                repro_counts.add(recorder.DUPLICATE)
+            written = None
+            try:
+                if write_repro(self.folder_for(spec), spec, inputs, target, kind, self.options.cache_dir, extra):
+                    repro_counts.add("written")
+                    written = recorder.captured_bytes(spec)
+                    log.debug("wrote %s repro for %s to %s", kind, spec.describe(), self.folder_for(spec))
+                else:  # another process wrote it first
+                    repro_counts.add(recorder.DUPLICATE)
+            finally:
+                recorder.budget.settle(written)
+                recorder.budget.say_capped()
 
         if not recorder.writer.submit(write):
             self.release(spec)
