@@ -149,6 +149,17 @@ def test_replay_runs_each_distinct_call_once_on_zeros_of_the_recorded_layout():
     assert prewarm.stats["vendor"] == 5 and prewarm.stats["failed"] == 2
 
 
+def test_records_that_are_not_objects_are_skipped_with_one_warning(caplog):
+    _compile_and_run()
+    [entry] = prewarm.read_index(prewarm.index_path())
+    bad = {"path": entry["path"], "vendor": [5, "aten.mm.default", [1, 2], None, *entry["vendor"]]}
+    with caplog.at_level("WARNING", logger="torch_kernelize"):
+        prewarm._warm([{"path": entry["path"], "vendor": 7}, bad])  # the thread's body: it returns
+    said = [r.getMessage() for r in caplog.records if "not JSON objects" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("prewarm: 5 vendor call record(s)"), said
+    assert prewarm.stats["vendor"] == 5  # the good records behind them still ran
+
+
 def test_the_index_is_written_only_when_it_changes_and_forgets_when_asked(monkeypatch, tmp_path):
     _compile_and_run()
     path = prewarm.index_path()

@@ -370,15 +370,23 @@ def _warm(executables: list[dict[str, Any]]) -> None:
     t0 = time.perf_counter()
     stats["runs"] += 1
     seen: set[str] = set()
+    malformed = 0
     with torch.no_grad():
         for e in executables:
             if not os.path.exists(e["path"]):  # the cache was cleared since
                 continue
-            for record in e.get("vendor") or ():
+            records = e.get("vendor") or []
+            for record in records if isinstance(records, list) else [records]:
+                if not isinstance(record, dict):  # the index is a file anyone with the cache can edit
+                    malformed += 1
+                    continue
                 ident = _identity(record)
                 if ident not in seen:
                     seen.add(ident)
                     _replay(record)
+    if malformed:
+        stats["skipped"] += malformed
+        log.warning("prewarm: %d vendor call record(s) of the index are not JSON objects; skipped", malformed)
     stats["ms"] += round(1e3 * (time.perf_counter() - t0))
     log.info("prewarm: %d vendor calls of %d executables replayed in %d ms (%d skipped, %d failed)",
              stats["vendor"], len(executables), stats["ms"], stats["skipped"], stats["failed"])
