@@ -57,6 +57,19 @@ def dumps(obj: Any) -> bytes:
 
 # --- durable writes ------------------------------------------------------------------------------
 
+def read_regular(path: Path | str) -> bytes:
+    """The bytes of ``path``, which must be a regular file: a FIFO or a device where a cache file
+    should be would block the reader, or never end. OSError (FileNotFoundError when missing)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without a writer
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new name inside ``path`` durable (a no-op where directories can't be opened)."""
     try:

@@ -4,6 +4,7 @@ to the kernel cache, a repro wanted again or a bad entry takes the normal path; 
 stored (check mode, host fallbacks) never is."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -225,8 +226,49 @@ def _foreign_global(path: Path, marker: Path) -> None:
                           pickle.dumps(_Evil(marker))))
 
 
-@pytest.mark.parametrize("corrupt", [_garbage, _flipped, _foreign_global])
+class _OpsRef:
+    """Stands for ``torch.ops.import_module.__call__.__call__``: an "op" reference three attributes
+    down ``torch.ops`` that is no operator, which pickle's REDUCE would call."""
+
+    def __call__(self, *args):
+        raise AssertionError("never called here")
+
+
+class _CallOpsRef:
+    def __init__(self, module: str):
+        self.module = module
+
+    def __reduce__(self):
+        return (_OPS_REF, (self.module,))
+
+
+_OPS_REF = _OpsRef()
+
+
+class _RefPickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        return ("op", "import_module.__call__.__call__") if obj is _OPS_REF else None
+
+
+def _ops_attribute(path: Path, marker: Path) -> None:
+    """A well-sealed payload whose "op" reference resolves to torch.ops.import_module, called on a
+    module (in marker's folder, on sys.path) that leaves ``marker`` when imported."""
+    module = f"kernelize_planted_{os.getpid()}_{marker.parent.name}"
+    (marker.parent / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    header = json.loads(path.read_bytes().split(b"\n")[1])
+    buf = io.BytesIO()
+    _RefPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(_CallOpsRef(module))
+    path.write_bytes(seal(executable_cache._MAGIC, {k: header[k] for k in ("format", "key")}, buf.getvalue()))
+
+
+def _fifo(path: Path, marker: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("corrupt", [_garbage, _flipped, _foreign_global, _ops_attribute, _fifo])
 def test_bad_entry_is_ignored_with_one_warning_and_rewritten(corrupt, cache, tmp_path, monkeypatch, caplog):
+    monkeypatch.syspath_prepend(str(tmp_path))
     model, inputs = model_zoo.make_small()
     cold, *_ = _compile(monkeypatch, model, inputs, cache)
     [entry] = (cache / "graphs").glob(f"*{executable_cache.SUFFIX}")

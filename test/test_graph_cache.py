@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -172,7 +173,12 @@ def _corrupt_other_key(path: Path, other: Path) -> None:
     path.write_bytes(other.read_bytes())  # a whole, valid entry, but of another graph
 
 
-@pytest.mark.parametrize("corrupt", [_corrupt_garbage, _corrupt_flip_payload, _corrupt_other_key])
+def _corrupt_fifo(path: Path, other: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)  # read as it was, every compile would wait for a writer forever
+
+
+@pytest.mark.parametrize("corrupt", [_corrupt_garbage, _corrupt_flip_payload, _corrupt_other_key, _corrupt_fifo])
 def test_bad_entry_is_ignored_with_one_warning_and_rewritten(corrupt, tmp_path, caplog):
     model, inputs = make_mlp()
     other, other_inputs = make_conv1d()

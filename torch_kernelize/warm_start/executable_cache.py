@@ -52,7 +52,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize.warm_start import prewarm
 from torch_kernelize.serving.flat_code import flat_function
-from torch_kernelize.kernel_cache.integrity import seal, unseal, write_file_atomic
+from torch_kernelize.kernel_cache.integrity import read_regular, seal, unseal, write_file_atomic
 from torch_kernelize.core.targets import op_name, resolve_op
 from torch_kernelize.serving.op_bindings import binding_by_name, binding_name
 from torch_kernelize.core.decision import Decision
@@ -158,7 +158,7 @@ class _Unpickler(pickle.Unpickler):
         if kind == "node":
             return _NodeRef(*rest)
         if kind == "op":
-            return resolve_op(*rest)
+            return _overload(*rest)
         if kind == "dtype":
             dtype = getattr(torch, rest[0], None)
             if not isinstance(dtype, torch.dtype):
@@ -176,6 +176,20 @@ class _Unpickler(pickle.Unpickler):
         if kind == "view":
             return FoldedView(*rest)
         raise pickle.UnpicklingError(f"unknown reference {kind!r}")
+
+
+def _overload(name: Any) -> torch._ops.OpOverload:
+    """The operator an entry names, which must be an OpOverload: pickle calls what a reference
+    resolves to, and other attributes of ``torch.ops`` (``import_module``, ``load_library``, their
+    ``__call__``) would run what the entry chose."""
+    parts = name.split(".") if isinstance(name, str) else []
+    if len(parts) != 3 or not all(p.isidentifier() and not p.startswith("__") for p in parts) \
+            or not isinstance(getattr(torch.ops, parts[0], None), torch._ops._OpNamespace):
+        raise pickle.UnpicklingError(f"{name!r} is not an operator name")
+    op = resolve_op(name)
+    if not isinstance(op, torch._ops.OpOverload):
+        raise pickle.UnpicklingError(f"{name!r} is not an operator overload")
+    return op
 
 
 def _dumps(data: Any) -> bytes:
@@ -299,7 +313,7 @@ class ExecutableCache:
         """The executable stored under ``key`` if it is still what lowering would bind; else None."""
         path = self.path(key)
         try:
-            raw = path.read_bytes()
+            raw = read_regular(path)
         except FileNotFoundError:
             stats["miss"] += 1
             return None

@@ -39,7 +39,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from torch_kernelize.kernel_cache.integrity import seal, unseal, write_file_atomic
+from torch_kernelize.kernel_cache.integrity import read_regular, seal, unseal, write_file_atomic
 
 log = logging.getLogger("torch_kernelize.warm_start.graph_cache")
 
@@ -277,7 +277,7 @@ class GraphCache:
         """The cached ATen graph for ``probe``'s key, checked against the inputs; None on a miss."""
         path = self.path(probe.key)
         try:
-            data = path.read_bytes()
+            data = read_regular(path)
         except FileNotFoundError:
             stats["miss"] += 1
             log.debug("graph cache miss %s", probe.key[:16])
