@@ -248,8 +248,9 @@ def index_path(cache_dir: Path | None = None) -> Path:
 def read_index(path: Path) -> list[dict[str, Any]]:
     """The program's executables, most recently added first, each ``{"path": its entry, "vendor":
     its vendor calls}``; [] when there is no readable index."""
+    from torch_kernelize.kernel_cache.integrity import read_regular
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path))  # (a FIFO there would hang the compile that notes an executable)
         if data.get("format") == FORMAT and isinstance(data.get("executables"), list):
             return [e for e in data["executables"] if isinstance(e, dict) and isinstance(e.get("path"), str)]
     except FileNotFoundError:
