@@ -296,6 +296,22 @@ def test_a_full_disk_exits_4_in_one_line_leaves_nothing_half_written_and_resume_
     assert len(configs) == len(set(configs)) and journaled >= 1  # nothing evaluated twice
 
 
+def test_journal_lines_of_the_wrong_shape_are_skipped_on_resume(tmp_path):
+    from torch_kernelize.fill_cache.journal import Journal
+    cache = tmp_path / "cache"
+    args = ["--model", f"{MODELS}:make_small", "--cache-dir", str(cache), "--budget", "1"]
+    assert main_code(args) == 0
+    journals = sorted(cache.glob("*/journals/*.jsonl"))
+    good = {j: Journal(j).records() for j in journals}
+    assert journals and all(len(r) == 1 for r in good.values())
+    for j in journals:
+        with open(j, "a") as f:
+            f.write('{}\n[1, 2]\n{"config": 5}\n"text"\n{"config": {}, "correct": "yes", "fitness": 1}\n')
+        assert Journal(j).records() == good[j]
+    assert main_code([*args, "--resume", "--force"]) == 0  # the malformed lines are redone, not a crash
+    assert {j: Journal(j).records() for j in journals} == good  # the budget was spent: nothing new ran
+
+
 def test_a_spec_without_a_correct_candidate_exits_1(tmp_path, monkeypatch):
     from torch_kernelize.fill_cache import cli
     from torch_kernelize.fill_cache.measure import Evaluation, Measurer
