@@ -233,6 +233,7 @@ class ImportResult:
     imported: list[str] = dataclasses.field(default_factory=list)  # the archived entry is now the cached one
     kept: list[str] = dataclasses.field(default_factory=list)      # accepted; an existing entry was kept
     rejected: dict[str, str] = dataclasses.field(default_factory=dict)  # failed revalidation: why
+    failed: tuple[str, str] | None = None  # (key, why): storing it failed (a full disk); later ones were not tried
 
 
 def trusted_signer(checked: CheckedArchive) -> tuple[str | None, str]:
@@ -329,7 +330,11 @@ def import_cache(root: Path | str, archive: Path | str, replace: bool = False,
             result.kept.append(key)
             continue
         record = normalize_record(json.loads(files[ENTRY_FILE]))
-        _, installed = cache._put(record, _program(files), replace)
+        try:
+            _, installed = cache._put(record, _program(files), replace)
+        except OSError as e:  # put() leaves nothing half-written; what was stored before stays
+            result.failed = (key, f"{e.strerror or e}: {e.filename or cache.entry_dir(key)}")
+            break
         if installed:
             result.imported.append(key)
         else:

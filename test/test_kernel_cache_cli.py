@@ -90,6 +90,35 @@ def test_export_import_gc(cli, filled, tmp_path, capsys):
     assert sorted(p.name for p in prewarm.iterdir()) == ["b.json"]
 
 
+def test_an_import_that_stops_partway_lists_what_was_stored_and_exits_1(cli, filled, tmp_path, capsys,
+                                                                        monkeypatch):
+    import errno
+
+    from torch_kernelize.kernel_cache import store
+    cache, hit, vendor = filled
+    archive = tmp_path / "x.tar.gz"
+    assert cli.main(["export", str(archive), "--cache-dir", str(cache.root)]) == 0
+    first, second = sorted([hit.key, vendor.key])
+    real = store.write_durable
+
+    def full_disk(path, data):  # the disk fills up while the second entry is written
+        if second in path.parent.name or second in path.parent.parent.name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, data)
+    monkeypatch.setattr(store, "write_durable", full_disk)
+    capsys.readouterr()
+    assert cli.main(["import", str(archive), "--cache-dir", str(tmp_path / "new")]) == 1
+    out, err = capsys.readouterr()
+    assert f"imported 1 entries" in out and f"  {first}" in out and second not in out
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"error: import stopped at entry {second} (No space left on device: ") and \
+        str(tmp_path / "new") in line and "were stored" in line
+    clear_memo()
+    new = KernelCache(tmp_path / "new", NS)
+    assert new.keys() == [first] and new.check_integrity() == []
+    assert not [p for p in new.entries_dir.iterdir() if p.name != first]  # nothing half-written
+
+
 def test_runs_as_a_script(filled):
     cache, hit, vendor = filled
     r = subprocess.run([sys.executable, str(TOOL), "list", "--cache-dir", str(cache.root)],

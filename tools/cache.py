@@ -32,7 +32,8 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  done; every entry looked at is fine
   {EXIT_PROBLEMS}  done, but problems were found: check found bad entries, verify failed (and quarantined)
-     entries, import --revalidate rejected entries (the others were stored), show found no valid entry
+     entries, import --revalidate rejected entries (the others were stored), import stopped partway (a full
+     disk: what was stored is listed, and the entry that failed), show found no valid entry
   {EXIT_ERROR}  nothing was done: bad arguments, a missing cache folder or a namespace without entries,
      an archive refused (unsigned, untrusted, tampered) or unreadable, a key problem
 
@@ -172,7 +173,11 @@ def cmd_import(args: argparse.Namespace) -> int:
               "(not stored):")
         for key, why in sorted(result.rejected.items()):
             print(f"  {key}: {why}")
-    return EXIT_PROBLEMS if result.rejected else EXIT_OK
+    if result.failed:
+        key, why = result.failed
+        print(f"error: import stopped at entry {key} ({why}): the entries listed above were stored, the others "
+              "were not; fix that (free space, permissions) and import again", file=sys.stderr)
+    return EXIT_PROBLEMS if result.rejected or result.failed else EXIT_OK
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
