@@ -127,6 +127,15 @@ def test_runs_as_a_script(filled):
     assert hit.key in r.stdout and vendor.key in r.stdout
 
 
+@pytest.mark.parametrize("args, says", [(["import"], "required: --cache-dir, archive"), (["bogus"], "invalid choice"),
+                                        (["verify", "--cache-dir", "x"], "required: --target")])
+def test_argument_errors_are_one_line_exit_2(cli, capsys, args, says):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(args)
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and says in line and line.endswith("(see --help)"), line
+
+
 @pytest.mark.parametrize("command", [["list"], ["check"], ["verify", "--target", "interpreter"]])
 def test_missing_folder_or_empty_namespace_is_an_error(cli, tmp_path, capsys, command):
     missing = tmp_path / "typo"

@@ -266,13 +266,18 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit code 2 (argparse prints the whole usage too)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", required=True, help="the cache root (holds one folder per namespace)")
     common.add_argument("--namespace", help="a namespace folder under the root (a Target.fingerprint_id())")
     common.add_argument("--target", help="a target name or .toml file: use its fingerprint's namespace")
     common.add_argument("-v", "--verbose", action="store_true", help="log cache warnings and info")
-    parser = argparse.ArgumentParser(prog="tools/cache.py", description=__doc__.split("\n\n")[0],
+    parser = _Parser(prog="tools/cache.py", description=__doc__.split("\n\n")[0],
                                      epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", parents=[common], help="table of entries")
