@@ -55,8 +55,6 @@ def dumps(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
-# --- durable writes ------------------------------------------------------------------------------
-
 def read_regular(path: Path | str) -> bytes:
     """The bytes of ``path``, which must be a regular file: a FIFO or a device where a cache file
     should be would block the reader, or never end. OSError (FileNotFoundError when missing)."""
@@ -69,6 +67,8 @@ def read_regular(path: Path | str) -> bytes:
     finally:
         os.close(fd)
 
+
+# --- durable writes ------------------------------------------------------------------------------
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new name inside ``path`` durable (a no-op where directories can't be opened)."""

@@ -181,16 +181,6 @@ def test_serving_from_a_warm_cache_compiles_nothing(tmp_path):
     assert "None" not in res["families"], res  # covered nodes name the region's family
 
 
-FORWARD_RAISES = """
-import torch
-class M(torch.nn.Module):
-    def forward(self, x):
-        raise ValueError("shapes do not match\\nmore context")
-def make():
-    return M(), (torch.randn(4, 4),)
-"""
-
-
 @pytest.mark.parametrize("case", ["cache dir is a file", "model file does not import", "model function raises",
                                   "bad budget", "nothing to fill"])
 def test_bad_input_exits_2_with_one_clear_line(case, tmp_path):

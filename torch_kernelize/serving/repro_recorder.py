@@ -117,7 +117,6 @@ class MissBudget:
                 self.count -= 1
                 self.bytes -= nbytes
 
-
     def note_cap(self, max_count: int, max_bytes: int) -> None:
         """A miss met a cap. The warning waits until the misses taken so far are written (say_capped),
         so that it counts what was written; at the latest it is said at exit."""
@@ -125,7 +124,11 @@ class MissBudget:
             if self.cap is not None:
                 return
             self.cap = (max_count, max_bytes)
-        _at_exit(lambda: self.say_capped(final=True))
+        _at_exit(self._say_at_exit)
+
+    def _say_at_exit(self) -> None:
+        writer.close()  # (its own exit hook may come after this one; a second close returns at once)
+        self.say_capped(final=True)
 
     def settle(self, written_bytes: int | None) -> None:
         """A taken miss's write ended: written (its inputs' bytes), or not (None)."""
