@@ -40,7 +40,7 @@ from torch_kernelize.core.errors import CacheError
 
 from .entry import CacheEntry, better, check_key, entry_from_files, is_key, normalize_record
 from .integrity import (ENTRY_FILE, IGNORED_DIRS, MANIFEST_FILE, PROGRAM_DIR, EntryProblem, dumps,
-                        file_signature, fsync_dir, manifest_of, read_entry_files, write_durable,
+                        executable_file, file_signature, fsync_dir, manifest_of, read_entry_files, write_durable,
                         write_file_atomic)
 
 logger = logging.getLogger("torch_kernelize.kernel_cache")
@@ -93,6 +93,9 @@ def read_program_dir(program_dir: Path | str) -> dict[str, bytes]:
             if not path.is_file():
                 raise CacheError(f"{path} is not a regular file; a program folder holds plain files only")
             rel = path.relative_to(program_dir).as_posix()
+            if executable_file(rel):
+                raise CacheError(f"{path} is bytecode or a native library, which an entry never holds "
+                                 "(kernels are loaded from their source)")
             files[f"{PROGRAM_DIR}/{rel}"] = path.read_bytes()
     return files
 

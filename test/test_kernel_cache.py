@@ -1,6 +1,7 @@
 """The on-disk kernel cache: round trips, integrity, concurrency, crash safety, export/import."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -213,6 +214,21 @@ def test_pycache_in_program_is_ignored(cache, spec, prog):
     (entry.program_dir / "__pycache__" / "kernel.cpython-311.pyc").write_bytes(b"junk")
     clear_memo()
     assert cache.get(spec.key) is not None and cache.check_integrity() == []
+
+
+def test_bytecode_and_native_libraries_are_never_part_of_an_entry(cache, spec, prog):
+    (prog / "helper.so").write_bytes(b"\x7fELF")
+    with pytest.raises(CacheError, match="helper.so is bytecode or a native library"):
+        cache.put(make_record(spec), prog)
+    (prog / "helper.so").unlink()
+    d = cache.entry_dir(cache.put(make_record(spec), prog).key)
+    (d / "program" / "kernel.pyc").write_bytes(b"junk")  # listed with its hash, as a crafted entry would
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["files"]["program/kernel.pyc"] = hashlib.sha256(b"junk").hexdigest()
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    clear_memo()
+    assert cache.get(spec.key) is None
+    assert "program/kernel.pyc is bytecode or a native library" in cache.check_integrity()[0][1]
 
 
 # --- which entry wins ----------------------------------------------------------------------------
