@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--target", help="a target name or .toml file: use its fingerprint's namespace")
     common.add_argument("-v", "--verbose", action="store_true", help="log cache warnings and info")
     parser = _Parser(prog="tools/cache.py", description=__doc__.split("\n\n")[0],
-                                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", parents=[common], help="table of entries")
     p = sub.add_parser("show", parents=[common], help="one entry's record and files")
