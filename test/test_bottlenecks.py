@@ -86,7 +86,8 @@ class _Cache:
                   "candidate_ms": 0.35, "vendor_ms": 0.41},
                  {"config": {"BLOCK": 32}, "family": "matmul+inductor", "correct": False, "candidate_ms": 0.01},
                  {"config": {"external": "9f2c"}, "family": "matmul+external", "correct": True, "candidate_ms": 0.45}]
-        (root / "journals" / f"{MM.key}.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n{cut")
+        malformed = '\n[1, 2]\n{"correct": true, "config": 5}'  # skipped like the cut line
+        (root / "journals" / f"{MM.key}.jsonl").write_text("\n".join(map(json.dumps, lines)) + malformed + "\n{cut")
 
     def get(self, key):
         if key != MM.key:

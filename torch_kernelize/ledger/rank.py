@@ -111,9 +111,12 @@ def journal_best(journal: Path) -> dict[str, float]:
             r = json.loads(line)
         except ValueError:
             continue   # a line cut short by a kill
+        if not isinstance(r, dict):
+            continue   # valid JSON of the wrong shape (fill_cache/journal.py skips it too)
         keep("vendor", r.get("vendor_ms"))
         if r.get("correct"):
-            config = r.get("config") or {}   # tagged by another generator, a candidate file's, or the family's
+            config = r.get("config")   # tagged by another generator, a candidate file's, or the family's
+            config = config if isinstance(config, dict) else {}
             name = config.get("generator") or ("external" if "external" in config else
                                                str(r.get("family") or "ours").split("+")[0])
             keep(name, r.get("candidate_ms"))
