@@ -20,7 +20,9 @@ each kernel's config is the first of its heuristic list. The program then runs o
 interpreter target like any candidate: that is what CI covers.
 
 Output code that calls anything but Triton kernels (``extern_kernels.mm``, an ATen fallback) has
-no program: the evaluation fails with that reason in the journal, and the other candidates compete.
+no program for a node or region spec: the evaluation fails with that reason in the journal, and
+the other candidates compete. A whole graph's spec (compiling/whole_graph.py) is recorded with
+those calls as vendor steps (inductor_program.py): Inductor's complete output is its candidate.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ import torch
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram
 from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
+from torch_kernelize.fill_cache.inductor_program import record_whole
+from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
 from torch_kernelize.core.spec import KernelSpec
 
@@ -95,7 +99,9 @@ class InductorGenerator(KernelFamily):
         mode = config.get("mode")
         if mode not in MODES:
             raise ValueError(f"unknown Inductor mode {mode!r}; expected one of {sorted(MODES)}")
-        return recorded_once(self._programs, (spec.key, mode), lambda: capture(spec, mode),
+        # a whole graph: Inductor's whole output, extern calls included (inductor_program.py)
+        record = record_whole if is_whole_graph(spec) else None
+        return recorded_once(self._programs, (spec.key, mode), lambda: capture(spec, mode, record),
                              f"no Inductor candidate ({mode})")
 
     def provenance(self, config: Config) -> dict[str, Any]:
@@ -114,9 +120,10 @@ def _on_gpu(spec: KernelSpec) -> bool:
     return any(m.device == "cuda" for m in spec.inputs + spec.outputs) and torch.cuda.is_available()
 
 
-def capture(spec: KernelSpec, mode: str) -> KernelProgram:
+def capture(spec: KernelSpec, mode: str, record: Callable | None = None) -> KernelProgram:
     """Inductor's kernels for ``spec`` in ``mode``, recorded as a KernelProgram; RecordingError
-    (with the reason) where there is none."""
+    (with the reason) where there is none. ``record(compiled, module, spec, inputs)``: how the
+    compiled output is recorded (default: its Triton launches alone)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     on_gpu = _on_gpu(spec)
@@ -136,7 +143,7 @@ def capture(spec: KernelSpec, mode: str) -> KernelProgram:
         except Exception as e:
             raise RecordingError(f"Inductor failed: {type(e).__name__}: {str(e)[:400]}") from None
         try:
-            return _record(compiled, _output_module(loaded), spec, inputs)
+            return (record or _record)(compiled, _output_module(loaded), spec, inputs)
         finally:
             if on_gpu:  # the measure worker judges free device memory: give back what autotuning held
                 del compiled
