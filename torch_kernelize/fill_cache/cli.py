@@ -32,6 +32,8 @@ from torch_kernelize.fill_cache.buckets import fill_buckets, works_from_args
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.external import with_candidates
+from torch_kernelize.compiling.whole_graph import describe_evidence, is_whole_graph
+from torch_kernelize.fill_cache.graph_candidates import graph_evidence
 from torch_kernelize.fill_cache.generators import Competition, check_resumable, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
@@ -182,9 +184,10 @@ class FillRun:
             self._served(k, seen | {key}) for k in self.covering.get(key, ()) if k not in seen)
 
     def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
+        cache_dir = getattr(self.cache, "dir", None)  # a whole graph's own assembly runs from it
         if not self.isolate:
-            return Measurer(spec, family, self.target, captured, self.builder)
-        return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker)
+            return Measurer(spec, family, self.target, captured, self.builder, cache_dir)
+        return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker, cache_dir)
 
     def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict],
                 measurer: Measurer | IsolatedMeasurer, row: dict[str, Any], progress: Any) -> dict[str, Any]:
@@ -226,9 +229,13 @@ class FillRun:
                   "provenance": {**self.provenance(family.name, result), **origin}}
         winner, note = verdict(best, self.target, spec, self.min_speedup)
         record.update(winner=winner, note=note)
+        if is_whole_graph(spec):  # who competed for the graph, their times, who won (graph_candidates.py)
+            record["graph"] = graph_evidence(result.evaluated, winner, timings["vendor_ms"], best)
+            row["graph"] = describe_evidence(record["graph"])
         if winner == "vendor":
             self.cache.put(record, None, replace=True if work.replace else self.force)
-            row.update(status="vendor wins", winner=f"vendor (best {family.name} {best['fitness']:.2f}x)",
+            who = "own assembly" if is_whole_graph(spec) else "vendor"
+            row.update(status=f"{who} wins", winner=f"{who} (best {family.name} {best['fitness']:.2f}x)",
                        speedup=best["fitness"])
             return row
         pending = False

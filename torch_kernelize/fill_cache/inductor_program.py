@@ -36,6 +36,8 @@ from torch_kernelize.core.program import Buffer, KernelProgram, Launch
 from torch_kernelize.core.program_steps import VendorStep
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import op_name
+from torch_kernelize.fill_cache.inductor_output import (_ALLOCATORS as _ALLOCATOR_NAMES, _allocator,
+                                                       _autotuner_launches, _autotuners, program_source)
 # the launch recorder's tables and its argument mapping: a launch here is recorded as it is there
 from torch_kernelize.lowering.kernels.recording import (_ALLOCATIONS, _HARMLESS, RecordingError, _Allocation,
                                                          _launch_fields, _scalar, _storage)
@@ -133,8 +135,6 @@ class _WholeRecorder(TorchDispatchMode):
 def record_whole(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inputs: list) -> KernelProgram:
     """One call of ``compiled`` (whose output code is ``module``) recorded as a KernelProgram of
     launches and vendor steps; RecordingError (with the reason) where it cannot be."""
-    from torch_kernelize.fill_cache.inductor import _allocator, _autotuner_launches, _autotuners, program_source
-
     code = Path(module.__file__).read_text()
     unseen = [u for u in _UNSEEN if u in code]
     if unseen:
@@ -146,7 +146,7 @@ def record_whole(compiled: Callable, module: types.ModuleType, spec: KernelSpec,
     for name, autotuner in kernels.items():
         setattr(namespace, name, autotuner.fn)
     patched = {name: _allocator(getattr(module, name), "cuda" if "cuda" in name else "cpu")
-               for name in ("empty_strided_cpu", "empty_strided_cuda") if hasattr(module, name)}
+               for name in _ALLOCATOR_NAMES if hasattr(module, name)}
     if hasattr(module, "reinterpret_tensor"):  # a view, made through the dispatcher
         patched["reinterpret_tensor"] = lambda t, size, stride, offset=0: t.as_strided(
             size, stride, t.storage_offset() + offset)

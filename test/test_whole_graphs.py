@@ -1,0 +1,195 @@
+"""Graphs compete as wholes (compiling/whole_graph.py, fill_cache/graph_candidates.py): on CPU,
+Inductor's complete output for a graph of an extern GEMM, a Triton epilogue and a reduction is
+captured as one program of launches and vendor steps (fill_cache/inductor_program.py), validated
+at the graph level on the interpreter (a tampered one is rejected, one calling an op the chip
+lacks is refused), chosen against kernelize's own assembly by measured (here injected) times,
+and served whole by a warm process that compiles nothing."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+
+import pytest
+import torch
+
+from conftest import last_json, run_python
+from torch_kernelize.core.program import KernelProgram
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.fill_cache import generators, measure
+from torch_kernelize.fill_cache.cli import FillRun
+from torch_kernelize.fill_cache.collect import specs_from_model
+from torch_kernelize.fill_cache.inductor import GENERATOR_INSTANCE
+from torch_kernelize.fill_cache.measure import Measurer
+from torch_kernelize.compiling.whole_graph import is_whole_graph
+from torch_kernelize.kernel_cache import KernelCache
+from torch_kernelize.lowering.kernels import Config, KernelFamily
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
+TARGET = get_target("interpreter")
+DEFAULT = Config.of(generator="inductor", mode="default")
+
+MODEL = """
+import torch
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 32)
+
+    def forward(self, x):
+        y = torch.relu(self.lin(x))
+        return y, y.sum(dim=1)
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(8, 16),)
+"""
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The model's whole-graph spec as serving forms it, and Inductor's program for it."""
+    folder = tmp_path_factory.mktemp("model")
+    (folder / "block.py").write_text(MODEL)
+    ref = f"{folder / 'block.py'}:make"
+    works = specs_from_model(ref, TARGET, folder / "cache", supported=lambda spec: True)
+    assert is_whole_graph(works[-1].spec) and not any(is_whole_graph(w.spec) for w in works[:-1])
+    spec = works[-1].spec
+    return ref, spec, GENERATOR_INSTANCE.generate(spec, Config.of(mode="default"))
+
+
+def fill(tmp_path, spec, times=None, monkeypatch=None):
+    """One FillRun of the whole graph (Inductor asked); ``times``: (candidate ms, assembly ms) injected."""
+    from torch_kernelize.fill_cache.collect import Work
+    if times is not None:
+        calls = []
+        monkeypatch.setattr(measure, "timing_available", lambda t: True)
+        monkeypatch.setattr(measure, "median_ms", lambda fn: calls.append(fn()) or times[(len(calls) - 1) % 2])
+        monkeypatch.setattr(measure, "paired_ms", lambda a, b, rounds: (a(), b()) and (times[1], times[0]))
+    cache = KernelCache.for_target(tmp_path / "cache", TARGET)
+    run = FillRun(TARGET, cache, budget=1, resume=False, force=True, min_speedup=1.03,
+                  generators=generators.chosen_generators("inductor", TARGET))
+    try:
+        row = run.process(Work(spec, "test"))
+    finally:
+        run.builder.close()
+    entry = next((tmp_path / "cache").glob(f"*/entries/{spec.key}/entry.json"))
+    return row, json.loads(entry.read_text())
+
+
+def test_inductor_output_with_an_extern_gemm_is_captured_whole(whole):
+    _, spec, program = whole
+    step, = program.steps  # the GEMM with its bias: an extern call, on the caller's buffers
+    assert step.op in ("aten.addmm.out", "aten.mm.out") and step.at == 0
+    assert step.kwargs["out"]["buf"][0] == "out"  # Inductor writes the GEMM into the graph's output buffer
+    launch, = program.launches  # relu and the row sum fused, after it, in place on that buffer
+    assert launch.kernel.startswith("triton_per_fused_relu_sum") and ("out", 1) in launch.args
+    again = KernelProgram.from_json(json.loads(json.dumps(program.to_json())), program.source)
+    assert again == program
+    measurer = Measurer(spec, GENERATOR_INSTANCE, TARGET)
+    try:
+        ev = measurer.evaluate(Config.of(mode="default"))
+    finally:
+        measurer.builder.close()
+    assert ev.correct, ev.error
+    assert ev.validation["kinds"][-1] == "special" and ev.validation["max_err"] < 1e-5
+
+
+class Tampered(KernelFamily):
+    """Inductor's program with one vendor step changed: the bias left out of the GEMM."""
+
+    name = "tampered"
+
+    def __init__(self, program: KernelProgram):
+        self.program = program
+
+    def supports(self, spec):
+        return None
+
+    def seed_configs(self, spec):
+        return [Config.of(variant="no-bias")]
+
+    def generate(self, spec, config):
+        step, = self.program.steps
+        args = step.args[1:] if step.op == "aten.addmm.out" else step.args
+        return dataclasses.replace(self.program, steps=(dataclasses.replace(step, op="aten.mm.out", args=args),))
+
+
+def test_a_tampered_graph_program_is_rejected_and_a_chip_without_its_gemm_refuses_it(whole, tmp_path):
+    _, spec, program = whole
+    measurer = Measurer(spec, Tampered(program), TARGET)
+    try:
+        ev = measurer.evaluate(Config.of(variant="no-bias"))
+    finally:
+        measurer.builder.close()
+    assert not ev.correct and "out of tolerance" in ev.error, ev.error
+    chip = tmp_path / "gemmless.toml"
+    chip.write_text('name = "gemmless"\ndevice = "cpu"\ntriton = "interpreter"\n[ops]\n'
+                    'unsupported = ["aten.addmm", "aten.mm"]\n')
+    measurer = Measurer(spec, GENERATOR_INSTANCE, get_target(str(chip)))
+    try:
+        ev = measurer.evaluate(Config.of(mode="default"))
+    finally:
+        measurer.builder.close()
+    assert not ev.correct and "which target 'gemmless' does not run" in ev.error, ev.error
+
+
+def test_the_faster_whole_candidate_wins_and_the_entry_says_who_competed(whole, tmp_path, monkeypatch):
+    _, spec, _ = whole
+    row, record = fill(tmp_path / "a", spec, (2.0, 1.0), monkeypatch)  # Inductor 2 ms, own assembly 1 ms
+    assert row["status"] == "own assembly wins" and record["winner"] == "vendor", row
+    assert record["note"].startswith("own assembly wins")
+    names = [(c["name"], c["ms"], c["correct"]) for c in record["graph"]["candidates"]]
+    assert names == [("inductor default", 2.0, True), ("assembly", 1.0, True)]
+    assert record["graph"]["winner"] == "assembly" and row["graph"].endswith("-> assembly")
+    row, record = fill(tmp_path / "b", spec, (1.0, 2.0), monkeypatch)
+    assert row["status"] == "stored" and record["graph"]["winner"] == "inductor default", row
+    assert record["provenance"]["generator"] == "inductor"
+
+
+def test_a_warm_process_serves_the_graph_winner_whole_and_compiles_nothing(whole, tmp_path, monkeypatch):
+    ref, spec, _ = whole
+    row, _ = fill(tmp_path, spec)  # unmeasured (interpreter): the validated program is stored
+    assert row["status"] == "stored", row
+    cache = tmp_path / "cache"
+    proc = run_python(textwrap.dedent(f"""
+        import importlib.util, json, torch, triton
+        import torch._inductor.compile_fx as compile_fx
+        import triton.compiler.compiler as cc
+        from triton.runtime.jit import JITFunction
+        counts = {{"triton_compile": 0, "jit_run": 0, "inductor_compile": 0}}
+        def counting(name, orig):
+            def f(*a, **k):
+                counts[name] += 1
+                return orig(*a, **k)
+            return f
+        cc.compile = triton.compile = counting("triton_compile", cc.compile)
+        JITFunction.run = counting("jit_run", JITFunction.run)
+        compile_fx.compile_fx = counting("inductor_compile", compile_fx.compile_fx)
+        compile_fx.compile_fx_inner = counting("inductor_compile", compile_fx.compile_fx_inner)
+        path, fn = {ref!r}.rsplit(":", 1)
+        spec = importlib.util.spec_from_file_location("block", path)
+        module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+        model, (x,) = getattr(module, fn)()
+        compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter",
+                                 "cache_dir": {str(cache)!r}, "repro_dir": "off",
+                                 "report": {str(tmp_path / "report.json")!r}}})
+        with torch.no_grad():
+            for _ in range(3):
+                got, want = compiled(x), model(x)
+        err = max((g - w).abs().max().item() for g, w in zip(got, want))
+        doc = json.load(open({str(tmp_path / "report.json")!r}))
+        graph, = doc["graphs"]
+        nodes = sorted({{(n["op"], n["tier"], n.get("family")) for n in graph["nodes"]}})
+        print(json.dumps(dict(counts, err=err, nodes=nodes, whole=graph.get("whole"),
+                              inductor_counters=sum(torch._dynamo.utils.counters["inductor"].values()))))
+    """))
+    res = last_json(proc)
+    assert res["err"] < 1e-5, res
+    assert res["triton_compile"] == 0 and res["jit_run"] == 0, res
+    assert res["inductor_compile"] == 0 and res["inductor_counters"] == 0, res
+    tiers = {op: (tier, family) for op, tier, family in res["nodes"]}
+    assert tiers["aten.relu.default"] == ("triton", "inductor"), res
+    assert tiers["aten.addmm.default"] == ("vendor", "inductor"), res
+    assert res["whole"]["tier"] == "triton" and res["whole"]["spec_key"] == spec.key, res
