@@ -169,6 +169,7 @@ class LoweredGraph:
                 region, _ = whole_graph_region(self.plan.gm)
                 self.regions[:0] = [region] if region is not None else []
         self._region_of: dict[str, Region] = {}
+        self.whole: Decision | None = None  # the whole graph's lookup (whole_graph.py), if it was offered
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
         self._buckets = None  # a dynamic graph's shape buckets, made when it is first planned
@@ -193,6 +194,7 @@ class LoweredGraph:
         self.name = f"{kind}_{next(_graph_ids)}"
         self.plan = self.binder = None
         self.regions, self._region_of, self._lock, self._buckets = [], {}, threading.Lock(), None
+        self.whole = None
         self._mutated_inputs = mutated_inputs
         self._check = False
         first = bind(self)
@@ -415,8 +417,12 @@ class LoweredGraph:
         for region, d, runner in decide_regions(self.regions, bindings, decisions, cache, self.target,
                                                 self.session.load_runner):
             self._region_of[d.spec_key] = region
-            if runner is not None and region.kind == WHOLE:
-                _vendor_step_tiers(decisions, region, runner.program)
+            if region.kind == WHOLE:
+                self.whole = d  # (fill_cache collects it from here, entry or not)
+                if runner is not None:
+                    _vendor_step_tiers(decisions, region, runner.program)
+                elif d.entry is None:
+                    continue  # no entry: the graph runs as it always did, and the report says nothing of it
             if runner is not None:
                 call = self._bucket_call(d, region_tensors(region)) if self._buckets is not None else None
                 if call is not None:

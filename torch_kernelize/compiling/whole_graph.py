@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
-from torch_kernelize.compiling.regions import Region, is_tensor_node
+from torch_kernelize.compiling.regions import Region, is_tensor_node, region_spec
 
 WHOLE = "whole"   # the region kind
 MIN_COMPUTE_NODES = 2
@@ -74,7 +74,12 @@ def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
     if not outputs:
         return None, "no tensor output"
     used = {a for n in nodes for a in n.all_input_nodes}
-    return Region(WHOLE, nodes, [n for n in inputs if n in used], outputs), ""
+    region = Region(WHOLE, nodes, [n for n in inputs if n in used], outputs)
+    try:  # (a static graph: its spec needs no bindings)
+        spec = region_spec(region, {})
+    except (TypeError, ValueError, KeyError) as e:
+        return None, f"its canonical form cannot be written: {type(e).__name__}: {e}"
+    return (region, "") if spec is not None else (None, "a size depends on data")
 
 
 def whole_report(regions: list[Any]) -> dict[str, Any] | None:

@@ -131,11 +131,12 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     nodes: dict[str, Work] = {}
     wholes: dict[str, Work] = {}  # whole graphs: searched last, against the assembly the rest gives
     for g in graphs:
+        whole = getattr(g, "whole", None)
+        if whole is not None and whole.spec is not None and supported(whole.spec):
+            wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss"))
         for specialization in g._specializations.values():
             for d in specialization.regions:
                 if d.spec is not None and is_whole_graph(d.spec):
-                    if supported(d.spec):
-                        wholes.setdefault(d.spec.key, Work(d.spec, f"model:{ref}", "miss"))
                     continue
                 if d.spec is not None and d.spec.key not in regions and supported(d.spec):
                     regions[d.spec.key] = Work(d.spec, f"model:{ref}", "miss")
