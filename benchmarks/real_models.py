@@ -3,8 +3,18 @@ timm), built from their configs without weights at realistic sizes in fp16, each
 run as eager, torch.compile's default (Inductor), Inductor's mode="reduce-overhead", kernelize
 after its fill_cache, and kernelize with mode="reduce-overhead" (CUDA graphs).
 
-    python benchmarks/real_models.py --out OUT [--models llama,mixtral,bert,resnet50,vit] [--time-limit 540]
+    python benchmarks/real_models.py --out OUT [--models llama,mixtral,bert,resnet50,vit,convnext] [--time-limit 540]
     python benchmarks/real_models.py --out OUT --smoke     # tiny configs; without a GPU on the interpreter target
+
+Issue 35's table (graphs compete as wholes), one run on the H200 after its fills:
+
+    python benchmarks/real_models.py --out OUT --time-limit 3000 --fill-share 0.6
+
+On CUDA the fill asks the Inductor generator by default, so each Dynamo graph is also searched
+whole (Inductor's complete output, default and max-autotune, against kernelize's own assembly);
+on the interpreter add ``--generators inductor``. Each model's row then has ``fill.graphs``: per
+whole graph the candidates, their times and the winner (also in the markdown), and each
+kernelize backend ``graphs_served_whole``.
 
 Each model gets an equal share of the time left. In it, a fresh process runs ``fill_cache --model``
 for the model (stopped at --fill-share of the share like Ctrl-C: what it stored is served), then a
@@ -105,6 +115,20 @@ def make_vit():
     return _vision(timm.create_model("vit_base_patch16_224", pretrained=False), 32, 224, torch.float16)
 
 
+def make_convnext():
+    """torchvision's ConvNeXt-Tiny (depthwise 7x7 convolutions, LayerNorm, GEMM MLPs): a model
+    definition the suite did not tune for; batch 32 x 3 x 224 x 224, fp16."""
+    import torchvision
+    torch.manual_seed(0)
+    return _vision(torchvision.models.convnext_tiny(), 32, 224, torch.float16)
+
+
+def make_convnext_smoke():
+    import torchvision
+    torch.manual_seed(0)
+    return _vision(torchvision.models.convnext_tiny(num_classes=10), 2, 32, torch.float32)
+
+
 def make_resnet50_smoke():
     import torchvision
     torch.manual_seed(0)
@@ -137,6 +161,8 @@ MODELS = {m.name: m for m in (
     Model("resnet50", "torchvision", f"{HERE}:make_resnet50", f"{HERE}:make_resnet50_smoke",
           "torchvision ResNet-50, b32 x 224^2"),
     Model("vit", "timm", f"{HERE}:make_vit", f"{HERE}:make_vit_smoke", "timm ViT-B/16, b32 x 224^2"),
+    Model("convnext", "torchvision", f"{HERE}:make_convnext", f"{HERE}:make_convnext_smoke",
+          "torchvision ConvNeXt-Tiny, b32 x 224^2 (added for issue 35: not tuned for)"),
 )}
 
 # What each backend is, as a user writes it. Measured in this order, so that the pair the targets
@@ -282,6 +308,8 @@ def _fill(model: Model, ref: str, args: argparse.Namespace, limit_s: float) -> d
     cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--model", ref, "--target", args.target,
            "--cache-dir", str(args.cache_dir), "--budget", str(args.budget), "--quiet", "--summary", str(summary),
            "--resume"]  # a search an earlier fill stopped (another model's, a run before) goes on
+    if args.generators:
+        cmd += ["--generators", args.generators]
     from torch_kernelize.kernel_cache import KernelCache
     cache = KernelCache.for_target(args.cache_dir, args.target_obj)
     before = len(cache.keys())
@@ -294,6 +322,9 @@ def _fill(model: Model, ref: str, args: argparse.Namespace, limit_s: float) -> d
         for s in specs:
             statuses[s["status"]] = statuses.get(s["status"], 0) + 1
         fill["specs"] = statuses
+        # whole graphs: who competed, their times, who won (fill_cache/graph_candidates.py)
+        fill["graphs"] = [{"key": s["key"], "status": s["status"], **s["graph_candidates"]}
+                          for s in specs if s.get("graph_candidates")]
     elif code not in (0, 1) and not stopped:
         fill["error"] = _exception_text(_log_tail(args.out / "logs" / f"{model.name}-fill.log"))
     return fill
@@ -355,6 +386,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, else interpreter)")
     p.add_argument("--cache-dir", type=Path, default=None, help="kernel cache (default: OUT/kernel_cache)")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
+    p.add_argument("--generators", default=None, help="passed to fill_cache --generators (default: its own; "
+                   "'inductor' searches each graph whole on the interpreter too)")
     p.add_argument("--measure-one", nargs=3, metavar=("NAME", "REF", "ROW"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]

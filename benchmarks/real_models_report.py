@@ -132,6 +132,12 @@ def markdown(doc: dict) -> str:
                          f"{_f(r.get('launches'), '{:.0f}')} | {_f(r.get('host_ms'))} | "
                          f"{_f(r.get('host_us_per_launch'), '{:.1f}')} | {_f(r.get('syncs_per_call'), '{:g}')} | "
                          f"{_f(r.get('max_rel_err'), '{:.1e}')} | {_f(r.get('first_call_s'), '{:.3g}')} | {triton} |")
+    graphs = [(name, g) for name, row in doc["models"].items() for g in row.get("fill", {}).get("graphs", [])]
+    if graphs:  # issue 35: graphs compete as wholes
+        lines += ["", "| model | whole graph | candidates (ms per call) | winner |", "|---|---|---|---|"]
+        for name, g in graphs:
+            cands = ", ".join(f"{c['name']} {_f(c.get('ms')) if c['correct'] else 'wrong'}" for c in g["candidates"])
+            lines.append(f"| {name} | {g['key'][:12]} | {cands} | {g['winner']} |")
     t = doc.get("targets")
     if t:
         def per_model(target: dict) -> str:

@@ -231,7 +231,7 @@ class FillRun:
         record.update(winner=winner, note=note)
         if is_whole_graph(spec):  # who competed for the graph, their times, who won (graph_candidates.py)
             record["graph"] = graph_evidence(result.evaluated, winner, timings["vendor_ms"], best)
-            row["graph"] = describe_evidence(record["graph"])
+            row.update(graph=describe_evidence(record["graph"]), graph_candidates=record["graph"])
         if winner == "vendor":
             self.cache.put(record, None, replace=True if work.replace else self.force)
             who = "own assembly" if is_whole_graph(spec) else "vendor"
@@ -394,13 +394,18 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
     """Print the table and the one-line total, write the JSON summary; 1 if a spec had no correct
     candidate, else 0."""
     print(format_table(rows))
+    for r in rows:  # whole graphs: who competed, their times, who won (graph_candidates.py)
+        if r.get("graph"):
+            print(f"whole graph {r['key']}: {r['graph']}")
     summary = {**summary, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
     failed = [r for r in rows if r["status"] == "no correct candidate"]
     print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; "
           f"{sum(r['status'] == 'stored' for r in rows)} stored, "
-          f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, {len(failed)} without a correct "
+          f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, "
+          + (f"{n} own assembly wins, " if (n := sum(r['status'] == 'own assembly wins' for r in rows)) else "")
+          + f"{len(failed)} without a correct "
           f"candidate, {sum(r['status'] == 'too large' for r in rows)} too large; "
           + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items()) + f"; summary: {summary_path}")
     return 1 if failed else 0

@@ -188,7 +188,7 @@ class Measurer:
             _, runner = self.build(config)
         except Exception as e:
             return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
-        refused = refused_ops(runner.program.steps, self.target)
+        refused = refused_ops(getattr(getattr(runner, "program", None), "steps", ()), self.target)
         if refused:  # a bring-up chip: the program's vendor calls would not run where it is served
             return Evaluation(config.to_json(), False, 0.0, error=f"its program calls {', '.join(refused)}, which "
                               f"target {self.target.name!r} does not run")
