@@ -37,8 +37,8 @@ import torch
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram
 from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
-from torch_kernelize.fill_cache.inductor_output import (_ALLOCATORS, _allocator, _autotuner_launches, _autotuners,
-                                                       program_source)
+from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _autotuners, dispatching_helpers,
+                                                       kernels_namespace, program_source)
 from torch_kernelize.fill_cache.inductor_program import record_whole
 from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
@@ -163,16 +163,9 @@ def _record(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inpu
         raise RecordingError("Inductor's output code launches no Triton kernel (it calls ATen or extern "
                              "kernels only)")
     source = program_source(Path(module.__file__).read_text(), kernels)
-    namespace = types.ModuleType("inductor_kernels")
-    for name, autotuner in kernels.items():
-        setattr(namespace, name, autotuner.fn)
-    allocators = {name: _allocator(getattr(module, name), "cuda" if "cuda" in name else "cpu")
-                  for name in _ALLOCATORS if hasattr(module, name)}
-    if hasattr(module, "reinterpret_tensor"):  # a view, made through the dispatcher
-        allocators["reinterpret_tensor"] = lambda t, size, stride, offset=0: t.as_strided(
-            size, stride, t.storage_offset() + offset)
+    namespace = kernels_namespace(kernels)
     try:
-        with mock.patch.dict(module.__dict__, allocators), torch.no_grad():
+        with mock.patch.dict(module.__dict__, dispatching_helpers(module)), torch.no_grad():
             return record_program(compiled, inputs, spec, source, namespace, arguments=(list(inputs), {}),
                                   hooks=[_autotuner_launches])
     except RecordingError as e:

@@ -18,6 +18,25 @@ from torch_kernelize.lowering.kernels.recording import RecordingError
 _ALLOCATORS = ("empty_strided_cpu", "empty_strided_cuda")
 
 
+def kernels_namespace(kernels: dict[str, Any]) -> types.ModuleType:
+    """A module holding each autotuner's ``@triton.jit`` function under its name in the output code."""
+    namespace = types.ModuleType("inductor_kernels")
+    for name, autotuner in kernels.items():
+        setattr(namespace, name, autotuner.fn)
+    return namespace
+
+
+def dispatching_helpers(module: types.ModuleType) -> dict[str, Callable]:
+    """Replacements for the output code's C++-bound allocators and ``reinterpret_tensor``, which
+    go through the dispatcher (so a recorder sees the buffers and views they make)."""
+    patched = {name: _allocator(getattr(module, name), "cuda" if "cuda" in name else "cpu")
+               for name in _ALLOCATORS if hasattr(module, name)}
+    if hasattr(module, "reinterpret_tensor"):
+        patched["reinterpret_tensor"] = lambda t, size, stride, offset=0: t.as_strided(
+            size, stride, t.storage_offset() + offset)
+    return patched
+
+
 def _autotuners(module: types.ModuleType) -> dict[str, Any]:
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     return {name: v for name, v in vars(module).items() if isinstance(v, CachingAutotuner)}

@@ -36,8 +36,8 @@ from torch_kernelize.core.program import Buffer, KernelProgram, Launch
 from torch_kernelize.core.program_steps import VendorStep
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import op_name
-from torch_kernelize.fill_cache.inductor_output import (_ALLOCATORS as _ALLOCATOR_NAMES, _allocator,
-                                                       _autotuner_launches, _autotuners, program_source)
+from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _autotuners, dispatching_helpers,
+                                                       kernels_namespace, program_source)
 # the launch recorder's tables and its argument mapping: a launch here is recorded as it is there
 from torch_kernelize.lowering.kernels.recording import (_ALLOCATIONS, _HARMLESS, RecordingError, _Allocation,
                                                          _launch_fields, _scalar, _storage)
@@ -142,17 +142,9 @@ def record_whole(compiled: Callable, module: types.ModuleType, spec: KernelSpec,
                              "its calls cannot be recorded")
     kernels = _autotuners(module)
     source = program_source(code, kernels)
-    namespace = types.ModuleType("inductor_kernels")
-    for name, autotuner in kernels.items():
-        setattr(namespace, name, autotuner.fn)
-    patched = {name: _allocator(getattr(module, name), "cuda" if "cuda" in name else "cpu")
-               for name in _ALLOCATOR_NAMES if hasattr(module, name)}
-    if hasattr(module, "reinterpret_tensor"):  # a view, made through the dispatcher
-        patched["reinterpret_tensor"] = lambda t, size, stride, offset=0: t.as_strided(
-            size, stride, t.storage_offset() + offset)
-    recorder = _WholeRecorder(list(inputs), namespace)
+    recorder = _WholeRecorder(list(inputs), kernels_namespace(kernels))
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.dict(module.__dict__, patched))
+        stack.enter_context(mock.patch.dict(module.__dict__, dispatching_helpers(module)))
         stack.enter_context(torch.no_grad())
         stack.enter_context(_autotuner_launches(recorder.launch))
         stack.enter_context(recorder)
