@@ -193,3 +193,30 @@ def test_a_warm_process_serves_the_graph_winner_whole_and_compiles_nothing(whole
     assert tiers["aten.relu.default"] == ("triton", "inductor"), res
     assert tiers["aten.addmm.default"] == ("vendor", "inductor"), res
     assert res["whole"]["tier"] == "triton" and res["whole"]["spec_key"] == spec.key, res
+
+
+def test_a_vendor_steps_result_becomes_a_buffer_the_runner_does_not_allocate():
+    """What Inductor does around a convolution (extern, functional): the op's result is a program
+    buffer that later steps (or launches) read; the runner runs the steps in order."""
+    from torch_kernelize.core.program_steps import VendorStep
+    from torch_kernelize.core.program import Buffer
+    from torch_kernelize.core.spec import KernelSpec
+    from torch_kernelize.serving.launch import ProgramRunner
+    aten = torch.ops.aten
+    x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    conv_args = [[1, 1], [1, 1], [1, 1], False, [0, 0], 1]
+    want = torch.relu(aten.convolution.default(x, w, b, *conv_args))
+    spec = KernelSpec.from_call(aten.convolution.default, [x, w, b, *conv_args], {}, want)
+    conv = VendorStep("aten.convolution.default", [{"buf": ["in", 0]}, {"buf": ["in", 1]}, {"buf": ["in", 2]},
+                                                   *conv_args], {}, 0, (("tmp", 0),))
+    relu = VendorStep("aten.clamp_min.out", [{"buf": ["tmp", 0], "view": [[2, 4, 8, 8], [256, 64, 8, 1], 0]}, 0.0],
+                      {"out": {"buf": ["out", 0]}}, 0)
+    program = KernelProgram("", (), temps=(Buffer((512,), "float32"),), steps=(conv, relu))
+    runner = ProgramRunner(spec, program, [], "interpreter")
+    outs, temps = runner.allocate(torch.device("cpu"))
+    assert temps == [None] and outs[0] is not None
+    torch.testing.assert_close(runner(x, w, b), want)
+    with pytest.raises(ValueError, match="no tmp buffer 1"):
+        dataclasses.replace(program, steps=(dataclasses.replace(conv, results=(("tmp", 1),)), relu))
+    with pytest.raises(ValueError, match="steps run in order"):
+        dataclasses.replace(program, steps=(dataclasses.replace(conv, at=1), relu))

@@ -6,7 +6,8 @@ A compiler's whole output (fill_cache/inductor_program.py records Inductor's) is
 and such calls; a KernelProgram holds both: its ``launches`` as always, and ``steps``, each
 running after the first ``at`` launches. A step's arguments are the program's buffers (spec
 inputs, outputs, temporaries), whole or as a view (size, stride, offset into the buffer: what
-Inductor's ``reinterpret_tensor`` makes), and literals encoded as in a KernelSpec. An op that
+Inductor's ``reinterpret_tensor`` makes), an empty tensor by its metadata (``{"empty": [size,
+stride, dtype]}``: it has no memory to share), and literals encoded as in a KernelSpec. An op that
 writes a buffer (``out=``, an in-place op) names it among its arguments; one that returns new
 tensors (``aten.convolution``) names, per returned tensor, the buffer it becomes (``results``:
 a temporary or an output the runner then does not allocate). Nothing here is generated or
@@ -17,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from torch_kernelize.core.encoding import decode_arg
+import torch
+
+from torch_kernelize.core.encoding import decode_arg, dtype_from_name
 from torch_kernelize.core.targets import resolve_op
 
 STEP_BUFFERS = ("in", "out", "tmp")  # what a step's argument or result may name
@@ -120,6 +123,9 @@ def _decode(x: Any, bufs: dict[str, list], device: str) -> Any:
             return t
         size, stride, offset = x["view"]
         return t.as_strided(size, stride, t.storage_offset() + offset)
+    if isinstance(x, dict) and "empty" in x:  # an empty tensor: no memory, only its metadata
+        size, stride, dtype = x["empty"]
+        return torch.empty_strided(size, stride, dtype=dtype_from_name(dtype), device=device)
     if isinstance(x, list):
         return [_decode(v, bufs, device) for v in x]
     return decode_arg(x, (), device)  # a literal (a device: the one the program runs on)

@@ -87,7 +87,7 @@ class _WholeRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         results = []
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor) and _storage(t) not in self.bases:
+            if isinstance(t, torch.Tensor) and t.numel() and _storage(t) not in self.bases:
                 results.append(self._new_buffer(t, None, produced=True))
             else:
                 results.append(None)
@@ -115,6 +115,8 @@ class _WholeRecorder(TorchDispatchMode):
             raise RecordingError(f"a vendor call's argument cannot be stored: {e}") from None
 
     def _tensor(self, t: torch.Tensor) -> dict[str, Any]:
+        if not t.numel():  # no memory (empty tensors share the null address): made anew at run time
+            return {"empty": [list(t.shape), list(t.stride()), dtype_name(t.dtype)]}
         base = self.bases.get(_storage(t))
         if base is None:
             raise RecordingError(f"a vendor call reads a tensor {tuple(t.shape)} that is neither an input nor a "
