@@ -220,3 +220,22 @@ def test_a_vendor_steps_result_becomes_a_buffer_the_runner_does_not_allocate():
         dataclasses.replace(program, steps=(dataclasses.replace(conv, results=(("tmp", 1),)), relu))
     with pytest.raises(ValueError, match="steps run in order"):
         dataclasses.replace(program, steps=(dataclasses.replace(conv, at=1), relu))
+
+
+def test_a_whole_graphs_token_ids_are_drawn_in_range_of_the_embedding_they_index():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+    from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN, index_bounds
+
+    def f(ids, mask, table):
+        x = torch.nn.functional.embedding(ids.view(-1), table)
+        return (x * mask.view(-1, 1)).sum(0), torch.index_select(table, 0, ids[:, 0]).exp()
+
+    args = (torch.randint(0, 5, (3, 4)), torch.randint(0, 2, (3, 4)), torch.randn(5, 8))
+    spec = region_spec(whole_graph_region(make_fx(f, tracing_mode="fake")(*args))[0], {})
+    assert index_bounds(spec) == {0: 5}
+    for kind in ("random", "zeros", "large", "negative", "special"):
+        ids, mask, _ = WHOLE_GRAPH_DOMAIN.sample_inputs(spec, 0, kind)
+        assert 0 <= ids.min() and ids.max() < 5 and set(mask.unique().tolist()) <= {0, 1}
+        spec.run_vendor([ids, mask, torch.randn(5, 8)])  # in range: the graph runs

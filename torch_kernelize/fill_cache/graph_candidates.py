@@ -18,10 +18,81 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
+
+from torch_kernelize.compiling.whole_graph import is_whole_graph
+from torch_kernelize.core.devices import to_device
+from torch_kernelize.core.region_graph import node_ref, region_graph
 from torch_kernelize.core.spec import KernelSpec
-from torch_kernelize.core.targets import Target
+from torch_kernelize.core.targets import Target, resolve_op
+from torch_kernelize.lowering.kernels import KernelFamily
+from torch_kernelize.lowering.kernels.base import sample_generator, sample_tensor
 
 ASSEMBLY = "assembly"   # the candidate name of kernelize's own assembly in the evidence
+# ops that index a dim of a tensor with an integer tensor: op -> (indexed arg, its dim (an arg
+# position, or a fixed dim as a negative number -1 - dim), index arg)
+INDEXING = {"aten.embedding.default": (0, -1, 1), "aten.index_select.default": (0, 1, 2),
+            "aten.gather.default": (0, 1, 2)}
+MASK_BOUND = 2  # an integer input that indexes nothing (an attention mask): 0 or 1
+
+
+class WholeGraphDomain(KernelFamily):
+    """A whole graph's inputs: an integer input that indexes a dim (token ids into an embedding,
+    index_select/gather indices) is drawn in [0, that size), any other integer input in
+    [0, MASK_BOUND); the rest as any spec's. The default domain's negative integers would index
+    out of range (a device-side assert on CUDA) where a graph holds its embedding."""
+
+    name = "whole-graph"
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        return None if is_whole_graph(spec) else "whole graphs only"
+
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        g = sample_generator(seed, device)
+        bounds = index_bounds(spec)
+        return [to_device(sample_tensor(m, g, kind, 0, bounds.get(i, MASK_BOUND))
+                          if not m.torch_dtype.is_floating_point and m.dtype != "bool" else sample_tensor(m, g, kind),
+                          device) for i, m in enumerate(spec.inputs)]
+
+
+WHOLE_GRAPH_DOMAIN = WholeGraphDomain()
+
+
+def index_bounds(spec: KernelSpec) -> dict[int, int]:
+    """Spec input -> the smallest size it indexes (through views), for the integer inputs that do."""
+    graph = region_graph(spec)
+    nodes = graph["nodes"]
+
+    def source(a: Any) -> int | None:  # the spec input an argument is, or a view of
+        while (r := node_ref(a)) is not None:
+            if r[0] == "input":
+                return r[1]
+            n = nodes[r[1]]
+            if n["op"] == "getitem" or not resolve_op(n["op"]).is_view:
+                return None
+            a = n["args"][0]
+        return None
+
+    def size(a: Any, dim: int) -> int | None:
+        r = node_ref(a)
+        if r is None:
+            return None
+        shape = spec.inputs[r[1]].shape if r[0] == "input" else (nodes[r[1]]["meta"] or {}).get("shape")
+        return shape[dim] if shape and -len(shape) <= dim < len(shape) else None
+
+    bounds: dict[int, int] = {}
+    for n in nodes:
+        if n["op"] not in INDEXING:
+            continue
+        table, dim_at, index_at = INDEXING[n["op"]]
+        args = n["args"]
+        dim = -1 - dim_at if dim_at < 0 else (args[dim_at] if len(args) > dim_at else None)
+        i = source(args[index_at]) if len(args) > index_at else None
+        bound = size(args[table], dim) if isinstance(dim, int) else None
+        if i is not None and bound:
+            bounds[i] = min(bound, bounds.get(i, bound))
+    return bounds
 
 
 def assembly_runner(spec: KernelSpec, target: Target, cache_dir: Path) -> Callable[[Sequence[Any]], Any]:

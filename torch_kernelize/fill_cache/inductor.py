@@ -40,6 +40,7 @@ from torch_kernelize.lowering.kernels.recording import RecordingError, record_pr
 from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _autotuners, dispatching_helpers,
                                                        kernels_namespace, program_source)
 from torch_kernelize.fill_cache.inductor_program import record_whole
+from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
 from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
 from torch_kernelize.core.spec import KernelSpec
@@ -125,7 +126,8 @@ def capture(spec: KernelSpec, mode: str, record: Callable | None = None) -> Kern
     from torch.fx.experimental.proxy_tensor import make_fx
 
     on_gpu = _on_gpu(spec)
-    inputs = KernelFamily().sample_inputs(spec, RECORD_SEED, "random", "cuda" if on_gpu else "cpu")
+    domain = WHOLE_GRAPH_DOMAIN if is_whole_graph(spec) else KernelFamily()  # (a graph's token ids in range)
+    inputs = domain.sample_inputs(spec, RECORD_SEED, "random", "cuda" if on_gpu else "cpu")
     try:
         with torch.no_grad():
             gm = make_fx(lambda *ts: spec.run_vendor(list(ts)))(*inputs)
