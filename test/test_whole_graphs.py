@@ -96,6 +96,30 @@ def test_inductor_output_with_an_extern_gemm_is_captured_whole(whole):
     assert ev.validation["kinds"][-1] == "special" and ev.validation["max_err"] < 1e-5
 
 
+def test_outputs_that_are_views_of_the_programs_buffers_are_made_by_alias_steps():
+    """Inductor returns views (``reinterpret_tensor``) of its buffers: of another output's, of a
+    temporary's; the program makes each with a last step, and the graph validates."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+
+    def f(a, b):
+        y = torch.relu(a @ b)
+        return y, y.t(), (y * 2)[:, :4]
+
+    spec = region_spec(whole_graph_region(make_fx(f, tracing_mode="fake")(torch.randn(8, 16), torch.randn(16, 32)))[0], {})
+    program = GENERATOR_INSTANCE.generate(spec, Config.of(mode="default"))
+    aliases = [(s.args[0]["buf"], s.results) for s in program.steps if s.op == "aten.alias.default"]
+    assert aliases == [(["out", 0], (("out", 1),)), (["tmp", 0], (("out", 2),))], program.steps
+    assert len(program.output_init) == 3
+    measurer = Measurer(spec, GENERATOR_INSTANCE, TARGET)
+    try:
+        ev = measurer.evaluate(Config.of(mode="default"))
+    finally:
+        measurer.builder.close()
+    assert ev.correct, ev.error
+
+
 class Tampered(KernelFamily):
     """Inductor's program with one vendor step changed: the bias left out of the GEMM."""
 

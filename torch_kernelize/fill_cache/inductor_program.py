@@ -152,33 +152,41 @@ def record_whole(compiled: Callable, module: types.ModuleType, spec: KernelSpec,
         stack.enter_context(recorder)
         result = compiled(*inputs)
     outputs = list(result) if isinstance(result, (tuple, list)) else [result]
-    return _program(recorder, _match_outputs(recorder, outputs, spec), source)
+    return _program(recorder, _match_outputs(recorder, outputs, spec), source, len(spec.outputs))
 
 
 def _match_outputs(recorder: _WholeRecorder, outputs: list, spec: KernelSpec) -> dict[int, int]:
-    """storage -> output index; each output must be a whole buffer of this call in its traced layout."""
+    """storage -> output index, for the outputs that are a whole buffer of this call in their
+    traced layout (the runner allocates them, or a step returns them). Any other output (a view
+    into a temporary or into another output's buffer: Inductor returns ``reinterpret_tensor``s)
+    is made by a last step, an alias of that view (appended to ``recorder.entries``)."""
     if len(outputs) != len(spec.outputs):
         raise RecordingError(f"Inductor's code returned {len(outputs)} output(s); the graph has {len(spec.outputs)}")
     found: dict[int, int] = {}
+    views = []
     for j, (t, meta) in enumerate(zip(outputs, spec.outputs)):
-        base = recorder.bases.get(_storage(t)) if isinstance(t, torch.Tensor) else None
+        base = recorder.bases.get(_storage(t)) if isinstance(t, torch.Tensor) and t.numel() else None
         if base is None or base.ref[0] == "in":
             raise RecordingError(f"output {j} is {'an input or a view of one' if base else 'not a buffer of this call'}"
                                  ": an output must be a buffer the program makes")
-        if _storage(t) in found:
-            raise RecordingError(f"outputs {found[_storage(t)]} and {j} share one buffer")
-        span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride)) if meta.numel else 0
         got = (tuple(t.shape), tuple(t.stride()), dtype_name(t.dtype))
-        if (got != (meta.shape, meta.stride, meta.dtype) or t.data_ptr() != base.tensor.data_ptr()
-                or recorder.allocations[_storage(t)].numel != span):
-            raise RecordingError(f"output {j} is {got} at offset {t.storage_offset()} of a buffer of "
-                                 f"{recorder.allocations[_storage(t)].numel} element(s), not the graph's "
-                                 f"{(meta.shape, meta.stride, meta.dtype)} in {span}")
-        found[_storage(t)] = j
+        if got != (meta.shape, meta.stride, meta.dtype):
+            raise RecordingError(f"output {j} is {got}, not the graph's {(meta.shape, meta.stride, meta.dtype)}")
+        span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride))
+        whole = (_storage(t) not in found and t.data_ptr() == base.tensor.data_ptr()
+                 and recorder.allocations[_storage(t)].numel == span
+                 and (not base.produced or (t.shape == base.tensor.shape and t.stride() == base.tensor.stride())))
+        if whole:
+            found[_storage(t)] = j
+        else:
+            views.append((j, t))
+    for j, t in views:  # after every launch and step: the buffer holds its final values
+        recorder.entries.append(("step", VendorStep("aten.alias.default", [recorder._tensor(t)], {},
+                                                    recorder.launches, (("out", j),))))
     return found
 
 
-def _program(recorder: _WholeRecorder, out_of: dict[int, int], source: str) -> KernelProgram:
+def _program(recorder: _WholeRecorder, out_of: dict[int, int], source: str, outputs: int) -> KernelProgram:
     """The recorded entries with every ("alloc", storage) resolved to an output or a temporary."""
     temps: dict[int, int] = {}
 
@@ -209,7 +217,8 @@ def _program(recorder: _WholeRecorder, out_of: dict[int, int], source: str) -> K
     for storage, i in temps.items():
         alloc = recorder.allocations[storage]
         temp_buffers[i] = Buffer((alloc.numel,), dtype_name(alloc.dtype), alloc.init)
-    output_init = tuple(recorder.allocations[s].init for s, _ in sorted(out_of.items(), key=lambda kv: kv[1]))
+    inits = {j: recorder.allocations[s].init for s, j in out_of.items()}
+    output_init = tuple(inits.get(j) for j in range(outputs))
     if not launches and not steps:
         raise RecordingError("Inductor's output code neither launches a kernel nor calls an op")
     return KernelProgram(source, tuple(launches), output_init, tuple(temp_buffers), steps=tuple(steps))
