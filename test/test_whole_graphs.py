@@ -242,6 +242,8 @@ def test_a_vendor_steps_result_becomes_a_buffer_the_runner_does_not_allocate():
     torch.testing.assert_close(runner(x, w, b), want)
     with pytest.raises(ValueError, match="no tmp buffer 1"):
         dataclasses.replace(program, steps=(dataclasses.replace(conv, results=(("tmp", 1),)), relu))
+    with pytest.raises(ValueError, match="calls an ATen op"):
+        dataclasses.replace(program, steps=(dataclasses.replace(conv, op="myns.anything.default"), relu))
     with pytest.raises(ValueError, match="steps run in order"):
         dataclasses.replace(program, steps=(dataclasses.replace(conv, at=1), relu))
 

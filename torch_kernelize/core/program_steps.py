@@ -66,6 +66,8 @@ def check_steps(steps: Sequence[VendorStep], launches: int, inputs: int | None, 
     (``inputs``/``outputs``: None where the spec is not known here)."""
     last = 0
     for s in steps:
+        if not s.op.startswith("aten."):  # (a cache or an archive names ops by string: nothing else is called)
+            raise ValueError(f"vendor step {s.op}: a step calls an ATen op (aten.*) only")
         if not last <= s.at <= launches:
             raise ValueError(f"vendor step {s.op} at {s.at}: steps run in order, between 0 and {launches} launches")
         last = s.at
