@@ -6,9 +6,15 @@ after its fill_cache, and kernelize with mode="reduce-overhead" (CUDA graphs).
     python benchmarks/real_models.py --out OUT [--models llama,mixtral,bert,resnet50,vit,convnext] [--time-limit 540]
     python benchmarks/real_models.py --out OUT --smoke     # tiny configs; without a GPU on the interpreter target
 
-Issue 35's table (graphs compete as wholes), one run on the H200 after its fills:
+Issue 35's table (graphs compete as wholes) on the H200: fill first, one model at a time (each
+fill is resumable: run it again until it ends on its own, within a device call's 10 minutes), then ONE
+measuring run, whose own fills then find everything stored:
 
-    python benchmarks/real_models.py --out OUT --time-limit 3000 --fill-share 0.6
+    for m in llama mixtral bert resnet50 vit convnext; do
+        python -m torch_kernelize.fill_cache --model benchmarks/real_models.py:make_$m --target cuda \
+            --cache-dir OUT/kernel_cache --budget 1 --resume
+    done
+    python benchmarks/real_models.py --out OUT --time-limit 540
 
 On CUDA the fill asks the Inductor generator by default, so each Dynamo graph is also searched
 whole (Inductor's complete output, default and max-autotune, against kernelize's own assembly);
@@ -322,12 +328,24 @@ def _fill(model: Model, ref: str, args: argparse.Namespace, limit_s: float) -> d
         for s in specs:
             statuses[s["status"]] = statuses.get(s["status"], 0) + 1
         fill["specs"] = statuses
-        # whole graphs: who competed, their times, who won (fill_cache/graph_candidates.py)
-        fill["graphs"] = [{"key": s["key"], "status": s["status"], **s["graph_candidates"]}
-                          for s in specs if s.get("graph_candidates")]
+        fill["graphs"] = _graph_winners(specs, cache)
     elif code not in (0, 1) and not stopped:
         fill["error"] = _exception_text(_log_tail(args.out / "logs" / f"{model.name}-fill.log"))
     return fill
+
+
+def _graph_winners(specs: list[dict[str, Any]], cache: Any) -> list[dict[str, Any]]:
+    """Per whole graph of the fill: who competed, their times, who won (fill_cache/graph_candidates.py),
+    from this fill's summary or, for a graph an earlier fill stored, from its cache entry."""
+    found = []
+    for s in specs:
+        evidence = s.get("graph_candidates")
+        if evidence is None and s["status"].startswith("cached"):
+            _, entry, _ = cache.lookup(s["key"])
+            evidence = (entry.record.get("graph") if entry is not None else None)
+        if evidence:
+            found.append({"key": s["key"], "status": s["status"], **evidence})
+    return found
 
 
 def run_model(model: Model, args: argparse.Namespace, fill_limit_s: float, share_s: float) -> dict[str, Any]:
