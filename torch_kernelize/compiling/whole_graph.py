@@ -13,7 +13,8 @@ leaves every node and region to its own lookup, as before.
 A graph is offered whole only where one call of a program can stand for it: every node an ATen
 op (no collectives or other passthrough ops, no symbolic-size bookkeeping), nothing random
 (a captured program's random stream could not match the reference) or mutating, and every
-output a tensor that a node computes (not an input, not a number; None is fine).
+output a tensor that a node computes (not an input, not a number; None is fine). A tensor
+constant (``get_attr``) is one more input, as the graph's inputs are.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
-from torch_kernelize.compiling.regions import Region, is_tensor_node, region_spec
+from torch_kernelize.compiling.regions import Region, is_tensor_node
+from torch_kernelize.core.encoding import encode_arg
 
 WHOLE = "whole"   # the region kind
 MIN_COMPUTE_NODES = 2
@@ -42,7 +44,7 @@ def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
     """(the whole-graph region of ``gm``, "") or (None, why the graph is not offered whole)."""
     nodes, inputs, computing = [], [], 0
     for node in gm.graph.nodes:
-        if node.op == "placeholder":
+        if node.op in ("placeholder", "get_attr"):  # a constant is one more input of the program
             if node.users and not is_tensor_node(node):
                 return None, f"input {node.name} is not a tensor"
             if is_tensor_node(node):
@@ -74,25 +76,14 @@ def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
     if not outputs:
         return None, "no tensor output"
     used = {a for n in nodes for a in n.all_input_nodes}
-    region = Region(WHOLE, nodes, [n for n in inputs if n in used], outputs)
-    try:  # (a static graph: its spec needs no bindings)
-        spec = region_spec(region, {})
-    except (TypeError, ValueError, KeyError) as e:
-        return None, f"its canonical form cannot be written: {type(e).__name__}: {e}"
-    return (region, "") if spec is not None else (None, "a size depends on data")
-
-
-def whole_report(regions: list[Any]) -> dict[str, Any] | None:
-    """The whole graph's line of the coverage report: its spec, whether its program runs, and
-    (where its entry has them) the candidates the fill measured, their times and the winner."""
-    d = next((r for r in regions if (r.shapes or "").startswith(f"{WHOLE} region")), None)
-    if d is None:
-        return None
-    out = {"spec_key": d.spec_key, "tier": d.tier, "reason": d.reason}
-    evidence = (getattr(d.entry, "record", None) or {}).get("graph")
-    if evidence:
-        out.update(candidates=evidence["candidates"], winner=evidence["winner"])
-    return out
+    for n in nodes:  # (region_spec writes them when the graph is looked up: it must not fail there)
+        for leaf in pytree.tree_leaves((n.args, n.kwargs)):
+            if not isinstance(leaf, fx.Node):
+                try:
+                    encode_arg(leaf)
+                except TypeError as e:
+                    return None, f"{n.name}: an argument cannot be written in its canonical form ({e})"
+    return Region(WHOLE, nodes, [n for n in inputs if n in used], outputs), ""
 
 
 def step_tier_ops(program: Any) -> frozenset[str]:
