@@ -265,3 +265,16 @@ def test_a_whole_graphs_token_ids_are_drawn_in_range_of_the_embedding_they_index
         ids, mask, _ = WHOLE_GRAPH_DOMAIN.sample_inputs(spec, 0, kind)
         assert 0 <= ids.min() and ids.max() < 5 and set(mask.unique().tolist()) <= {0, 1}
         spec.run_vendor([ids, mask, torch.randn(5, 8)])  # in range: the graph runs
+
+
+def test_a_tensor_constant_is_an_input_of_the_whole_graph():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+    scale = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    gm = make_fx(lambda x: ((x * scale).relu().sum(0),))(torch.randn(3, 4))  # (real: the constant is kept)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(torch.randn(3, 4))
+    region, why = whole_graph_region(gm)
+    assert region is not None, why
+    assert sorted(n.op for n in region.inputs) == ["get_attr", "placeholder"]
