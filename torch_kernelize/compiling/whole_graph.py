@@ -86,6 +86,19 @@ def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
     return Region(WHOLE, nodes, [n for n in inputs if n in used], outputs), ""
 
 
+def whole_report(regions: list[Any]) -> dict[str, Any] | None:
+    """The whole graph's line of the coverage report: its spec, whether its program runs, and
+    (where its entry has them) the candidates the fill measured, their times and the winner."""
+    d = next((r for r in regions if (r.shapes or "").startswith(f"{WHOLE} region")), None)
+    if d is None:
+        return None
+    out = {"spec_key": d.spec_key, "tier": d.tier, "reason": d.reason}
+    evidence = (getattr(d.entry, "record", None) or {}).get("graph")
+    if evidence:
+        out.update(candidates=evidence["candidates"], winner=evidence["winner"])
+    return out
+
+
 def step_tier_ops(program: Any) -> frozenset[str]:
     """The op packets (``aten.addmm``) a program runs as vendor steps: a node of those ops inside
     the program is reported on the vendor tier, every other one on triton (generator inductor)."""
