@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import last_json, run_python
+from conftest import COUNT_COMPILES, last_json, run_python
 from torch_kernelize.core.program import KernelProgram
 from torch_kernelize.core.targets import get_target
 from torch_kernelize.fill_cache import generators, measure
@@ -59,6 +59,15 @@ def whole(tmp_path_factory):
     return ref, spec, GENERATOR_INSTANCE.generate(spec, Config.of(mode="default"))
 
 
+def evaluate(spec, family, config, target=TARGET):
+    """One candidate of ``family`` measured (built, validated) for ``spec``."""
+    measurer = Measurer(spec, family, target)
+    try:
+        return measurer.evaluate(config)
+    finally:
+        measurer.builder.close()
+
+
 def fill(tmp_path, spec, times=None, monkeypatch=None):
     """One FillRun of the whole graph (Inductor asked); ``times``: (candidate ms, assembly ms) injected."""
     from torch_kernelize.fill_cache.collect import Work
@@ -87,11 +96,7 @@ def test_inductor_output_with_an_extern_gemm_is_captured_whole(whole):
     assert launch.kernel.startswith("triton_per_fused_relu_sum") and ("out", 1) in launch.args
     again = KernelProgram.from_json(json.loads(json.dumps(program.to_json())), program.source)
     assert again == program
-    measurer = Measurer(spec, GENERATOR_INSTANCE, TARGET)
-    try:
-        ev = measurer.evaluate(Config.of(mode="default"))
-    finally:
-        measurer.builder.close()
+    ev = evaluate(spec, GENERATOR_INSTANCE, Config.of(mode="default"))
     assert ev.correct, ev.error
     assert ev.validation["kinds"][-1] == "special" and ev.validation["max_err"] < 1e-5
 
@@ -112,11 +117,7 @@ def test_outputs_that_are_views_of_the_programs_buffers_are_made_by_alias_steps(
     aliases = [(s.args[0]["buf"], s.results) for s in program.steps if s.op == "aten.alias.default"]
     assert aliases == [(["out", 0], (("out", 1),)), (["tmp", 0], (("out", 2),))], program.steps
     assert len(program.output_init) == 3
-    measurer = Measurer(spec, GENERATOR_INSTANCE, TARGET)
-    try:
-        ev = measurer.evaluate(Config.of(mode="default"))
-    finally:
-        measurer.builder.close()
+    ev = evaluate(spec, GENERATOR_INSTANCE, Config.of(mode="default"))
     assert ev.correct, ev.error
 
 
@@ -142,20 +143,12 @@ class Tampered(KernelFamily):
 
 def test_a_tampered_graph_program_is_rejected_and_a_chip_without_its_gemm_refuses_it(whole, tmp_path):
     _, spec, program = whole
-    measurer = Measurer(spec, Tampered(program), TARGET)
-    try:
-        ev = measurer.evaluate(Config.of(variant="no-bias"))
-    finally:
-        measurer.builder.close()
+    ev = evaluate(spec, Tampered(program), Config.of(variant="no-bias"))
     assert not ev.correct and "out of tolerance" in ev.error, ev.error
     chip = tmp_path / "gemmless.toml"
     chip.write_text('name = "gemmless"\ndevice = "cpu"\ntriton = "interpreter"\n[ops]\n'
                     'unsupported = ["aten.addmm", "aten.mm"]\n')
-    measurer = Measurer(spec, GENERATOR_INSTANCE, get_target(str(chip)))
-    try:
-        ev = measurer.evaluate(Config.of(mode="default"))
-    finally:
-        measurer.builder.close()
+    ev = evaluate(spec, GENERATOR_INSTANCE, Config.of(mode="default"), get_target(str(chip)))
     assert not ev.correct and "which target 'gemmless' does not run" in ev.error, ev.error
 
 
@@ -177,21 +170,8 @@ def test_a_warm_process_serves_the_graph_winner_whole_and_compiles_nothing(whole
     row, _ = fill(tmp_path, spec)  # unmeasured (interpreter): the validated program is stored
     assert row["status"] == "stored", row
     cache = tmp_path / "cache"
-    proc = run_python(textwrap.dedent(f"""
-        import importlib.util, json, torch, triton
-        import torch._inductor.compile_fx as compile_fx
-        import triton.compiler.compiler as cc
-        from triton.runtime.jit import JITFunction
-        counts = {{"triton_compile": 0, "jit_run": 0, "inductor_compile": 0}}
-        def counting(name, orig):
-            def f(*a, **k):
-                counts[name] += 1
-                return orig(*a, **k)
-            return f
-        cc.compile = triton.compile = counting("triton_compile", cc.compile)
-        JITFunction.run = counting("jit_run", JITFunction.run)
-        compile_fx.compile_fx = counting("inductor_compile", compile_fx.compile_fx)
-        compile_fx.compile_fx_inner = counting("inductor_compile", compile_fx.compile_fx_inner)
+    proc = run_python(COUNT_COMPILES + textwrap.dedent(f"""
+        import importlib.util
         path, fn = {ref!r}.rsplit(":", 1)
         spec = importlib.util.spec_from_file_location("block", path)
         module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
