@@ -258,3 +258,24 @@ def test_a_tensor_constant_is_an_input_of_the_whole_graph():
     region, why = whole_graph_region(gm)
     assert region is not None, why
     assert sorted(n.op for n in region.inputs) == ["get_attr", "placeholder"]
+
+
+@pytest.mark.parametrize("op", ["flash", "efficient", "cudnn"])
+def test_cudas_fused_attention_has_a_float64_reference_written_out(op):
+    """A whole graph keeps CUDA's attention ops; its float64 reference replays them written out
+    (those kernels run no float64). Checked on the CPU against torch's own math attention."""
+    from torch_kernelize.core.attention_reference import float64_reference
+    aten = torch.ops.aten
+    q, k, v = (torch.randn(2, 3, 40, 8, dtype=torch.float64) for _ in range(3))
+    mask = torch.randn(2, 3, 40, 40, dtype=torch.float64)
+    target = {"flash": aten._scaled_dot_product_flash_attention.default,
+              "efficient": aten._scaled_dot_product_efficient_attention.default,
+              "cudnn": aten._scaled_dot_product_cudnn_attention.default}[op]
+    args = [q, k, v] + ([] if op == "flash" else [mask, True]) + [0.0, op == "flash"]
+    outs = float64_reference(target, args)(*args, scale=0.5)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, None if op == "flash" else mask,
+                                                            is_causal=op == "flash", scale=0.5)
+    torch.testing.assert_close(outs[0], want)
+    assert len(outs) == len(target._schema.returns)
+    lse = outs[1][..., :40].reshape(2, 3, 40)
+    assert torch.isfinite(lse).all() and float64_reference(target, [q.half(), k, v]) is None
