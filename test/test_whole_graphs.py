@@ -170,6 +170,9 @@ def test_a_warm_process_serves_the_graph_winner_whole_and_compiles_nothing(whole
     row, _ = fill(tmp_path, spec)  # unmeasured (interpreter): the validated program is stored
     assert row["status"] == "stored", row
     cache = tmp_path / "cache"
+    from torch_kernelize.fill_cache.verify import verify_entries
+    verdict, = verify_entries(KernelCache.for_target(cache, TARGET), TARGET, [spec.key])  # tools/cache.py verify
+    assert verdict.ok, verdict.detail
     proc = run_python(COUNT_COMPILES + textwrap.dedent(f"""
         import importlib.util
         path, fn = {ref!r}.rsplit(":", 1)

@@ -48,6 +48,12 @@ class AnyOp(KernelFamily):
 ANY_OP = AnyOp()
 
 
+def default_domain(spec: KernelSpec) -> KernelFamily:
+    """The input domain of a spec no family of ours generates: a whole graph's (its token ids in
+    range, graph_candidates.py), else any op's."""
+    return WHOLE_GRAPH_DOMAIN if WHOLE_GRAPH_DOMAIN.supports(spec) is None else ANY_OP
+
+
 def builtin_generators() -> list[KernelFamily]:
     """The generators of this package besides the kernel families."""
     from torch_kernelize.fill_cache.inductor import GENERATOR_INSTANCE
@@ -146,7 +152,7 @@ class Competition(KernelFamily):
         supporting = [g for g in others if g is not primary and g.supports(spec) is None]
         if not supporting:
             return primary
-        return cls(primary, supporting, WHOLE_GRAPH_DOMAIN if WHOLE_GRAPH_DOMAIN.supports(spec) is None else None)
+        return cls(primary, supporting, default_domain(spec))
 
     def generator_of(self, config: Config) -> tuple[KernelFamily, Config]:
         """The generator that made ``config`` and the config as that generator knows it."""
