@@ -142,7 +142,7 @@ class Competition(KernelFamily):
         """``judge``: the input domain and tie rule where no family generates the spec (default: any op's)."""
         self.primary = primary
         self.others = {g.name: g for g in others}
-        self.judge = primary or judge or ANY_OP  # what a correct kernel is
+        self.judge = primary if primary is not None else (judge or ANY_OP)  # what a correct kernel is
         self.edge_kinds = self.judge.edge_kinds
         self.name = "+".join(([primary.name] if primary is not None else []) + list(self.others))
 
