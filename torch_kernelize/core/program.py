@@ -162,7 +162,7 @@ class KernelProgram:
         if self.steps:
             if self.language != "triton" or self.donations or self.state:
                 raise ValueError("vendor steps are for Triton programs without donations or state buffers")
-            check_steps(self.steps, len(self.launches), None, None, len(self.temps))
+            check_steps(self.steps, len(self.launches), len(self.temps))
 
     @property
     def produced_outputs(self) -> frozenset[int]:

@@ -60,10 +60,9 @@ class VendorStep:
         return found
 
 
-def check_steps(steps: Sequence[VendorStep], launches: int, inputs: int | None, outputs: int | None,
-                temps: int) -> None:
-    """Raise ValueError where ``steps`` cannot run in a program of that many launches and buffers
-    (``inputs``/``outputs``: None where the spec is not known here)."""
+def check_steps(steps: Sequence[VendorStep], launches: int, temps: int) -> None:
+    """Raise ValueError where ``steps`` cannot run in a program of that many launches and
+    temporaries (inputs and outputs are the spec's: checked where the program meets it)."""
     last = 0
     for s in steps:
         if not s.op.startswith("aten."):  # (a cache or an archive names ops by string: nothing else is called)
@@ -72,10 +71,9 @@ def check_steps(steps: Sequence[VendorStep], launches: int, inputs: int | None, 
             raise ValueError(f"vendor step {s.op} at {s.at}: steps run in order, between 0 and {launches} launches")
         last = s.at
         for kind, i in s.buffers():
-            size = {"in": inputs, "out": outputs, "tmp": temps}.get(kind, -1)
-            if size == -1:
+            if kind not in STEP_BUFFERS:
                 raise ValueError(f"vendor step {s.op}: unknown buffer kind {kind!r}; expected one of {STEP_BUFFERS}")
-            if size is not None and not 0 <= i < size:
+            if kind == "tmp" and not 0 <= i < temps:
                 raise ValueError(f"vendor step {s.op}: no {kind} buffer {i}")
         for r in s.results:
             if r is not None and r[0] == "in":
