@@ -1,5 +1,5 @@
 """Graphs compete as wholes: the candidates of a whole graph's spec (compiling/whole_graph.py),
-and the evidence its cache entry keeps of who won.
+the input domain they are validated on, and the evidence its cache entry keeps of who won.
 
 The candidates, measured through the same harness as any spec's (built, validated at the graph
 level against the float64 reference on random and edge inputs with poisoned outputs, timed):
