@@ -46,13 +46,17 @@ def _flash(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, 
 def _efficient(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
     _no_dropout(dropout_p)
     out, lse = _attention(q, k, v, attn_bias, is_causal, scale)
-    L = q.shape[2]
-    if compute_log_sumexp:  # padded to a multiple of 32 rows, as the CUDA kernel writes it (+inf past L)
-        lse = aten.constant_pad_nd.default(lse, [0, math.ceil(L / 32) * 32 - L], float("inf"))
-    else:
-        lse = torch.empty((q.shape[0], q.shape[1], 0), dtype=q.dtype, device=q.device)
     seed = torch.empty((), dtype=torch.int64, device=q.device)
-    return out, lse, seed, torch.empty((), dtype=torch.int64, device=q.device)
+    return out, efficient_logsumexp(lse, q, compute_log_sumexp), seed, torch.empty((), dtype=torch.int64, device=q.device)
+
+
+def efficient_logsumexp(lse: torch.Tensor, q: torch.Tensor, compute: bool) -> torch.Tensor:
+    """The logsumexp as CUDA's efficient attention returns it: padded to a multiple of 32 rows
+    (+inf past the sequence), or empty where it was not asked for."""
+    L = q.shape[2]
+    if compute:
+        return aten.constant_pad_nd.default(lse, [0, math.ceil(L / 32) * 32 - L], float("inf"))
+    return torch.empty((q.shape[0], q.shape[1], 0), dtype=torch.float32, device=q.device)
 
 
 def _cudnn(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
