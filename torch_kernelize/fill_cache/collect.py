@@ -16,11 +16,11 @@ from typing import Any, Callable
 import torch
 
 from torch_kernelize import flush_repros
-from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.errors import KernelizeError
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.compiling.whole_graph import is_whole_graph
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
