@@ -3,8 +3,24 @@ timm), built from their configs without weights at realistic sizes in fp16, each
 run as eager, torch.compile's default (Inductor), Inductor's mode="reduce-overhead", kernelize
 after its fill_cache, and kernelize with mode="reduce-overhead" (CUDA graphs).
 
-    python benchmarks/real_models.py --out OUT [--models llama,mixtral,bert,resnet50,vit] [--time-limit 540]
+    python benchmarks/real_models.py --out OUT [--models llama,mixtral,bert,resnet50,vit,convnext] [--time-limit 540]
     python benchmarks/real_models.py --out OUT --smoke     # tiny configs; without a GPU on the interpreter target
+
+Issue 35's table (graphs compete as wholes) on the H200: fill first, one model at a time (each
+fill is resumable: run it again until it ends on its own, within a device call's 10 minutes), then ONE
+measuring run, whose own fills then find everything stored:
+
+    for m in llama mixtral bert resnet50 vit convnext; do
+        python -m torch_kernelize.fill_cache --model benchmarks/real_models.py:make_$m --target cuda \
+            --cache-dir OUT/kernel_cache --budget 1 --resume
+    done
+    python benchmarks/real_models.py --out OUT --time-limit 540
+
+On CUDA the fill asks the Inductor generator by default, so each Dynamo graph is also searched
+whole (Inductor's complete output, default and max-autotune, against kernelize's own assembly);
+on the interpreter add ``--generators inductor``. Each model's row then has ``fill.graphs``: per
+whole graph the candidates, their times and the winner (also in the markdown), and each
+kernelize backend ``graphs_served_whole``.
 
 Each model gets an equal share of the time left. In it, a fresh process runs ``fill_cache --model``
 for the model (stopped at --fill-share of the share like Ctrl-C: what it stored is served), then a
@@ -105,6 +121,20 @@ def make_vit():
     return _vision(timm.create_model("vit_base_patch16_224", pretrained=False), 32, 224, torch.float16)
 
 
+def make_convnext():
+    """torchvision's ConvNeXt-Tiny (depthwise 7x7 convolutions, LayerNorm, GEMM MLPs): a model
+    definition the suite did not tune for; batch 32 x 3 x 224 x 224, fp16."""
+    import torchvision
+    torch.manual_seed(0)
+    return _vision(torchvision.models.convnext_tiny(), 32, 224, torch.float16)
+
+
+def make_convnext_smoke():
+    import torchvision
+    torch.manual_seed(0)
+    return _vision(torchvision.models.convnext_tiny(num_classes=10), 2, 32, torch.float32)
+
+
 def make_resnet50_smoke():
     import torchvision
     torch.manual_seed(0)
@@ -137,6 +167,8 @@ MODELS = {m.name: m for m in (
     Model("resnet50", "torchvision", f"{HERE}:make_resnet50", f"{HERE}:make_resnet50_smoke",
           "torchvision ResNet-50, b32 x 224^2"),
     Model("vit", "timm", f"{HERE}:make_vit", f"{HERE}:make_vit_smoke", "timm ViT-B/16, b32 x 224^2"),
+    Model("convnext", "torchvision", f"{HERE}:make_convnext", f"{HERE}:make_convnext_smoke",
+          "torchvision ConvNeXt-Tiny, b32 x 224^2 (added for issue 35: not tuned for)"),
 )}
 
 # What each backend is, as a user writes it. Measured in this order, so that the pair the targets
@@ -282,6 +314,8 @@ def _fill(model: Model, ref: str, args: argparse.Namespace, limit_s: float) -> d
     cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--model", ref, "--target", args.target,
            "--cache-dir", str(args.cache_dir), "--budget", str(args.budget), "--quiet", "--summary", str(summary),
            "--resume"]  # a search an earlier fill stopped (another model's, a run before) goes on
+    if args.generators:
+        cmd += ["--generators", args.generators]
     from torch_kernelize.kernel_cache import KernelCache
     cache = KernelCache.for_target(args.cache_dir, args.target_obj)
     before = len(cache.keys())
@@ -294,9 +328,24 @@ def _fill(model: Model, ref: str, args: argparse.Namespace, limit_s: float) -> d
         for s in specs:
             statuses[s["status"]] = statuses.get(s["status"], 0) + 1
         fill["specs"] = statuses
+        fill["graphs"] = _graph_winners(specs, cache)
     elif code not in (0, 1) and not stopped:
         fill["error"] = _exception_text(_log_tail(args.out / "logs" / f"{model.name}-fill.log"))
     return fill
+
+
+def _graph_winners(specs: list[dict[str, Any]], cache: Any) -> list[dict[str, Any]]:
+    """Per whole graph of the fill: who competed, their times, who won (fill_cache/graph_candidates.py),
+    from this fill's summary or, for a graph an earlier fill stored, from its cache entry."""
+    found = []
+    for s in specs:
+        evidence = s.get("graph_candidates")
+        if evidence is None and s["status"].startswith("cached"):
+            _, entry, _ = cache.lookup(s["key"])
+            evidence = (entry.record.get("graph") if entry is not None else None)
+        if evidence:
+            found.append({"key": s["key"], "status": s["status"], **evidence})
+    return found
 
 
 def run_model(model: Model, args: argparse.Namespace, fill_limit_s: float, share_s: float) -> dict[str, Any]:
@@ -355,6 +404,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, else interpreter)")
     p.add_argument("--cache-dir", type=Path, default=None, help="kernel cache (default: OUT/kernel_cache)")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
+    p.add_argument("--generators", default=None, help="passed to fill_cache --generators (default: its own; "
+                   "'inductor' searches each graph whole on the interpreter too)")
     p.add_argument("--measure-one", nargs=3, metavar=("NAME", "REF", "ROW"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]

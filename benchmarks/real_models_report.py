@@ -23,7 +23,7 @@ def write_json(path: Path, doc: dict) -> None:
 def _speedup(row: dict, base: str, label: str) -> float | None:
     a, b = row.get("backends", {}).get(base, {}), row.get("backends", {}).get(label, {})
     if a.get("median_ms") and b.get("median_ms"):
-        return round(a["median_ms"] / b["median_ms"], 3)
+        return float(f"{a['median_ms'] / b['median_ms']:.4g}")  # (not rounded to 0: the interpreter is that slow)
     return None
 
 
@@ -132,6 +132,12 @@ def markdown(doc: dict) -> str:
                          f"{_f(r.get('launches'), '{:.0f}')} | {_f(r.get('host_ms'))} | "
                          f"{_f(r.get('host_us_per_launch'), '{:.1f}')} | {_f(r.get('syncs_per_call'), '{:g}')} | "
                          f"{_f(r.get('max_rel_err'), '{:.1e}')} | {_f(r.get('first_call_s'), '{:.3g}')} | {triton} |")
+    graphs = [(name, g) for name, row in doc["models"].items() for g in row.get("fill", {}).get("graphs", [])]
+    if graphs:  # issue 35: graphs compete as wholes
+        lines += ["", "| model | whole graph | candidates (ms per call) | winner |", "|---|---|---|---|"]
+        for name, g in graphs:
+            cands = ", ".join(f"{c['name']} {_f(c.get('ms')) if c['correct'] else 'wrong'}" for c in g["candidates"])
+            lines.append(f"| {name} | {g['key'][:12]} | {cands} | {g['winner']} |")
     t = doc.get("targets")
     if t:
         def per_model(target: dict) -> str:

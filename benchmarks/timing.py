@@ -106,7 +106,9 @@ def coverage(report: Path) -> dict[str, int]:
     graphs = json.loads(report.read_text())["graphs"]
     nodes = [n for g in graphs for n in g["nodes"]]
     return {"nodes": len(nodes), "nodes_on_triton": sum(n["tier"] == "triton" for n in nodes),
-            "fused_regions": sum(g["summary"].get("fused_regions", 0) for g in graphs), "graphs": len(graphs)}
+            "fused_regions": sum(g["summary"].get("fused_regions", 0) for g in graphs), "graphs": len(graphs),
+            # graphs whose filled winner is a whole program (Inductor's, issue 35) and runs in one call
+            "graphs_served_whole": sum(g.get("whole", {}).get("tier") == "triton" for g in graphs)}
 
 
 def per_call_us(fn: Callable[[], Any], n: int = 3000) -> float:

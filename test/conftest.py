@@ -65,6 +65,26 @@ def run_python(code: str, env: dict | None = None, cwd: Path | None = None, time
     return proc
 
 
+# The head of a warm-process snippet: counts Triton compiles, JIT runs and Inductor compiles in
+# ``counts`` (a snippet run_python runs as ``COUNT_COMPILES + rest``).
+COUNT_COMPILES = textwrap.dedent("""
+    import json, torch, triton
+    import torch._inductor.compile_fx as compile_fx
+    import triton.compiler.compiler as cc
+    from triton.runtime.jit import JITFunction
+    counts = {"triton_compile": 0, "jit_run": 0, "inductor_compile": 0}
+    def counting(name, orig):
+        def f(*a, **k):
+            counts[name] += 1
+            return orig(*a, **k)
+        return f
+    cc.compile = triton.compile = counting("triton_compile", cc.compile)
+    JITFunction.run = counting("jit_run", JITFunction.run)
+    compile_fx.compile_fx = counting("inductor_compile", compile_fx.compile_fx)
+    compile_fx.compile_fx_inner = counting("inductor_compile", compile_fx.compile_fx_inner)
+""")
+
+
 def last_json(proc: subprocess.CompletedProcess) -> dict:
     """The JSON object a snippet printed on its last stdout line."""
     return json.loads(proc.stdout.strip().splitlines()[-1])

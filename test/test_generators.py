@@ -8,11 +8,12 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
+import textwrap
 
 import pytest
 import torch
 
-from conftest import REPO, last_json, run_python
+from conftest import COUNT_COMPILES, REPO, last_json, run_python
 from kernel_testing import spec_of
 from torch_kernelize.fill_cache import generators
 from torch_kernelize.fill_cache.cli import FillRun
@@ -192,21 +193,7 @@ def test_an_inductor_winner_is_served_by_a_warm_process_that_compiles_nothing(tm
     from torch_kernelize.fill_cache.verify import verify_entries
     verdict, = verify_entries(cache, TARGET, [work.spec.key])  # tools/cache.py verify: no family, the default domain
     assert verdict.ok, verdict.detail
-    proc = run_python(f"""
-        import json, torch, triton
-        import torch._inductor.compile_fx as compile_fx
-        import triton.compiler.compiler as cc
-        from triton.runtime.jit import JITFunction
-        counts = {{"triton_compile": 0, "jit_run": 0, "inductor_compile": 0}}
-        def counting(name, orig):
-            def f(*a, **k):
-                counts[name] += 1
-                return orig(*a, **k)
-            return f
-        cc.compile = triton.compile = counting("triton_compile", cc.compile)
-        JITFunction.run = counting("jit_run", JITFunction.run)
-        compile_fx.compile_fx = counting("inductor_compile", compile_fx.compile_fx)
-        compile_fx.compile_fx_inner = counting("inductor_compile", compile_fx.compile_fx_inner)
+    proc = run_python(COUNT_COMPILES + textwrap.dedent(f"""
         torch._dynamo.utils.counters.clear()
         f = lambda x: torch.softmax(x, -1)
         compiled = torch.compile(f, backend="kernelize", options={{"target": "interpreter",
@@ -220,7 +207,7 @@ def test_an_inductor_winner_is_served_by_a_warm_process_that_compiles_nothing(tm
         nodes = [(n["op"], n["tier"], n.get("family")) for g in doc["graphs"] for n in g["nodes"]]
         inductor_counters = sum(torch._dynamo.utils.counters["inductor"].values())
         print(json.dumps(dict(counts, err=err, nodes=nodes, inductor_counters=inductor_counters)))
-    """)
+    """))
     res = last_json(proc)
     assert ["aten._softmax.default", "triton", "inductor"] in res["nodes"], res
     assert res["err"] < 1e-5, res

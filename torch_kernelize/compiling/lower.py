@@ -29,11 +29,13 @@ from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bucket_symbols, node_symbols, node_tensors, region_symbols,
                                                      region_tensors, shape_classes)
 from torch_kernelize.compiling.graph_regions import find_graph_regions
+from torch_kernelize.compiling.whole_graph import WHOLE, step_tier_ops, whole_graph_region
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
 from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.options import Options
+from torch_kernelize.core.program_steps import refused_ops
 from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
@@ -112,6 +114,10 @@ class Session:
                 return runner if not bucketed or runner is None else self._sized(spec, entry, runner)
             try:
                 runner = load_program(entry.program_dir, entry.spec if bucketed else spec, self._target.triton)
+                refused = refused_ops(runner.program.steps, self._target)
+                if refused:  # a bring-up chip: the program's vendor calls do not run there
+                    raise ValueError(f"its program calls {', '.join(refused)}, which target "
+                                     f"{self._target.name!r} does not run")
             except Exception as e:
                 log.warning("cache entry %s (%s) could not be loaded and is skipped: %s: %s",
                             spec.key, entry.path, type(e).__name__, e)
@@ -137,7 +143,9 @@ class LoweredGraph:
     convention; backend.py marks its wrapper as such)."""
 
     def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], session: Session, kind: str,
-                 name: str | None = None):
+                 name: str | None = None, whole: bool = True):
+        """``whole``: look the whole graph up first (whole_graph.py); off where fill_cache measures
+        the graph as assembled from its nodes and regions."""
         self.session = session
         self.target = session.target_for(example_inputs)
         self.kind = kind
@@ -157,7 +165,11 @@ class LoweredGraph:
             # groups (which hold the matmul regions' epilogues), then the regions of our family.
             self.regions = (group_matmuls(self.plan.gm, regions, self.target)
                             + find_graph_regions(self.plan.gm, regions) + regions)
+            if whole and self.binder.is_static:  # the whole graph first: a hit runs its winner's program
+                region, _ = whole_graph_region(self.plan.gm)
+                self.regions[:0] = [region] if region is not None else []
         self._region_of: dict[str, Region] = {}
+        self.whole: Decision | None = None  # the whole graph's lookup (whole_graph.py), if it was offered
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
         self._buckets = None  # a dynamic graph's shape buckets, made when it is first planned
@@ -182,6 +194,7 @@ class LoweredGraph:
         self.name = f"{kind}_{next(_graph_ids)}"
         self.plan = self.binder = None
         self.regions, self._region_of, self._lock, self._buckets = [], {}, threading.Lock(), None
+        self.whole = None
         self._mutated_inputs = mutated_inputs
         self._check = False
         first = bind(self)
@@ -404,6 +417,12 @@ class LoweredGraph:
         for region, d, runner in decide_regions(self.regions, bindings, decisions, cache, self.target,
                                                 self.session.load_runner):
             self._region_of[d.spec_key] = region
+            if region.kind == WHOLE:
+                self.whole = d  # (fill_cache collects it from here, entry or not)
+                if runner is not None:
+                    _vendor_step_tiers(decisions, region, runner.program)
+                elif d.entry is None:
+                    continue  # no entry: the graph runs as it always did, and the report says nothing of it
             if runner is not None:
                 call = self._bucket_call(d, region_tensors(region)) if self._buckets is not None else None
                 if call is not None:
@@ -494,11 +513,23 @@ class LoweredGraph:
             log.error("repro of the %s of kernel %s: %s", kind, call.spec.key, folder)
 
 
+def _vendor_step_tiers(decisions: list[Decision], region: Region, program: Any) -> None:
+    """Inside a whole graph's program, a node whose op the program calls as a vendor step (an
+    extern GEMM or convolution) is reported on the vendor tier; the others stay triton."""
+    ops = step_tier_ops(program)
+    names = {n.name for n in region.nodes}
+    for i, d in enumerate(decisions):
+        if d.node in names and d.tier == "triton" and d.op.rsplit(".", 1)[0] in ops:
+            decisions[i] = dataclasses.replace(d, tier="vendor", family_pending=False, reason=d.reason.replace(
+                "in fused region", "a vendor call of the whole graph's program", 1))
+
+
 def lower(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | Options | None = None,
-          kind: str = "inference", target: Target | None = None) -> LoweredGraph:
-    """Lower an ATen FX graph with kernelize's planner and runtime (no Dynamo, no Inductor)."""
+          kind: str = "inference", target: Target | None = None, whole: bool = True) -> LoweredGraph:
+    """Lower an ATen FX graph with kernelize's planner and runtime (no Dynamo, no Inductor);
+    ``whole``: look the whole graph up first (see LoweredGraph)."""
     opts = options if isinstance(options, Options) else Options.resolve(options)
-    return LoweredGraph(gm, example_inputs, Session(opts, target), kind)
+    return LoweredGraph(gm, example_inputs, Session(opts, target), kind, whole=whole)
 
 
 # --- minifier predicates: pinned to one failure, they lower the candidate graphs ---------------

@@ -17,10 +17,11 @@ CUDA op.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
+
+from torch_kernelize.core.attention_reference import efficient_logsumexp
 
 aten = torch.ops.aten
 CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -67,11 +68,7 @@ def _efficient(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, 
     if dropout_p != 0 or value.shape[-1] != query.shape[-1]:   # the CPU op needs one head dim
         return NotImplemented
     out, lse = CPU_FLASH(query, key, value, 0.0, is_causal, attn_mask=attn_bias, scale=scale)
-    L = query.shape[2]
-    if compute_log_sumexp:   # padded to a multiple of 32 rows, as the CUDA kernel writes it (+inf past L)
-        lse = aten.constant_pad_nd.default(lse, [0, math.ceil(L / 32) * 32 - L], float("inf"))
-    else:
-        lse = torch.empty((query.shape[0], query.shape[1], 0), dtype=torch.float32, device=query.device)
+    lse = efficient_logsumexp(lse, query, compute_log_sumexp)
     seed = torch.empty((), dtype=torch.int64, device=query.device)
     offset = torch.empty((), dtype=torch.int64, device=query.device)
     return out, lse, seed, offset

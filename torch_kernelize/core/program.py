@@ -20,6 +20,10 @@ The interpreter runs programs one after another, where a barrier would wait fore
 the kernel once per phase with PHASE=1..phases instead, and the end of a launch is a grid barrier.
 The barrier's semaphore lives in a ``state`` buffer: zeroed once, then kept from call to call
 (a barrier leaves its semaphore ready for the next), one per device and stream.
+
+A program may also hold vendor steps (``steps``, core/program_steps.py): ATen op calls between
+its launches, on its buffers or views of them. That is how a compiler's whole output (Triton
+kernels and cuBLAS/cuDNN calls, in order) is one program.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from torch_kernelize.core.program_steps import VendorStep, check_steps, produced
 
 # An argument of a launch: ("in", i) | ("out", i) | ("tmp", i) | ("state", i) | ("i32"|"i64"|"fp32", value)
 Arg = tuple[str, Any]
@@ -138,6 +144,7 @@ class KernelProgram:
     donations: tuple[Donation, ...] = ()
     state: tuple[Buffer, ...] = ()  # kept across calls, zeroed once (grid-barrier semaphores)
     language: str = "triton"  # or "cuda": CUDA C++ (see the module docstring)
+    steps: tuple[VendorStep, ...] = ()  # vendor calls between the launches (see the module docstring)
 
     def __post_init__(self):
         if self.language not in LANGUAGES:
@@ -152,6 +159,19 @@ class KernelProgram:
                 pool = {"tmp": self.temps, "state": self.state}.get(kind)
                 if pool is not None and not 0 <= i < len(pool):
                     raise ValueError(f"launch {launch.kernel}: no {kind} buffer {i}")
+        if self.steps:
+            if self.language != "triton" or self.donations or self.state:
+                raise ValueError("vendor steps are for Triton programs without donations or state buffers")
+            check_steps(self.steps, len(self.launches), len(self.temps))
+
+    @property
+    def produced_outputs(self) -> frozenset[int]:
+        """Outputs that a vendor step returns (not allocated before the call)."""
+        return produced(self.steps, "out")
+
+    @property
+    def produced_temps(self) -> frozenset[int]:
+        return produced(self.steps, "tmp")
 
     def init_of(self, i: int) -> float | int | None:
         return self.output_init[i] if i < len(self.output_init) else None
@@ -196,6 +216,8 @@ class KernelProgram:
             d["state"] = [b.to_json() for b in self.state]
         if self.language != "triton":
             d["language"] = self.language
+        if self.steps:
+            d["steps"] = [x.to_json() for x in self.steps]
         return d
 
     @classmethod
@@ -203,7 +225,8 @@ class KernelProgram:
         return cls(source, tuple(Launch.from_json(l) for l in d["launches"]), tuple(d.get("output_init", ())),
                    tuple(Buffer.from_json(t) for t in d.get("temps", ())),
                    tuple(Donation.from_json(x) for x in d.get("donations", ())),
-                   tuple(Buffer.from_json(b) for b in d.get("state", ())), d.get("language", "triton"))
+                   tuple(Buffer.from_json(b) for b in d.get("state", ())), d.get("language", "triton"),
+                   tuple(VendorStep.from_json(x) for x in d.get("steps", ())))
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)

@@ -34,6 +34,8 @@ from torch_kernelize.fill_cache.buckets import fill_buckets, works_from_args
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.external import with_candidates
+from torch_kernelize.compiling.whole_graph import describe_evidence, is_whole_graph
+from torch_kernelize.fill_cache.graph_candidates import graph_evidence
 from torch_kernelize.fill_cache.generators import Competition, check_resumable, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
@@ -172,6 +174,8 @@ class FillRun:
                 journal.append(r)
         if self.resume:
             check_resumable(family, previous)
+        if is_whole_graph(spec):  # its baseline is the graph as assembled from every entry stored before it
+            self._store_pending(wait=True)
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
         try:
             return self._search(work, family, journal, previous, measurer, row, progress)
@@ -192,9 +196,10 @@ class FillRun:
             self._served(k, seen | {key}) for k in self.covering.get(key, ()) if k not in seen)
 
     def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
+        cache_dir = getattr(self.cache, "dir", None)  # a whole graph's own assembly runs from it
         if not self.isolate:
-            return Measurer(spec, family, self.target, captured, self.builder)
-        return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker)
+            return Measurer(spec, family, self.target, captured, self.builder, cache_dir)
+        return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker, cache_dir)
 
     def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict],
                 measurer: Measurer | IsolatedMeasurer, row: dict[str, Any], progress: Any) -> dict[str, Any]:
@@ -236,9 +241,13 @@ class FillRun:
                   "provenance": {**self.provenance(family.name, result), **origin}}
         winner, note = verdict(best, self.target, spec, self.min_speedup)
         record.update(winner=winner, note=note)
+        if is_whole_graph(spec):  # who competed for the graph, their times, who won (graph_candidates.py)
+            record["graph"] = graph_evidence(result.evaluated, winner, timings["vendor_ms"], best)
+            row.update(graph=describe_evidence(record["graph"]), graph_candidates=record["graph"])
         if winner == "vendor":
             self.cache.put(record, None, replace=True if work.replace else self.force)
-            row.update(status="vendor wins", winner=f"vendor (best {family.name} {best['fitness']:.2f}x)",
+            who = "own assembly" if is_whole_graph(spec) else "vendor"
+            row.update(status=f"{who} wins", winner=f"{who} (best {family.name} {best['fitness']:.2f}x)",
                        speedup=best["fitness"])
             return row
         pending = False
@@ -397,13 +406,18 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
     """Print the table and the one-line total, write the JSON summary; 1 if a spec had no correct
     candidate, else 0."""
     print(format_table(rows))
+    for r in rows:  # whole graphs: who competed, their times, who won (graph_candidates.py)
+        if r.get("graph"):
+            print(f"whole graph {r['key']}: {r['graph']}")
     summary = {**summary, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
     failed = [r for r in rows if r["status"] == "no correct candidate"]
     print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; "
           f"{sum(r['status'] == 'stored' for r in rows)} stored, "
-          f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, {len(failed)} without a correct "
+          f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, "
+          + (f"{n} own assembly wins, " if (n := sum(r['status'] == 'own assembly wins' for r in rows)) else "")
+          + f"{len(failed)} without a correct "
           f"candidate, {sum(r['status'] == 'too large' for r in rows)} too large; "
           + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items()) + f"; summary: {summary_path}")
     return 1 if failed else 0

@@ -20,6 +20,7 @@ from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.compiling.whole_graph import is_whole_graph
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
@@ -154,9 +155,15 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
         torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
     nodes: dict[str, Work] = {}
+    wholes: dict[str, Work] = {}  # whole graphs: searched last, against the assembly the rest gives
     for g in graphs:
+        whole = getattr(g, "whole", None)
+        if whole is not None and whole.spec is not None and supported(whole.spec):
+            wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss"))
         for specialization in g._specializations.values():
             for d in specialization.regions:
+                if d.spec is not None and is_whole_graph(d.spec):
+                    continue
                 if d.spec is not None and d.spec.key not in regions and supported(d.spec):
                     regions[d.spec.key] = Work(d.spec, f"model:{ref}", "miss")
                     members = {n.name for n in g._region_of[d.spec.key].nodes}
@@ -178,7 +185,10 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
                     n.covered_by.append(w.spec.key)
         mine = set(w.members)
         w.covered_by.extend(r.spec.key for r in ordered[:i] if mine & set(r.members))
-    return ordered + list(nodes.values())
+    # Whole graphs last, covering nothing: their baseline is the graph as the entries stored
+    # before them assemble it (graph_candidates.py), and a node keeps its own search even where
+    # Inductor's program wins the graph (the assembly is what runs if that program is disabled)
+    return ordered + list(nodes.values()) + list(wholes.values())
 
 
 def specs_from_repros(folder: Path) -> list[Work]:

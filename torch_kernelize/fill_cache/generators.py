@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_kernelize.fill_cache.collect import UsageError
+from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, families
 from torch_kernelize.core.spec import KernelSpec
 
@@ -45,6 +46,12 @@ class AnyOp(KernelFamily):
 
 
 ANY_OP = AnyOp()
+
+
+def default_domain(spec: KernelSpec) -> KernelFamily:
+    """The input domain of a spec no family of ours generates: a whole graph's (its token ids in
+    range, graph_candidates.py), else any op's."""
+    return WHOLE_GRAPH_DOMAIN if WHOLE_GRAPH_DOMAIN.supports(spec) is None else ANY_OP
 
 
 def builtin_generators() -> list[KernelFamily]:
@@ -130,10 +137,12 @@ def check_resumable(space: KernelFamily, records: Sequence[dict[str, Any]]) -> N
 class Competition(KernelFamily):
     """The candidates of every generator for one spec, as one search space."""
 
-    def __init__(self, primary: KernelFamily | None, others: Sequence[KernelFamily]):
+    def __init__(self, primary: KernelFamily | None, others: Sequence[KernelFamily],
+                 judge: KernelFamily | None = None):
+        """``judge``: the input domain and tie rule where no family generates the spec (default: any op's)."""
         self.primary = primary
         self.others = {g.name: g for g in others}
-        self.judge = primary if primary is not None else ANY_OP  # what a correct kernel is
+        self.judge = primary if primary is not None else (judge or ANY_OP)  # what a correct kernel is
         self.edge_kinds = self.judge.edge_kinds
         self.name = "+".join(([primary.name] if primary is not None else []) + list(self.others))
 
@@ -143,7 +152,7 @@ class Competition(KernelFamily):
         supporting = [g for g in others if g is not primary and g.supports(spec) is None]
         if not supporting:
             return primary
-        return cls(primary, supporting)
+        return cls(primary, supporting, default_domain(spec))
 
     def generator_of(self, config: Config) -> tuple[KernelFamily, Config]:
         """The generator that made ``config`` and the config as that generator knows it."""

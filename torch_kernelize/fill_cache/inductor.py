@@ -20,13 +20,13 @@ each kernel's config is the first of its heuristic list. The program then runs o
 interpreter target like any candidate: that is what CI covers.
 
 Output code that calls anything but Triton kernels (``extern_kernels.mm``, an ATen fallback) has
-no program: the evaluation fails with that reason in the journal, and the other candidates compete.
+no program for a node or region spec: the evaluation fails with that reason in the journal, and
+the other candidates compete. A whole graph's spec (compiling/whole_graph.py) is recorded with
+those calls as vendor steps (inductor_program.py): Inductor's complete output is its candidate.
 """
 from __future__ import annotations
 
-import ast
 import contextlib
-import inspect
 import os
 import types
 from pathlib import Path
@@ -37,6 +37,11 @@ import torch
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram
 from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
+from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _autotuners, dispatching_helpers,
+                                                       kernels_namespace, program_source)
+from torch_kernelize.fill_cache.inductor_program import record_whole
+from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
+from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
 from torch_kernelize.core.spec import KernelSpec
 
@@ -55,8 +60,6 @@ MODES: dict[str, dict[str, Any]] = {
 COMMON_OPTIONS = {"triton.cudagraphs": False, "force_disable_caches": True, "compile_threads": 1}
 # Without a GPU: Triton code for CPU tensors
 CPU_CAPTURE_OPTIONS = {"cpu_backend": "triton"}
-# Allocators Inductor's output code binds from C++ (no dispatch: the recorder would not see them)
-_ALLOCATORS = ("empty_strided_cpu", "empty_strided_cuda")
 
 
 class InductorGenerator(KernelFamily):
@@ -95,7 +98,9 @@ class InductorGenerator(KernelFamily):
         mode = config.get("mode")
         if mode not in MODES:
             raise ValueError(f"unknown Inductor mode {mode!r}; expected one of {sorted(MODES)}")
-        return recorded_once(self._programs, (spec.key, mode), lambda: capture(spec, mode),
+        # a whole graph: Inductor's whole output, extern calls included (inductor_program.py)
+        record = record_whole if is_whole_graph(spec) else None
+        return recorded_once(self._programs, (spec.key, mode), lambda: capture(spec, mode, record),
                              f"no Inductor candidate ({mode})")
 
     def provenance(self, config: Config) -> dict[str, Any]:
@@ -114,13 +119,15 @@ def _on_gpu(spec: KernelSpec) -> bool:
     return any(m.device == "cuda" for m in spec.inputs + spec.outputs) and torch.cuda.is_available()
 
 
-def capture(spec: KernelSpec, mode: str) -> KernelProgram:
+def capture(spec: KernelSpec, mode: str, record: Callable | None = None) -> KernelProgram:
     """Inductor's kernels for ``spec`` in ``mode``, recorded as a KernelProgram; RecordingError
-    (with the reason) where there is none."""
+    (with the reason) where there is none. ``record(compiled, module, spec, inputs)``: how the
+    compiled output is recorded (default: its Triton launches alone)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     on_gpu = _on_gpu(spec)
-    inputs = KernelFamily().sample_inputs(spec, RECORD_SEED, "random", "cuda" if on_gpu else "cpu")
+    domain = WHOLE_GRAPH_DOMAIN if is_whole_graph(spec) else KernelFamily()  # (a graph's token ids in range)
+    inputs = domain.sample_inputs(spec, RECORD_SEED, "random", "cuda" if on_gpu else "cpu")
     try:
         with torch.no_grad():
             gm = make_fx(lambda *ts: spec.run_vendor(list(ts)))(*inputs)
@@ -136,7 +143,7 @@ def capture(spec: KernelSpec, mode: str) -> KernelProgram:
         except Exception as e:
             raise RecordingError(f"Inductor failed: {type(e).__name__}: {str(e)[:400]}") from None
         try:
-            return _record(compiled, _output_module(loaded), spec, inputs)
+            return (record or _record)(compiled, _output_module(loaded), spec, inputs)
         finally:
             if on_gpu:  # the measure worker judges free device memory: give back what autotuning held
                 del compiled
@@ -158,16 +165,9 @@ def _record(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inpu
         raise RecordingError("Inductor's output code launches no Triton kernel (it calls ATen or extern "
                              "kernels only)")
     source = program_source(Path(module.__file__).read_text(), kernels)
-    namespace = types.ModuleType("inductor_kernels")
-    for name, autotuner in kernels.items():
-        setattr(namespace, name, autotuner.fn)
-    allocators = {name: _allocator(getattr(module, name), "cuda" if "cuda" in name else "cpu")
-                  for name in _ALLOCATORS if hasattr(module, name)}
-    if hasattr(module, "reinterpret_tensor"):  # a view, made through the dispatcher
-        allocators["reinterpret_tensor"] = lambda t, size, stride, offset=0: t.as_strided(
-            size, stride, t.storage_offset() + offset)
+    namespace = kernels_namespace(kernels)
     try:
-        with mock.patch.dict(module.__dict__, allocators), torch.no_grad():
+        with mock.patch.dict(module.__dict__, dispatching_helpers(module)), torch.no_grad():
             return record_program(compiled, inputs, spec, source, namespace, arguments=(list(inputs), {}),
                                   hooks=[_autotuner_launches])
     except RecordingError as e:
@@ -205,81 +205,3 @@ def _compiling(on_gpu: bool, mode: str) -> Iterator[list[types.ModuleType]]:
             stack.enter_context(mock.patch.object(torch.utils._triton, "triton_hash_with_backend",
                                                   lambda: "TORCH-KERNELIZE-CPU-CAPTURE"))
         yield loaded
-
-
-def _autotuners(module: types.ModuleType) -> dict[str, Any]:
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    return {name: v for name, v in vars(module).items() if isinstance(v, CachingAutotuner)}
-
-
-def _allocator(original: Callable, device: str) -> Callable:
-    def empty_strided(size, stride, dtype, *args, **kwargs):
-        return torch.empty_strided(size, stride, dtype=dtype, device=device)
-    empty_strided.__wrapped__ = original
-    return empty_strided
-
-
-def _autotuner_launches(record: Callable[[Any, tuple, dict, Any], None]) -> contextlib.AbstractContextManager:
-    """Routes ``CachingAutotuner.run`` to ``record``: the autotuner's JIT function, the runtime
-    arguments, the chosen config's constexprs, warps and stages, and the grid it gives."""
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-
-    def run(self, *args, stream=None, **kwargs):
-        if getattr(self.fn, "fn", None) is None:
-            raise RecordingError(f"kernel {getattr(self.fn, '__name__', '?')} came without its Python function "
-                                 "(loaded from a cache or a compile subprocess)")
-        cfg = self.launchers[0].config if len(self.launchers) == 1 else self.configs[0]
-        try:
-            call_args, grid = self._interpret_args_grid(args, cfg)
-        except AttributeError as e:
-            raise RecordingError(f"this torch's CachingAutotuner computes grids differently ({e})") from None
-        params = list(inspect.signature(self.fn.fn).parameters)
-        unbound = set(params[len(call_args):])  # a constant Inductor specialized may be passed positionally too
-        constants = {k: v for k, v in (self.triton_meta.get("constants") or {}).items() if k in unbound}
-        launch_kwargs = {**constants, **kwargs, **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        record(self.fn, tuple(call_args), launch_kwargs, tuple(int(g) for g in grid))
-
-    stack = contextlib.ExitStack()
-    for cls in [CachingAutotuner, *_subclasses(CachingAutotuner)]:
-        if "run" in vars(cls):
-            stack.enter_context(mock.patch.object(cls, "run", run))
-    return stack
-
-
-def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out += [sub, *_subclasses(sub)]
-    return out
-
-
-def program_source(output_code: str, kernels: dict[str, Any]) -> str:
-    """A module of the kernels Inductor's output code defines: the imports their sources make
-    (less ``triton_heuristics``, whose decorators are dropped) and each ``@triton.jit`` kernel."""
-    sources: dict[str, str] = {}
-    for node in ast.walk(ast.parse(output_code)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "triton"
-                and len(node.args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str)
-                                                for a in node.args[:2])):
-            sources[node.args[0].value] = node.args[1].value
-    missing = sorted(set(kernels) - set(sources))
-    if missing:
-        raise RecordingError(f"the source of kernel(s) {missing} is not in Inductor's output code")
-    imports: list[str] = []
-    bodies: list[str] = []
-    for name in kernels:
-        tree = ast.parse(sources[name])
-        for stmt in tree.body:
-            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                kept = [a for a in stmt.names if a.name != "triton_heuristics"]
-                if kept:
-                    stmt.names = kept
-                    line = ast.unparse(stmt)
-                    if line not in imports:
-                        imports.append(line)
-            elif isinstance(stmt, ast.FunctionDef):
-                lines = sources[name].splitlines()
-                body = "\n".join(lines[stmt.lineno - 1:stmt.end_lineno])
-                bodies.append(f"@triton.jit\n{body}\n")
-    header = "# Triton kernels generated by torch Inductor " + torch.__version__ + " (captured by fill_cache)\n"
-    return header + "\n".join(imports) + "\n\n\n" + "\n\n".join(bodies)

@@ -18,7 +18,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from torch_kernelize.compiling.whole_graph import is_whole_graph
+from torch_kernelize.core.program_steps import refused_ops
 from torch_kernelize.fill_cache.builder import Builder
+from torch_kernelize.fill_cache.graph_candidates import assembly_runner
 from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_available
 from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, trial_seeds
 from torch_kernelize.serving.launch import load_program
@@ -63,8 +66,13 @@ class Measurer:
     contains_faults = False  # a device fault here leaves this process's CUDA context unusable
 
     def __init__(self, spec: KernelSpec, family: KernelFamily, target: Target,
-                 extra_inputs: Sequence[Sequence[torch.Tensor]] = (), builder: Builder | None = None):
+                 extra_inputs: Sequence[Sequence[torch.Tensor]] = (), builder: Builder | None = None,
+                 cache_dir: Path | None = None):
+        """``cache_dir``: the cache being filled, whose kernels a whole graph's own assembly runs
+        (the baseline its candidates are timed against: graph_candidates.py)."""
         self.spec = spec
+        self.cache_dir = cache_dir
+        self._baseline: Any = None
         self.family = family
         self.target = target
         self.builder = builder or Builder(target)
@@ -118,10 +126,20 @@ class Measurer:
         """The first validation trial's inputs (from the trial store: kept there, or drawn again)."""
         return self.trials.inputs(self.seeds[0], "random")
 
+    def baseline(self) -> Any:
+        """What candidates are timed against, a function of the inputs: the vendor op; for a whole
+        graph, the graph as kernelize assembles it from the cache (graph_candidates.py)."""
+        if self._baseline is None:
+            self._baseline = self.spec.run_vendor
+            if is_whole_graph(self.spec) and self.cache_dir is not None:
+                self._baseline = assembly_runner(self.spec, self.target, self.cache_dir)
+        return self._baseline
+
     def vendor_ms(self) -> float | None:
         if self.timed and self._vendor_ms is None:
             inputs = self.bench_inputs()
-            self._vendor_ms = self._time(lambda: median_ms(lambda: self.spec.run_vendor(inputs)))
+            baseline = self.baseline()
+            self._vendor_ms = self._time(lambda: median_ms(lambda: baseline(inputs)))
         return self._vendor_ms
 
     def _time(self, fn):
@@ -173,6 +191,10 @@ class Measurer:
             if machine_error(e):  # not the candidate's fault, and not journaled: the run stops (cli.py)
                 raise
             return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
+        refused = refused_ops(getattr(getattr(runner, "program", None), "steps", ()), self.target)
+        if refused:  # a bring-up chip: the program's vendor calls would not run where it is served
+            return Evaluation(config.to_json(), False, 0.0, error=f"its program calls {', '.join(refused)}, which "
+                              f"target {self.target.name!r} does not run")
         record = self._validate(runner.run_poisoned)
         if not record.ok:
             return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
@@ -195,7 +217,8 @@ class Measurer:
             return None
         _, runner = self.build(config)
         inputs = self.bench_inputs()
-        return self._time(lambda: paired_ms(lambda: self.spec.run_vendor(inputs), lambda: runner(*inputs), rounds))
+        baseline = self.baseline()
+        return self._time(lambda: paired_ms(lambda: baseline(inputs), lambda: runner(*inputs), rounds))
 
 
 def _in_layout(t: torch.Tensor, meta: Any) -> torch.Tensor:

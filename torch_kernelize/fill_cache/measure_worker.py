@@ -154,10 +154,11 @@ class _Built:
 
 
 def _measurer(context: tuple) -> Measurer:
-    spec_json, ref, target, captured = context
+    spec_json, ref, target, captured, cache_dir = context
     key = spec_json["key"]
     if key not in _HELD:
-        _HELD[key] = Measurer(KernelSpec.from_json(spec_json), find_family(*ref), target, captured or [], _Built())
+        _HELD[key] = Measurer(KernelSpec.from_json(spec_json), find_family(*ref), target, captured or [], _Built(),
+                              Path(cache_dir) if cache_dir else None)
     return _HELD[key]
 
 
@@ -188,8 +189,10 @@ class IsolatedMeasurer:
     contains_faults = True  # a device fault ends only the worker, not the run
 
     def __init__(self, spec: KernelSpec, family: KernelFamily, target: Target,
-                 extra_inputs: Sequence[Sequence[torch.Tensor]], builder: Builder, worker: MeasureWorker):
+                 extra_inputs: Sequence[Sequence[torch.Tensor]], builder: Builder, worker: MeasureWorker,
+                 cache_dir: Path | None = None):
         self.spec, self.family, self.target, self.builder, self.worker = spec, family, target, builder, worker
+        self.cache_dir = str(cache_dir) if cache_dir is not None else None
         self._captured = [list(x) for x in extra_inputs]
         self._ref = family_ref(family)
         self.seconds = dict.fromkeys(("build", "reference", "validation", "timing"), 0.0)
@@ -197,7 +200,7 @@ class IsolatedMeasurer:
 
     def _call(self, method: str, config: Config | None = None, directory: Path | None = None, *args: Any):
         held = self.spec.key in self.worker.holds
-        context = (self.spec.to_json(), self._ref, self.target, None if held else self._captured)
+        context = (self.spec.to_json(), self._ref, self.target, None if held else self._captured, self.cache_dir)
         result, seconds, peak = self.worker.call(_run, context, method, config.to_json() if config else None,
                                                  str(directory) if directory else None, *args)
         if method == "close":

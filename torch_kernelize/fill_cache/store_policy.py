@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
 from torch_kernelize.core.targets import Target, resolve_op
 
@@ -36,8 +37,11 @@ def needs_confirmation(best: dict[str, Any]) -> bool:
 def verdict(best: dict[str, Any], target: Target, spec: Any, min_speedup: float) -> tuple[str, str]:
     """(winner, note) for the cache entry of ``spec`` whose best correct candidate is ``best``:
     winner "vendor" or "triton", and the note the entry keeps on why."""
-    not_on_vendor = ops_not_on_vendor(target, spec)
+    whole = is_whole_graph(spec)  # its baseline is kernelize's own assembly, which runs on any target
+    not_on_vendor = [] if whole else ops_not_on_vendor(target, spec)
     if best["measured"] and best["fitness"] <= min_speedup and not not_on_vendor:
+        if whole:
+            return "vendor", f"own assembly wins: best whole-graph candidate ran at {best['fitness']:.3f}x it"
         return "vendor", f"vendor wins: best Triton candidate ran at {best['fitness']:.3f}x the vendor kernel"
     if not best["measured"]:
         return "triton", INTERPRETER_NOTE

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from torch_kernelize.serving.launch import load_program
-from torch_kernelize.fill_cache.generators import ANY_OP
+from torch_kernelize.fill_cache.generators import default_domain
 from torch_kernelize.lowering.kernels import families, family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.validate import validate
@@ -40,7 +40,7 @@ def verify_entries(cache: Any, target: Target, keys: Iterable[str] | None = None
         spec = entry.spec
         family = family_for(spec)
         if family is None and entry.family not in {f.name for f in families()}:
-            family = ANY_OP  # a candidate file's, Inductor's, a plugin's: the default domain, as when it was stored
+            family = default_domain(spec)  # a candidate file's, Inductor's, a plugin's: as when it was stored
         if family is None:
             out.append(Verdict(key, spec.describe(), False, "no kernel family generates this spec any more"))
             continue

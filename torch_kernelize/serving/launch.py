@@ -19,6 +19,7 @@ import torch
 from torch_kernelize.core.buckets import contiguous_strides as _contiguous
 from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
+from torch_kernelize.core.program_steps import StepCall
 from torch_kernelize.core.spec import KernelSpec
 
 PROGRAM_FILE = "program.json"
@@ -180,9 +181,15 @@ class ProgramRunner:
         tmp = len(spec.inputs) + len(spec.outputs)
         self._pool_base = {"in": 0, "out": len(spec.inputs), "tmp": tmp, "state": tmp + len(program.temps)}
         self._consts: tuple = ()
-        self._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i))
+        # vendor steps (program_steps.py) by the launch they run before; what they return is not allocated
+        self._steps: dict[int, list[StepCall]] = {}
+        for step in program.steps:
+            self._steps.setdefault(step.at, []).append(StepCall(step))
+        made_out, made_tmp = program.produced_outputs, program.produced_temps
+        self._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i)) if i not in made_out else None
                             for i, m in enumerate(spec.outputs)]
-        self._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) for b in program.temps]
+        self._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) if i not in made_tmp else None
+                             for i, b in enumerate(program.temps)]
         # state buffers (grid-barrier semaphores), zeroed once per (device, stream) and kept: calls
         # on one stream run one after another, so they take turns on one set
         self._state_allocs = [(b.shape, getattr(torch, b.dtype)) for b in program.state]
@@ -259,7 +266,7 @@ class ProgramRunner:
         with an input off a 16-byte boundary, or on another device than the current one, takes
         the general path (``__call__``). None where the general path is the only one (not CUDA,
         donated outputs, state buffers, no inputs)."""
-        if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
+        if (self.backend != "cuda" or self._donated or self._state_allocs or self._steps or not self.spec.inputs
                 or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
         names: dict[str, Any] = {"general": self.__call__, "empty": _EMPTY_STRIDED_CUDA,
@@ -327,7 +334,7 @@ class ProgramRunner:
         outs = []
         empty = _empty_strided(device)
         for alloc in self._out_allocs:
-            if alloc is None:  # donated: the caller's input (see donating())
+            if alloc is None:  # donated: the caller's input (see donating()), or a vendor step's result
                 outs.append(None)
                 continue
             shape, stride, dtype, init = alloc
@@ -338,7 +345,11 @@ class ProgramRunner:
                 t.fill_(poison_value(t.dtype))
             outs.append(t)
         temps = []
-        for shape, dtype, init in self._temp_allocs:
+        for alloc in self._temp_allocs:
+            if alloc is None:  # a vendor step's result
+                temps.append(None)
+                continue
+            shape, dtype, init = alloc
             t = torch.empty(shape, dtype=dtype, device=device)
             if init is not None:
                 t.fill_(init)
@@ -357,6 +368,8 @@ class ProgramRunner:
         return bufs
 
     def launch(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
+        if self._steps:
+            return self._launch_with_steps(inputs, outs, temps)
         if self.backend == "cuda":  # the serving path: no per-call dicts or argument lists
             plans = self._cuda_plans
             for t in inputs:
@@ -373,21 +386,55 @@ class ProgramRunner:
         with _interpreter_lock:
             self._interpret(inputs, outs, temps)
 
+    def _launch_with_steps(self, inputs: Sequence[torch.Tensor], outs: list, temps: list) -> None:
+        """Launches and vendor steps in program order (a compiler's whole output): a step may
+        return a buffer that later launches read, so the launches' arguments are gathered anew
+        after each group of steps. (No donations or state buffers in such a program.)"""
+        device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")
+        bufs = {"in": list(inputs), "out": outs, "tmp": temps}
+        n = len(self.program.launches)
+        if self.backend == "cuda":
+            plans = self._cuda_plans
+            if any(t.data_ptr() % 16 for t in inputs):
+                plans = self._plans_for_unaligned()
+            stream = _raw_stream(device)
+            pool = None
+            for i in range(n + 1):
+                for step in self._steps.get(i, ()):
+                    step(bufs, device.type)
+                    pool = None
+                if i == n:
+                    break
+                if pool is None:
+                    pool = (*inputs, *outs, *temps, *self._consts)
+                run, args, gx, gy, gz = plans[i]
+                run(gx, gy, gz, stream, *args(pool))
+            return
+        with _interpreter_lock:
+            for i in range(n + 1):
+                for step in self._steps.get(i, ()):
+                    step(bufs, device.type)
+                if i < n:
+                    self._interpret_launch(i, bufs)
+
     def _interpret(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
         device = inputs[0].device if inputs else torch.device("cpu")
         bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device) if self._state_allocs else ()}
         for i in self._keep:
-            kernel, (launch, order, grid) = self._kernels[i], self._plans[i]
-            args = [bufs[k][v] if k in bufs else v for k, v in order]
-            if not launch.synchronized:
-                kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
-                continue
-            # The interpreter runs the programs one after another, so a grid barrier would wait
-            # forever: one launch per phase instead (a launch's end is a grid barrier).
-            at = self.program.kernel_arg_names(launch.kernel).index(PHASE)
-            for phase in range(1, launch.phases + 1):
-                args[at] = phase
-                kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
+            self._interpret_launch(i, bufs)
+
+    def _interpret_launch(self, i: int, bufs: dict[str, Sequence]) -> None:
+        kernel, (launch, order, grid) = self._kernels[i], self._plans[i]
+        args = [bufs[k][v] if k in bufs else v for k, v in order]
+        if not launch.synchronized:
+            kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
+            return
+        # The interpreter runs the programs one after another, so a grid barrier would wait
+        # forever: one launch per phase instead (a launch's end is a grid barrier).
+        at = self.program.kernel_arg_names(launch.kernel).index(PHASE)
+        for phase in range(1, launch.phases + 1):
+            args[at] = phase
+            kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
     def __call__(self, *inputs: torch.Tensor):
         device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")

@@ -1,0 +1,284 @@
+"""Graphs compete as wholes (compiling/whole_graph.py, fill_cache/graph_candidates.py): on CPU,
+Inductor's complete output for a graph of an extern GEMM, a Triton epilogue and a reduction is
+captured as one program of launches and vendor steps (fill_cache/inductor_program.py), validated
+at the graph level on the interpreter (a tampered one is rejected, one calling an op the chip
+lacks is refused), chosen against kernelize's own assembly by measured (here injected) times,
+and served whole by a warm process that compiles nothing."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+
+import pytest
+import torch
+
+from conftest import COUNT_COMPILES, last_json, run_python
+from torch_kernelize.core.program import KernelProgram
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.fill_cache import generators, measure
+from torch_kernelize.fill_cache.cli import FillRun
+from torch_kernelize.fill_cache.collect import specs_from_model
+from torch_kernelize.fill_cache.inductor import GENERATOR_INSTANCE
+from torch_kernelize.fill_cache.measure import Measurer
+from torch_kernelize.compiling.whole_graph import is_whole_graph
+from torch_kernelize.kernel_cache import KernelCache
+from torch_kernelize.lowering.kernels import Config, KernelFamily
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
+TARGET = get_target("interpreter")
+DEFAULT = Config.of(generator="inductor", mode="default")
+
+MODEL = """
+import torch
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 32)
+
+    def forward(self, x):
+        y = torch.relu(self.lin(x))
+        return y, y.sum(dim=1)
+
+def make():
+    torch.manual_seed(0)
+    return Block(), (torch.randn(8, 16),)
+"""
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The model's whole-graph spec as serving forms it, and Inductor's program for it."""
+    folder = tmp_path_factory.mktemp("model")
+    (folder / "block.py").write_text(MODEL)
+    ref = f"{folder / 'block.py'}:make"
+    works = specs_from_model(ref, TARGET, folder / "cache", supported=lambda spec: True)
+    assert is_whole_graph(works[-1].spec) and not any(is_whole_graph(w.spec) for w in works[:-1])
+    spec = works[-1].spec
+    return ref, spec, GENERATOR_INSTANCE.generate(spec, Config.of(mode="default"))
+
+
+def evaluate(spec, family, config, target=TARGET):
+    """One candidate of ``family`` measured (built, validated) for ``spec``."""
+    measurer = Measurer(spec, family, target)
+    try:
+        return measurer.evaluate(config)
+    finally:
+        measurer.builder.close()
+
+
+def fill(tmp_path, spec, times=None, monkeypatch=None):
+    """One FillRun of the whole graph (Inductor asked); ``times``: (candidate ms, assembly ms) injected."""
+    from torch_kernelize.fill_cache.collect import Work
+    if times is not None:
+        calls = []
+        monkeypatch.setattr(measure, "timing_available", lambda t: True)
+        monkeypatch.setattr(measure, "median_ms", lambda fn: calls.append(fn()) or times[(len(calls) - 1) % 2])
+        monkeypatch.setattr(measure, "paired_ms", lambda a, b, rounds: (a(), b()) and (times[1], times[0]))
+    cache = KernelCache.for_target(tmp_path / "cache", TARGET)
+    run = FillRun(TARGET, cache, budget=1, resume=False, force=True, min_speedup=1.03,
+                  generators=generators.chosen_generators("inductor", TARGET))
+    try:
+        row = run.process(Work(spec, "test"))
+    finally:
+        run.builder.close()
+    entry = next((tmp_path / "cache").glob(f"*/entries/{spec.key}/entry.json"))
+    return row, json.loads(entry.read_text())
+
+
+def test_inductor_output_with_an_extern_gemm_is_captured_whole(whole):
+    _, spec, program = whole
+    step, = program.steps  # the GEMM with its bias: an extern call, on the caller's buffers
+    assert step.op in ("aten.addmm.out", "aten.mm.out") and step.at == 0
+    assert step.kwargs["out"]["buf"][0] == "out"  # Inductor writes the GEMM into the graph's output buffer
+    launch, = program.launches  # relu and the row sum fused, after it, in place on that buffer
+    assert launch.kernel.startswith("triton_per_fused_relu_sum") and ("out", 1) in launch.args
+    again = KernelProgram.from_json(json.loads(json.dumps(program.to_json())), program.source)
+    assert again == program
+    ev = evaluate(spec, GENERATOR_INSTANCE, Config.of(mode="default"))
+    assert ev.correct, ev.error
+    assert ev.validation["kinds"][-1] == "special" and ev.validation["max_err"] < 1e-5
+
+
+def test_outputs_that_are_views_of_the_programs_buffers_are_made_by_alias_steps():
+    """Inductor returns views (``reinterpret_tensor``) of its buffers: of another output's, of a
+    temporary's; the program makes each with a last step, and the graph validates."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+
+    def f(a, b):
+        y = torch.relu(a @ b)
+        return y, y.t(), (y * 2)[:, :4]
+
+    spec = region_spec(whole_graph_region(make_fx(f, tracing_mode="fake")(torch.randn(8, 16), torch.randn(16, 32)))[0], {})
+    program = GENERATOR_INSTANCE.generate(spec, Config.of(mode="default"))
+    aliases = [(s.args[0]["buf"], s.results) for s in program.steps if s.op == "aten.alias.default"]
+    assert aliases == [(["out", 0], (("out", 1),)), (["tmp", 0], (("out", 2),))], program.steps
+    assert len(program.output_init) == 3
+    ev = evaluate(spec, GENERATOR_INSTANCE, Config.of(mode="default"))
+    assert ev.correct, ev.error
+
+
+class Tampered(KernelFamily):
+    """Inductor's program with one vendor step changed: the bias left out of the GEMM."""
+
+    name = "tampered"
+
+    def __init__(self, program: KernelProgram):
+        self.program = program
+
+    def supports(self, spec):
+        return None
+
+    def seed_configs(self, spec):
+        return [Config.of(variant="no-bias")]
+
+    def generate(self, spec, config):
+        step, = self.program.steps
+        args = step.args[1:] if step.op == "aten.addmm.out" else step.args
+        return dataclasses.replace(self.program, steps=(dataclasses.replace(step, op="aten.mm.out", args=args),))
+
+
+def test_a_tampered_graph_program_is_rejected_and_a_chip_without_its_gemm_refuses_it(whole, tmp_path):
+    _, spec, program = whole
+    ev = evaluate(spec, Tampered(program), Config.of(variant="no-bias"))
+    assert not ev.correct and "out of tolerance" in ev.error, ev.error
+    chip = tmp_path / "gemmless.toml"
+    chip.write_text('name = "gemmless"\ndevice = "cpu"\ntriton = "interpreter"\n[ops]\n'
+                    'unsupported = ["aten.addmm", "aten.mm"]\n')
+    ev = evaluate(spec, GENERATOR_INSTANCE, Config.of(mode="default"), get_target(str(chip)))
+    assert not ev.correct and "which target 'gemmless' does not run" in ev.error, ev.error
+
+
+def test_the_faster_whole_candidate_wins_and_the_entry_says_who_competed(whole, tmp_path, monkeypatch):
+    _, spec, _ = whole
+    row, record = fill(tmp_path / "a", spec, (2.0, 1.0), monkeypatch)  # Inductor 2 ms, own assembly 1 ms
+    assert row["status"] == "own assembly wins" and record["winner"] == "vendor", row
+    assert record["note"].startswith("own assembly wins")
+    names = [(c["name"], c["ms"], c["correct"]) for c in record["graph"]["candidates"]]
+    assert names == [("inductor default", 2.0, True), ("assembly", 1.0, True)]
+    assert record["graph"]["winner"] == "assembly" and row["graph"].endswith("-> assembly")
+    row, record = fill(tmp_path / "b", spec, (1.0, 2.0), monkeypatch)
+    assert row["status"] == "stored" and record["graph"]["winner"] == "inductor default", row
+    assert record["provenance"]["generator"] == "inductor"
+
+
+def test_a_warm_process_serves_the_graph_winner_whole_and_compiles_nothing(whole, tmp_path, monkeypatch):
+    ref, spec, _ = whole
+    row, _ = fill(tmp_path, spec)  # unmeasured (interpreter): the validated program is stored
+    assert row["status"] == "stored", row
+    cache = tmp_path / "cache"
+    from torch_kernelize.fill_cache.verify import verify_entries
+    verdict, = verify_entries(KernelCache.for_target(cache, TARGET), TARGET, [spec.key])  # tools/cache.py verify
+    assert verdict.ok, verdict.detail
+    proc = run_python(COUNT_COMPILES + textwrap.dedent(f"""
+        import importlib.util
+        path, fn = {ref!r}.rsplit(":", 1)
+        spec = importlib.util.spec_from_file_location("block", path)
+        module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+        model, (x,) = getattr(module, fn)()
+        compiled = torch.compile(model, backend="kernelize", options={{"target": "interpreter",
+                                 "cache_dir": {str(cache)!r}, "repro_dir": "off",
+                                 "report": {str(tmp_path / "report.json")!r}}})
+        with torch.no_grad():
+            for _ in range(3):
+                got, want = compiled(x), model(x)
+        err = max((g - w).abs().max().item() for g, w in zip(got, want))
+        doc = json.load(open({str(tmp_path / "report.json")!r}))
+        graph, = doc["graphs"]
+        nodes = sorted({{(n["op"], n["tier"], n.get("family")) for n in graph["nodes"]}})
+        print(json.dumps(dict(counts, err=err, nodes=nodes, whole=graph.get("whole"),
+                              inductor_counters=sum(torch._dynamo.utils.counters["inductor"].values()))))
+    """))
+    res = last_json(proc)
+    assert res["err"] < 1e-5, res
+    assert res["triton_compile"] == 0 and res["jit_run"] == 0, res
+    assert res["inductor_compile"] == 0 and res["inductor_counters"] == 0, res
+    tiers = {op: (tier, family) for op, tier, family in res["nodes"]}
+    assert tiers["aten.relu.default"] == ("triton", "inductor"), res
+    assert tiers["aten.addmm.default"] == ("vendor", "inductor"), res
+    assert res["whole"]["tier"] == "triton" and res["whole"]["spec_key"] == spec.key, res
+
+
+def test_a_vendor_steps_result_becomes_a_buffer_the_runner_does_not_allocate():
+    """What Inductor does around a convolution (extern, functional): the op's result is a program
+    buffer that later steps (or launches) read; the runner runs the steps in order."""
+    from torch_kernelize.core.program_steps import VendorStep
+    from torch_kernelize.core.program import Buffer
+    from torch_kernelize.core.spec import KernelSpec
+    from torch_kernelize.serving.launch import ProgramRunner
+    aten = torch.ops.aten
+    x, w, b = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    conv_args = [[1, 1], [1, 1], [1, 1], False, [0, 0], 1]
+    want = torch.relu(aten.convolution.default(x, w, b, *conv_args))
+    spec = KernelSpec.from_call(aten.convolution.default, [x, w, b, *conv_args], {}, want)
+    conv = VendorStep("aten.convolution.default", [{"buf": ["in", 0]}, {"buf": ["in", 1]}, {"buf": ["in", 2]},
+                                                   *conv_args], {}, 0, (("tmp", 0),))
+    relu = VendorStep("aten.clamp_min.out", [{"buf": ["tmp", 0], "view": [[2, 4, 8, 8], [256, 64, 8, 1], 0]}, 0.0],
+                      {"out": {"buf": ["out", 0]}}, 0)
+    program = KernelProgram("", (), temps=(Buffer((512,), "float32"),), steps=(conv, relu))
+    runner = ProgramRunner(spec, program, [], "interpreter")
+    outs, temps = runner.allocate(torch.device("cpu"))
+    assert temps == [None] and outs[0] is not None
+    torch.testing.assert_close(runner(x, w, b), want)
+    with pytest.raises(ValueError, match="no tmp buffer 1"):
+        dataclasses.replace(program, steps=(dataclasses.replace(conv, results=(("tmp", 1),)), relu))
+    with pytest.raises(ValueError, match="calls an ATen op"):
+        dataclasses.replace(program, steps=(dataclasses.replace(conv, op="myns.anything.default"), relu))
+    with pytest.raises(ValueError, match="steps run in order"):
+        dataclasses.replace(program, steps=(dataclasses.replace(conv, at=1), relu))
+
+
+def test_a_whole_graphs_token_ids_are_drawn_in_range_of_the_embedding_they_index():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+    from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN, index_bounds
+
+    def f(ids, mask, table):
+        x = torch.nn.functional.embedding(ids.view(-1), table)
+        return (x * mask.view(-1, 1)).sum(0), torch.index_select(table, 0, ids[:, 0]).exp()
+
+    args = (torch.randint(0, 5, (3, 4)), torch.randint(0, 2, (3, 4)), torch.randn(5, 8))
+    spec = region_spec(whole_graph_region(make_fx(f, tracing_mode="fake")(*args))[0], {})
+    assert index_bounds(spec) == {0: 5}
+    for kind in ("random", "zeros", "large", "negative", "special"):
+        ids, mask, _ = WHOLE_GRAPH_DOMAIN.sample_inputs(spec, 0, kind)
+        assert 0 <= ids.min() and ids.max() < 5 and set(mask.unique().tolist()) <= {0, 1}
+        spec.run_vendor([ids, mask, torch.randn(5, 8)])  # in range: the graph runs
+
+
+def test_a_tensor_constant_is_an_input_of_the_whole_graph():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+    scale = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    gm = make_fx(lambda x: ((x * scale).relu().sum(0),))(torch.randn(3, 4))  # (real: the constant is kept)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(torch.randn(3, 4))
+    region, why = whole_graph_region(gm)
+    assert region is not None, why
+    assert sorted(n.op for n in region.inputs) == ["get_attr", "placeholder"]
+
+
+@pytest.mark.parametrize("op", ["flash", "efficient", "cudnn"])
+def test_cudas_fused_attention_has_a_float64_reference_written_out(op):
+    """A whole graph keeps CUDA's attention ops; its float64 reference replays them written out
+    (those kernels run no float64). Checked on the CPU against torch's own math attention."""
+    from torch_kernelize.core.attention_reference import float64_reference
+    aten = torch.ops.aten
+    q, k, v = (torch.randn(2, 3, 40, 8, dtype=torch.float64) for _ in range(3))
+    mask = torch.randn(2, 3, 40, 40, dtype=torch.float64)
+    target = {"flash": aten._scaled_dot_product_flash_attention.default,
+              "efficient": aten._scaled_dot_product_efficient_attention.default,
+              "cudnn": aten._scaled_dot_product_cudnn_attention.default}[op]
+    args = [q, k, v] + ([] if op == "flash" else [mask, True]) + [0.0, op == "flash"]
+    outs = float64_reference(target, args)(*args, scale=0.5)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, None if op == "flash" else mask,
+                                                            is_causal=op == "flash", scale=0.5)
+    torch.testing.assert_close(outs[0], want)
+    assert len(outs) == len(target._schema.returns)
+    lse = outs[1][..., :40].reshape(2, 3, 40)
+    assert torch.isfinite(lse).all() and float64_reference(target, [q.half(), k, v]) is None

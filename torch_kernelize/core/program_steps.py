@@ -1,0 +1,131 @@
+"""Vendor steps: the calls of a program that are not Triton launches (an ATen op on the target's
+own library: cuBLAS through ``aten.mm.out``, cuDNN through ``aten.convolution``, SDPA, any ATen
+fallback a compiler's output code makes), in order between its launches.
+
+A compiler's whole output (fill_cache/inductor_program.py records Inductor's) is Triton kernels
+and such calls; a KernelProgram holds both: its ``launches`` as always, and ``steps``, each
+running after the first ``at`` launches. A step's arguments are the program's buffers (spec
+inputs, outputs, temporaries), whole or as a view (size, stride, offset into the buffer: what
+Inductor's ``reinterpret_tensor`` makes), an empty tensor by its metadata (``{"empty": [size,
+stride, dtype]}``: it has no memory to share), and literals encoded as in a KernelSpec. An op that
+writes a buffer (``out=``, an in-place op) names it among its arguments; one that returns new
+tensors (``aten.convolution``) names, per returned tensor, the buffer it becomes (``results``:
+a temporary or an output the runner then does not allocate). Nothing here is generated or
+compiled: serving calls the op overloads directly.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+
+from torch_kernelize.core.encoding import decode_arg, dtype_from_name
+from torch_kernelize.core.targets import resolve_op
+
+STEP_BUFFERS = ("in", "out", "tmp")  # what a step's argument or result may name
+
+
+@dataclasses.dataclass(frozen=True)
+class VendorStep:
+    op: str                     # the overload, e.g. "aten.addmm.out"
+    args: Any                   # encoded; a buffer is {"buf": [kind, i]} or {"buf": [kind, i], "view": [size, stride, offset]}
+    kwargs: Any
+    at: int                     # runs after launches[0:at]
+    results: tuple[tuple[str, int] | None, ...] = ()  # per tensor the op returns: the buffer it becomes (None: unused)
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"op": self.op, "args": self.args, "kwargs": self.kwargs, "at": self.at}
+        if self.results:
+            d["results"] = [list(r) if r is not None else None for r in self.results]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "VendorStep":
+        return cls(d["op"], d["args"], dict(d["kwargs"]), int(d["at"]),
+                   tuple(tuple(r) if r is not None else None for r in d.get("results", ())))
+
+    def buffers(self) -> list[tuple[str, int]]:
+        """Every buffer the step names, as argument or result."""
+        found: list[tuple[str, int]] = [r for r in self.results if r is not None]
+        stack = [self.args, self.kwargs]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, dict) and "buf" in x:
+                found.append((x["buf"][0], int(x["buf"][1])))
+            elif isinstance(x, dict):
+                stack.extend(x.values())
+            elif isinstance(x, list):
+                stack.extend(x)
+        return found
+
+
+def check_steps(steps: Sequence[VendorStep], launches: int, temps: int) -> None:
+    """Raise ValueError where ``steps`` cannot run in a program of that many launches and
+    temporaries (inputs and outputs are the spec's: checked where the program meets it)."""
+    last = 0
+    for s in steps:
+        if not s.op.startswith("aten."):  # (a cache or an archive names ops by string: nothing else is called)
+            raise ValueError(f"vendor step {s.op}: a step calls an ATen op (aten.*) only")
+        if not last <= s.at <= launches:
+            raise ValueError(f"vendor step {s.op} at {s.at}: steps run in order, between 0 and {launches} launches")
+        last = s.at
+        for kind, i in s.buffers():
+            if kind not in STEP_BUFFERS:
+                raise ValueError(f"vendor step {s.op}: unknown buffer kind {kind!r}; expected one of {STEP_BUFFERS}")
+            if kind == "tmp" and not 0 <= i < temps:
+                raise ValueError(f"vendor step {s.op}: no {kind} buffer {i}")
+        for r in s.results:
+            if r is not None and r[0] == "in":
+                raise ValueError(f"vendor step {s.op}: a result cannot become an input")
+
+
+def produced(steps: Sequence[VendorStep], kind: str) -> frozenset[int]:
+    """The buffers of ``kind`` that steps' results are (the runner allocates none of them)."""
+    return frozenset(r[1] for s in steps for r in s.results if r is not None and r[0] == kind)
+
+
+def step_ops(steps: Sequence[VendorStep]) -> list[str]:
+    return sorted({s.op for s in steps})
+
+
+def refused_ops(steps: Sequence[VendorStep], target: Any) -> list[str]:
+    """The steps' ops that ``target``'s vendor does not run: a program calling any of them is no
+    candidate there (a bring-up chip without cuBLAS runs no captured ``mm.out``)."""
+    return [op for op in step_ops(steps) if not target.vendor_runs(resolve_op(op))]
+
+
+class StepCall:
+    """One step, resolved once: the op overload and a function of the buffers to its arguments."""
+
+    def __init__(self, step: VendorStep):
+        self.step = step
+        self.op = resolve_op(step.op)
+
+    def __call__(self, bufs: dict[str, list], device: str) -> None:
+        """Run the op on ``bufs`` (kind -> list of tensors; results are stored into it)."""
+        args = [_decode(a, bufs, device) for a in self.step.args]
+        kwargs = {k: _decode(v, bufs, device) for k, v in self.step.kwargs.items()}
+        out = self.op(*args, **kwargs)
+        if not self.step.results:
+            return
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for r, t in zip(self.step.results, outs):
+            if r is not None:
+                bufs[r[0]][r[1]] = t
+
+
+def _decode(x: Any, bufs: dict[str, list], device: str) -> Any:
+    if isinstance(x, dict) and "buf" in x:
+        kind, i = x["buf"]
+        t = bufs[kind][i]
+        if "view" not in x:
+            return t
+        size, stride, offset = x["view"]
+        return t.as_strided(size, stride, t.storage_offset() + offset)
+    if isinstance(x, dict) and "empty" in x:  # an empty tensor: no memory, only its metadata
+        size, stride, dtype = x["empty"]
+        return torch.empty_strided(size, stride, dtype=dtype_from_name(dtype), device=device)
+    if isinstance(x, list):
+        return [_decode(v, bufs, device) for v in x]
+    return decode_arg(x, (), device)  # a literal (a device: the one the program runs on)

@@ -1,0 +1,143 @@
+"""Graphs compete as wholes: the candidates of a whole graph's spec (compiling/whole_graph.py),
+the input domain they are validated on, and the evidence its cache entry keeps of who won.
+
+The candidates, measured through the same harness as any spec's (built, validated at the graph
+level against the float64 reference on random and edge inputs with poisoned outputs, timed):
+  * Inductor's complete output, captured as a program (inductor_program.py), per mode: default,
+    and max-autotune where the graph holds a GEMM or convolution on a GPU (inductor.py);
+  * kernelize's own assembly: the graph as the planner serves it from the cache being filled
+    (nodes and regions on their tiers, the whole-graph lookup off). It is the baseline the
+    others are timed against, in the vendor's place: "vendor wins" for a whole graph means "own
+    assembly wins", stored like any vendor verdict, so the graph is no miss and serving runs it
+    as before.
+A mix (one of our kernels in place of one of Inductor's where faster on that region) would be
+a third generator here: see docs/design.md.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from torch_kernelize.compiling.whole_graph import is_whole_graph
+from torch_kernelize.core.devices import to_device
+from torch_kernelize.core.region_graph import node_ref, region_graph
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.targets import Target, resolve_op
+from torch_kernelize.lowering.kernels import KernelFamily
+from torch_kernelize.lowering.kernels.base import sample_generator, sample_tensor
+
+ASSEMBLY = "assembly"   # the candidate name of kernelize's own assembly in the evidence
+# ops that index a dim of a tensor with an integer tensor: op -> (indexed arg, its dim (an arg
+# position, or a fixed dim as a negative number -1 - dim), index arg)
+INDEXING = {"aten.embedding.default": (0, -1, 1), "aten.index_select.default": (0, 1, 2),
+            "aten.gather.default": (0, 1, 2)}
+MASK_BOUND = 2  # an integer input that indexes nothing (an attention mask): 0 or 1
+
+
+class WholeGraphDomain(KernelFamily):
+    """A whole graph's inputs: an integer input that indexes a dim (token ids into an embedding,
+    index_select/gather indices) is drawn in [0, that size), any other integer input in
+    [0, MASK_BOUND); the rest as any spec's. The default domain's negative integers would index
+    out of range (a device-side assert on CUDA) where a graph holds its embedding."""
+
+    name = "whole-graph"
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        return None if is_whole_graph(spec) else "whole graphs only"
+
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        g = sample_generator(seed, device)
+        bounds = index_bounds(spec)
+        return [to_device(sample_tensor(m, g, kind, 0, bounds.get(i, MASK_BOUND))
+                          if not m.torch_dtype.is_floating_point and m.dtype != "bool" else sample_tensor(m, g, kind),
+                          device) for i, m in enumerate(spec.inputs)]
+
+
+WHOLE_GRAPH_DOMAIN = WholeGraphDomain()
+
+
+def index_bounds(spec: KernelSpec) -> dict[int, int]:
+    """Spec input -> the smallest size it indexes (through views), for the integer inputs that do."""
+    graph = region_graph(spec)
+    nodes = graph["nodes"]
+
+    def source(a: Any) -> int | None:  # the spec input an argument is, or a view of
+        while (r := node_ref(a)) is not None:
+            if r[0] == "input":
+                return r[1]
+            n = nodes[r[1]]
+            if n["op"] == "getitem" or not resolve_op(n["op"]).is_view:
+                return None
+            a = n["args"][0]
+        return None
+
+    def size(a: Any, dim: int) -> int | None:
+        r = node_ref(a)
+        if r is None:
+            return None
+        shape = spec.inputs[r[1]].shape if r[0] == "input" else (nodes[r[1]]["meta"] or {}).get("shape")
+        return shape[dim] if shape and -len(shape) <= dim < len(shape) else None
+
+    bounds: dict[int, int] = {}
+    for n in nodes:
+        if n["op"] not in INDEXING:
+            continue
+        table, dim_at, index_at = INDEXING[n["op"]]
+        args = n["args"]
+        dim = -1 - dim_at if dim_at < 0 else (args[dim_at] if len(args) > dim_at else None)
+        i = source(args[index_at]) if len(args) > index_at else None
+        bound = size(args[table], dim) if isinstance(dim, int) else None
+        if i is not None and bound:
+            bounds[i] = min(bound, bounds.get(i, bound))
+    return bounds
+
+
+def assembly_runner(spec: KernelSpec, target: Target, cache_dir: Path) -> Callable[[Sequence[Any]], Any]:
+    """A function of the spec's inputs that runs the graph as kernelize serves it today from
+    ``cache_dir`` (without its own whole-graph entry): the planner's ladder, regions, families."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from torch_kernelize.compiling.lower import lower
+    from torch_kernelize.core.options import Options
+    from torch_kernelize.core.region_graph import region_graph_module
+
+    gm = region_graph_module(spec)
+    device = "cuda" if target.device == "cuda" else "cpu"
+    examples = [m.empty(device) for m in spec.inputs]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(t) for t in examples])
+    options = Options(target=None, cache_dir=Path(cache_dir), repro_dir=None, report=None)
+    lowered = lower(gm, examples, options, "inference", target, whole=False)
+    return lambda inputs: lowered(list(inputs))
+
+
+def candidate_name(config: dict[str, Any]) -> str:
+    """``inductor default``, ``inductor max-autotune``; a family's config written out."""
+    if "mode" in config:
+        return f"{config.get('generator', 'inductor')} {config['mode']}"
+    return " ".join(f"{k}={v}" for k, v in sorted(config.items()))
+
+
+def graph_evidence(evaluated: Sequence[dict[str, Any]], winner: str, assembly_ms: float | None,
+                   best: dict[str, Any] | None) -> dict[str, Any]:
+    """Who competed for a whole graph, their times and the winner, as its entry and the fill
+    summary keep it: each evaluation of the search, then the own assembly."""
+    candidates = []
+    for r in evaluated:
+        ms = r.get("candidate_ms")
+        if best is not None and r.get("config") == best.get("config"):
+            ms = best.get("candidate_ms", ms)
+        candidates.append({"name": candidate_name(r["config"]), "ms": ms, "correct": bool(r["correct"]),
+                           **({"error": r["error"][:200]} if r.get("error") else {})})
+    candidates.append({"name": ASSEMBLY, "ms": assembly_ms, "correct": True})
+    if winner == "vendor":
+        name = ASSEMBLY
+    elif best is not None:
+        name = candidate_name(best["config"])
+    else:
+        name = ASSEMBLY
+    return {"candidates": candidates, "winner": name}
