@@ -4,7 +4,7 @@
 
 task.md says everything a kernel for the reproducer's spec must do and how it will be judged:
 the op as ATen code and its schema, every tensor's shape, strides and dtype, the reference
-semantics, the tolerance, the trials (seeds, edge values, captured inputs, poisoned outputs),
+semantics, the tolerance, the trials (seeds, edge values, captured inputs, filled outputs),
 the vendor kernel's time where a GPU is present, the bytes (and FLOPs) floor, and the candidate
 contract. check_candidate.py validates a candidate exactly as fill_cache does (the same
 recorder, generator and measurer: fill_cache/external.py).
@@ -179,8 +179,10 @@ def render_task(spec: KernelSpec, meta: dict, code: str, folder: Path) -> str:
                                                    if k == "random" else "") for k in edge],
         "- `captured`: the inputs this reproducer captured",
         "",
-        f"{domain} Before each run every output is filled with a poison (NaN; integers near their minimum), so "
-        "an element the kernel does not write fails. After each run every input must be unchanged, bit for bit.",
+        f"{domain} Each trial runs the kernel twice on the same inputs, its outputs (and the buffers it allocates "
+        "uninitialised) filled differently before each run: once with a poison (NaN; integers near their minimum), "
+        "once with values it cannot predict. Both runs must give the same bits, so an element the kernel does not "
+        "write, or reads before writing, fails. After each run every input must be unchanged, bit for bit.",
         "",
         "## Performance",
         "",
