@@ -3,12 +3,16 @@ stale (issue 43): outputs are judged on fills a kernel cannot predict (core/fill
 process's loaded runners follow the entry's identity."""
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import REPO
+from torch_kernelize import flush_repros
 from torch_kernelize.building.programs import write_program
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import get_target
@@ -33,6 +37,82 @@ def plant(cache: KernelCache, spec: KernelSpec, candidate: Path, work: Path) -> 
     write_program(work, spec, program, "interpreter")
     cache.put({"spec": spec.to_json(), "winner": "triton", "family": "external", "config": c.config.to_json(),
                "validation": {"ok": True}, "timings": {"speedup": 2.0, "measured": True}}, work, replace=True)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """A reproducer folder of a sigmoid miss, recorded by the backend."""
+    root = tmp_path_factory.mktemp("recorded")
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.sigmoid, backend="kernelize", options={
+        "target": "interpreter", "cache_dir": str(root / "cache"), "repro_dir": str(root / "repros"),
+        "graph_cache": "off"})
+    compiled(torch.randn(SHAPE))
+    flush_repros()
+    torch._dynamo.reset()
+    folder, = (p.parent for p in (root / "repros").glob("*/spec.json"))
+    return folder
+
+
+@pytest.fixture
+def repro(recorded, tmp_path) -> Path:
+    """A copy of the recorded folder whose repro.py, if anything ran it, would leave a marker."""
+    folder = tmp_path / "repros" / recorded.name
+    shutil.copytree(recorded, folder)
+    marker = tmp_path / "MARKER"
+    script = folder / "repro.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('ran')\n" + script.read_text())
+    return folder
+
+
+def test_reproducers_are_read_as_data_never_run(repro, tmp_path, capsys):
+    from torch_kernelize.fill_cache.cli import main
+    from torch_kernelize.fill_cache.collect import repro_work
+    from torch_kernelize.fill_cache.external import check_main
+    from torch_kernelize.repro.listing import replay_one
+    from torch_kernelize.repro.task import write_task
+
+    work = repro_work(repro)
+    assert work is not None and len(work.captured) == 1 and work.captured[0].shape == SHAPE
+    write_task(repro)
+    assert check_main(repro, [str(CANDIDATES / "sigmoid_ok.py"), "--target", "interpreter"]) == 0
+    assert "ACCEPTED" in capsys.readouterr().out
+    cache = tmp_path / "cache"
+    assert main(["--quiet", "--repros", str(repro.parent), "--target", "interpreter", "--cache-dir", str(cache),
+                 "--budget", "1"]) == 0
+    _, code, detail = replay_one(repro, "interpreter", str(cache), 300)
+    assert code == 0, detail  # fixed: the kernel fill_cache stored now serves the spec
+    assert not (tmp_path / "MARKER").exists()
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda f: (f / "spec.json").unlink(), "spec.json unreadable"),
+    (lambda f: next((f / "inputs" / "storages").iterdir()).write_bytes(b"x"), "inputs/storages/"),
+    (lambda f: (f / "repro.py").write_text((f / "repro.py").read_text().replace(str(SHAPE), "(2, 32)")),
+     "captured input 0 is torch.float32[2, 32]"),
+    (lambda f: (f / "repro.py").write_text((f / "repro.py").read_text().replace(
+        "def load_args(reader):\n", "def load_args(reader):\n    import os\n")), "does more than read"),
+])
+def test_a_folder_that_fails_its_checks_is_skipped_with_one_warning(repro, damage, why, caplog):
+    from torch_kernelize.fill_cache.collect import specs_from_repros
+    damage(repro)
+    with caplog.at_level(logging.WARNING, logger="torch_kernelize.fill_cache"):
+        assert specs_from_repros(repro.parent) == []
+    skipped = [r.getMessage() for r in caplog.records if "skipping reproducer" in r.getMessage()]
+    assert len(skipped) == 1 and why in skipped[0], skipped
+
+
+def test_check_candidate_and_fill_cache_reject_a_candidate_that_guesses_the_poison(repro, tmp_path, capsys):
+    from torch_kernelize.fill_cache.cli import main
+    from torch_kernelize.fill_cache.external import check_main
+    guesser = CANDIDATES / "sigmoid_guesses_poison.py"
+    assert check_main(repro, [str(guesser), "--target", "interpreter"]) == 1
+    assert "REJECTED: trial 1 (random, seed 0): output 0 depends on what its buffer held" in capsys.readouterr().out
+    cache = tmp_path / "cache"
+    assert main(["--quiet", "--repros", str(repro.parent), "--target", "interpreter", "--cache-dir", str(cache),
+                 "--budget", "1", "--candidate", str(guesser)]) == 0
+    record = json.loads(next(cache.glob("*/entries/*/entry.json")).read_text())
+    assert record["provenance"]["generator"] != "external", record["provenance"]
 
 
 def test_verify_fails_an_entry_that_guesses_the_poison(tmp_path):

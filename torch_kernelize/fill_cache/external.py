@@ -202,7 +202,7 @@ def with_candidates(paths: Sequence[Path], work: Sequence[Work]) -> Callable[[Ke
 def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     """Exit 0: the candidate is correct (and, on a GPU, its time beside the vendor kernel's);
     1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments)."""
-    from torch_kernelize.fill_cache.collect import repro_work
+    from torch_kernelize.fill_cache.collect import read_repro_work
     from torch_kernelize.fill_cache.measure import Measurer
     from torch_kernelize.core.targets import get_target
 
@@ -212,14 +212,12 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         target = get_target(args.target or ("cuda" if torch.cuda.is_available() else "interpreter"))
-        work = repro_work(repro)
-        if work is None:
-            raise UsageError(f"{repro / 'spec.json'} cannot be read")
+        work = read_repro_work(repro)  # data: the folder's repro.py is not run
         candidate, = load_candidates([args.candidate])
         if not candidate.is_for(work.spec):
             raise UsageError(f"{candidate.describe()} does not say it is for this spec: add "
                              f"SPECS = [{work.spec.key!r}] (or OP = {work.spec.op!r})")
-    except (UsageError, ValueError) as e:
+    except (UsageError, ValueError) as e:  # (a ReproProblem is a ValueError)
         print(f"check_candidate: error: {e}", file=sys.stderr)
         return 2
     generator = CandidateGenerator([candidate], family_for(work.spec))

@@ -21,6 +21,7 @@ from torch_kernelize.lowering.kernels import KernelFamily, family_for
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 from torch_kernelize.core.tolerances import TOLERANCES, tolerance
 from torch_kernelize.core.validate import DEFAULT_SEEDS
+from torch_kernelize.serving.repro_inputs import read_inputs, read_meta
 
 TASK_FILE, CHECK_FILE = "task.md", "check_candidate.py"
 # Measured on the lent H200 (shared/notes/torch-triton-facts.md): what the floors below divide by
@@ -57,11 +58,12 @@ if __name__ == "__main__":
 def write_task(folder: Path) -> Path:
     """Write task.md and check_candidate.py into the reproducer ``folder``; return task.md's path."""
     folder = Path(folder)
-    meta = json.loads((folder / "spec.json").read_text())
+    meta = read_meta(folder)
     if not meta.get("spec"):
         raise ValueError(f"{folder} records a graph that failed to lower, not one op's spec: there is no "
                          "kernel task in it")
     spec = KernelSpec.from_json(meta["spec"])
+    read_inputs(folder, spec)  # the folder's checks (data only: its repro.py is not run)
     code = (folder / "graph.py").read_text() if (folder / "graph.py").exists() else ""
     (folder / TASK_FILE).write_text(render_task(spec, meta, code, folder))
     (folder / CHECK_FILE).write_text(CHECK_SCRIPT)
