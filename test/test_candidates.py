@@ -59,7 +59,9 @@ def test_a_correct_candidate_is_accepted_and_recorded_as_one_launch():
     (launch,) = program.launches
     assert launch.kernel == "sigmoid_kernel" and launch.grid == (1,)
     assert launch.args == (("in", 0), ("out", 0), ("i32", 256)) and launch.constexprs == {"BLOCK": 256}
-    assert program.source == candidate.source and not program.temps
+    assert not program.temps  # its source: the recorded kernel and the imports it needs, nothing else
+    assert program.source.startswith("import triton\nimport triton.language as tl\n\n@triton.jit\ndef sigmoid_kernel(")
+    assert "def launch" not in program.source and "OP =" not in program.source and "import torch" not in program.source
 
 
 def test_intermediate_buffers_and_several_launches_are_recorded():
@@ -84,7 +86,7 @@ def test_recorded_programs_compile_for_sm90(tmp_path):
     program = CandidateGenerator([candidate], None).generate(spec, candidate.config)
     files = write_program(tmp_path, spec, program, "cuda", ("cuda", 90, 32))
     assert {"launch0.cubin", "launch1.cubin"} <= set(files)
-    assert (tmp_path / "kernel.py").read_text() == candidate.source
+    assert (tmp_path / "kernel.py").read_text() == program.source
 
 
 @pytest.mark.parametrize("name, where, expected", [

@@ -66,7 +66,6 @@ def repro(recorded, tmp_path) -> Path:
 
 
 def test_reproducers_are_read_as_data_never_run(repro, tmp_path, capsys):
-    from torch_kernelize.fill_cache.cli import main
     from torch_kernelize.fill_cache.collect import repro_work
     from torch_kernelize.fill_cache.external import check_main
     from torch_kernelize.repro.listing import replay_one
@@ -77,12 +76,9 @@ def test_reproducers_are_read_as_data_never_run(repro, tmp_path, capsys):
     write_task(repro)
     assert check_main(repro, [str(CANDIDATES / "sigmoid_ok.py"), "--target", "interpreter"]) == 0
     assert "ACCEPTED" in capsys.readouterr().out
-    cache = tmp_path / "cache"
-    assert main(["--quiet", "--repros", str(repro.parent), "--target", "interpreter", "--cache-dir", str(cache),
-                 "--budget", "1"]) == 0
-    _, code, detail = replay_one(repro, "interpreter", str(cache), 300)
-    assert code == 0, detail  # fixed: the kernel fill_cache stored now serves the spec
-    assert not (tmp_path / "MARKER").exists()
+    _, code, detail = replay_one(repro, "interpreter", str(tmp_path / "empty"), 300)
+    assert code == 1 and "still a miss" in detail, detail  # replayed: an empty cache has no kernel for it
+    assert not (tmp_path / "MARKER").exists()  # (fill_cache --repros: the tests below)
 
 
 @pytest.mark.parametrize("damage, why", [
@@ -113,6 +109,7 @@ def test_check_candidate_and_fill_cache_reject_a_candidate_that_guesses_the_pois
                  "--budget", "1", "--candidate", str(guesser)]) == 0
     record = json.loads(next(cache.glob("*/entries/*/entry.json")).read_text())
     assert record["provenance"]["generator"] != "external", record["provenance"]
+    assert not (tmp_path / "MARKER").exists()  # fill_cache --repros read the reproducer as data
 
 
 def test_verify_fails_an_entry_that_guesses_the_poison(tmp_path):
@@ -152,3 +149,73 @@ def test_a_replaced_entry_runs_at_the_next_compile_in_the_same_process(tmp_path)
     finally:
         torch._dynamo.reset()
         clear_memo()
+
+
+PATCHER = '''
+import torch, triton, triton.language as tl
+import torch_kernelize.core.validate as validate
+
+validate.compare_all = lambda *args, **kwargs: validate.Comparison(True)  # "always equal"
+validate.compare_elementwise = lambda *args, **kwargs: validate.Comparison(True)
+open({marker!r}, "a").write("imported\\n")
+OP = "aten.sigmoid.default"
+
+
+@triton.jit
+def zeros_kernel(out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, 0.0, mask=offs < n)
+
+
+def launch(x):
+    out = torch.empty_like(x)
+    zeros_kernel[(triton.cdiv(x.numel(), 256),)](out, x.numel(), BLOCK=256)
+    return out
+'''
+
+
+def test_a_candidate_that_patches_the_harness_cannot_change_a_verdict(repro, tmp_path):
+    """Its import-time code runs only in the process that records it: the judging process keeps
+    its own validation, rejects the zeros, and stores nothing of that code."""
+    import torch_kernelize.core.validate as validate
+    from torch_kernelize.fill_cache.cli import main
+    harness = (validate.compare_all, validate.compare_elementwise)
+    marker = tmp_path / "imported"
+    patcher = tmp_path / "patcher.py"
+    patcher.write_text(PATCHER.format(marker=str(marker)))
+    cache = tmp_path / "cache"
+    assert main(["--quiet", "--repros", str(repro.parent), "--target", "interpreter", "--cache-dir", str(cache),
+                 "--budget", "1", "--candidate", str(patcher)]) == 0
+    assert (validate.compare_all, validate.compare_elementwise) == harness
+    assert marker.read_text() == "imported\n"  # once, in the recording process
+    record = json.loads(next(cache.glob("*/entries/*/entry.json")).read_text())
+    assert record["provenance"]["generator"] != "external", record["provenance"]
+    assert not (tmp_path / "MARKER").exists()  # fill_cache --repros read the reproducer as data
+    c = Candidate(patcher)
+    program = CandidateGenerator([c], None).generate(sigmoid_spec(), c.config)
+    assert "def zeros_kernel" in program.source
+    assert not any(s in program.source for s in ("torch_kernelize", "compare_all", "open(", "def launch"))
+
+
+def test_verify_and_serving_never_import_a_candidate_file(tmp_path):
+    from torch_kernelize.fill_cache.verify import verify_entries
+    spec, target = sigmoid_spec(), get_target("interpreter")
+    marker = tmp_path / "imported"
+    marked = tmp_path / "marked.py"
+    marked.write_text(f"open({str(marker)!r}, 'a').write('imported\\n')\n" + (CANDIDATES / "sigmoid_ok.py").read_text())
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    plant(cache, spec, marked, tmp_path / "work")
+    marker.unlink()  # imported once, to record it
+    assert "open(" not in (cache.get(spec.key).program_dir / "kernel.py").read_text()
+    verdict, = verify_entries(cache, target, [spec.key])
+    assert verdict.ok, verdict.detail
+    x = torch.randn(SHAPE)
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(torch.sigmoid, backend="kernelize", options={
+            "target": "interpreter", "cache_dir": str(tmp_path / "cache"), "repro_dir": "off", "graph_cache": "off"})
+        torch.testing.assert_close(compiled(x), torch.sigmoid(x))
+    finally:
+        torch._dynamo.reset()
+        clear_memo()
+    assert not marker.exists()

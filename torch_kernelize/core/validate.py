@@ -271,6 +271,8 @@ def _digest(t: Any) -> Any:
     digests; different ones, different digests but by a 2**-64 chance."""
     if not isinstance(t, torch.Tensor):
         return t
+    if t.is_complex():
+        t = torch.view_as_real(t)
     total, offset = 0, 0
     for block in _blocks(_bits(t.detach()), _chunk_elements(t.numel())):
         weights = torch.arange(offset, offset + block.numel(), device=block.device, dtype=torch.int64)
