@@ -256,7 +256,7 @@ def test_the_task_writer_and_its_checker(tmp_path):
     good = check(EXAMPLE)
     assert good.returncode == 0 and "ACCEPTED" in good.stdout, good.stdout + good.stderr
     broken = write(tmp_path, "broken.py", EXAMPLE.read_text().replace(
-        "    hi = tl.maximum(a, b)\n", "    return tl.log(tl.exp(a) + tl.exp(b))\n", 1))
+        "    hi = tl.maximum(a, b)\n", "    hi = tl.maximum(a, b)\n    return tl.log(tl.exp(a) + tl.exp(b))\n", 1))
     assert "return tl.log(tl.exp(a)" in broken.read_text()
     bad = check(broken)  # log(exp(a) + exp(b)) overflows: the large-values trial catches it
     assert bad.returncode == 1 and "REJECTED: trial" in bad.stdout and "(large," in bad.stdout, bad.stdout

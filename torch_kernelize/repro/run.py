@@ -69,7 +69,7 @@ def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[st
         raise
     outs = lowered(list(inputs))
     outs = [o for o in (outs if isinstance(outs, (tuple, list)) else [outs]) if isinstance(o, torch.Tensor)]
-    ref = list(torch.load(Path(meta["folder"]) / "reference.pt"))
+    ref = list(torch.load(Path(meta["folder"]) / "reference.pt", weights_only=True))  # data, never code
     single_op = (spec.op if spec is not None and spec.graph is None  # (a tuple's getitems are no ops)
                  and sum(n.op == "call_function" and n.target is not operator.getitem for n in gm.graph.nodes) == 1
                  else None)
