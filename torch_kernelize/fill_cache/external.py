@@ -9,7 +9,7 @@ shape of that op). ``launch`` runs once per spec, under the recorder (lowering/k
 in a process of its own (candidate_recording.py: the file is never imported by the process that
 judges it), which turns its launches into a KernelProgram whose source is the recorded kernels
 alone; from there the candidate is one more configuration
-of the spec's search: built, validated against float64 (seeds, edge values, poisoned outputs, its
+of the spec's search: built, validated against float64 (seeds, edge values, two output fills, its
 inputs checked untouched), timed against the vendor kernel beside the generated candidates, and,
 if it wins, stored with provenance ``external`` and the file's sha256. Serving launches the
 recorded program's binaries; the file's ``launch`` never runs again.
