@@ -126,6 +126,8 @@ def test_verify_fails_an_entry_that_guesses_the_poison(tmp_path):
 
 
 def test_a_replaced_entry_runs_at_the_next_compile_in_the_same_process(tmp_path):
+    """Its runner, and its health (a kernel disabled here), are the old entry's no more."""
+    from torch_kernelize.compiling.lower import Session
     spec, target = sigmoid_spec(), get_target("interpreter")
     cache = KernelCache.for_target(tmp_path / "cache", target)
     x = torch.randn(SHAPE)
@@ -140,6 +142,7 @@ def test_a_replaced_entry_runs_at_the_next_compile_in_the_same_process(tmp_path)
     try:
         plant(cache, spec, CANDIDATES / "sigmoid_ok.py", tmp_path / "work")
         torch.testing.assert_close(served(), torch.sigmoid(x))
+        Session._states[(str(cache.dir), spec.key)].disable("failed in this process")  # as a raise would
         doubled = tmp_path / "doubled.py"  # another program: a deliberately wrong one
         doubled.write_text((CANDIDATES / "sigmoid_ok.py").read_text().replace("1.0 / (1.0 +", "2.0 / (1.0 +"))
         plant(cache, spec, doubled, tmp_path / "work")

@@ -112,9 +112,10 @@ class Session:
         where = (str(cache.dir), entry.key if bucketed else spec.key)
         k = (*where, entry.identity)
         with self._runner_lock:
-            if self._loaded.get(where, k[2]) != k[2]:  # replaced since: its runners go
+            if self._loaded.get(where, k[2]) != k[2]:  # replaced since: its runners and health go
                 for old in [o for o in self._runners if o[:2] == where]:
                     del self._runners[old]
+                self._kernel_states.pop(where, None)  # (graphs compiled before keep theirs)
             self._loaded[where] = k[2]
             if k in self._runners:
                 runner = self._runners[k]
