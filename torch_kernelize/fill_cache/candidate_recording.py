@@ -62,7 +62,7 @@ def _record_in_process(path: Path, sha256: str, spec: KernelSpec, what: str) -> 
         except (OSError, ValueError):
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
             raise RecordingError(f"the process recording {what} ended without a result: {tail[0]}") from None
-    if "error" in answer:
+    if isinstance(answer, dict) and "error" in answer:
         raise RecordingError(str(answer["error"]))
     # the recording process ran the candidate: its answer is checked like anything from elsewhere
     try:
