@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import platform
@@ -19,7 +20,7 @@ from typing import Any, Mapping
 from torch_kernelize.core.errors import CacheError
 from torch_kernelize.core.spec import KernelSpec
 
-from .integrity import ENTRY_FILE, PROGRAM_DIR, EntryProblem, check_manifest
+from .integrity import ENTRY_FILE, MANIFEST_FILE, PROGRAM_DIR, EntryProblem, check_manifest, sha256_bytes
 
 FORMAT = 1
 WINNERS = ("triton", "vendor")
@@ -235,6 +236,16 @@ class CacheEntry:
     @property
     def measured(self) -> bool:
         return bool(self.timings.get("measured"))
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """The sha256 of the entry's manifest (which holds every file's sha256): a replaced entry
+        has another, so a process that loaded the old one's kernel knows to load it again. Read
+        once per verified entry (a replaced entry is verified, and memoized, anew)."""
+        try:
+            return sha256_bytes((self.path / MANIFEST_FILE).read_bytes())
+        except OSError:
+            return ""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CacheEntry) and (self.key, self.record) == (other.key, other.record)

@@ -37,6 +37,9 @@ def _value_attributes() -> frozenset[str]:
     for cls in (tl.tensor, tl.dtype, tl.constexpr, getattr(tl, "pointer_type", None), getattr(tl, "block_type", None)):
         if cls is not None:
             names |= {n for n in dir(cls) if not n.startswith("_")}
+    # and what their instances set (``ptr.dtype.element_ty``, ``x.shape``)
+    samples = [tl.float32, tl.pointer_type(tl.float32), tl.block_type(tl.float32, [1]), tl.tensor(None, tl.float32)]
+    names |= {n for x in samples for n in vars(x) if not n.startswith("_")}
     return frozenset(names - {"handle"})
 
 

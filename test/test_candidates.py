@@ -59,7 +59,9 @@ def test_a_correct_candidate_is_accepted_and_recorded_as_one_launch():
     (launch,) = program.launches
     assert launch.kernel == "sigmoid_kernel" and launch.grid == (1,)
     assert launch.args == (("in", 0), ("out", 0), ("i32", 256)) and launch.constexprs == {"BLOCK": 256}
-    assert program.source == candidate.source and not program.temps
+    assert not program.temps  # its source: the recorded kernel and the imports it needs, nothing else
+    assert program.source.startswith("import triton\nimport triton.language as tl\n\n@triton.jit\ndef sigmoid_kernel(")
+    assert "def launch" not in program.source and "OP =" not in program.source and "import torch" not in program.source
 
 
 def test_intermediate_buffers_and_several_launches_are_recorded():
@@ -84,7 +86,7 @@ def test_recorded_programs_compile_for_sm90(tmp_path):
     program = CandidateGenerator([candidate], None).generate(spec, candidate.config)
     files = write_program(tmp_path, spec, program, "cuda", ("cuda", 90, 32))
     assert {"launch0.cubin", "launch1.cubin"} <= set(files)
-    assert (tmp_path / "kernel.py").read_text() == candidate.source
+    assert (tmp_path / "kernel.py").read_text() == program.source
 
 
 @pytest.mark.parametrize("name, where, expected", [
@@ -93,7 +95,8 @@ def test_recorded_programs_compile_for_sm90(tmp_path):
     ("sigmoid_cached_output.py", "recording", "kept from import time or an earlier call"),
     ("sigmoid_side_stream.py", "recording", "used torch.cuda.Stream"),
     ("sigmoid_low_precision.py", "validation", "out of tolerance"),
-    ("sigmoid_reads_output.py", "validation", "NaN mismatch"),
+    ("sigmoid_reads_output.py", "validation", "output 0 depends on what its buffer held before the run"),
+    ("sigmoid_guesses_poison.py", "validation", "output 0 depends on what its buffer held before the run"),
     ("sigmoid_host_compute.py", "recording", "ran aten.sigmoid.default on the host"),
 ])
 def test_a_cheating_candidate_is_rejected_with_the_first_failing_trial(name, where, expected):
@@ -253,7 +256,7 @@ def test_the_task_writer_and_its_checker(tmp_path):
     good = check(EXAMPLE)
     assert good.returncode == 0 and "ACCEPTED" in good.stdout, good.stdout + good.stderr
     broken = write(tmp_path, "broken.py", EXAMPLE.read_text().replace(
-        "    hi = tl.maximum(a, b)\n", "    return tl.log(tl.exp(a) + tl.exp(b))\n", 1))
+        "    hi = tl.maximum(a, b)\n", "    hi = tl.maximum(a, b)\n    return tl.log(tl.exp(a) + tl.exp(b))\n", 1))
     assert "return tl.log(tl.exp(a)" in broken.read_text()
     bad = check(broken)  # log(exp(a) + exp(b)) overflows: the large-values trial catches it
     assert bad.returncode == 1 and "REJECTED: trial" in bad.stdout and "(large," in bad.stdout, bad.stdout

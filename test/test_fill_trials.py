@@ -224,9 +224,12 @@ def test_nothing_of_a_trial_outlives_it_when_the_store_keeps_nothing():
     store = trials.TrialStore(spec, FUSED.sample_inputs, "cpu", trials=7)
     store.place = lambda *a, **k: None
     earlier: list = []
+    calls = []
 
     def run(inputs):
-        assert all(r() is None for r in earlier), "a tensor of an earlier trial is still alive"
+        calls.append(len(calls))
+        if len(calls) % 2:  # a trial's first run (each trial runs twice: core/fills.py)
+            assert all(r() is None for r in earlier), "a tensor of an earlier trial is still alive"
         out = spec.run_vendor(inputs)
         earlier.extend(weakref.ref(t) for t in (*inputs, *out))
         return out

@@ -55,7 +55,11 @@ STRICT_WAIT_S = 60.0  # the most strict mode waits for the repros its MissingOps
 class Session:
     """What the graphs of one torch.compile call share: options, target, cache, repro writer."""
 
-    _runners: dict[tuple[str, str], Any] = {}   # (cache namespace dir, spec key) -> loaded runner, per process
+    # (cache namespace dir, spec key, entry identity) -> loaded runner, per process: an entry
+    # replaced on disk (refill, --force, quarantine, import --replace) has another identity, so the
+    # next compile loads it instead of launching the old kernel
+    _runners: dict[tuple[str, ...], Any] = {}
+    _loaded: dict[tuple[str, str], str] = {}  # (cache namespace dir, key) -> identity loaded last
     _states: dict[tuple[str, str], KernelState] = {}  # (cache namespace dir, spec key) -> health, per process
     _runner_lock = threading.Lock()
 
@@ -107,8 +111,14 @@ class Session:
         from torch_kernelize.serving.launch import load_program
         cache = self.cache
         bucketed = "bucket" in entry.record  # a shape bucket's entry (bucket_lookup.py), loaded once
-        k = (str(cache.dir), entry.key if bucketed else spec.key)
+        where = (str(cache.dir), entry.key if bucketed else spec.key)
+        k = (*where, entry.identity)
         with self._runner_lock:
+            if self._loaded.get(where, k[2]) != k[2]:  # replaced since: its runners and health go
+                for old in [o for o in self._runners if o[:2] == where]:
+                    del self._runners[old]
+                self._kernel_states.pop(where, None)  # (graphs compiled before keep theirs)
+            self._loaded[where] = k[2]
             if k in self._runners:
                 runner = self._runners[k]
                 return runner if not bucketed or runner is None else self._sized(spec, entry, runner)
@@ -127,7 +137,7 @@ class Session:
 
     def _sized(self, spec: KernelSpec, entry: Any, base: Any):
         """A bucket's runner for the sizes of ``spec`` (memoized per spec; caller holds the lock)."""
-        k = (str(self.cache.dir), entry.key, spec.key)
+        k = (str(self.cache.dir), entry.key, entry.identity, spec.key)
         if k not in self._runners:
             self._runners[k] = bucket_runner(spec, entry.bucket.dims, base) if spec != entry.spec else base
         return self._runners[k]
@@ -135,7 +145,10 @@ class Session:
     def runner_failed(self, key: str) -> bool:
         """Whether this process tried to load the kernel of ``key`` and could not."""
         cache = self.cache
-        return cache is not None and self._runners.get((str(cache.dir), key), True) is None
+        if cache is None:
+            return False
+        where = (str(cache.dir), key)
+        return self._runners.get((*where, self._loaded.get(where, "")), True) is None
 
 
 class LoweredGraph:

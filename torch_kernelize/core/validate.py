@@ -1,7 +1,8 @@
 """Validation: does a candidate compute the spec's function? Against a float64 reference.
 
 Each trial draws fresh inputs (several seeds of random values, plus the edge kinds the op's
-family admits), runs the candidate with its outputs poisoned first, and compares every output
+family admits), runs the candidate twice, its outputs poisoned and then filled with a seeded
+pattern (core/fills.py), requires the two runs' outputs to be bit-identical, and compares every output
 with the reference under the tolerances of ``torch_kernelize.core.tolerances``; with
 ``elementwise_bar``, also with the vendor op's own output under the elementwise bar there.
 
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from torch_kernelize.core.fills import PATTERN, POISON, filling
 from torch_kernelize.core.spec import KernelSpec, TensorMeta, dtype_from_name
 from torch_kernelize.core.tolerances import elementwise_bar, region_tolerance, tolerance
 
@@ -229,6 +231,56 @@ def changed_input(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor])
     return None
 
 
+def _run_on_both_fills(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]],
+                       inputs: Sequence[torch.Tensor], seed: int, device: str | torch.device
+                       ) -> tuple[Sequence[torch.Tensor], str | None]:
+    """``run``'s outputs with its buffers filled with a seeded pattern, and why they are not the
+    bits of a run on the same inputs with its buffers poisoned (None: they are). A kernel must not
+    depend on what its outputs or uninitialised temporaries held (core/fills.py).
+
+    The first run's outputs are kept as digests only: one run's outputs are held at a time, as
+    before (fill_cache's memory plan). Where the digests differ, a third run finds the index."""
+    with filling(POISON):
+        outs = run(inputs)
+        sync_device(device)
+    digests = [_digest(o) for o in outs]
+    del outs
+    with filling(PATTERN, seed):
+        outs = run(inputs)
+        sync_device(device)
+    if [_digest(o) for o in outs] == digests:
+        return outs, None
+    with filling(POISON):
+        poisoned = run(inputs)
+        sync_device(device)
+    for i, (a, b) in enumerate(zip(poisoned, outs)):
+        if isinstance(a, torch.Tensor) and not torch.equal(_bits(a), _bits(b)):
+            same = _bits(a) == _bits(b)
+            flat = int((~same).reshape(-1).nonzero()[0, 0])
+            where = f" at index {_unravel(flat, a.shape)} ({int((~same).sum())} element(s))"
+            break
+    else:
+        where = " (and a third run differs from the first)"
+    return outs, (f"output {i} depends on what its buffer held before the run: two runs on the same inputs, "
+                  f"with the outputs and uninitialised temporaries filled differently, differ{where}; a kernel "
+                  "must write every output element without reading it first")
+
+
+def _digest(t: Any) -> Any:
+    """A position-weighted sum of ``t``'s bits (wrapping int64), in blocks: equal bits give equal
+    digests; different ones, different digests but by a 2**-64 chance."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    total, offset = 0, 0
+    for block in _blocks(_bits(t.detach()), _chunk_elements(t.numel())):
+        weights = torch.arange(offset, offset + block.numel(), device=block.device, dtype=torch.int64)
+        total += int((block.to(torch.int64) * (weights * 2 + 1)).sum())
+        offset += block.numel()
+    return (tuple(t.shape), total & 0xFFFF_FFFF_FFFF_FFFF)
+
+
 def compare_all(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], spec: KernelSpec,
                 factor: float = 1.0) -> Comparison:
     if len(outs) != len(refs):
@@ -399,7 +451,8 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
              device: str | torch.device = "cpu", extra_trials: int = 0,
              trials: Trials | None = None, reference_device: str = "cpu",
              resolve_ties: Callable | None = None, elementwise_bar: bool = False) -> ValidationRecord:
-    """Run ``run`` (inputs -> outputs, poisoned before each run) on every trial; stop at the first failure.
+    """Run ``run`` (inputs -> outputs, its buffers filled before each run) on every trial, twice
+    per trial (``_run_on_both_fills``); stop at the first failure.
 
     ``sample_inputs(spec, seed, kind, device)`` draws the inputs of one trial; ``extra_trials``
     adds trials of kind "captured" (seed = index), e.g. the real inputs a repro captured.
@@ -434,8 +487,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
             continue
         before = [t.clone() for t in inputs]
         try:
-            outs = run(inputs)
-            sync_device(device)
+            outs, unstable = _run_on_both_fills(run, inputs, seed, device)
         except Exception as e:
             return ValidationRecord(False, list(seeds), kinds, n, math.inf, math.inf, tol,
                                     f"trial {n} ({kind}, seed {seed}) raised {type(e).__name__}: {e}",
@@ -450,6 +502,11 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
                                     reference_device=source.reference_device, elementwise=bars,
                                     decided_by=BY_REFERENCE)
         del before
+        if unstable is not None:
+            return ValidationRecord(False, list(seeds), kinds, n, math.inf, math.inf, tol,
+                                    f"trial {n} ({kind}, seed {seed}): {unstable}",
+                                    reference_device=source.reference_device, elementwise=bars,
+                                    decided_by=BY_REFERENCE)
         c = compare_all(settle(spec, inputs, outs, ref), ref, spec)
         if c.ok and not source.vendor_needs_reference(seed, kind):
             ref = None

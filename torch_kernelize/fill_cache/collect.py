@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import json
 import logging
 import os
 import tempfile
@@ -21,6 +20,7 @@ from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.compiling.whole_graph import is_whole_graph
+from torch_kernelize.serving.repro_inputs import ReproProblem, read_inputs, read_meta
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
@@ -198,33 +198,32 @@ def specs_from_repros(folder: Path) -> list[Work]:
         raise UsageError(f"--repros {folder}: no such folder")
     flush_repros()  # the misses this process recorded (tests, notebooks) are written in the background
     work: dict[str, Work] = {}
-    for meta_path in sorted(folder.glob("*/spec.json")):
-        w = repro_work(meta_path.parent)
-        if w is None:
-            continue
+    # every folder but hidden ones (a repro being written): one without spec.json is skipped, said so
+    folders = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for w in filter(None, map(repro_work, folders)):
         prev = work.get(w.spec.key)
         if prev is None or (not prev.replace and w.kind in ("mismatch", "failure")):
             work[w.spec.key] = w
-    if not work:
+    if not work and not folders:
         log.warning("no reproducers (*/spec.json) found under %s", folder)
     return list(work.values())
 
 
 def repro_work(repro: Path) -> Work | None:
-    """One reproducer folder's spec and captured inputs; None (with a warning) if its spec.json is
-    unreadable."""
-    from torch_kernelize.serving.repro_writer import load_inputs
-
+    """One reproducer folder's spec and captured inputs, read as data (its repro.py is never run);
+    None, with one warning, if its files fail their checks."""
     try:
-        meta = json.loads((repro / "spec.json").read_text())
+        return read_repro_work(repro)
+    except ReproProblem as e:
+        log.warning("skipping reproducer %s: %s", repro, e)
+        return None
+
+
+def read_repro_work(repro: Path) -> Work:
+    """``repro_work``, raising ReproProblem that says what is wrong with the folder."""
+    meta = read_meta(repro)
+    try:
         spec = KernelSpec.from_json(meta["spec"])
     except Exception as e:
-        log.warning("skipping %s: unreadable spec.json (%s)", repro, e)
-        return None
-    captured = None
-    try:
-        module = load_source_module(repro / "repro.py", f"kernelize_repro_{spec.key}")
-        captured = load_inputs(module.load_args, repro)
-    except Exception as e:
-        log.warning("%s: captured inputs not loaded (%s); validating on random inputs only", repro, e)
-    return Work(spec, str(repro), meta.get("kind", "miss"), captured)
+        raise ReproProblem(f"spec.json holds no kernel spec ({type(e).__name__}: {e})") from None
+    return Work(spec, str(repro), meta.get("kind", "miss"), read_inputs(repro, spec))

@@ -6,8 +6,10 @@ and scalars as the op receives them), or for a fused region with the region's in
 and returns the op's (the region's) outputs. It names what it is for with
 ``SPECS = ["<spec key>", ...]`` (the keys a task.md gives) or ``OP = "aten.<op>.<overload>"`` (every
 shape of that op). ``launch`` runs once per spec, under the recorder (lowering/kernels/recording.py),
-which turns its launches into a KernelProgram; from there the candidate is one more configuration
-of the spec's search: built, validated against float64 (seeds, edge values, poisoned outputs, its
+in a process of its own (candidate_recording.py: the file is never imported by the process that
+judges it), which turns its launches into a KernelProgram whose source is the recorded kernels
+alone; from there the candidate is one more configuration
+of the spec's search: built, validated against float64 (seeds, edge values, two output fills, its
 inputs checked untouched), timed against the vendor kernel beside the generated candidates, and,
 if it wins, stored with provenance ``external`` and the file's sha256. Serving launches the
 recorded program's binaries; the file's ``launch`` never runs again.
@@ -15,59 +17,72 @@ recorded program's binaries; the file's ``launch`` never runs again.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable, Sequence
 
 import torch
 
 from torch_kernelize.fill_cache.collect import UsageError, Work
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, family_for
-from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
-from torch_kernelize.core.source_module import load_source_module
+from torch_kernelize.fill_cache.candidate_recording import record_candidate
+from torch_kernelize.lowering.kernels.recording import RecordingError, recorded_once
 from torch_kernelize.core.spec import KernelSpec
 
 GENERATOR = "external"
-RECORD_SEEDS = (7, 8)  # the launcher is recorded on two draws: its launches must not depend on values
 
 
 class Candidate:
-    """One candidate file, imported once."""
+    """One candidate file, read (never imported here: candidate_recording.py imports it in a
+    process of its own). What it is for (SPECS or OP) is read from its text, as literals."""
 
     def __init__(self, path: Path):
         self.path = Path(path).resolve()
         try:
             self.source = self.path.read_text()
-        except OSError as e:
-            raise UsageError(f"--candidate {path}: cannot read it ({e.strerror})") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--candidate {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
         self.sha256 = hashlib.sha256(self.source.encode()).hexdigest()
-        self.module = self._import()
-        launch = getattr(self.module, "launch", None)
-        if not callable(launch):
+        names = self._top_level(path)
+        if not isinstance(names.get("launch"), ast.FunctionDef):
             raise UsageError(f"--candidate {path}: define launch(*args), called with the op's arguments in "
                              "its schema's order, returning its outputs")
-        self.launch: Callable = launch
-        specs, op = getattr(self.module, "SPECS", None), getattr(self.module, "OP", None)
+        specs, op = self._literal(path, names, "SPECS"), self._literal(path, names, "OP")
         if specs is None and op is None:
             raise UsageError(f"--candidate {path}: say what it is for: SPECS = ['<spec key>', ...] (from the "
                              "reproducer's task.md) or OP = 'aten.<op>.<overload>' (every shape of the op)")
-        if isinstance(specs, str) or not (specs is None or all(isinstance(k, str) for k in specs)):
+        if not (specs is None or isinstance(specs, (list, tuple)) and all(isinstance(k, str) for k in specs)):
             raise UsageError(f"--candidate {path}: SPECS must be a list of spec keys (strings)")
+        if not (op is None or isinstance(op, str)):
+            raise UsageError(f"--candidate {path}: OP must be a string such as 'aten.sigmoid.default'")
         self.specs = frozenset(specs) if specs is not None else None
         self.op = op
 
-    def _import(self) -> ModuleType:
-        name = f"kernelize_candidate_{self.sha256[:16]}"
-        if name in sys.modules:
-            return sys.modules[name]
+    def _top_level(self, path: Path) -> dict[str, ast.stmt]:
         try:
-            module = load_source_module(self.path, name)
-        except Exception as e:
-            raise UsageError(f"--candidate {self.path}: importing it failed: {type(e).__name__}: {e}") from None
-        return module
+            tree = ast.parse(self.source, str(self.path))
+        except (SyntaxError, ValueError) as e:
+            raise UsageError(f"--candidate {path}: it does not parse: {e}") from None
+        names: dict[str, ast.stmt] = {}
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                names[node.name] = node
+            elif isinstance(node, ast.Assign):
+                names.update({t.id: node for t in node.targets if isinstance(t, ast.Name)})
+        return names
+
+    @staticmethod
+    def _literal(path: Path, names: dict[str, ast.stmt], name: str) -> Any:
+        node = names.get(name)
+        if node is None:
+            return None
+        try:
+            return ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError):
+            raise UsageError(f"--candidate {path}: {name} must be a literal (it is read, not run)") from None
 
     def is_for(self, spec: KernelSpec) -> bool:
         return spec.key in self.specs if self.specs is not None else spec.op == self.op
@@ -130,19 +145,9 @@ class CandidateGenerator(KernelFamily):
                              candidate.describe())
 
     def record(self, spec: KernelSpec, candidate: Candidate) -> KernelProgram:
-        """The candidate's launches for ``spec``, recorded on two draws of inputs that must agree."""
-        # on the spec's device where there is one (a launcher may allocate there); nothing runs
-        device = spec.inputs[0].device if spec.inputs else "cpu"
-        device = device if device == "cpu" or torch.cuda.is_available() else "cpu"
-        programs = []
-        for seed in RECORD_SEEDS:
-            inputs = self.sample_inputs(spec, seed, "random", device)
-            programs.append(record_program(candidate.launch, inputs, spec, candidate.source, candidate.module))
-        if programs[0].describe() != programs[1].describe():
-            raise RecordingError("launch() made different launches for two inputs of the same shapes, strides and "
-                                 "dtypes: what it launches may depend only on those (the program is recorded "
-                                 "once and replayed for every input)")
-        return programs[0]
+        """The candidate's launches for ``spec``, recorded in a process of its own on two draws of
+        inputs that must agree; its source holds only the recorded kernels (candidate_recording.py)."""
+        return record_candidate(candidate.path, candidate.sha256, spec, candidate.describe())
 
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
@@ -198,7 +203,7 @@ def with_candidates(paths: Sequence[Path], work: Sequence[Work]) -> Callable[[Ke
 def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     """Exit 0: the candidate is correct (and, on a GPU, its time beside the vendor kernel's);
     1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments)."""
-    from torch_kernelize.fill_cache.collect import repro_work
+    from torch_kernelize.fill_cache.collect import read_repro_work
     from torch_kernelize.fill_cache.measure import Measurer
     from torch_kernelize.core.targets import get_target
 
@@ -211,14 +216,12 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         target = get_target(args.target or ("cuda" if torch.cuda.is_available() else "interpreter"))
-        work = repro_work(repro)
-        if work is None:
-            raise UsageError(f"{repro / 'spec.json'} cannot be read")
+        work = read_repro_work(repro)  # data: the folder's repro.py is not run
         candidate, = load_candidates([args.candidate])
         if not candidate.is_for(work.spec):
             raise UsageError(f"{candidate.describe()} does not say it is for this spec: add "
                              f"SPECS = [{work.spec.key!r}] (or OP = {work.spec.op!r})")
-    except (UsageError, ValueError) as e:
+    except (UsageError, ValueError) as e:  # (a ReproProblem is a ValueError)
         print(f"check_candidate: error: {e}", file=sys.stderr)
         return 2
     generator = CandidateGenerator([candidate], family_for(work.spec))

@@ -1,7 +1,9 @@
-"""List reproducers, or replay them all in fresh processes with a summary table.
+"""List reproducers, or replay them all in fresh processes with a summary table (from each
+folder's data: spec.json and its captured inputs; its repro.py runs only with --run-scripts).
 
     python -m torch_kernelize.repro.listing list   kernelize_repros
     python -m torch_kernelize.repro.listing replay kernelize_repros [--target T] [--cache-dir D] [--jobs N]
+                                                   [--run-scripts]
     python -m torch_kernelize.repro.listing task   kernelize_repros/<folder>   # task.md + check_candidate.py
 
 (tools/repros.py is the same command from a checkout.)
@@ -59,8 +61,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def replay_one(folder: Path, target: str | None, cache_dir: str | None, timeout: int) -> tuple[Path, int, str]:
-    cmd = [sys.executable, str(folder / "repro.py")]
+def replay_one(folder: Path, target: str | None, cache_dir: str | None, timeout: int,
+               run_scripts: bool = False) -> tuple[Path, int, str]:
+    """One folder replayed in a fresh process: from its data (repro/run.py), or, with
+    ``run_scripts``, by running its repro.py (code: only for folders you trust)."""
+    cmd = [sys.executable] + ([str(folder / "repro.py")] if run_scripts else
+                              ["-m", "torch_kernelize.repro.run", str(folder.resolve())])
     if target:
         cmd += ["--target", target]
     if cache_dir:
@@ -76,7 +82,8 @@ def replay_one(folder: Path, target: str | None, cache_dir: str | None, timeout:
 def cmd_replay(args: argparse.Namespace) -> int:
     folders = find(args.root)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda f: replay_one(f, args.target, args.cache_dir, args.timeout), folders))
+        results = list(pool.map(lambda f: replay_one(f, args.target, args.cache_dir, args.timeout,
+                                                      args.run_scripts), folders))
     rows = [["FOLDER", "KIND", "RESULT", "DETAIL"]]
     for folder, code, detail in results:
         rows.append([folder.name, _meta(folder).get("kind", "?"), STATUS[code], detail[:120]])
@@ -92,12 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("list", help="one line per reproducer")
     lp.add_argument("root", type=Path)
-    rp = sub.add_parser("replay", help="run every repro.py in a fresh process; summary table")
+    rp = sub.add_parser("replay", help="replay every reproducer from its data in a fresh process; summary table")
     rp.add_argument("root", type=Path)
     rp.add_argument("--target", help="override the recorded target")
     rp.add_argument("--cache-dir", help="override the recorded kernel cache")
     rp.add_argument("--jobs", type=int, default=2)
     rp.add_argument("--timeout", type=int, default=600)
+    rp.add_argument("--run-scripts", action="store_true",
+                    help="run each folder's repro.py instead of replaying its data: EXECUTES THE FOLDERS' CODE, "
+                         "only for folders you trust (needed for a graph that failed to lower)")
     tp = sub.add_parser("task", help="write task.md and check_candidate.py into a reproducer's folder")
     tp.add_argument("root", type=Path, metavar="REPRO_FOLDER")
     args = p.parse_args(argv)

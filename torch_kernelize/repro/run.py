@@ -1,5 +1,9 @@
-"""What a repro.py runs: rebuild the graph, lower it with kernelize on the target, compare.
+"""Replay a reproducer: rebuild the graph, lower it with kernelize on the target, compare.
 
+    python -m torch_kernelize.repro.run FOLDER [--target T] [--cache-dir D]
+
+reads the folder as data (spec.json, the content store of captured inputs, reference.pt: see
+serving/repro_inputs.py); its repro.py, a script for people, runs the same through ``main``.
 Exit status: 0 fixed, 1 the problem still reproduces, 2 the repro itself could not run.
 """
 from __future__ import annotations
@@ -65,7 +69,7 @@ def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[st
         raise
     outs = lowered(list(inputs))
     outs = [o for o in (outs if isinstance(outs, (tuple, list)) else [outs]) if isinstance(o, torch.Tensor)]
-    ref = list(torch.load(Path(meta["folder"]) / "reference.pt"))
+    ref = list(torch.load(Path(meta["folder"]) / "reference.pt", weights_only=True))  # data, never code
     single_op = (spec.op if spec is not None and spec.graph is None  # (a tuple's getitems are no ops)
                  and sum(n.op == "call_function" and n.target is not operator.getitem for n in gm.graph.nodes) == 1
                  else None)
@@ -108,7 +112,39 @@ def _triton_calls(lowered: Any) -> list[Any]:
 
 
 def main(repro_cls: type, load_args: Callable, file: str, argv: list[str] | None = None) -> int:
+    """What a repro.py runs: its own graph and ``load_args``."""
     folder = Path(file).resolve().parent
+    return _replay(folder, argv, lambda: repro_cls(), lambda: load_inputs(load_args, folder))
+
+
+def main_folder(argv: list[str] | None = None) -> int:
+    """Replay a folder from its data alone (tools/repros.py replay): the graph from spec.json's
+    spec, the inputs from the content store; nothing of the folder is executed."""
+    from torch_kernelize.serving.repro_inputs import ReproProblem, read_inputs, read_meta
+    from torch_kernelize.serving.repro_writer import spec_graph
+    from torch_kernelize.core.spec import KernelSpec
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-"):
+        print("usage: python -m torch_kernelize.repro.run FOLDER [--target T] [--cache-dir D]", file=sys.stderr)
+        return ERROR
+    folder = Path(argv.pop(0)).resolve()
+
+    def spec() -> KernelSpec | None:
+        meta = read_meta(folder)
+        return KernelSpec.from_json(meta["spec"]) if meta.get("spec") else None
+
+    def graph() -> torch.nn.Module:
+        if spec() is None:
+            raise ReproProblem("a graph that failed to lower is only in this folder's repro.py (code): run that "
+                               "script yourself if you trust the folder, or replay with --run-scripts")
+        return spec_graph(spec())
+    return _replay(folder, argv, graph, lambda: read_inputs(folder, spec()))
+
+
+def _replay(folder: Path, argv: list[str] | None, module: Callable[[], torch.nn.Module],
+            inputs: Callable[[], list[torch.Tensor]]) -> int:
+    from torch_kernelize.serving.repro_inputs import ReproProblem
     parser = argparse.ArgumentParser(description=f"torch_kernelize reproducer in {folder}")
     parser.add_argument("--target", help="target name or TOML path (default: $KERNELIZE_TARGET, else the recorded one)")
     parser.add_argument("--cache-dir", help="kernel cache (default: $KERNELIZE_CACHE_DIR, else the recorded one)")
@@ -118,11 +154,17 @@ def main(repro_cls: type, load_args: Callable, file: str, argv: list[str] | None
         meta["folder"] = str(folder)
         target = args.target or os.environ.get("KERNELIZE_TARGET") or meta["target"]
         cache_dir = args.cache_dir or os.environ.get("KERNELIZE_CACHE_DIR") or meta.get("cache_dir")
-        inputs = load_inputs(load_args, folder)
-        status, message = run_repro(repro_cls(), inputs, meta, target, cache_dir)
+        status, message = run_repro(module(), inputs(), meta, target, cache_dir)
+    except ReproProblem as e:  # the folder's data fail their checks
+        print(f"ERROR: the repro in {folder} could not run: {e}", file=sys.stderr)
+        return ERROR
     except Exception:
         traceback.print_exc()
         print(f"ERROR: the repro in {folder} could not run", file=sys.stderr)
         return ERROR
     print(f"{'FIXED' if status == FIXED else 'REPRODUCES'} [{meta['kind']}] {message}")
     return status
+
+
+if __name__ == "__main__":
+    sys.exit(main_folder())

@@ -4,7 +4,7 @@
 
 task.md says everything a kernel for the reproducer's spec must do and how it will be judged:
 the op as ATen code and its schema, every tensor's shape, strides and dtype, the reference
-semantics, the tolerance, the trials (seeds, edge values, captured inputs, poisoned outputs),
+semantics, the tolerance, the trials (seeds, edge values, captured inputs, filled outputs),
 the vendor kernel's time where a GPU is present, the bytes (and FLOPs) floor, and the candidate
 contract. check_candidate.py validates a candidate exactly as fill_cache does (the same
 recorder, generator and measurer: fill_cache/external.py).
@@ -22,6 +22,7 @@ from torch_kernelize.core.costs import bytes_moved
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 from torch_kernelize.core.tolerances import TOLERANCES, tolerance
 from torch_kernelize.core.validate import DEFAULT_SEEDS
+from torch_kernelize.serving.repro_inputs import read_inputs, read_meta
 
 TASK_FILE, CHECK_FILE = "task.md", "check_candidate.py"
 # Measured on the lent H200 (shared/notes/torch-triton-facts.md): what the floors below divide by
@@ -58,11 +59,12 @@ if __name__ == "__main__":
 def write_task(folder: Path) -> Path:
     """Write task.md and check_candidate.py into the reproducer ``folder``; return task.md's path."""
     folder = Path(folder)
-    meta = json.loads((folder / "spec.json").read_text())
+    meta = read_meta(folder)
     if not meta.get("spec"):
         raise ValueError(f"{folder} records a graph that failed to lower, not one op's spec: there is no "
                          "kernel task in it")
     spec = KernelSpec.from_json(meta["spec"])
+    read_inputs(folder, spec)  # the folder's checks (data only: its repro.py is not run)
     code = (folder / "graph.py").read_text() if (folder / "graph.py").exists() else ""
     (folder / TASK_FILE).write_text(render_task(spec, meta, code, folder))
     (folder / CHECK_FILE).write_text(CHECK_SCRIPT)
@@ -172,8 +174,10 @@ def render_task(spec: KernelSpec, meta: dict, code: str, folder: Path) -> str:
                                                    if k == "random" else "") for k in edge],
         "- `captured`: the inputs this reproducer captured",
         "",
-        f"{domain} Before each run every output is filled with a poison (NaN; integers near their minimum), so "
-        "an element the kernel does not write fails. After each run every input must be unchanged, bit for bit.",
+        f"{domain} Each trial runs the kernel twice on the same inputs, its outputs (and the buffers it allocates "
+        "uninitialised) filled differently before each run: once with a poison (NaN; integers near their minimum), "
+        "once with values it cannot predict. Both runs must give the same bits, so an element the kernel does not "
+        "write, or reads before writing, fails. After each run every input must be unchanged, bit for bit.",
         "",
         "## Performance",
         "",

@@ -18,6 +18,7 @@ import torch
 
 from torch_kernelize.core.buckets import contiguous_strides as _contiguous
 from torch_kernelize.core.source_module import load_source_module
+from torch_kernelize.core.fills import fill_
 from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
 from torch_kernelize.core.program_steps import StepCall
 from torch_kernelize.core.spec import KernelSpec
@@ -36,15 +37,6 @@ class MisalignedInput(RuntimeError):
     """A CUDA kernel was compiled for 16-byte aligned pointers, got an unaligned view and has no
     binary for unaligned pointers: the caller runs the vendor op for this one call (the kernel
     stays enabled)."""
-
-
-def poison_value(dtype: torch.dtype) -> float | int | bool:
-    """What fills an output before a validation run, so that unwritten elements show up."""
-    if dtype.is_floating_point:
-        return float("nan")
-    if dtype == torch.bool:
-        return True
-    return torch.iinfo(dtype).min + 7
 
 
 def import_source(path: Path, module_name: str):
@@ -342,7 +334,7 @@ class ProgramRunner:
             if init is not None:
                 t.fill_(init)
             elif poison:
-                t.fill_(poison_value(t.dtype))
+                fill_(t)  # validation: the current run's fill (core/fills.py)
             outs.append(t)
         temps = []
         for alloc in self._temp_allocs:
@@ -354,7 +346,7 @@ class ProgramRunner:
             if init is not None:
                 t.fill_(init)
             elif poison:
-                t.fill_(poison_value(t.dtype))
+                fill_(t)  # validation: the current run's fill (core/fills.py)
             temps.append(t)
         return outs, temps
 
@@ -447,7 +439,8 @@ class ProgramRunner:
         return tuple(outs) if self._tuple else outs[0]
 
     def run_poisoned(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """Validation: outputs poisoned before the launch, always returned as a tuple."""
+        """Validation: outputs and uninitialised temporaries filled before the launch (with the
+        current validation run's fill, core/fills.py), always returned as a tuple."""
         device = inputs[0].device if inputs else torch.device("cpu")
         outs, temps = self.allocate(device, poison=True)
         self.launch(inputs, outs, temps)
