@@ -97,6 +97,7 @@ class FakeCapture:
 def fake(monkeypatch):
     capture = FakeCapture()
     monkeypatch.setattr(cudagraphs, "CudaCapture", lambda: capture)
+    monkeypatch.setattr(cudagraphs, "_stats", [])  # this test's compiled graphs only
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         yield capture
 
@@ -107,7 +108,7 @@ def _compiled(model, **options):
 
 
 def _stats() -> dict:
-    (entry,) = [s for s in cudagraphs._stats if s.calls or s.not_graphed][-1:]
+    (entry,) = cudagraphs._stats
     return entry.to_json()
 
 
@@ -154,6 +155,23 @@ def test_a_stretch_with_more_sizes_than_the_bound_runs_ungraphed(fake, monkeypat
     assert stats["per_call"]["graphs"] == 1
 
 
+def test_a_stretch_whose_capture_fails_runs_ungraphed_with_its_reason(fake, monkeypatch):
+    # its author says the custom op is capture-safe, but it reads on the host: the capture fails
+    from torch_kernelize.serving import graph_split
+    monkeypatch.setattr(graph_split, "CAPTURE_SAFE_OPS", {"kernelize_test_cg::grouped"})
+    model = TinyMoE()
+    compiled = _compiled(model)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(compiled(x).clone(), model(x))
+    stats = _stats()
+    assert stats["per_call"] == {"graphs": 1, "stretches": 2, "syncs": 1}  # only the stretch after the .item()
+    (reason,) = stats["not_graphed"]
+    assert reason.startswith("stretch 0: capture failed (RuntimeError: Cannot copy between CPU and CUDA")
+    assert stats["not_graphed"][reason] == 2
+
+
 def test_a_graph_without_syncs_is_one_graph_and_writes_reach_the_inputs(fake):
     def f(out, x, idx):
         out.index_add_(0, idx, x * 2)
@@ -185,6 +203,9 @@ def test_the_report_says_what_cuda_graphs_did(fake, tmp_path):
     entry = doc["cudagraphs"][name]
     assert entry["per_call"] == {"graphs": 3, "stretches": 3, "syncs": 2}
     assert set(entry) >= {"calls", "graphs_captured", "graph_replays", "plans", "not_graphed", "pool_bytes"}
+    # the benchmarks' line for a model: all its compiled graphs, one call
+    summary = cudagraphs.cudagraph_summary()
+    assert summary["per_call"] == entry["per_call"] and summary["compiled_graphs"] == 1
 
 
 def test_sync_table_and_rules():
@@ -213,7 +234,8 @@ def test_sync_table_and_rules():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_an_moe_layer_with_a_host_sync_is_captured_in_pieces_on_the_gpu():
+def test_an_moe_layer_with_a_host_sync_is_captured_in_pieces_on_the_gpu(monkeypatch):
+    monkeypatch.setattr(cudagraphs, "_stats", [])
     torch.manual_seed(0)
     model = TinyMoE().cuda()
     compiled = torch.compile(model, backend="kernelize", mode="reduce-overhead", options={"repro_dir": "off"})

@@ -134,7 +134,8 @@ class ReportWriter:
                                   for op, s in sorted(fallback_stats().items())},
                 "repros": repro_counts.to_json(),
             }
-            graphs = cudagraph_stats()
+            names = {r.graph for r in self.reports}
+            graphs = {name: s for name, s in cudagraph_stats().items() if name in names}
             if graphs:  # (option cudagraphs) per compiled graph: stretches, syncs, replays, pools
                 doc["cudagraphs"] = graphs
         write_json_atomic(self.path, doc)

@@ -36,7 +36,8 @@ import torch
 
 from torch_kernelize.serving.graph_split import Segment, SplitPlan, mutated_inputs, split_plan
 
-__all__ = ["wrap_cudagraphs", "mutated_inputs", "is_static_input", "cudagraph_stats", "CudaCapture"]
+__all__ = ["wrap_cudagraphs", "mutated_inputs", "is_static_input", "cudagraph_stats", "cudagraph_summary",
+           "CudaCapture"]
 
 log = logging.getLogger("torch_kernelize.serving.cudagraphs")
 _capture_lock = threading.Lock()
@@ -137,6 +138,18 @@ _stats: list[GraphStats] = []
 def cudagraph_stats() -> dict[str, dict[str, Any]]:
     """Each compiled graph's CUDA graph record (by graph name), for the report."""
     return {s.name: s.to_json() for s in list(_stats)}
+
+
+def cudagraph_summary() -> dict[str, Any]:
+    """One call of everything captured in this process (a model's graphs, one after another): its
+    CUDA graphs, stretches and syncs, what ran ungraphed and why, and the pools' bytes."""
+    entries = [s.to_json() for s in list(_stats)]
+    total = {key: sum(e["per_call"].get(key, 0) for e in entries) for key in ("graphs", "stretches", "syncs")}
+    not_graphed: collections.Counter = collections.Counter()
+    for e in entries:
+        not_graphed.update(e["not_graphed"])
+    return {"per_call": total, "not_graphed": dict(not_graphed), "pool_bytes": sum(e["pool_bytes"] for e in entries),
+            "compiled_graphs": len(entries)}
 
 
 class _Stretch:

@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
+from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
 
@@ -62,7 +63,7 @@ def sync_reason(node: fx.Node, device: torch.device) -> str | None:
             return "tagged cudagraph_unsafe"
         if target.namespace not in CAPTURE_SAFE_NAMESPACES and target.name().split(".")[0] not in CAPTURE_SAFE_OPS:
             return "custom op not known to be capture-safe (it may read device values on the host)"
-    elif getattr(target, "out_strides", False) is not False and device.type != "cpu":  # fallbacks.HostFallback
+    elif isinstance(target, HostFallback) and device.type != "cpu":
         return "host fallback (copies to the CPU and back)"
     vals = [v for v in pytree.tree_leaves(node.meta.get("val")) if v is not None]
     if any(free_unbacked_symbols(v) for v in vals if isinstance(v, (torch.Tensor, torch.SymInt))):
