@@ -247,3 +247,37 @@ def test_an_moe_layer_with_a_host_sync_is_captured_in_pieces_on_the_gpu(monkeypa
     assert stats["per_call"]["stretches"] >= 2 and stats["per_call"]["syncs"] >= 1
     assert stats["per_call"]["graphs"] == stats["per_call"]["stretches"]
     assert stats["pool_bytes"] > 0
+
+
+def _mixtral_in_pieces(device: str, **options) -> dict:
+    """transformers' tiny Mixtral (fp32: under torch.compile its experts go through the custom op
+    ``transformers::grouped_mm_fallback``, which reads the expert offsets with ``tolist()``)."""
+    pytest.importorskip("transformers")
+    from torch_kernelize import model_zoo
+    model, inputs = model_zoo.make_hf_mixtral()
+    model, inputs = model.to(device), tuple(t.to(device) for t in inputs)
+    compiled = torch.compile(model, backend="kernelize", options={"repro_dir": "off", **options})
+    with torch.no_grad():
+        want = model(*inputs).logits
+        for _ in range(3):
+            torch.testing.assert_close(compiled(*inputs).logits.clone(), want)
+    stats = _stats()
+    (plan,) = stats["plans"].values()
+    assert {s.split(":")[0] for s in plan["syncs"]} == {"transformers.grouped_mm_fallback.default"}
+    n_syncs = len(plan["syncs"])  # two per layer (gate-up, down)
+    assert stats["per_call"] == {"graphs": n_syncs + 1, "stretches": n_syncs + 1, "syncs": n_syncs}
+    assert not stats["not_graphed"]
+    return stats
+
+
+@pytest.mark.slow
+def test_transformers_mixtral_is_captured_around_its_expert_syncs(fake):
+    _mixtral_in_pieces("cpu", target="interpreter", cudagraphs=True)  # ~20 s, most of it transformers
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_transformers_mixtral_runs_in_pieces_under_reduce_overhead_on_the_gpu(monkeypatch):
+    # Inductor's reduce-overhead fails here ("Cannot copy between CPU and CUDA tensors during CUDA graph capture")
+    monkeypatch.setattr(cudagraphs, "_stats", [])
+    stats = _mixtral_in_pieces("cuda", cudagraphs=True)
+    assert stats["pool_bytes"] > 0
