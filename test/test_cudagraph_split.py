@@ -142,12 +142,14 @@ def test_a_stretch_with_more_sizes_than_the_bound_runs_ungraphed(fake, monkeypat
 
     def f(x, k):
         n = (x > k).sum().item()
-        return x * n + 1
+        torch._check(n >= 0)
+        return x * n + 1, torch.ones(n) * x.sum()  # a buffer sized by the count read on the host
 
     compiled = _compiled(f)
     x = torch.arange(8.0)
-    for k in (6.5, 5.5, 4.5, 3.5, 6.5):  # n = 1, 2, 3, 4, 1: four values of the scalar after the sync
-        torch.testing.assert_close(compiled(x, torch.tensor(k)).clone(), f(x, torch.tensor(k)))
+    for k in (6.5, 5.5, 4.5, 3.5, 6.5):  # n = 1, 2, 3, 4, 1: four sizes after the sync
+        got = [t.clone() for t in compiled(x, torch.tensor(k))]
+        torch.testing.assert_close(got, list(f(x, torch.tensor(k))))
     stats = _stats()
     assert stats["graphs_captured"] == 1 + 2  # the stretch before the sync, and two values after it
     (reason,) = stats["not_graphed"]
@@ -217,7 +219,7 @@ def test_sync_table_and_rules():
         k = (x > 0).sum().item()
         idx = torch.nonzero(x > 0)
         y = (x @ w).cpu()
-        return y + k, idx
+        return y + k, idx, torch.zeros(k, device=x.device)
 
     meta = torch.device("meta")
     gm = make_fx(f, tracing_mode="symbolic")(torch.empty(4, 4, device=meta), torch.empty(4, 4, device=meta))
@@ -227,8 +229,9 @@ def test_sync_table_and_rules():
     assert reasons["aten._to_copy.default"] == "copies between devices"
     assert reasons["aten.add.Tensor"] == "computes on the CPU"
     assert reasons["aten.mm.default"] is None and reasons["aten.sum.default"] is None
+    assert reasons["aten.zeros.default"] is None  # sized by a value already read: captured per value
     plan = split_plan(gm, meta)
-    assert [s.eager for s in plan.segments] == [False, True, False, True, False, True]
+    assert [s.eager for s in plan.segments] == [False, True, False, True, False, True, False]
     assert [op for op, _ in plan.syncs] == ["aten._local_scalar_dense.default", "aten.nonzero.default",
                                            "aten._to_copy.default", "aten.add.Tensor"]
 

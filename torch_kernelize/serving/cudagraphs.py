@@ -153,28 +153,27 @@ def cudagraph_summary() -> dict[str, Any]:
 
 
 class _Stretch:
-    """A stretch's CUDA graphs in one thread, by the signature of its inputs."""
+    """A stretch's CUDA graphs in one thread, by the signature of the inputs that can vary."""
 
-    def __init__(self, seg: Segment, keep: Sequence[int]):
+    def __init__(self, seg: Segment, n_inputs: int, captured_slots: set[int]):
         self.seg = seg
-        self.keep = keep
+        # the graph's own inputs are fixed by the call's signature (a Piecewise serves one): only
+        # values made by the segments before it can differ (a sync's sizes and scalars)
+        self.varying = [i for i, s in enumerate(seg.inputs) if s >= n_inputs]
+        self.keep = [i for i, s in enumerate(seg.inputs) if s in captured_slots]
         self.graphs: dict[tuple, _Captured] = {}
         self.ungraphed: str | None = None  # why it now runs ungraphed
 
 
 class Piecewise:
-    """One bound graph's split plan run with its stretches replayed as CUDA graphs."""
+    """One bound graph's split plan, at one call signature, its stretches replayed as CUDA graphs."""
 
     def __init__(self, plan: SplitPlan, backend: Any, pool: Any, stats: GraphStats, max_sizes: int):
         self.plan, self.backend, self.pool, self.stats, self.max_sizes = plan, backend, pool, stats, max_sizes
-        captured_slots = {s for seg in plan.segments if not seg.eager for s in seg.outputs}
-        self.stretches = {seg.index: _Stretch(seg, [i for i, s in enumerate(seg.inputs) if s in captured_slots])
-                          for seg in plan.stretches}
-        # the whole graph is one stretch of the graph's own inputs: the call's signature is its key
-        self.whole = (len(plan.segments) == 1 and not plan.segments[0].eager
-                      and plan.segments[0].inputs == list(range(plan.n_inputs)))
+        captured_slots = {s for seg in plan.stretches for s in seg.outputs}
+        self.stretches = {seg.index: _Stretch(seg, plan.n_inputs, captured_slots) for seg in plan.stretches}
 
-    def __call__(self, args: list, key: tuple) -> Any:
+    def __call__(self, args: list) -> Any:
         plan = self.plan
         env = list(args) + [None] * (plan.n_slots - len(args))
         replays = 0
@@ -183,7 +182,7 @@ class Piecewise:
             if seg.eager:
                 outs = seg.fn(*ins)
             else:
-                outs, replayed = self._stretch(self.stretches[seg.index], ins, key if self.whole else None)
+                outs, replayed = self._stretch(self.stretches[seg.index], ins)
                 replays += replayed
             for s, v in zip(seg.outputs, outs):
                 env[s] = v
@@ -193,9 +192,9 @@ class Piecewise:
         stats.per_call = {"graphs": replays, "stretches": len(self.stretches), "syncs": len(plan.syncs)}
         return plan.output(env)
 
-    def _stretch(self, st: _Stretch, ins: list, key: tuple | None) -> tuple[Any, int]:
+    def _stretch(self, st: _Stretch, ins: list) -> tuple[Any, int]:
         if st.ungraphed is None:
-            key = key if key is not None else _signature(ins)
+            key = _signature([ins[i] for i in st.varying]) if st.varying else ()
             captured = st.graphs.get(key)
             if captured is None:
                 captured = self._capture(st, ins, key)
@@ -266,7 +265,7 @@ def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], k
             plan = split_plan(spec.gm, device)
             piecewise = pieces[key] = Piecewise(plan, backend, per_thread.pool, stats, max_sizes)
             _describe(stats, plan, spec.key)
-        return piecewise(args, key)
+        return piecewise(args)
     return replay
 
 

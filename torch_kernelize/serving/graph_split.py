@@ -27,14 +27,13 @@ from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
 
 aten = torch.ops.aten
 
-# op (packet) -> why a CUDA graph cannot hold it. Ops whose output size depends on device data
-# are also caught by their outputs' unbacked sizes (see sync_reason); listing them names the reason.
+# op (packet) -> why a CUDA graph cannot hold it. Ops that make a size from device data are also
+# caught by their outputs' new unbacked sizes (see sync_reason); listing them names the reason.
 SYNC_OPS: dict[Any, str] = {
     aten._local_scalar_dense: "reads a device value on the host (.item())",
     aten.item: "reads a device value on the host (.item())",
     aten.is_nonzero: "reads a device value on the host",
     aten.equal: "reads a device value on the host",
-    aten._assert_scalar: "checks a value read on the host",
     aten.nonzero: "its output size depends on device data",
     aten.masked_select: "its output size depends on device data",
     aten.unique_consecutive: "its output size depends on device data",
@@ -66,16 +65,22 @@ def sync_reason(node: fx.Node, device: torch.device) -> str | None:
     elif isinstance(target, HostFallback) and device.type != "cpu":
         return "host fallback (copies to the CPU and back)"
     vals = [v for v in pytree.tree_leaves(node.meta.get("val")) if v is not None]
-    if any(free_unbacked_symbols(v) for v in vals if isinstance(v, (torch.Tensor, torch.SymInt))):
+    if _unbacked(vals) - _unbacked(pytree.tree_leaves([a.meta.get("val") for a in node.all_input_nodes])):
+        # it makes a size from device data (a node that only uses one, read on the host before,
+        # is captured per value of it)
         return "its output size depends on device data"
-    if any(isinstance(v, torch.Tensor) and v.device.type != device.type for v in vals):
-        return "copies between devices" if _reads_device(node, device) else "computes on the CPU"
+    # A tensor elsewhere than on the device: work a replay would not redo, or a value (a CPU
+    # scalar tensor read by a device op) that the capture would freeze into the graph.
+    ins = [a.meta.get("val") for a in node.all_input_nodes]
+    devices = {v.device.type for v in vals + ins if isinstance(v, torch.Tensor)}
+    if devices - {device.type}:
+        return "copies between devices" if device.type in devices else "computes on the CPU"
     return None
 
 
-def _reads_device(node: fx.Node, device: torch.device) -> bool:
-    vals = [a.meta.get("val") for a in node.all_input_nodes]
-    return any(isinstance(v, torch.Tensor) and v.device.type == device.type for v in vals)
+def _unbacked(values: list) -> set:
+    return {s for v in values if isinstance(v, (torch.Tensor, torch.SymInt, torch.SymBool))
+            for s in free_unbacked_symbols(v)}
 
 
 def launches(node: fx.Node) -> bool:
@@ -83,8 +88,12 @@ def launches(node: fx.Node) -> bool:
     if node.op != "call_function":
         return node.op == "call_method"
     target = node.target
-    return not (target is operator.getitem or target in VIEW_OPS or isinstance(target, FoldedView)
-                or getattr(target, "__module__", None) in ("_operator", "operator", "math", "builtins"))
+    if target is operator.getitem or target in VIEW_OPS or isinstance(target, FoldedView):
+        return False
+    if isinstance(target, torch._ops.OpOverload):  # (size checks and asserts make no tensor)
+        val = node.meta.get("val")
+        return val is None or any(isinstance(v, torch.Tensor) for v in pytree.tree_leaves(val))
+    return getattr(target, "__module__", None) not in ("_operator", "operator", "math", "builtins")
 
 
 @dataclasses.dataclass
