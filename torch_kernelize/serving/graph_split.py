@@ -198,8 +198,9 @@ def mutated_inputs(gm: fx.GraphModule) -> list[int]:
         arguments = n.target._schema.arguments
         named = {a.name: a for a in arguments}
         for arg, value in [*zip(arguments, n.args), *((named.get(k), v) for k, v in n.kwargs.items())]:
-            if arg is not None and arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
-                written.add(placeholders[value])
+            if arg is not None and arg.alias_info is not None and arg.alias_info.is_write:
+                # (a Tensor(a!)[] argument, as the _foreach_ ops take, is a list of them)
+                written.update(placeholders[v] for v in pytree.tree_leaves(value) if v in placeholders)
     return sorted(written)
 
 
