@@ -192,6 +192,19 @@ def test_a_graph_without_syncs_is_one_graph_and_writes_reach_the_inputs(fake):
     assert stats["graphs_captured"] == 1
 
 
+def test_a_dynamic_graph_is_captured_per_call_signature(fake):
+    def f(x):
+        return torch.sigmoid(x) * 2 + x.view(-1).sum(), (x > 0).sum()
+
+    compiled = torch.compile(f, backend="kernelize", dynamic=True,
+                             options={"target": "interpreter", "cudagraphs": True, "repro_dir": "off"})
+    for batch in (2, 3, 5, 3):
+        x = torch.randn(batch, 8)
+        torch.testing.assert_close([t.clone() for t in compiled(x)], list(f(x)))
+    stats = _stats()
+    assert stats["graphs_captured"] == 3 and stats["graph_replays"] == 4
+
+
 def test_the_report_says_what_cuda_graphs_did(fake, tmp_path):
     report = tmp_path / "report.json"
     model = TinyMoE()

@@ -121,7 +121,7 @@ class GraphStats:
         self.replays = 0
         self.graphs = 0  # CUDA graphs captured
         self.per_call: dict[str, int] = {}  # the latest call's graphs, stretches and syncs
-        self.plans: dict[str, dict[str, Any]] = {}  # signature -> its stretches and syncs
+        self.plans: dict[str, dict[str, Any]] = {}  # signature it was made at -> its stretches and syncs
         self.not_graphed: collections.Counter = collections.Counter()  # reason -> runs
         self.pools: list[Any] = []
         self.pool_bytes = 0
@@ -248,6 +248,7 @@ def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], k
         return plain
     device = torch.device(backend.device_type)
     per_thread = threading.local()
+    plans: dict[Any, SplitPlan] = {}  # per Specialization (one may serve several signatures), all threads
 
     def replay(args: list) -> Any:
         key = _signature(args)
@@ -262,9 +263,11 @@ def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], k
             if spec.has_first_call_work:  # (records reproducers, or refuses the graph): once, ungraphed
                 stats.not_graphed["first call of a signature (records reproducers)"] += 1
                 return spec(args)
-            plan = split_plan(spec.gm, device)
+            plan = plans.get(spec)
+            if plan is None:
+                plan = plans[spec] = split_plan(spec.gm, device)
+                _describe(stats, plan, spec.key)
             piecewise = pieces[key] = Piecewise(plan, backend, per_thread.pool, stats, max_sizes)
-            _describe(stats, plan, spec.key)
         return piecewise(args)
     return replay
 
