@@ -254,7 +254,7 @@ def test_an_moe_layer_with_a_host_sync_is_captured_in_pieces_on_the_gpu(monkeypa
     monkeypatch.setattr(cudagraphs, "_stats", [])
     torch.manual_seed(0)
     model = TinyMoE().cuda()
-    compiled = torch.compile(model, backend="kernelize", mode="reduce-overhead", options={"repro_dir": "off"})
+    compiled = torch.compile(model, backend="kernelize", options={"cudagraphs": True, "repro_dir": "off"})
     with torch.no_grad(), torch._dynamo.config.patch(capture_scalar_outputs=True):
         for _ in range(4):
             x = torch.randn(4, 8, device="cuda")
