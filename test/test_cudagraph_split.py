@@ -234,6 +234,11 @@ def test_sync_table_and_rules():
         y = (x @ w).cpu()
         return y + k, idx, torch.zeros(k, device=x.device)
 
+    def g(x, m, v):
+        x = x.clone()
+        x[m] = v
+        return x
+
     meta = torch.device("meta")
     gm = make_fx(f, tracing_mode="symbolic")(torch.empty(4, 4, device=meta), torch.empty(4, 4, device=meta))
     reasons = {str(n.target): sync_reason(n, meta) for n in gm.graph.nodes}
@@ -243,6 +248,10 @@ def test_sync_table_and_rules():
     assert reasons["aten.add.Tensor"] == "computes on the CPU"
     assert reasons["aten.mm.default"] is None and reasons["aten.sum.default"] is None
     assert reasons["aten.zeros.default"] is None  # sized by a value already read: captured per value
+    mask = torch.empty(4, dtype=torch.bool, device=meta)
+    gm_mask = make_fx(g, tracing_mode="symbolic")(torch.empty(4, device=meta), mask, torch.empty((), device=meta))
+    (put,) = [n for n in gm_mask.graph.nodes if n.target is aten.index_put_.default]
+    assert sync_reason(put, meta) == "a boolean mask index (its positions are found on the host)"
     plan = split_plan(gm, meta)
     assert [s.eager for s in plan.segments] == [False, True, False, True, False, True, False]
     assert [op for op, _ in plan.syncs] == ["aten._local_scalar_dense.default", "aten.nonzero.default",

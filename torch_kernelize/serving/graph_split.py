@@ -42,6 +42,8 @@ SYNC_OPS: dict[Any, str] = {
     aten.repeat_interleave: "its output size depends on device data",
     aten.bincount: "its output size depends on device data",
 }
+# ops that take a list of indices: a boolean one is turned into positions by nonzero (a sync)
+MASK_INDEXED = frozenset({aten.index, aten.index_put, aten.index_put_, aten._unsafe_index_put})
 # namespaces whose ops launch device work only (unless SYNC_OPS or their tags say otherwise)
 CAPTURE_SAFE_NAMESPACES = frozenset({"aten", "prims"})
 # custom ops (``namespace::name``) their authors know to be capture-safe; others are syncs
@@ -62,6 +64,8 @@ def sync_reason(node: fx.Node, device: torch.device) -> str | None:
             return "tagged cudagraph_unsafe"
         if target.namespace not in CAPTURE_SAFE_NAMESPACES and target.name().split(".")[0] not in CAPTURE_SAFE_OPS:
             return "custom op not known to be capture-safe (it may read device values on the host)"
+        if target.overloadpacket in MASK_INDEXED and _bool_index(node):
+            return "a boolean mask index (its positions are found on the host)"
     elif isinstance(target, HostFallback) and device.type != "cpu":
         return "host fallback (copies to the CPU and back)"
     vals = [v for v in pytree.tree_leaves(node.meta.get("val")) if v is not None]
@@ -76,6 +80,12 @@ def sync_reason(node: fx.Node, device: torch.device) -> str | None:
     if devices - {device.type}:
         return "copies between devices" if device.type in devices else "computes on the CPU"
     return None
+
+
+def _bool_index(node: fx.Node) -> bool:
+    indices = node.args[1] if len(node.args) > 1 else node.kwargs.get("indices", ())
+    return any(isinstance(i, fx.Node) and isinstance(i.meta.get("val"), torch.Tensor)
+               and i.meta["val"].dtype in (torch.bool, torch.uint8) for i in pytree.tree_leaves(indices))
 
 
 def _unbacked(values: list) -> set:
