@@ -129,11 +129,14 @@ def test_an_moe_router_with_host_syncs_is_captured_in_stretches(fake):
                                                          "aten._local_scalar_dense.default"]
     assert "custom op not known to be capture-safe" in plan["syncs"][0]
     assert stats["per_call"] == {"graphs": 3, "stretches": 3, "syncs": 2}
-    assert stats["calls"] == 3 and stats["pools"] == 1
+    assert stats["calls"] == 3
     # the last stretch takes the count read on the host: one graph per value seen
-    assert stats["graphs_captured"] == len(fake.graphs) >= 3
+    assert stats["graphs_captured"] == len(fake.graphs) == 3 + 2  # two more counts after the first call
     assert all(g.replays >= 1 for g in fake.graphs)
-    assert {g.pool for g in fake.graphs} == {fake.pools[0]}  # one pool for all of the graph's captures
+    # the first call's three graphs share one pool; a later call's new size gets a pool of its own
+    # (it replays before graphs captured earlier, which a shared pool could let overwrite it)
+    assert {g.pool for g in fake.graphs[:3]} == {fake.pools[0]}
+    assert [g.pool for g in fake.graphs[3:]] == fake.pools[1:] and stats["pools"] == len(fake.pools)
     assert stats["pool_bytes"] > 0
 
 

@@ -6,9 +6,11 @@ devices, host fallbacks): each stretch between two syncs is run twice on a side 
 allocator and first-call work settle), then captured as its own CUDA graph, and the syncs run
 eagerly between the replays. A graph without syncs is one stretch. A stretch is captured per
 signature of its own inputs (the sizes and values a sync hands it), up to ``MAX_SIZES`` of them;
-beyond that it runs ungraphed, counted. All CUDA graphs of one compiled graph (its stretches, at
-every size and signature) share one memory pool per thread: they replay in the order they were
-captured within a call, so a replay only overwrites memory whose values that call no longer needs.
+beyond that it runs ungraphed, counted. The CUDA graphs captured in one call (all of them, for a
+graph whose stretches see one size) share one memory pool: torch allows graphs to share a pool
+when they replay in the order they were captured, and every later call replays them in that
+order (the plan's). A stretch's new size captured in a later call goes into a new pool: it replays
+before graphs captured earlier, whose scratch memory a shared pool could have given its outputs.
 
 A replay copies the stretch's inputs into the captured input buffers (skipped for inputs that are
 the very same tensors: parameters, buffers, and an earlier stretch's captured outputs) and returns
@@ -168,8 +170,9 @@ class _Stretch:
 class Piecewise:
     """One bound graph's split plan, at one call signature, its stretches replayed as CUDA graphs."""
 
-    def __init__(self, plan: SplitPlan, backend: Any, pool: Any, stats: GraphStats, max_sizes: int):
-        self.plan, self.backend, self.pool, self.stats, self.max_sizes = plan, backend, pool, stats, max_sizes
+    def __init__(self, plan: SplitPlan, backend: Any, stats: GraphStats, max_sizes: int):
+        self.plan, self.backend, self.stats, self.max_sizes = plan, backend, stats, max_sizes
+        self.pool = None  # the pool of the graphs captured in the current call (see the module docstring)
         captured_slots = {s for seg in plan.stretches for s in seg.outputs}
         self.stretches = {seg.index: _Stretch(seg, plan.n_inputs, captured_slots) for seg in plan.stretches}
 
@@ -177,6 +180,7 @@ class Piecewise:
         plan = self.plan
         env = list(args) + [None] * (plan.n_slots - len(args))
         replays = 0
+        self.pool = None
         for seg in plan.segments:
             ins = [env[i] for i in seg.inputs]
             if seg.eager:
@@ -210,6 +214,10 @@ class Piecewise:
                             "(data-dependent sizes); it runs ungraphed")
             log.info("cudagraphs: %s: %s", self.stats.name, st.ungraphed)
             return None
+        stats = self.stats
+        if self.pool is None:  # this call's first capture
+            self.pool = self.backend.new_pool()
+            stats.pools.append(self.pool)
         try:
             captured = st.graphs[key] = _Captured(lambda a: seg.fn(*a), ins, seg.mutated, self.backend, self.pool,
                                                   st.keep)
@@ -218,13 +226,11 @@ class Piecewise:
             log.warning("cudagraphs: %s: %s; it runs ungraphed (if an op in it reads device values on the host, "
                         "add it to graph_split.SYNC_OPS)", self.stats.name, st.ungraphed)
             return None
-        stats = self.stats
         stats.graphs += 1
-        if self.backend is not None and stats.pools:
-            try:
-                stats.pool_bytes = self.backend.pool_bytes(stats.pools)
-            except Exception:  # the memory record is for the report only
-                log.debug("cudagraphs: could not measure the memory pools", exc_info=True)
+        try:
+            stats.pool_bytes = self.backend.pool_bytes(stats.pools)
+        except Exception:  # the memory record is for the report only
+            log.debug("cudagraphs: could not measure the memory pools", exc_info=True)
         return captured
 
 
@@ -255,8 +261,6 @@ def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], k
         pieces = getattr(per_thread, "pieces", None)
         if pieces is None:
             pieces = per_thread.pieces = {}
-            per_thread.pool = backend.new_pool()
-            stats.pools.append(per_thread.pool)
         piecewise = pieces.get(key)
         if piecewise is None:
             spec = run.specialization(args)
@@ -267,7 +271,7 @@ def wrap_cudagraphs(run: Callable[[list], Any], example_inputs: Sequence[Any], k
             if plan is None:
                 plan = plans[spec] = split_plan(spec.gm, device)
                 _describe(stats, plan, spec.key)
-            piecewise = pieces[key] = Piecewise(plan, backend, per_thread.pool, stats, max_sizes)
+            piecewise = pieces[key] = Piecewise(plan, backend, stats, max_sizes)
         return piecewise(args)
     return replay
 
