@@ -209,6 +209,9 @@ def measure_backend(label: str, model: torch.nn.Module, inputs: tuple, want: Any
         row["host_ms"] = round(host_ms_per_call(call, 3 if smoke else 20), 4)
     if label.startswith("kernelize") and report.exists():
         row.update(coverage(report))
+    if label == "kernelize_reduce_overhead":  # its CUDA graphs per call, the syncs between them (issue 38)
+        from torch_kernelize.serving.cudagraphs import cudagraph_summary
+        row["cudagraphs"] = cudagraph_summary()
     del fn, call
     torch._dynamo.reset()
     if torch.cuda.is_available():

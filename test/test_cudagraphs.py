@@ -64,3 +64,13 @@ def test_a_replay_writes_back_to_the_inputs_it_mutates():
         expected = f(want, x, idx)
         torch.testing.assert_close(out, want)
         torch.testing.assert_close(total, expected)
+
+
+def test_mutated_inputs_of_list_arguments():
+    # a Tensor(a!)[] argument: each of its tensors that is a graph input is written
+    def f(a, b, c):
+        torch._foreach_add_([a, b], [c, c])
+        return a + b
+
+    x = torch.randn(3)
+    assert mutated_inputs(make_fx(f)(x.clone(), x.clone(), x.clone())) == [0, 1]

@@ -260,10 +260,16 @@ class LoweredGraph:
     def _dispatch(self, args: list) -> Any:
         if self._static is not None:
             return self._static(args)
+        return self.specialization(args)(args)
+
+    def specialization(self, args: list) -> Specialization:
+        """The bound executable for ``args``' sizes (made now if new): what CUDA graphs split."""
+        if self._static is not None:
+            return self._static
         spec = self._specializations.get(self.binder.call_key(args))
         if spec is None:
             spec = self._specialize(self.binder.key(args))
-        return spec(args)
+        return spec
 
     def forward(self, *args: Any) -> Any:
         """Unboxed call, for code that holds the inputs as positional arguments."""

@@ -2,7 +2,8 @@
 
 After each compile a short table goes to the log (logger ``torch_kernelize``, level INFO); with
 the ``report`` option, a JSON file holding every graph compiled in the process is rewritten
-atomically (and once more at exit, with the time spent in host fallbacks).
+atomically (and once more at exit, with the time spent in host fallbacks and, with the
+``cudagraphs`` option, what CUDA graphs captured and replayed).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 from torch_kernelize.compiling.whole_graph import describe_evidence, whole_report
 from torch_kernelize.core.decision import TIERS, Decision
 from torch_kernelize.kernel_cache.integrity import write_file_atomic
+from torch_kernelize.serving.cudagraphs import cudagraph_stats
 from torch_kernelize.serving.repro_recorder import repro_counts
 
 log = logging.getLogger("torch_kernelize")
@@ -143,6 +145,10 @@ class ReportWriter:
                                   for op, s in sorted(fallback_stats().items())},
                 "repros": repro_counts.to_json(),
             }
+            names = {r.graph for r in self.reports}
+            graphs = {name: s for name, s in cudagraph_stats().items() if name in names}
+            if graphs:  # (option cudagraphs) per compiled graph: stretches, syncs, replays, pools
+                doc["cudagraphs"] = graphs
         write_json_atomic(self.path, doc)
 
 
