@@ -145,6 +145,8 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
     for region in regions:
         if covered & region.names:
             continue  # a member of a group that runs fused
+        if region.kind == "matmul_group" and taken and closes_cycle(region, taken):
+            continue  # it could never run fused beside those taken: no lookup, so no miss to fill
         spec = region_spec(region, bindings)
         if spec is None:  # (a region of ops the vendor cannot run is looked up too: a bring-up chip's)
             continue

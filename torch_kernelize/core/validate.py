@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from torch_kernelize.core.index_ties import settle_index_ties
 from torch_kernelize.core.spec import KernelSpec, TensorMeta, dtype_from_name
 from torch_kernelize.core.tolerances import elementwise_bar, region_tolerance, tolerance
 
@@ -405,12 +406,13 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
     adds trials of kind "captured" (seed = index), e.g. the real inputs a repro captured.
     ``trials`` (e.g. fill_cache's TrialStore) supplies each trial's inputs, reference and vendor
     outputs instead of computing them here. ``resolve_ties(spec, inputs, outs, refs)`` (a
-    family's) settles choices the op leaves open before each comparison. ``elementwise_bar``:
+    family's; by default core/index_ties.py's) settles choices the op leaves open before each
+    comparison. ``elementwise_bar``:
     every trial must also pass ``compare_elementwise`` against the vendor op's output, except
     where that output is itself far from float64 (then it is the bar, as ``vendor_judged``).
     """
     source = trials or Trials(spec, sample_inputs, device, reference_device)
-    settle = resolve_ties or (lambda spec, inputs, outs, refs: outs)
+    settle = resolve_ties or settle_index_ties  # (a family's hook settles these ops too: KernelFamily)
     plan = [(s, "random") for s in seeds] + [(seeds[0] + 1000 + i, k) for i, k in enumerate(edge_kinds)]
     plan += [(i, "captured") for i in range(extra_trials)]
     kinds = [k for _, k in plan]

@@ -36,6 +36,7 @@ from torch_kernelize.fill_cache.generators import Competition, check_resumable, 
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
 from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
+from torch_kernelize.fill_cache.run_log import RunLog
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.store_policy import MIN_SPEEDUP, needs_confirmation, verdict
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
@@ -45,6 +46,7 @@ from torch_kernelize.core.options import OPTIONS, default_cache_dir
 from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.fill_cache")
+details = logging.getLogger("torch_kernelize.fill_cache.details")  # the run log only (run_log.py)
 
 DEFAULT_BUDGET = {"cuda": 12, "interpreter": 2}
 LOOKAHEAD = 3  # specs whose seed candidates are compiled ahead
@@ -88,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "cache (<cache-dir>/rank-<N>) and sends its entries to rank 0, which imports them into "
                    "--cache-dir (signed by a key it trusts, else re-validated there)")
     p.add_argument("--summary", type=Path, default=None, help="JSON summary path (default: in the cache)")
+    p.add_argument("--strict", action="store_true", help="exit 1 if a spec is left on the vendor op without a "
+                   "kernel (no correct candidate, too large to validate, or its search failed); by default such "
+                   "specs are listed in the summary and the run exits 0: the cache serves them on the vendor")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if not args.model and not args.repros:
@@ -119,6 +124,7 @@ class FillRun:
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
+        self.log: RunLog | None = None  # tags the run log's lines with the spec being searched
         # region place -> (its spec key, the places tried before it that share a node: Work.places)
         self.region_places: dict[str, tuple[str, list[str]]] = {}
 
@@ -297,7 +303,21 @@ class FillRun:
 
     def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
         started = time.perf_counter()
-        row = self.process(work, progress)
+        if self.log is not None:
+            self.log.spec(work.spec.short_name)
+        if progress is not None:
+            progress.set_postfix_str(work.spec.short_name, refresh=True)
+        try:
+            row = self.process(work, progress)
+        except DeviceFault:  # this process's CUDA context is gone: the run cannot go on
+            raise
+        except Exception as e:  # one spec's failure never ends the run: its ops stay on the vendor
+            log.warning("%s: failed (%s: %s); its ops run on the vendor", work.spec.describe()[:90],
+                        type(e).__name__, str(e)[:300])
+            details.error("%s: failed", work.spec.describe(), exc_info=True)  # (the run log only)
+            row = {"spec": work.spec.describe(), "key": work.spec.key, "source": work.source, "status": "failed",
+                   "winner": f"{type(e).__name__}: {e}"[:300], "speedup": None, "max_err": None, "evaluated": 0,
+                   "resumed": 0, "bytes": spec_bytes(work.spec)}
         row["seconds"] = round(time.perf_counter() - started, 2)
         log.info("%s: %s in %.1fs (%d evaluated) %s", work.spec.describe()[:90], row["status"], row["seconds"],
                  row["evaluated"], row["winner"])
@@ -320,8 +340,8 @@ class FillRun:
                     self._worker.close()
 
     def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
-        from filelock import Timeout
         from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
 
         def prebuild(i: int) -> None:
             # Compile the seed candidates of the next few specs while this one is measured; not
@@ -332,7 +352,16 @@ class FillRun:
                     self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
 
         deferred: list[Work] = []
+        # specs done of all, elapsed<time left, and the spec being searched (its last candidate's verdict)
         bar = tqdm(total=len(work), desc="fill_cache", unit="spec", disable=quiet, file=sys.stderr)
+        with logging_redirect_tqdm():  # log lines print above the bar, not through it
+            self._loop(work, bar, prebuild, deferred)
+        bar.close()
+        return self.rows
+
+    def _loop(self, work: list[Work], bar: Any, prebuild: Any, deferred: list[Work]) -> None:
+        from filelock import Timeout
+
         for i, w in enumerate(work):
             prebuild(i)
             lock = self.cache.lock(w.spec.key)
@@ -354,8 +383,6 @@ class FillRun:
                     row["status"] = "cached (by another process)"
                 self.rows.append(row)
             bar.update(1)
-        bar.close()
-        return self.rows
 
 
 def _winner_text(entry: Any) -> str:
@@ -397,20 +424,37 @@ def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[
     return work
 
 
-def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summary: dict[str, Any]) -> int:
-    """Print the table and the one-line total, write the JSON summary; 1 if a spec had no correct
-    candidate, else 0."""
+# statuses of specs whose ops the cache leaves on the vendor op without a kernel (--strict: an error)
+LEFT_ON_VENDOR = ("no correct candidate", "too large", "failed")
+
+
+def run_log_path(cache_dir: Path, search_id: str, rank: int | None) -> Path:
+    """The run's log file (run_log.py): beside its summary and the journals, in the cache."""
+    return Path(cache_dir) / "runs" / (f"{search_id}.log" if rank is None else f"{search_id}-rank{rank}.log")
+
+
+def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summary: dict[str, Any],
+           strict: bool = False) -> int:
+    """Print the table, the specs left on the vendor op and the one-line total; write the JSON
+    summary. The run finished and the cache serves the model: 0, unless ``strict`` and some spec
+    is left on the vendor without a kernel (1)."""
     print(format_table(rows))
     summary = {**summary, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
-    failed = [r for r in rows if r["status"] == "no correct candidate"]
-    print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; "
-          f"{sum(r['status'] == 'stored' for r in rows)} stored, "
-          f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, {len(failed)} without a correct "
-          f"candidate, {sum(r['status'] == 'too large' for r in rows)} too large; "
-          + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items()) + f"; summary: {summary_path}")
-    return 1 if failed else 0
+    left = [r for r in rows if r["status"] in LEFT_ON_VENDOR]
+    if left:
+        print(f"left on the vendor op ({len(left)}; a later fill with a larger --budget, or a candidate file, may "
+              "find them a kernel):")
+        for r in left:
+            print(f"  {r['spec'][:90]}: {r['status']}" + (f" ({r['winner'][:120]})" if r["winner"] else ""))
+    count = lambda status: sum(r["status"] == status for r in rows)  # noqa: E731
+    log_note = f", log: {summary['log']}" if summary.get("log") else ""
+    print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; {count('stored')} stored, {count('vendor wins')} "
+          f"vendor wins, {count('no correct candidate')} without a correct candidate, {count('too large')} too "
+          f"large, {count('failed')} failed; " + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items())
+          + f"; summary: {summary_path}{log_note}")
+    return 1 if strict and left else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -455,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
                  target.name, cache.dir, budget)
         started = time.perf_counter()  # the fill's time, without the trace
-        rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
-        rows += fill_buckets(run, buckets)  # shape buckets, after the exact shapes
+        run.log = RunLog(run_log_path(cache.dir, run.search_id, group.rank if group is not None else None))
+        with run.log.captured():
+            rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
+            rows += fill_buckets(run, buckets)  # shape buckets, after the exact shapes
     except KernelizeError as e:
         print(f"fill_cache: error: {e}", file=sys.stderr)
         code, error = 2, str(e)
@@ -476,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
     return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": target.describe(),
-                                                "cache": str(cache.dir), "budget": budget})
+                                                "cache": str(cache.dir), "budget": budget,
+                                                "log": str(run.log.path)}, args.strict)
 
 
 def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: FillRun | None,
@@ -524,7 +571,8 @@ def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: Fi
         summary_path = args.summary or cache_dir / "runs" / f"{run.search_id}.json"
         codes.append(report(all_rows, time.perf_counter() - started, summary_path,
                             {"search_id": run.search_id, "target": run.target.describe(),
-                             "cache": str(cache_dir), "budget": run.budget, "ranks": ranks}))
+                             "cache": str(cache_dir), "budget": run.budget, "ranks": ranks,
+                             "log": str(run.log.path) if run.log else None}, args.strict))
     return distributed.worst(codes)
 
 

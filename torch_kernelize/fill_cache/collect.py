@@ -134,41 +134,56 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     nodes: dict[str, Work] = {}
     for g in graphs:
         for n, specialization in enumerate({id(s): s for s in g._specializations.values()}.values()):
-            _collect_specialization(f"{g.name}/{n}", specialization, f"model:{ref}", supported, regions, nodes)
+            _collect_specialization(f"{g.name}/{n}", specialization, g.regions, f"model:{ref}", supported,
+                                    regions, nodes)
     # Regions first, in the order serving tries them (largest first): a node inside a region
     # that gets a kernel never runs alone, so its own search is skipped then (see FillRun); it
     # still runs if its region finds no correct kernel. Likewise a region that shares a node with
     # one tried before it (a member of a matmul group, a region inside a graph region, a GEMM's
-    # epilogue that a graph region holds) is skipped once that one has a kernel. A spec is
-    # skipped only where that holds at every place it occurs (one key, many layers).
+    # epilogue that a graph region holds) is skipped once that one has a kernel, as is a GEMM
+    # group that would wait for one fused before it (regions.closes_cycle). A spec is skipped
+    # only where that holds at every place it occurs (one key, many layers).
     work = list(regions.values()) + list(nodes.values())
     for w in work:
         w.covered_by = sorted({p.rsplit("/", 1)[1] for place in w.places for p in place})
     return work
 
 
-def _collect_specialization(prefix: str, specialization: Any, source: str, supported: Callable[[KernelSpec], bool],
-                            regions: dict[str, Work], nodes: dict[str, Work]) -> None:
+def _collect_specialization(prefix: str, specialization: Any, graph_regions: list[Any], source: str,
+                            supported: Callable[[KernelSpec], bool], regions: dict[str, Work],
+                            nodes: dict[str, Work]) -> None:
     """Add the specs one specialization of a graph looks up to ``regions`` and ``nodes`` (by
     key), each with the places it occurs at: a node's, the region places holding it; a region's,
-    the region places serving tries before it that share a node with it (``Work.places``)."""
-    tried: list[tuple[str, set[str]]] = []  # (place, members) of the regions looked up so far
+    the region places serving tries before it whose kernel keeps it from running fused: those
+    that share a node with it, and GEMM groups it would close a cycle with (``Work.places``)."""
+    from torch_kernelize.compiling.regions import closes_cycle
+
+    by_members = {tuple(sorted(r.names)): r for r in graph_regions}
+    tried: list[tuple[str, set[str], Any]] = []  # (place, members, Region) of the regions looked up so far
+
+    def blocks(members: set[str], region: Any, other: tuple[str, set[str], Any]) -> bool:
+        _, theirs, their_region = other
+        if theirs & members:
+            return True
+        groups = region is not None and their_region is not None and region.kind == their_region.kind == "matmul_group"
+        return groups and closes_cycle(region, [their_region])  # (only groups can: planner.decide_regions)
+
     for d in specialization.regions:
         if d.spec is None:
             continue
-        place, members = f"{prefix}/{d.node}/{d.spec.key}", set(d.members)
+        place, members, region = f"{prefix}/{d.node}/{d.spec.key}", set(d.members), by_members.get(d.members)
         if supported(d.spec):
             w = regions.setdefault(d.spec.key, Work(d.spec, source, "miss"))
             w.members = sorted(set(w.members) | {(prefix, m) for m in members})
             w.place_ids.append(place)
-            w.places.append([p for p, m in tried if m & members])
-        tried.append((place, members))
+            w.places.append([t[0] for t in tried if blocks(members, region, t)])
+        tried.append((place, members, region))
     for d in specialization.decisions:
         if d.spec is None or not supported(d.spec):
             continue
         w = nodes.setdefault(d.spec.key, Work(d.spec, source, "missing" if d.missing else "miss"))
         w.node = w.node or (prefix, d.node)
-        w.places.append([p for p, m in tried if d.node in m])
+        w.places.append([p for p, m, _ in tried if d.node in m])
 
 
 def specs_from_repros(folder: Path) -> list[Work]:
