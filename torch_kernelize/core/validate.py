@@ -61,10 +61,12 @@ def _chunk_elements(numel: int) -> int:
 
 
 def _paired_blocks(out: torch.Tensor, ref: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Matching float64 blocks of ``out`` and ``ref`` (same shape), on ``out``'s device."""
+    """Matching float64 blocks of ``out`` and ``ref`` (same shape), on ``out``'s device; complex128
+    where either is complex (a cast to float64 would drop the imaginary parts)."""
+    wide = torch.complex128 if out.is_complex() or ref.is_complex() else torch.float64
     limit = _chunk_elements(out.numel())
     for o, r in zip(_blocks(out.detach(), limit), _blocks(ref.detach(), limit)):
-        yield o.to(torch.float64), r.to(out.device, torch.float64)
+        yield o.to(wide), r.to(out.device, wide)
 
 
 def _settle_range(o: torch.Tensor, r: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float):
@@ -150,7 +152,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
         n_bad = int(bad.sum())
         if n_bad and first is None:
             i = int(bad.nonzero()[0, 0])
-            first = (float(of[i]), float(rf[i]))
+            first = (of[i].item(), rf[i].item())
             bad_at = offset + int(finite.nonzero()[i, 0])
         bad_count += n_bad
         offset += block
@@ -165,9 +167,13 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
         bar = f"atol {atol:g}x{scale:.3g}" if scaled else f"atol {atol:g}"
         return Comparison(False, max_abs, max_rel, max_err=max_abs / scale, reason=
                           f"{bad_count} element(s) out of tolerance ({bar}, rtol {rtol:g}), max error "
-                          f"{max_abs / scale:.3g}; first at index {_unravel(bad_at, out.shape)}: got {first[0]:.6g}, "
-                          f"expected {first[1]:.6g}")
+                          f"{max_abs / scale:.3g}; first at index {_unravel(bad_at, out.shape)}: got {_num(first[0])}, "
+                          f"expected {_num(first[1])}")
     return Comparison(True, max_abs, max_rel, max_err=max_abs / scale)
+
+
+def _num(x: float | complex) -> str:
+    return f"{x:.6g}" if isinstance(x, complex) else f"{float(x):.6g}"
 
 
 def _clear_pass(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float,
