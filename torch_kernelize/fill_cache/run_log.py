@@ -33,6 +33,13 @@ class _SpecTag(logging.Filter):
         return True
 
 
+def _captured_loggers() -> list[str]:
+    """CAPTURED and every logger made so far below them."""
+    below = [n for n, lg in logging.root.manager.loggerDict.items()
+             if isinstance(lg, logging.Logger) and any(n.startswith(c + ".") for c in CAPTURED)]
+    return list(CAPTURED) + below
+
+
 class RunLog:
     """The run's log file; ``spec(name)`` tags the lines logged while that spec is searched."""
 
@@ -52,10 +59,12 @@ class RunLog:
         handler.setFormatter(logging.Formatter(FORMAT))
         handler.addFilter(self._tag)
         saved = {}
-        for name in CAPTURED:
+        for name in _captured_loggers():
             lg = logging.getLogger(name)
             saved[name] = (lg.handlers[:], lg.propagate)
-            lg.handlers, lg.propagate = [handler], False
+            # the top of each hierarchy writes to the file alone; below it, torch's loggers lose
+            # their own handlers (torch._logging gives Dynamo and Inductor theirs) and pass up
+            lg.handlers, lg.propagate = ([handler], False) if name in CAPTURED else ([], True)
         ours = logging.getLogger(OURS)
         ours.addHandler(handler)
         logging.captureWarnings(True)
