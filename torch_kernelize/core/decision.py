@@ -33,5 +33,6 @@ class Decision:
     members: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("spec", "entry", "family_pending", "members")}
+        skip = ("spec", "entry", "family_pending", "members")
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
         return {k: v for k, v in d.items() if v not in (None, False) or k in ("tier", "reason")}

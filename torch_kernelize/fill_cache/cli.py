@@ -146,8 +146,7 @@ class FillRun:
     def process(self, work: Work, progress: Any = None) -> dict[str, Any]:
         """Search one spec (the caller holds its lock) and store the result."""
         spec = work.spec
-        row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
-               "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
+        row = _row(work)
         self.add_places([work])   # (a cached region can be blocked too)
         status, entry, _ = self.cache.lookup(spec.key)
         if status in ("hit", "vendor") and not self.force and not work.replace:
@@ -315,9 +314,7 @@ class FillRun:
             log.warning("%s: failed (%s: %s); its ops run on the vendor", work.spec.describe()[:90],
                         type(e).__name__, str(e)[:300])
             details.error("%s: failed", work.spec.describe(), exc_info=True)  # (the run log only)
-            row = {"spec": work.spec.describe(), "key": work.spec.key, "source": work.source, "status": "failed",
-                   "winner": f"{type(e).__name__}: {e}"[:300], "speedup": None, "max_err": None, "evaluated": 0,
-                   "resumed": 0, "bytes": spec_bytes(work.spec)}
+            row = dict(_row(work), status="failed", winner=f"{type(e).__name__}: {e}"[:300])
         row["seconds"] = round(time.perf_counter() - started, 2)
         log.info("%s: %s in %.1fs (%d evaluated) %s", work.spec.describe()[:90], row["status"], row["seconds"],
                  row["evaluated"], row["winner"])
@@ -383,6 +380,13 @@ class FillRun:
                     row["status"] = "cached (by another process)"
                 self.rows.append(row)
             bar.update(1)
+
+
+def _row(work: Work) -> dict[str, Any]:
+    """A spec's row of the summary, before its search."""
+    spec = work.spec
+    return {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
+            "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
 
 
 def _winner_text(entry: Any) -> str:
