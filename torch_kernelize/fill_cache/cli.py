@@ -308,7 +308,7 @@ class FillRun:
             progress.set_postfix_str(work.spec.short_name, refresh=True)
         try:
             row = self.process(work, progress)
-        except DeviceFault:  # this process's CUDA context is gone: the run cannot go on
+        except (DeviceFault, UsageError):  # the CUDA context is gone; the arguments must change (exit 2)
             raise
         except Exception as e:  # one spec's failure never ends the run: its ops stay on the vendor
             log.warning("%s: failed (%s: %s); its ops run on the vendor", work.spec.describe()[:90],

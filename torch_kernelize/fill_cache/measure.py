@@ -33,7 +33,7 @@ PHASES = ("build", "reference", "validation", "timing")
 # A spec this small is validated on the host with one intra-op thread: its float64 references and
 # comparisons are too small to share, and waking a second thread on a busy host cost more than
 # the work (an f64 mm of 19x16x32: 13 ms on 2 threads of a loaded 2-core host, 0.09 ms on one;
-# a zoo model's fill: "reference" 9.9 s -> 1.1 s)
+# make_hf_llama's fill on the interpreter: "reference" 20 s -> 1 s)
 ONE_THREAD_BYTES = 16 << 20
 
 
