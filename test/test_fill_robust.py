@@ -104,7 +104,7 @@ def test_no_correct_candidate_exits_0_and_1_under_strict(tmp_path, monkeypatch):
     assert cli.main([*args, "--strict"]) == 1
 
 
-def test_generators_logging_goes_to_the_run_log_not_the_terminal(tmp_path, monkeypatch, capsys, caplog):
+def test_generators_logging_goes_to_the_run_log_and_journal_not_the_terminal(tmp_path, monkeypatch, capsys, caplog):
     from torch_kernelize.fill_cache import builder
     build = builder._build
 
@@ -129,5 +129,8 @@ def test_generators_logging_goes_to_the_run_log_not_the_terminal(tmp_path, monke
     line = next(x for x in text.splitlines() if "No valid triton configs" in x)
     assert "[-]" not in line and "torch._inductor.select_algorithm [" in line   # tagged with the spec searched
     assert f"log: {log_path}" in terminal.out
+    journals = (tmp_path / "cache").glob("*/journals/*.jsonl")
+    journal = [json.loads(line) for j in journals for line in j.read_text().splitlines()]
+    assert len(journal) == 1 and any("No valid triton configs" in x for x in journal[0]["log"]), journal
     after = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate) for n in ("torch", "triton")}
     assert after == before   # put back as they were after the run

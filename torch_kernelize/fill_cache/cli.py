@@ -11,6 +11,7 @@ out first and reports the whole run (distributed.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import logging
@@ -212,6 +213,8 @@ class FillRun:
         def evaluate(config):
             ev = measurer.evaluate(config).to_json()
             ev.update(spec=spec.key, search_id=self.search_id, family=family.name, time=time.time())
+            if self.log is not None and (said := self.log.take(spec.key)):
+                ev["log"] = said  # what Inductor, Triton or warnings said while its candidates were made
             return ev
 
         def step(r):
@@ -303,7 +306,7 @@ class FillRun:
     def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
         started = time.perf_counter()
         if self.log is not None:
-            self.log.spec(work.spec.short_name)
+            self.log.spec(work.spec.key, work.spec.short_name)
         if progress is not None:
             progress.set_postfix_str(work.spec.short_name, refresh=True)
         try:
@@ -346,7 +349,8 @@ class FillRun:
             for w in work[i:i + LOOKAHEAD]:
                 family = self.space(w.spec)
                 if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
-                    self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
+                    with self.log.about(w.spec.key, w.spec.short_name) if self.log else contextlib.nullcontext():
+                        self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
 
         deferred: list[Work] = []
         # specs done of all, elapsed<time left, and the spec being searched (its last candidate's verdict)

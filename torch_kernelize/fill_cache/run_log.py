@@ -5,7 +5,9 @@ OutOfMemoryError: out of resource: triton_mm ..."): that is the generator's own 
 fault of the fill, and on a terminal it buried the fill's lines. During a fill, the loggers of
 torch (Inductor, Dynamo), Triton and Python's warnings write to ``runs/<search id>.log`` in the
 cache (beside the run's summary and the journals) instead of the terminal, each line tagged with
-the spec being searched; fill_cache's own lines go there too, with the tracebacks of failed specs.
+the spec it concerns (the one searched, or one whose candidates are generated ahead); fill_cache's
+own lines go there too, with the tracebacks of failed specs. The generators' lines about a spec
+are also kept for its journal: the next evaluation of that spec records them (``take``).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import contextlib
 import logging
 from pathlib import Path
 from typing import Iterator
+
+KEEP = 50  # a spec's generator lines kept for its journal, the last ones
 
 # loggers whose records are the generators' and compilers' business, not the fill's; DETAILS is
 # fill_cache's own for the file alone (a failed spec's traceback)
@@ -22,15 +26,30 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s [%(spec)s]: %(message)s"
 
 
 class _SpecTag(logging.Filter):
-    """Tags each record with the spec being searched (``current``), '-' between specs."""
+    """Tags each record with the spec it concerns (``current``: (key, name); '-' between specs)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.current = "-"
+        self.current: tuple[str | None, str] = (None, "-")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.spec = self.current
+        record.spec_key, record.spec = self.current
         return True
+
+
+class _ForJournal(logging.Handler):
+    """Keeps the generators' lines per spec key until the spec's next evaluation takes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, list[str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = getattr(record, "spec_key", None)
+        if key is not None and not record.name.startswith(OURS):
+            kept = self.lines.setdefault(key, [])
+            kept.append(f"{record.levelname} {record.name}: {record.getMessage()}"[:2000])
+            del kept[:-KEEP]
 
 
 def _captured_loggers() -> list[str]:
@@ -41,14 +60,30 @@ def _captured_loggers() -> list[str]:
 
 
 class RunLog:
-    """The run's log file; ``spec(name)`` tags the lines logged while that spec is searched."""
+    """The run's log file; ``spec`` tags the lines logged from then on with the spec they concern."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._tag = _SpecTag()
+        self._journal = _ForJournal()
+        self._journal.addFilter(self._tag)
 
-    def spec(self, name: str) -> None:
-        self._tag.current = name
+    def spec(self, key: str | None, name: str = "-") -> None:
+        self._tag.current = (key, name)
+
+    @contextlib.contextmanager
+    def about(self, key: str, name: str) -> Iterator[None]:
+        """Tag the block's lines with another spec (candidates generated ahead), then as before."""
+        before = self._tag.current
+        self.spec(key, name)
+        try:
+            yield
+        finally:
+            self._tag.current = before
+
+    def take(self, key: str) -> list[str]:
+        """The generators' lines about spec ``key`` since the last take (for its journal)."""
+        return self._journal.lines.pop(key, [])
 
     @contextlib.contextmanager
     def captured(self) -> Iterator["RunLog"]:
@@ -64,7 +99,7 @@ class RunLog:
             saved[name] = (lg.handlers[:], lg.propagate)
             # the top of each hierarchy writes to the file alone; below it, torch's loggers lose
             # their own handlers (torch._logging gives Dynamo and Inductor theirs) and pass up
-            lg.handlers, lg.propagate = ([handler], False) if name in CAPTURED else ([], True)
+            lg.handlers, lg.propagate = ([handler, self._journal], False) if name in CAPTURED else ([], True)
         ours = logging.getLogger(OURS)
         ours.addHandler(handler)
         logging.captureWarnings(True)
