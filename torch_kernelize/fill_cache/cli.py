@@ -358,6 +358,8 @@ class FillRun:
         with logging_redirect_tqdm():  # log lines print above the bar, not through it
             self._loop(work, bar, prebuild, deferred)
         bar.close()
+        if self.log is not None:
+            self.log.spec(None)  # (what follows concerns no one spec of these)
         return self.rows
 
     def _loop(self, work: list[Work], bar: Any, prebuild: Any, deferred: list[Work]) -> None:
