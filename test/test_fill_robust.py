@@ -66,10 +66,11 @@ def test_resume_rebuilds_a_journaled_winner_whose_build_folder_is_gone(tmp_path,
             _fill(tmp_path / "cache", resume=False)
     journals = list((tmp_path / "cache").glob("*/journals/*.jsonl"))
     assert len(journals) == 1 and json.loads(journals[0].read_text())["measured"]
-    # that process's build folder went with it; this run resumes from the journal: nothing is
-    # evaluated again (budget 1), and the winner is built again to be confirmed and stored
+    # that process's build folder went with it; this run resumes from the journal: nothing new is
+    # searched (budget 1), and the winner is built and validated again, confirmed and stored
     run, cache, rows = _fill(tmp_path / "cache", resume=True)
     assert [(r["status"], r["resumed"]) for r in rows] == [("stored", 1)], rows
+    assert len(journals[0].read_text().splitlines()) == 1   # validated again, but not searched again
     assert cache.lookup(rows[0]["key"])[0] == "hit"
     entry = cache.lookup(rows[0]["key"])[1]
     assert entry.speedup == pytest.approx(1.2)

@@ -225,7 +225,7 @@ class FillRun:
         result = run_search(spec, family, evaluate, family.evaluations(spec, self.budget), previous, journal.append,
                             step, measurer.prepare)
         row.update(evaluated=len(result.evaluated), resumed=result.resumed)
-        best = result.best
+        best = _rechecked(spec, result, evaluate)
         if best is None:
             errors = sorted({r["error"][:120] for r in result.evaluated if r["error"]})
             row.update(status="no correct candidate", winner="; ".join(errors[:2]))
@@ -386,6 +386,24 @@ class FillRun:
                     row["status"] = "cached (by another process)"
                 self.rows.append(row)
             bar.update(1)
+
+
+def _rechecked(spec: KernelSpec, result: SearchResult, evaluate: Any) -> dict[str, Any] | None:
+    """The best correct evaluation of ``result``, one that this process evaluated: a winner
+    resumed from the journal of an earlier process is evaluated again here (its build folder went
+    with that process, and a generator such as Inductor's may not build the same program twice);
+    one that fails now gives way to the next best. Not journaled: the search is the journal's."""
+    resumed = {id(r) for r in result.evaluated[:result.resumed]}
+    for r in sorted((r for r in result.evaluated if r["correct"]), key=lambda r: -r["fitness"]):
+        if id(r) not in resumed:
+            return r
+        again = evaluate(Config.from_json(r["config"]))
+        if again.get("fault") and not again.get("contained"):
+            raise DeviceFault(spec, again)
+        if again["correct"]:
+            return again
+        log.warning("a winner resumed from the journal fails now (%s); the next best is taken", again["error"][:200])
+    return None
 
 
 def _row(work: Work) -> dict[str, Any]:
