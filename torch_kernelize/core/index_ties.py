@@ -34,7 +34,7 @@ class AlongDim:
 @dataclasses.dataclass(frozen=True)
 class Pooling:
     """max_pool{2,3}d_with_indices: output ``out`` holds flat indices into each input plane, which
-    must lie in the output element's window (kernel, stride, padding, dilation at 1..4)."""
+    must lie in the output element's window (arguments 1-4: kernel_size, stride, padding, dilation)."""
     spatial: int
     out: int = 1
 
@@ -143,9 +143,10 @@ def _settle_pooling(rule: Pooling, x: torch.Tensor, args: list[Any], kwargs: dic
     rest = got
     for d in reversed(range(n)):  # each coordinate of the index inside its output element's window
         coord, rest = rest % sizes[d], rest // sizes[d]
+        axis = got.dim() - n + d
         shape = [1] * got.dim()
-        shape[got.dim() - n + d] = got.shape[got.dim() - n + d]
-        start = torch.arange(got.shape[got.dim() - n + d], device=got.device).reshape(shape) * stride[d] - padding[d]
+        shape[axis] = got.shape[axis]
+        start = torch.arange(got.shape[axis], device=got.device).reshape(shape) * stride[d] - padding[d]
         offset = coord - start
         ok &= (offset >= 0) & (offset % dilation[d] == 0) & (offset // dilation[d] < kernel[d])
     return _take(got, want, ok)
