@@ -197,3 +197,17 @@ def test_bucket_boundaries_keys_and_launch_sizes():
     program = ElementwiseFamily().generate_bucketed(spec, ElementwiseFamily().seed_configs(spec)[0], dims)
     (launch,) = B.instantiate(program, (7,)).launches
     assert launch.args[-1] == ("i32", 7 * 16) and launch.grid == (-(-7 * 16 // launch.constexprs["BLOCK"]),)
+
+
+def test_a_bucket_whose_search_raises_is_reported_failed_and_the_run_finishes(tmp_path, monkeypatch, capsys):
+    import torch_kernelize.fill_cache.buckets as buckets
+
+    def broken(run, work, builder, family=None):
+        raise RuntimeError("a bug in the bucketed family")
+    monkeypatch.setattr(buckets, "fill_bucket", broken)
+    summary = tmp_path / "summary.json"
+    assert _fill(tmp_path, "--model", _model_file(tmp_path), "--dynamic", "0:0:5-8", "--summary", str(summary)) == 0
+    rows = json.loads(summary.read_text())["specs"]
+    assert [r["status"] for r in rows if "bucket" in r["spec"]] == ["failed"]
+    assert "stored" in [r["status"] for r in rows]   # the exact shape, filled before the buckets
+    assert "a bug in the bucketed family" in capsys.readouterr().out

@@ -193,7 +193,8 @@ def test_gpu_grouped_kernels_validate(tmp_path):
 
 
 def test_serving_two_crossed_groups_fuses_one(tmp_path):
-    """Both groups are stored; serving fuses the first and runs the other's members on their own."""
+    """Serving fuses the first group and runs the other's members on their own (that group would
+    wait for the first): fill_cache does not search it, and serving does not look it up."""
     from test_fill_cache import MODELS, compile_in_fresh_process, fill_cache
     cache = tmp_path / "cache"
     fill_cache("--model", f"{MODELS}:make_crossed", "--target", "interpreter", "--cache-dir", str(cache), "--budget", "1")

@@ -521,6 +521,28 @@ def make_hf_bert(batch: int = 2, seq: int = 16) -> ModelAndInputs:
     return hf_model(transformers.BertConfig(**HF_TINY), batch, seq)
 
 
+def make_hf_t5(batch: int = 2, seq: int = 8) -> ModelAndInputs:
+    """transformers' T5 (one encoder and one decoder layer); returns the logits. Its relative
+    position buckets put the same ops in the encoder and the decoder, fused in one and not the
+    other: fill_cache must fill each spec wherever serving runs it alone (test_one_fill.py)."""
+    import transformers
+
+    cfg = transformers.T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=64, num_layers=1, num_decoder_layers=1,
+                                num_heads=4, decoder_start_token_id=0)
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(cfg).eval()
+
+    class Logits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t5 = t5
+
+        def forward(self, ids, decoder_ids):
+            return self.t5(input_ids=ids, decoder_input_ids=decoder_ids).logits
+
+    return Logits(), (torch.randint(0, 128, (batch, seq)), torch.randint(0, 128, (batch, seq)))
+
+
 HF_MODELS = {"llama": make_hf_llama, "gpt2": make_hf_gpt2, "mixtral": make_hf_mixtral,
              "qwen3_moe": make_hf_qwen3_moe, "bert": make_hf_bert}
 

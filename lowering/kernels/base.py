@@ -15,8 +15,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from torch_kernelize.lowering.kernels._codegen import Unsupported, bind, tensor_index
+from torch_kernelize.lowering.kernels._codegen import Unsupported
 from torch_kernelize.core.devices import to_device  # noqa: F401 (the families' import)
+from torch_kernelize.core.index_ties import settle_index_ties
 from torch_kernelize.core.program import KernelProgram
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
@@ -184,8 +185,9 @@ class KernelFamily:
                      refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """Where the op leaves a choice open (which of equal elements an index names), make the
         candidate's outputs take the reference's choice when theirs is as good; compared after.
-        The default: the op leaves nothing open."""
-        return outs
+        The default: the ops of core/index_ties.py (argmax, max.dim, topk, sort, max pooling...);
+        a family whose op leaves other choices open settles them too."""
+        return settle_index_ties(spec, inputs, outs, refs)
 
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
@@ -197,35 +199,8 @@ class KernelFamily:
 
 class PicksAlongDim(KernelFamily):
     """A family whose outputs are (values, int64 indices) of elements of its input ``self``
-    picked along its plan's ``dim`` (topk, sort): equal elements settle on the reference's indices."""
-
-    def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
-                     refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        plan = self.plan(spec)
-        if isinstance(plan, str) or len(outs) != 2 or len(refs) != 2:
-            return outs
-        x = inputs[tensor_index(bind(spec).get("self"))]
-        return resolve_tied_indices(x, plan.dim, outs[0], outs[1], refs[1])
-
-
-def resolve_tied_indices(x: torch.Tensor, dim: int, values: torch.Tensor, got: torch.Tensor,
-                         want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices) of an op that picks elements of ``x`` along ``dim`` (topk, sort), with
-    each index of ``got`` that names an element equal to the one ``want`` names (NaN equal to NaN)
-    replaced by ``want``'s. Left as they are (for the comparison to reject): indices out of range
-    and a row that names one element twice, which no tie explains."""
-    want = want.to(got.device)
-    if got.shape != want.shape or got.dtype != want.dtype or got.numel() == 0 or x.dim() == 0:
-        return values, got
-    x = x.to(got.device)
-    if bool(((got < 0) | (got >= x.shape[dim])).any()):
-        return values, got
-    if bool((got.sort(dim).values.diff(dim=dim) == 0).any()):
-        return values, got
-    a, b = x.gather(dim, got), x.gather(dim, want)
-    same = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
-    settled = torch.empty_like(got)   # in got's layout (torch.where's is its own)
-    return values, settled.copy_(torch.where(same, want, got))
+    picked along a dim (topk, sort): equal elements settle on the reference's indices
+    (core/index_ties.py, through KernelFamily.resolve_ties)."""
 
 
 def sample_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:

@@ -131,6 +131,9 @@ def downgrade(d: Decision, why: str, target: Target) -> Decision:
                                rejected=rejected, missing=True)
 
 
+CYCLE = "fused with the regions before it, it would wait for its own outputs"
+
+
 def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], decisions: list[Decision],
                    cache: Any, target: Target, load_runner: Callable[[KernelSpec, Any], Any]
                    ) -> list[tuple[Region, Decision, Any]]:
@@ -148,15 +151,20 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
         spec = region_spec(region, bindings)
         if spec is None:  # (a region of ops the vendor cannot run is looked up too: a bring-up chip's)
             continue
+        # (only groups can close a cycle: two of them each feeding the other; the first one fused
+        # stays). Such a group is not looked up: it could never run fused, so it is no miss to fill.
+        cycle = region.kind == "matmul_group" and bool(taken) and closes_cycle(region, taken)
         lookup_region = getattr(cache, "lookup_region", None)  # a dynamic graph's: shape buckets too
-        status, entry, why = lookup_region(region, spec) if lookup_region is not None else cache.lookup(spec.key)
+        if cycle:
+            status, entry, why = "cycle", None, CYCLE
+        else:
+            status, entry, why = lookup_region(region, spec) if lookup_region is not None else cache.lookup(spec.key)
         family = family_name(spec, entry) or offline_generator(region.kind, target)
         what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
         d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
-                     shapes=what, family=family, spec=spec, entry=entry)
-        if status == "hit" and closes_cycle(region, taken):
-            # (only groups can: two of them each feeding the other; the first one fused stays)
-            status, why = "cycle", "fused with the regions before it, it would wait for its own outputs"
+                     shapes=what, family=family, spec=spec, entry=entry, members=tuple(sorted(region.names)))
+        if status == "hit" and region.kind != "matmul_group" and closes_cycle(region, taken):  # (should one)
+            status, why = "cycle", CYCLE
         if status == "hit":
             runner = load_runner(spec, entry)
             if runner is not None:

@@ -4,7 +4,8 @@ A candidate output ``out`` passes against the float64 reference ``ref`` when, el
 ``|out - ref| <= atol * scale + rtol * |ref|`` where ``scale = max(1, max|ref|)`` over the
 finite reference values (so a sum that cancels to ~0 is judged against the size of its terms'
 result, not against 0); NaN only where the reference has NaN; infinities equal, sign included.
-Integer and bool outputs must match exactly.
+Integer and bool outputs must match exactly. Complex outputs are judged as complex numbers
+(``|out - ref|`` is the modulus of the difference) under their real dtype's tolerances.
 """
 from __future__ import annotations
 
@@ -27,8 +28,14 @@ OP_FACTORS: dict[str, float] = {
 }
 
 
+def _real(dtype: torch.dtype) -> torch.dtype:
+    """complex64 -> float32 (the precision of its parts), other dtypes as they are."""
+    return dtype.to_real() if dtype.is_complex else dtype
+
+
 def tolerance(dtype: torch.dtype, op: str | None = None) -> tuple[float, float]:
     """(atol, rtol) for an output of ``dtype`` produced by ``op``; (0, 0) means exact."""
+    dtype = _real(dtype)
     if not dtype.is_floating_point:
         return 0.0, 0.0
     atol, rtol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
@@ -40,7 +47,7 @@ def region_tolerance(dtypes: "list[torch.dtype]", ops: "list[str]") -> tuple[flo
     """(atol, rtol) for the output of a fused region: the loosest tolerance of any value the
     region rounds on the way (an fp16 matmul read back as fp32 carries fp16's error) times the
     largest per-op factor among its nodes."""
-    floats = [d for d in dtypes if d.is_floating_point]
+    floats = [_real(d) for d in dtypes if d.is_floating_point or d.is_complex]
     if not floats:
         return 0.0, 0.0
     atol, rtol = max((TOLERANCES.get(d, TOLERANCES[torch.float32]) for d in floats), key=lambda t: t[0])
@@ -65,5 +72,5 @@ def elementwise_bar(dtypes: "list[torch.dtype]") -> tuple[float, float] | None:
     """(atol, rtol) of the bar against the vendor output for an output computed through values
     of ``dtypes`` (a region's: the loosest of them, as ``region_tolerance``); None where no
     bar is written down (float64, integers: the float64 bar alone decides)."""
-    bars = [ELEMENTWISE_BAR[d] for d in dtypes if d in ELEMENTWISE_BAR]
+    bars = [ELEMENTWISE_BAR[_real(d)] for d in dtypes if _real(d) in ELEMENTWISE_BAR]
     return max(bars, key=lambda t: t[0]) if bars else None

@@ -29,7 +29,7 @@ from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, load_model, running_model
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer
-from torch_kernelize.fill_cache.search import run_search
+from torch_kernelize.fill_cache.search import DeviceFault, run_search
 from torch_kernelize.lowering.kernels import Config, KernelFamily, family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
@@ -243,9 +243,7 @@ def fill_bucket(run: Any, work: BucketWork, builder: Builder, family: KernelFami
     """Search, validate and store one bucket (``run``: the FillRun, for its cache, budget and
     rules; ``family``: the spec's registered one by default); the row of the summary table."""
     key, spec = work.key, work.spec
-    where = " x ".join(f"{lo}-{hi}" for lo, hi in work.ranges)
-    row = {"spec": f"{spec.describe()} bucket {where}", "key": key, "source": work.source, "status": "",
-           "winner": "", "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0}
+    row = bucket_row(work)
     status, entry, _ = run.cache.lookup(key)
     if status in ("hit", "vendor") and not run.force:
         row.update(status="cached", winner=entry.family or "vendor", speedup=entry.speedup)
@@ -306,6 +304,13 @@ def fill_bucket(run: Any, work: BucketWork, builder: Builder, family: KernelFami
             m.close()
 
 
+def bucket_row(work: BucketWork) -> dict[str, Any]:
+    """A bucket's row of the summary, before its search."""
+    where = " x ".join(f"{lo}-{hi}" for lo, hi in work.ranges)
+    return {"spec": f"{work.spec.describe()} bucket {where}", "key": work.key, "source": work.source, "status": "",
+            "winner": "", "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0}
+
+
 def fill_buckets(run: Any, works: Sequence[BucketWork]) -> list[dict[str, Any]]:
     """Fill every bucket of ``works`` (deduplicated by key), in order; one row each."""
     builder = Builder(run.target)
@@ -315,7 +320,13 @@ def fill_buckets(run: Any, works: Sequence[BucketWork]) -> list[dict[str, Any]]:
             if w.key in seen:
                 continue
             seen.add(w.key)
-            rows.append(fill_bucket(run, w, builder))
+            try:
+                rows.append(fill_bucket(run, w, builder))
+            except (DeviceFault, UsageError):  # the CUDA context is gone; the arguments must change
+                raise
+            except Exception as e:  # one bucket's failure never ends the run: its sizes stay on the vendor
+                log.warning("bucket of %s: failed (%s: %s)", w.spec.describe()[:90], type(e).__name__, str(e)[:300])
+                rows.append(dict(bucket_row(w), status="failed", winner=f"{type(e).__name__}: {e}"[:300]))
             log.info("bucket %s: %s", rows[-1]["spec"][:100], rows[-1]["status"])
     finally:
         builder.close()

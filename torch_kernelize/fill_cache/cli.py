@@ -11,6 +11,7 @@ out first and reports the whole run (distributed.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import errno
 import json
@@ -40,6 +41,7 @@ from torch_kernelize.fill_cache.generators import Competition, check_resumable, 
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
 from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
+from torch_kernelize.fill_cache.run_log import RunLog
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.store_policy import MIN_SPEEDUP, needs_confirmation, verdict
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
@@ -49,6 +51,7 @@ from torch_kernelize.core.options import OPTIONS, default_cache_dir
 from torch_kernelize.core.spec import KernelSpec
 
 log = logging.getLogger("torch_kernelize.fill_cache")
+details = logging.getLogger("torch_kernelize.fill_cache.details")  # the run log only (run_log.py)
 
 EXIT_MACHINE = 4  # an OS error stopped the run (README: Filling the cache)
 DEFAULT_BUDGET = {"cuda": 12, "interpreter": 2}
@@ -93,6 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "cache (<cache-dir>/rank-<N>) and sends its entries to rank 0, which imports them into "
                    "--cache-dir (signed by a key it trusts, else re-validated there)")
     p.add_argument("--summary", type=Path, default=None, help="JSON summary path (default: in the cache)")
+    p.add_argument("--strict", action="store_true", help="exit 1 if a spec is left on the vendor op without a "
+                   "kernel (no correct candidate, too large to validate, or its search failed); by default such "
+                   "specs are listed in the summary and the run exits 0: the cache serves them on the vendor")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="with an error (a --model that raises, an OS error), "
                    "its traceback too")
@@ -131,7 +137,9 @@ class FillRun:
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
-        self.covering: dict[str, list[str]] = {}   # region spec -> the regions tried before it (Work.covered_by)
+        self.log: RunLog | None = None  # tags the run log's lines with the spec being searched
+        # region place -> (its spec key, the places tried before it that share a node: Work.places)
+        self.region_places: dict[str, tuple[str, list[str]]] = {}
 
     def space(self, spec: Any) -> Any:
         """The spec's family and every other generator of the run that supports it, as one
@@ -151,9 +159,8 @@ class FillRun:
     def process(self, work: Work, progress: Any = None) -> dict[str, Any]:
         """Search one spec (the caller holds its lock) and store the result."""
         spec = work.spec
-        row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
-               "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
-        self.covering[spec.key] = work.covered_by   # (a cached region can be blocked too)
+        row = _row(work)
+        self.add_places([work])   # (a cached region can be blocked too)
         status, entry, _ = self.cache.lookup(spec.key)
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
@@ -162,7 +169,7 @@ class FillRun:
         if family is None:
             row["status"] = "no generator"
             return row
-        if not self.force and any(self._served(k) for k in work.covered_by):
+        if not self.force and self.never_run(work):
             row["status"] = "in a fused region"
             return row
         journal = Journal(self.cache.journal_path(spec.key))
@@ -189,11 +196,23 @@ class FillRun:
             if not any(p[4] is measurer for p in self._pending):  # else kept for the winner's last check
                 measurer.close()
 
-    def _served(self, key: str, seen: frozenset = frozenset()) -> bool:
-        """Whether serving runs the region ``key`` fused: it hits, and no region tried before it
-        that shares a node with it does."""
-        return self.cache.lookup(key)[0] == "hit" and not any(
-            self._served(k, seen | {key}) for k in self.covering.get(key, ()) if k not in seen)
+    def add_places(self, work: Sequence[Work]) -> None:
+        """Learn where the regions of ``work`` occur (collect.Work.places), for never_run."""
+        for w in work:
+            self.region_places.update(zip(w.place_ids, ((w.spec.key, p) for p in w.places)))
+
+    def never_run(self, work: Work) -> bool:
+        """Whether serving would never run ``work``'s spec: at every place it occurs, a region
+        holding it (or, for a region, one tried before it) runs fused. Only then is its search
+        skipped: a spec that serving looks up anywhere is filled (one fill is enough)."""
+        return bool(work.places) and all(any(self._served(p) for p in place) for place in work.places)
+
+    def _served(self, place: str, seen: frozenset = frozenset()) -> bool:
+        """Whether serving runs the region at ``place`` fused: it hits, and no region tried before
+        it there that shares a node with it does. A place not known here is not."""
+        key, before = self.region_places.get(place, (None, ()))
+        return key is not None and self.cache.lookup(key)[0] == "hit" and not any(
+            self._served(p, seen | {place}) for p in before if p not in seen)
 
     def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
         cache_dir = getattr(self.cache, "dir", None)  # a whole graph's own assembly runs from it
@@ -209,6 +228,8 @@ class FillRun:
         def evaluate(config):
             ev = measurer.evaluate(config).to_json()
             ev.update(spec=spec.key, search_id=self.search_id, family=family.name, time=time.time())
+            if self.log is not None and (said := self.log.take(spec.key)):
+                ev["log"] = said  # what Inductor, Triton or warnings said while its candidates were made
             return ev
 
         def step(r):
@@ -219,7 +240,7 @@ class FillRun:
         result = run_search(spec, family, evaluate, family.evaluations(spec, self.budget), previous, journal.append,
                             step, measurer.prepare)
         row.update(evaluated=len(result.evaluated), resumed=result.resumed)
-        best = result.best
+        best = _rechecked(spec, result, evaluate)
         if best is None:
             errors = sorted({r["error"][:120] for r in result.evaluated if r["error"]})
             row.update(status="no correct candidate", winner="; ".join(errors[:2]))
@@ -303,7 +324,19 @@ class FillRun:
 
     def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
         started = time.perf_counter()
-        row = self.process(work, progress)
+        if self.log is not None:
+            self.log.spec(work.spec.key, work.spec.short_name)
+        if progress is not None:
+            progress.set_postfix_str(work.spec.short_name, refresh=True)
+        try:
+            row = self.process(work, progress)
+        except (DeviceFault, UsageError):  # the CUDA context is gone; the arguments must change (exit 2)
+            raise
+        except Exception as e:  # one spec's failure never ends the run: its ops stay on the vendor
+            log.warning("%s: failed (%s: %s); its ops run on the vendor", work.spec.describe()[:90],
+                        type(e).__name__, str(e)[:300])
+            details.error("%s: failed", work.spec.describe(), exc_info=True)  # (the run log only)
+            row = dict(_row(work), status="failed", winner=f"{type(e).__name__}: {e}"[:300])
         row["seconds"] = round(time.perf_counter() - started, 2)
         log.info("%s: %s in %.1fs (%d evaluated) %s", work.spec.describe()[:90], row["status"], row["seconds"],
                  row["evaluated"], row["winner"])
@@ -311,6 +344,7 @@ class FillRun:
 
     def run(self, work: list[Work], quiet: bool = False) -> list[dict[str, Any]]:
         interrupted = False
+        self.add_places(work)
         try:
             return self._run(work, quiet)
         except KeyboardInterrupt:
@@ -325,8 +359,8 @@ class FillRun:
                     self._worker.close()
 
     def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
-        from filelock import Timeout
         from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
 
         def prebuild(i: int) -> None:
             # Compile the seed candidates of the next few specs while this one is measured; not
@@ -334,10 +368,22 @@ class FillRun:
             for w in work[i:i + LOOKAHEAD]:
                 family = self.space(w.spec)
                 if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
-                    self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
+                    with self.log.about(w.spec.key, w.spec.short_name) if self.log else contextlib.nullcontext():
+                        self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
 
         deferred: list[Work] = []
+        # specs done of all, elapsed<time left, and the spec being searched (its last candidate's verdict)
         bar = tqdm(total=len(work), desc="fill_cache", unit="spec", disable=quiet, file=sys.stderr)
+        with logging_redirect_tqdm():  # log lines print above the bar, not through it
+            self._loop(work, bar, prebuild, deferred)
+        bar.close()
+        if self.log is not None:
+            self.log.spec(None)  # (what follows concerns no one spec of these)
+        return self.rows
+
+    def _loop(self, work: list[Work], bar: Any, prebuild: Any, deferred: list[Work]) -> None:
+        from filelock import Timeout
+
         for i, w in enumerate(work):
             prebuild(i)
             lock = self.cache.lock(w.spec.key)
@@ -359,8 +405,31 @@ class FillRun:
                     row["status"] = "cached (by another process)"
                 self.rows.append(row)
             bar.update(1)
-        bar.close()
-        return self.rows
+
+
+def _rechecked(spec: KernelSpec, result: SearchResult, evaluate: Any) -> dict[str, Any] | None:
+    """The best correct evaluation of ``result``, one that this process evaluated: a winner
+    resumed from the journal of an earlier process is evaluated again here (its build folder went
+    with that process, and a generator such as Inductor's may not build the same program twice);
+    one that fails now gives way to the next best. Not journaled: the search is the journal's."""
+    resumed = {id(r) for r in result.evaluated[:result.resumed]}
+    for r in sorted((r for r in result.evaluated if r["correct"]), key=lambda r: -r["fitness"]):
+        if id(r) not in resumed:
+            return r
+        again = evaluate(Config.from_json(r["config"]))
+        if again.get("fault") and not again.get("contained"):
+            raise DeviceFault(spec, again)
+        if again["correct"]:
+            return again
+        log.warning("a winner resumed from the journal fails now (%s); the next best is taken", again["error"][:200])
+    return None
+
+
+def _row(work: Work) -> dict[str, Any]:
+    """A spec's row of the summary, before its search."""
+    spec = work.spec
+    return {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
+            "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
 
 
 def _winner_text(entry: Any) -> str:
@@ -402,9 +471,20 @@ def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[
     return work
 
 
-def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summary: dict[str, Any]) -> int:
-    """Print the table and the one-line total, write the JSON summary; 1 if a spec had no correct
-    candidate, else 0."""
+# statuses of specs whose ops the cache leaves on the vendor op without a kernel (--strict: an error)
+LEFT_ON_VENDOR = ("no correct candidate", "too large", "failed")
+
+
+def run_log_path(cache_dir: Path, search_id: str, rank: int | None) -> Path:
+    """The run's log file (run_log.py): beside its summary and the journals, in the cache."""
+    return Path(cache_dir) / "runs" / (f"{search_id}.log" if rank is None else f"{search_id}-rank{rank}.log")
+
+
+def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summary: dict[str, Any],
+           strict: bool = False) -> int:
+    """Print the table, the specs left on the vendor op and the one-line total; write the JSON
+    summary. The run finished and the cache serves the model: 0, unless ``strict`` and some spec
+    is left on the vendor without a kernel (1)."""
     print(format_table(rows))
     for r in rows:  # whole graphs: who competed, their times, who won (graph_candidates.py)
         if r.get("graph"):
@@ -412,15 +492,20 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
     summary = {**summary, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
-    failed = [r for r in rows if r["status"] == "no correct candidate"]
-    print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; "
-          f"{sum(r['status'] == 'stored' for r in rows)} stored, "
-          f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, "
-          + (f"{n} own assembly wins, " if (n := sum(r['status'] == 'own assembly wins' for r in rows)) else "")
-          + f"{len(failed)} without a correct "
-          f"candidate, {sum(r['status'] == 'too large' for r in rows)} too large; "
-          + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items()) + f"; summary: {summary_path}")
-    return 1 if failed else 0
+    left = [r for r in rows if r["status"] in LEFT_ON_VENDOR]
+    if left:
+        print(f"left on the vendor op ({len(left)}; a later fill with a larger --budget, or a candidate file, may "
+              "find them a kernel):")
+        for r in left:
+            print(f"  {r['spec'][:90]}: {r['status']}" + (f" ({r['winner'][:120]})" if r["winner"] else ""))
+    count = lambda status: sum(r["status"] == status for r in rows)  # noqa: E731
+    log_note = f", log: {summary['log']}" if summary.get("log") else ""
+    own = f"{count('own assembly wins')} own assembly wins, " if count("own assembly wins") else ""
+    print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; {count('stored')} stored, {count('vendor wins')} "
+          f"vendor wins, {own}{count('no correct candidate')} without a correct candidate, {count('too large')} too "
+          f"large, {count('failed')} failed; " + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items())
+          + f"; summary: {summary_path}{log_note}")
+    return 1 if strict and left else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,8 +550,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
                  target.name, cache.dir, budget)
         started = time.perf_counter()  # the fill's time, without the trace
-        rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
-        rows += fill_buckets(run, buckets)  # shape buckets, after the exact shapes
+        run.log = RunLog(run_log_path(cache.dir, run.search_id, group.rank if group is not None else None))
+        with run.log.captured():
+            rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
+            rows += fill_buckets(run, buckets)  # shape buckets, after the exact shapes
     except KernelizeError as e:
         _traceback(args, e)
         print(f"fill_cache: error: {e}", file=sys.stderr)
@@ -493,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
     try:
         return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": target.describe(),
-                                                    "cache": str(cache.dir), "budget": budget})
+                                                    "cache": str(cache.dir), "budget": budget,
+                                                    "log": str(run.log.path)}, args.strict)
     except OSError as e:  # the summary could not be written (everything else is stored)
         _traceback(args, e)
         print(f"fill_cache: {machine_stop(e, args.cache_dir)}", file=sys.stderr)
@@ -563,7 +651,8 @@ def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: Fi
         summary_path = args.summary or cache_dir / "runs" / f"{run.search_id}.json"
         codes.append(report(all_rows, time.perf_counter() - started, summary_path,
                             {"search_id": run.search_id, "target": run.target.describe(),
-                             "cache": str(cache_dir), "budget": run.budget, "ranks": ranks}))
+                             "cache": str(cache_dir), "budget": run.budget, "ranks": ranks,
+                             "log": str(run.log.path) if run.log else None}, args.strict))
     return distributed.worst(codes)
 
 

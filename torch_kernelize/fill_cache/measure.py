@@ -8,12 +8,13 @@ Its trials (inputs, float64 references, vendor outputs) are computed once, in a 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ from torch_kernelize.core.program_steps import refused_ops
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.graph_candidates import assembly_runner
 from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_available
-from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, trial_seeds
+from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, spec_bytes, trial_seeds
 from torch_kernelize.serving.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.core.devices import to_device
@@ -33,6 +34,11 @@ from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.validate import validate
 
 PHASES = ("build", "reference", "validation", "timing")
+# A spec this small is validated on the host with one intra-op thread: its float64 references and
+# comparisons are too small to share, and waking a second thread on a busy host cost more than
+# the work (an f64 mm of 19x16x32: 13 ms on 2 threads of a loaded 2-core host, 0.09 ms on one;
+# make_hf_llama's fill on the interpreter: "reference" 20 s -> 1 s)
+ONE_THREAD_BYTES = 16 << 20
 
 
 @dataclasses.dataclass
@@ -85,6 +91,7 @@ class Measurer:
                                  len(self.seeds) + len(family.edge_kinds) + len(self.extra_inputs))
         self._seconds = dict.fromkeys(PHASES, 0.0)  # "reference" is the trial store's
         self.peak_meter = PeakMeter(self.device)
+        self._one_thread = self.device == "cpu" and spec_bytes(spec) <= ONE_THREAD_BYTES
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -154,7 +161,8 @@ class Measurer:
         before = sum(self.trials.seconds.values())
         t0 = time.perf_counter()
         try:
-            with warnings.catch_warnings(), np.errstate(all="ignore"):
+            threads = 1 if self._one_thread else None
+            with warnings.catch_warnings(), np.errstate(all="ignore"), _host_threads(threads):
                 # edge inputs (inf, NaN, huge) make the interpreter's numpy warn; validation judges them
                 warnings.simplefilter("ignore", RuntimeWarning)
                 record = validate(run, self.spec, self._sample, self.family.edge_kinds, self.seeds,
@@ -219,6 +227,19 @@ class Measurer:
         inputs = self.bench_inputs()
         baseline = self.baseline()
         return self._time(lambda: paired_ms(lambda: baseline(inputs), lambda: runner(*inputs), rounds))
+
+
+@contextlib.contextmanager
+def _host_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` (None: left as they are) for the block, then back."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n is not None:
+            torch.set_num_threads(before)
 
 
 def _in_layout(t: torch.Tensor, meta: Any) -> torch.Tensor:

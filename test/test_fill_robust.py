@@ -1,0 +1,137 @@
+"""fill_cache on what real models and earlier runs leave: a resumed winner whose build folder is
+gone, a spec whose search raises, exit codes that say whether the run finished (README: exit
+codes), and the generators' own logging kept off the terminal (run_log.py). In-process, on the
+interpreter target."""
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+
+import pytest
+
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.fill_cache import cli, measure, measure_worker
+from torch_kernelize.fill_cache.collect import specs_from_model
+from torch_kernelize.fill_cache.measure import Evaluation, Measurer
+
+MODEL = "torch_kernelize.model_zoo:make_wide"   # one spec
+SMALL = "torch_kernelize.model_zoo:make_small"  # a fused region, its nodes, and histc
+
+
+class InProcessWorker:
+    """The measure worker's protocol (measure_worker.MeasureWorker) run in this process, so that
+    a test can give the worker's Measurer a timer on the CPU."""
+
+    def __init__(self) -> None:
+        self.holds: set[str] = set()
+        self.restarts = 0
+        measure_worker._HELD.clear()
+
+    def call(self, fn, *args):
+        return fn(*args)
+
+    def restart(self) -> None:
+        measure_worker._HELD.clear()
+
+    def close(self) -> None:
+        measure_worker._HELD.clear()
+
+
+def _timed_on_cpu(monkeypatch) -> None:
+    """Every candidate ties the vendor op in the search (1 ms each), so the winner is timed again
+    (store_policy.needs_confirmation), where it is 1.2x faster."""
+    monkeypatch.setattr(measure, "timing_available", lambda target: True)
+    monkeypatch.setattr(measure, "median_ms", lambda fn, *a, **k: (fn(), 1.0)[1])
+    monkeypatch.setattr(measure, "paired_ms", lambda vendor, cand, rounds=3: (vendor(), cand(), 1.2, 1.0)[2:])
+    monkeypatch.setattr(cli, "MeasureWorker", InProcessWorker)
+
+
+def _fill(cache_dir, resume: bool):
+    from torch_kernelize.kernel_cache import KernelCache
+    target = get_target("interpreter")
+    cache = KernelCache.for_target(cache_dir, target)
+    run = cli.FillRun(target, cache, 1, resume, False, cli.MIN_SPEEDUP, isolate=True)
+    return run, cache, run.run(specs_from_model(MODEL, target, cache_dir), quiet=True)
+
+
+def test_resume_rebuilds_a_journaled_winner_whose_build_folder_is_gone(tmp_path, monkeypatch):
+    _timed_on_cpu(monkeypatch)
+
+    def interrupted(self, config, rounds=3):
+        raise KeyboardInterrupt  # after the search journaled its candidate, before the winner is stored
+    with monkeypatch.context() as m:
+        m.setattr(measure_worker.IsolatedMeasurer, "confirm", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            _fill(tmp_path / "cache", resume=False)
+    journals = list((tmp_path / "cache").glob("*/journals/*.jsonl"))
+    assert len(journals) == 1 and json.loads(journals[0].read_text())["measured"]
+    # that process's build folder went with it; this run resumes from the journal: nothing new is
+    # searched (budget 1), and the winner is built and validated again, confirmed and stored
+    run, cache, rows = _fill(tmp_path / "cache", resume=True)
+    assert [(r["status"], r["resumed"]) for r in rows] == [("stored", 1)], rows
+    assert len(journals[0].read_text().splitlines()) == 1   # validated again, but not searched again
+    assert cache.lookup(rows[0]["key"])[0] == "hit"
+    entry = cache.lookup(rows[0]["key"])[1]
+    assert entry.speedup == pytest.approx(1.2)
+
+
+def test_a_spec_whose_search_raises_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    evaluate = Measurer.evaluate
+
+    def histc_breaks(self, config):
+        if self.spec.op == "aten.histc.default":
+            raise ValueError("a bug in one family")
+        return evaluate(self, config)
+    monkeypatch.setattr(Measurer, "evaluate", histc_breaks)
+    args = ["--quiet", "--model", SMALL, "--target", "interpreter", "--cache-dir", str(tmp_path / "cache"),
+            "--budget", "1", "--summary", str(tmp_path / "summary.json")]
+    assert cli.main(args) == 0   # finished: the cache serves the model, histc on the vendor op
+    rows = json.loads((tmp_path / "summary.json").read_text())["specs"]
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert len(failed) == 1 and "ValueError: a bug in one family" in failed[0]["winner"]
+    assert any(r["status"] == "stored" for r in rows)
+    out = capsys.readouterr().out
+    assert "left on the vendor op (1" in out and "aten.histc.default" in out
+    assert cli.main([*args, "--strict", "--force"]) == 1
+
+
+def test_no_correct_candidate_exits_0_and_1_under_strict(tmp_path, monkeypatch):
+    monkeypatch.setattr(Measurer, "evaluate", lambda self, config: Evaluation(
+        config.to_json(), False, 0.0, error="trial 1 (random, seed 0): 3 element(s) out of tolerance"))
+    args = ["--quiet", "--model", MODEL, "--target", "interpreter", "--cache-dir", str(tmp_path / "cache"),
+            "--budget", "1"]
+    assert cli.main(args) == 0
+    assert cli.main([*args, "--strict"]) == 1
+
+
+def test_generators_logging_goes_to_the_run_log_and_journal_not_the_terminal(tmp_path, monkeypatch, capsys, caplog):
+    from torch_kernelize.fill_cache import builder
+    build = builder._build
+
+    def noisy_build(*args):   # as Inductor's autotuning and Triton do while a candidate is generated
+        logging.getLogger("torch._inductor.select_algorithm").warning(
+            "No valid triton configs. OutOfMemoryError: out of resource: triton_mm Required: 262144")
+        logging.getLogger("triton.runtime.autotuner").warning("a triton line")
+        warnings.warn("a generator's warning")
+        return build(*args)
+    monkeypatch.setattr(builder, "_build", noisy_build)
+    before = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate) for n in ("torch", "triton")}
+    code = cli.main(["--model", MODEL, "--target", "interpreter", "--cache-dir", str(tmp_path / "cache"),
+                     "--budget", "1", "--summary", str(tmp_path / "summary.json")])
+    assert code == 0
+    terminal = capsys.readouterr()
+    shown = terminal.out + terminal.err + "\n".join(r.getMessage() for r in caplog.records)
+    assert "No valid triton configs" not in shown and "a triton line" not in shown
+    assert "a generator's warning" not in shown
+    log_path = json.loads((tmp_path / "summary.json").read_text())["log"]
+    text = open(log_path).read()
+    assert "No valid triton configs" in text and "a triton line" in text and "a generator's warning" in text
+    line = next(x for x in text.splitlines() if "No valid triton configs" in x)
+    assert "[-]" not in line and "torch._inductor.select_algorithm [" in line   # tagged with the spec searched
+    assert f"log: {log_path}" in terminal.out
+    journals = (tmp_path / "cache").glob("*/journals/*.jsonl")
+    journal = [json.loads(line) for j in journals for line in j.read_text().splitlines()]
+    assert len(journal) == 1 and any("No valid triton configs" in x for x in journal[0]["log"]), journal
+    after = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate) for n in ("torch", "triton")}
+    assert after == before   # put back as they were after the run
