@@ -10,6 +10,7 @@ import functools
 import itertools
 import logging
 import threading
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -33,12 +34,12 @@ from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
 from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.core.options import Options
+from torch_kernelize.core.options import Options, default_cache_dir
 from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
 from torch_kernelize.serving.view_folding import fold_view_chains
-from torch_kernelize.compiling.report import GraphReport, ReportWriter
+from torch_kernelize.compiling.report import GraphReport, ReportWriter, fill_command
 from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
 from torch_kernelize.core.shapes import SymbolBinder
@@ -192,8 +193,11 @@ class LoweredGraph:
 
     def _publish(self, first: Specialization, signature: str) -> None:
         """The report of the first specialisation: to the log, and to the report file if asked."""
-        self.report = GraphReport(self.name, self.kind, self.target.describe(), signature,
-                                  first.decisions, first.regions)
+        options = self.session.options
+        target = self.target.describe()
+        hint = fill_command(target, options.repro_dir,
+                            options.cache_dir if Path(options.cache_dir) != default_cache_dir() else None)
+        self.report = GraphReport(self.name, self.kind, target, signature, first.decisions, first.regions, hint)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", self.report.table())
         if self.session.options.report is not None:
@@ -303,7 +307,10 @@ class LoweredGraph:
                             lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
-            missing = {d.op: d.repro for d in decisions if d.missing}
+            missing: dict[str, str | None] = {}  # op -> a folder that names it (strict mode's error)
+            for d in decisions:
+                if d.missing and missing.get(d.op) is None:
+                    missing[d.op] = d.repro
             strict = session.options.strict and missing
             first_call = None
             if pending or strict:

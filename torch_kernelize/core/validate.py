@@ -62,8 +62,9 @@ def _chunk_elements(numel: int) -> int:
 def _paired_blocks(out: torch.Tensor, ref: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Matching float64 blocks of ``out`` and ``ref`` (same shape), on ``out``'s device."""
     limit = _chunk_elements(out.numel())
+    wide = torch.complex128 if out.is_complex() or ref.is_complex() else torch.float64  # (never drop an imaginary part)
     for o, r in zip(_blocks(out.detach(), limit), _blocks(ref.detach(), limit)):
-        yield o.to(torch.float64), r.to(out.device, torch.float64)
+        yield o.to(wide), r.to(out.device, wide)
 
 
 def _settle_range(o: torch.Tensor, r: torch.Tensor, dtype: torch.dtype, atol: float, rtol: float):
@@ -149,7 +150,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
         n_bad = int(bad.sum())
         if n_bad and first is None:
             i = int(bad.nonzero()[0, 0])
-            first = (float(of[i]), float(rf[i]))
+            first = (of[i].item(), rf[i].item())
             bad_at = offset + int(finite.nonzero()[i, 0])
         bad_count += n_bad
         offset += block
@@ -165,7 +166,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, op: str | None = None,
         return Comparison(False, max_abs, max_rel, max_err=max_abs / scale, reason=
                           f"{bad_count} element(s) out of tolerance ({bar}, rtol {rtol:g}), max error "
                           f"{max_abs / scale:.3g}; first at index {_unravel(bad_at, out.shape)}: got {first[0]:.6g}, "
-                          f"expected {first[1]:.6g}")
+                          f"expected {first[1]:.6g}")  # (complex values print as complex)
     return Comparison(True, max_abs, max_rel, max_err=max_abs / scale)
 
 
