@@ -6,6 +6,12 @@ class KernelizeError(Exception):
     """Base class of every error torch_kernelize raises on purpose."""
 
 
+class IndexOutOfRange(KernelizeError, IndexError):
+    """A kernel's inputs hold an index outside the dim it indexes: the IndexError eager raises.
+    The kernel never reads or writes out of bounds (no device assert, which would leave a CUDA
+    context unusable); it sets a flag that its program's ``checks`` turn into this error."""
+
+
 class OptionsError(KernelizeError, ValueError):
     """An option given to the backend (or through the environment) is unknown or malformed."""
 

@@ -130,6 +130,23 @@ class Donation:
 
 
 @dataclasses.dataclass(frozen=True)
+class Check:
+    """A flag the program's kernels set when the call's inputs are invalid for the op (an index
+    out of range): temporary ``temp`` (zero-initialised); any nonzero element after the launches
+    makes the call raise ``IndexOutOfRange(message)``, as eager raises, instead of returning what
+    the kernels computed (they never access memory out of bounds)."""
+    temp: int
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"temp": self.temp, "message": self.message}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Check":
+        return cls(int(d["temp"]), str(d["message"]))
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelProgram:
     source: str
     launches: tuple[Launch, ...]
@@ -138,6 +155,7 @@ class KernelProgram:
     donations: tuple[Donation, ...] = ()
     state: tuple[Buffer, ...] = ()  # kept across calls, zeroed once (grid-barrier semaphores)
     language: str = "triton"  # or "cuda": CUDA C++ (see the module docstring)
+    checks: tuple[Check, ...] = ()  # flags of invalid inputs, checked after the launches
 
     def __post_init__(self):
         if self.language not in LANGUAGES:
@@ -147,6 +165,9 @@ class KernelProgram:
         for b in self.state:
             if b.init not in (None, 0):
                 raise ValueError(f"state buffers start at zero, not {b.init!r}")
+        for c in self.checks:
+            if not 0 <= c.temp < len(self.temps) or self.temps[c.temp].init != 0:
+                raise ValueError(f"check {c.message!r}: temp {c.temp} is not a zero-initialised buffer")
         for launch in self.launches:
             for kind, i in launch.args:
                 pool = {"tmp": self.temps, "state": self.state}.get(kind)
@@ -196,6 +217,8 @@ class KernelProgram:
             d["state"] = [b.to_json() for b in self.state]
         if self.language != "triton":
             d["language"] = self.language
+        if self.checks:
+            d["checks"] = [c.to_json() for c in self.checks]
         return d
 
     @classmethod
@@ -203,7 +226,8 @@ class KernelProgram:
         return cls(source, tuple(Launch.from_json(l) for l in d["launches"]), tuple(d.get("output_init", ())),
                    tuple(Buffer.from_json(t) for t in d.get("temps", ())),
                    tuple(Donation.from_json(x) for x in d.get("donations", ())),
-                   tuple(Buffer.from_json(b) for b in d.get("state", ())), d.get("language", "triton"))
+                   tuple(Buffer.from_json(b) for b in d.get("state", ())), d.get("language", "triton"),
+                   tuple(Check.from_json(c) for c in d.get("checks", ())))
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from torch_kernelize.core.buckets import contiguous_strides as _contiguous
+from torch_kernelize.core.errors import IndexOutOfRange
 from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 
@@ -203,6 +204,7 @@ class ProgramRunner:
         self._donated: dict[int, int] = {}  # output -> the input it is written into (donating())
         if backend == "cuda":
             self._cuda_plans = self._cuda_plans_for(self._kernels)
+        self._checks = [(c.temp, c.message) for c in program.checks]
         self._load_unaligned = unaligned
         self._unaligned_tried = False
         self._unaligned_plans: list | None = None
@@ -271,7 +273,7 @@ class ProgramRunner:
         with an input off a 16-byte boundary, or on another device than the current one, takes
         the general path (``__call__``). None where the general path is the only one (not CUDA,
         donated outputs, state buffers, no inputs)."""
-        if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
+        if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs or self._checks
                 or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
         names: dict[str, Any] = {"general": self.__call__, "empty": _EMPTY_STRIDED_CUDA,
@@ -409,13 +411,26 @@ class ProgramRunner:
                 raise MisalignedInput(f"the buffer donated to {self.spec.describe()} is not 16-byte aligned")
             outs[out] = inputs[given]
         self.launch(inputs, outs, temps)
+        if self._checks:
+            self._raise_flagged(temps)
         return tuple(outs) if self._tuple else outs[0]
+
+    def _raise_flagged(self, temps: list[torch.Tensor]) -> None:
+        """Raise the error of a check whose flag the kernels set (one read of a flag: a sync on a
+        GPU, skipped while a CUDA graph is captured, where it cannot be read)."""
+        if temps and temps[0].is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        for i, message in self._checks:
+            if bool(temps[i].any()):
+                raise IndexOutOfRange(message)
 
     def run_poisoned(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Validation: outputs poisoned before the launch, always returned as a tuple."""
         device = inputs[0].device if inputs else torch.device("cpu")
         outs, temps = self.allocate(device, poison=True)
         self.launch(inputs, outs, temps)
+        if self._checks:
+            self._raise_flagged(temps)
         return tuple(outs)
 
 

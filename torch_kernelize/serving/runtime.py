@@ -20,6 +20,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.core.decision import Decision
+from torch_kernelize.core.errors import IndexOutOfRange
 from torch_kernelize.serving.launch import MisalignedInput
 from torch_kernelize.core.spec import KernelSpec, tensor_input_nodes
 from torch_kernelize.core.validate import compare_all
@@ -99,6 +100,8 @@ class TritonCall:
                     return self.vendor(*tensors)
             try:
                 return self.runner(*tensors)
+            except IndexOutOfRange:
+                raise  # the inputs are wrong, not the kernel: eager's error
             except Exception as e:
                 return self.failed(e, tensors)
         return self.vendor(*tensors)
@@ -151,6 +154,8 @@ class CheckedTritonCall(TritonCall):
             got = self.runner(*tensors)
         except MisalignedInput:
             return self.vendor(*tensors)
+        except IndexOutOfRange:
+            raise
         except Exception as e:
             self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
             return self.vendor(*tensors)
