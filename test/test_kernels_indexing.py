@@ -134,13 +134,24 @@ def test_negative_indices_wrap_for_index_tensor(tmp_path):
 
 
 def test_out_of_range_index_never_reads_out_of_bounds(tmp_path):
-    """ATen raises; the kernel cannot: the row reads NaN (never memory outside the tensor)."""
+    """ATen raises; the kernel cannot: the row reads NaN (never memory outside the tensor) and a
+    flag is set, which the call turns into eager's IndexError."""
+    from torch_kernelize.core.errors import IndexOutOfRange
     x = rnd(5, 8)
     idx = torch.tensor([0, 7, 4, -9])
     spec = spec_of(aten.index.Tensor, (x, [torch.tensor([0, 1, 4, 2])]))
-    out = load(tmp_path, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])).run_poisoned([x, idx])[0]
+    runner = load(tmp_path, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]))
+    outs, temps = runner.allocate(torch.device("cpu"), poison=True)
+    runner.launch([x, idx], outs, temps)
+    out = outs[0]
     assert torch.equal(out[0], x[0]) and torch.equal(out[2], x[4])
     assert out[1].isnan().all() and out[3].isnan().all()
+    assert temps[-1].item() == 1
+    with pytest.raises(IndexError):
+        x[idx]
+    with pytest.raises(IndexOutOfRange, match="out of bounds"):
+        runner(x, idx)
+    runner(x, torch.tensor([0, 4, -5, 2]))  # valid again: the flag is the call's own
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)

@@ -23,6 +23,7 @@ from torch_kernelize.core.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.serving.bucket_call import BucketCall, SizedCall, readable
 from torch_kernelize.serving.flat_code import flat_function
+from torch_kernelize.serving.launch import deferred_checks
 from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
 from torch_kernelize.compiling.decompositions import host_implementation
@@ -225,6 +226,11 @@ class LoweredGraph:
         return call[1] if call is not None and call[0] is self else None
 
     def __call__(self, args: list) -> Any:
+        if self.target.device == "cuda":  # kernels' range checks: one read after the call
+            return deferred_checks(self._call, args)
+        return self._call(args)
+
+    def _call(self, args: list) -> Any:
         if self._check:
             calls = self._checked_calls
             outer = getattr(calls, "call", None)

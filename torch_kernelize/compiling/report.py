@@ -66,7 +66,7 @@ def missing_lines(decisions: list[Decision]) -> list[str]:
     lines = []
     for ds in groups.values():
         d = ds[0]
-        what = f"{d.op}{f' {d.shapes}' if d.shapes else ''}{f' ({len(ds)} nodes)' if len(ds) > 1 else ''}"
+        what = f"{d.shapes if d.shapes and d.shapes.startswith(d.op) else d.op}{f' ({len(ds)} nodes)' if len(ds) > 1 else ''}"
         where = f"repro: {d.repro}" if d.repro else "no reproducer (repro dumping off, or no fixed shape)"
         how = ("" if d.family or d.spec is None else
                f"; no generator fills it: write a kernel for it ({TASK_COMMAND} {d.repro or '<repro folder>'})")

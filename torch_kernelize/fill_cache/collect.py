@@ -186,6 +186,7 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
         torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
     nodes: dict[str, Work] = {}
+    every_node: dict[str, set[tuple[str, str]]] = {}  # spec key -> the (graph, node)s of that spec
     for g in graphs:
         for specialization in g._specializations.values():
             for d in specialization.regions:
@@ -197,18 +198,21 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
                 if d.spec is not None and d.spec.key not in nodes and supported(d.spec):
                     nodes[d.spec.key] = Work(d.spec, f"model:{ref}", "missing" if d.missing else "miss")
                     nodes[d.spec.key].node = (g.name, d.node)
+                if d.spec is not None and d.spec.key in nodes:
+                    every_node.setdefault(d.spec.key, set()).add((g.name, d.node))
     # Regions first, in the order serving tries them (largest first): a node inside a region
     # that gets a kernel never runs alone, so its own search is skipped then (see FillRun); it
     # still runs if its region finds no correct kernel. Likewise a region that shares a node with
     # one tried before it (a member of a matmul group, a region inside a graph region, a GEMM's
     # epilogue that a graph region holds) is skipped once that one has a kernel.
+    # A node spec is skipped only where a region holds every node of that spec (the layer scale
+    # of one block inside a fused region, of another outside any: the second one runs alone).
     ordered = list(regions.values())
     for i, w in enumerate(ordered):
-        for member in w.members:
-            for n in nodes.values():
-                if n.node == member:
-                    n.covered_by.append(w.spec.key)
         mine = set(w.members)
+        for key, n in nodes.items():
+            if every_node[key] <= mine:
+                n.covered_by.append(w.spec.key)
         w.covered_by.extend(r.spec.key for r in ordered[:i] if mine & set(r.members))
     return ordered + list(nodes.values())
 

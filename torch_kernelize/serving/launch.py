@@ -416,13 +416,18 @@ class ProgramRunner:
         return tuple(outs) if self._tuple else outs[0]
 
     def _raise_flagged(self, temps: list[torch.Tensor]) -> None:
-        """Raise the error of a check whose flag the kernels set (one read of a flag: a sync on a
-        GPU, skipped while a CUDA graph is captured, where it cannot be read)."""
-        if temps and temps[0].is_cuda and torch.cuda.is_current_stream_capturing():
-            return
-        for i, message in self._checks:
-            if bool(temps[i].any()):
-                raise IndexOutOfRange(message)
+        """Raise the error of a check whose flag the kernels set. On a GPU a read is a sync: within
+        a lowered graph's call (``deferred_checks``) the flags are read once, at its end; never
+        while a CUDA graph is captured, where they cannot be read."""
+        flags = [(temps[i], message) for i, message in self._checks]
+        if temps and temps[0].is_cuda:
+            if torch.cuda.is_current_stream_capturing():
+                return
+            pending = getattr(_deferred, "flags", None)
+            if pending is not None:
+                pending.extend(flags)
+                return
+        raise_flagged(flags)
 
     def run_poisoned(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Validation: outputs poisoned before the launch, always returned as a tuple."""
@@ -432,6 +437,32 @@ class ProgramRunner:
         if self._checks:
             self._raise_flagged(temps)
         return tuple(outs)
+
+
+_deferred = threading.local()  # a GPU graph call's flags, read once at its end (deferred_checks)
+
+
+def raise_flagged(flags: Sequence[tuple[torch.Tensor, str]]) -> None:
+    """IndexOutOfRange with the message of the first flag a kernel set."""
+    if flags and bool(torch.stack([t.reshape(-1)[0] for t, _ in flags]).any()):
+        raise IndexOutOfRange(next(m for t, m in flags if bool(t.any())))
+
+
+def deferred_checks(call: Callable[[Any], Any], args: Any) -> Any:
+    """``call(args)`` with the checks of the GPU kernels it runs read once, after it (one sync
+    per call instead of one per kernel); a nested call leaves them to the outer one."""
+    outer = getattr(_deferred, "flags", None)
+    _deferred.flags = flags = []
+    try:
+        out = call(args)
+    finally:
+        _deferred.flags = outer
+    if flags:
+        if outer is not None:
+            outer.extend(flags)
+        else:
+            raise_flagged(flags)
+    return out
 
 
 def read_program(directory: Path) -> KernelProgram:
