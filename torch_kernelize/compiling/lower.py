@@ -434,7 +434,7 @@ class LoweredGraph:
         out = self._capture(spec, args, pending) if pending else spec._forward(*args)
         if strict_missing:
             flush_repros(STRICT_WAIT_S)  # the error names the repro folders: they are there when it is raised
-            error = MissingOpsError(self.target.name, strict_missing)
+            error = MissingOpsError(self.target.name, strict_missing, self.report.fill_hint)
 
             def refuse(*_: Any) -> Any:
                 raise error
