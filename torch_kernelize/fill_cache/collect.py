@@ -2,6 +2,7 @@
 and the checks that turn a wrong argument naming them (or the cache) into one clear UsageError."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -145,7 +146,15 @@ def run_compiled(ref: str, target: Target, cache_dir: Path, repro_dir: Path | No
     """Load a ``--model`` reference onto ``target``'s device, compile it with the backend's planner
     and the kernel cache as it is, and run it once: (model, inputs, its output, the LoweredGraphs
     it made). Under no_grad; with ``training``, one training step instead (forward, ``model_loss``,
-    backward: its forward and backward graphs), whose output is (output, parameter gradients)."""
+    backward: its forward and backward graphs), whose output is (output, the gradients)."""
+    with served_model(ref, target, cache_dir, repro_dir, training) as (model, inputs, _, out, graphs):
+        return model, inputs, out, graphs
+
+
+@contextlib.contextmanager
+def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None, training: bool = False):
+    """``run_compiled`` that keeps the compiled model callable while the block lasts: yields
+    (model, inputs, compiled, its first output, the LoweredGraphs it made)."""
     from torch_kernelize.backend import compile_with_session
     from torch_kernelize.compiling.lower import Session
     from torch_kernelize.core.options import Options
@@ -160,15 +169,17 @@ def run_compiled(ref: str, target: Target, cache_dir: Path, repro_dir: Path | No
     session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=repro_dir), target)
     graphs: list[Any] = []
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
-    if training:
-        out = compiled(*inputs)
-        out = (out, training_grads(model, inputs, model_loss(ref)(out)))
-    else:
-        with torch.no_grad():
+    try:
+        compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+        if training:
             out = compiled(*inputs)
-    torch._dynamo.reset()
-    return model, inputs, out, graphs
+            out = (out, training_grads(model, inputs, model_loss(ref)(out)))
+        else:
+            with torch.no_grad():
+                out = compiled(*inputs)
+        yield model, inputs, compiled, out, graphs
+    finally:
+        torch._dynamo.reset()
 
 
 def specs_from_model(ref: str, target: Target, cache_dir: Path,
