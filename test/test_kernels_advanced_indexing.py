@@ -99,3 +99,28 @@ def test_a_kernel_without_its_range_check_fails(tmp_path):
     load(tmp_path, spec, quiet)(*tensors)  # no error: it is the flag that raises
     with pytest.raises(IndexOutOfRange):
         load(tmp_path, spec, program)(*tensors)
+
+
+def test_a_compiled_model_raises_eagers_error_and_keeps_its_kernel(tmp_path, caplog):
+    """Through the backend: the gather runs on Triton after a fill; an index out of range raises
+    IndexError from the call (the kernel is not disabled: the input was wrong, not the kernel)."""
+    from conftest import write_target
+    from torch_kernelize.fill_cache import cli as fill_cli
+    (tmp_path / "m.py").write_text(
+        "import torch\nclass M(torch.nn.Module):\n    def forward(self, x, i, j):\n        return x[i, :, j] * 2\n"
+        "def make():\n    return M(), (torch.randn(5, 3, 7), torch.tensor([[0], [-1]]), torch.tensor([[1, 6, -7]]))\n")
+    chip = write_target(tmp_path / "chip.toml", supported=["aten.mm"])
+    assert fill_cli.main(["--model", f"{tmp_path / 'm.py'}:make", "--target", str(chip), "--cache-dir",
+                          str(tmp_path / "kc"), "--budget", "1", "--quiet"]) == 0
+    from torch_kernelize.fill_cache.collect import load_model
+    model, (x, i, j) = load_model(f"{tmp_path / 'm.py'}:make")
+    compiled = torch.compile(model, backend="kernelize", options={
+        "target": str(chip), "cache_dir": str(tmp_path / "kc"), "repro_dir": "off", "report": str(tmp_path / "r.json")})
+    torch.testing.assert_close(compiled(x, i, j), model(x, i, j))
+    import json
+    nodes = [n for g in json.loads((tmp_path / "r.json").read_text())["graphs"] for n in g["nodes"]]
+    assert [n["tier"] for n in nodes if n["op"] == "aten.index.Tensor"] == ["triton"]
+    with pytest.raises(IndexOutOfRange, match="out of bounds"):
+        compiled(x, torch.tensor([[0], [5]]), j)
+    assert "is disabled" not in caplog.text  # still served by the kernel
+    torch.testing.assert_close(compiled(x, i, j), model(x, i, j))

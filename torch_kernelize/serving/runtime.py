@@ -100,15 +100,16 @@ class TritonCall:
                     return self.vendor(*tensors)
             try:
                 return self.runner(*tensors)
-            except IndexOutOfRange:
-                raise  # the inputs are wrong, not the kernel: eager's error
             except Exception as e:
                 return self.failed(e, tensors)
         return self.vendor(*tensors)
 
     def failed(self, e: Exception, tensors: Sequence[torch.Tensor]):
         """The answer of a call whose kernel raised ``e``: the vendor op's. A misaligned input
-        sends this call only there; any other failure disables the kernel."""
+        sends this call only there; an index out of range is the caller's (eager's IndexError,
+        raised on); any other failure disables the kernel."""
+        if isinstance(e, IndexOutOfRange):
+            raise e
         if not isinstance(e, MisalignedInput):
             self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
         return self.vendor(*tensors)
