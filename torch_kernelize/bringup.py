@@ -52,6 +52,7 @@ class ModelResult:
     kinds: dict[str, float] = dataclasses.field(default_factory=dict)  # graph kind -> its coverage_pct
     differs: str = ""                    # the first output (or gradient) that differs from eager, and how
     per_op: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    missing_ops: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def nodes(self) -> int:
@@ -128,7 +129,7 @@ def compile_and_report(ref: str, target: Any, cache_dir: Path, repro_dir: Path |
     return ModelResult(ref, 0, {c: tiers.get(c, 0) for c in SHOWN}, err, not differs, missing_lines(decisions),
                        coverage(decisions)["coverage_pct"],
                        {k: coverage(ds)["coverage_pct"] for k, ds in by_kind.items()}, differs,
-                       {op: dict(c) for op, c in per_op.items()})
+                       {op: dict(c) for op, c in per_op.items()}, sorted({d.op for d in decisions if d.missing}))
 
 
 def format_summary(results: list[ModelResult], target_name: str, fill_hint: str = "") -> str:
@@ -147,8 +148,7 @@ def format_summary(results: list[ModelResult], target_name: str, fill_hint: str 
         lines.append(f"  host fallbacks left (fill them: {fill_hint or 'python -m torch_kernelize.fill_cache --repros <folder>'}):")
         for model, line in left:
             lines.append(f"    {model}: {line}")
-        ops = sorted({line.split()[1].rstrip(":") for _, line in left})
-        lines.append("  missing ops across all models: " + ", ".join(ops))
+        lines.append("  missing ops across all models: " + ", ".join(sorted({op for r in results for op in r.missing_ops})))
     else:
         lines.append("  every node runs on the target: no host fallback left")
     per_op = collections.defaultdict(collections.Counter)
