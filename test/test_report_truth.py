@@ -147,3 +147,13 @@ def test_complex_outputs_are_validated_as_complex():
     assert compare((x * x).to(torch.complex64), ref).ok
     wrong = compare((x * x).conj(), ref)
     assert not wrong.ok and "j" in wrong.reason  # printed as complex, not a cast to real
+
+
+def test_complex_trial_inputs_have_imaginary_parts():
+    from torch_kernelize.core.spec import KernelSpec
+    from torch_kernelize.lowering.kernels.base import sample_tensor
+    x = torch.zeros(4, 6, dtype=torch.complex64)
+    meta = KernelSpec.from_call(torch.ops.aten.mul.Tensor, (x, x), {}, x * x).inputs[0]
+    t = sample_tensor(meta, torch.Generator().manual_seed(0))
+    assert t.dtype == torch.complex64 and bool((t.imag != 0).all()) and t.real.abs().max() < 100
+    assert bool((sample_tensor(meta, torch.Generator().manual_seed(0), "large").abs() > 100).any())
