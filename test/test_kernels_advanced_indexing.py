@@ -37,6 +37,8 @@ CASES = {
                                                           torch.randn(3), False)),
     "put_bool_mask": lambda: (aten.index_put.default, (torch.randn(4, 6, 3), [torch.rand(4, 6) < 0.5],
                                                        torch.tensor(-7.0), False)),
+    "put_bool_mask_unmasked_block": lambda: (aten.index_put.default, (torch.randn(8, 16), [torch.rand(8, 16) < 0.5],
+                                                                      torch.tensor(2.0), True)),
     "put_bool_mask_rows": lambda: (aten.index_put.default, (torch.randn(4, 6, 3), [None, torch.rand(6, 3) < 0.5],
                                                             torch.randn(4, 1, ), True)),
 }

@@ -293,7 +293,7 @@ class _Gen:
         offs, mask, block = self._block(p.N, p.strides, "k")
         z = lambda o: o if o != "0" else "e * 0"  # noqa: E731 (a block of one address)
         kw = f", mask={mask}" if mask else ""
-        s(f"m = tl.load(mask_ptr + {z(offs[3])}{kw}, other=0) != 0",
+        s(f"m = tl.load(mask_ptr + {z(offs[3])}{kw}) != 0",
           f"v = tl.load(val_ptr + {z(offs[0])}{kw})",
           f"x = tl.load(self_ptr + {z(offs[2])}{kw})")
         if p.accumulate:
