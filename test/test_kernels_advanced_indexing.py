@@ -23,9 +23,12 @@ def _idx(shape, n, dtype=i64, seed=0):
 
 
 CASES = {
-    # transformers' mask construction: i64[2x16] gathered at [2x1x1x1] x [1x1x16x1]
-    "llama_mask": lambda: (aten.index.Tensor, (torch.arange(32).reshape(2, 16),
-                                               [torch.arange(2).view(2, 1, 1, 1), torch.arange(16).view(1, 1, 16, 1)])),
+    # transformers' padding-mask construction (Llama with an attention_mask): b8[2x16] gathered
+    # at [2x1x1x1] x [1x1x1x16]; and an i64 table at [2x1x1x1] x [1x1x16x1]
+    "llama_mask": lambda: (aten.index.Tensor, (torch.rand(2, 16) < 0.7,
+                                               [torch.arange(2).view(2, 1, 1, 1), torch.arange(16).view(1, 1, 1, 16)])),
+    "llama_mask_i64": lambda: (aten.index.Tensor, (torch.arange(32).reshape(2, 16),
+                                                   [torch.arange(2).view(2, 1, 1, 1), torch.arange(16).view(1, 1, 16, 1)])),
     "broadcast_adjacent": lambda: (aten.index.Tensor, (torch.randn(5, 6, 7), [_idx((3, 1), 5), _idx((1, 4), 6, i32)])),
     "none_between": lambda: (aten.index.Tensor, (torch.randn(5, 6, 7), [_idx((4,), 5), None, _idx((4,), 7)])),
     "none_before_int32": lambda: (aten.index.Tensor, (torch.randn(3, 5, 6, 2),
