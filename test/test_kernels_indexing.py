@@ -171,12 +171,19 @@ def test_index_put_inverts_a_permutation(dtype, tmp_path):
 
 
 def test_index_put_rows_with_small_tiles_and_an_invalid_index(tmp_path):
-    """Several tiles each way; an index out of range writes nothing (ATen raises), the rest land."""
+    """Several tiles each way; an index out of range writes nothing (ATen raises, and so does the
+    call, from the kernel's flag), the rest land."""
+    from torch_kernelize.core.errors import IndexOutOfRange
     x, v = rnd(10, 12), rnd(4, 12)
     spec = spec_of(aten.index_put.default, (x, [torch.tensor([3, 0, 7, 9])], v))
     program = FAMILY.generate(spec, Config.of(BLOCK_R=2, BLOCK_D=4, num_warps=1))
     compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x, torch.tensor([3, -10, 7, 9]), v])
-    out = load(tmp_path, spec, program).run_poisoned([x, torch.tensor([3, 10, -11, 9]), v])[0]
+    runner = load(tmp_path, spec, program)
+    with pytest.raises(IndexOutOfRange):
+        runner.run_poisoned([x, torch.tensor([3, 10, -11, 9]), v])
+    outs, temps = runner.allocate(torch.device("cpu"), poison=True)
+    runner.launch([x, torch.tensor([3, 10, -11, 9]), v], outs, temps)
+    out = outs[0]
     assert torch.equal(out[3], v[0]) and torch.equal(out[9], v[3])
     assert torch.equal(out[[0, 1, 2, 4, 5, 6, 7, 8]], x[[0, 1, 2, 4, 5, 6, 7, 8]])
 
