@@ -313,19 +313,21 @@ def test_convolution_backward_decomposes_into_convolutions(case):
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("model", ["make_convnext", "make_hf_llama", "make_hf_bert"])
-def test_bringup_training_puts_a_step_on_a_gemm_only_chip(model, tmp_path, capsys):
+@pytest.mark.parametrize("models", [["make_convnext"], ["make_hf_llama", "make_hf_bert"]], ids=["convnext", "llama_bert"])
+def test_bringup_training_puts_a_step_on_a_gemm_only_chip(models, tmp_path, capsys):
     """Forward and backward graphs filled and compiled: convolution_backward decomposes into the
     chip's convolutions, layer norm's, GELU's, attention's and embedding's backward into ops the
-    families generate; the gradients match eager's."""
+    families generate; the gradients match eager's. (Llama and BERT share one cache: one run.)"""
     chip = _chip_file(tmp_path, GEMM_ONLY)
-    code = bringup.main(["--target", chip, "--model", f"torch_kernelize.model_zoo:{model}", "--training",
-                         "--budget", "1", "--cache-dir", str(tmp_path / "kc"), "--repro-dir", str(tmp_path / "repros"),
-                         "--json", str(tmp_path / "bringup.json")])
+    code = bringup.main(["--target", chip, *[a for m in models for a in ("--model", f"torch_kernelize.model_zoo:{m}")],
+                         "--training", "--budget", "1", "--cache-dir", str(tmp_path / "kc"),
+                         "--repro-dir", str(tmp_path / "repros"), "--json", str(tmp_path / "bringup.json")])
     out = capsys.readouterr().out
     assert code == 0, out
     import json
-    [row] = json.loads((tmp_path / "bringup.json").read_text())
-    assert row["kinds"] == {"forward": 100.0, "backward": 100.0} and row["matches"], row
-    if model == "make_convnext":
-        assert row["per_op"]["aten.convolution_backward.default"] == {"decompose": 4}
+    rows = json.loads((tmp_path / "bringup.json").read_text())
+    assert len(rows) == len(models)
+    for row in rows:
+        assert row["kinds"] == {"forward": 100.0, "backward": 100.0} and row["matches"], row
+    if models == ["make_convnext"]:
+        assert rows[0]["per_op"]["aten.convolution_backward.default"] == {"decompose": 4}
