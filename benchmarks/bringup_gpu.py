@@ -71,7 +71,7 @@ def _run(cmd: list[str], timeout: int) -> tuple[int, str, float]:
 def measure(model_name: str, target: str, cache_dir: str) -> dict:
     """In this process: compile, compare with eager, time both (one model, one target)."""
     import triton.testing
-    from torch_kernelize.bringup import flat_tensors, _max_err
+    from torch_kernelize.bringup import compare_outputs, flat_tensors
 
     model, (x,) = MODELS[model_name]()
     model, x = model.cuda(), x.cuda()
@@ -81,7 +81,7 @@ def measure(model_name: str, target: str, cache_dir: str) -> dict:
                                       "report": str(report)})
     with torch.no_grad():
         want, got = model(x), compiled(x)
-        err = _max_err(got, want)
+        err, _ = compare_outputs(got, want)
         scale = max(float(t.abs().max()) for t in flat_tensors(want) if t.is_floating_point())
         eager_ms = triton.testing.do_bench(lambda: model(x), warmup=50, rep=300)
         kz_ms = triton.testing.do_bench(lambda: compiled(x), warmup=50, rep=300)

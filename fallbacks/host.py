@@ -6,11 +6,12 @@ cost are counted so that the coverage report can show what the missing op costs.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
@@ -29,12 +30,26 @@ class FallbackStat:
 _stats: dict[str, FallbackStat] = {}
 _warned: set[str] = set()
 _lock = threading.Lock()
+_quiet = threading.local()  # fallbacks a caller expects (fill_cache's run before the fill): no warning
 
 
 def fallback_stats() -> dict[str, FallbackStat]:
     """Per op name: calls and total wall time spent in the host fallback in this process."""
     with _lock:
         return {k: dataclasses.replace(v) for k, v in _stats.items()}
+
+
+@contextlib.contextmanager
+def expected_fallbacks() -> Iterator[None]:
+    """Within, host fallbacks neither warn nor use up their one warning: the run that collects
+    a model's specs before fill_cache fills them runs on the host what the fill is about to put
+    on the target (bring-up's final run then warns for what is really left there)."""
+    was = getattr(_quiet, "on", False)
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = was
 
 
 def reset_fallback_stats() -> None:
@@ -89,6 +104,8 @@ class HostFallback:
         return pytree.tree_unflatten(placed, spec)
 
     def _account(self, seconds: float) -> None:
+        if getattr(_quiet, "on", False):
+            return
         with _lock:
             stat = _stats.setdefault(self.name, FallbackStat())
             stat.calls += 1

@@ -134,13 +134,24 @@ def test_negative_indices_wrap_for_index_tensor(tmp_path):
 
 
 def test_out_of_range_index_never_reads_out_of_bounds(tmp_path):
-    """ATen raises; the kernel cannot: the row reads NaN (never memory outside the tensor)."""
+    """ATen raises; the kernel cannot: the row reads NaN (never memory outside the tensor) and a
+    flag is set, which the call turns into eager's IndexError."""
+    from torch_kernelize.core.errors import IndexOutOfRange
     x = rnd(5, 8)
     idx = torch.tensor([0, 7, 4, -9])
     spec = spec_of(aten.index.Tensor, (x, [torch.tensor([0, 1, 4, 2])]))
-    out = load(tmp_path, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])).run_poisoned([x, idx])[0]
+    runner = load(tmp_path, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]))
+    outs, temps = runner.allocate(torch.device("cpu"), poison=True)
+    runner.launch([x, idx], outs, temps)
+    out = outs[0]
     assert torch.equal(out[0], x[0]) and torch.equal(out[2], x[4])
     assert out[1].isnan().all() and out[3].isnan().all()
+    assert temps[-1].item() == 1
+    with pytest.raises(IndexError):
+        x[idx]
+    with pytest.raises(IndexOutOfRange, match="out of bounds"):
+        runner(x, idx)
+    runner(x, torch.tensor([0, 4, -5, 2]))  # valid again: the flag is the call's own
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
@@ -160,12 +171,19 @@ def test_index_put_inverts_a_permutation(dtype, tmp_path):
 
 
 def test_index_put_rows_with_small_tiles_and_an_invalid_index(tmp_path):
-    """Several tiles each way; an index out of range writes nothing (ATen raises), the rest land."""
+    """Several tiles each way; an index out of range writes nothing (ATen raises, and so does the
+    call, from the kernel's flag), the rest land."""
+    from torch_kernelize.core.errors import IndexOutOfRange
     x, v = rnd(10, 12), rnd(4, 12)
     spec = spec_of(aten.index_put.default, (x, [torch.tensor([3, 0, 7, 9])], v))
     program = FAMILY.generate(spec, Config.of(BLOCK_R=2, BLOCK_D=4, num_warps=1))
     compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x, torch.tensor([3, -10, 7, 9]), v])
-    out = load(tmp_path, spec, program).run_poisoned([x, torch.tensor([3, 10, -11, 9]), v])[0]
+    runner = load(tmp_path, spec, program)
+    with pytest.raises(IndexOutOfRange):
+        runner.run_poisoned([x, torch.tensor([3, 10, -11, 9]), v])
+    outs, temps = runner.allocate(torch.device("cpu"), poison=True)
+    runner.launch([x, torch.tensor([3, 10, -11, 9]), v], outs, temps)
+    out = outs[0]
     assert torch.equal(out[3], v[0]) and torch.equal(out[9], v[3])
     assert torch.equal(out[[0, 1, 2, 4, 5, 6, 7, 8]], x[[0, 1, 2, 4, 5, 6, 7, 8]])
 

@@ -472,6 +472,49 @@ SEED_WORKLOADS = {
 }
 
 
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: 7x7 depthwise conv, LayerNorm over channels (channels last), an
+    inverted-bottleneck MLP with GELU, layer scale, residual."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.fc2(F.gelu(self.fc1(self.norm(y)))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """A tiny ConvNeXt: patchify stem (4x4, stride 4) + LayerNorm, a block, a downsampling stage
+    (LayerNorm + 2x2 stride-2 conv), a block, global pooling, LayerNorm, classifier."""
+
+    def __init__(self, dims: tuple[int, int] = (16, 32), classes: int = 10):
+        super().__init__()
+        self.stem, self.stem_norm = nn.Conv2d(3, dims[0], 4, stride=4), nn.LayerNorm(dims[0], eps=1e-6)
+        self.block1, self.block2 = ConvNeXtBlock(dims[0]), ConvNeXtBlock(dims[1])
+        self.down_norm, self.down = nn.LayerNorm(dims[0], eps=1e-6), nn.Conv2d(dims[0], dims[1], 2, stride=2)
+        self.head_norm, self.head = nn.LayerNorm(dims[1], eps=1e-6), nn.Linear(dims[1], classes)
+
+    @staticmethod
+    def _channel_norm(norm: nn.LayerNorm, x):
+        return norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+    def forward(self, x):
+        x = self.block1(self._channel_norm(self.stem_norm, self.stem(x)))
+        x = self.block2(self.down(self._channel_norm(self.down_norm, x)))
+        return self.head(self.head_norm(x.mean((2, 3))))
+
+
+def make_convnext(batch: int = 2, size: int = 32) -> ModelAndInputs:
+    torch.manual_seed(0)
+    return ConvNeXt().eval(), (torch.randn(batch, 3, size, size),)
+
+
 # --- model definitions we do not write: transformers' own, built from tiny configs (no weights) ---
 # Sizes fit the CPU tests and the interpreter; benchmarks/real_models.py builds them at real sizes.
 

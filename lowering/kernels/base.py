@@ -230,6 +230,14 @@ def sample_tensor(meta: TensorMeta, g: torch.Generator, kind: str = "random",
     span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride)) if meta.numel else 0
     if dtype == torch.bool:
         flat = torch.rand(span, generator=g, device=device) < 0.5
+    elif dtype.is_complex:  # real and imaginary parts drawn (an integer draw would leave the imaginary part 0)
+        wide = torch.complex128 if working == torch.float64 else torch.complex64
+        flat = torch.zeros(span, dtype=wide, device=device) if kind == "zeros" else \
+            torch.randn(span, generator=g, dtype=wide, device=device) * (1e4 if kind == "large" else 1.0)
+        if kind == "special" and span:
+            idx = torch.randint(0, span, (max(1, span // 16),), generator=g, device=device)
+            flat[idx] = complex(float("inf"), float("nan"))
+        flat = flat.to(dtype)
     elif not dtype.is_floating_point:
         lo, hi = int(low if low is not None else -8), int(high if high is not None else 9)
         if kind == "zeros":

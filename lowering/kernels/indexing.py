@@ -27,9 +27,10 @@ temporary that a last kernel rounds into the output (one rounding: more accurate
 
 Index values: int64 or int32. aten.index.Tensor and index_put wrap negative indices as ATen does; the other
 ops reject negative indices in ATen, and an index out of range makes ATen raise. A kernel cannot
-raise: it never touches memory out of bounds; a gathered row or element with an invalid index
-reads NaN (floats) or 0 (integers), and an add at an invalid index is dropped. Validation draws
-valid indices (``sample_inputs``).
+raise (and ``tl.device_assert`` would leave a CUDA context unusable): it never touches memory out
+of bounds (a gathered row or element with an invalid index reads NaN (floats) or 0 (integers), an
+add at an invalid index is dropped) and sets a flag that the program's check turns into eager's
+IndexError after the launch. Validation draws valid indices (``sample_inputs``).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device
-from torch_kernelize.core.program import Buffer, Donation, KernelProgram, Launch
+from torch_kernelize.core.program import Buffer, Check, Donation, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 
 OPS = {
@@ -336,8 +337,9 @@ class _Gen:
         self.s = cg.Source()
         self.T = cg.tl_type(plan.dtype)
 
-    def _idx(self, offset: str, mask: str | None, axis: str) -> None:
-        """Emit: load the index, wrap negatives (index.Tensor), ``ok`` = valid, ``i`` clamped."""
+    def _idx(self, offset: str, mask: str | None, axis: str, block: str) -> None:
+        """Emit: load the index, wrap negatives (index.Tensor), ``ok`` = valid, ``i`` clamped;
+        an index out of range sets the flag that the program's check turns into eager's error."""
         p, s = self.p, self.s
         offset = f"{axis} * 0" if offset == "0" else offset   # one index for all: keep the block shape
         kw = f", mask={mask}, other=0" if mask else ""
@@ -345,7 +347,9 @@ class _Gen:
         if p.wrap:
             s(f"i = tl.where(i < 0, i + {p.dim_size}, i)  # negative indices count from the end")
         ok = f"(i >= 0) & (i < {p.dim_size})"
-        s(f"ok = {mask + ' & ' if mask else ''}{ok}  # ATen raises for an index out of range")
+        s(f"ok = {mask + ' & ' if mask else ''}{ok}  # ATen raises for an index out of range:")
+        s(f"tl.store(flag_ptr + {axis} * 0, tl.full([{block}], 1, tl.int32), mask={mask + ' & ' if mask else ''}"
+          f"(({ok}) == 0))  # the check after the launch raises it")
         s(f"i = tl.where(ok, i, 0){'' if p.wide else '.to(tl.int32)'}")
 
     def header(self) -> None:
@@ -374,6 +378,7 @@ class _Gen:
             launches.append(self.copy_kernel("clone_kernel", ("in", p.self_in), ("tmp", 0) if self.temp else ("out", 0),
                                              self.spec.inputs[p.self_in].stride,
                                              cg.contiguous_strides(O.shape) if self.temp else O.stride))
+        temps.append(Buffer((1,), "int32", 0))  # the out-of-range flag
         launches.append(self.rows_kernel() if p.rows else self.elements_kernel())
         if self.temp:
             launches.append(self.copy_kernel("round_kernel", ("tmp", 0), ("out", 0), cg.contiguous_strides(O.shape),
@@ -381,7 +386,9 @@ class _Gen:
         donations = ()
         if p.accumulate and not self.temp and self.spec.inputs[p.self_in] == O:
             donations = (Donation(0, p.self_in, (0,)),)  # a dead ``self`` is accumulated into as it is
-        return KernelProgram(self.s.text(), tuple(launches), temps=tuple(temps), donations=donations)
+        check = Check(len(temps) - 1, f"{self.spec.op}: an index is out of bounds for the indexed dimension "
+                                      f"of size {p.dim_size}")
+        return KernelProgram(self.s.text(), tuple(launches), temps=tuple(temps), donations=donations, checks=(check,))
 
     def copy_kernel(self, name: str, src, dst, src_strides, dst_strides, cast: str | None = None) -> Launch:
         s, O = self.s, self.spec.outputs[0]
@@ -418,13 +425,14 @@ class _Gen:
         kname = {"index": "index_rows_kernel", "index_select": "index_select_kernel",
                  "embedding": "embedding_kernel", "index_add": "index_add_kernel",
                  "index_put": "index_put_kernel"}[p.name]
-        s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):").indent()
+        s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, flag_ptr, BLOCK_R: tl.constexpr, "
+                         "BLOCK_D: tl.constexpr):").indent()
         s("# a BLOCK_R x BLOCK_D tile: rows (one index each) by contiguous columns")
         sets = [p.r_strides[0], p.r_strides[1], p.r_strides[dst_k]]
         offs, r_mask = cg.block_offsets(s, "r", "tl.program_id(0)", "BLOCK_R", br, p.R, p.wide, "r_mask",
                                         p.r_sizes, sets, "m")
         src_row, idx_off, dst_row = self._named(["src_row", "", "dst_row"], offs)
-        self._idx(idx_off, r_mask, "r")
+        self._idx(idx_off, r_mask, "r", "BLOCK_R")
         if p.accumulate:
             dst_row = f"{'' if dst_row == '0' else dst_row + ' + '}{cg.scaled('i', ind)}"
         else:
@@ -463,8 +471,8 @@ class _Gen:
         grid = (-(-p.R // br), -(-p.Q // bd))
         if grid[1] > 65535:
             raise ValueError(f"BLOCK_D {bd} leaves {grid[1]} column programs (grid dim 1 is at most 65535)")
-        return Launch(kname, grid, (("in", p.src), ("in", p.idx), ("tmp", 0) if self.temp else ("out", 0)),
-                      {"BLOCK_R": br, "BLOCK_D": bd}, warps, 1)
+        return Launch(kname, grid, (("in", p.src), ("in", p.idx), ("tmp", 0) if self.temp else ("out", 0),
+                                    ("tmp", 1 if self.temp else 0)), {"BLOCK_R": br, "BLOCK_D": bd}, warps, 1)
 
     def elements_kernel(self) -> Launch:
         p, s, c = self.p, self.s, self.c
@@ -472,12 +480,12 @@ class _Gen:
         dst_k = 3 if self.temp else 2
         ind = p.ind_stride[1 if self.temp else 0]
         kname = "gather_kernel" if p.name == "gather" else "scatter_add_kernel"
-        s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, BLOCK: tl.constexpr):").indent()
+        s("@triton.jit", f"def {kname}(src_ptr, idx_ptr, dst_ptr, flag_ptr, BLOCK: tl.constexpr):").indent()
         s("# BLOCK elements of the index tensor, in its memory order")
         sets = [p.r_strides[0], p.r_strides[1], p.r_strides[dst_k]]
         offs, mask = cg.block_offsets(s, "e", "tl.program_id(0)", "BLOCK", block, p.R, p.wide, "mask", p.r_sizes, sets, "k")
         src_off, idx_off, dst_off = self._named(["src_off", "", "dst_off"], offs)
-        self._idx(idx_off, mask, "e")
+        self._idx(idx_off, mask, "e", "BLOCK")
         if p.accumulate:
             dst_off = f"{'' if dst_off == '0' else dst_off + ' + '}{cg.scaled('i', ind)}"
             kw = f", mask={mask}" if mask else ""
@@ -493,8 +501,8 @@ class _Gen:
             kw = f", mask={mask}" if mask else ""
             s(f"tl.store(dst_ptr + {dst_off}, v{kw})")
         s.dedent().blank()
-        return Launch(kname, (-(-p.R // block),), (("in", p.src), ("in", p.idx), ("tmp", 0) if self.temp else ("out", 0)),
-                      {"BLOCK": block}, warps, 1)
+        return Launch(kname, (-(-p.R // block),), (("in", p.src), ("in", p.idx), ("tmp", 0) if self.temp else ("out", 0),
+                                                   ("tmp", 1 if self.temp else 0)), {"BLOCK": block}, warps, 1)
 
 
 def _wrap(expr: str) -> str:

@@ -1,6 +1,7 @@
 """The table of kernel families (op family -> generator). Order matters: first match wins."""
 from __future__ import annotations
 
+from torch_kernelize.lowering.kernels.advanced_indexing import FAMILY as ADVANCED_INDEXING
 from torch_kernelize.lowering.kernels.attention import FAMILY as ATTENTION
 from torch_kernelize.lowering.kernels.base import KernelFamily
 from torch_kernelize.lowering.kernels.conv1d import FAMILY as CONV1D
@@ -15,5 +16,5 @@ from torch_kernelize.lowering.kernels.scan import FAMILY as SCAN
 from torch_kernelize.lowering.kernels.sort import FAMILY as SORT
 from torch_kernelize.lowering.kernels.topk import FAMILY as TOPK
 
-FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC, FUSED, LAYERNORM, INDEXING, SCAN, TOPK, SORT, MATMUL, CONV1D,
-                             ATTENTION]
+FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC, FUSED, LAYERNORM, INDEXING, ADVANCED_INDEXING, SCAN, TOPK,
+                             SORT, MATMUL, CONV1D, ATTENTION]

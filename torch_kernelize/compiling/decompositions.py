@@ -16,6 +16,8 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
+from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSITIONS
+
 aten = torch.ops.aten
 
 # --- our own decompositions, for ops torch has none for ------------------------------------------
@@ -419,3 +421,6 @@ def splice_decomposition(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule)
         node.replace_all_uses_with(out)
     graph.erase_node(node)
     return new_nodes
+
+
+OWN_DECOMPOSITIONS.update(BACKWARD_DECOMPOSITIONS)  # convolution_backward (backward_decompositions.py)

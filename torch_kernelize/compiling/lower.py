@@ -10,6 +10,7 @@ import functools
 import itertools
 import logging
 import threading
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -22,6 +23,7 @@ from torch_kernelize.core.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.serving.bucket_call import BucketCall, SizedCall, readable
 from torch_kernelize.serving.flat_code import flat_function
+from torch_kernelize.serving.launch import deferred_checks
 from torch_kernelize.kernel_cache.store import LookupLog
 from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
 from torch_kernelize.compiling.decompositions import host_implementation
@@ -34,13 +36,13 @@ from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
 from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.core.options import Options
+from torch_kernelize.core.options import Options, default_cache_dir
 from torch_kernelize.core.program_steps import refused_ops
 from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
 from torch_kernelize.serving.view_folding import fold_view_chains
-from torch_kernelize.compiling.report import GraphReport, ReportWriter
+from torch_kernelize.compiling.report import GraphReport, ReportWriter, fill_command
 from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
 from torch_kernelize.core.shapes import SymbolBinder
@@ -218,8 +220,11 @@ class LoweredGraph:
 
     def _publish(self, first: Specialization, signature: str) -> None:
         """The report of the first specialisation: to the log, and to the report file if asked."""
-        self.report = GraphReport(self.name, self.kind, self.target.describe(), signature,
-                                  first.decisions, first.regions)
+        options = self.session.options
+        target = self.target.describe()
+        hint = fill_command(target, options.repro_dir,
+                            options.cache_dir if Path(options.cache_dir) != default_cache_dir() else None)
+        self.report = GraphReport(self.name, self.kind, target, signature, first.decisions, first.regions, hint)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", self.report.table())
         if self.session.options.report is not None:
@@ -247,6 +252,11 @@ class LoweredGraph:
         return call[1] if call is not None and call[0] is self else None
 
     def __call__(self, args: list) -> Any:
+        if self.target.device == "cuda":  # kernels' range checks: one read after the call
+            return deferred_checks(self._call, args)
+        return self._call(args)
+
+    def _call(self, args: list) -> Any:
         if self._check:
             calls = self._checked_calls
             outer = getattr(calls, "call", None)
@@ -335,7 +345,10 @@ class LoweredGraph:
                             lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
                                                          [m.stride for m in d.spec.outputs] if d.spec else None),
                             fused, passes, guarded_inputs=self.kind != "backward")
-            missing = {d.op: d.repro for d in decisions if d.missing}
+            missing: dict[str, str | None] = {}  # op -> a folder that names it (strict mode's error)
+            for d in decisions:
+                if d.missing and missing.get(d.op) is None:
+                    missing[d.op] = d.repro
             strict = session.options.strict and missing
             first_call = None
             if pending or strict:
@@ -459,7 +472,7 @@ class LoweredGraph:
         out = self._capture(spec, args, pending) if pending else spec._forward(*args)
         if strict_missing:
             flush_repros(STRICT_WAIT_S)  # the error names the repro folders: they are there when it is raised
-            error = MissingOpsError(self.target.name, strict_missing)
+            error = MissingOpsError(self.target.name, strict_missing, self.report.fill_hint)
 
             def refuse(*_: Any) -> Any:
                 raise error

@@ -82,7 +82,7 @@ class GraphPlan:
 
     def _decide_node(self, f: NodeFacts, bindings, cache) -> Decision:
         if f.klass is not NodeClass.COMPUTE:
-            return Decision(f.node.name, f.op, "vendor", f.klass_reason)
+            return Decision(f.node.name, f.op, "vendor", f.klass_reason, view=f.klass is NodeClass.VIEW)
         rejected = {"decompose": "the target runs it" if f.vendor else f.no_decompose_reason}
         spec = None
         try:
@@ -175,7 +175,10 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
                     i = by_node.get(n.name)
                     if i is None:
                         continue  # a getitem: not an op, no decision
-                    decisions[i] = dataclasses.replace(decisions[i], tier="triton", miss=False, family=family,
+                    # run by the region's kernel: neither a miss nor missing (strict mode, the
+                    # report's MISSING lines and the repros read these flags)
+                    decisions[i] = dataclasses.replace(decisions[i], tier="triton", miss=False, missing=False,
+                                                       repro=None, family=family,
                                                        reason=f"in fused region {spec.key}: {what}")
                 looked_up.append((region, d, runner))
                 continue

@@ -12,7 +12,7 @@ import collections
 import dataclasses
 import json
 import logging
-import os
+import shlex
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,55 @@ log = logging.getLogger("torch_kernelize")
 REPORT_VERSION = 1
 
 
+# The table's columns: the tiers, with the views and factories of the vendor tier apart (they
+# run no kernel: "vendor 189" would otherwise hide how few real vendor kernels a chip needs).
+COLUMNS = ("decompose", "triton", "vendor", "view", "fallback")
+TASK_COMMAND = "python -m torch_kernelize.repro.listing task"  # task.md + check_candidate.py
+
+
+def column(d: Decision) -> str:
+    """The table column of one decision."""
+    return "view" if d.tier == "vendor" and d.view else d.tier
+
+
+def coverage(decisions: list[Decision]) -> dict[str, Any]:
+    """The one coverage figure (the report, the log and bring-up all use it): of the nodes that
+    run (a decomposed node is replaced by its decomposition's, which are counted instead), the
+    share not on the host fallback."""
+    ran = [d for d in decisions if d.tier != "decompose"]
+    on_target = sum(d.tier != "fallback" for d in ran)
+    return {"nodes": len(ran), "on_target": on_target,
+            "coverage_pct": round(100.0 * on_target / len(ran), 1) if ran else 100.0}
+
+
+def fill_command(target: dict[str, Any], repro_dir: Any, cache_dir: Any = None) -> str:
+    """The fill_cache command that fills the misses recorded under ``repro_dir`` for ``target``
+    (a ``Target.describe()``), as it runs when pasted: the target's file or name included."""
+    cmd = ["python", "-m", "torch_kernelize.fill_cache", "--repros", str(repro_dir or "<repro_dir>"),
+           "--target", str(target.get("source") or target["name"])]
+    if cache_dir is not None:
+        cmd += ["--cache-dir", str(cache_dir)]
+    return " ".join(shlex.quote(c) if not c.startswith("<") else c for c in cmd)
+
+
+def missing_lines(decisions: list[Decision]) -> list[str]:
+    """One line per missing op and shape (several nodes of one spec share one reproducer); an op
+    no generator fills points to the external-candidate route instead of fill_cache."""
+    groups: dict[tuple, list[Decision]] = {}
+    for d in decisions:
+        if d.missing:
+            groups.setdefault((d.op, d.spec_key or d.shapes or d.node), []).append(d)
+    lines = []
+    for ds in groups.values():
+        d = ds[0]
+        what = f"{d.shapes if d.shapes and d.shapes.startswith(d.op) else d.op}{f' ({len(ds)} nodes)' if len(ds) > 1 else ''}"
+        where = f"repro: {d.repro}" if d.repro else "no reproducer (repro dumping off, or no fixed shape)"
+        how = ("" if d.family or d.spec is None else
+               f"; no generator fills it: write a kernel for it ({TASK_COMMAND} {d.repro or '<repro folder>'})")
+        lines.append(f"MISSING {what}: host fallback; {where}{how}")
+    return lines
+
+
 @dataclasses.dataclass
 class GraphReport:
     graph: str               # e.g. "forward_0"
@@ -35,19 +84,18 @@ class GraphReport:
     signature: str           # the concrete sizes this report was planned for
     decisions: list[Decision]
     regions: list[Decision] = dataclasses.field(default_factory=list)  # fused regions, hit or miss
+    fill_hint: str | None = None  # the command that fills this graph's misses (fill_command)
 
     def summary(self) -> dict[str, Any]:
         tiers = collections.Counter(d.tier for d in self.decisions)
         per_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for d in self.decisions:
-            per_op[d.op][d.tier] += 1
-        total = len(self.decisions)
-        on_target = total - tiers["fallback"]
+            per_op[d.op][column(d)] += 1
         eligible = [d for d in self.decisions if d.family is not None or d.tier == "triton"]
         return {
-            "nodes": total,
+            **coverage(self.decisions),
             "tiers": {t: tiers.get(t, 0) for t in TIERS},
-            "coverage_pct": round(100.0 * on_target / total, 1) if total else 100.0,
+            "views": sum(column(d) == "view" for d in self.decisions),
             "triton_nodes": tiers["triton"],
             "triton_eligible": len(eligible),
             "per_op": {op: dict(c) for op, c in sorted(per_op.items())},
@@ -73,10 +121,7 @@ class GraphReport:
                  f"{' for ' + self.signature if self.signature else ''}: {s['nodes']} nodes, "
                  f"{s['coverage_pct']}% run on the target, "
                  f"{s['triton_nodes']}/{s['triton_eligible']} kernel-eligible nodes on triton"]
-        lines.append(f"  {'op':<36}" + "".join(f"{t:>10}" for t in TIERS))
-        for op, counts in s["per_op"].items():
-            lines.append(f"  {op:<36}" + "".join(f"{counts.get(t, 0) or '.':>10}" for t in TIERS))
-        lines.append(f"  {'total':<36}" + "".join(f"{s['tiers'][t]:>10}" for t in TIERS))
+        lines += op_table({op: collections.Counter(c) for op, c in s["per_op"].items()})
         if self.regions:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["fused_by_kind"].items()))
             lines.append(f"  fused regions: {s['fused_regions']} on triton{f' ({kinds})' if kinds else ''}, "
@@ -87,14 +132,22 @@ class GraphReport:
                     else "its nodes and regions run as planned")
             lines.append(f"  whole graph {whole['spec_key']}: {runs}"
                          + (f" ({describe_evidence(whole)})" if "candidates" in whole else ""))
-        misses = [d for d in self.decisions + self.regions if d.miss]
-        if misses:
+        if s["misses"]:
             lines.append(f"  cache misses: {len(s['misses'])} spec(s), run on vendor "
-                         f"(fill them: python -m torch_kernelize.fill_cache --repros <repro_dir>)")
-        for d in self.decisions:
-            if d.missing:
-                lines.append(f"  MISSING {d.op}: host fallback; repro: {d.repro or '(dumping off)'}")
+                         f"(fill them: {self.fill_hint or fill_command(self.target, None)})")
+        lines += ["  " + line for line in missing_lines(self.decisions)]
         return "\n".join(lines)
+
+
+def op_table(per_op: dict[str, collections.Counter], indent: str = "  ") -> list[str]:
+    """Per op, the nodes in each column, and their total; the op column as wide as its longest name."""
+    width = max([len("op"), *map(len, per_op)]) + 2
+    lines = [f"{indent}{'op':<{width}}" + "".join(f"{c:>10}" for c in COLUMNS)]
+    for op, counts in sorted(per_op.items()):
+        lines.append(f"{indent}{op:<{width}}" + "".join(f"{counts.get(c, 0) or '.':>10}" for c in COLUMNS))
+    total = sum(per_op.values(), collections.Counter())
+    lines.append(f"{indent}{'total':<{width}}" + "".join(f"{total.get(c, 0):>10}" for c in COLUMNS))
+    return lines
 
 
 def _region_kind(d: Decision) -> str:

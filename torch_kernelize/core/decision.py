@@ -23,6 +23,7 @@ class Decision:
     miss: bool = False      # vendor ran it because the cache had no entry (a generator exists)
     missing: bool = False   # nothing on the target runs it
     repro: str | None = None
+    view: bool = False      # a view or factory op: on the vendor tier, but no kernel computes it
     spec: KernelSpec | None = dataclasses.field(default=None, repr=False, compare=False)
     entry: Any = dataclasses.field(default=None, repr=False, compare=False)
     # a cache miss whose family (and so ``family``, ``miss`` and the rejection text) is not yet

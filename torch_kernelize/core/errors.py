@@ -17,6 +17,12 @@ class KernelizeError(Exception):
     """Base class of every error torch_kernelize raises on purpose."""
 
 
+class IndexOutOfRange(KernelizeError, IndexError):
+    """A kernel's inputs hold an index outside the dim it indexes: the IndexError eager raises.
+    The kernel never reads or writes out of bounds (no device assert, which would leave a CUDA
+    context unusable); it sets a flag that its program's ``checks`` turn into this error."""
+
+
 class OptionsError(KernelizeError, ValueError):
     """An option given to the backend (or through the environment) is unknown or malformed."""
 
@@ -31,7 +37,7 @@ class MissingOpsError(KernelizeError):
     ``missing`` maps each op name to the repro folder written for it (``None`` when dumping is off).
     """
 
-    def __init__(self, target: str, missing: dict[str, str | None]):
+    def __init__(self, target: str, missing: dict[str, str | None], fill_hint: str | None = None):
         self.target = target
         self.missing = dict(missing)
         lines = [
@@ -41,7 +47,7 @@ class MissingOpsError(KernelizeError):
         for op, folder in sorted(missing.items()):
             lines.append(f"  {op:<40} repro: {folder or '(repro dumping is off)'}")
         lines.append(
-            "Add a kernel (python -m torch_kernelize.fill_cache --repros <repro_dir>), mark the op "
+            f"Add a kernel ({fill_hint or 'python -m torch_kernelize.fill_cache --repros <repro_dir>'}), mark the op "
             "supported in the target file, or drop `strict` to run these ops on the host fallback."
         )
         super().__init__("\n".join(lines))

@@ -136,6 +136,23 @@ class Donation:
 
 
 @dataclasses.dataclass(frozen=True)
+class Check:
+    """A flag the program's kernels set when the call's inputs are invalid for the op (an index
+    out of range): temporary ``temp`` (zero-initialised); any nonzero element after the launches
+    makes the call raise ``IndexOutOfRange(message)``, as eager raises, instead of returning what
+    the kernels computed (they never access memory out of bounds)."""
+    temp: int
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"temp": self.temp, "message": self.message}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Check":
+        return cls(int(d["temp"]), str(d["message"]))
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelProgram:
     source: str
     launches: tuple[Launch, ...]
@@ -145,6 +162,7 @@ class KernelProgram:
     state: tuple[Buffer, ...] = ()  # kept across calls, zeroed once (grid-barrier semaphores)
     language: str = "triton"  # or "cuda": CUDA C++ (see the module docstring)
     steps: tuple[VendorStep, ...] = ()  # vendor calls between the launches (see the module docstring)
+    checks: tuple[Check, ...] = ()  # flags of invalid inputs, checked after the launches
 
     def __post_init__(self):
         if self.language not in LANGUAGES:
@@ -154,6 +172,9 @@ class KernelProgram:
         for b in self.state:
             if b.init not in (None, 0):
                 raise ValueError(f"state buffers start at zero, not {b.init!r}")
+        for c in self.checks:
+            if not 0 <= c.temp < len(self.temps) or self.temps[c.temp].init != 0:
+                raise ValueError(f"check {c.message!r}: temp {c.temp} is not a zero-initialised buffer")
         for launch in self.launches:
             for kind, i in launch.args:
                 pool = {"tmp": self.temps, "state": self.state}.get(kind)
@@ -218,6 +239,8 @@ class KernelProgram:
             d["language"] = self.language
         if self.steps:
             d["steps"] = [x.to_json() for x in self.steps]
+        if self.checks:
+            d["checks"] = [c.to_json() for c in self.checks]
         return d
 
     @classmethod
@@ -226,7 +249,8 @@ class KernelProgram:
                    tuple(Buffer.from_json(t) for t in d.get("temps", ())),
                    tuple(Donation.from_json(x) for x in d.get("donations", ())),
                    tuple(Buffer.from_json(b) for b in d.get("state", ())), d.get("language", "triton"),
-                   tuple(VendorStep.from_json(x) for x in d.get("steps", ())))
+                   tuple(VendorStep.from_json(x) for x in d.get("steps", ())),
+                   tuple(Check.from_json(c) for c in d.get("checks", ())))
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)

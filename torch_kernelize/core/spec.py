@@ -203,14 +203,19 @@ class KernelSpec:
         the GPU (IEEE float64 either way, far below any tolerance; recorded in the validation).
         Outputs stay float64 (integer outputs keep their dtype) for comparison with any dtype.
         """
-        up = [t.detach().to(device, torch.float64) if t.is_floating_point() else t.detach().to(device)
-              for t in tensors]
+        up = [t.detach().to(device, upcast_dtype(t)) for t in tensors]
         if self.graph is not None:  # a region's casts (x.float()) must not leave float64
             return tuple(run_region_graph(self, up, reference=True))
         return self.run_vendor(up)
 
     def make_outputs(self, device: str | torch.device | None = None) -> list[torch.Tensor]:
         return [m.empty(device) for m in self.outputs]
+
+
+def upcast_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype of ``t`` in a float64 reference: float64 for floating, complex128 for complex
+    (never a cast that drops the imaginary part), its own otherwise."""
+    return torch.float64 if t.is_floating_point() else torch.complex128 if t.is_complex() else t.dtype
 
 
 def tensor_input_nodes(node: fx.Node) -> list[fx.Node]:

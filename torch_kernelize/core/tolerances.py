@@ -34,7 +34,8 @@ def _real(dtype: torch.dtype) -> torch.dtype:
 
 
 def tolerance(dtype: torch.dtype, op: str | None = None) -> tuple[float, float]:
-    """(atol, rtol) for an output of ``dtype`` produced by ``op``; (0, 0) means exact."""
+    """(atol, rtol) for an output of ``dtype`` produced by ``op``; (0, 0) means exact. A complex
+    output is judged by the bar of its parts' dtype (on the modulus of its difference)."""
     dtype = _real(dtype)
     if not dtype.is_floating_point:
         return 0.0, 0.0

@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", default=[], metavar="PATH.py:FN|pkg.module:FN",
                    help="a function returning (model, example_inputs); may be repeated")
+    p.add_argument("--training", action="store_true",
+                   help="--model: trace a training step (forward and backward graphs), not inference")
     p.add_argument("--repros", action="append", default=[], metavar="DIR", type=Path,
                    help="a folder of reproducers recorded by the backend; may be repeated")
     p.add_argument("--candidate", action="append", default=[], metavar="FILE.py", type=Path,
@@ -462,7 +464,7 @@ def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[
         return family_for(spec) is not None or any(g.supports(spec) is None for g in generators)
 
     for ref in args.model:
-        for w in specs_from_model(ref, target, args.cache_dir, supported):
+        for w in specs_from_model(ref, target, args.cache_dir, supported, training=args.training):
             work.setdefault(w.spec.key, w)
     for folder in args.repros:
         for w in specs_from_repros(folder):

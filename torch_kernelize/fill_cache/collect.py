@@ -65,8 +65,8 @@ def check_cache_dir(path: Path) -> None:
                          "give one it can") from None
 
 
-def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
-    """``PATH.py:FN`` or ``pkg.module:FN``; FN() returns (model, example_inputs)."""
+def _model_function(ref: str) -> tuple[Any, str, str]:
+    """The module a ``--model`` reference names, the function's name, and where it was found."""
     where, _, fn_name = ref.rpartition(":")
     if not where or not fn_name:
         raise UsageError(f"--model {ref!r}: write PATH.py:FN or pkg.module:FN (FN returns model, inputs)")
@@ -83,6 +83,12 @@ def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
             module = importlib.import_module(where)
         except Exception as e:
             raise UsageError(f"--model {ref!r}: cannot import {where}: {one_line(e)}") from e
+    return module, fn_name, where
+
+
+def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
+    """``PATH.py:FN`` or ``pkg.module:FN``; FN() returns (model, example_inputs)."""
+    module, fn_name, where = _model_function(ref)
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise UsageError(f"--model {ref!r}: {where} has no function {fn_name}")
@@ -95,17 +101,59 @@ def load_model(ref: str) -> tuple[torch.nn.Module, tuple]:
     return result[0], tuple(result[1])
 
 
-def run_compiled(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None
-                 ) -> tuple[torch.nn.Module, tuple, Any, list[Any]]:
+def model_loss(ref: str) -> Callable[[Any], torch.Tensor]:
+    """The loss of a training step for a ``--model``: the model file's ``loss(output)`` if it has
+    one, else the output's own ``.loss`` (transformers' with labels), else a fixed random
+    projection of every floating output (seeded: the same weights for eager and compiled runs;
+    not a plain sum, whose constant gradient zeroes softmax's and normalization's backward)."""
+    module = _model_function(ref)[0]
+    own = getattr(module, "loss", None)
+    if callable(own):
+        return own
+
+    def project(out: Any) -> torch.Tensor:
+        if isinstance(getattr(out, "loss", None), torch.Tensor):
+            return out.loss
+        gen = torch.Generator().manual_seed(0)
+        floats = [t for t in output_tensors(out) if t.is_floating_point() or t.is_complex()]
+        if not floats:
+            raise UsageError(f"--model {ref!r}: no floating output to take a loss of; give the model file "
+                             "a loss(output) function")
+        return sum((t * torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device)).real.sum().float()
+                   for t in floats)
+    return project
+
+
+def output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output, whatever container it comes in (HF ModelOutput too)."""
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def training_grads(model: torch.nn.Module, inputs: tuple, loss: torch.Tensor) -> list[torch.Tensor]:
+    """d loss / d (every trainable parameter, every input that requires grad), zeros where unused,
+    without touching ``.grad``."""
+    wrt = [p for p in model.parameters() if p.requires_grad]
+    wrt += [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not wrt:
+        raise UsageError("--training: the model has no trainable parameter and no floating input")
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+    return [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, wrt)]
+
+
+def run_compiled(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None,
+                 training: bool = False) -> tuple[torch.nn.Module, tuple, Any, list[Any]]:
     """Load a ``--model`` reference onto ``target``'s device, compile it with the backend's planner
-    and the kernel cache as it is, and run it once under no_grad: (model, inputs, its output,
-    the LoweredGraphs it made)."""
-    with served_model(ref, target, cache_dir, repro_dir) as (model, inputs, _, out, graphs):
+    and the kernel cache as it is, and run it once: (model, inputs, its output, the LoweredGraphs
+    it made). Under no_grad; with ``training``, one training step instead (forward, ``model_loss``,
+    backward: its forward and backward graphs), whose output is (output, the gradients)."""
+    with served_model(ref, target, cache_dir, repro_dir, training) as (model, inputs, _, out, graphs):
         return model, inputs, out, graphs
 
 
 @contextlib.contextmanager
-def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None):
+def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None, training: bool = False):
     """``run_compiled`` that keeps the compiled model callable while the block lasts: yields
     (model, inputs, compiled, its first output, the LoweredGraphs it made)."""
     from torch_kernelize.backend import compile_with_session
@@ -121,9 +169,16 @@ def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | No
         with running_model(ref, device):
             model = model.to(device)
             inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
+            if training:  # floating inputs get gradients too (a model without parameters trains nothing else)
+                inputs = tuple(t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                               else t for t in inputs)
             compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
-            with torch.no_grad():
+            if training:
                 out = compiled(*inputs)
+                out = (out, training_grads(model, inputs, model_loss(ref)(out)))
+            else:
+                with torch.no_grad():
+                    out = compiled(*inputs)
         yield model, inputs, compiled, out, graphs
     finally:
         torch._dynamo.reset()
@@ -148,13 +203,16 @@ def one_line(e: BaseException) -> str:
 
 
 def specs_from_model(ref: str, target: Target, cache_dir: Path,
-                     supported: Callable[[KernelSpec], bool] | None = None) -> list[Work]:
-    """Trace the model through the backend's planner on ``target``; collect the specs that a
-    kernel family, or another generator of the run (``supported``), can generate (hits
-    included, so --force can re-search them)."""
+                     supported: Callable[[KernelSpec], bool] | None = None, training: bool = False) -> list[Work]:
+    """Trace the model through the backend's planner on ``target`` (a training step's forward and
+    backward graphs with ``training``); collect the specs that a kernel family, or another
+    generator of the run (``supported``), can generate (hits included, so --force can re-search
+    them)."""
     if supported is None:
         supported = lambda spec: family_for(spec) is not None  # noqa: E731
-    _, _, _, graphs = run_compiled(ref, target, cache_dir)  # the model, inputs and output are dropped
+    from torch_kernelize.fallbacks import expected_fallbacks
+    with expected_fallbacks():  # what runs on the host now is what the fill is for
+        _, _, _, graphs = run_compiled(ref, target, cache_dir, training=training)  # the model, inputs and output are dropped
     if target.device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
         torch.cuda.empty_cache()
     regions: dict[str, Work] = {}

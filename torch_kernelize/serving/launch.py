@@ -19,6 +19,7 @@ import torch
 from torch_kernelize.core.buckets import contiguous_strides as _contiguous
 from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.core.fills import fill_
+from torch_kernelize.core.errors import IndexOutOfRange
 from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
 from torch_kernelize.core.program_steps import StepCall
 from torch_kernelize.core.spec import KernelSpec
@@ -190,6 +191,7 @@ class ProgramRunner:
         self._donated: dict[int, int] = {}  # output -> the input it is written into (donating())
         if backend == "cuda":
             self._cuda_plans = self._cuda_plans_for(self._kernels)
+        self._checks = [(c.temp, c.message) for c in program.checks]
         self._load_unaligned = unaligned
         self._unaligned_tried = False
         self._unaligned_plans: list | None = None
@@ -258,7 +260,7 @@ class ProgramRunner:
         with an input off a 16-byte boundary, or on another device than the current one, takes
         the general path (``__call__``). None where the general path is the only one (not CUDA,
         donated outputs, state buffers, no inputs)."""
-        if (self.backend != "cuda" or self._donated or self._state_allocs or self._steps or not self.spec.inputs
+        if (self.backend != "cuda" or self._donated or self._state_allocs or self._steps or not self.spec.inputs or self._checks
                 or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
         names: dict[str, Any] = {"general": self.__call__, "empty": _EMPTY_STRIDED_CUDA,
@@ -436,7 +438,23 @@ class ProgramRunner:
                 raise MisalignedInput(f"the buffer donated to {self.spec.describe()} is not 16-byte aligned")
             outs[out] = inputs[given]
         self.launch(inputs, outs, temps)
+        if self._checks:
+            self._raise_flagged(temps)
         return tuple(outs) if self._tuple else outs[0]
+
+    def _raise_flagged(self, temps: list[torch.Tensor]) -> None:
+        """Raise the error of a check whose flag the kernels set. On a GPU a read is a sync: within
+        a lowered graph's call (``deferred_checks``) the flags are read once, at its end; never
+        while a CUDA graph is captured, where they cannot be read."""
+        flags = [(temps[i], message) for i, message in self._checks]
+        if temps and temps[0].is_cuda:
+            if torch.cuda.is_current_stream_capturing():
+                return
+            pending = getattr(_deferred, "flags", None)
+            if pending is not None:
+                pending.extend(flags)
+                return
+        raise_flagged(flags)
 
     def run_poisoned(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Validation: outputs and uninitialised temporaries filled before the launch (with the
@@ -444,7 +462,35 @@ class ProgramRunner:
         device = inputs[0].device if inputs else torch.device("cpu")
         outs, temps = self.allocate(device, poison=True)
         self.launch(inputs, outs, temps)
+        if self._checks:
+            self._raise_flagged(temps)
         return tuple(outs)
+
+
+_deferred = threading.local()  # a GPU graph call's flags, read once at its end (deferred_checks)
+
+
+def raise_flagged(flags: Sequence[tuple[torch.Tensor, str]]) -> None:
+    """IndexOutOfRange with the message of the first flag a kernel set."""
+    if flags and bool(torch.stack([t.reshape(-1)[0] for t, _ in flags]).any()):
+        raise IndexOutOfRange(next(m for t, m in flags if bool(t.any())))
+
+
+def deferred_checks(call: Callable[[Any], Any], args: Any) -> Any:
+    """``call(args)`` with the checks of the GPU kernels it runs read once, after it (one sync
+    per call instead of one per kernel); a nested call leaves them to the outer one."""
+    outer = getattr(_deferred, "flags", None)
+    _deferred.flags = flags = []
+    try:
+        out = call(args)
+    finally:
+        _deferred.flags = outer
+    if flags:
+        if outer is not None:
+            outer.extend(flags)
+        else:
+            raise_flagged(flags)
+    return out
 
 
 def read_program(directory: Path) -> KernelProgram:

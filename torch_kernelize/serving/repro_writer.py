@@ -29,7 +29,7 @@ import torch.fx as fx
 from torch_kernelize.core.targets import Target
 from torch_kernelize.serving import repro_recorder as recorder
 from torch_kernelize.serving.repro_recorder import repro_counts
-from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec, upcast_dtype
 
 log = logging.getLogger("torch_kernelize.repro")
 
@@ -66,7 +66,7 @@ def spec_graph(spec: KernelSpec) -> fx.GraphModule:
 
 def graph_reference(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """The float64 CPU reference of a graph: floating inputs upcast, ATen on CPU, node by node."""
-    up = [t.detach().to("cpu", torch.float64) if t.is_floating_point() else t.detach().cpu() for t in inputs]
+    up = [t.detach().to("cpu", upcast_dtype(t)) for t in inputs]
     out = gm(*up)
     out = out if isinstance(out, (tuple, list)) else (out,)
     return tuple(o.contiguous() for o in out if isinstance(o, torch.Tensor))

@@ -21,6 +21,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.core.decision import Decision
+from torch_kernelize.core.errors import IndexOutOfRange
 from torch_kernelize.serving.launch import MisalignedInput
 from torch_kernelize.core.spec import KernelSpec, tensor_input_nodes
 from torch_kernelize.core.validate import compare_all
@@ -106,7 +107,10 @@ class TritonCall:
 
     def failed(self, e: Exception, tensors: Sequence[torch.Tensor]):
         """The answer of a call whose kernel raised ``e``: the vendor op's. A misaligned input
-        sends this call only there; any other failure disables the kernel."""
+        sends this call only there; an index out of range is the caller's (eager's IndexError,
+        raised on); any other failure disables the kernel."""
+        if isinstance(e, IndexOutOfRange):
+            raise e
         if not isinstance(e, MisalignedInput):
             self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
         return self.vendor(*tensors)
@@ -152,6 +156,8 @@ class CheckedTritonCall(TritonCall):
             got = self.runner(*tensors)
         except MisalignedInput:
             return self.vendor(*tensors)
+        except IndexOutOfRange:
+            raise
         except Exception as e:
             self.disable(f"{type(e).__name__}: {e}", tensors, "failure")
             return self.vendor(*tensors)
