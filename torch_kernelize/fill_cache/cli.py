@@ -35,7 +35,7 @@ from torch_kernelize.fill_cache.external import with_candidates
 from torch_kernelize.fill_cache.generators import Competition, check_resumable, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
-from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
+from torch_kernelize.fill_cache.measure_worker import FILL_TIME_LIMIT_S, IsolatedMeasurer, MeasureWorker, time_limit_s
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.store_policy import MIN_SPEEDUP, needs_confirmation, verdict
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="under torchrun, for nodes without a shared filesystem: each rank but 0 fills its own "
                    "cache (<cache-dir>/rank-<N>) and sends its entries to rank 0, which imports them into "
                    "--cache-dir (signed by a key it trusts, else re-validated there)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help=f"seconds one candidate's validation and timing may take in the measure worker before it "
+                   f"is failed as hanging (default: $KERNELIZE_TIME_LIMIT, else {FILL_TIME_LIMIT_S:g})")
     p.add_argument("--summary", type=Path, default=None, help="JSON summary path (default: in the cache)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -94,6 +97,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("give --model and/or --repros: what should the cache be filled for?")
     if args.budget is not None and args.budget < 1:
         p.error("--budget must be at least 1")
+    if args.time_limit is not None and not args.time_limit > 0:
+        p.error("--time-limit must be a positive number of seconds")
     return args
 
 
@@ -103,18 +108,22 @@ def _registry_family(spec: Any) -> Any:
 
 class FillRun:
     def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float,
-                 isolate: bool | None = None, family_for: Any = None, generators: Sequence[Any] = ()):
-        """``isolate``: measure in a worker process (measure_worker.py; default: on CUDA).
-        ``generators``: asked beside each spec's family (generators.py)."""
+                 isolate: bool = True, family_for: Any = None, generators: Sequence[Any] = (),
+                 time_limit: float | None = None):
+        """``isolate``: run candidates in a worker process (measure_worker.py), where a fault or
+        a hang fails only the candidate; False runs them in this process, for trusted unit tests
+        of measurement only. ``generators``: asked beside each spec's family (generators.py).
+        ``time_limit``: seconds per candidate in the worker (default: measure_worker's)."""
         self.target, self.cache, self.budget = target, cache, budget
         # spec -> its family (candidate files joined in: external.py); the registry's by default
         self.family_for = family_for or _registry_family
         self.generators = list(generators)
         self._spaces: dict[str, Any] = {}  # spec key -> its generators as one search space
         self.builder = Builder(target)
-        self.isolate = target.triton == "cuda" if isolate is None else isolate
-        # started now: it imports torch and sets up the device while the first candidates compile
-        self._worker = MeasureWorker() if self.isolate else None
+        self.isolate = isolate
+        # started with the first build (prebuild): it imports torch and sets up the device meanwhile
+        self._worker = MeasureWorker.for_target(target, time_limit_s(time_limit, FILL_TIME_LIMIT_S)) \
+            if isolate else None
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -316,6 +325,8 @@ class FillRun:
                 family = self.space(w.spec)
                 if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
                     self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
+                    if self._worker is not None:
+                        self._worker.start()
 
         deferred: list[Work] = []
         bar = tqdm(total=len(work), desc="fill_cache", unit="spec", disable=quiet, file=sys.stderr)
@@ -430,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
         run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
                       family_for=with_candidates(args.candidate, work) if args.candidate else None,
-                      generators=generators)
+                      generators=generators, time_limit=args.time_limit)
         if group is not None:
             def served(w: Work) -> bool:  # on rank 0: its cache has it, and it is not to be searched again
                 return not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")
