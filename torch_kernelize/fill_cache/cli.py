@@ -310,9 +310,13 @@ class FillRun:
             try:  # winners found before a fault or an interrupt are kept
                 self._store_pending(wait=True, check=not interrupted)
             finally:
-                self.builder.close()
-                if self._worker is not None:
-                    self._worker.close()
+                self.close()
+
+    def close(self) -> None:
+        """End the build pool and the measure worker (run() does; a caller of process() must)."""
+        self.builder.close()
+        if self._worker is not None:
+            self._worker.close()
 
     def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
         from filelock import Timeout

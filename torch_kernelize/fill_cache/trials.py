@@ -44,8 +44,10 @@ class SpecTooLarge(RuntimeError):
 
 def free_device_memory(device: str | torch.device) -> int | None:
     """Bytes a validation may still allocate on ``device``: free memory plus what torch's caching
-    allocator holds unused; None where there is no limit to check (the CPU)."""
+    allocator holds unused; on the CPU, free_host_memory(); None where there is no limit to check."""
     device = torch.device(device)
+    if device.type == "cpu":
+        return free_host_memory()
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device)
@@ -192,14 +194,14 @@ class TrialStore(Trials):
     def check_fits(self) -> None:
         """Choose where references are computed; raise SpecTooLarge if even the CPU reference
         leaves too little device memory to validate a candidate (on the CPU: host memory)."""
-        if torch.device(self.device).type == "cpu":
-            need, free = validation_bytes(self.spec, True), free_host_memory()
+        free = free_device_memory(self.device)
+        if free is None:
+            return
+        if torch.device(self.device).type == "cpu":  # inputs, outputs and float64 references: all in host memory
+            need = validation_bytes(self.spec, True)
             if need > free:
                 raise SpecTooLarge(f"validation needs ~{need / 2**30:.1f} GiB of host memory, "
                                    f"{free / 2**30:.1f} GiB are available")
-            return
-        free = free_device_memory(self.device)
-        if free is None:
             return
         on_device = torch.device(self.reference_device).type != "cpu"
         if on_device and validation_bytes(self.spec, True) <= free:
