@@ -230,6 +230,8 @@ def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False) -> No
         try:
             conn.send(("ok", fn(*args)))
         except BaseException as e:  # sent to the parent, which raises it
+            if not isinstance(e, Exception):  # a kernel's SystemExit must not end the parent
+                e = RuntimeError(f"{type(e).__name__}: {e}")
             try:
                 conn.send(("error", e))
             except Exception:  # an exception that does not pickle
