@@ -103,3 +103,11 @@ def test_an_out_of_bounds_candidate_is_contained_journaled_and_skipped_on_resume
     assert again._worker.restarts == 0  # the faulting candidate did not run again
     assert [r["config"] for r in journal.records()][:2] == [first["config"], fault["config"]]
     assert sum(r["fault"] for r in journal.records()) == 1
+
+
+def test_a_device_side_assert_is_a_device_fault():
+    """It leaves the CUDA context unusable, like an illegal address: the worker is replaced."""
+    from torch_kernelize.fill_cache.measure import device_fault
+
+    assert device_fault("trial 2 (random, seed 1) raised RuntimeError: CUDA error: device-side assert triggered")
+    assert not device_fault("trial 2 (random, seed 1) raised IndexError: index 9 is out of bounds")

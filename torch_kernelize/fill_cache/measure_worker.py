@@ -25,6 +25,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -213,6 +215,7 @@ def _limit_memory(allowance: int) -> None:
 def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False) -> None:
     """The worker's loop: run each (fn, args) it is sent, send back ("ok", result) or ("error", exc)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _exit_with_parent()
     if memory_limit is not None:
         import triton.language  # noqa: F401 - mapped before the limit is measured, as torch is
         _limit_memory(memory_limit)
@@ -236,6 +239,19 @@ def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False) -> No
                 conn.send(("error", e))
             except Exception:  # an exception that does not pickle
                 conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+
+
+def _exit_with_parent() -> None:
+    """End this worker once its parent is gone (killed with SIGKILL, say), even while a kernel
+    that never returns holds it: a daemon thread watches (the interpreter's kernels release the
+    GIL between Python steps)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="kernelize-parent-watch").start()
 
 
 # --- in the worker ------------------------------------------------------------------------------
@@ -322,7 +338,6 @@ class IsolatedMeasurer:
         self._call("check_fits")
 
     def evaluate(self, config: Config) -> Evaluation:
-        import time
         t0 = time.perf_counter()
         try:
             directory = self.builder.build(self.spec, self.family, config)
