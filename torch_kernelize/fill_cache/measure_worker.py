@@ -114,6 +114,7 @@ class MeasureWorker:
         self.restarts = -1
         self.holds: set[str] = set()  # the keys of the specs whose Measurers the worker keeps
         self._proc: Any = None
+        self._ready = False  # the worker said it has started (its start is not in a call's time)
 
     @classmethod
     def for_target(cls, target: Target, time_limit_s: float) -> "MeasureWorker":
@@ -128,9 +129,7 @@ class MeasureWorker:
                                        name="kernelize-measure")
         self._proc.start()
         child.close()
-        self.holds = set()
         self.restarts += 1
-        self._ready = False
 
     def _wait(self, limit_s: float, late: str) -> str | None:
         """Wait for the worker's next message; None when it is there, else why not."""
@@ -190,21 +189,24 @@ class MeasureWorker:
             self._proc.kill()
             self._proc.join(10)
         self._conn.close()
-        self._proc = None
+        self._proc, self._ready, self.holds = None, False, set()
 
     def close(self) -> None:
         self.stop(kill=False)
 
 
+MIN_AUTO_MEMORY = 2 << 30  # (address space: thread stacks and malloc arenas count, untouched)
+
+
 def _limit_memory(allowance: int) -> None:
     """Limit this process's address space to what it maps now plus ``allowance`` bytes (0: the
-    host's available memory), where the OS has RLIMIT_AS."""
+    host's available memory, 2 GiB at least), where the OS has RLIMIT_AS."""
     try:
         import resource
 
         from torch_kernelize.fill_cache.trials import available_host_memory, mapped_bytes
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = mapped_bytes() + (allowance or available_host_memory())
+        limit = mapped_bytes() + (allowance or max(available_host_memory(), MIN_AUTO_MEMORY))
         if hard != resource.RLIM_INFINITY:
             limit = min(limit, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
