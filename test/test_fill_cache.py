@@ -204,9 +204,10 @@ def test_bad_input_exits_2_with_one_clear_line(case, tmp_path):
 
 def test_a_spec_without_a_correct_candidate_exits_1(tmp_path, monkeypatch):
     from torch_kernelize.fill_cache import cli
-    from torch_kernelize.fill_cache.measure import Evaluation, Measurer
+    from torch_kernelize.fill_cache.measure import Evaluation
+    from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer
 
-    monkeypatch.setattr(Measurer, "evaluate", lambda self, config: Evaluation(
+    monkeypatch.setattr(IsolatedMeasurer, "evaluate", lambda self, config: Evaluation(
         config.to_json(), False, 0.0, error="trial 1 (random, seed 0): 3 element(s) out of tolerance"))
     code = cli.main(["--quiet", "--model", f"{MODELS}:make_wide", "--target", "interpreter",
                      "--cache-dir", str(tmp_path / "cache"), "--budget", "1"])

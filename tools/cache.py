@@ -3,7 +3,8 @@
     python tools/cache.py list   --cache-dir DIR [--namespace NS | --target NAME]
     python tools/cache.py show   KEY --cache-dir DIR [--namespace NS]
     python tools/cache.py check  --cache-dir DIR            # exit 1 when any entry is bad
-    python tools/cache.py verify --cache-dir DIR --target T # re-validate by running every kernel;
+    python tools/cache.py verify --cache-dir DIR --target T # re-validate by running every kernel (in a
+                                                            # worker, --time-limit S per entry);
                                                             # failing entries go to <ns>/quarantine/
     python tools/cache.py export OUT.tar.gz --cache-dir DIR [--namespace NS] [--keys K ...]  # signed
     python tools/cache.py import IN.tar.gz --cache-dir DIR [--replace] [--revalidate --target T]
