@@ -83,27 +83,26 @@ class PeakMeter:
         return self.peak
 
 
-def available_host_memory() -> int:
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A "<field>: <n> kB" line of a /proc file, in bytes; None where there is none."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def available_host_memory() -> int:
+    found = _proc_bytes("/proc/meminfo", "MemAvailable")
+    return found if found is not None else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def mapped_bytes() -> int:
     """The address space this process maps now (what RLIMIT_AS counts); 0 where unknown."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _proc_bytes("/proc/self/status", "VmSize") or 0
 
 
 def free_host_memory() -> int:
