@@ -25,6 +25,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -115,21 +116,35 @@ class MeasureWorker:
         self.holds: set[str] = set()  # the keys of the specs whose Measurers the worker keeps
         self._proc: Any = None
         self._ready = False  # the worker said it has started (its start is not in a call's time)
+        self._started: tuple = ()  # its _kind() when it was started
 
     @classmethod
     def for_target(cls, target: Target, time_limit_s: float) -> "MeasureWorker":
         return cls(time_limit_s, memory_limit_bytes(target), target.device == "cuda")
 
+    def _kind(self) -> tuple:
+        """What a spare worker must have been started with to serve this one."""
+        return self.memory_limit, self.cuda, tuple(sys.path), tuple(sorted(os.environ.items()))
+
     def start(self) -> None:
-        """Start the worker now, if it is not running (it imports torch while the caller builds)."""
+        """Start the worker now, if it is not running (it imports torch while the caller builds):
+        the spare one a closed worker of this process left, if it was started alike."""
         if self._proc is not None:
             return
+        self.restarts += 1
+        self._started = self._kind()
+        if _SPARE:
+            proc, conn, kind = _SPARE.pop()
+            if kind == self._started:
+                self._proc, self._conn, self._ready = proc, conn, True
+                return
+            proc.kill()  # started with another environment: of no use any more
+            conn.close()
         self._conn, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda), daemon=True,
                                        name="kernelize-measure")
         self._proc.start()
         child.close()
-        self.restarts += 1
 
     def _wait(self, limit_s: float, late: str) -> str | None:
         """Wait for the worker's next message; None when it is there, else why not."""
@@ -192,7 +207,21 @@ class MeasureWorker:
         self._proc, self._ready, self.holds = None, False, set()
 
     def close(self) -> None:
+        """End the worker; a healthy one is kept (one per process) for the next MeasureWorker,
+        with nothing of its specs held: a run of tests starts a handful, not one per fill."""
+        if self._proc is not None and self._ready and not _SPARE and self._proc.is_alive():
+            try:
+                self.call(_forget_all)
+            except Exception:  # it died or hangs: ended by call()
+                pass
+            if self._proc is not None:
+                _SPARE.append((self._proc, self._conn, self._started))
+                self._proc, self._ready, self.holds = None, False, set()
+                return
         self.stop(kill=False)
+
+
+_SPARE: list[tuple[Any, Any, tuple]] = []  # (process, connection, kind): at most one
 
 
 MIN_AUTO_MEMORY = 2 << 30  # (address space: thread stacks and malloc arenas count, untouched)
@@ -271,6 +300,12 @@ class _Built:
 
     def submit(self, *args: Any) -> None:
         pass
+
+
+def _forget_all() -> None:
+    """Drop every spec's Measurer: the worker becomes a spare, to serve another run alike."""
+    while _HELD:
+        _HELD.popitem()[1].close()
 
 
 def _measurer(context: tuple) -> Measurer:
