@@ -123,8 +123,9 @@ class MeasureWorker:
         return cls(time_limit_s, memory_limit_bytes(target), target.device == "cuda")
 
     def _kind(self) -> tuple:
-        """What a spare worker must have been started with to serve this one."""
-        return self.memory_limit, self.cuda, tuple(sys.path), tuple(sorted(os.environ.items()))
+        """What a spare worker must have been started with to serve this one (each call brings
+        the environment along)."""
+        return self.memory_limit, self.cuda, tuple(sys.path)
 
     def start(self) -> None:
         """Start the worker now, if it is not running (it imports torch while the caller builds):
@@ -138,7 +139,7 @@ class MeasureWorker:
             if kind == self._started:
                 self._proc, self._conn, self._ready = proc, conn, True
                 return
-            proc.kill()  # started with another environment: of no use any more
+            proc.kill()  # started for another kind of worker: of no use any more
             conn.close()
         self._conn, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda), daemon=True,
@@ -168,7 +169,7 @@ class MeasureWorker:
                 self._conn.recv()  # ("ready", None)
                 self._ready = True
             if text is None:
-                self._conn.send((fn, args))
+                self._conn.send((fn, args, dict(os.environ)))
                 text = self._wait(self.time_limit_s, "a kernel that never returns, or one that needs longer: "
                                   f"--time-limit or ${TIME_LIMIT_ENV}")
             if text is None:
@@ -260,7 +261,10 @@ def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False) -> No
             return
         if msg is None:
             return
-        fn, args = msg
+        fn, args, env = msg
+        if env != os.environ:  # a spare worker serves a later run: the environment of its call
+            os.environ.clear()
+            os.environ.update(env)
         try:
             conn.send(("ok", fn(*args)))
         except BaseException as e:  # sent to the parent, which raises it
