@@ -35,7 +35,8 @@ from torch_kernelize.fill_cache.external import with_candidates
 from torch_kernelize.fill_cache.generators import Competition, check_resumable, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
-from torch_kernelize.fill_cache.measure_worker import FILL_TIME_LIMIT_S, IsolatedMeasurer, MeasureWorker, time_limit_s
+from torch_kernelize.fill_cache.measure_worker import (FILL_TIME_LIMIT_S, IsolatedMeasurer, MeasureWorker,
+                                                       WorkerDied, time_limit_s)
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.store_policy import MIN_SPEEDUP, needs_confirmation, verdict
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
@@ -177,6 +178,10 @@ class FillRun:
         except SpecTooLarge as e:  # no candidate is at fault: the vendor op runs it, the run goes on
             log.warning("%s: too large to validate here (%s); the vendor op runs it", spec.describe()[:90], e)
             row.update(status="too large", winner=str(e))
+            return row
+        except WorkerDied as e:  # the winner's last timing killed the worker: nothing is stored, the run goes on
+            log.warning("%s: %s; nothing stored", spec.describe()[:90], e)
+            row.update(status="no correct candidate", winner=str(e))
             return row
         finally:
             row["time"] = {k: round(v, 2) for k, v in measurer.seconds.items()}
