@@ -49,6 +49,21 @@ class OutOfBounds(SegfaultInBuild):
         return dataclasses.replace(program, source=program.source.replace(store, store.replace("idx", "idx + (1 << 40)")))
 
 
+class Hang(SegfaultInBuild):
+    """The crashing candidate's kernel never returns (it passes the static source check)."""
+    name = "test_hang"
+
+    def generate(self, spec, config):
+        program = ElementwiseFamily.generate(self, spec, config)
+        if not self.crashes(spec, config):
+            return program
+        start = "    pid = tl.program_id(0)\n"
+        assert start in program.source
+        spin = start + "    spin = 0\n    while spin >= 0:\n        spin = spin + 1\n"
+        return dataclasses.replace(program, source=program.source.replace(start, spin, 1))
+
+
 BUILD = SegfaultInBuild()
 MEASURE = SegfaultInMeasure()
 OUT_OF_BOUNDS = OutOfBounds()
+HANG = Hang()
