@@ -72,3 +72,46 @@ def test_a_candidate_that_kills_the_measure_worker_fails_alone_and_the_run_goes_
             else:
                 assert r["correct"], r
     assert run._worker.restarts == 2  # one fresh worker after each crash
+
+
+@pytest.mark.parametrize("fault", ["out of bounds", "hang"])
+def test_a_faulting_candidate_is_contained_journaled_and_skipped_on_resume(tmp_path, monkeypatch, fault):
+    """On the interpreter a kernel's body runs as Python in the process that launches it: a store
+    far out of bounds kills that process, a loop without end holds it. By default fill_cache runs
+    candidates in its measure worker on every target, within a time limit, so the fill goes on,
+    and the fault is journaled before the next candidate runs, so --resume never runs it again."""
+    from fault_family import HANG, OUT_OF_BOUNDS
+
+    import torch_kernelize.fill_cache.cli as cli
+    from torch_kernelize.fill_cache.collect import Work
+    from torch_kernelize.kernel_cache import KernelCache
+    from torch_kernelize.lowering.kernels import Config
+
+    # (a limit of a few seconds: wall time, which the good candidate needs too on a loaded machine)
+    FAMILY, reason, limit = {"out of bounds": (OUT_OF_BOUNDS, "SIGSEGV", None),
+                             "hang": (HANG, "timed out after 6 s", 6)}[fault]
+    monkeypatch.setattr(cli, "family_for", lambda spec: FAMILY)
+    target = get_target("interpreter")
+    spec = spec_of(torch.ops.aten.tanh.default, (torch.randn(40, 24),))
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    run = cli.FillRun(target, cache, budget=2, resume=False, force=False, min_speedup=1.03, time_limit=limit)
+    row, = run.run([Work(spec, "test")], quiet=True)
+    assert row["status"] == "stored", row
+    journal = Journal(cache.journal_path(spec.key))
+    first, fault = journal.records()
+    assert first["correct"] and FAMILY.crashes(spec, Config.from_json(fault["config"]))
+    assert fault["fault"] and fault["contained"] and reason in fault["error"], fault
+    again = cli.FillRun(target, cache, budget=3, resume=True, force=True, min_speedup=1.03)
+    row, = again.run([Work(spec, "test")], quiet=True)
+    assert row["status"] == "stored" and row["resumed"] == 2 and row["evaluated"] == 3, row
+    assert again._worker.restarts == 0  # the faulting candidate did not run again
+    assert [r["config"] for r in journal.records()][:2] == [first["config"], fault["config"]]
+    assert sum(r["fault"] for r in journal.records()) == 1
+
+
+def test_a_device_side_assert_is_a_device_fault():
+    """It leaves the CUDA context unusable, like an illegal address: the worker is replaced."""
+    from torch_kernelize.fill_cache.measure import device_fault
+
+    assert device_fault("trial 2 (random, seed 1) raised RuntimeError: CUDA error: device-side assert triggered")
+    assert not device_fault("trial 2 (random, seed 1) raised IndexError: index 9 is out of bounds")

@@ -76,7 +76,7 @@ def fill(tmp_path, work: Work, names: str, resume: bool = False, force: bool = F
     try:
         row = run.process(work)
     finally:
-        run.builder.close()
+        run.close()
     return row, cache
 
 

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -289,6 +291,35 @@ def test_bytecode_beside_a_cached_kernel_never_runs(cache, tmp_path, cli, capsys
     assert not marker.exists()
     assert cli.main(["verify", "--cache-dir", str(cache.root), "--target", "interpreter"]) == 0
     assert "2/2 entries verified" in capsys.readouterr().out and not marker.exists()
+
+
+def spinning(src: str) -> str:
+    """A kernel body that never returns (it still passes the static source check)."""
+    old = "    pid = tl.program_id(0)\n"
+    assert old in src
+    return src.replace(old, old + "    spin = 0\n    while spin >= 0:\n        spin = spin + 1\n", 1)
+
+
+def test_revalidate_rejects_a_kernel_that_never_returns_within_its_limit(cache, tmp_path, cli, capsys, monkeypatch):
+    archive = tmp_path / "a.tar.gz"
+    export_cache(cache, archive)
+    bad_key, good_key = histc_key(cache), other_key(cache)
+    bad = tamper(archive, bad_key, spinning, tmp_path / "spin.tar.gz", keep_signature=False)
+    assert source_problems(members(bad)[f"entries/{bad_key}/program/kernel.py"]) == []
+    staging = tmp_path / "tmp"  # where the staging folder (kernelize-revalidate-*) goes
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    target = tmp_path / "target"
+    started = time.monotonic()
+    assert cli.main(["import", str(bad), "--cache-dir", str(target), "--revalidate", "--target", "interpreter",
+                     "--time-limit", "6"]) == 1  # wall time: the good entry needs it too
+    assert time.monotonic() - started < 60
+    out = capsys.readouterr().out
+    assert f"rejected 1 entry (not stored):\n  {bad_key}: timed out after 6 s" in out, out
+    assert "imported 1 entries" in out and f"  {good_key}" in out
+    assert list(staging.iterdir()) == []
+    clear_memo()
+    assert KernelCache.for_target(target, get_target("interpreter")).keys() == [good_key]
 
 
 # --- quarantine ------------------------------------------------------------------------------------

@@ -1,11 +1,16 @@
 """The runner side of fill_cache: candidates of one spec are judged on the same trials."""
 from __future__ import annotations
 
+import re
+import sys
+import time
+
 import pytest
 import torch
 
 from kernel_testing import spec_of
 from torch_kernelize.fill_cache.measure import Measurer
+from torch_kernelize.fill_cache.trials import spec_bytes
 from torch_kernelize.lowering.kernels.elementwise import FAMILY
 from torch_kernelize.core.targets import get_target
 from torch_kernelize.core.spec import KernelSpec
@@ -60,16 +65,40 @@ def test_a_spec_too_large_for_free_device_memory_is_left_to_vendor_and_the_run_g
     target = get_target("interpreter")
     big = spec_of(torch.ops.aten.tanh.default, (torch.randn(64, 256),))
     small = spec_of(torch.ops.aten.sigmoid.default, (torch.randn(8, 8),))
-    free = 100_000  # bytes "free on the device": the small spec's validation fits, the big one's not
+    free = 100_000  # bytes "free on the device" (the host's): the small spec's validation fits, the big one's not
     assert trials.validation_bytes(small, True) < free < trials.validation_bytes(big, False)
     monkeypatch.setattr(trials, "free_device_memory", lambda device: free)
     cache = KernelCache.for_target(tmp_path / "cache", target)
-    run = FillRun(target, cache, budget=1, resume=False, force=False, min_speedup=1.03)
+    run = FillRun(target, cache, budget=1, resume=False, force=False, min_speedup=1.03, isolate=False)
     rows = run.run([Work(big, "test"), Work(small, "test")], quiet=True)
     assert [r["status"] for r in rows] == ["too large", "stored"], rows
-    assert "GiB of device memory" in rows[0]["winner"]
+    assert "GiB of host memory" in rows[0]["winner"]
     assert cache.lookup(big.key)[0] == "miss"  # nothing stored: with more memory it can be filled
     assert set(rows[1]["time"]) == {"build", "reference", "validation", "timing"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the worker's memory limit is RLIMIT_AS")
+def test_a_spec_larger_than_the_workers_memory_is_too_large_without_allocating_it(tmp_path, monkeypatch):
+    """A 3 GiB spec (metadata only) on a CPU target, its measure worker limited to 2 GiB: "too large",
+    nothing of it allocated, and the next spec is stored."""
+    from torch_kernelize.fill_cache.cli import FillRun
+    from torch_kernelize.fill_cache.collect import Work
+    from torch_kernelize.fill_cache.measure_worker import MEMORY_LIMIT_ENV
+    from torch_kernelize.kernel_cache import KernelCache
+
+    target = get_target("interpreter")
+    big = spec_of(torch.ops.aten.tanh.default, (torch.empty(3 << 27, device="meta"),))
+    assert spec_bytes(big) == 3 << 30
+    small = spec_of(torch.ops.aten.sigmoid.default, (torch.randn(8, 8),))
+    monkeypatch.setenv(MEMORY_LIMIT_ENV, "2")
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    run = FillRun(target, cache, budget=1, resume=False, force=False, min_speedup=1.03)
+    started = time.monotonic()
+    rows = run.run([Work(big, "test"), Work(small, "test")], quiet=True)
+    assert [r["status"] for r in rows] == ["too large", "stored"], rows
+    assert re.fullmatch(r"validation needs ~\d+\.\d GiB of host memory, (1\.\d|2\.0) GiB are available", rows[0]["winner"])
+    assert rows[0]["time"]["reference"] == 0 and time.monotonic() - started < 120
+    assert cache.lookup(big.key)[0] == "miss"
 
 
 def test_a_slightly_wrong_kernel_is_not_stored_the_elementwise_bar_decides(monkeypatch):

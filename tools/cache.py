@@ -3,7 +3,8 @@
     python tools/cache.py list   --cache-dir DIR [--namespace NS | --target NAME]
     python tools/cache.py show   KEY --cache-dir DIR [--namespace NS]
     python tools/cache.py check  --cache-dir DIR            # exit 1 when any entry is bad
-    python tools/cache.py verify --cache-dir DIR --target T # re-validate by running every kernel;
+    python tools/cache.py verify --cache-dir DIR --target T # re-validate by running every kernel (in a
+                                                            # worker, --time-limit S per entry);
                                                             # failing entries go to <ns>/quarantine/
     python tools/cache.py export OUT.tar.gz --cache-dir DIR [--namespace NS] [--keys K ...]  # signed
     python tools/cache.py import IN.tar.gz --cache-dir DIR [--replace] [--revalidate --target T]
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +31,7 @@ from torch_kernelize.kernel_cache import KernelCache, export_cache, import_cache
 from torch_kernelize.kernel_cache import signing
 from torch_kernelize.kernel_cache.store import QUARANTINE_DIR
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_PROBLEMS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  done; every entry looked at is fine
   {EXIT_PROBLEMS}  done, but problems were found: check found bad entries, verify failed (and quarantined)
@@ -36,6 +39,7 @@ EXIT_CODES = f"""exit codes:
      disk: what was stored is listed, and the entry that failed), show found no valid entry
   {EXIT_ERROR}  nothing was done: bad arguments, a missing cache folder or a namespace without entries,
      an archive refused (unsigned, untrusted, tampered) or unreadable, a key problem
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C, SIGTERM): entries stored so far stay, staging folders are removed
 
 Signing key and trusted keys: {signing.KEY_FILE} and {signing.TRUSTED_FILE} in ${signing.CONFIG_ENV}, else
 $XDG_CONFIG_HOME/torch_kernelize, else ~/.config/torch_kernelize."""
@@ -140,8 +144,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _revalidator(target_name: str):
-    """import --revalidate: fill_cache.verify's re-validation, on this machine's target."""
+def _revalidator(target_name: str, time_limit: float | None):
+    """import --revalidate: fill_cache.verify's re-validation, on this machine's target (each
+    entry in a worker process, within ``time_limit`` seconds)."""
     from torch_kernelize.fill_cache.verify import verify_entries
     target = _runnable_target(target_name)
 
@@ -149,14 +154,14 @@ def _revalidator(target_name: str):
         if staging.namespace != target.fingerprint_id():
             raise CacheError(f"the archive is for namespace {staging.namespace}, but target {target.name!r} on "
                              f"this machine is {target.fingerprint_id()}: revalidate it where it can run")
-        return {v.key: None if v.ok else v.detail for v in verify_entries(staging, target, keys)}
+        return {v.key: None if v.ok else v.detail for v in verify_entries(staging, target, keys, time_limit)}
     return revalidate
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     if args.revalidate and not args.target:
         raise CacheError("--revalidate runs every entry, so it needs --target (the target of this machine)")
-    revalidate = _revalidator(args.target) if args.revalidate else None
+    revalidate = _revalidator(args.target, args.time_limit) if args.revalidate else None
     result = import_cache(Path(args.cache_dir), Path(args.archive), replace=args.replace, revalidate=revalidate)
     where = Path(args.cache_dir) / result.namespace
     print(f"imported {len(result.imported)} entries from {args.archive} into {where} "
@@ -232,7 +237,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     target = _runnable_target(args.target)
     cache = _caches(args)[0]
-    verdicts = verify_entries(cache, target, args.keys)
+    verdicts = verify_entries(cache, target, args.keys, args.time_limit)
     rows = [["KEY", "SPEC", "RESULT", "DETAIL"]]
     for v in verdicts:
         rows.append([v.key, v.spec, "ok" if v.ok else "FAILED", v.detail])
@@ -271,6 +276,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _time_limit_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="seconds one entry's kernels may run (in a worker process) before the entry is rejected "
+                   "as hanging (default: $KERNELIZE_TIME_LIMIT, else 120 on cuda, 600 on the interpreter)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", required=True, help="the cache root (holds one folder per namespace)")
@@ -292,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keys", nargs="+", help="only these keys")
     p.add_argument("--remove-bad", action="store_true",
                    help="delete failing entries instead of moving them to <namespace>/quarantine/")
+    _time_limit_arg(p)
     p = sub.add_parser("export", parents=[common], help="write valid entries to a .tar.gz/.tar, signed with your key")
     p.add_argument("archive")
     p.add_argument("--keys", nargs="+", help="only these keys (each must be present and valid)")
@@ -302,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--revalidate", action="store_true",
                    help="for an archive you do not trust: check each entry's source (parsed, not run), run its "
                         "validation on this machine (--target), store only what passes")
+    _time_limit_arg(p)
     p = sub.add_parser("trust", help="your signing key and the keys whose archives you accept")
     p.add_argument("-v", "--verbose", action="store_true", help="log cache warnings and info")
     actions = p.add_subparsers(dest="action", required=True)
@@ -321,11 +334,24 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    # SIGTERM (timeout, kill) unwinds like Ctrl-C: staging folders and the worker go with it
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         return COMMANDS[args.command](args)
     except (KernelizeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted: the entries stored so far are complete; nothing else was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

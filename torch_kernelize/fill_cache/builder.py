@@ -43,7 +43,8 @@ def _ignore_sigint() -> None:
 def family_ref(family: KernelFamily) -> tuple[str, str]:
     """What a worker process finds ``family`` by (see find_family); for several generators of
     one spec (generators.Competition), the family that judges their candidates."""
-    family = getattr(family, "judge", family)
+    while hasattr(family, "judge"):  # a competition's judge may be a candidate file's generator
+        family = family.judge
     return family.name, type(family).__module__
 
 

@@ -40,7 +40,8 @@ from torch_kernelize.fill_cache.graph_candidates import graph_evidence
 from torch_kernelize.fill_cache.generators import Competition, check_resumable, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
-from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer, MeasureWorker
+from torch_kernelize.fill_cache.measure_worker import (FILL_TIME_LIMIT_S, IsolatedMeasurer, MeasureWorker,
+                                                       WorkerDied, time_limit_s)
 from torch_kernelize.fill_cache.run_log import RunLog
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.store_policy import MIN_SPEEDUP, needs_confirmation, verdict
@@ -97,6 +98,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="under torchrun, for nodes without a shared filesystem: each rank but 0 fills its own "
                    "cache (<cache-dir>/rank-<N>) and sends its entries to rank 0, which imports them into "
                    "--cache-dir (signed by a key it trusts, else re-validated there)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help=f"seconds one candidate's validation and timing may take in the measure worker before it "
+                   f"is failed as hanging (default: $KERNELIZE_TIME_LIMIT, else {FILL_TIME_LIMIT_S:g})")
     p.add_argument("--summary", type=Path, default=None, help="JSON summary path (default: in the cache)")
     p.add_argument("--strict", action="store_true", help="exit 1 if a spec is left on the vendor op without a "
                    "kernel (no correct candidate, too large to validate, or its search failed); by default such "
@@ -114,6 +118,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--candidate {c}: a candidate is a Python file named *.py")
     if args.summary is not None and args.summary.is_dir():
         p.error(f"--summary {args.summary} is a folder; give the JSON file to write (e.g. {args.summary / 'fill.json'})")
+    if args.time_limit is not None and not args.time_limit > 0:
+        p.error("--time-limit must be a positive number of seconds")
     return args
 
 
@@ -123,18 +129,22 @@ def _registry_family(spec: Any) -> Any:
 
 class FillRun:
     def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float,
-                 isolate: bool | None = None, family_for: Any = None, generators: Sequence[Any] = ()):
-        """``isolate``: measure in a worker process (measure_worker.py; default: on CUDA).
-        ``generators``: asked beside each spec's family (generators.py)."""
+                 isolate: bool = True, family_for: Any = None, generators: Sequence[Any] = (),
+                 time_limit: float | None = None):
+        """``isolate``: run candidates in a worker process (measure_worker.py), where a fault or
+        a hang fails only the candidate; False runs them in this process, for trusted unit tests
+        of measurement only. ``generators``: asked beside each spec's family (generators.py).
+        ``time_limit``: seconds per candidate in the worker (default: measure_worker's)."""
         self.target, self.cache, self.budget = target, cache, budget
         # spec -> its family (candidate files joined in: external.py); the registry's by default
         self.family_for = family_for or _registry_family
         self.generators = list(generators)
         self._spaces: dict[str, Any] = {}  # spec key -> its generators as one search space
         self.builder = Builder(target)
-        self.isolate = target.triton == "cuda" if isolate is None else isolate
-        # started now: it imports torch and sets up the device while the first candidates compile
-        self._worker = MeasureWorker() if self.isolate else None
+        self.isolate = isolate
+        # started with the first build (prebuild): it imports torch and sets up the device meanwhile
+        self._worker = MeasureWorker.for_target(target, time_limit_s(time_limit, FILL_TIME_LIMIT_S)) \
+            if isolate else None
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -191,6 +201,10 @@ class FillRun:
         except SpecTooLarge as e:  # no candidate is at fault: the vendor op runs it, the run goes on
             log.warning("%s: too large to validate here (%s); the vendor op runs it", spec.describe()[:90], e)
             row.update(status="too large", winner=str(e))
+            return row
+        except WorkerDied as e:  # the winner's last timing killed the worker: nothing is stored, the run goes on
+            log.warning("%s: %s; nothing stored", spec.describe()[:90], e)
+            row.update(status="no correct candidate", winner=str(e))
             return row
         finally:
             row["time"] = {k: round(v, 2) for k, v in measurer.seconds.items()}
@@ -356,9 +370,13 @@ class FillRun:
             try:  # winners found before a fault or an interrupt are kept
                 self._store_pending(wait=True, check=not interrupted)
             finally:
-                self.builder.close()
-                if self._worker is not None:
-                    self._worker.close()
+                self.close()
+
+    def close(self) -> None:
+        """End the build pool and the measure worker (run() does; a caller of process() must)."""
+        self.builder.close()
+        if self._worker is not None:
+            self._worker.close()
 
     def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
         from tqdm import tqdm
@@ -372,6 +390,8 @@ class FillRun:
                 if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
                     with self.log.about(w.spec.key, w.spec.short_name) if self.log else contextlib.nullcontext():
                         self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
+                    if self._worker is not None:
+                        self._worker.start()
 
         deferred: list[Work] = []
         # specs done of all, elapsed<time left, and the spec being searched (its last candidate's verdict)
@@ -541,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
         run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
                       family_for=with_candidates(args.candidate, work) if args.candidate else None,
-                      generators=generators)
+                      generators=generators, time_limit=args.time_limit)
         if group is not None:
             def served(w: Work) -> bool:  # on rank 0: its cache has it, and it is not to be searched again
                 return not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")

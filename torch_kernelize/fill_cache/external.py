@@ -113,6 +113,13 @@ class CandidateGenerator(KernelFamily):
             self.edge_kinds = base.edge_kinds
         self._programs: dict[tuple[str, str], KernelProgram | RecordingError] = {}
 
+    @property
+    def judge(self) -> KernelFamily:
+        """What a correct kernel is, in the measure worker (which never imports a candidate file):
+        the spec's family, else any op's default domain."""
+        from torch_kernelize.fill_cache.generators import ANY_OP
+        return self.base if self.base is not None else ANY_OP
+
     def supports(self, spec: KernelSpec) -> str | None:
         return None if any(c.is_for(spec) for c in self.candidates.values()) else "no candidate is for this spec"
 

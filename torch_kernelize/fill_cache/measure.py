@@ -59,9 +59,10 @@ class Evaluation:
 
 
 # CUDA errors that leave the context unusable (every later call fails): the candidate that raised
-# one is journaled as failed and the run must end (search.DeviceFault).
+# one is journaled as a fault, and the measure worker that ran it is replaced (in this process,
+# the run must end: search.DeviceFault). A device-side assert (an index out of range) is one.
 _FAULTS = ("illegal memory access", "misaligned address", "unspecified launch failure",
-           "illegal instruction", "hardware stack error")
+           "illegal instruction", "hardware stack error", "device-side assert triggered")
 
 
 def device_fault(error: str) -> bool:

@@ -10,16 +10,30 @@ The worker keeps a spec's Measurer until the parent closes it, so its trials (in
 references, vendor outputs) are computed once for all of the spec's candidates and the winner's
 last checks; a fresh worker computes them again.
 Candidates are still built by the parent's Builder (its own pool); the worker loads them.
+
+The same worker runs every untrusted kernel on every target (the interpreter runs a kernel's
+body as Python in the process: an out-of-bounds store segfaults it): fill_cache's candidates,
+and the entries that ``tools/cache.py verify`` and ``import --revalidate`` run (verify.py). Each
+call has a time limit (``--time-limit``, else $KERNELIZE_TIME_LIMIT): a kernel that does not
+finish in it is failed with "timed out after N s" and the worker is replaced. On a CPU target
+the worker's address space is limited too (RLIMIT_AS: what the host had available when it
+started, else $KERNELIZE_MEMORY_LIMIT GiB), so a kernel that allocates without end gets a
+MemoryError instead of the OOM killer. The worker starts when first needed and is reused.
 """
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
+from torch_kernelize.core.errors import OptionsError
 from torch_kernelize.fill_cache.builder import Builder, family_ref, find_family
 from torch_kernelize.fill_cache.measure import Evaluation, Measurer, _short
 from torch_kernelize.lowering.kernels import Config, KernelFamily
@@ -29,7 +43,49 @@ from torch_kernelize.core.spec import KernelSpec
 
 
 class WorkerDied(RuntimeError):
-    """The measure worker process ended while it measured (a segfault, the OOM killer, a kill)."""
+    """The measure worker process ended while it measured (a segfault, the OOM killer, a kill), or
+    did not answer within its time limit (then it was killed)."""
+
+
+TIME_LIMIT_ENV = "KERNELIZE_TIME_LIMIT"
+MEMORY_LIMIT_ENV = "KERNELIZE_MEMORY_LIMIT"
+FILL_TIME_LIMIT_S = 1800.0  # one candidate in a fill: its validation and timing (and the spec's trials, first)
+ENTRY_TIME_LIMIT_S = {"cuda": 120.0}  # one cached entry's revalidation; elsewhere (the interpreter):
+OTHER_ENTRY_TIME_LIMIT_S = 600.0      # its kernels run as Python, ~1000x slower
+
+
+def time_limit_s(given: float | None, default: float) -> float:
+    """The per-call time limit: ``given`` (a --time-limit flag), else $KERNELIZE_TIME_LIMIT, else ``default``."""
+    if given is None and os.environ.get(TIME_LIMIT_ENV, "").strip():
+        raw = os.environ[TIME_LIMIT_ENV].strip()
+        try:
+            given = float(raw)
+        except ValueError:
+            raise OptionsError(f"${TIME_LIMIT_ENV} must be a number of seconds, got {raw!r}") from None
+    if given is not None and not given > 0:
+        raise OptionsError(f"the time limit must be a positive number of seconds, got {given!r}")
+    return float(given) if given is not None else default
+
+
+def entry_time_limit_s(target: Target, given: float | None = None) -> float:
+    """The time limit for revalidating one cached entry on ``target``."""
+    return time_limit_s(given, ENTRY_TIME_LIMIT_S.get(target.device, OTHER_ENTRY_TIME_LIMIT_S))
+
+
+def memory_limit_bytes(target: Target) -> int | None:
+    """The worker's address-space allowance beyond what it maps at start: None on CUDA (its
+    driver maps far more address space than it uses); $KERNELIZE_MEMORY_LIMIT GiB where set,
+    else 0: the host's available memory, read in the worker."""
+    if target.device == "cuda":
+        return None
+    raw = os.environ.get(MEMORY_LIMIT_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        gib = float(raw)
+    except ValueError:
+        raise OptionsError(f"${MEMORY_LIMIT_ENV} must be a number of GiB, got {raw!r}") from None
+    return int(gib * 2**30) if gib > 0 else None
 
 
 def _died_text(exitcode: int | None) -> str:
@@ -40,65 +96,106 @@ def _died_text(exitcode: int | None) -> str:
             how = f"killed by signal {-exitcode}"
     else:
         how = f"exit code {exitcode}"
-    return f"the measure worker died while measuring this candidate ({how})"
+    return f"the measure worker died while running this kernel ({how})"
 
 
 class MeasureWorker:
-    """One spawned process that measures candidates; restarted when it dies or its device faults."""
+    """One spawned process that runs untrusted kernels; replaced when it dies, hangs or its device
+    faults. Started at the first call (or ``start``); ``time_limit_s`` bounds each call, not
+    counting the worker's own start."""
 
     POLL_S = 0.2
-    TIMEOUT_S = 1800.0  # one call (a candidate's validation and timing): beyond it, a hung kernel
+    START_LIMIT_S = 600.0  # its start (imports, CUDA): not counted in a call's time limit
 
-    def __init__(self) -> None:
+    def __init__(self, time_limit_s: float = FILL_TIME_LIMIT_S, memory_limit: int | None = None,
+                 cuda: bool = False) -> None:
+        """``memory_limit``: bytes of address space beyond the worker's own at start (0: what the
+        host has available then; None: no limit); ``cuda``: the worker initializes CUDA first."""
         self._ctx = multiprocessing.get_context("spawn")
+        self.time_limit_s, self.memory_limit, self.cuda = time_limit_s, memory_limit, cuda
         self.restarts = -1
         self.holds: set[str] = set()  # the keys of the specs whose Measurers the worker keeps
-        self._start()
+        self._proc: Any = None
+        self._ready = False  # the worker said it has started (its start is not in a call's time)
+        self._started: tuple = ()  # its _kind() when it was started
 
-    def _start(self) -> None:
+    @classmethod
+    def for_target(cls, target: Target, time_limit_s: float) -> "MeasureWorker":
+        return cls(time_limit_s, memory_limit_bytes(target), target.device == "cuda")
+
+    def _kind(self) -> tuple:
+        """What a spare worker must have been started with to serve this one (each call brings
+        the environment along)."""
+        return self.memory_limit, self.cuda, tuple(sys.path)
+
+    def start(self) -> None:
+        """Start the worker now, if it is not running (it imports torch while the caller builds):
+        the spare one a closed worker of this process left, if it was started alike."""
+        if self._proc is not None:
+            return
+        self.restarts += 1
+        self._started = self._kind()
+        if _SPARE:
+            proc, conn, kind = _SPARE.pop()
+            if kind == self._started:
+                self._proc, self._conn, self._ready = proc, conn, True
+                return
+            proc.kill()  # started for another kind of worker: of no use any more
+            conn.close()
         self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child,), daemon=True, name="kernelize-measure")
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda), daemon=True,
+                                       name="kernelize-measure")
         self._proc.start()
         child.close()
-        self.holds = set()
-        self.restarts += 1
+
+    def _wait(self, limit_s: float, late: str) -> str | None:
+        """Wait for the worker's next message; None when it is there, else why not."""
+        waited = 0.0
+        while not self._conn.poll(self.POLL_S):
+            waited += self.POLL_S
+            if not self._proc.is_alive():
+                self._proc.join(5)
+                return _died_text(self._proc.exitcode)
+            if waited >= limit_s:
+                return f"timed out after {limit_s:g} s ({late})"
+        return None
 
     def call(self, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)`` in the worker; its exception is raised here; WorkerDied if it dies (then
-        a fresh worker is already started)."""
-        text = None
+        """``fn(*args)`` in the worker; its exception is raised here; WorkerDied if it dies or
+        does not answer within the time limit (then it is ended: the next call starts a fresh one)."""
+        self.start()
         try:
-            self._conn.send((fn, args))
-            waited = 0.0
-            while not self._conn.poll(self.POLL_S):
-                waited += self.POLL_S
-                if not self._proc.is_alive():
-                    break
-                if waited > self.TIMEOUT_S:
-                    text = f"the measure worker did not answer in {self.TIMEOUT_S:.0f} s (a kernel that hangs?)"
-                    break
-            if text is None and self._conn.poll(0):
+            text = None if self._ready else self._wait(self.START_LIMIT_S, "the measure worker did not start")
+            if text is None and not self._ready:
+                self._conn.recv()  # ("ready", None)
+                self._ready = True
+            if text is None:
+                self._conn.send((fn, args, dict(os.environ)))
+                text = self._wait(self.time_limit_s, "a kernel that never returns, or one that needs longer: "
+                                  f"--time-limit or ${TIME_LIMIT_ENV}")
+            if text is None:
                 status, value = self._conn.recv()
                 if status == "error":
                     raise value
                 return value
         except (EOFError, BrokenPipeError, ConnectionResetError):
-            pass
-        except KeyboardInterrupt:  # its answer would come to the next call: end it, the parent stops
-            self.restart()
-            raise
-        if text is None:
             self._proc.join(5)
             text = _died_text(self._proc.exitcode)
+        except KeyboardInterrupt:  # its answer would come to the next call: end it, the parent stops
+            self.stop()
+            raise
         self.restart()
         raise WorkerDied(text)
 
     def restart(self) -> None:
-        """End the worker (it is dead, or its CUDA context is) and start a fresh one."""
-        self._stop(kill=True)
-        self._start()
+        """End the worker (it is dead, hangs, or its CUDA context is unusable); the next call (or
+        ``start``) starts a fresh one."""
+        self.stop()
 
-    def _stop(self, kill: bool) -> None:
+    def stop(self, kill: bool = True) -> None:
+        """End the worker (asked to, unless ``kill``); the next call starts a fresh one."""
+        if self._proc is None:
+            return
         if self._proc.is_alive() and not kill:
             try:
                 self._conn.send(None)
@@ -109,16 +206,55 @@ class MeasureWorker:
             self._proc.kill()
             self._proc.join(10)
         self._conn.close()
+        self._proc, self._ready, self.holds = None, False, set()
 
     def close(self) -> None:
-        self._stop(kill=False)
+        """End the worker; a healthy one is kept (one per process) for the next MeasureWorker,
+        with nothing of its specs held: a run of tests starts a handful, not one per fill."""
+        if self._proc is not None and self._ready and not _SPARE and self._proc.is_alive():
+            try:
+                self.call(_forget_all)
+            except Exception:  # it died or hangs: ended by call()
+                pass
+            if self._proc is not None:
+                _SPARE.append((self._proc, self._conn, self._started))
+                self._proc, self._ready, self.holds = None, False, set()
+                return
+        self.stop(kill=False)
 
 
-def _serve(conn: Any) -> None:
+_SPARE: list[tuple[Any, Any, tuple]] = []  # (process, connection, kind): at most one
+
+
+MIN_AUTO_MEMORY = 2 << 30  # (address space: thread stacks and malloc arenas count, untouched)
+
+
+def _limit_memory(allowance: int) -> None:
+    """Limit this process's address space to what it maps now plus ``allowance`` bytes (0: the
+    host's available memory, 2 GiB at least), where the OS has RLIMIT_AS."""
+    try:
+        import resource
+
+        from torch_kernelize.fill_cache.trials import available_host_memory, mapped_bytes
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = mapped_bytes() + (allowance or max(available_host_memory(), MIN_AUTO_MEMORY))
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, AttributeError, OSError, ValueError):  # no such limit here: run without it
+        pass
+
+
+def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False) -> None:
     """The worker's loop: run each (fn, args) it is sent, send back ("ok", result) or ("error", exc)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    if torch.cuda.is_available():
+    _exit_with_parent()
+    if memory_limit is not None:
+        import triton.language  # noqa: F401 - mapped before the limit is measured, as torch is
+        _limit_memory(memory_limit)
+    if cuda and torch.cuda.is_available():
         torch.cuda.init()  # before the first candidate arrives, while the parent builds it
+    conn.send(("ready", None))
     while True:
         try:
             msg = conn.recv()
@@ -126,14 +262,32 @@ def _serve(conn: Any) -> None:
             return
         if msg is None:
             return
-        fn, args = msg
+        fn, args, env = msg
+        if env != os.environ:  # a spare worker serves a later run: the environment of its call
+            os.environ.clear()
+            os.environ.update(env)
         try:
             conn.send(("ok", fn(*args)))
         except BaseException as e:  # sent to the parent, which raises it
+            if not isinstance(e, Exception):  # a kernel's SystemExit must not end the parent
+                e = RuntimeError(f"{type(e).__name__}: {e}")
             try:
                 conn.send(("error", e))
             except Exception:  # an exception that does not pickle
                 conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+
+
+def _exit_with_parent() -> None:
+    """End this worker once its parent is gone (killed with SIGKILL, say), even while a kernel
+    that never returns holds it: a daemon thread watches (the interpreter's kernels release the
+    GIL between Python steps)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="kernelize-parent-watch").start()
 
 
 # --- in the worker ------------------------------------------------------------------------------
@@ -151,6 +305,12 @@ class _Built:
 
     def submit(self, *args: Any) -> None:
         pass
+
+
+def _forget_all() -> None:
+    """Drop every spec's Measurer: the worker becomes a spare, to serve another run alike."""
+    while _HELD:
+        _HELD.popitem()[1].close()
 
 
 def _measurer(context: tuple) -> Measurer:
@@ -223,7 +383,6 @@ class IsolatedMeasurer:
         self._call("check_fits")
 
     def evaluate(self, config: Config) -> Evaluation:
-        import time
         t0 = time.perf_counter()
         try:
             directory = self.builder.build(self.spec, self.family, config)

@@ -13,8 +13,9 @@ Specs larger than ``REDUCED_TRIALS_BYTES`` are validated on one random trial (wi
 kind) instead of ``DEFAULT_SEEDS``' three: ``trial_seeds`` says why, in the validation record.
 
 Before a spec is searched, ``check_fits`` compares what validating one candidate needs on the
-device with what is free there: a spec that cannot fit is reported "too large" and left to the
-vendor op, and never ends the run.
+device (on a CPU target: in host memory, within the process's address-space limit) with what is
+free there: a spec that cannot fit is reported "too large" and left to the vendor op, and never
+ends the run; nothing of it is allocated.
 """
 from __future__ import annotations
 
@@ -38,13 +39,15 @@ REDUCED_TRIALS_BYTES = 1 << 30  # specs with more inputs + outputs than this get
 
 
 class SpecTooLarge(RuntimeError):
-    """Validating this spec does not fit in the device memory that is free: the vendor op runs it."""
+    """Validating this spec does not fit in the device (or host) memory that is free: the vendor op runs it."""
 
 
 def free_device_memory(device: str | torch.device) -> int | None:
     """Bytes a validation may still allocate on ``device``: free memory plus what torch's caching
-    allocator holds unused; None where there is no limit to check (the CPU)."""
+    allocator holds unused; on the CPU, free_host_memory(); None where there is no limit to check."""
     device = torch.device(device)
+    if device.type == "cpu":
+        return free_host_memory()
     if device.type != "cuda":
         return None
     free, _ = torch.cuda.mem_get_info(device)
@@ -80,15 +83,40 @@ class PeakMeter:
         return self.peak
 
 
-def available_host_memory() -> int:
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A "<field>: <n> kB" line of a /proc file, in bytes; None where there is none."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def available_host_memory() -> int:
+    found = _proc_bytes("/proc/meminfo", "MemAvailable")
+    return found if found is not None else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def mapped_bytes() -> int:
+    """The address space this process maps now (what RLIMIT_AS counts); 0 where unknown."""
+    return _proc_bytes("/proc/self/status", "VmSize") or 0
+
+
+def free_host_memory() -> int:
+    """Bytes a validation on the CPU may still allocate: the host's available memory, and no more
+    than this process's address-space limit leaves (the measure worker's, measure_worker.py)."""
+    free = available_host_memory()
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, AttributeError, OSError):
+        return free
+    if soft == resource.RLIM_INFINITY:
+        return free
+    return max(0, min(free, soft - mapped_bytes()))
 
 
 def has_float64(device: str | torch.device) -> bool:
@@ -164,9 +192,15 @@ class TrialStore(Trials):
     # --- the memory plan ------------------------------------------------------------------------
     def check_fits(self) -> None:
         """Choose where references are computed; raise SpecTooLarge if even the CPU reference
-        leaves too little device memory to validate a candidate."""
+        leaves too little device memory to validate a candidate (on the CPU: host memory)."""
         free = free_device_memory(self.device)
         if free is None:
+            return
+        if torch.device(self.device).type == "cpu":  # inputs, outputs and float64 references: all in host memory
+            need = validation_bytes(self.spec, True)
+            if need > free:
+                raise SpecTooLarge(f"validation needs ~{need / 2**30:.1f} GiB of host memory, "
+                                   f"{free / 2**30:.1f} GiB are available")
             return
         on_device = torch.device(self.reference_device).type != "cpu"
         if on_device and validation_bytes(self.spec, True) <= free:
