@@ -36,6 +36,7 @@ from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposab
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
 from torch_kernelize.compiling.regions import Region, closes_cycle, region_spec
+from torch_kernelize.compiling.whole_graph import WHOLE
 from torch_kernelize.core.targets import Target, op_name
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.core.region_graph import describe_region
@@ -159,7 +160,11 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
             status, entry, why = "cycle", None, CYCLE
         else:
             status, entry, why = lookup_region(region, spec) if lookup_region is not None else cache.lookup(spec.key)
-        family = family_name(spec, entry) or offline_generator(region.kind, target)
+        # a whole graph: no family is asked (that would import every generator module in a warm
+        # process whose whole graph has no entry); without an entry it is no miss (fill_cache
+        # collects whole graphs from LoweredGraph.whole, and a reproducer of one would copy every weight)
+        own = (entry.family or None if entry is not None else None) if region.kind == WHOLE else family_name(spec, entry)
+        family = own or offline_generator(region.kind, target)
         what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
         d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
                      shapes=what, family=family, spec=spec, entry=entry, members=tuple(sorted(region.names)))
