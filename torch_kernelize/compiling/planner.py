@@ -153,7 +153,7 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
         family = family_name(spec, entry) or offline_generator(region.kind, target)
         what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
         d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
-                     shapes=what, family=family, spec=spec, entry=entry)
+                     shapes=what, family=family, spec=spec, entry=entry, members=tuple(sorted(region.names)))
         if status == "hit" and closes_cycle(region, taken):
             # (only groups can: two of them each feeding the other; the first one fused stays)
             status, why = "cycle", "fused with the regions before it, it would wait for its own outputs"
