@@ -156,6 +156,15 @@ def _check_pow(args: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_nothing(args: dict[str, Any]) -> str | None:
+    return None
+
+
+def _remainder(x: str, y: str) -> str:
+    m = f"({x} % {y})"
+    return f"tl.where(({m} != 0) & (({m} < 0) != ({y} < 0)), {m} + {y}, {m})"
+
+
 def _check_div(args: dict[str, Any]) -> str | None:
     if args.get("rounding_mode") not in (None, "trunc", "floor"):
         return f"div rounding_mode={args['rounding_mode']!r} is not one of None, 'trunc', 'floor'"
@@ -274,6 +283,14 @@ OPS: dict[str, PointwiseOp] = {
     "aten.bitwise_and.Tensor": _binary("logical", lambda x, y: f"({x} != 0) & ({y} != 0)"),
     "aten.bitwise_or.Tensor": _binary("logical", lambda x, y: f"({x} != 0) | ({y} != 0)"),
     "aten.bitwise_xor.Tensor": _binary("logical", lambda x, y: f"({x} != 0) ^ ({y} != 0)"),
+    # isnan reads its operand as stored (NaN != NaN; an integer is never NaN)
+    "aten.isnan.default": _unary("logical", lambda x: f"{x} != {x}"),
+    # triton's % is C's fmod (the sign of the dividend) on integers and floats alike; remainder
+    # takes the divisor's sign (c10's remainder: fmod, plus the divisor where the signs differ)
+    **{f"aten.fmod.{ov}": _binary("arith", lambda x, y: f"{x} % {y}", check=_check_nothing)
+       for ov in ("Tensor", "Scalar")},
+    **{f"aten.remainder.{ov}": _binary("arith", lambda x, y: _remainder(x, y), check=_check_nothing)
+       for ov in ("Tensor", "Scalar")},
     # selection and copies
     "aten.where.self": PointwiseOp(("condition", "self", "other"), "select",
                                    lambda o, a, t: f"tl.where({o[0]}, {o[1]}, {o[2]})"),
@@ -282,6 +299,14 @@ OPS: dict[str, PointwiseOp] = {
 }
 
 _DIV_MODES = ("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+# ops whose integer divisor must not be 0 (ATen raises ZeroDivisionError)
+_INT_DIVISIONS = _DIV_MODES + ("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar")
+# the bitwise ops on integers (hashes): bit arithmetic in the output's type; on bool the logical rows
+INT_BITWISE: dict[str, PointwiseOp] = {
+    "aten.bitwise_not.default": _unary("arith", lambda x: f"~{x}"),
+    **{f"aten.bitwise_{name}.{ov}": _binary("arith", lambda x, y, s=sym: f"{x} {s} {y}")
+       for name, sym in (("and", "&"), ("or", "|"), ("xor", "^")) for ov in ("Tensor", "Scalar")},
+}
 
 
 @dataclasses.dataclass
@@ -319,14 +344,18 @@ def _max_block(out: TensorMeta) -> int:
 
 class ElementwiseFamily(KernelFamily):
     name = "elementwise"
-    ops = frozenset(OPS)
+    ops = frozenset(OPS) | frozenset(INT_BITWISE)
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
         if spec.graph is not None:
             return "fused regions are not pointwise single ops"
-        op = OPS[spec.op]
+        op = OPS.get(spec.op)
+        if spec.op in INT_BITWISE and spec.outputs and cg.is_int(spec.outputs[0].dtype):
+            op = INT_BITWISE[spec.op]
+        if op is None:
+            return f"{spec.op} is generated on integers only"
         args = cg.bind(spec)
         if op.check is not None and (why := op.check(args)):
             return why
@@ -406,7 +435,7 @@ class ElementwiseFamily(KernelFamily):
                 info = torch.iinfo(getattr(torch, ctype))
                 if not info.min <= int(o.value) <= info.max:
                     return f"scalar {o.name}={o.value} does not fit {ctype}"
-        if spec.op in _DIV_MODES and cg.is_int(ctype) and any(o.tensor is None and o.value == 0 for o in operands[1:]):
+        if spec.op in _INT_DIVISIONS and cg.is_int(ctype) and any(o.tensor is None and o.value == 0 for o in operands[1:]):
             return "integer division by zero (ATen raises)"
         alpha = args.get("alpha")
         if alpha is not None and cg.is_int(ctype) and float(cg.scalar_value(alpha)) != int(cg.scalar_value(alpha)):
@@ -593,7 +622,7 @@ class ElementwiseFamily(KernelFamily):
                     _restrict(t, m, lambda f: f.abs())
             else:
                 t = sample_tensor(m, g, kind)
-                if spec.op in _DIV_MODES and len(tensors) == 1 and not m.torch_dtype.is_floating_point:
+                if spec.op in _INT_DIVISIONS and len(tensors) == 1 and not m.torch_dtype.is_floating_point:
                     _restrict(t, m, lambda f: f.masked_fill(f == 0, 1))  # ATen raises on integer x // 0
             tensors.append(to_device(t, device))
         return tensors
