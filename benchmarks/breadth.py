@@ -256,7 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=1, help="candidates per spec for the fill")
     p.add_argument("--timeout", type=int, default=300, help="seconds per op and phase")
     p.add_argument("--resume", action="store_true", help="keep the rows of breadth.json, run the other ops")
+    p.add_argument("--report-only", action="store_true", help="rewrite breadth.md from breadth.json (a cut run)")
     args = p.parse_args(argv)
+    if args.report_only:
+        data = json.loads((args.out / "breadth.json").read_text())
+        (args.out / "breadth.md").write_text(summarize(data["rows"], data["meta"]))
+        return 1 if any(r["status"] in ("wrong", "crash") for r in data["rows"]) else 0
     logging.basicConfig(level=logging.ERROR)
     names = list(CI_SLICE) if args.ops == "ci" else args.ops.split(",") if args.ops else None
     ops = cases(names, args.first)

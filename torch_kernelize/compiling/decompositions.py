@@ -109,6 +109,79 @@ def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_
     return out.squeeze(2) if one_d else out
 
 
+@_register(aten.constant_pad_nd.default, override=True)  # torch's is prims.copy_to into a full tensor
+def _constant_pad_nd(x: torch.Tensor, pad: list[int], value: float = 0.0):
+    """Padding as a gather and a select per padded dim: output index i reads input i - low where
+    that lies inside the input, else ``value``; a negative pad crops the same way."""
+    if len(pad) % 2 or len(pad) // 2 > x.dim():
+        return NotImplemented
+    out = x
+    for k in range(len(pad) // 2):
+        dim, low, high = x.dim() - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if low == 0 and high == 0:
+            continue
+        n = out.size(dim)
+        size = n + low + high
+        if size <= 0 or n == 0:
+            return NotImplemented  # an empty result or an empty input: nothing to gather from
+        index = torch.arange(size, device=x.device) - low
+        inside = (index >= 0) & (index < n)
+        picked = out.index_select(dim, torch.where(inside, index, 0))
+        shape = [1] * out.dim()
+        shape[dim] = size
+        out = torch.where(inside.reshape(shape), picked, torch.full((), value, dtype=x.dtype, device=x.device))
+    return out.clone() if out is x else out
+
+
+@_register(aten.flip.default, override=True)  # torch's is prims.rev: a rename, not a lowering
+def _flip(x: torch.Tensor, dims: list[int]):
+    out = x
+    for d in dims:
+        d %= max(x.dim(), 1)
+        if x.dim() and x.size(d) > 1:
+            out = out.index_select(d, torch.arange(x.size(d) - 1, -1, -1, device=x.device))
+    return out.clone() if out is x else out
+
+
+@_register(aten.searchsorted.Tensor)
+def _searchsorted(sorted_sequence, values, *, out_int32: bool = False, right: bool = False, side=None,
+                  sorter=None):
+    """searchsorted of a 1-D sequence is bucketize (the same search, which decomposes)."""
+    if sorted_sequence.dim() != 1 or sorter is not None:
+        return NotImplemented
+    return torch.bucketize(values, sorted_sequence, out_int32=out_int32, right=right or side == "right")
+
+
+def _arg_best(x: torch.Tensor, dim: int | None, keepdim: bool, largest: bool):
+    """The first index of the row's max (min); a NaN counts as the best, as ATen's argmax/argmin.
+    The indices are reduced as float32 (the reductions family's type): exact below 2**24."""
+    if dim is None:
+        flat = x.reshape(-1)
+        i = _arg_best(flat, 0, False, largest)
+        return i.reshape([1] * x.dim()) if keepdim else i
+    dim %= max(x.dim(), 1)
+    if x.dim() == 0:
+        return torch.zeros((), dtype=torch.int64, device=x.device)
+    if x.size(dim) > 2**24:
+        return NotImplemented
+    best = x.amax(dim, keepdim=True) if largest else x.amin(dim, keepdim=True)
+    hit = (x == best) | (x != x)
+    shape = [1] * x.dim()
+    shape[dim] = x.size(dim)
+    index = torch.arange(x.size(dim), device=x.device, dtype=torch.float32).reshape(shape)
+    return torch.where(hit, index, float(x.size(dim))).amin(dim, keepdim=keepdim).to(torch.int64)
+
+
+@_register(aten.argmax.default)
+def _argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False):
+    return _arg_best(x, dim, keepdim, True) if x.numel() else NotImplemented
+
+
+@_register(aten.argmin.default)
+def _argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False):
+    return _arg_best(x, dim, keepdim, False) if x.numel() else NotImplemented
+
+
 def _attention_math(query, key, value, attn_mask, is_causal: bool, scale):
     """Attention as matmuls and a softmax: (output, logsumexp of each row of scores), the
     logsumexp in fp32 for half inputs, as flash attention kernels return it."""

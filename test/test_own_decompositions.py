@@ -1,0 +1,53 @@
+"""Our decompositions of the ops of ranking and preprocessing models (constant_pad_nd, flip,
+searchsorted, argmax/argmin): on a chip that runs none of them, exactly eager's values, edge
+cases included (negative and zero pads, ties, NaN, both sides, int32 outputs)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torch_kernelize.compiling.lower import lower
+from torch_kernelize.core.targets import Target
+
+NOTHING = Target("nothing", device="cpu", triton="none", supported=frozenset())
+
+
+def _check(fn, *args, op: str):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    lowered = lower(gm, list(args), {"repro_dir": "off"}, target=NOTHING)
+    tiers = [d.tier for d in lowered.report.decisions if d.op == op]
+    assert tiers == ["decompose"], (op, tiers)
+    got, want = lowered(list(args)), fn(*args)
+    for g, w in zip(*(x if isinstance(x, (tuple, list)) else (x,) for x in (got, want))):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w) or torch.allclose(g, w, equal_nan=True), (g, w)
+
+
+@pytest.mark.parametrize("pad", [(1, 2), (0, 0, 2, 1), (-1, 2, 1, -2), (0, 0), (3, -3, 0, 0, 1, 1)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_constant_pad_nd(pad, dtype):
+    x = (torch.randn(2, 4, 5) * 10).to(dtype)
+    _check(lambda t: F.pad(t, pad, value=7), x, op="aten.constant_pad_nd.default")
+
+
+@pytest.mark.parametrize("dims", [(0,), (1, 2), (-1,), (0, 1, 2)], ids=str)
+def test_flip(dims):
+    _check(lambda t: torch.flip(t, dims), torch.randn(3, 4, 5), op="aten.flip.default")
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_searchsorted_of_a_sorted_row(side, out_int32):
+    seq = torch.tensor([-2.0, 0.0, 0.0, 1.5, 3.0, 3.0, 8.0])
+    values = torch.tensor([[-5.0, 0.0, 3.0], [1.5, 9.0, 2.0]])  # ties on boundaries, both ends outside
+    _check(lambda s, v: torch.searchsorted(s, v, side=side, out_int32=out_int32), seq, values,
+           op="aten.searchsorted.Tensor")
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True), (None, False), (None, True)], ids=str)
+def test_argmax_argmin_first_of_ties_and_nan(name, dim, keepdim):
+    x = torch.tensor([[1.0, 3.0, 3.0, -1.0], [2.0, float("nan"), 5.0, float("nan")], [-4.0, -4.0, 0.0, 0.0]])
+    _check(lambda t: getattr(torch, name)(t, dim, keepdim), x, op=f"aten.{name}.default")
