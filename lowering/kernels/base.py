@@ -190,9 +190,11 @@ class KernelFamily:
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """Inputs for validation: fresh random values of the spec's metas, or an edge kind,
-        drawn on ``device`` (``sample_generator``): the same values for the same seed."""
+        drawn on ``device`` (``sample_generator``): the same values for the same seed; inputs
+        an op constrains (offsets, sorted sequences: core/input_domains.py) hold their rule."""
+        from torch_kernelize.core.input_domains import constrain
         g = sample_generator(seed, device)
-        return [to_device(sample_tensor(m, g, kind), device) for m in spec.inputs]
+        return constrain(spec, [to_device(sample_tensor(m, g, kind), device) for m in spec.inputs], g)
 
 
 class PicksAlongDim(KernelFamily):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from torch_kernelize.core.errors import InputRejected
 from torch_kernelize.core.spec import KernelSpec, TensorMeta, dtype_from_name
 from torch_kernelize.core.tolerances import elementwise_bar, region_tolerance, tolerance
 
@@ -322,9 +323,12 @@ class Trials:
             return self.spec.reference(inputs, self.reference_device)
         except torch.OutOfMemoryError:
             raise
-        except Exception:
+        except Exception as e:
             if kind in ("random", "captured"):
-                raise
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise InputRejected(f"{self.spec.op}'s reference rejects the {kind} inputs of trial seed {seed} "
+                                    f"({type(e).__name__}: {first}): could not check; the op needs an input "
+                                    "domain rule (core/input_domains.py)") from e
             return None
         finally:
             sync_device(self.reference_device)

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.core.errors import KernelizeError
+from torch_kernelize.core.errors import InputRejected, KernelizeError
 from torch_kernelize.core.program import remove_unaligned
 from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.buckets import fill_buckets, works_from_args
@@ -148,8 +148,8 @@ class FillRun:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
             return row
         family = self.space(spec)
-        if family is None:
-            row["status"] = "no generator"
+        if family is None:  # a person or an agent can still write it: the reproducer's task.md says how
+            row.update(status="no generator", winner="write one: tools/repros.py task <its repro>, then --candidate")
             return row
         if not self.force and self.never_run(work):
             row["status"] = "in a fused region"
@@ -166,6 +166,10 @@ class FillRun:
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
         try:
             return self._search(work, family, journal, previous, measurer, row, progress)
+        except InputRejected as e:  # the harness drew inputs the op rejects: nothing was judged
+            log.warning("%s", e)
+            row.update(status="could not check", winner=str(e)[:200])
+            return row
         except SpecTooLarge as e:  # no candidate is at fault: the vendor op runs it, the run goes on
             log.warning("%s: too large to validate here (%s); the vendor op runs it", spec.describe()[:90], e)
             row.update(status="too large", winner=str(e))
@@ -399,18 +403,23 @@ def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[
 
 def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summary: dict[str, Any]) -> int:
     """Print the table and the one-line total, write the JSON summary; 1 if a spec had no correct
-    candidate, else 0."""
+    candidate, else 2 if one could not be checked (its reference rejects the drawn inputs), else 0."""
     print(format_table(rows))
     summary = {**summary, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
     failed = [r for r in rows if r["status"] == "no correct candidate"]
+    unchecked = [r for r in rows if r["status"] == "could not check"]
+    unfilled = sum(r["status"] == "no generator" for r in rows)
+    if unfilled:
+        print(f"fill_cache: {unfilled} spec(s) no generator fills: each one's reproducer is a task for a person or "
+              "an agent (python tools/repros.py task REPRO_FOLDER; then fill_cache --candidate FILE --repros DIR)")
     print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; "
           f"{sum(r['status'] == 'stored' for r in rows)} stored, "
           f"{sum(r['status'] == 'vendor wins' for r in rows)} vendor wins, {len(failed)} without a correct "
           f"candidate, {sum(r['status'] == 'too large' for r in rows)} too large; "
           + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items()) + f"; summary: {summary_path}")
-    return 1 if failed else 0
+    return 1 if failed else 2 if unchecked else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ import torch
 from torch_kernelize.fill_cache.collect import UsageError, Work
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, family_for
 from torch_kernelize.lowering.kernels.recording import RecordingError, record_program, recorded_once
+from torch_kernelize.core.errors import InputRejected
 from torch_kernelize.core.spec import KernelSpec
 
 GENERATOR = "external"
@@ -201,7 +202,8 @@ def with_candidates(paths: Sequence[Path], work: Sequence[Work]) -> Callable[[Ke
 
 def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     """Exit 0: the candidate is correct (and, on a GPU, its time beside the vendor kernel's);
-    1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments)."""
+    1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments, or
+    inputs the op's reference rejects)."""
     from torch_kernelize.fill_cache.collect import repro_work
     from torch_kernelize.fill_cache.measure import Measurer
     from torch_kernelize.core.targets import get_target
@@ -226,6 +228,9 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     measurer = Measurer(work.spec, generator, target, [work.captured] if work.captured else [])
     try:
         ev = measurer.evaluate(candidate.config)
+    except InputRejected as e:  # the harness's inputs, not the candidate, are at fault
+        print(f"check_candidate: {e}", file=sys.stderr)
+        return 2
     finally:
         measurer.builder.close()
     print(json.dumps({"spec": work.spec.key, "candidate": candidate.describe(), "correct": ev.correct,
