@@ -191,6 +191,16 @@ def test_bitwise_on_integers(name, other, dtype, tmp_path):
         t for t in args if isinstance(t, torch.Tensor)))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8], ids=str)
+@pytest.mark.parametrize("name", ["bitwise_left_shift", "bitwise_right_shift"])
+def test_shifts_of_any_amount(name, dtype, tmp_path):
+    """Amounts past the width and negative ones give c10's 0 (left) or the sign (right)."""
+    a = torch.randint(-2**20, 2**20, (80,)).to(dtype)
+    b = torch.arange(-8, 72).to(dtype) if dtype != torch.uint8 else torch.arange(80).to(dtype)
+    spec = spec_of(getattr(aten, name).Tensor, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=[a, b])
+
+
 @pytest.mark.parametrize("name", ["remainder", "fmod"])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, F32, F16], ids=str)
 @pytest.mark.parametrize("other", [7, -3, "t"])

@@ -51,3 +51,24 @@ def test_searchsorted_of_a_sorted_row(side, out_int32):
 def test_argmax_argmin_first_of_ties_and_nan(name, dim, keepdim):
     x = torch.tensor([[1.0, 3.0, 3.0, -1.0], [2.0, float("nan"), 5.0, float("nan")], [-4.0, -4.0, 0.0, 0.0]])
     _check(lambda t: getattr(torch, name)(t, dim, keepdim), x, op=f"aten.{name}.default")
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("case", ["plain", "empty_bags", "weights", "padding", "last_offset"])
+def test_embedding_bag(mode, case):
+    """Bags by offsets, empty bags zero, per_sample_weights (sum only), padding_idx that neither adds
+    nor counts, include_last_offset; against eager (float64 weights: the sums are exact enough)."""
+    weight = torch.randn(12, 5, dtype=torch.float64)
+    ids = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 11])
+    offsets = torch.tensor({"empty_bags": [0, 0, 4, 4, 10], "last_offset": [0, 3, 7, 10]}.get(case, [0, 3, 3, 7]))
+    kwargs = {"mode": mode, "include_last_offset": case == "last_offset",
+              "padding_idx": 4 if case == "padding" else None}
+    if case == "weights":
+        if mode != "sum":
+            pytest.skip("per_sample_weights is for mode='sum' only")
+        kwargs["per_sample_weights"] = torch.rand(10, dtype=torch.float64)
+    args = [ids, offsets, weight] + ([kwargs.pop("per_sample_weights")] if "per_sample_weights" in kwargs else [])
+
+    def f(i, o, w, *psw):
+        return F.embedding_bag(i, w, o, per_sample_weights=psw[0] if psw else None, **kwargs)
+    _check(f, *args, op="aten._embedding_bag_forward_only.default")  # (no grad: the forward-only op)

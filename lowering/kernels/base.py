@@ -117,9 +117,15 @@ class KernelFamily:
             return str(e)
 
     def supports(self, spec: KernelSpec) -> str | None:
-        """None when this family can generate a kernel for ``spec``, else the reason it cannot."""
+        """None when this family can generate a kernel for ``spec``, else the reason it cannot
+        (a spec none of whose configurations fits, a tiny one, is not claimed: a fill would have
+        nothing to try, and the nodes' own kernels or a larger region can still take it)."""
         plan = self.plan(spec)
-        return plan if isinstance(plan, str) else None
+        if isinstance(plan, str):
+            return plan
+        if not [c for c in self._seeds(spec, plan) if self._valid(plan, c)]:
+            return f"no configuration of the {self.name} family fits {spec.short_name}'s sizes"
+        return None
 
     def planned(self, spec: KernelSpec) -> Any:
         """The plan of a spec this family generates; a ValueError that says why, for any other."""

@@ -165,6 +165,16 @@ def _remainder(x: str, y: str) -> str:
     return f"tl.where(({m} != 0) & (({m} < 0) != ({y} < 0)), {m} + {y}, {m})"
 
 
+def _shift(x: str, y: str, ctype: str, left: bool) -> str:
+    """c10's shifts: a shift by a negative amount or by the width or more gives 0 (left) or the
+    sign (right; 0 for unsigned types), where LLVM's would be undefined."""
+    bits = torch.iinfo(getattr(torch, ctype)).bits
+    out_of_range = f"(({y} < 0) | ({y} >= {bits}))"
+    if left or ctype.startswith("uint"):
+        return f"tl.where({out_of_range}, 0, {x} {'<<' if left else '>>'} {y})"
+    return f"tl.where({out_of_range}, {x} >> {bits - 1}, {x} >> {y})"
+
+
 def _check_div(args: dict[str, Any]) -> str | None:
     if args.get("rounding_mode") not in (None, "trunc", "floor"):
         return f"div rounding_mode={args['rounding_mode']!r} is not one of None, 'trunc', 'floor'"
@@ -306,6 +316,12 @@ INT_BITWISE: dict[str, PointwiseOp] = {
     "aten.bitwise_not.default": _unary("arith", lambda x: f"~{x}"),
     **{f"aten.bitwise_{name}.{ov}": _binary("arith", lambda x, y, s=sym: f"{x} {s} {y}")
        for name, sym in (("and", "&"), ("or", "|"), ("xor", "^")) for ov in ("Tensor", "Scalar")},
+    **{op: PointwiseOp(("self", "other"), "arith", lambda o, a, t, left=left: _shift(o[0], o[1], t, left))
+       for left, names in ((True, ("aten.bitwise_left_shift.Tensor", "aten.bitwise_left_shift.Tensor_Scalar",
+                                   "aten.__lshift__.Tensor", "aten.__lshift__.Scalar")),
+                           (False, ("aten.bitwise_right_shift.Tensor", "aten.bitwise_right_shift.Tensor_Scalar",
+                                    "aten.__rshift__.Tensor", "aten.__rshift__.Scalar")))
+       for op in names},
 }
 
 
