@@ -191,6 +191,19 @@ def test_bitwise_on_integers(name, other, dtype, tmp_path):
         t for t in args if isinstance(t, torch.Tensor)))
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_pow_with_a_tensor_exponent(dtype, tmp_path):
+    """Every pair of signed zeros, +-1, infinities, NaN, negative bases to odd, even and fractional
+    exponents (std::pow's special cases), and ordinary values; a number base too."""
+    v = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -3.0, 3.0, 2.5, -0.5, float("inf"), -float("inf"),
+                      float("nan")])
+    a, b = v.repeat_interleave(len(v)).to(dtype), v.repeat(len(v)).to(dtype)
+    spec = spec_of(aten.pow.Tensor_Tensor, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, inputs=[a, b])
+    scalar = spec_of(aten.pow.Scalar, (2.5, b))
+    compare_eager(FAMILY, scalar, assert_valid(FAMILY, scalar, tmp_path, seeds=(0,)), tmp_path, inputs=[b])
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8], ids=str)
 @pytest.mark.parametrize("name", ["bitwise_left_shift", "bitwise_right_shift"])
 def test_shifts_of_any_amount(name, dtype, tmp_path):

@@ -59,6 +59,20 @@ def _log1p(x):
     near0 = tl.log(u) * x / (u - 1.0)
     return tl.where(tl.abs(x) < 0.5, tl.where(u == 1.0, x, near0), tl.log(u))
 ''',
+    "_pow": '''
+@triton.jit
+def _pow(x, y):
+    # std::pow: |x|^y as exp2(y * log2|x|); a negative x (or -0.0) keeps its sign for an odd integer
+    # y; a finite negative x to a fractional y is NaN; pow(x, 0), pow(1, y), pow(-1, +-inf) are 1
+    whole = tl.floor(y) == y
+    odd = whole & (tl.floor(y * 0.5) * 2.0 != y)
+    mag = tl.exp2(y * tl.log2(tl.abs(x)))
+    negative = (x < 0.0) | ((x == 0.0) & (tl.div_rn(1.0, x) < 0.0))
+    r = tl.where(negative & odd, -mag, mag)
+    r = tl.where((x < 0.0) & (x > -float('inf')) & ~whole, float('nan'), r)
+    one = (y == 0.0) | (x == 1.0) | ((x == -1.0) & (tl.abs(y) == float('inf')))
+    return tl.where(one, 1.0, r)
+''',
     "_trunc": '''
 @triton.jit
 def _trunc(x):
@@ -248,6 +262,8 @@ OPS: dict[str, PointwiseOp] = {
         ("self",), "arith",
         lambda o, a, t: _clamp(o[0], cg.scalar_value(a["min_val"]), cg.scalar_value(a["max_val"]), t)),
     "aten.pow.Tensor_Scalar": PointwiseOp(("self",), "float", lambda o, a, t: _pow_scalar(o[0], a, t), (), _check_pow),
+    "aten.pow.Tensor_Tensor": PointwiseOp(("self", "exponent"), "float", lambda o, a, t: f"_pow({o[0]}, {o[1]})", ("_pow",)),
+    "aten.pow.Scalar": PointwiseOp(("self", "exponent"), "float", lambda o, a, t: f"_pow({o[0]}, {o[1]})", ("_pow",)),
     # unary, integer or floating
     "aten.abs.default": _unary("arith", lambda x: f"tl.abs({x})"),
     "aten.neg.default": _unary("arith", lambda x: f"-{x}"),
