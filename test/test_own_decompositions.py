@@ -72,3 +72,20 @@ def test_embedding_bag(mode, case):
     def f(i, o, w, *psw):
         return F.embedding_bag(i, w, o, per_sample_weights=psw[0] if psw else None, **kwargs)
     _check(f, *args, op="aten._embedding_bag_forward_only.default")  # (no grad: the forward-only op)
+
+
+@pytest.mark.parametrize("case", [
+    ("2d", (3,), (), 0, False, True, None), ("2d", (2, 3), (1, 2), 1, False, True, None),
+    ("2d", (3, 3), (2, 2), 1, False, False, None), ("2d", (2, 2), (), 0, False, True, 3),
+    ("1d", (3,), (2,), 1, False, False, None), ("3d", (2, 2, 2), (), 0, False, True, None)], ids=str)
+def test_avg_pool(case):
+    kind, kernel, stride, padding, ceil_mode, include_pad, divisor = case
+    x = torch.randn(2, 3, 6, 7, 5) if kind == "3d" else torch.randn(2, 3, 7, 9) if kind == "2d" else torch.randn(2, 3, 9)
+    pool = {"1d": F.avg_pool1d, "2d": F.avg_pool2d, "3d": F.avg_pool3d}[kind]
+    kwargs = {} if kind == "1d" else {"divisor_override": divisor}
+    op = "aten.avg_pool3d.default" if kind == "3d" else "aten.avg_pool2d.default"
+    gm_fn = lambda t: pool(t, kernel, stride or None, padding, ceil_mode, include_pad, **kwargs)  # noqa: E731
+    gm = make_fx(gm_fn, tracing_mode="fake")(x)
+    lowered = lower(gm, [x], {"repro_dir": "off"}, target=NOTHING)
+    assert [d.tier for d in lowered.report.decisions if d.op == op] == ["decompose"]
+    torch.testing.assert_close(lowered([x]), gm_fn(x))

@@ -6,6 +6,8 @@ that the new nodes can be planned again, each on its own.
 """
 from __future__ import annotations
 
+import itertools
+import math
 import operator
 from typing import Any, Callable
 
@@ -213,6 +215,54 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = False, m
         out = out / torch.where(count > 0, count, 1.0).unsqueeze(1)
     empty = [torch.empty(0, dtype=torch.int64, device=weight.device) for _ in range(3)]
     return (out.to(weight.dtype), *empty)
+
+
+def _window_sum(x: torch.Tensor, kernel: list[int], stride: list[int], outs: list[int]) -> torch.Tensor:
+    """The sum over each pooling window of the last len(kernel) dims: one strided slice (a view)
+    per kernel offset, added up (a fused region's work)."""
+    k, total = len(kernel), None
+    for offsets in itertools.product(*(range(n) for n in kernel)):
+        v = x
+        for d, o in enumerate(offsets):
+            v = aten.slice.Tensor(v, x.dim() - k + d, o, o + (outs[d] - 1) * stride[d] + 1, stride[d])
+        total = v if total is None else total + v
+    return total
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, k: int):
+    """Average pooling of the last ``k`` dims as a sum of strided slices over the window and a
+    division (ceil_mode, whose windows run past the input, declines)."""
+    def each(v):
+        return list(v) * k if len(v) == 1 else list(v)
+    kernel, pad = each(kernel_size), each(padding)
+    step = each(stride) if stride else kernel
+    if ceil_mode or math.prod(kernel) > 64:
+        return NotImplemented
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    pads = [p for d in reversed(pad) for p in (d, d)]
+    padded = torch.constant_pad_nd(x.to(acc), pads, 0.0) if any(pad) else x.to(acc)
+    outs = [(padded.size(-k + d) - kernel[d]) // step[d] + 1 for d in range(k)]
+    total = _window_sum(padded, kernel, step, outs)
+    if divisor_override:
+        return (total / divisor_override).to(x.dtype)
+    if count_include_pad or not any(pad):
+        return (total / math.prod(kernel)).to(x.dtype)
+    ones = torch.constant_pad_nd(torch.ones(x.shape[-k:], dtype=acc, device=x.device), pads, 0.0)
+    return (total / _window_sum(ones, kernel, step, outs)).to(x.dtype)
+
+
+@_register(aten.avg_pool2d.default)
+def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, [padding] if isinstance(padding, int) else padding, ceil_mode,
+                     count_include_pad, divisor_override, 2)
+
+
+@_register(aten.avg_pool3d.default)
+def _avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, [padding] if isinstance(padding, int) else padding, ceil_mode,
+                     count_include_pad, divisor_override, 3)
 
 
 def _attention_math(query, key, value, attn_mask, is_causal: bool, scale):
