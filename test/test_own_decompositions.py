@@ -89,3 +89,12 @@ def test_avg_pool(case):
     lowered = lower(gm, [x], {"repro_dir": "off"}, target=NOTHING)
     assert [d.tier for d in lowered.report.decisions if d.op == op] == ["decompose"]
     torch.testing.assert_close(lowered([x]), gm_fn(x))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_searchsorted_of_sorted_rows(side, out_int32):
+    seq = torch.tensor([[-2.0, 0.0, 0.0, 1.5], [1.0, 1.0, 2.0, 3.0]])
+    values = torch.tensor([[-5.0, 0.0, 1.5, float("nan")], [1.0, 9.0, 2.5, -1.0]])
+    _check(lambda s, v: torch.searchsorted(s, v, side=side, out_int32=out_int32), seq, values,
+           op="aten.searchsorted.Tensor")

@@ -148,10 +148,20 @@ def _flip(x: torch.Tensor, dims: list[int]):
 @_register(aten.searchsorted.Tensor)
 def _searchsorted(sorted_sequence, values, *, out_int32: bool = False, right: bool = False, side=None,
                   sorter=None):
-    """searchsorted of a 1-D sequence is bucketize (the same search, which decomposes)."""
-    if sorted_sequence.dim() != 1 or sorter is not None:
+    """searchsorted of a 1-D sequence is bucketize (the same search, which decomposes); of rows
+    (one sequence per row of ``values``), the count of each row's elements below each value
+    (at or below: right), summed as float32 (exact below 2**24); a NaN value goes past the end."""
+    right = right or side == "right"
+    if sorter is not None:
         return NotImplemented
-    return torch.bucketize(values, sorted_sequence, out_int32=out_int32, right=right or side == "right")
+    if sorted_sequence.dim() == 1:
+        return torch.bucketize(values, sorted_sequence, out_int32=out_int32, right=right)
+    if sorted_sequence.shape[:-1] != values.shape[:-1] or sorted_sequence.size(-1) > 2**24:
+        return NotImplemented
+    seq, v = sorted_sequence.unsqueeze(-2), values.unsqueeze(-1)
+    below = (seq <= v) if right else (seq < v)
+    count = torch.where(values != values, float(sorted_sequence.size(-1)), below.to(torch.float32).sum(-1))
+    return count.to(torch.int32 if out_int32 else torch.int64)
 
 
 def _arg_best(x: torch.Tensor, dim: int | None, keepdim: bool, largest: bool):
