@@ -225,7 +225,7 @@ def summarize(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     before = collections.Counter(r.get("status_before", r["status"]) for r in rows)
     after = collections.Counter(r["status"] for r in rows)
     out = [f"# Breadth sweep, {meta['date']}", "",
-           f"torch {meta['torch']}, triton {meta['triton']}, target `supported = []` on the Triton interpreter, "
+           f"commit {meta.get('commit', '?')}, torch {meta['torch']}, triton {meta['triton']}, target `supported = []` on the Triton interpreter, "
            f"fill budget {meta['budget']}, {len(rows)} ops ({meta['selection']}), {meta['seconds']:.0f} s.", "",
            "chip: every compute node on the chip; host: some node on the host fallback; free: views and "
            "allocations only; eager: Dynamo did not compile the op (graph break).", "",
@@ -274,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.out / "breadth.json"
     done = {r["op"]: r for r in json.loads(json_path.read_text())["rows"]} if args.resume and json_path.exists() else {}
     import triton
+    import subprocess
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": commit,
             "budget": args.budget, "selection": args.ops or (f"first {args.first}" if args.first else "all")}
     start, rows = time.perf_counter(), []
     with tempfile.TemporaryDirectory() as work:
