@@ -69,12 +69,13 @@ class OpGraph(torch.nn.Module):
         super().__init__()
         self.fn = op.op
         leaves, self.tree = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
-        self.consts = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+        self.is_input = [isinstance(v, torch.Tensor) for v in leaves]
+        self.consts = [None if t else v for v, t in zip(leaves, self.is_input)]
         self.inputs = tuple(v.detach().clone() for v in leaves if isinstance(v, torch.Tensor))
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         it = iter(tensors)
-        leaves = [next(it) if c is None else c for c in self.consts]
+        leaves = [next(it) if t else c for c, t in zip(self.consts, self.is_input)]
         x, args, kwargs = pytree.tree_unflatten(leaves, self.tree)
         return self.fn(x, *args, **kwargs)
 
