@@ -28,10 +28,7 @@ class Decision:
     # a cache miss whose family (and so ``family``, ``miss`` and the rejection text) is not yet
     # known: see ``resolve_family``
     family_pending: bool = dataclasses.field(default=False, repr=False, compare=False)
-    # a region's: the names of the nodes it holds (fill_cache judges from them which of its own
-    # searches serving would never run: a region key may occur at several places of a graph)
-    members: tuple[str, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("spec", "entry", "family_pending", "members")}
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("spec", "entry", "family_pending")}
         return {k: v for k, v in d.items() if v not in (None, False) or k in ("tier", "reason")}

@@ -119,8 +119,7 @@ class FillRun:
         self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
-        # region place -> (its spec key, the places tried before it that share a node: Work.places)
-        self.region_places: dict[str, tuple[str, list[str]]] = {}
+        self.covering: dict[str, list[str]] = {}   # region spec -> the regions tried before it (Work.covered_by)
 
     def space(self, spec: Any) -> Any:
         """The spec's family and every other generator of the run that supports it, as one
@@ -142,7 +141,7 @@ class FillRun:
         spec = work.spec
         row = {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
                "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
-        self.add_places([work])   # (a cached region can be blocked too)
+        self.covering[spec.key] = work.covered_by   # (a cached region can be blocked too)
         status, entry, _ = self.cache.lookup(spec.key)
         if status in ("hit", "vendor") and not self.force and not work.replace:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
@@ -151,7 +150,7 @@ class FillRun:
         if family is None:  # a person or an agent can still write it: the reproducer's task.md says how
             row.update(status="no generator", winner="write one: tools/repros.py task <its repro>, then --candidate")
             return row
-        if not self.force and self.never_run(work):
+        if not self.force and any(self._served(k) for k in work.covered_by):
             row["status"] = "in a fused region"
             return row
         journal = Journal(self.cache.journal_path(spec.key))
@@ -180,23 +179,11 @@ class FillRun:
             if not any(p[4] is measurer for p in self._pending):  # else kept for the winner's last check
                 measurer.close()
 
-    def add_places(self, work: Sequence[Work]) -> None:
-        """Learn where the regions of ``work`` occur (collect.Work.places), for never_run."""
-        for w in work:
-            self.region_places.update(zip(w.place_ids, ((w.spec.key, p) for p in w.places)))
-
-    def never_run(self, work: Work) -> bool:
-        """Whether serving would never run ``work``'s spec: at every place it occurs, a region
-        holding it (or, for a region, one tried before it) runs fused. Only then is its search
-        skipped: a spec that serving looks up anywhere is filled (one fill is enough)."""
-        return bool(work.places) and all(any(self._served(p) for p in place) for place in work.places)
-
-    def _served(self, place: str, seen: frozenset = frozenset()) -> bool:
-        """Whether serving runs the region at ``place`` fused: it hits, and no region tried before
-        it there that shares a node with it does. A place not known here is not."""
-        key, before = self.region_places.get(place, (None, ()))
-        return key is not None and self.cache.lookup(key)[0] == "hit" and not any(
-            self._served(p, seen | {place}) for p in before if p not in seen)
+    def _served(self, key: str, seen: frozenset = frozenset()) -> bool:
+        """Whether serving runs the region ``key`` fused: it hits, and no region tried before it
+        that shares a node with it does."""
+        return self.cache.lookup(key)[0] == "hit" and not any(
+            self._served(k, seen | {key}) for k in self.covering.get(key, ()) if k not in seen)
 
     def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
         if not self.isolate:
@@ -309,7 +296,6 @@ class FillRun:
 
     def run(self, work: list[Work], quiet: bool = False) -> list[dict[str, Any]]:
         interrupted = False
-        self.add_places(work)
         try:
             return self._run(work, quiet)
         except KeyboardInterrupt:

@@ -34,14 +34,10 @@ class Work:
     source: str                         # "model:<ref>" or the repro folder
     kind: str = "miss"                  # miss | missing | mismatch | failure
     captured: list[torch.Tensor] | None = None   # real inputs from a repro, validated on too
-    # Per place the spec occurs at when serving (a graph's node or region; one key may occur at
-    # many), the region places whose kernel makes serving skip it there: a node's, the regions
-    # holding it; a region's, those tried before it that share a node with it (the larger regions
-    # holding it, and those a hit of which blocks it). A region's places are named in place_ids.
-    places: list[list[str]] = dataclasses.field(default_factory=list)
-    place_ids: list[str] = dataclasses.field(default_factory=list)
-    covered_by: list[str] = dataclasses.field(default_factory=list)   # the region keys of places
-    node: tuple[str, str] | None = None          # (graph, node) a node spec came from first
+    # a node's: the region specs holding it; a region's: those tried before it at serving that
+    # share a node with it (the larger regions holding it, and those a hit of which blocks it)
+    covered_by: list[str] = dataclasses.field(default_factory=list)
+    node: tuple[str, str] | None = None          # (graph, node) a node spec came from
     members: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # a region's nodes
     candidate: bool = False  # a candidate file is given for it (--candidate): searched even if cached
 
@@ -133,42 +129,30 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     regions: dict[str, Work] = {}
     nodes: dict[str, Work] = {}
     for g in graphs:
-        for n, specialization in enumerate({id(s): s for s in g._specializations.values()}.values()):
-            _collect_specialization(f"{g.name}/{n}", specialization, f"model:{ref}", supported, regions, nodes)
+        for specialization in g._specializations.values():
+            for d in specialization.regions:
+                if d.spec is not None and d.spec.key not in regions and supported(d.spec):
+                    regions[d.spec.key] = Work(d.spec, f"model:{ref}", "miss")
+                    members = {n.name for n in g._region_of[d.spec.key].nodes}
+                    regions[d.spec.key].members = [(g.name, m) for m in members]
+            for d in specialization.decisions:
+                if d.spec is not None and d.spec.key not in nodes and supported(d.spec):
+                    nodes[d.spec.key] = Work(d.spec, f"model:{ref}", "missing" if d.missing else "miss")
+                    nodes[d.spec.key].node = (g.name, d.node)
     # Regions first, in the order serving tries them (largest first): a node inside a region
     # that gets a kernel never runs alone, so its own search is skipped then (see FillRun); it
     # still runs if its region finds no correct kernel. Likewise a region that shares a node with
     # one tried before it (a member of a matmul group, a region inside a graph region, a GEMM's
-    # epilogue that a graph region holds) is skipped once that one has a kernel. A spec is
-    # skipped only where that holds at every place it occurs (one key, many layers).
-    work = list(regions.values()) + list(nodes.values())
-    for w in work:
-        w.covered_by = sorted({p.rsplit("/", 1)[1] for place in w.places for p in place})
-    return work
-
-
-def _collect_specialization(prefix: str, specialization: Any, source: str, supported: Callable[[KernelSpec], bool],
-                            regions: dict[str, Work], nodes: dict[str, Work]) -> None:
-    """Add the specs one specialization of a graph looks up to ``regions`` and ``nodes`` (by
-    key), each with the places it occurs at: a node's, the region places holding it; a region's,
-    the region places serving tries before it that share a node with it (``Work.places``)."""
-    tried: list[tuple[str, set[str]]] = []  # (place, members) of the regions looked up so far
-    for d in specialization.regions:
-        if d.spec is None:
-            continue
-        place, members = f"{prefix}/{d.node}/{d.spec.key}", set(d.members)
-        if supported(d.spec):
-            w = regions.setdefault(d.spec.key, Work(d.spec, source, "miss"))
-            w.members = sorted(set(w.members) | {(prefix, m) for m in members})
-            w.place_ids.append(place)
-            w.places.append([p for p, m in tried if m & members])
-        tried.append((place, members))
-    for d in specialization.decisions:
-        if d.spec is None or not supported(d.spec):
-            continue
-        w = nodes.setdefault(d.spec.key, Work(d.spec, source, "missing" if d.missing else "miss"))
-        w.node = w.node or (prefix, d.node)
-        w.places.append([p for p, m in tried if d.node in m])
+    # epilogue that a graph region holds) is skipped once that one has a kernel.
+    ordered = list(regions.values())
+    for i, w in enumerate(ordered):
+        for member in w.members:
+            for n in nodes.values():
+                if n.node == member:
+                    n.covered_by.append(w.spec.key)
+        mine = set(w.members)
+        w.covered_by.extend(r.spec.key for r in ordered[:i] if mine & set(r.members))
+    return ordered + list(nodes.values())
 
 
 def specs_from_repros(folder: Path) -> list[Work]:

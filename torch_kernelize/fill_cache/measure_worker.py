@@ -237,9 +237,7 @@ class IsolatedMeasurer:
         return ev
 
     def confirm(self, config: Config, rounds: int = 3) -> tuple[float, float] | None:
-        # built again where needed: a winner resumed from an earlier process's journal was built
-        # in that process's build folder, which is gone
-        return self._call("confirm", config, self.build(config)[0], rounds)
+        return self._call("confirm", config, self.builder.directory(self.spec, config), rounds)
 
     def validate_unaligned(self, directory: Path) -> str | None:
         try:
