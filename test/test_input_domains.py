@@ -52,3 +52,43 @@ def test_inputs_the_reference_rejects_are_could_not_check():
     source = Trials(spec, lambda s, seed, kind, dev: [torch.randn(3), torch.tensor([7, -9])], "cpu")
     with pytest.raises(InputRejected, match="could not check"):
         source.reference(0, "random", source.inputs(0, "random"))
+
+
+def _repro_of(tmp_path, op, args):
+    from torch_kernelize.core.targets import get_target
+    from torch_kernelize.serving.repro_writer import write_repro
+    spec = KernelSpec.from_call(op, args, {}, op(*args))
+    folder = tmp_path / "repro"
+    assert write_repro(folder, spec, [a for a in args if isinstance(a, torch.Tensor)], get_target("interpreter"),
+                       "missing", None)
+    return folder
+
+
+def test_an_embedding_bag_candidate_is_checked_on_valid_offsets(tmp_path, capsys):
+    """No family generates _embedding_bag: its reproducer's candidate is judged on trials whose
+    offsets rise from 0 and whose ids name rows (uniform draws made the reference raise)."""
+    from torch_kernelize.fill_cache.external import check_main
+    from conftest import REPO
+    w, ids, offsets = torch.randn(10, 4), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3, 3])
+    folder = _repro_of(tmp_path, aten._embedding_bag.default, [w, ids, offsets, False, 1, False, None, False])
+    import json
+    assert json.loads((folder / "spec.json").read_text())["input_domains"]["2"].startswith("offsets: non-decreasing")
+    code = check_main(folder, [str(REPO / "test" / "candidates" / "embedding_bag_mean.py"), "--target", "interpreter"])
+    out = capsys.readouterr()
+    assert code == 0 and "ACCEPTED" in out.out, out
+
+
+def test_check_candidate_exits_2_when_the_reference_rejects_the_inputs(tmp_path, capsys, monkeypatch):
+    """Without embedding_bag's domain rule the trials' offsets are uniform integers, which the
+    reference rejects: the harness could not check the candidate (exit 2, one line), it did not
+    reject it."""
+    from torch_kernelize.core import input_domains
+    from torch_kernelize.fill_cache.external import check_main
+    from conftest import REPO
+    monkeypatch.delitem(input_domains.RULES, "aten._embedding_bag.default")
+    w, ids, offsets = torch.randn(10, 4), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3, 3])
+    folder = _repro_of(tmp_path, aten._embedding_bag.default, [w, ids, offsets, False, 1, False, None, False])
+    code = check_main(folder, [str(REPO / "test" / "candidates" / "embedding_bag_mean.py"), "--target", "interpreter"])
+    out = capsys.readouterr()
+    err = out.err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "could not check" in err, out
