@@ -98,3 +98,18 @@ def test_searchsorted_of_sorted_rows(side, out_int32):
     values = torch.tensor([[-5.0, 0.0, 1.5, float("nan")], [1.0, 9.0, 2.5, -1.0]])
     _check(lambda s, v: torch.searchsorted(s, v, side=side, out_int32=out_int32), seq, values,
            op="aten.searchsorted.Tensor")
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_scatter_reduce_with_self(reduce):
+    x, src = torch.randn(4, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    index = torch.tensor([[0, 1, 0, 3, 3], [1, 1, 2, 3, 0], [0, 2, 2, 2, 1]])  # repeats: several values per element
+    _check(lambda a, i, b: a.scatter_reduce(0, i, b, reduce, include_self=True), x, index, src,
+           op="aten.scatter_reduce.two")
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_of_all_elements(name):
+    x = torch.tensor([[1.0, -3.0], [float("nan"), 2.0]])
+    _check(lambda t: getattr(torch, name)(t), x, op=f"aten.{name}.default")
+    _check(lambda t: getattr(torch, name)(t), x[:1], op=f"aten.{name}.default")

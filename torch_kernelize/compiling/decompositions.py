@@ -60,6 +60,16 @@ def _min_dim(x: torch.Tensor, dim: int, keepdim: bool = False):
     return aten.amin.default(x, [dim], keepdim), aten.argmin.default(x, dim, keepdim)
 
 
+@_register(aten.max.default)
+def _max_all(x: torch.Tensor):
+    return aten.amax.default(x, []) if x.numel() else NotImplemented  # (max of nothing raises)
+
+
+@_register(aten.min.default)
+def _min_all(x: torch.Tensor):
+    return aten.amin.default(x, []) if x.numel() else NotImplemented
+
+
 @_register(aten.cat.default, override=True)  # torch's is prims.cat: a rename, not a lowering
 def _cat(tensors, dim: int = 0):
     """cat from gathers and selects, for a chip whose runtime has no cat (a fused region covers
@@ -273,6 +283,19 @@ def _avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_inc
                 divisor_override=None):
     return _avg_pool(x, kernel_size, stride, [padding] if isinstance(padding, int) else padding, ceil_mode,
                      count_include_pad, divisor_override, 3)
+
+
+@_register(aten.scatter_reduce.two)
+def _scatter_reduce(x, dim: int, index, src, reduce: str, *, include_self: bool = True):
+    """scatter_reduce with the self values included, as scatter_add (the indexing family's): 'sum',
+    and 'mean' of floats as the sum over the count of values each element received."""
+    if not include_self or reduce not in ("sum", "mean") or (reduce == "mean" and not x.is_floating_point()):
+        return NotImplemented
+    total = torch.scatter_add(x, dim, index, src)
+    if reduce == "sum":
+        return total
+    count = torch.scatter_add(torch.ones_like(x), dim, index, torch.ones_like(src))
+    return total / count
 
 
 def _attention_math(query, key, value, attn_mask, is_causal: bool, scale):
