@@ -123,7 +123,11 @@ class KernelFamily:
         plan = self.plan(spec)
         if isinstance(plan, str):
             return plan
-        if not [c for c in self._seeds(spec, plan) if self._valid(plan, c)]:
+        try:
+            fits = [c for c in self._seeds(spec, plan) if self._valid(plan, c)]
+        except ValueError as e:  # (Unsupported too) a plan whose seeds cannot be made
+            return str(e)
+        if not fits:
             return f"no configuration of the {self.name} family fits {spec.short_name}'s sizes"
         return None
 
