@@ -66,3 +66,11 @@ def test_a_host_fallback_on_a_device_writes_a_mutating_ops_writes_back():
     aten.add_.Tensor(host_dev, host_src)
     _write_back(aten.add_.Tensor, ((dev, src), {}), ((host_dev, host_src), {}))
     assert torch.equal(dev, torch.ones(3)) and torch.equal(src, torch.ones(3))
+
+
+def test_an_op_with_only_empty_outputs_is_an_allocation():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.op_classes import NodeClass, classify
+    gm = make_fx(lambda x: (x[:, :0] * 2, x * 2), tracing_mode="fake")(torch.randn(3, 4))
+    muls = [n for n in gm.graph.nodes if n.target is aten.mul.Tensor]
+    assert [classify(n)[0] for n in muls] == [NodeClass.VIEW, NodeClass.COMPUTE]
