@@ -1369,13 +1369,13 @@ class FusedRegionFamily(KernelFamily):
         return plan if isinstance(plan, str) else (plan, graph)
 
     def supports(self, spec: KernelSpec) -> str | None:
-        why = super().supports(spec)
-        if why is not None:
-            return why
-        plan, _ = self.plan(spec)
+        got = self.plan(spec)
+        if isinstance(got, str):
+            return got
+        plan, _ = got
         if plan.kind == "rowwise" and next_pow2(plan.N) > MAX_TILE and plan.passes > MAX_PASSES:
             return f"rows of {plan.N} need {plan.passes} passes (> {MAX_PASSES}) in the looped variant"
-        return None
+        return super().supports(spec)  # (and a configuration fits)
 
     def _valid(self, got: tuple[_Plan, dict[str, Any]], config: Config) -> bool:
         plan = got[0]
