@@ -113,3 +113,17 @@ def test_max_min_of_all_elements(name):
     x = torch.tensor([[1.0, -3.0], [float("nan"), 2.0]])
     _check(lambda t: getattr(torch, name)(t), x, op=f"aten.{name}.default")
     _check(lambda t: getattr(torch, name)(t), x[:1], op=f"aten.{name}.default")
+
+
+@pytest.mark.parametrize("k,dim,keepdim", [(1, -1, False), (3, 0, True), (4, 1, False)], ids=str)
+def test_kthvalue(k, dim, keepdim):
+    x = torch.tensor([[3.0, 1.0, float("nan"), 2.0], [0.5, -1.0, 7.0, 4.0], [2.0, 9.0, -3.0, 1.5]])
+    _check(lambda t: torch.kthvalue(t, k, dim, keepdim), x, op="aten.kthvalue.default")
+
+
+@pytest.mark.parametrize("nan", [False, True])
+def test_median_of_all_elements(nan):
+    x = torch.tensor([[3.0, 1.0, 5.0], [2.0, -1.0, 8.0]])
+    if nan:
+        x[0, 1] = float("nan")
+    _check(lambda t: torch.median(t), x, op="aten.median.default")

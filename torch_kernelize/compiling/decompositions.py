@@ -70,6 +70,27 @@ def _min_all(x: torch.Tensor):
     return aten.amin.default(x, []) if x.numel() else NotImplemented
 
 
+@_register(aten.kthvalue.default)
+def _kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False):
+    """The k-th smallest along ``dim`` from a stable sort (the sort family's): NaN counts as the
+    largest, as in ATen; of equal values, the first one's index."""
+    if x.dim() == 0 or not 1 <= k <= x.size(dim):
+        return NotImplemented  # (a 0-d input, or k out of range: ATen's own error)
+    values, indices = torch.sort(x, dim=dim, stable=True)
+    values, indices = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
+    return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+
+
+@_register(aten.median.default)
+def _median(x: torch.Tensor):
+    """The lower median of all elements from a sort; NaN where any element is NaN (sorted last)."""
+    if x.numel() == 0:
+        return NotImplemented
+    ordered = torch.sort(x.reshape(-1), stable=True).values
+    last, middle = ordered[-1], ordered[(x.numel() - 1) // 2]
+    return torch.where(last != last, last, middle)
+
+
 @_register(aten.cat.default, override=True)  # torch's is prims.cat: a rename, not a lowering
 def _cat(tensors, dim: int = 0):
     """cat from gathers and selects, for a chip whose runtime has no cat (a fused region covers
