@@ -127,3 +127,8 @@ def test_median_of_all_elements(nan):
     if nan:
         x[0, 1] = float("nan")
     _check(lambda t: torch.median(t), x, op="aten.median.default")
+
+
+def test_functional_copy_converts_and_broadcasts_into_the_destination():
+    dst, src = torch.zeros(3, 4, dtype=torch.float64).t(), torch.arange(3, dtype=torch.int32)
+    _check(lambda d, s: torch.ops.aten.copy.default(d, s), dst, src, op="aten.copy.default")

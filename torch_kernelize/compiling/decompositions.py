@@ -91,6 +91,15 @@ def _median(x: torch.Tensor):
     return torch.where(last != last, last, middle)
 
 
+@_register(aten.copy.default)
+def _copy(x: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
+    """The functional copy (src's values in x's dtype and shape) as one conversion of the
+    broadcast src, which the elementwise family generates; x's layout is kept (keep_layout)."""
+    if src.device != x.device:
+        return NotImplemented  # a transfer, not a kernel
+    return aten._to_copy.default(src.expand(x.shape), dtype=x.dtype)
+
+
 @_register(aten.cat.default, override=True)  # torch's is prims.cat: a rename, not a lowering
 def _cat(tensors, dim: int = 0):
     """cat from gathers and selects, for a chip whose runtime has no cat (a fused region covers
