@@ -132,3 +132,9 @@ def test_median_of_all_elements(nan):
 def test_functional_copy_converts_and_broadcasts_into_the_destination():
     dst, src = torch.zeros(3, 4, dtype=torch.float64).t(), torch.arange(3, dtype=torch.int32)
     _check(lambda d, s: torch.ops.aten.copy.default(d, s), dst, src, op="aten.copy.default")
+
+
+@pytest.mark.parametrize("dim,keepdim", [([1], False), ([0, 1], True)], ids=str)
+def test_a_sum_of_bools_is_a_count(dim, keepdim):
+    x = torch.randn(5, 7) > 0
+    _check(lambda t: t.sum(dim, keepdim), x, op="aten.sum.dim_IntList")

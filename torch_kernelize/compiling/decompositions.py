@@ -100,6 +100,21 @@ def _copy(x: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
     return aten._to_copy.default(src.expand(x.shape), dtype=x.dtype)
 
 
+@_register(aten.sum.dim_IntList, override=True)  # torch's is prims.sum: a rename, not a lowering
+def _count_true(x: torch.Tensor, dim, keepdim: bool = False, *, dtype=None):
+    """A sum of bools (a count) as a float32 mean times the count of elements, rounded (the
+    reductions family generates the mean; a float sum would be this op again): exact while the
+    count stays below 2**24; any other sum declines (the families take it whole)."""
+    if x.dtype != torch.bool or x.numel() > 2**24:
+        return NotImplemented
+    dims = [d % max(x.dim(), 1) for d in (dim if dim else range(x.dim()))]
+    n = math.prod(x.size(d) for d in dims) if x.dim() else 1
+    if n == 0:
+        return NotImplemented
+    mean = x.to(torch.float32).mean(dims, keepdim)
+    return torch.floor(mean * n + 0.5).to(dtype or torch.int64)
+
+
 @_register(aten.cat.default, override=True)  # torch's is prims.cat: a rename, not a lowering
 def _cat(tensors, dim: int = 0):
     """cat from gathers and selects, for a chip whose runtime has no cat (a fused region covers
