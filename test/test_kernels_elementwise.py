@@ -27,7 +27,7 @@ def base(dtype=F32, shape=(9, 37)):
 
 UNARY = ["exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
          "sigmoid", "erf", "reciprocal", "silu", "floor", "ceil", "trunc", "hardsigmoid", "hardswish", "abs",
-         "neg", "relu", "sign", "gelu", "logical_not"]
+         "neg", "relu", "sign", "gelu", "logical_not", "cosh", "asinh", "atanh"]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -189,6 +189,15 @@ def test_bitwise_on_integers(name, other, dtype, tmp_path):
     spec = spec_of(op.default if other is None else op.Tensor if other == "t" else op.Scalar, args)
     compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=list(
         t for t in args if isinstance(t, torch.Tensor)))
+
+
+@pytest.mark.parametrize("name", ["fmax", "fmin", "copysign"])
+def test_fmax_fmin_copysign_special_values(name, tmp_path):
+    v = torch.tensor([0.0, -0.0, 1.5, -2.0, float("inf"), -float("inf"), float("nan")])
+    a, b = v.repeat_interleave(len(v)), v.repeat(len(v))
+    op = getattr(aten, name)
+    spec = spec_of(op.Tensor if name == "copysign" else op.default, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=[a, b])
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)

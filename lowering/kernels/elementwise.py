@@ -73,6 +73,15 @@ def _pow(x, y):
     one = (y == 0.0) | (x == 1.0) | ((x == -1.0) & (tl.abs(y) == float('inf')))
     return tl.where(one, 1.0, r)
 ''',
+    "_asinh": '''
+@triton.jit
+def _asinh(x):
+    # sign(x) * log1p(|x| + x^2 / (1 + sqrt(1 + x^2))): no cancellation near 0; log(2|x|) past 1e18
+    a = tl.abs(x)
+    small = _log1p(a + a * a / (1.0 + tl.sqrt_rn(1.0 + a * a)))
+    r = tl.where(a > 1e18, tl.log(a) + 0.6931471805599453, small)
+    return tl.where(x < 0.0, -r, r)
+''',
     "_trunc": '''
 @triton.jit
 def _trunc(x):
@@ -309,6 +318,15 @@ OPS: dict[str, PointwiseOp] = {
     "aten.bitwise_and.Tensor": _binary("logical", lambda x, y: f"({x} != 0) & ({y} != 0)"),
     "aten.bitwise_or.Tensor": _binary("logical", lambda x, y: f"({x} != 0) | ({y} != 0)"),
     "aten.bitwise_xor.Tensor": _binary("logical", lambda x, y: f"({x} != 0) ^ ({y} != 0)"),
+    # hyperbolic functions from exp/log1p, each in its accurate form near 0
+    "aten.cosh.default": _unary("float", lambda x: f"0.5 * (tl.exp({x}) + tl.exp(-{x}))"),
+    "aten.atanh.default": _unary("float", lambda x: f"0.5 * _log1p(tl.div_rn(2.0 * {x}, 1.0 - {x}))", "_log1p"),
+    "aten.asinh.default": _unary("float", lambda x: f"_asinh({x})", "_log1p", "_asinh"),
+    # fmax/fmin: NaN only where both are NaN
+    "aten.fmax.default": _binary("arith", lambda x, y: f"tl.where({x} != {x}, {y}, tl.where({y} != {y}, {x}, tl.maximum({x}, {y})))"),
+    "aten.fmin.default": _binary("arith", lambda x, y: f"tl.where({x} != {x}, {y}, tl.where({y} != {y}, {x}, tl.minimum({x}, {y})))"),
+    "aten.copysign.Tensor": _binary("float", lambda x, y: f"tl.where({y}.to(tl.int32, bitcast=True) < 0, -tl.abs({x}), tl.abs({x}))"),
+    "aten.copysign.Scalar": _binary("float", lambda x, y: f"tl.where({y} < 0.0, -tl.abs({x}), tl.abs({x}))"),
     # isnan reads its operand as stored (NaN != NaN; an integer is never NaN)
     "aten.isnan.default": _unary("logical", lambda x: f"{x} != {x}"),
     # triton's % is C's fmod (the sign of the dividend) on integers and floats alike; remainder
