@@ -242,12 +242,21 @@ def summarize(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [f"# Breadth sweep, {meta['date']}", "",
            f"commit {meta.get('commit', '?')}, torch {meta['torch']}, triton {meta['triton']}, target `supported = []` on the Triton interpreter, "
            f"fill budget {meta['budget']}, {len(rows)} ops ({meta['selection']}), {meta['seconds']:.0f} s.", "",
+           *([meta["note"], ""] if meta.get("note") else []),
            "chip: every compute node on the chip; host: some node on the host fallback; free: views and "
            "allocations only; eager: Dynamo did not compile the op (graph break); eager fails: the op "
            "does not run in eager on this machine (CUDA-only).", "",
            "| | " + " | ".join(statuses) + " |", "|---" * (len(statuses) + 1) + "|",
            "| before fill | " + " | ".join(str(before.get(s, 0)) for s in statuses) + " |",
            "| after fill | " + " | ".join(str(after.get(s, 0)) for s in statuses) + " |", ""]
+    for label, keep in (("every op", lambda op: True),
+                        ("ops outside linalg.*, fft.*, special.*",
+                         lambda op: not op.startswith(("linalg.", "fft.", "special.")))):
+        computing = [r for r in rows if keep(r["op"]) and r["status"] in ("chip", "host", "wrong", "crash")]
+        on_chip = sum(r["status"] == "chip" for r in computing)
+        out.append(f"- {label}: {on_chip} of the {len(computing)} that compute entirely on the chip after the fill "
+                   f"({100 * on_chip / max(len(computing), 1):.0f}%)")
+    out.append("")
     grouped: dict[str, set[str]] = collections.defaultdict(set)
     for r in rows:
         for h in (r.get("after") or {}).get("host", []):
