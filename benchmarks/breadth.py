@@ -304,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                             text=True).stdout.strip() or "unknown"
     meta = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": commit,
-            "budget": args.budget, "selection": args.ops or (f"first {args.first}" if args.first else "all")}
+            "budget": args.budget, "selection": (args.ops if args.ops and len(args.ops) < 80 else
+                                                 f"{len(ops)} named by --ops" if args.ops else
+                                                 f"first {args.first}" if args.first else "all")}
     start, rows = time.perf_counter(), []
     with tempfile.TemporaryDirectory() as work:
         for i, op in enumerate(ops):
