@@ -58,6 +58,25 @@ def reset_fallback_stats() -> None:
         _warned.clear()
 
 
+def _written(op: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments ``op`` writes to (per its schema), in schema order (None where not given)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    out = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            out.append(kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i])
+    return out
+
+
+def _write_back(op: Any, device_call: tuple, host_call: tuple) -> None:
+    """A mutating op ran on host copies: its writes go back into the caller's device tensors."""
+    for dev, host in zip(_written(op, *device_call), _written(op, *host_call)):
+        if isinstance(dev, torch.Tensor) and isinstance(host, torch.Tensor) and dev is not host:
+            dev.copy_(host)
+
+
 class HostFallback:
     """Callable standing in for ``op`` in a lowered graph."""
 
@@ -81,6 +100,8 @@ class HostFallback:
             flat = [torch.device("cpu") if isinstance(a, torch.device) else a for a in flat]
         host_args, host_kwargs = pytree.tree_unflatten(flat, spec)
         out = self.op(*host_args, **host_kwargs)
+        if device.type != "cpu":
+            _write_back(self.op, (args, kwargs), (host_args, host_kwargs))
         if device.type != "cpu" or self.out_strides:
             out = self._place(out, device)
         self._account(time.perf_counter() - start)

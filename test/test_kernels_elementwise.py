@@ -27,7 +27,7 @@ def base(dtype=F32, shape=(9, 37)):
 
 UNARY = ["exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
          "sigmoid", "erf", "reciprocal", "silu", "floor", "ceil", "trunc", "hardsigmoid", "hardswish", "abs",
-         "neg", "relu", "sign", "gelu", "logical_not"]
+         "neg", "relu", "sign", "gelu", "logical_not", "cosh", "asinh", "atanh"]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -175,9 +175,76 @@ def test_bitwise_on_bool(name, tmp_path):
     compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path), tmp_path, exact=True)
 
 
-def test_bitwise_on_integers_is_declined():
-    x = torch.randint(0, 7, (8,), dtype=torch.int32)
-    assert FAMILY.supports(spec_of(aten.bitwise_and.Tensor, (x, x))) == "logical ops here produce bool"
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+@pytest.mark.parametrize("name,other", [("bitwise_and", "t"), ("bitwise_or", "t"), ("bitwise_xor", "t"),
+                                        ("bitwise_xor", -0x61C8864680B583EB), ("bitwise_and", 1023),
+                                        ("bitwise_not", None)])
+def test_bitwise_on_integers(name, other, dtype, tmp_path):
+    """Id hashes: bit arithmetic in the integers' own type, negative values and 64-bit constants."""
+    a = torch.randint(-2**30, 2**30, (5, 33)).to(dtype) * (2**20 if dtype == torch.int64 else 1)
+    op = getattr(aten, name)
+    if dtype == torch.int32 and isinstance(other, int) and abs(other) > 2**31:
+        other = 0x5BD1E995
+    args = (a,) if other is None else (a, a.flip(1)) if other == "t" else (a, other)
+    spec = spec_of(op.default if other is None else op.Tensor if other == "t" else op.Scalar, args)
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=list(
+        t for t in args if isinstance(t, torch.Tensor)))
+
+
+@pytest.mark.parametrize("name", ["fmax", "fmin", "copysign"])
+def test_fmax_fmin_copysign_special_values(name, tmp_path):
+    v = torch.tensor([0.0, -0.0, 1.5, -2.0, float("inf"), -float("inf"), float("nan")])
+    a, b = v.repeat_interleave(len(v)), v.repeat(len(v))
+    op = getattr(aten, name)
+    spec = spec_of(op.Tensor if name == "copysign" else op.default, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=[a, b])
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_pow_with_a_tensor_exponent(dtype, tmp_path):
+    """Every pair of signed zeros, +-1, infinities, NaN, negative bases to odd, even and fractional
+    exponents (std::pow's special cases), and ordinary values; a number base too."""
+    v = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -3.0, 3.0, 2.5, -0.5, float("inf"), -float("inf"),
+                      float("nan")])
+    a, b = v.repeat_interleave(len(v)).to(dtype), v.repeat(len(v)).to(dtype)
+    spec = spec_of(aten.pow.Tensor_Tensor, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, inputs=[a, b])
+    scalar = spec_of(aten.pow.Scalar, (2.5, b))
+    compare_eager(FAMILY, scalar, assert_valid(FAMILY, scalar, tmp_path, seeds=(0,)), tmp_path, inputs=[b])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8], ids=str)
+@pytest.mark.parametrize("name", ["bitwise_left_shift", "bitwise_right_shift"])
+def test_shifts_of_any_amount(name, dtype, tmp_path):
+    """Amounts past the width and negative ones give c10's 0 (left) or the sign (right)."""
+    a = torch.randint(-2**20, 2**20, (80,)).to(dtype)
+    b = torch.arange(-8, 72).to(dtype) if dtype != torch.uint8 else torch.arange(80).to(dtype)
+    spec = spec_of(getattr(aten, name).Tensor, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=[a, b])
+
+
+@pytest.mark.parametrize("name", ["remainder", "fmod"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, F32, F16], ids=str)
+@pytest.mark.parametrize("other", [7, -3, "t"])
+def test_remainder_and_fmod(name, dtype, other, tmp_path):
+    """remainder takes the divisor's sign, fmod the dividend's (-7 % 2: 1 and -1); exact on integers
+    against eager with negative operands on both sides, floats against the float64 reference."""
+    a = (torch.arange(-40, 40) * 3).to(dtype) + (0.25 if dtype.is_floating_point else 0)
+    b = torch.arange(-6, 7).repeat(7)[:80].to(dtype) if other == "t" else other
+    if other == "t":
+        b[b == 0] = 5
+    op = getattr(aten, name)
+    spec = spec_of(op.Tensor if other == "t" else op.Scalar, (a, b))
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
+    compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[a] + ([b] if other == "t" else []))
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, torch.int32], ids=str)
+def test_isnan(dtype, tmp_path):
+    x = torch.tensor([0.0, float("nan"), -float("inf"), 1.5, float("nan"), -0.0] * 7)
+    x = x.to(dtype) if dtype.is_floating_point else torch.arange(42, dtype=dtype)
+    spec = spec_of(aten.isnan.default, (x,))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=[x])
 
 
 @pytest.mark.parametrize("case", ["same", "broadcast_cond", "mixed_dtypes", "fp64", "bool_values", "zero_dim_other"])

@@ -471,3 +471,12 @@ def test_running_a_region_lets_each_intermediate_go_after_its_last_reader(monkey
         assert gone() is None and all(r() is None for r in made)
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1, 1)], ids=str)
+def test_zero_dim_and_one_element_regions(shape, tmp_path):
+    """Every operand and the output one element: the value is stored as a scalar to a scalar
+    pointer (the interpreter refuses a block there), as clamp_max on a 0-d tensor fuses."""
+    x, y = torch.randn(shape), torch.randn(shape)
+    spec = one_region(lambda a, b: torch.where(a > 0, (a * 2).clamp_max(0.5) + b, b), x, y)
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path)

@@ -111,3 +111,11 @@ def test_sm90_compile(tmp_path):
         spec = spec_of(aten.sort.default, args)
         for config in FAMILY.seed_configs(spec):
             compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+
+
+def test_a_sort_no_configuration_fits_is_not_claimed():
+    """Sorting one element: no config of the family fits, so the family does not claim the spec
+    (claimed, the fill had nothing to try and reported it as without a correct candidate)."""
+    spec = spec_of(torch.ops.aten.sort.default, (torch.randn(3, 1),))
+    assert family_for(spec) is None
+    assert "no configuration of the sort family fits" in FAMILY.supports(spec)

@@ -118,9 +118,19 @@ class KernelFamily:
             return str(e)
 
     def supports(self, spec: KernelSpec) -> str | None:
-        """None when this family can generate a kernel for ``spec``, else the reason it cannot."""
+        """None when this family can generate a kernel for ``spec``, else the reason it cannot
+        (a spec none of whose configurations fits, a tiny one, is not claimed: a fill would have
+        nothing to try, and the nodes' own kernels or a larger region can still take it)."""
         plan = self.plan(spec)
-        return plan if isinstance(plan, str) else None
+        if isinstance(plan, str):
+            return plan
+        try:
+            fits = [c for c in self._seeds(spec, plan) if self._valid(plan, c)]
+        except ValueError as e:  # (Unsupported too) a plan whose seeds cannot be made
+            return str(e)
+        if not fits:
+            return f"no configuration of the {self.name} family fits {spec.short_name}'s sizes"
+        return None
 
     def planned(self, spec: KernelSpec) -> Any:
         """The plan of a spec this family generates; a ValueError that says why, for any other."""
@@ -192,9 +202,11 @@ class KernelFamily:
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """Inputs for validation: fresh random values of the spec's metas, or an edge kind,
-        drawn on ``device`` (``sample_generator``): the same values for the same seed."""
+        drawn on ``device`` (``sample_generator``): the same values for the same seed; inputs
+        an op constrains (offsets, sorted sequences: core/input_domains.py) hold their rule."""
+        from torch_kernelize.core.input_domains import constrain
         g = sample_generator(seed, device)
-        return [to_device(sample_tensor(m, g, kind), device) for m in spec.inputs]
+        return constrain(spec, [to_device(sample_tensor(m, g, kind), device) for m in spec.inputs], g)
 
 
 class PicksAlongDim(KernelFamily):

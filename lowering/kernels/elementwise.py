@@ -59,6 +59,29 @@ def _log1p(x):
     near0 = tl.log(u) * x / (u - 1.0)
     return tl.where(tl.abs(x) < 0.5, tl.where(u == 1.0, x, near0), tl.log(u))
 ''',
+    "_pow": '''
+@triton.jit
+def _pow(x, y):
+    # std::pow: |x|^y as exp2(y * log2|x|); a negative x (or -0.0) keeps its sign for an odd integer
+    # y; a finite negative x to a fractional y is NaN; pow(x, 0), pow(1, y), pow(-1, +-inf) are 1
+    whole = tl.floor(y) == y
+    odd = whole & (tl.floor(y * 0.5) * 2.0 != y)
+    mag = tl.exp2(y * tl.log2(tl.abs(x)))
+    negative = (x < 0.0) | ((x == 0.0) & (tl.div_rn(1.0, x) < 0.0))
+    r = tl.where(negative & odd, -mag, mag)
+    r = tl.where((x < 0.0) & (x > -float('inf')) & ~whole, float('nan'), r)
+    one = (y == 0.0) | (x == 1.0) | ((x == -1.0) & (tl.abs(y) == float('inf')))
+    return tl.where(one, 1.0, r)
+''',
+    "_asinh": '''
+@triton.jit
+def _asinh(x):
+    # sign(x) * log1p(|x| + x^2 / (1 + sqrt(1 + x^2))): no cancellation near 0; log(2|x|) past 1e18
+    a = tl.abs(x)
+    small = _log1p(a + a * a / (1.0 + tl.sqrt_rn(1.0 + a * a)))
+    r = tl.where(a > 1e18, tl.log(a) + 0.6931471805599453, small)
+    return tl.where(x < 0.0, -r, r)
+''',
     "_trunc": '''
 @triton.jit
 def _trunc(x):
@@ -156,6 +179,25 @@ def _check_pow(args: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_nothing(args: dict[str, Any]) -> str | None:
+    return None
+
+
+def _remainder(x: str, y: str) -> str:
+    m = f"({x} % {y})"
+    return f"tl.where(({m} != 0) & (({m} < 0) != ({y} < 0)), {m} + {y}, {m})"
+
+
+def _shift(x: str, y: str, ctype: str, left: bool) -> str:
+    """c10's shifts: a shift by a negative amount or by the width or more gives 0 (left) or the
+    sign (right; 0 for unsigned types), where LLVM's would be undefined."""
+    bits = torch.iinfo(getattr(torch, ctype)).bits
+    out_of_range = f"(({y} < 0) | ({y} >= {bits}))"
+    if left or ctype.startswith("uint"):
+        return f"tl.where({out_of_range}, 0, {x} {'<<' if left else '>>'} {y})"
+    return f"tl.where({out_of_range}, {x} >> {bits - 1}, {x} >> {y})"
+
+
 def _check_div(args: dict[str, Any]) -> str | None:
     if args.get("rounding_mode") not in (None, "trunc", "floor"):
         return f"div rounding_mode={args['rounding_mode']!r} is not one of None, 'trunc', 'floor'"
@@ -229,6 +271,8 @@ OPS: dict[str, PointwiseOp] = {
         ("self",), "arith",
         lambda o, a, t: _clamp(o[0], cg.scalar_value(a["min_val"]), cg.scalar_value(a["max_val"]), t)),
     "aten.pow.Tensor_Scalar": PointwiseOp(("self",), "float", lambda o, a, t: _pow_scalar(o[0], a, t), (), _check_pow),
+    "aten.pow.Tensor_Tensor": PointwiseOp(("self", "exponent"), "float", lambda o, a, t: f"_pow({o[0]}, {o[1]})", ("_pow",)),
+    "aten.pow.Scalar": PointwiseOp(("self", "exponent"), "float", lambda o, a, t: f"_pow({o[0]}, {o[1]})", ("_pow",)),
     # unary, integer or floating
     "aten.abs.default": _unary("arith", lambda x: f"tl.abs({x})"),
     "aten.neg.default": _unary("arith", lambda x: f"-{x}"),
@@ -274,6 +318,23 @@ OPS: dict[str, PointwiseOp] = {
     "aten.bitwise_and.Tensor": _binary("logical", lambda x, y: f"({x} != 0) & ({y} != 0)"),
     "aten.bitwise_or.Tensor": _binary("logical", lambda x, y: f"({x} != 0) | ({y} != 0)"),
     "aten.bitwise_xor.Tensor": _binary("logical", lambda x, y: f"({x} != 0) ^ ({y} != 0)"),
+    # hyperbolic functions from exp/log1p, each in its accurate form near 0
+    "aten.cosh.default": _unary("float", lambda x: f"0.5 * (tl.exp({x}) + tl.exp(-{x}))"),
+    "aten.atanh.default": _unary("float", lambda x: f"0.5 * _log1p(tl.div_rn(2.0 * {x}, 1.0 - {x}))", "_log1p"),
+    "aten.asinh.default": _unary("float", lambda x: f"_asinh({x})", "_log1p", "_asinh"),
+    # fmax/fmin: NaN only where both are NaN
+    "aten.fmax.default": _binary("arith", lambda x, y: f"tl.where({x} != {x}, {y}, tl.where({y} != {y}, {x}, tl.maximum({x}, {y})))"),
+    "aten.fmin.default": _binary("arith", lambda x, y: f"tl.where({x} != {x}, {y}, tl.where({y} != {y}, {x}, tl.minimum({x}, {y})))"),
+    "aten.copysign.Tensor": _binary("float", lambda x, y: f"tl.where({y}.to(tl.int32, bitcast=True) < 0, -tl.abs({x}), tl.abs({x}))"),
+    "aten.copysign.Scalar": _binary("float", lambda x, y: f"tl.where({y} < 0.0, -tl.abs({x}), tl.abs({x}))"),
+    # isnan reads its operand as stored (NaN != NaN; an integer is never NaN)
+    "aten.isnan.default": _unary("logical", lambda x: f"{x} != {x}"),
+    # triton's % is C's fmod (the sign of the dividend) on integers and floats alike; remainder
+    # takes the divisor's sign (c10's remainder: fmod, plus the divisor where the signs differ)
+    **{f"aten.fmod.{ov}": _binary("arith", lambda x, y: f"{x} % {y}", check=_check_nothing)
+       for ov in ("Tensor", "Scalar")},
+    **{f"aten.remainder.{ov}": _binary("arith", lambda x, y: _remainder(x, y), check=_check_nothing)
+       for ov in ("Tensor", "Scalar")},
     # selection and copies
     "aten.where.self": PointwiseOp(("condition", "self", "other"), "select",
                                    lambda o, a, t: f"tl.where({o[0]}, {o[1]}, {o[2]})"),
@@ -282,6 +343,20 @@ OPS: dict[str, PointwiseOp] = {
 }
 
 _DIV_MODES = ("aten.div.Tensor_mode", "aten.div.Scalar_mode")
+# ops whose integer divisor must not be 0 (ATen raises ZeroDivisionError)
+_INT_DIVISIONS = _DIV_MODES + ("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.remainder.Tensor", "aten.remainder.Scalar")
+# the bitwise ops on integers (hashes): bit arithmetic in the output's type; on bool the logical rows
+INT_BITWISE: dict[str, PointwiseOp] = {
+    "aten.bitwise_not.default": _unary("arith", lambda x: f"~{x}"),
+    **{f"aten.bitwise_{name}.{ov}": _binary("arith", lambda x, y, s=sym: f"{x} {s} {y}")
+       for name, sym in (("and", "&"), ("or", "|"), ("xor", "^")) for ov in ("Tensor", "Scalar")},
+    **{op: PointwiseOp(("self", "other"), "arith", lambda o, a, t, left=left: _shift(o[0], o[1], t, left))
+       for left, names in ((True, ("aten.bitwise_left_shift.Tensor", "aten.bitwise_left_shift.Tensor_Scalar",
+                                   "aten.__lshift__.Tensor", "aten.__lshift__.Scalar")),
+                           (False, ("aten.bitwise_right_shift.Tensor", "aten.bitwise_right_shift.Tensor_Scalar",
+                                    "aten.__rshift__.Tensor", "aten.__rshift__.Scalar")))
+       for op in names},
+}
 
 
 @dataclasses.dataclass
@@ -319,14 +394,18 @@ def _max_block(out: TensorMeta) -> int:
 
 class ElementwiseFamily(KernelFamily):
     name = "elementwise"
-    ops = frozenset(OPS)
+    ops = frozenset(OPS) | frozenset(INT_BITWISE)
     edge_kinds = ("zeros", "large", "negative", "special")
 
     # --- analysis ---------------------------------------------------------------------------
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
         if spec.graph is not None:
             return "fused regions are not pointwise single ops"
-        op = OPS[spec.op]
+        op = OPS.get(spec.op)
+        if spec.op in INT_BITWISE and spec.outputs and cg.is_int(spec.outputs[0].dtype):
+            op = INT_BITWISE[spec.op]
+        if op is None:
+            return f"{spec.op} is generated on integers only"
         args = cg.bind(spec)
         if op.check is not None and (why := op.check(args)):
             return why
@@ -406,7 +485,7 @@ class ElementwiseFamily(KernelFamily):
                 info = torch.iinfo(getattr(torch, ctype))
                 if not info.min <= int(o.value) <= info.max:
                     return f"scalar {o.name}={o.value} does not fit {ctype}"
-        if spec.op in _DIV_MODES and cg.is_int(ctype) and any(o.tensor is None and o.value == 0 for o in operands[1:]):
+        if spec.op in _INT_DIVISIONS and cg.is_int(ctype) and any(o.tensor is None and o.value == 0 for o in operands[1:]):
             return "integer division by zero (ATen raises)"
         alpha = args.get("alpha")
         if alpha is not None and cg.is_int(ctype) and float(cg.scalar_value(alpha)) != int(cg.scalar_value(alpha)):
@@ -593,7 +672,7 @@ class ElementwiseFamily(KernelFamily):
                     _restrict(t, m, lambda f: f.abs())
             else:
                 t = sample_tensor(m, g, kind)
-                if spec.op in _DIV_MODES and len(tensors) == 1 and not m.torch_dtype.is_floating_point:
+                if spec.op in _INT_DIVISIONS and len(tensors) == 1 and not m.torch_dtype.is_floating_point:
                     _restrict(t, m, lambda f: f.masked_fill(f == 0, 1))  # ATen raises on integer x // 0
             tensors.append(to_device(t, device))
         return tensors

@@ -819,6 +819,9 @@ class _PointwiseEmitter(_Emitter):
                 s(f"v{n.index} = {self.pointwise_expr(n)}")
         for t, j in zip(p.outputs, p.out_nodes):
             v = self.store_value(p.nodes[j], t)
+            if t.flat_off == "0" and self._scalar(("node", j)) and self.runtime_elements is None:
+                s(f"tl.store({self.pointer(t, hinted)}, {v})")  # one element: a scalar to a scalar pointer
+                continue
             if self._scalar(("node", j)):
                 v = f"tl.broadcast_to({v}, (BLOCK,))"
             s(f"tl.store({self.pointer(t, hinted)}, {v}{mask})")
@@ -1372,7 +1375,7 @@ class FusedRegionFamily(KernelFamily):
         plan, _ = got
         if plan.kind == "rowwise" and next_pow2(plan.N) > MAX_TILE and plan.passes > MAX_PASSES:
             return f"rows of {plan.N} need {plan.passes} passes (> {MAX_PASSES}) in the looped variant"
-        return None
+        return super().supports(spec)  # (and a configuration fits)
 
     def _valid(self, got: tuple[_Plan, dict[str, Any]], config: Config) -> bool:
         plan = got[0]

@@ -6,6 +6,8 @@ that the new nodes can be planned again, each on its own.
 """
 from __future__ import annotations
 
+import itertools
+import math
 import operator
 from typing import Any, Callable
 
@@ -60,6 +62,61 @@ def _min_dim(x: torch.Tensor, dim: int, keepdim: bool = False):
     return aten.amin.default(x, [dim], keepdim), aten.argmin.default(x, dim, keepdim)
 
 
+@_register(aten.max.default)
+def _max_all(x: torch.Tensor):
+    return aten.amax.default(x, []) if x.numel() else NotImplemented  # (max of nothing raises)
+
+
+@_register(aten.min.default)
+def _min_all(x: torch.Tensor):
+    return aten.amin.default(x, []) if x.numel() else NotImplemented
+
+
+@_register(aten.kthvalue.default)
+def _kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False):
+    """The k-th smallest along ``dim`` from a stable sort (the sort family's): NaN counts as the
+    largest, as in ATen; of equal values, the first one's index."""
+    if x.dim() == 0 or not 1 <= k <= x.size(dim):
+        return NotImplemented  # (a 0-d input, or k out of range: ATen's own error)
+    values, indices = torch.sort(x, dim=dim, stable=True)
+    values, indices = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
+    return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+
+
+@_register(aten.median.default)
+def _median(x: torch.Tensor):
+    """The lower median of all elements from a sort; NaN where any element is NaN (sorted last)."""
+    if x.numel() == 0:
+        return NotImplemented
+    ordered = torch.sort(x.reshape(-1), stable=True).values
+    last, middle = ordered[-1], ordered[(x.numel() - 1) // 2]
+    return torch.where(last != last, last, middle)
+
+
+@_register(aten.copy.default)
+def _copy(x: torch.Tensor, src: torch.Tensor, non_blocking: bool = False):
+    """The functional copy (src's values in x's dtype and shape) as one conversion of the
+    broadcast src, which the elementwise family generates; x's layout is kept (keep_layout)."""
+    if src.device != x.device:
+        return NotImplemented  # a transfer, not a kernel
+    return aten._to_copy.default(src.expand(x.shape), dtype=x.dtype)
+
+
+@_register(aten.sum.dim_IntList, override=True)  # torch's is prims.sum: a rename, not a lowering
+def _count_true(x: torch.Tensor, dim, keepdim: bool = False, *, dtype=None):
+    """A sum of bools (a count) as a float32 mean times the count of elements, rounded (the
+    reductions family generates the mean; a float sum would be this op again): exact while the
+    count stays below 2**24; any other sum declines (the families take it whole)."""
+    if x.dtype != torch.bool or x.numel() > 2**24:
+        return NotImplemented
+    dims = [d % max(x.dim(), 1) for d in (dim if dim else range(x.dim()))]
+    n = math.prod(x.size(d) for d in dims) if x.dim() else 1
+    if n == 0:
+        return NotImplemented
+    mean = x.to(torch.float32).mean(dims, keepdim)
+    return torch.floor(mean * n + 0.5).to(dtype or torch.int64)
+
+
 @_register(aten.cat.default, override=True)  # torch's is prims.cat: a rename, not a lowering
 def _cat(tensors, dim: int = 0):
     """cat from gathers and selects, for a chip whose runtime has no cat (a fused region covers
@@ -109,6 +166,183 @@ def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_
     if bias is not None:
         out = out + bias.reshape(1, cout, 1, 1)
     return out.squeeze(2) if one_d else out
+
+
+@_register(aten.constant_pad_nd.default, override=True)  # torch's is prims.copy_to into a full tensor
+def _constant_pad_nd(x: torch.Tensor, pad: list[int], value: float = 0.0):
+    """Padding as a gather and a select per padded dim: output index i reads input i - low where
+    that lies inside the input, else ``value``; a negative pad crops the same way."""
+    if len(pad) % 2 or len(pad) // 2 > x.dim():
+        return NotImplemented
+    out = x
+    for k in range(len(pad) // 2):
+        dim, low, high = x.dim() - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if low == 0 and high == 0:
+            continue
+        n = out.size(dim)
+        size = n + low + high
+        if size <= 0 or n == 0:
+            return NotImplemented  # an empty result or an empty input: nothing to gather from
+        index = torch.arange(size, device=x.device) - low
+        inside = (index >= 0) & (index < n)
+        picked = out.index_select(dim, torch.where(inside, index, 0))
+        shape = [1] * out.dim()
+        shape[dim] = size
+        out = torch.where(inside.reshape(shape), picked, torch.full((), value, dtype=x.dtype, device=x.device))
+    return out.clone() if out is x else out
+
+
+@_register(aten.flip.default, override=True)  # torch's is prims.rev: a rename, not a lowering
+def _flip(x: torch.Tensor, dims: list[int]):
+    out = x
+    for d in dims:
+        d %= max(x.dim(), 1)
+        if x.dim() and x.size(d) > 1:
+            out = out.index_select(d, torch.arange(x.size(d) - 1, -1, -1, device=x.device))
+    return out.clone() if out is x else out
+
+
+@_register(aten.searchsorted.Tensor)
+def _searchsorted(sorted_sequence, values, *, out_int32: bool = False, right: bool = False, side=None,
+                  sorter=None):
+    """searchsorted of a 1-D sequence is bucketize (the same search, which decomposes); of rows
+    (one sequence per row of ``values``), the count of each row's elements below each value
+    (at or below: right), summed as float32 (exact below 2**24); a NaN value goes past the end."""
+    right = right or side == "right"
+    if sorter is not None:
+        return NotImplemented
+    if sorted_sequence.dim() == 1:
+        return torch.bucketize(values, sorted_sequence, out_int32=out_int32, right=right)
+    if sorted_sequence.shape[:-1] != values.shape[:-1] or sorted_sequence.size(-1) > 2**24:
+        return NotImplemented
+    seq, v = sorted_sequence.unsqueeze(-2), values.unsqueeze(-1)
+    below = (seq <= v) if right else (seq < v)
+    count = torch.where(values != values, float(sorted_sequence.size(-1)), below.to(torch.float32).sum(-1))
+    return count.to(torch.int32 if out_int32 else torch.int64)
+
+
+def _arg_best(x: torch.Tensor, dim: int | None, keepdim: bool, largest: bool):
+    """The first index of the row's max (min); a NaN counts as the best, as ATen's argmax/argmin.
+    The indices are reduced as float32 (the reductions family's type): exact below 2**24."""
+    if dim is None:
+        flat = x.reshape(-1)
+        i = _arg_best(flat, 0, False, largest)
+        return i.reshape([1] * x.dim()) if keepdim else i
+    dim %= max(x.dim(), 1)
+    if x.dim() == 0:
+        return torch.zeros((), dtype=torch.int64, device=x.device)
+    if x.size(dim) > 2**24:
+        return NotImplemented
+    best = x.amax(dim, keepdim=True) if largest else x.amin(dim, keepdim=True)
+    hit = (x == best) | (x != x)
+    shape = [1] * x.dim()
+    shape[dim] = x.size(dim)
+    index = torch.arange(x.size(dim), device=x.device, dtype=torch.float32).reshape(shape)
+    return torch.where(hit, index, float(x.size(dim))).amin(dim, keepdim=keepdim).to(torch.int64)
+
+
+@_register(aten.argmax.default)
+def _argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False):
+    return _arg_best(x, dim, keepdim, True) if x.numel() else NotImplemented
+
+
+@_register(aten.argmin.default)
+def _argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False):
+    return _arg_best(x, dim, keepdim, False) if x.numel() else NotImplemented
+
+
+@_register(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
+                   per_sample_weights=None, include_last_offset: bool = False, padding_idx: int = -1):
+    """Bags of sum (0) or mean (1) as a gather of the rows and an index_add into the bags; a
+    position's bag is the bucket of its offset (offsets rise from 0). Ids equal to
+    ``padding_idx`` add nothing and do not count in a mean; an empty bag is zeros. The bookkeeping
+    outputs (offset2bag, bag_size, max_indices) are left empty: the decomposition is taken only
+    where nothing reads them (inference), as decompose_node checks."""
+    if mode not in (0, 1) or indices.dim() != 1 or offsets.dim() != 1:
+        return NotImplemented
+    bags = offsets.numel() - (1 if include_last_offset else 0)
+    n, width = indices.numel(), weight.size(1)
+    if bags <= 0 or n == 0:
+        return NotImplemented
+    acc = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
+    position = torch.arange(n, device=indices.device)
+    bag = torch.bucketize(position, offsets[:bags], right=True) - 1
+    keep = position < offsets[bags] if include_last_offset else torch.ones_like(position, dtype=torch.bool)
+    if padding_idx >= 0:
+        keep = keep & (indices != padding_idx)
+    rows = weight.index_select(0, indices).to(acc)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.to(acc).unsqueeze(1)
+    rows = torch.where(keep.unsqueeze(1), rows, 0.0)
+    bag = torch.where(keep, bag, 0)
+    out = torch.zeros(bags, width, dtype=acc, device=weight.device).index_add(0, bag, rows)
+    if mode == 1:
+        count = torch.zeros(bags, dtype=acc, device=weight.device).index_add(0, bag, keep.to(acc))
+        out = out / torch.where(count > 0, count, 1.0).unsqueeze(1)
+    empty = [torch.empty(0, dtype=torch.int64, device=weight.device) for _ in range(3)]
+    return (out.to(weight.dtype), *empty)
+
+
+def _window_sum(x: torch.Tensor, kernel: list[int], stride: list[int], outs: list[int]) -> torch.Tensor:
+    """The sum over each pooling window of the last len(kernel) dims: one strided slice (a view)
+    per kernel offset, added up (a fused region's work)."""
+    k, total = len(kernel), None
+    for offsets in itertools.product(*(range(n) for n in kernel)):
+        v = x
+        for d, o in enumerate(offsets):
+            v = aten.slice.Tensor(v, x.dim() - k + d, o, o + (outs[d] - 1) * stride[d] + 1, stride[d])
+        total = v if total is None else total + v
+    return total
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, k: int):
+    """Average pooling of the last ``k`` dims as a sum of strided slices over the window and a
+    division (ceil_mode, whose windows run past the input, declines)."""
+    def each(v):
+        return list(v) * k if len(v) == 1 else list(v)
+    kernel, pad = each(kernel_size), each(padding)
+    step = each(stride) if stride else kernel
+    if ceil_mode or math.prod(kernel) > 64:
+        return NotImplemented
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    pads = [p for d in reversed(pad) for p in (d, d)]
+    padded = torch.constant_pad_nd(x.to(acc), pads, 0.0) if any(pad) else x.to(acc)
+    outs = [(padded.size(-k + d) - kernel[d]) // step[d] + 1 for d in range(k)]
+    total = _window_sum(padded, kernel, step, outs)
+    if divisor_override:
+        return (total / divisor_override).to(x.dtype)
+    if count_include_pad or not any(pad):
+        return (total / math.prod(kernel)).to(x.dtype)
+    ones = torch.constant_pad_nd(torch.ones(x.shape[-k:], dtype=acc, device=x.device), pads, 0.0)
+    return (total / _window_sum(ones, kernel, step, outs)).to(x.dtype)
+
+
+@_register(aten.avg_pool2d.default)
+def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, [padding] if isinstance(padding, int) else padding, ceil_mode,
+                     count_include_pad, divisor_override, 2)
+
+
+@_register(aten.avg_pool3d.default)
+def _avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, [padding] if isinstance(padding, int) else padding, ceil_mode,
+                     count_include_pad, divisor_override, 3)
+
+
+@_register(aten.scatter_reduce.two)
+def _scatter_reduce(x, dim: int, index, src, reduce: str, *, include_self: bool = True):
+    """scatter_reduce with the self values included, as scatter_add (the indexing family's): 'sum',
+    and 'mean' of floats as the sum over the count of values each element received."""
+    if not include_self or reduce not in ("sum", "mean") or (reduce == "mean" and not x.is_floating_point()):
+        return NotImplemented
+    total = torch.scatter_add(x, dim, index, src)
+    if reduce == "sum":
+        return total
+    count = torch.scatter_add(torch.ones_like(x), dim, index, torch.ones_like(src))
+    return total / count
 
 
 def _attention_math(query, key, value, attn_mask, is_causal: bool, scale):
@@ -348,10 +582,11 @@ def trace_decomposition(node: fx.Node) -> fx.GraphModule:
 
 
 def _used_outputs(node: fx.Node) -> set[int] | None:
-    """The indices of a tuple-valued node's outputs that the graph reads (None: not a tuple)."""
+    """The indices of a tuple-valued node's outputs that the graph reads (None: not a tuple); a
+    getitem nothing reads does not count."""
     if not isinstance(node.meta.get("val"), (tuple, list)):
         return None
-    return {u.args[1] for u in node.users if u.target is operator.getitem}
+    return {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
 
 
 def _output_mismatch(got: Any, want: Any, used: set[int] | None = None) -> str:

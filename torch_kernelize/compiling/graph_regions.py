@@ -35,7 +35,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from torch_kernelize.compiling.op_classes import NodeClass, classify, is_factory, is_random
+from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, is_view_op
 from torch_kernelize.compiling.regions import Region, is_tensor_node, pointwise_ops, reads_from, tensor_args
 from torch_kernelize.core.targets import op_name
 
@@ -68,7 +68,8 @@ def graph_role(node: fx.Node, pointwise: frozenset[str]) -> str | None:
     target = node.target
     if klass is NodeClass.VIEW:
         # a factory makes memory from nothing but sizes: it stays outside, an input of the region
-        return "view" if not is_factory(target) and any(is_tensor_node(a) for a in node.all_input_nodes) else None
+        # (so do an op with empty outputs and an input's write-back: allocations and copies, not views)
+        return "view" if is_view_op(target) and any(is_tensor_node(a) for a in node.all_input_nodes) else None
     if is_random(target, node.args, node.kwargs):
         return None
     if target in REDUCTIONS or target in LAYOUT_OPS:

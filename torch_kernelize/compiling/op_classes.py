@@ -2,9 +2,14 @@
 
 - structural: not an ATen computation (getitem, SymInt arithmetic, sym_size, asserts); runs as is
   and is not counted in coverage.
-- passthrough: ops the backend must not touch (collectives and their waits, mutations of graph
-  inputs): they run exactly as given, on the vendor tier, and are never kernels.
-- view: ops that only make a new view of a tensor's storage; nothing to generate.
+- passthrough: ops the backend must not touch (collectives and their waits, other namespaces'
+  ops): they run exactly as given, on the vendor tier, and are never kernels.
+- view: ops that only make a new view of a tensor's storage, allocations (an op whose outputs
+  are all empty is one), and the write-back of an input mutation (a same-dtype, same-shape
+  ``copy_``): no compute, nothing to generate.
+- mutating: ATen ops that write to an argument (``_native_batch_norm_legit``'s running stats).
+  They compute, so the ladder decides them against the chip's op list like any compute node
+  (decomposition, vendor, host fallback with its writes kept), but they never take a kernel.
 - compute: everything else. These are the nodes the tier ladder decides.
 """
 from __future__ import annotations
@@ -23,6 +28,7 @@ class NodeClass(enum.Enum):
     STRUCTURAL = "structural"
     PASSTHROUGH = "passthrough"
     VIEW = "view"
+    MUTATING = "mutating"
     COMPUTE = "compute"
 
 
@@ -57,8 +63,40 @@ def classify(node: fx.Node) -> tuple[NodeClass, str]:
     if target in _FACTORY:
         return NodeClass.VIEW, "factory op: fills new memory, nothing to generate"
     if target._schema.is_mutable:
-        return NodeClass.PASSTHROUGH, "mutating op (input mutation kept by functionalization)"
+        if target is aten.copy_.default and _is_write_back(node):
+            return NodeClass.VIEW, "write-back of an input mutation: a memory copy, no compute"
+        return NodeClass.MUTATING, "mutating op: decided by the ladder, never a kernel"
+    if _only_empty_outputs(node):
+        return NodeClass.VIEW, "empty output: an allocation, nothing to compute"
     return NodeClass.COMPUTE, ""
+
+
+def _only_empty_outputs(node: fx.Node) -> bool:
+    """Every output of the node has no elements (sizes known at trace time): nothing to compute."""
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    return bool(tensors) and len(tensors) == len(vals) and all(
+        isinstance(t.numel(), int) and t.numel() == 0 for t in tensors)
+
+
+def _is_write_back(node: fx.Node) -> bool:
+    """A ``copy_`` that only moves bytes: source and destination of one dtype and shape (the
+    write-back functionalization keeps for a mutated graph input); a conversion or a broadcast
+    computes."""
+    dst, src = (a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args[:2])
+    return (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.dtype == src.dtype
+            and dst.shape == src.shape)
+
+
+def ladder_decides(klass: NodeClass) -> bool:
+    """Whether the tier ladder decides nodes of this class (the chip's op list is consulted)."""
+    return klass in (NodeClass.COMPUTE, NodeClass.MUTATING)
+
+
+def is_view_op(target: Any) -> bool:
+    """Ops that only view their input's storage (not allocations, empty outputs or write-backs)."""
+    return isinstance(target, torch._ops.OpOverload) and (target.is_view or target in _VIEW_LIKE)
 
 
 def is_factory(target: Any) -> bool:

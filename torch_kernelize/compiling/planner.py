@@ -34,7 +34,7 @@ from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposab
                                                      materialized_bytes, own_bytes, splice_decomposition,
                                                      trace_decomposition)
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
+from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, ladder_decides
 from torch_kernelize.compiling.regions import Region, closes_cycle, region_spec
 from torch_kernelize.compiling.whole_graph import WHOLE
 from torch_kernelize.core.targets import Target, op_name
@@ -82,8 +82,10 @@ class GraphPlan:
         return [resolve_family(d) for d in decisions] if resolve else decisions
 
     def _decide_node(self, f: NodeFacts, bindings, cache) -> Decision:
-        if f.klass is not NodeClass.COMPUTE:
+        if not ladder_decides(f.klass):
             return Decision(f.node.name, f.op, "vendor", f.klass_reason, view=f.klass is NodeClass.VIEW)
+        if f.klass is NodeClass.MUTATING:
+            return _decide_mutating(f, self.target)
         rejected = {"decompose": "the target runs it" if f.vendor else f.no_decompose_reason}
         spec = None
         try:
@@ -121,6 +123,18 @@ class GraphPlan:
         rejected["vendor"] = f"target {self.target.name!r} does not run {f.op}"
         return Decision(f.node.name, f.op, "fallback", "nothing on the target runs it: host fallback",
                         rejected, missing=True, **common)
+
+
+def _decide_mutating(f: NodeFacts, target: Target) -> Decision:
+    """A mutating op the ladder could not decompose: the vendor's if the chip runs it, else the
+    host's (which keeps its writes). No kernel: a cached kernel returns fresh outputs only."""
+    rejected = {"decompose": "the target runs it" if f.vendor else f.no_decompose_reason,
+                "triton": "mutating op: no kernel writes to its arguments"}
+    if f.vendor:
+        return Decision(f.node.name, f.op, "vendor", "the target's vendor kernel runs it", rejected)
+    rejected["vendor"] = f"target {target.name!r} does not run {f.op}"
+    return Decision(f.node.name, f.op, "fallback", "nothing on the target runs it: host fallback",
+                    rejected, missing=True)
 
 
 def downgrade(d: Decision, why: str, target: Target) -> Decision:
@@ -298,7 +312,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
             if node.op != "call_function" or node in not_decomposable:
                 continue
             klass, _ = classify(node)
-            if klass is not NodeClass.COMPUTE or target.vendor_runs(node.target):
+            if not ladder_decides(klass) or target.vendor_runs(node.target):
                 continue
             name = op_name(node.target)
             if node.meta.get(LAYOUT_COPY):
@@ -338,7 +352,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
         klass, why = classify(node)
         if klass is NodeClass.STRUCTURAL:
             continue
-        vendor = klass is not NodeClass.COMPUTE or target.vendor_runs(node.target)
+        vendor = not ladder_decides(klass) or target.vendor_runs(node.target)
         facts.append(NodeFacts(node, op_name(node.target), klass, why, vendor,
                                not_decomposable.get(node, "not needed")))
     return GraphPlan(gm, target, decompositions, facts)

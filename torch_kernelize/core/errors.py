@@ -59,3 +59,8 @@ class CacheError(KernelizeError):
 
 class LoweringError(KernelizeError):
     """kernelize failed to lower a graph (a bug on our side); the message names the repro folder."""
+
+
+class InputRejected(KernelizeError):
+    """The op's own reference rejects a trial's inputs: the harness cannot check a candidate on
+    them (the op needs a rule in core/input_domains.py)."""

@@ -23,6 +23,7 @@ import torch
 
 from torch_kernelize.core.fills import PATTERN, POISON, filling
 from torch_kernelize.core.index_ties import settle_index_ties
+from torch_kernelize.core.errors import InputRejected
 from torch_kernelize.core.spec import KernelSpec, TensorMeta, dtype_from_name
 from torch_kernelize.core.tolerances import elementwise_bar, region_tolerance, tolerance
 
@@ -384,9 +385,12 @@ class Trials:
             return self.spec.reference(inputs, self.reference_device)
         except torch.OutOfMemoryError:
             raise
-        except Exception:
+        except Exception as e:
             if kind in ("random", "captured"):
-                raise
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise InputRejected(f"{self.spec.op}'s reference rejects the {kind} inputs of trial seed {seed} "
+                                    f"({type(e).__name__}: {first}): could not check; the op needs an input "
+                                    "domain rule (core/input_domains.py)") from e
             return None
         finally:
             sync_device(self.reference_device)

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.core.errors import KernelizeError
+from torch_kernelize.core.errors import InputRejected, KernelizeError
 from torch_kernelize.core.program import remove_unaligned
 from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.buckets import fill_buckets, works_from_args
@@ -178,8 +178,8 @@ class FillRun:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
             return row
         family = self.space(spec)
-        if family is None:
-            row["status"] = "no generator"
+        if family is None:  # a person or an agent can still write it: the reproducer's task.md says how
+            row.update(status="no generator", winner="write one: tools/repros.py task <its repro>, then --candidate")
             return row
         if not self.force and self.never_run(work):
             row["status"] = "in a fused region"
@@ -198,6 +198,10 @@ class FillRun:
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
         try:
             return self._search(work, family, journal, previous, measurer, row, progress)
+        except InputRejected as e:  # the harness drew inputs the op rejects: nothing was judged
+            log.warning("%s", e)
+            row.update(status="could not check", winner=str(e)[:200])
+            return row
         except SpecTooLarge as e:  # no candidate is at fault: the vendor op runs it, the run goes on
             log.warning("%s: too large to validate here (%s); the vendor op runs it", spec.describe()[:90], e)
             row.update(status="too large", winner=str(e))
@@ -506,7 +510,8 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
            strict: bool = False) -> int:
     """Print the table, the specs left on the vendor op and the one-line total; write the JSON
     summary. The run finished and the cache serves the model: 0, unless ``strict`` and some spec
-    is left on the vendor without a kernel (1)."""
+    is left on the vendor without a kernel (1); 2 if a spec could not be checked
+    (its reference rejects the drawn inputs)."""
     print(format_table(rows))
     for r in rows:  # whole graphs: who competed, their times, who won (graph_candidates.py)
         if r.get("graph"):
@@ -523,11 +528,16 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
     count = lambda status: sum(r["status"] == status for r in rows)  # noqa: E731
     log_note = f", log: {summary['log']}" if summary.get("log") else ""
     own = f"{count('own assembly wins')} own assembly wins, " if count("own assembly wins") else ""
+    unchecked = [r for r in rows if r["status"] == "could not check"]
+    unfilled = count("no generator")
+    if unfilled:
+        print(f"fill_cache: {unfilled} spec(s) no generator fills: each one's reproducer is a task for a person or "
+              "an agent (python tools/repros.py task REPRO_FOLDER; then fill_cache --candidate FILE --repros DIR)")
     print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; {count('stored')} stored, {count('vendor wins')} "
           f"vendor wins, {own}{count('no correct candidate')} without a correct candidate, {count('too large')} too "
           f"large, {count('failed')} failed; " + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items())
           + f"; summary: {summary_path}{log_note}")
-    return 1 if strict and left else 0
+    return 2 if unchecked else 1 if strict and left else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from torch_kernelize.fill_cache.collect import UsageError, Work
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, family_for
 from torch_kernelize.fill_cache.candidate_recording import record_candidate
 from torch_kernelize.lowering.kernels.recording import RecordingError, recorded_once
+from torch_kernelize.core.errors import InputRejected
 from torch_kernelize.core.spec import KernelSpec
 
 GENERATOR = "external"
@@ -209,7 +210,8 @@ def with_candidates(paths: Sequence[Path], work: Sequence[Work]) -> Callable[[Ke
 
 def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     """Exit 0: the candidate is correct (and, on a GPU, its time beside the vendor kernel's);
-    1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments)."""
+    1: it is rejected, with the first failing trial; 2: it could not be checked (bad arguments, or
+    inputs the op's reference rejects)."""
     from torch_kernelize.fill_cache.collect import read_repro_work
     from torch_kernelize.fill_cache.measure import Measurer
     from torch_kernelize.core.targets import get_target
@@ -236,6 +238,9 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     try:
         ev = measurer.evaluate(candidate.config)
         timed = _timed_verdict(repro, measurer, candidate, work, target) if ev.correct and args.time else None
+    except InputRejected as e:  # the harness's inputs, not the candidate, are at fault
+        print(f"check_candidate: {e}", file=sys.stderr)
+        return 2
     finally:  # (the built candidate goes with the builder: timed before)
         measurer.builder.close()
     print(json.dumps({"spec": work.spec.key, "candidate": candidate.describe(), "correct": ev.correct,

@@ -71,6 +71,16 @@ def write_task(folder: Path) -> Path:
     return folder / TASK_FILE
 
 
+def _domain_lines(spec: KernelSpec) -> list[str]:
+    """What the op requires of its inputs' values (core/input_domains.py): every trial keeps it."""
+    from torch_kernelize.core.input_domains import requirements
+    rules = requirements(spec)
+    if not rules:
+        return []
+    return ["Input domains (the op rejects other values; every trial's inputs keep these):", "",
+            *[f"- input {i}: {text}" for i, text in sorted(rules.items())], ""]
+
+
 def _meta_row(name: str, m: TensorMeta) -> str:
     return f"| {name} | {list(m.shape)} | {list(m.stride)} | {m.dtype} |"
 
@@ -152,6 +162,7 @@ def render_task(spec: KernelSpec, meta: dict, code: str, folder: Path) -> str:
         "Each output must be a new tensor of exactly that shape, stride and dtype (`torch.empty_strided`); "
         f"the op returns {'a tuple' if spec.tuple_output else 'one tensor'}.",
         "",
+        *_domain_lines(spec),
         "## Reference semantics",
         "",
         "The float64 reference: every floating input upcast to float64 and the op run by PyTorch's ATen on the CPU "

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from torch_kernelize.core.input_domains import requirements
 from torch_kernelize.core.targets import Target
 from torch_kernelize.serving import repro_recorder as recorder
 from torch_kernelize.serving.repro_recorder import repro_counts
@@ -116,6 +117,8 @@ def write_repro(folder: Path, spec: KernelSpec | None, inputs: Sequence[torch.Te
             "what": KINDS[kind],
             "op": spec.op if spec is not None else None,
             "spec": spec.to_json() if spec is not None else None,
+            # per input, what the op requires of the values beside the captured ones (offsets rising from 0, ...)
+            "input_domains": {str(i): t for i, t in requirements(spec).items()} if spec is not None else {},
             "target": target_ref(target),
             "target_description": target.describe(),
             "cache_dir": str(Path(cache_dir).resolve()) if cache_dir else None,

@@ -1,0 +1,140 @@
+"""Our decompositions of the ops of ranking and preprocessing models (constant_pad_nd, flip,
+searchsorted, argmax/argmin): on a chip that runs none of them, exactly eager's values, edge
+cases included (negative and zero pads, ties, NaN, both sides, int32 outputs)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torch_kernelize.compiling.lower import lower
+from torch_kernelize.core.targets import Target
+
+NOTHING = Target("nothing", device="cpu", triton="none", supported=frozenset())
+
+
+def _check(fn, *args, op: str):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    lowered = lower(gm, list(args), {"repro_dir": "off"}, target=NOTHING)
+    tiers = [d.tier for d in lowered.report.decisions if d.op == op]
+    assert tiers == ["decompose"], (op, tiers)
+    got, want = lowered(list(args)), fn(*args)
+    for g, w in zip(*(x if isinstance(x, (tuple, list)) else (x,) for x in (got, want))):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w) or torch.allclose(g, w, equal_nan=True), (g, w)
+
+
+@pytest.mark.parametrize("pad", [(1, 2), (0, 0, 2, 1), (-1, 2, 1, -2), (0, 0), (3, -3, 0, 0, 1, 1)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_constant_pad_nd(pad, dtype):
+    x = (torch.randn(2, 4, 5) * 10).to(dtype)
+    _check(lambda t: F.pad(t, pad, value=7), x, op="aten.constant_pad_nd.default")
+
+
+@pytest.mark.parametrize("dims", [(0,), (1, 2), (-1,), (0, 1, 2)], ids=str)
+def test_flip(dims):
+    _check(lambda t: torch.flip(t, dims), torch.randn(3, 4, 5), op="aten.flip.default")
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_searchsorted_of_a_sorted_row(side, out_int32):
+    seq = torch.tensor([-2.0, 0.0, 0.0, 1.5, 3.0, 3.0, 8.0])
+    values = torch.tensor([[-5.0, 0.0, 3.0], [1.5, 9.0, 2.0]])  # ties on boundaries, both ends outside
+    _check(lambda s, v: torch.searchsorted(s, v, side=side, out_int32=out_int32), seq, values,
+           op="aten.searchsorted.Tensor")
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True), (None, False), (None, True)], ids=str)
+def test_argmax_argmin_first_of_ties_and_nan(name, dim, keepdim):
+    x = torch.tensor([[1.0, 3.0, 3.0, -1.0], [2.0, float("nan"), 5.0, float("nan")], [-4.0, -4.0, 0.0, 0.0]])
+    _check(lambda t: getattr(torch, name)(t, dim, keepdim), x, op=f"aten.{name}.default")
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("case", ["plain", "empty_bags", "weights", "padding", "last_offset"])
+def test_embedding_bag(mode, case):
+    """Bags by offsets, empty bags zero, per_sample_weights (sum only), padding_idx that neither adds
+    nor counts, include_last_offset; against eager (float64 weights: the sums are exact enough)."""
+    weight = torch.randn(12, 5, dtype=torch.float64)
+    ids = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 11])
+    offsets = torch.tensor({"empty_bags": [0, 0, 4, 4, 10], "last_offset": [0, 3, 7, 10]}.get(case, [0, 3, 3, 7]))
+    kwargs = {"mode": mode, "include_last_offset": case == "last_offset",
+              "padding_idx": 4 if case == "padding" else None}
+    if case == "weights":
+        if mode != "sum":
+            pytest.skip("per_sample_weights is for mode='sum' only")
+        kwargs["per_sample_weights"] = torch.rand(10, dtype=torch.float64)
+    args = [ids, offsets, weight] + ([kwargs.pop("per_sample_weights")] if "per_sample_weights" in kwargs else [])
+
+    def f(i, o, w, *psw):
+        return F.embedding_bag(i, w, o, per_sample_weights=psw[0] if psw else None, **kwargs)
+    _check(f, *args, op="aten._embedding_bag_forward_only.default")  # (no grad: the forward-only op)
+
+
+@pytest.mark.parametrize("case", [
+    ("2d", (3,), (), 0, False, True, None), ("2d", (2, 3), (1, 2), 1, False, True, None),
+    ("2d", (3, 3), (2, 2), 1, False, False, None), ("2d", (2, 2), (), 0, False, True, 3),
+    ("1d", (3,), (2,), 1, False, False, None), ("3d", (2, 2, 2), (), 0, False, True, None)], ids=str)
+def test_avg_pool(case):
+    kind, kernel, stride, padding, ceil_mode, include_pad, divisor = case
+    x = torch.randn(2, 3, 6, 7, 5) if kind == "3d" else torch.randn(2, 3, 7, 9) if kind == "2d" else torch.randn(2, 3, 9)
+    pool = {"1d": F.avg_pool1d, "2d": F.avg_pool2d, "3d": F.avg_pool3d}[kind]
+    kwargs = {} if kind == "1d" else {"divisor_override": divisor}
+    op = "aten.avg_pool3d.default" if kind == "3d" else "aten.avg_pool2d.default"
+    gm_fn = lambda t: pool(t, kernel, stride or None, padding, ceil_mode, include_pad, **kwargs)  # noqa: E731
+    gm = make_fx(gm_fn, tracing_mode="fake")(x)
+    lowered = lower(gm, [x], {"repro_dir": "off"}, target=NOTHING)
+    assert [d.tier for d in lowered.report.decisions if d.op == op] == ["decompose"]
+    torch.testing.assert_close(lowered([x]), gm_fn(x))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_searchsorted_of_sorted_rows(side, out_int32):
+    seq = torch.tensor([[-2.0, 0.0, 0.0, 1.5], [1.0, 1.0, 2.0, 3.0]])
+    values = torch.tensor([[-5.0, 0.0, 1.5, float("nan")], [1.0, 9.0, 2.5, -1.0]])
+    _check(lambda s, v: torch.searchsorted(s, v, side=side, out_int32=out_int32), seq, values,
+           op="aten.searchsorted.Tensor")
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_scatter_reduce_with_self(reduce):
+    x, src = torch.randn(4, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    index = torch.tensor([[0, 1, 0, 3, 3], [1, 1, 2, 3, 0], [0, 2, 2, 2, 1]])  # repeats: several values per element
+    _check(lambda a, i, b: a.scatter_reduce(0, i, b, reduce, include_self=True), x, index, src,
+           op="aten.scatter_reduce.two")
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_of_all_elements(name):
+    x = torch.tensor([[1.0, -3.0], [float("nan"), 2.0]])
+    _check(lambda t: getattr(torch, name)(t), x, op=f"aten.{name}.default")
+    _check(lambda t: getattr(torch, name)(t), x[:1], op=f"aten.{name}.default")
+
+
+@pytest.mark.parametrize("k,dim,keepdim", [(1, -1, False), (3, 0, True), (4, 1, False)], ids=str)
+def test_kthvalue(k, dim, keepdim):
+    x = torch.tensor([[3.0, 1.0, float("nan"), 2.0], [0.5, -1.0, 7.0, 4.0], [2.0, 9.0, -3.0, 1.5]])
+    _check(lambda t: torch.kthvalue(t, k, dim, keepdim), x, op="aten.kthvalue.default")
+
+
+@pytest.mark.parametrize("nan", [False, True])
+def test_median_of_all_elements(nan):
+    x = torch.tensor([[3.0, 1.0, 5.0], [2.0, -1.0, 8.0]])
+    if nan:
+        x[0, 1] = float("nan")
+    _check(lambda t: torch.median(t), x, op="aten.median.default")
+
+
+def test_functional_copy_converts_and_broadcasts_into_the_destination():
+    dst, src = torch.zeros(3, 4, dtype=torch.float64).t(), torch.arange(3, dtype=torch.int32)
+    _check(lambda d, s: torch.ops.aten.copy.default(d, s), dst, src, op="aten.copy.default")
+
+
+@pytest.mark.parametrize("dim,keepdim", [([1], False), ([0, 1], True)], ids=str)
+def test_a_sum_of_bools_is_a_count(dim, keepdim):
+    x = torch.randn(5, 7) > 0
+    _check(lambda t: t.sum(dim, keepdim), x, op="aten.sum.dim_IntList")

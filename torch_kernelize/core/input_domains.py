@@ -1,0 +1,113 @@
+"""What an op requires of its integer inputs beyond their shapes and dtypes, as a table.
+
+An op like ``_embedding_bag`` rejects most inputs of the right shapes: its offsets must rise
+from 0, its ids must name rows of the table. Validation trials, reproducers' task.md and
+check_candidate.py draw uniform integers in [-8, 9) by default, which the reference then
+rejects; the rows below say, per op and input, what the op requires (recorded in a reproducer
+beside the captured values) and remake a drawn input so that it holds (``constrain``): the same
+values for the same generator, so a trial's seed still fixes its inputs.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.targets import resolve_op
+
+# a rule: (arguments by schema name, input metas' shapes) -> {input name: (requirement, remake)}
+# where remake(drawn tensor, generator, arguments' tensors by name) -> a tensor that holds it
+Remake = Callable[[torch.Tensor, torch.Generator, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def _ids_below(rows_of: str, dim: int = 0) -> tuple[str, Remake]:
+    def remake(t: torch.Tensor, g: torch.Generator, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        n = named[rows_of].size(dim)
+        return torch.randint(0, max(n, 1), t.shape, generator=g, device=g.device).to(t.dtype) if n else t
+    return f"ids in [0, {rows_of}.size({dim}))", remake
+
+
+def _offsets(ids: str, include_last: bool) -> tuple[str, Remake]:
+    def remake(t: torch.Tensor, g: torch.Generator, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        n, bags = named[ids].numel(), t.numel()
+        cuts = torch.randint(0, n + 1, (max(bags - 1, 0),), generator=g, device=g.device).sort().values
+        out = torch.cat([torch.zeros(1, dtype=cuts.dtype, device=cuts.device), cuts])[:bags]
+        if include_last and bags:
+            out[-1] = n
+        return out.to(t.dtype)
+    last = f", the last == {ids}.numel()" if include_last else f", at most {ids}.numel()"
+    return f"non-decreasing from 0{last}", remake
+
+
+def _sorted_last_dim() -> tuple[str, Remake]:
+    return "sorted along its last dim", lambda t, g, named: t.sort(-1).values
+
+
+def _lengths_summing_to(data: str) -> tuple[str, Remake]:
+    def remake(t: torch.Tensor, g: torch.Generator, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        total, parts = named[data].size(0), t.numel()
+        cuts = torch.randint(0, total + 1, (max(parts - 1, 0),), generator=g, device=g.device).sort().values
+        edges = torch.cat([torch.zeros(1, dtype=cuts.dtype, device=cuts.device), cuts,
+                           torch.full((1,), total, dtype=cuts.dtype, device=cuts.device)])
+        return edges.diff()[:parts].to(t.dtype).reshape(t.shape) if parts else t
+    return f"non-negative, summing to {data}.size(0)", remake
+
+
+def _embedding_bag(args: dict[str, Any]) -> dict[str, tuple[str, Remake]]:
+    return {"indices": _ids_below("weight"), "offsets": _offsets("indices", bool(args.get("include_last_offset")))}
+
+
+def _searchsorted(args: dict[str, Any]) -> dict[str, tuple[str, Remake]]:
+    return {} if isinstance(args.get("sorter"), dict) else {"sorted_sequence": _sorted_last_dim()}
+
+
+RULES: dict[str, Callable[[dict[str, Any]], dict[str, tuple[str, Remake]]]] = {
+    "aten._embedding_bag.default": _embedding_bag,
+    "aten._embedding_bag_forward_only.default": _embedding_bag,
+    "aten.embedding_bag.padding_idx": _embedding_bag,
+    "aten.embedding.default": lambda args: {"indices": _ids_below("weight")},
+    "aten.searchsorted.Tensor": _searchsorted,
+    "aten.bucketize.Tensor": lambda args: {"boundaries": _sorted_last_dim()},
+    "aten.segment_reduce.default": lambda args: ({"lengths": _lengths_summing_to("data")}
+                                                 if args.get("axis", 0) == 0 else {}),
+}
+
+
+def _bound(spec: KernelSpec) -> dict[str, Any]:
+    """The spec's arguments by schema name (tensors stay {"tensor": i})."""
+    schema = resolve_op(spec.op)._schema
+    positional = [a.name for a in schema.arguments if not a.kwarg_only]
+    return {**dict(zip(positional, spec.args)), **spec.kwargs}
+
+
+def _tensor_names(args: dict[str, Any]) -> dict[str, int]:
+    return {k: int(v["tensor"]) for k, v in args.items() if isinstance(v, dict) and set(v) == {"tensor"}}
+
+
+def requirements(spec: KernelSpec) -> dict[int, str]:
+    """Per input index, what the op requires of its values ({} for an op without a rule)."""
+    rule = RULES.get(spec.op)
+    if rule is None or spec.graph is not None:
+        return {}
+    args = _bound(spec)
+    names = _tensor_names(args)
+    return {names[k]: f"{k}: {text}" for k, (text, _) in rule(args).items() if k in names}
+
+
+def constrain(spec: KernelSpec, tensors: Sequence[torch.Tensor], g: torch.Generator) -> list[torch.Tensor]:
+    """``tensors`` (a trial's drawn inputs) with each input the op constrains remade to hold its
+    requirement (seeded by ``g``); the rest as drawn. Strides are kept."""
+    rule = RULES.get(spec.op)
+    if rule is None or spec.graph is not None:
+        return list(tensors)
+    args = _bound(spec)
+    names = _tensor_names(args)
+    out = list(tensors)
+    for name, (_, remake) in rule(args).items():  # in the rule's order: ids before their offsets
+        if name in names:
+            i = names[name]
+            valid = remake(out[i], g, {k: out[j] for k, j in names.items()})
+            out[i] = torch.empty_strided(out[i].shape, out[i].stride(), dtype=out[i].dtype,
+                                         device=out[i].device).copy_(valid)
+    return out
