@@ -13,7 +13,7 @@ import pytest
 from torch_kernelize.core.targets import get_target
 from torch_kernelize.fill_cache import cli, measure, measure_worker
 from torch_kernelize.fill_cache.collect import specs_from_model
-from torch_kernelize.fill_cache.measure import Evaluation, Measurer
+from torch_kernelize.fill_cache.measure import Evaluation
 
 MODEL = "torch_kernelize.model_zoo:make_wide"   # one spec
 SMALL = "torch_kernelize.model_zoo:make_small"  # a fused region, its nodes, and histc
@@ -27,6 +27,13 @@ class InProcessWorker:
         self.holds: set[str] = set()
         self.restarts = 0
         measure_worker._HELD.clear()
+
+    @classmethod
+    def for_target(cls, target, time_limit_s: float) -> "InProcessWorker":
+        return cls()
+
+    def start(self) -> None:
+        pass
 
     def call(self, fn, *args):
         return fn(*args)
@@ -77,13 +84,13 @@ def test_resume_rebuilds_a_journaled_winner_whose_build_folder_is_gone(tmp_path,
 
 
 def test_a_spec_whose_search_raises_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
-    evaluate = Measurer.evaluate
+    evaluate = measure_worker.IsolatedMeasurer.evaluate  # (fill_cache measures in its worker)
 
     def histc_breaks(self, config):
         if self.spec.op == "aten.histc.default":
             raise ValueError("a bug in one family")
         return evaluate(self, config)
-    monkeypatch.setattr(Measurer, "evaluate", histc_breaks)
+    monkeypatch.setattr(measure_worker.IsolatedMeasurer, "evaluate", histc_breaks)
     args = ["--quiet", "--model", SMALL, "--target", "interpreter", "--cache-dir", str(tmp_path / "cache"),
             "--budget", "1", "--summary", str(tmp_path / "summary.json")]
     assert cli.main(args) == 0   # finished: the cache serves the model, histc on the vendor op
@@ -97,7 +104,7 @@ def test_a_spec_whose_search_raises_is_recorded_and_the_run_goes_on(tmp_path, mo
 
 
 def test_no_correct_candidate_exits_0_and_1_under_strict(tmp_path, monkeypatch):
-    monkeypatch.setattr(Measurer, "evaluate", lambda self, config: Evaluation(
+    monkeypatch.setattr(measure_worker.IsolatedMeasurer, "evaluate", lambda self, config: Evaluation(
         config.to_json(), False, 0.0, error="trial 1 (random, seed 0): 3 element(s) out of tolerance"))
     args = ["--quiet", "--model", MODEL, "--target", "interpreter", "--cache-dir", str(tmp_path / "cache"),
             "--budget", "1"]

@@ -78,11 +78,12 @@ def fill(tmp_path, spec, times=None, monkeypatch=None):
         monkeypatch.setattr(measure, "paired_ms", lambda a, b, rounds: (a(), b()) and (times[1], times[0]))
     cache = KernelCache.for_target(tmp_path / "cache", TARGET)
     run = FillRun(TARGET, cache, budget=1, resume=False, force=True, min_speedup=1.03,
-                  generators=generators.chosen_generators("inductor", TARGET))
+                  generators=generators.chosen_generators("inductor", TARGET),
+                  isolate=times is None)  # injected timings are patched in this process
     try:
         row = run.process(Work(spec, "test"))
     finally:
-        run.builder.close()
+        run.close()
     entry = next((tmp_path / "cache").glob(f"*/entries/{spec.key}/entry.json"))
     return row, json.loads(entry.read_text())
 

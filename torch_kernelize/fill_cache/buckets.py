@@ -25,6 +25,7 @@ import torch
 
 from torch_kernelize.compiling.bucket_lookup import bucket_runner, bucket_sizes, region_bucket_sizes
 from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, bucket_key, spec_at, unbucketable, values_of
+from torch_kernelize.core.errors import machine_error
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, load_model, running_model
 from torch_kernelize.fill_cache.journal import Journal
@@ -325,6 +326,8 @@ def fill_buckets(run: Any, works: Sequence[BucketWork]) -> list[dict[str, Any]]:
             except (DeviceFault, UsageError):  # the CUDA context is gone; the arguments must change
                 raise
             except Exception as e:  # one bucket's failure never ends the run: its sizes stay on the vendor
+                if machine_error(e):  # a full disk, a permission: the machine's, exit 4 (not the bucket's)
+                    raise
                 log.warning("bucket of %s: failed (%s: %s)", w.spec.describe()[:90], type(e).__name__, str(e)[:300])
                 rows.append(dict(bucket_row(w), status="failed", winner=f"{type(e).__name__}: {e}"[:300]))
             log.info("bucket %s: %s", rows[-1]["spec"][:100], rows[-1]["status"])

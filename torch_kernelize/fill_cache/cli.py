@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torch_kernelize.core.errors import InputRejected, KernelizeError
+from torch_kernelize.core.errors import InputRejected, KernelizeError, machine_error
 from torch_kernelize.core.program import remove_unaligned
 from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.buckets import fill_buckets, works_from_args
@@ -353,6 +353,8 @@ class FillRun:
         except (DeviceFault, UsageError):  # the CUDA context is gone; the arguments must change (exit 2)
             raise
         except Exception as e:  # one spec's failure never ends the run: its ops stay on the vendor
+            if machine_error(e):  # a full disk, a permission: the machine's, exit 4 (not the spec's)
+                raise
             log.warning("%s: failed (%s: %s); its ops run on the vendor", work.spec.describe()[:90],
                         type(e).__name__, str(e)[:300])
             details.error("%s: failed", work.spec.describe(), exc_info=True)  # (the run log only)
