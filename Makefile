@@ -25,7 +25,7 @@ demo-external: venv
 	$(PY) -m torch_kernelize.demo_external
 
 test: venv
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info kernelize_repros
