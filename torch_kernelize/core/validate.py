@@ -68,7 +68,6 @@ def _paired_blocks(out: torch.Tensor, ref: torch.Tensor) -> Iterator[tuple[torch
     where either is complex (a cast to float64 would drop the imaginary parts)."""
     wide = torch.complex128 if out.is_complex() or ref.is_complex() else torch.float64
     limit = _chunk_elements(out.numel())
-    wide = torch.complex128 if out.is_complex() or ref.is_complex() else torch.float64  # (never drop an imaginary part)
     for o, r in zip(_blocks(out.detach(), limit), _blocks(ref.detach(), limit)):
         yield o.to(wide), r.to(out.device, wide)
 
