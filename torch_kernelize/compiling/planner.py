@@ -177,7 +177,10 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
         # a whole graph: no family is asked (that would import every generator module in a warm
         # process whose whole graph has no entry); without an entry it is no miss (fill_cache
         # collects whole graphs from LoweredGraph.whole, and a reproducer of one would copy every weight)
-        own = (entry.family or None if entry is not None else None) if region.kind == WHOLE else family_name(spec, entry)
+        if region.kind == WHOLE:
+            own = entry.family if entry is not None else None
+        else:
+            own = family_name(spec, entry)
         family = own or offline_generator(region.kind, target)
         what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
         d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
