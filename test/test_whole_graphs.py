@@ -54,8 +54,9 @@ def whole(tmp_path_factory):
     (folder / "block.py").write_text(MODEL)
     ref = f"{folder / 'block.py'}:make"
     works = specs_from_model(ref, TARGET, folder / "cache", supported=lambda spec: True)
-    assert is_whole_graph(works[-1].spec) and not any(is_whole_graph(w.spec) for w in works[:-1])
-    spec = works[-1].spec
+    # first: a fill stopped early still serves Inductor's whole program (collect.py)
+    assert is_whole_graph(works[0].spec) and not any(is_whole_graph(w.spec) for w in works[1:])
+    spec = works[0].spec
     return ref, spec, GENERATOR_INSTANCE.generate(spec, Config.of(mode="default"))
 
 
@@ -145,7 +146,7 @@ class Tampered(KernelFamily):
 def test_a_tampered_graph_program_is_rejected_and_a_chip_without_its_gemm_refuses_it(whole, tmp_path):
     _, spec, program = whole
     ev = evaluate(spec, Tampered(program), Config.of(variant="no-bias"))
-    assert not ev.correct and "out of tolerance" in ev.error, ev.error
+    assert not ev.correct and "RMSE against float64" in ev.error, ev.error  # (graph_accuracy.py)
     chip = tmp_path / "gemmless.toml"
     chip.write_text('name = "gemmless"\ndevice = "cpu"\ntriton = "interpreter"\n[ops]\n'
                     'unsupported = ["aten.addmm", "aten.mm"]\n')
@@ -164,6 +165,52 @@ def test_the_faster_whole_candidate_wins_and_the_entry_says_who_competed(whole, 
     row, record = fill(tmp_path / "b", spec, (1.0, 2.0), monkeypatch)
     assert row["status"] == "stored" and record["graph"]["winner"] == "inductor default", row
     assert record["provenance"]["generator"] == "inductor"
+
+
+def test_a_program_that_won_first_is_timed_again_after_the_rest_and_gives_way_to_a_faster_assembly(
+        whole, tmp_path, monkeypatch):
+    from torch_kernelize.fill_cache.collect import Work
+    _, spec, _ = whole
+    row, record = fill(tmp_path, spec, (1.0, 2.0), monkeypatch)  # searched first: Inductor 1 ms, assembly 2
+    assert row["status"] == "stored"
+    cache = KernelCache.for_target(tmp_path / "cache", TARGET)
+    run = FillRun(TARGET, cache, budget=1, resume=False, force=False, min_speedup=1.03,
+                  generators=generators.chosen_generators("inductor", TARGET), isolate=False)
+    try:
+        run.rows = [dict(row, key=spec.key)]
+        run.rejudge_wholes([Work(spec, "test")])  # nothing else was stored: nothing is timed again
+        assert cache.lookup(spec.key)[1].winner == "triton"
+        run.rows.append({"key": "a node", "status": "stored"})  # the rest of the run stored a kernel
+        monkeypatch.setattr(measure, "paired_ms", lambda a, b, rounds: (a(), b()) and (1.0, 3.0))
+        run.rejudge_wholes([Work(spec, "test")])  # now the assembly takes 1 ms, the program 3
+    finally:
+        run.close()
+    entry = cache.lookup(spec.key)[1]
+    assert entry.winner == "vendor" and entry.note.startswith("own assembly wins")
+    assert entry.record["graph"]["winner"] == "assembly"
+    assert {c["name"]: c["ms"] for c in entry.record["graph"]["candidates"]} == {"inductor default": 3.0,
+                                                                                 "assembly": 1.0}
+    assert run.rows[0]["status"] == "own assembly wins" and run.rows[0]["graph"].endswith("-> assembly")
+
+
+def test_budget_one_asks_inductor_for_its_default_mode_alone(monkeypatch):
+    from torch_kernelize.core.spec import KernelSpec, TensorMeta
+    from torch_kernelize.fill_cache import inductor
+    monkeypatch.setattr(inductor, "_on_gpu", lambda spec: True)  # (max-autotune is a GPU seed)
+    from torch_kernelize.fill_cache.generators import Competition
+    from torch_kernelize.lowering.kernels import family_for
+    a, b = TensorMeta((64, 64), (64, 1), "float16", "cuda"), TensorMeta((64, 64), (64, 1), "float16", "cuda")
+    spec = KernelSpec("aten.mm.default", [{"tensor": 0}, {"tensor": 1}], {}, (a, b),
+                      (TensorMeta((64, 64), (64, 1), "float16", "cuda"),))
+    modes = lambda budget: [c.get("mode") for c in Competition.of(  # noqa: E731
+        spec, family_for(spec), [GENERATOR_INSTANCE], budget).seed_configs(spec) if c.get("mode")]
+    assert modes(1) == ["default"] and modes(4) == ["default", "max-autotune"]
+
+
+def test_a_tuple_op_with_a_piece_that_is_no_tensor_still_has_a_region_meta():
+    from torch_kernelize.compiling.regions import _node_meta
+    metas = _node_meta((torch.empty(2, 3), 512, None), {})  # cuDNN attention returns max_q as an int
+    assert metas[0]["shape"] == [2, 3] and metas[1:] == [None, None]
 
 
 def test_a_warm_process_serves_the_graph_winner_whole_and_compiles_nothing(whole, tmp_path, monkeypatch):
@@ -247,7 +294,8 @@ def test_a_whole_graphs_token_ids_are_drawn_in_range_of_the_embedding_they_index
     assert index_bounds(spec) == {0: 5}
     for kind in ("random", "zeros", "large", "negative", "special"):
         ids, mask, _ = WHOLE_GRAPH_DOMAIN.sample_inputs(spec, 0, kind)
-        assert 0 <= ids.min() and ids.max() < 5 and set(mask.unique().tolist()) <= {0, 1}
+        # an integer input that indexes nothing directly is zeros: in range wherever it ends up
+        assert 0 <= ids.min() and ids.max() < 5 and mask.eq(0).all()
         spec.run_vendor([ids, mask, torch.randn(5, 8)])  # in range: the graph runs
 
 

@@ -437,7 +437,10 @@ def _node_meta(val: Any, bindings: dict) -> Any:
     """A node's meta in the canonical graph: TensorMeta JSON, or a list of them (None for a
     missing piece) for a tuple-valued op; None if a size is data-dependent."""
     if isinstance(val, (tuple, list)):
-        metas = [_node_meta(v, bindings) if v is not None else None for v in val]
-        return None if any(m is None for m, v in zip(metas, val) if v is not None) else metas
+        # a piece that is no tensor (cuDNN attention's max_q, a SymInt) is a missing piece too:
+        # the op still runs whole, and a getitem of it would be a node without a meta (no region)
+        tensors = [isinstance(v, (torch.Tensor, tuple, list)) for v in val]
+        metas = [_node_meta(v, bindings) if t else None for v, t in zip(val, tensors)]
+        return None if any(m is None for m, t in zip(metas, tensors) if t) else metas
     meta = concrete_meta(val, bindings) if isinstance(val, torch.Tensor) else None
     return meta.to_json() if meta is not None else None

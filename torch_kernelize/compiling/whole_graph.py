@@ -29,15 +29,10 @@ from torch.utils import _pytree as pytree
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
 from torch_kernelize.compiling.regions import Region, is_tensor_node
 from torch_kernelize.core.encoding import encode_arg
+from torch_kernelize.core.graph_accuracy import WHOLE
+from torch_kernelize.core.graph_accuracy import is_whole as is_whole_graph  # noqa: F401 (its name here)
 
-WHOLE = "whole"   # the region kind
 MIN_COMPUTE_NODES = 2
-
-
-def is_whole_graph(spec: Any) -> bool:
-    """Whether ``spec`` is a whole graph's (a region of kind "whole")."""
-    graph = getattr(spec, "graph", None)
-    return graph is not None and f'"kind":"{WHOLE}"' in graph and json.loads(graph).get("kind") == WHOLE
 
 
 def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:

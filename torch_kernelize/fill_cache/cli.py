@@ -36,7 +36,7 @@ from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.external import with_candidates
 from torch_kernelize.compiling.whole_graph import describe_evidence, is_whole_graph
-from torch_kernelize.fill_cache.graph_candidates import graph_evidence
+from torch_kernelize.fill_cache.graph_candidates import graph_evidence, rejudged_evidence
 from torch_kernelize.fill_cache.generators import Competition, check_resumable, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import Measurer, device_fault, phase_totals
@@ -158,7 +158,7 @@ class FillRun:
         search space (generators.Competition); None when nothing generates it. Kept per spec:
         generators keep what they recorded (candidate files, Inductor's captures)."""
         if spec.key not in self._spaces:
-            self._spaces[spec.key] = Competition.of(spec, self.family_for(spec), self.generators)
+            self._spaces[spec.key] = Competition.of(spec, self.family_for(spec), self.generators, self.budget)
         return self._spaces[spec.key]
 
     def provenance(self, family: str, result: SearchResult) -> dict[str, Any]:
@@ -404,6 +404,7 @@ class FillRun:
         bar = tqdm(total=len(work), desc="fill_cache", unit="spec", disable=quiet, file=sys.stderr)
         with logging_redirect_tqdm():  # log lines print above the bar, not through it
             self._loop(work, bar, prebuild, deferred)
+            self.rejudge_wholes(work)
         bar.close()
         if self.log is not None:
             self.log.spec(None)  # (what follows concerns no one spec of these)
@@ -433,6 +434,45 @@ class FillRun:
                     row["status"] = "cached (by another process)"
                 self.rows.append(row)
             bar.update(1)
+
+
+    def rejudge_wholes(self, work: list[Work]) -> None:
+        """Whole graphs are searched first (collect.py); where this run then stored kernels for
+        the rest, a graph whose entry runs a program is timed again, alternately, against its own
+        assembly as the cache gives it now, and becomes "own assembly wins" where that is faster
+        (store_policy.verdict)."""
+        if not any(r["status"] == "stored" and "graph" not in r for r in self.rows):
+            return
+        self._store_pending(wait=True)
+        for w in work:
+            if is_whole_graph(w.spec) and self.cache.lookup(w.spec.key)[0] == "hit":
+                self._rejudge(w.spec)
+
+    def _rejudge(self, spec: KernelSpec) -> None:
+        entry = self.cache.lookup(spec.key)[1]
+        measurer = self._measurer(spec, self.space(spec), [])
+        try:
+            confirmed = measurer.confirm(Config.from_json(entry.config))
+        finally:
+            measurer.close()
+            self.builder.discard(spec)
+        if confirmed is None:
+            return
+        assembly_ms, program_ms = confirmed
+        best = {"measured": True, "fitness": assembly_ms / program_ms if program_ms > 0 else 0.0}
+        winner, note = verdict(best, self.target, spec, self.min_speedup)
+        log.info("%s: timed again after the rest of the run: program %.3f ms, own assembly %.3f ms -> %s",
+                 spec.describe()[:90], program_ms, assembly_ms, "own assembly" if winner == "vendor" else "program")
+        if winner != "vendor":
+            return
+        graph = rejudged_evidence(entry.record["graph"], assembly_ms, program_ms)
+        timings = dict(entry.timings, vendor_ms=assembly_ms, candidate_ms=program_ms, speedup=best["fitness"])
+        self.cache.put(dict(entry.record, winner="vendor", note=note, timings=timings, graph=graph), None,
+                       replace=True)
+        for row in self.rows:
+            if row["key"] == spec.key:
+                row.update(status="own assembly wins", speedup=best["fitness"], graph=describe_evidence(graph),
+                           graph_candidates=graph, winner=f"own assembly (after the rest: {note})")
 
 
 def _rechecked(spec: KernelSpec, result: SearchResult, evaluate: Any) -> dict[str, Any] | None:

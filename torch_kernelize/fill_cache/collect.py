@@ -217,7 +217,7 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
         torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
     nodes: dict[str, Work] = {}
-    wholes: dict[str, Work] = {}  # whole graphs: searched last, against the assembly the rest gives
+    wholes: dict[str, Work] = {}  # whole graphs: searched first (see the end)
     for g in graphs:
         whole = getattr(g, "whole", None)
         if whole is not None and whole.spec is not None and supported(whole.spec):
@@ -235,10 +235,12 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     work = list(regions.values()) + list(nodes.values())
     for w in work:
         w.covered_by = sorted({p.rsplit("/", 1)[1] for place in w.places for p in place})
-    # Whole graphs last, covering nothing: their baseline is the graph as the entries stored
-    # before them assemble it (graph_candidates.py), and a node keeps its own search even where
-    # Inductor's program wins the graph (the assembly is what runs if that program is disabled)
-    return work + list(wholes.values())
+    # Whole graphs first, covering nothing: a fill stopped early (a time limit, Ctrl-C) still
+    # serves Inductor's whole program where it beats the graph as the cache assembled it then;
+    # FillRun times the graph again at the end against the assembly the rest of the run gave
+    # (FillRun.rejudge_wholes). A node keeps its own search even where Inductor's program wins
+    # the graph: the assembly is what runs if that program is disabled.
+    return list(wholes.values()) + work
 
 
 def _collect_specialization(prefix: str, specialization: Any, graph_regions: list[Any], source: str,

@@ -138,21 +138,25 @@ class Competition(KernelFamily):
     """The candidates of every generator for one spec, as one search space."""
 
     def __init__(self, primary: KernelFamily | None, others: Sequence[KernelFamily],
-                 judge: KernelFamily | None = None):
-        """``judge``: the input domain and tie rule where no family generates the spec (default: any op's)."""
+                 judge: KernelFamily | None = None, budget: int | None = None):
+        """``judge``: the input domain and tie rule where no family generates the spec (default:
+        any op's). ``budget``: the run's; each other generator seeds only the candidates its
+        ``evaluations`` grants at it (Inductor: its default mode alone at budget 1)."""
         self.primary = primary
+        self.budget = budget
         self.others = {g.name: g for g in others}
         self.judge = primary if primary is not None else (judge or ANY_OP)  # what a correct kernel is
         self.edge_kinds = self.judge.edge_kinds
         self.name = "+".join(([primary.name] if primary is not None else []) + list(self.others))
 
     @classmethod
-    def of(cls, spec: KernelSpec, primary: KernelFamily | None, others: Sequence[KernelFamily]) -> KernelFamily | None:
+    def of(cls, spec: KernelSpec, primary: KernelFamily | None, others: Sequence[KernelFamily],
+           budget: int | None = None) -> KernelFamily | None:
         """The spec's search space: ``primary`` alone where no other generator supports the spec."""
         supporting = [g for g in others if g is not primary and g.supports(spec) is None]
         if not supporting:
             return primary
-        return cls(primary, supporting, default_domain(spec))
+        return cls(primary, supporting, default_domain(spec), budget)
 
     def generator_of(self, config: Config) -> tuple[KernelFamily, Config]:
         """The generator that made ``config`` and the config as that generator knows it."""
@@ -176,8 +180,12 @@ class Competition(KernelFamily):
 
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
         # Others first: their few configs are within the budget they add (evaluations)
-        out = [c for n, g in self.others.items() for c in self.tagged(n, g.seed_configs(spec))]
+        out = [c for n, g in self.others.items() for c in self.tagged(n, self._seeds(g, spec))]
         return out + (self.primary.seed_configs(spec) if self.primary is not None else [])
+
+    def _seeds(self, gen: KernelFamily, spec: KernelSpec) -> list[Config]:
+        seeds = gen.seed_configs(spec)
+        return seeds if self.budget is None else seeds[:gen.evaluations(spec, self.budget)]
 
     def evaluations(self, spec: KernelSpec, budget: int) -> int:
         own = self.primary.evaluations(spec, budget) if self.primary is not None else 0

@@ -1,0 +1,62 @@
+"""A whole graph is judged as a compiled model is: against float64, relative to the vendor's own
+error in the graph's precision (core/graph_accuracy.py), in validate() too."""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torch_kernelize.compiling.regions import region_spec
+from torch_kernelize.compiling.whole_graph import whole_graph_region
+from torch_kernelize.core.graph_accuracy import is_whole, judge, judge_output
+from torch_kernelize.core.validate import BY_VENDOR_ERROR, validate
+from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
+
+
+def test_an_output_within_three_times_the_vendors_float16_error_passes_and_five_times_fails():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(4096, generator=g, dtype=torch.float64)
+    noise = torch.randn(4096, generator=g, dtype=torch.float64) * 1e-2
+    vendor = (ref + noise).half()
+    assert judge_output((ref + 2 * noise).half(), ref, vendor) is None
+    why = judge_output((ref + 5 * noise).half(), ref, vendor)
+    assert why is not None and "above 3 x the vendor's" in why
+    assert judge_output((ref + 2.5 * noise).float(), ref, (ref + noise).float()) is not None  # 2x in float32
+
+
+def test_nan_where_the_vendor_has_none_and_a_wrong_integer_fail():
+    ref = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    vendor = ref.half()
+    assert "non-finite" in judge_output(torch.tensor([1.0, float("nan"), 3.0]).half(), ref, vendor)
+    ids = torch.tensor([3, 1, 2])
+    assert judge_output(ids, ids, ids) is None
+    assert "1 element(s) differ" in judge_output(torch.tensor([3, 0, 2]), ids, ids)
+    assert "output 1" in judge([ref.half(), torch.tensor([0])], [ref, ids[:1]], [vendor, ids[:1]])
+
+
+def _whole_spec():
+    def deep(x, w):
+        for _ in range(12):
+            x = torch.tanh(x @ w) * 1.5
+        return x
+
+    args = (torch.randn(64, 64, dtype=torch.float16), torch.randn(64, 64, dtype=torch.float16) / 8)
+    return region_spec(whole_graph_region(make_fx(deep, tracing_mode="fake")(*args))[0], {})
+
+
+def _off_by(k: float, spec):
+    """A 'candidate' whose outputs are the vendor's moved ``k`` times its own error further from float64."""
+    def run(inputs):
+        vendor = spec.run_vendor(inputs)
+        ref = spec.run_vendor([t.double() for t in inputs])
+        return [(v.double() + (k - 1) * (v.double() - r)).to(v.dtype) for v, r in zip(vendor, ref)]
+    return run
+
+
+def test_validate_judges_a_whole_graph_by_the_vendors_error():
+    spec = _whole_spec()
+    assert is_whole(spec) and spec.outputs[0].dtype == "float16"
+    record = validate(_off_by(2.0, spec), spec, WHOLE_GRAPH_DOMAIN.sample_inputs)
+    assert record.ok, record.reason
+    assert record.decided_by.startswith(BY_VENDOR_ERROR)  # one float16 op's bar alone fails it
+    record = validate(_off_by(6.0, spec), spec, WHOLE_GRAPH_DOMAIN.sample_inputs)
+    assert not record.ok and "RMSE against float64" in record.reason

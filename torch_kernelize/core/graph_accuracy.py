@@ -1,0 +1,69 @@
+"""A whole graph's outputs judged as a compiled model's are: against the float64 reference,
+relative to the error its own ops make in the graph's precision.
+
+A graph of hundreds of ops in float16 (a transformer, a ResNet) is as far from float64 as its
+rounding takes it: eager PyTorch itself misses a single op's bar there, on every element that
+many layers amplify. A candidate program for the graph (Inductor's, our assembly) is right when
+it is no further from float64 than the vendor's execution of the same graph (eager ATen ops in
+the graph's dtypes) is, within a factor: the rule torch._dynamo's accuracy check applies to a
+compiled model (``torch._dynamo.utils.same`` with ``fp64_ref``): per output,
+``RMSE(out, ref64) <= multiplier * RMSE(vendor, ref64) + atol / 10``, with multiplier 3 for 16-bit
+floats and 2 otherwise. Non-finite values must sit where the vendor's are; integer and boolean
+outputs must equal the reference (they are not rounded on the way).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import torch
+
+from torch_kernelize.core.tolerances import tolerance
+
+WHOLE = "whole"   # the region kind of a whole graph (compiling/whole_graph.py)
+
+
+def is_whole(spec: Any) -> bool:
+    """Whether ``spec`` is a whole graph's region (read from its canonical graph)."""
+    graph = getattr(spec, "graph", None)
+    return bool(graph) and f'"kind":"{WHOLE}"' in graph and json.loads(graph).get("kind") == WHOLE
+
+
+def multiplier(dtype: torch.dtype) -> float:
+    return 3.0 if dtype in (torch.float16, torch.bfloat16) else 2.0
+
+
+def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    d = (a.double() - b.double())[b.isfinite()]
+    return float(d.square().mean().sqrt()) if d.numel() else 0.0
+
+
+def judge_output(out: torch.Tensor, ref: torch.Tensor, vendor: torch.Tensor) -> str | None:
+    """None if ``out`` passes the rule above for one output; else why not."""
+    if out.shape != ref.shape:
+        return f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    if not out.dtype.is_floating_point and not out.dtype.is_complex:
+        wrong = int((out.to(ref.dtype) != ref).sum())
+        return f"{wrong} element(s) differ from the reference" if wrong else None
+    o, v, r = (torch.view_as_real(t) if t.is_complex() else t for t in (out, vendor, ref))
+    o, v, r = o.double(), v.double(), r.double()
+    if not torch.equal(o.isfinite(), v.isfinite()) or not torch.equal(o.isnan(), v.isnan()):
+        return "its non-finite values are not where the vendor's are"
+    atol = tolerance(out.dtype)[0]
+    mine, theirs = _rmse(o, r), _rmse(v, r)
+    bar = multiplier(out.dtype) * theirs + atol / 10
+    if mine > bar:
+        return (f"RMSE against float64 {mine:.3g}, above {multiplier(out.dtype):g} x the vendor's {theirs:.3g} "
+                f"+ {atol / 10:g}")
+    return None
+
+
+def judge(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], vendor: Sequence[torch.Tensor]) -> str | None:
+    """None if every output passes; else which one fails and why."""
+    if not (len(outs) == len(refs) == len(vendor)):
+        return f"{len(outs)} outputs, the reference has {len(refs)}, the vendor {len(vendor)}"
+    for i, (o, r, v) in enumerate(zip(outs, refs, vendor)):
+        why = judge_output(o, r, v)
+        if why is not None:
+            return f"output {i}: {why}"
+    return None
