@@ -213,6 +213,33 @@ def test_a_tuple_op_with_a_piece_that_is_no_tensor_still_has_a_region_meta():
     assert metas[0]["shape"] == [2, 3] and metas[1:] == [None, None]
 
 
+def test_a_written_out_references_result_takes_the_layout_the_op_gave():
+    from torch_kernelize.core.region_graph import laid_out_as_traced
+    out = torch.randn(2, 3, 4, 5, dtype=torch.float64)  # [b, h, s, d] as the reference writes it
+    traced = {"shape": [2, 3, 4, 5], "stride": [60, 5, 15, 1]}  # CUDA's attention: [b, s, h, d] in memory
+    laid, lse, max_q = laid_out_as_traced((out, out[..., 0], 4), [traced, None, None])
+    assert laid.stride() == (60, 5, 15, 1) and torch.equal(laid, out) and lse is not None and max_q == 4
+    laid.transpose(1, 2).view(2, 4, 15)  # what the graph does next: only that layout allows it
+
+
+def test_a_discarded_candidate_is_built_again_not_read_from_its_removed_folder(tmp_path):
+    from torch_kernelize.fill_cache.builder import Builder
+    from torch_kernelize.lowering.kernels import family_for
+    from torch_kernelize.core.spec import KernelSpec, TensorMeta
+    m = TensorMeta((8,), (1,), "float32", "cpu")
+    spec = KernelSpec("aten.relu.default", [{"tensor": 0}], {}, (m,), (m,))
+    family = family_for(spec)
+    builder = Builder(TARGET)
+    try:
+        config = family.seed_configs(spec)[0]
+        first = builder.build(spec, family, config)
+        builder.discard(spec)
+        assert not first.exists()
+        assert (builder.build(spec, family, config) / "program.json").exists()
+    finally:
+        builder.close()
+
+
 def test_a_warm_process_serves_the_graph_winner_whole_and_compiles_nothing(whole, tmp_path, monkeypatch):
     ref, spec, _ = whole
     row, _ = fill(tmp_path, spec)  # unmeasured (interpreter): the validated program is stored

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 import operator
+import types
 from typing import Any, Sequence
 
 import torch
@@ -57,6 +58,18 @@ def _in_layout(t: Any, meta: Any) -> Any:
     return torch.empty_strided(t.shape, meta.stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
+def laid_out_as_traced(value: Any, meta: Any) -> Any:
+    """A written-out reference's result with the strides the traced op gave (``meta``: a node's
+    TensorMeta JSON, or a list of them per piece): CUDA's attention returns its output in the
+    query's memory order, and a graph views it as only that layout allows."""
+    if isinstance(value, (tuple, list)) and isinstance(meta, list):
+        return type(value)(laid_out_as_traced(v, m) for v, m in zip(value, meta)) if len(value) == len(meta) \
+            else value
+    if isinstance(value, torch.Tensor) and isinstance(meta, dict):
+        return _in_layout(value, types.SimpleNamespace(shape=meta["shape"], stride=meta["stride"]))
+    return value
+
+
 def _float64(v: Any) -> Any:
     """The reference's value of a node: a floating tensor in float64 (after the rounding that the
     node's own dtype, e.g. an explicit cast to fp16, makes)."""
@@ -81,7 +94,10 @@ def run_region_graph(spec: Any, tensors: Sequence[torch.Tensor], reference: bool
         args, kwargs = _replayable(target, [_decoded(a, tensors, values, device) for a in n["args"]],
                                    {k: _decoded(v, tensors, values, device) for k, v in n["kwargs"].items()})
         # (CUDA's fused attention runs no float64: its reference is the attention written out)
-        value = ((reference and float64_reference(target, args)) or target)(*args, **kwargs)
+        written_out = reference and float64_reference(target, args)
+        value = written_out(*args, **kwargs) if written_out else target(*args, **kwargs)
+        if written_out:  # in the layout the op itself gives: the nodes after it may view it so
+            value = laid_out_as_traced(value, n["meta"])
         values.append(_float64(value) if reference else value)
         del args, kwargs, value
         for i in _node_refs([n["args"], list(n["kwargs"].values())]):

@@ -227,6 +227,12 @@ class Builder:
         return _done(None)  # the interpreter runs the source: nothing to compile
 
     def discard(self, spec: KernelSpec) -> None:
+        """Remove the spec's built candidates and forget them: a later build of one builds it
+        again (a finished build would otherwise name the folder removed here)."""
+        for k in [k for k in self._futures if k[0] == spec.key]:
+            self._futures.pop(k).cancel()
+            self._jobs.pop(k, None)
+            self._pools.pop(k, None)
         shutil.rmtree(self.root / spec.key, ignore_errors=True)
 
     def close(self) -> None:

@@ -57,7 +57,11 @@ MODES: dict[str, dict[str, Any]] = {
 }
 # From scratch, in this process: kernels loaded from Inductor's caches or compiled in its
 # subprocesses come back without their Python function, which the program's source is
-COMMON_OPTIONS = {"triton.cudagraphs": False, "force_disable_caches": True, "compile_threads": 1}
+# comprehensive_padding off: a program's outputs have the traced strides (the layout contract of
+# every tier); Inductor's padded strides (BERT's 30522-wide logits at a row stride of 30528) would
+# not be the spec's output
+COMMON_OPTIONS = {"triton.cudagraphs": False, "force_disable_caches": True, "compile_threads": 1,
+                  "comprehensive_padding": False}
 # Without a GPU: Triton code for CPU tensors
 CPU_CAPTURE_OPTIONS = {"cpu_backend": "triton"}
 
