@@ -298,6 +298,21 @@ def test_a_vendor_steps_result_becomes_a_buffer_the_runner_does_not_allocate():
     outs, temps = runner.allocate(torch.device("cpu"))
     assert temps == [None] and outs[0] is not None
     torch.testing.assert_close(runner(x, w, b), want)
+    # the CUDA path: a launch after the step reads the step's result from the pool (a fake launcher)
+    import types
+    from torch_kernelize.serving import launch
+    seen = []
+    runner.backend, runner.program = "cuda", types.SimpleNamespace(launches=[None])
+    runner._cuda_plans = [(lambda gx, gy, gz, stream, t: seen.append(t), launch._getter([4]), 1, 1, 1)]
+    orig_stream = launch._raw_stream
+    launch._raw_stream = lambda device: 0
+    try:
+        outs, temps = runner.allocate(torch.device("cpu"))
+        runner._launch_with_steps([x, w, b], outs, temps)
+    finally:
+        launch._raw_stream = orig_stream
+    assert len(seen) == 1 and seen[0] is temps[0]  # pool position 4: inputs 0-2, output 3, tmp 0
+    torch.testing.assert_close(outs[0], want)
     with pytest.raises(ValueError, match="no tmp buffer 1"):
         dataclasses.replace(program, steps=(dataclasses.replace(conv, results=(("tmp", 1),)), relu))
     with pytest.raises(ValueError, match="calls an ATen op"):

@@ -16,7 +16,7 @@ compiled: serving calls the op overloads directly.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -96,23 +96,61 @@ def refused_ops(steps: Sequence[VendorStep], target: Any) -> list[str]:
 
 
 class StepCall:
-    """One step, resolved once: the op overload and a function of the buffers to its arguments."""
+    """One step, resolved once: the op overload, and per argument either its decoded constant or
+    a reader of the buffers (the serving path decodes nothing per call: a step's literals, a
+    convolution's strides and paddings, are built when the program loads)."""
 
     def __init__(self, step: VendorStep):
         self.step = step
         self.op = resolve_op(step.op)
+        self._args = [_reader(a) for a in step.args]
+        self._kwargs = [(k, _reader(v)) for k, v in step.kwargs.items()]
+        self._results = [(i, r[0], r[1]) for i, r in enumerate(step.results) if r is not None]
+        self.results = tuple((kind, j) for _, kind, j in self._results)  # the buffers its results become
 
     def __call__(self, bufs: dict[str, list], device: str) -> None:
         """Run the op on ``bufs`` (kind -> list of tensors; results are stored into it)."""
-        args = [_decode(a, bufs, device) for a in self.step.args]
-        kwargs = {k: _decode(v, bufs, device) for k, v in self.step.kwargs.items()}
-        out = self.op(*args, **kwargs)
-        if not self.step.results:
+        out = self.op(*[read(bufs, device) for read in self._args],
+                      **{k: read(bufs, device) for k, read in self._kwargs})
+        if not self._results:
             return
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        for r, t in zip(self.step.results, outs):
-            if r is not None:
-                bufs[r[0]][r[1]] = t
+        for i, kind, j in self._results:
+            bufs[kind][j] = outs[i]
+
+
+Reader = Callable[[dict, str], Any]
+
+
+def _reader(x: Any) -> Reader:
+    """A function of (buffers, device) to the argument ``x`` encodes (see _decode)."""
+    if isinstance(x, dict) and "buf" in x:
+        kind, i = x["buf"]
+        if "view" not in x:
+            return lambda bufs, device: bufs[kind][i]
+        size, stride, offset = x["view"]
+        return lambda bufs, device: _view(bufs[kind][i], size, stride, offset)
+    if isinstance(x, dict) and "empty" in x:  # made anew per call (on the call's device)
+        return lambda bufs, device: _decode(x, bufs, device)
+    if isinstance(x, list):
+        items = [_reader(v) for v in x]
+        if any(isinstance(v, dict) and ("buf" in v or "empty" in v) for v in _leaves(x)):
+            return lambda bufs, device: [read(bufs, device) for read in items]
+    per_device: dict[str, Any] = {}  # a literal: decoded once per device (a device argument is the call's)
+
+    def constant(bufs: dict, device: str) -> Any:
+        if device not in per_device:
+            per_device[device] = _decode(x, bufs, device)
+        return per_device[device]
+    return constant
+
+
+def _leaves(x: Any) -> list:
+    return [y for v in x for y in (_leaves(v) if isinstance(v, list) else [v])]
+
+
+def _view(t: torch.Tensor, size: Any, stride: Any, offset: int) -> torch.Tensor:
+    return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
 def _decode(x: Any, bufs: dict[str, list], device: str) -> Any:
@@ -121,8 +159,7 @@ def _decode(x: Any, bufs: dict[str, list], device: str) -> Any:
         t = bufs[kind][i]
         if "view" not in x:
             return t
-        size, stride, offset = x["view"]
-        return t.as_strided(size, stride, t.storage_offset() + offset)
+        return _view(t, *x["view"])
     if isinstance(x, dict) and "empty" in x:  # an empty tensor: no memory, only its metadata
         size, stride, dtype = x["empty"]
         return torch.empty_strided(size, stride, dtype=dtype_from_name(dtype), device=device)

@@ -382,8 +382,8 @@ class ProgramRunner:
 
     def _launch_with_steps(self, inputs: Sequence[torch.Tensor], outs: list, temps: list) -> None:
         """Launches and vendor steps in program order (a compiler's whole output): a step may
-        return a buffer that later launches read, so the launches' arguments are gathered anew
-        after each group of steps. (No donations or state buffers in such a program.)"""
+        return a buffer that later launches read; it is put into the launches' pool in place.
+        (No donations or state buffers in such a program.)"""
         device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")
         bufs = {"in": list(inputs), "out": outs, "tmp": temps}
         n = len(self.program.launches)
@@ -392,15 +392,14 @@ class ProgramRunner:
             if any(t.data_ptr() % 16 for t in inputs):
                 plans = self._plans_for_unaligned()
             stream = _raw_stream(device)
-            pool = None
+            pool, base = [*inputs, *outs, *temps, *self._consts], self._pool_base
             for i in range(n + 1):
                 for step in self._steps.get(i, ()):
                     step(bufs, device.type)
-                    pool = None
+                    for kind, j in step.results:
+                        pool[base[kind] + j] = bufs[kind][j]
                 if i == n:
                     break
-                if pool is None:
-                    pool = (*inputs, *outs, *temps, *self._consts)
                 run, args, gx, gy, gz = plans[i]
                 run(gx, gy, gz, stream, *args(pool))
             return
