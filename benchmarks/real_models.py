@@ -348,6 +348,9 @@ def _graph_winners(specs: list[dict[str, Any]], cache: Any) -> list[dict[str, An
             evidence = (entry.record.get("graph") if entry is not None else None)
         if evidence:
             found.append({"key": s["key"], "status": s["status"], **evidence})
+        elif s.get("whole"):  # no candidate won it: why (the graph runs as its own assembly)
+            found.append({"key": s["key"], "status": s["status"], "candidates": [], "winner": "assembly",
+                          "why": s.get("winner", "")[:300]})
     return found
 
 

@@ -136,7 +136,8 @@ def markdown(doc: dict) -> str:
     if graphs:  # issue 35: graphs compete as wholes
         lines += ["", "| model | whole graph | candidates (ms per call) | winner |", "|---|---|---|---|"]
         for name, g in graphs:
-            cands = ", ".join(f"{c['name']} {_f(c.get('ms')) if c['correct'] else 'wrong'}" for c in g["candidates"])
+            cands = ", ".join(f"{c['name']} {_f(c.get('ms')) if c['correct'] else 'wrong'}" for c in g["candidates"]) \
+                or f"{g['status']}: {g.get('why', '')[:160]}"
             lines.append(f"| {name} | {g['key'][:12]} | {cands} | {g['winner']} |")
     t = doc.get("targets")
     if t:

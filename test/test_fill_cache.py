@@ -302,6 +302,21 @@ def test_journal_lines_of_the_wrong_shape_are_skipped_on_resume(tmp_path):
     assert {j: Journal(j).records() for j in journals} == good  # the budget was spent: nothing new ran
 
 
+def test_an_interrupted_fill_writes_the_summary_of_the_specs_it_searched(tmp_path):
+    import argparse
+    import types
+    from torch_kernelize.fill_cache.cli import _interrupted_summary
+    rows = [{"spec": "aten.relu(f32[8])", "key": "k", "status": "stored", "time": {"build": 1.0}}]
+    run = types.SimpleNamespace(rows=rows, cache=types.SimpleNamespace(dir=tmp_path), search_id="s1", budget=1,
+                                target=types.SimpleNamespace(describe=lambda: "interpreter"), log=None)
+    _interrupted_summary(argparse.Namespace(summary=None), run, 2.5)
+    summary = json.loads((tmp_path / "runs" / "s1.json").read_text())
+    assert summary["interrupted"] is True and summary["specs"] == rows and summary["seconds"] == 2.5
+    _interrupted_summary(argparse.Namespace(summary=tmp_path / "none.json"),
+                         types.SimpleNamespace(**{**vars(run), "rows": []}), 1.0)
+    assert not (tmp_path / "none.json").exists()  # nothing searched: nothing to say
+
+
 def test_sigint_exits_130_in_one_line_and_resume_continues(tmp_path):
     cache = tmp_path / "cache"
     args = ["--model", f"{MODELS}:make_wide", "--target", "interpreter", "--cache-dir", str(cache), "--budget", "4"]

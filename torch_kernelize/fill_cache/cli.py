@@ -497,7 +497,8 @@ def _row(work: Work) -> dict[str, Any]:
     """A spec's row of the summary, before its search."""
     spec = work.spec
     return {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
-            "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec)}
+            "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec),
+            **({"whole": True} if is_whole_graph(spec) else {})}
 
 
 def _winner_text(entry: Any) -> str:
@@ -548,6 +549,29 @@ def run_log_path(cache_dir: Path, search_id: str, rank: int | None) -> Path:
     return Path(cache_dir) / "runs" / (f"{search_id}.log" if rank is None else f"{search_id}-rank{rank}.log")
 
 
+def write_summary(path: Path, rows: list[dict[str, Any]], elapsed: float, meta: dict[str, Any]) -> dict[str, Any]:
+    """The run's JSON summary (``meta``, its time, its phases' totals, one row per spec), written to ``path``."""
+    summary = {**meta, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def _interrupted_summary(args: argparse.Namespace, run: "FillRun | None", elapsed: float) -> None:
+    """Ctrl-C (or a time limit's SIGINT): the summary of the specs searched so far, marked
+    interrupted, so a script that stops fills at a limit still reads what they stored."""
+    if run is None or not run.rows:
+        return
+    path = args.summary or run.cache.dir / "runs" / f"{run.search_id}.json"
+    meta = {"search_id": run.search_id, "target": run.target.describe(), "cache": str(run.cache.dir),
+            "budget": run.budget, "interrupted": True, "log": str(run.log.path) if run.log else None}
+    try:
+        write_summary(path, run.rows, elapsed, meta)
+        print(f"fill_cache: the {len(run.rows)} spec(s) searched so far: {path}", file=sys.stderr)
+    except OSError as e:
+        print(f"fill_cache: the summary could not be written ({e})", file=sys.stderr)
+
+
 def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summary: dict[str, Any],
            strict: bool = False) -> int:
     """Print the table, the specs left on the vendor op and the one-line total; write the JSON
@@ -558,9 +582,7 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
     for r in rows:  # whole graphs: who competed, their times, who won (graph_candidates.py)
         if r.get("graph"):
             print(f"whole graph {r['key']}: {r['graph']}")
-    summary = {**summary, "seconds": round(elapsed, 2), "time": phase_totals(rows), "specs": rows}
-    summary_path.parent.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(summary, indent=1, default=str))
+    summary = write_summary(summary_path, rows, elapsed, summary)
     left = [r for r in rows if r["status"] in LEFT_ON_VENDOR]
     if left:
         print(f"left on the vendor op ({len(left)}; a later fill with a larger --budget, or a candidate file, may "
@@ -638,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fill_cache: {error}", file=sys.stderr)
         code = EXIT_MACHINE
     except KeyboardInterrupt:  # every evaluation so far is journaled (fsynced); winners found are stored
+        _interrupted_summary(args, run, time.perf_counter() - started)
         print("fill_cache: interrupted; run the same command with --resume to continue where it stopped",
               file=sys.stderr)
         return 130
@@ -698,6 +721,7 @@ def _finish_rank(group: distributed.RankGroup, args: argparse.Namespace, run: Fi
     try:
         gathered = group.finish(result)
     except KeyboardInterrupt:
+        _interrupted_summary(args, run, time.perf_counter() - started)
         print("fill_cache: interrupted; run the same command with --resume to continue where it stopped",
               file=sys.stderr)
         return 130
