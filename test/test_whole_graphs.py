@@ -193,6 +193,21 @@ def test_a_program_that_won_first_is_timed_again_after_the_rest_and_gives_way_to
     assert run.rows[0]["status"] == "own assembly wins" and run.rows[0]["graph"].endswith("-> assembly")
 
 
+def test_the_quick_fill_leaves_a_graph_its_program_serves_and_a_larger_budget_fills_it_too(whole, tmp_path, capsys):
+    from torch_kernelize.fill_cache.cli import IN_WHOLE, main
+    ref, spec, _ = whole
+    args = ["--model", ref, "--target", "interpreter", "--generators", "inductor", "--cache-dir",
+            str(tmp_path / "cache"), "--quiet"]
+    assert main([*args, "--budget", "1", "--summary", str(tmp_path / "quick.json")]) == 0
+    rows = json.loads((tmp_path / "quick.json").read_text())["specs"]
+    assert rows[0]["key"] == spec.key and rows[0]["whole"] and rows[0]["status"] == "stored", rows[0]
+    assert len(rows) > 1 and all(r["status"] == IN_WHOLE for r in rows[1:]), [r["status"] for r in rows]
+    assert main([*args, "--budget", "2", "--summary", str(tmp_path / "more.json")]) == 0
+    rows = json.loads((tmp_path / "more.json").read_text())["specs"]
+    assert rows[0]["status"] == "cached" and not any(r["status"] == IN_WHOLE for r in rows[1:])
+    assert any(r["status"] == "stored" for r in rows[1:])
+
+
 def test_budget_one_asks_inductor_for_its_default_mode_alone(monkeypatch):
     from torch_kernelize.core.spec import KernelSpec, TensorMeta
     from torch_kernelize.fill_cache import inductor

@@ -123,6 +123,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+IN_WHOLE = "in the whole graph's program"  # a spec serving never runs: its graph runs a program whole
+
+
 def _registry_family(spec: Any) -> Any:
     return family_for(spec)  # looked up at call time (tests replace it)
 
@@ -152,6 +155,7 @@ class FillRun:
         self.log: RunLog | None = None  # tags the run log's lines with the spec being searched
         # region place -> (its spec key, the places tried before it that share a node: Work.places)
         self.region_places: dict[str, tuple[str, list[str]]] = {}
+        self.whole_places: set[str] = set()  # the places of whole graphs among them
 
     def space(self, spec: Any) -> Any:
         """The spec's family and every other generator of the run that supports it, as one
@@ -182,7 +186,7 @@ class FillRun:
             row.update(status="no generator", winner="write one: tools/repros.py task <its repro>, then --candidate")
             return row
         if not self.force and self.never_run(work):
-            row["status"] = "in a fused region"
+            row["status"] = IN_WHOLE if self._in_whole(work) else "in a fused region"
             return row
         journal = Journal(self.cache.journal_path(spec.key))
         previous = journal.records()
@@ -220,6 +224,8 @@ class FillRun:
         """Learn where the regions of ``work`` occur (collect.Work.places), for never_run."""
         for w in work:
             self.region_places.update(zip(w.place_ids, ((w.spec.key, p) for p in w.places)))
+            if is_whole_graph(w.spec):
+                self.whole_places.update(w.place_ids)
 
     def never_run(self, work: Work) -> bool:
         """Whether serving would never run ``work``'s spec: at every place it occurs, a region
@@ -227,9 +233,17 @@ class FillRun:
         skipped: a spec that serving looks up anywhere is filled (one fill is enough)."""
         return bool(work.places) and all(any(self._served(p) for p in place) for place in work.places)
 
+    def _in_whole(self, work: Work) -> bool:
+        return all(any(p in self.whole_places and self._served(p) for p in place) for place in work.places)
+
     def _served(self, place: str, seen: frozenset = frozenset()) -> bool:
         """Whether serving runs the region at ``place`` fused: it hits, and no region tried before
-        it there that shares a node with it does. A place not known here is not."""
+        it there that shares a node with it does. A place not known here is not. A whole graph's
+        program counts at the quick fill's budget (1) only: a larger budget fills the graph's
+        nodes and regions too, so that its own assembly competes with the program at the end of
+        the run (rejudge_wholes)."""
+        if place in self.whole_places and self.budget > 1:
+            return False
         key, before = self.region_places.get(place, (None, ()))
         return key is not None and self.cache.lookup(key)[0] == "hit" and not any(
             self._served(p, seen | {place}) for p in before if p not in seen)

@@ -9,7 +9,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -220,11 +220,16 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     wholes: dict[str, Work] = {}  # whole graphs: searched first (see the end)
     for g in graphs:
         whole = getattr(g, "whole", None)
+        tried_first = []  # the whole graph: serving looks it up before every region and node of it
         if whole is not None and whole.spec is not None and supported(whole.spec):
-            wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss"))
+            w = wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss"))
+            place = f"{g.name}/whole/{whole.spec.key}"
+            w.place_ids.append(place)
+            w.places.append([])
+            tried_first = [(place, set(whole.members), None)]
         for n, specialization in enumerate({id(s): s for s in g._specializations.values()}.values()):
             _collect_specialization(f"{g.name}/{n}", specialization, g.regions, f"model:{ref}", supported,
-                                    regions, nodes)
+                                    regions, nodes, tried_first)
     # Regions first, in the order serving tries them (largest first): a node inside a region
     # that gets a kernel never runs alone, so its own search is skipped then (see FillRun); it
     # still runs if its region finds no correct kernel. Likewise a region that shares a node with
@@ -245,15 +250,16 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
 
 def _collect_specialization(prefix: str, specialization: Any, graph_regions: list[Any], source: str,
                             supported: Callable[[KernelSpec], bool], regions: dict[str, Work],
-                            nodes: dict[str, Work]) -> None:
+                            nodes: dict[str, Work], tried_first: Sequence[tuple[str, set[str], Any]] = ()) -> None:
     """Add the specs one specialization of a graph looks up to ``regions`` and ``nodes`` (by
     key), each with the places it occurs at: a node's, the region places holding it; a region's,
     the region places serving tries before it whose kernel keeps it from running fused: those
-    that share a node with it, and GEMM groups it would close a cycle with (``Work.places``)."""
+    that share a node with it, and GEMM groups it would close a cycle with (``Work.places``).
+    ``tried_first``: the whole graph's place, looked up before all of them."""
     from torch_kernelize.compiling.regions import closes_cycle
 
     by_members = {tuple(sorted(r.names)): r for r in graph_regions}
-    tried: list[tuple[str, set[str], Any]] = []  # (place, members, Region) of the regions looked up so far
+    tried: list[tuple[str, set[str], Any]] = list(tried_first)  # (place, members, Region) looked up so far
 
     def blocks(members: set[str], region: Any, other: tuple[str, set[str], Any]) -> bool:
         _, theirs, their_region = other
