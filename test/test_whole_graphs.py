@@ -208,6 +208,22 @@ def test_the_quick_fill_leaves_a_graph_its_program_serves_and_a_larger_budget_fi
     assert any(r["status"] == "stored" for r in rows[1:])
 
 
+def test_a_whole_program_awaiting_its_unaligned_binaries_already_serves_its_graph(tmp_path):
+    cache = KernelCache.for_target(tmp_path / "cache", TARGET)
+    run = FillRun(TARGET, cache, budget=1, resume=False, force=False, min_speedup=1.03, isolate=False)
+    try:
+        place = "inference_0/whole/k"
+        run.region_places, run.whole_places = {place: ("k", [])}, {place}
+        assert not run._served(place)
+        run._pending = [(None, {"key": "k"}, None, False, None)]  # (CUDA: stored once those are compiled)
+        assert run._served(place)
+        run.budget = 2  # a larger budget fills the graph's specs whatever serves it
+        assert not run._served(place)
+    finally:
+        run._pending = []
+        run.close()
+
+
 def test_budget_one_asks_inductor_for_its_default_mode_alone(monkeypatch):
     from torch_kernelize.core.spec import KernelSpec, TensorMeta
     from torch_kernelize.fill_cache import inductor

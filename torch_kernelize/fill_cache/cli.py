@@ -233,6 +233,11 @@ class FillRun:
         skipped: a spec that serving looks up anywhere is filled (one fill is enough)."""
         return bool(work.places) and all(any(self._served(p) for p in place) for place in work.places)
 
+    def _will_hit(self, key: str) -> bool:
+        """The cache serves a kernel for ``key``, or will once its winner's binaries for unaligned
+        views are compiled (a pending winner is stored whatever they give: _store_pending)."""
+        return self.cache.lookup(key)[0] == "hit" or any(p[1]["key"] == key for p in self._pending)
+
     def _in_whole(self, work: Work) -> bool:
         return all(any(p in self.whole_places and self._served(p) for p in place) for place in work.places)
 
@@ -245,7 +250,7 @@ class FillRun:
         if place in self.whole_places and self.budget > 1:
             return False
         key, before = self.region_places.get(place, (None, ()))
-        return key is not None and self.cache.lookup(key)[0] == "hit" and not any(
+        return key is not None and self._will_hit(key) and not any(
             self._served(p, seen | {place}) for p in before if p not in seen)
 
     def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
