@@ -212,10 +212,10 @@ def test_a_whole_program_awaiting_its_unaligned_binaries_already_serves_its_grap
     cache = KernelCache.for_target(tmp_path / "cache", TARGET)
     run = FillRun(TARGET, cache, budget=1, resume=False, force=False, min_speedup=1.03, isolate=False)
     try:
-        place = "inference_0/whole/k"
-        run.region_places, run.whole_places = {place: ("k", [])}, {place}
+        place = "inference_0/whole/" + "ab" * 12
+        run.region_places, run.whole_places = {place: ("ab" * 12, [])}, {place}
         assert not run._served(place)
-        run._pending = [(None, {"key": "k"}, None, False, None)]  # (CUDA: stored once those are compiled)
+        run._pending = [(None, {"key": "ab" * 12}, None, False, None)]  # (CUDA: stored once those are compiled)
         assert run._served(place)
         run.budget = 2  # a larger budget fills the graph's specs whatever serves it
         assert not run._served(place)
