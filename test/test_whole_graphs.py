@@ -103,6 +103,35 @@ def test_inductor_output_with_an_extern_gemm_is_captured_whole(whole):
     assert ev.validation["kinds"][-1] == "special" and ev.validation["max_err"] < 1e-5
 
 
+def test_a_decoders_concatenation_into_slices_of_a_buffer_is_captured_with_views_and_validates(tmp_path):
+    """transformers' Llama: Inductor writes RoPE's rotate-half (a cat) as kernels that each write
+    their part of one buffer (a pointer at an offset: program.View); an output it lays out
+    otherwise than the trace is copied into the traced layout by a last step."""
+    works = specs_from_model("torch_kernelize.model_zoo:make_hf_llama", TARGET, tmp_path / "cache",
+                             supported=lambda spec: True)
+    spec = works[0].spec
+    assert is_whole_graph(spec)
+    program = GENERATOR_INSTANCE.generate(spec, Config.of(mode="default"))
+    assert program.views and all(v.offset > 0 for v in program.views)
+    assert any(kind == "view" for launch in program.launches for kind, _ in launch.args)
+    assert KernelProgram.from_json(json.loads(json.dumps(program.to_json())), program.source) == program
+    family = generators.Competition.of(spec, None, [GENERATOR_INSTANCE])  # the whole graph's input domain
+    ev = evaluate(spec, family, family.tagged(GENERATOR_INSTANCE.name, [Config.of(mode="default")])[0])
+    assert ev.correct, ev.error
+
+
+def test_a_view_must_point_past_the_start_and_inside_its_temporary():
+    from torch_kernelize.core.program import Buffer, Launch, View
+    launch = Launch("k", (1,), (("view", 0),))
+    temps = (Buffer((16,), "float32"),)
+    KernelProgram("", (launch,), temps=temps, views=(View(("tmp", 0), 8),))
+    for bad in (View(("tmp", 0), 0), View(("tmp", 0), 16), View(("in", 0), 4), View(("tmp", 1), 4)):
+        with pytest.raises(ValueError, match="view"):
+            KernelProgram("", (launch,), temps=temps, views=(bad,))
+    with pytest.raises(ValueError, match="no view buffer 1"):
+        KernelProgram("", (Launch("k", (1,), (("view", 1),)),), temps=temps, views=(View(("tmp", 0), 8),))
+
+
 def test_outputs_that_are_views_of_the_programs_buffers_are_made_by_alias_steps():
     """Inductor returns views (``reinterpret_tensor``) of its buffers: of another output's, of a
     temporary's; the program makes each with a last step, and the graph validates."""

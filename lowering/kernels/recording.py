@@ -27,7 +27,7 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torch_kernelize.core.program import Buffer, KernelProgram, Launch
+from torch_kernelize.core.program import Buffer, KernelProgram, Launch, View
 from torch_kernelize.core.spec import KernelSpec, dtype_name
 
 aten = torch.ops.aten
@@ -189,16 +189,19 @@ def record_program(launcher: Callable, inputs: Sequence[torch.Tensor], spec: Ker
     out_of = _match_outputs(recorder, outputs, spec)
     temps: dict[int, int] = {}  # storage -> temp index, in order of first use
     final = []
+    views: dict[tuple, int] = {}
+
+    def buffer_of(storage: int) -> tuple[str, int]:
+        return ("out", out_of[storage]) if storage in out_of else ("tmp", temps.setdefault(storage, len(temps)))
     for fields in launches:
-        args = tuple((("out", out_of[v]) if v in out_of else ("tmp", temps.setdefault(v, len(temps))))
-                     if k == "alloc" else (k, v) for k, v in fields["args"])
-        final.append(Launch(**dict(fields, args=args)))
+        final.append(Launch(**dict(fields, args=resolve_views(fields["args"], buffer_of, views))))
     temp_buffers = [None] * len(temps)
     for storage, i in temps.items():
         alloc = recorder.allocations[storage]
         temp_buffers[i] = Buffer((alloc.numel,), dtype_name(alloc.dtype), alloc.init)
     output_init = tuple(recorder.allocations[s].init for s, _ in sorted(out_of.items(), key=lambda kv: kv[1]))
-    return KernelProgram(source, tuple(final), output_init, tuple(temp_buffers))
+    return KernelProgram(source, tuple(final), output_init, tuple(temp_buffers),
+                         views=tuple(View(buffer, offset) for buffer, offset in views))
 
 
 def _launch_fields(recorder: _Recorder, fn: Any, args: tuple, kwargs: dict, grid: Any,
@@ -264,11 +267,33 @@ def _tensor_arg(recorder: _Recorder, kernel: str, param: str, t: torch.Tensor) -
         raise RecordingError(f"kernel {kernel!r}: argument {param} is a tensor that launch() neither received nor "
                              "allocated in this call (kept from import time or an earlier call): the served "
                              "program would not have it")
-    if t.data_ptr() != storage or t.dtype != alloc.dtype:
+    if t.dtype != alloc.dtype or (t.data_ptr() - storage) % t.element_size():
         raise RecordingError(f"kernel {kernel!r}: argument {param} is a view into a buffer launch() allocated "
-                             "that starts past its beginning or has another dtype; pass the buffer itself")
+                             "with another dtype; pass the buffer itself")
     alloc.used = True
+    if t.data_ptr() != storage:  # a kernel writing its part of a buffer (a concatenation's slice)
+        return (ALLOC_AT, (storage, (t.data_ptr() - storage) // t.element_size()))
     return ("alloc", storage)
+
+
+ALLOC_AT = "alloc_at"  # a recorded argument: (storage, element offset) into an allocation
+
+
+def resolve_views(args: Sequence[tuple[str, Any]], buffer_of: Callable[[int], tuple[str, int]],
+                  views: dict[tuple, int]) -> tuple[tuple[str, Any], ...]:
+    """A launch's recorded arguments with each allocation (``("alloc", storage)``) resolved to
+    ``buffer_of(storage)`` and each allocation at an offset to a program view (``("view", j)``,
+    ``views``: (buffer, offset) -> j, in order of first use)."""
+    out = []
+    for kind, value in args:
+        if kind == "alloc":
+            out.append(buffer_of(value))
+        elif kind == ALLOC_AT:
+            storage, offset = value
+            out.append(("view", views.setdefault((buffer_of(storage), offset), len(views))))
+        else:
+            out.append((kind, value))
+    return tuple(out)
 
 
 def _match_outputs(recorder: _Recorder, outputs: list, spec: KernelSpec) -> dict[int, int]:

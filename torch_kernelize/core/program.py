@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,12 @@ import torch
 
 from torch_kernelize.core.program_steps import VendorStep, check_steps, produced
 
-# An argument of a launch: ("in", i) | ("out", i) | ("tmp", i) | ("state", i) | ("i32"|"i64"|"fp32", value)
+# An argument of a launch: ("in", i) | ("out", i) | ("tmp", i) | ("state", i) | ("view", j) |
+# ("i32"|"i64"|"fp32", value)
 Arg = tuple[str, Any]
 SCALAR_KINDS = ("i32", "i64", "fp32")
-BUFFER_KINDS = ("in", "out", "tmp", "state")
+BUFFER_KINDS = ("in", "out", "tmp", "state", "view")
+VIEW_BASES = ("out", "tmp")  # what a view points into
 PHASE = "PHASE"  # the constexpr of a grid-synchronized launch: 0 = every phase, k = phase k alone
 LANGUAGES = ("triton", "cuda")
 SOURCE_FILES = {"triton": "kernel.py", "cuda": "kernel.cu"}  # the source's file name in a built program
@@ -65,6 +68,22 @@ class Buffer:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Buffer":
         return cls(tuple(d["shape"]), d["dtype"], d.get("init"))
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """A pointer into a program buffer ``offset`` elements past its start: the argument of a
+    kernel that writes its part of a buffer (Inductor's concatenations: each input's kernel
+    writes its slice). Its dtype is the buffer's."""
+    buffer: tuple[str, int]   # ("out", i) | ("tmp", i)
+    offset: int
+
+    def to_json(self) -> list:
+        return [*self.buffer, self.offset]
+
+    @classmethod
+    def from_json(cls, d: list) -> "View":
+        return cls((d[0], int(d[1])), int(d[2]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +182,7 @@ class KernelProgram:
     language: str = "triton"  # or "cuda": CUDA C++ (see the module docstring)
     steps: tuple[VendorStep, ...] = ()  # vendor calls between the launches (see the module docstring)
     checks: tuple[Check, ...] = ()  # flags of invalid inputs, checked after the launches
+    views: tuple[View, ...] = ()  # pointers into outputs and temporaries at an offset ("view" args)
 
     def __post_init__(self):
         if self.language not in LANGUAGES:
@@ -177,9 +197,17 @@ class KernelProgram:
                 raise ValueError(f"check {c.message!r}: temp {c.temp} is not a zero-initialised buffer")
         for launch in self.launches:
             for kind, i in launch.args:
-                pool = {"tmp": self.temps, "state": self.state}.get(kind)
+                pool = {"tmp": self.temps, "state": self.state, "view": self.views}.get(kind)
                 if pool is not None and not 0 <= i < len(pool):
                     raise ValueError(f"launch {launch.kernel}: no {kind} buffer {i}")
+        for v in self.views:
+            kind, i = v.buffer
+            if kind not in VIEW_BASES or v.offset <= 0 or (kind == "tmp" and not 0 <= i < len(self.temps)):
+                raise ValueError(f"view {v.to_json()}: a view points past the start of an output or temporary")
+            if kind == "tmp" and v.offset >= math.prod(self.temps[i].shape):
+                raise ValueError(f"view {v.to_json()}: past the end of temporary {i}")
+        if self.views and (self.donations or self.language != "triton"):
+            raise ValueError("views into buffers are for Triton programs without donations")
         if self.steps:
             if self.language != "triton" or self.donations or self.state:
                 raise ValueError("vendor steps are for Triton programs without donations or state buffers")
@@ -217,11 +245,18 @@ class KernelProgram:
                 sig[name] = POINTER_TYPES[spec.outputs[value].dtype]
             elif kind in ("tmp", "state"):
                 sig[name] = POINTER_TYPES[(self.temps if kind == "tmp" else self.state)[value].dtype]
+            elif kind == "view":
+                sig[name] = POINTER_TYPES[self.buffer_dtype(self.views[value].buffer, spec)]
             else:
                 sig[name] = kind
         for name in launch.constexprs:
             sig[name] = "constexpr"
         return {n: sig[n] for n in names}
+
+    def buffer_dtype(self, buffer: tuple[str, int], spec) -> str:
+        """The dtype name of an output's or a temporary's buffer."""
+        kind, i = buffer
+        return spec.outputs[i].dtype if kind == "out" else self.temps[i].dtype
 
     def kernel_arg_names(self, kernel: str) -> list[str]:
         """Parameter names of a kernel, read from the source without importing it."""
@@ -241,6 +276,8 @@ class KernelProgram:
             d["steps"] = [x.to_json() for x in self.steps]
         if self.checks:
             d["checks"] = [c.to_json() for c in self.checks]
+        if self.views:
+            d["views"] = [v.to_json() for v in self.views]
         return d
 
     @classmethod
@@ -250,7 +287,8 @@ class KernelProgram:
                    tuple(Donation.from_json(x) for x in d.get("donations", ())),
                    tuple(Buffer.from_json(b) for b in d.get("state", ())), d.get("language", "triton"),
                    tuple(VendorStep.from_json(x) for x in d.get("steps", ())),
-                   tuple(Check.from_json(c) for c in d.get("checks", ())))
+                   tuple(Check.from_json(c) for c in d.get("checks", ())),
+                   tuple(View.from_json(v) for v in d.get("views", ())))
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)

@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_kernelize.core.encoding import dtype_name, encode_arg
-from torch_kernelize.core.program import Buffer, KernelProgram, Launch
+from torch_kernelize.core.program import Buffer, KernelProgram, Launch, View
 from torch_kernelize.core.program_steps import VendorStep
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import op_name
@@ -40,7 +40,7 @@ from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _au
                                                        kernels_namespace, program_source)
 # the launch recorder's tables and its argument mapping: a launch here is recorded as it is there
 from torch_kernelize.lowering.kernels.recording import (_ALLOCATIONS, _HARMLESS, RecordingError, _Allocation,
-                                                         _launch_fields, _scalar, _storage)
+                                                         _launch_fields, _scalar, _storage, resolve_views)
 
 aten = torch.ops.aten
 # Code that runs without the dispatcher (Inductor's C++ CPU kernels, AOT-compiled extensions)
@@ -163,15 +163,18 @@ def _match_outputs(recorder: _WholeRecorder, outputs: list, spec: KernelSpec) ->
     if len(outputs) != len(spec.outputs):
         raise RecordingError(f"Inductor's code returned {len(outputs)} output(s); the graph has {len(spec.outputs)}")
     found: dict[int, int] = {}
-    views = []
+    views, copies = [], []
     for j, (t, meta) in enumerate(zip(outputs, spec.outputs)):
         base = recorder.bases.get(_storage(t)) if isinstance(t, torch.Tensor) and t.numel() else None
         if base is None or base.ref[0] == "in":
             raise RecordingError(f"output {j} is {'an input or a view of one' if base else 'not a buffer of this call'}"
                                  ": an output must be a buffer the program makes")
         got = (tuple(t.shape), tuple(t.stride()), dtype_name(t.dtype))
-        if got != (meta.shape, meta.stride, meta.dtype):
+        if got[0] != meta.shape or got[2] != meta.dtype:
             raise RecordingError(f"output {j} is {got}, not the graph's {(meta.shape, meta.stride, meta.dtype)}")
+        if got[1] != meta.stride:  # Inductor chose another layout: copied into the traced one at the end
+            copies.append((j, t))
+            continue
         span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride))
         whole = (_storage(t) not in found and t.data_ptr() == base.tensor.data_ptr()
                  and recorder.allocations[_storage(t)].numel == span
@@ -183,6 +186,9 @@ def _match_outputs(recorder: _WholeRecorder, outputs: list, spec: KernelSpec) ->
     for j, t in views:  # after every launch and step: the buffer holds its final values
         recorder.entries.append(("step", VendorStep("aten.alias.default", [recorder._tensor(t)], {},
                                                     recorder.launches, (("out", j),))))
+    for j, t in copies:  # into output j as the runner allocates it (the traced strides)
+        recorder.entries.append(("step", VendorStep("aten.copy_.default", [{"buf": ["out", j]}, recorder._tensor(t)],
+                                                    {}, recorder.launches)))
     return found
 
 
@@ -203,11 +209,11 @@ def _program(recorder: _WholeRecorder, out_of: dict[int, int], source: str, outp
             return {k: resolve_encoded(v) for k, v in x.items()}
         return [resolve_encoded(v) for v in x] if isinstance(x, list) else x
 
-    launches, steps = [], []
+    launches, steps, views = [], [], {}
     for kind, entry in recorder.entries:
         if kind == "launch":
-            launches.append(Launch(**dict(entry, args=tuple(resolve(a) if a[0] == "alloc" else a
-                                                             for a in entry["args"]))))
+            launches.append(Launch(**dict(entry, args=resolve_views(entry["args"], lambda s: resolve(("alloc", s)),
+                                                                    views))))
         else:
             steps.append(dataclasses.replace(entry, args=resolve_encoded(entry.args),
                                              kwargs=resolve_encoded(entry.kwargs),
@@ -221,4 +227,5 @@ def _program(recorder: _WholeRecorder, out_of: dict[int, int], source: str, outp
     output_init = tuple(inits.get(j) for j in range(outputs))
     if not launches and not steps:
         raise RecordingError("Inductor's output code neither launches a kernel nor calls an op")
-    return KernelProgram(source, tuple(launches), output_init, tuple(temp_buffers), steps=tuple(steps))
+    return KernelProgram(source, tuple(launches), output_init, tuple(temp_buffers), steps=tuple(steps),
+                         views=tuple(View(buffer, offset) for buffer, offset in views))

@@ -144,6 +144,13 @@ def _empty_strided(device: torch.device) -> Callable[[tuple, tuple, torch.dtype]
     return lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
+def _at(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """The rest of ``t``'s storage from ``offset`` elements past ``t``'s start, flat: what a
+    kernel given a pointer into the buffer may address (program.View)."""
+    start = t.storage_offset() + offset
+    return t.as_strided((t.untyped_storage().nbytes() // t.element_size() - start,), (1,), start)
+
+
 def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
     """pool -> the tuple of the pool's items at ``positions`` (itemgetter, always a tuple)."""
     if len(positions) == 1:
@@ -172,7 +179,10 @@ class ProgramRunner:
         # arguments as positions in one pool (inputs, outputs, temps, state, constants) with the
         # constants its launcher does not take already dropped.
         tmp = len(spec.inputs) + len(spec.outputs)
-        self._pool_base = {"in": 0, "out": len(spec.inputs), "tmp": tmp, "state": tmp + len(program.temps)}
+        state = tmp + len(program.temps)
+        self._pool_base = {"in": 0, "out": len(spec.inputs), "tmp": tmp, "state": state,
+                           "view": state + len(program.state)}
+        self._views = [(v.buffer[0], v.buffer[1], v.offset) for v in program.views]
         self._consts: tuple = ()
         # vendor steps (program_steps.py) by the launch they run before; what they return is not allocated
         self._steps: dict[int, list[StepCall]] = {}
@@ -237,7 +247,7 @@ class ProgramRunner:
     def _cuda_plans_for(self, kernels: Sequence[Any]) -> list:
         """Per kept launch: (its launcher's run, a getter of its arguments from the pool, grid)."""
         plans, consts = [], list(self._consts)
-        first_const = self._pool_base["state"] + len(self.program.state)
+        first_const = self._pool_base["view"] + len(self._views)
         for i in self._keep:
             k, (_, order, grid) = kernels[i], self._plans[i]
             where = []
@@ -260,7 +270,8 @@ class ProgramRunner:
         with an input off a 16-byte boundary, or on another device than the current one, takes
         the general path (``__call__``). None where the general path is the only one (not CUDA,
         donated outputs, state buffers, no inputs)."""
-        if (self.backend != "cuda" or self._donated or self._state_allocs or self._steps or not self.spec.inputs or self._checks
+        if (self.backend != "cuda" or self._donated or self._state_allocs or self._steps or not self.spec.inputs
+                or self._checks or self._views
                 or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
         names: dict[str, Any] = {"general": self.__call__, "empty": _EMPTY_STRIDED_CUDA,
@@ -352,6 +363,13 @@ class ProgramRunner:
             temps.append(t)
         return outs, temps
 
+    def _view_tensors(self, outs: list, temps: list) -> list:
+        """The program's views (``KernelProgram.views``) into this call's buffers; None for one
+        into a buffer a vendor step has not returned yet (made when it does)."""
+        bufs = {"out": outs, "tmp": temps}
+        return [_at(bufs[kind][j], offset) if bufs[kind][j] is not None else None
+                for kind, j, offset in self._views]
+
     def state(self, device: torch.device, stream: int = 0) -> tuple[torch.Tensor, ...]:
         """The state buffers of calls on ``stream`` of ``device``: zeroed when first asked for."""
         key = (device.index if device.index is not None else -1, stream)
@@ -373,7 +391,8 @@ class ProgramRunner:
             device = inputs[0].device if inputs else torch.device("cuda")
             stream = _raw_stream(device)
             state = self.state(device, stream) if self._state_allocs else ()
-            pool = (*inputs, *outs, *temps, *state, *self._consts)
+            views = self._view_tensors(outs, temps) if self._views else ()
+            pool = (*inputs, *outs, *temps, *state, *views, *self._consts)
             for run, args, gx, gy, gz in plans:
                 run(gx, gy, gz, stream, *args(pool))
             return
@@ -392,12 +411,16 @@ class ProgramRunner:
             if any(t.data_ptr() % 16 for t in inputs):
                 plans = self._plans_for_unaligned()
             stream = _raw_stream(device)
-            pool, base = [*inputs, *outs, *temps, *self._consts], self._pool_base
+            views = self._view_tensors(outs, temps) if self._views else []
+            pool, base = [*inputs, *outs, *temps, *views, *self._consts], self._pool_base
             for i in range(n + 1):
                 for step in self._steps.get(i, ()):
                     step(bufs, device.type)
                     for kind, j in step.results:
                         pool[base[kind] + j] = bufs[kind][j]
+                        for v, (vkind, vj, offset) in enumerate(self._views):  # a view into what it returned
+                            if (vkind, vj) == (kind, j):
+                                pool[base["view"] + v] = _at(bufs[kind][j], offset)
                 if i == n:
                     break
                 run, args, gx, gy, gz = plans[i]
@@ -407,12 +430,17 @@ class ProgramRunner:
             for i in range(n + 1):
                 for step in self._steps.get(i, ()):
                     step(bufs, device.type)
+                    if self._views:
+                        bufs["view"] = self._view_tensors(outs, temps)
                 if i < n:
+                    if self._views and "view" not in bufs:
+                        bufs["view"] = self._view_tensors(outs, temps)
                     self._interpret_launch(i, bufs)
 
     def _interpret(self, inputs: Sequence[torch.Tensor], outs: list[torch.Tensor], temps: list[torch.Tensor]) -> None:
         device = inputs[0].device if inputs else torch.device("cpu")
-        bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device) if self._state_allocs else ()}
+        bufs = {"in": inputs, "out": outs, "tmp": temps, "state": self.state(device) if self._state_allocs else (),
+                "view": self._view_tensors(outs, temps) if self._views else ()}
         for i in self._keep:
             self._interpret_launch(i, bufs)
 

@@ -21,6 +21,8 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 from torch_kernelize.core.program import KernelProgram, Launch, launch_files
 from torch_kernelize.core.spec import KernelSpec
 
@@ -44,10 +46,17 @@ def ast_source(fn: Any, launch: Launch, program: KernelProgram, spec: KernelSpec
         # Outputs and temporaries are the runner's own allocations, aligned in both binaries:
         # only the caller's inputs can be views off a boundary. (Dropping the assumption for an
         # output costs its vector stores, and for fp16 atomics a compare-and-swap loop per element.)
-        if (signature[name].startswith("*") and (aligned or kind != "in")) \
+        if (signature[name].startswith("*") and (_view_aligned(program, spec, value) if kind == "view"
+                                                 else aligned or kind != "in")) \
                 or (kind in ("i32", "i64") and value % 16 == 0 and position not in varying):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return ASTSource(fn, signature=signature, constexprs=dict(launch.constexprs), attrs=attrs)
+
+
+def _view_aligned(program: KernelProgram, spec: KernelSpec, j: int) -> bool:
+    """Whether view ``j`` points 16 bytes past a multiple of 16 into its (aligned) buffer."""
+    v = program.views[j]
+    return v.offset * getattr(torch, program.buffer_dtype(v.buffer, spec)).itemsize % 16 == 0
 
 
 def import_launcher() -> None:
