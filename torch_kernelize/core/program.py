@@ -206,8 +206,9 @@ class KernelProgram:
                 raise ValueError(f"view {v.to_json()}: a view points past the start of an output or temporary")
             if kind == "tmp" and v.offset >= math.prod(self.temps[i].shape):
                 raise ValueError(f"view {v.to_json()}: past the end of temporary {i}")
-        if self.views and (self.donations or self.language != "triton"):
-            raise ValueError("views into buffers are for Triton programs without donations")
+        if self.views and (self.donations or self.language != "triton" or any(l.runtime_sizes for l in self.launches)):
+            raise ValueError("views into buffers are for Triton programs of one size without donations "
+                             "(a bucket's buffers change size, and with them the views' offsets)")
         if self.steps:
             if self.language != "triton" or self.donations or self.state:
                 raise ValueError("vendor steps are for Triton programs without donations or state buffers")

@@ -240,11 +240,12 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     work = list(regions.values()) + list(nodes.values())
     for w in work:
         w.covered_by = sorted({p.rsplit("/", 1)[1] for place in w.places for p in place})
-    # Whole graphs first, covering nothing: a fill stopped early (a time limit, Ctrl-C) still
-    # serves Inductor's whole program where it beats the graph as the cache assembled it then;
-    # FillRun times the graph again at the end against the assembly the rest of the run gave
-    # (FillRun.rejudge_wholes). A node keeps its own search even where Inductor's program wins
-    # the graph: the assembly is what runs if that program is disabled.
+    # Whole graphs first: a fill stopped early (a time limit, Ctrl-C) still serves Inductor's
+    # whole program where it beats the graph as the cache assembled it then. Their places come
+    # before every other place of their graph; a program winner covers the graph's specs at the
+    # quick fill's budget only (FillRun._served). At larger budgets the nodes and regions are
+    # searched too, and FillRun times the graph again at the end against the assembly they give
+    # (FillRun.rejudge_wholes).
     return list(wholes.values()) + work
 
 

@@ -51,6 +51,7 @@ class WholeGraphDomain(KernelFamily):
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         g = sample_generator(seed, device)
         bounds = index_bounds(spec)
+
         def draw(i: int, m: Any) -> torch.Tensor:
             if m.torch_dtype.is_floating_point or m.torch_dtype.is_complex or m.dtype == "bool":
                 return sample_tensor(m, g, kind)
