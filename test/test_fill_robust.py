@@ -142,3 +142,31 @@ def test_generators_logging_goes_to_the_run_log_and_journal_not_the_terminal(tmp
     assert len(journal) == 1 and any("No valid triton configs" in x for x in journal[0]["log"]), journal
     after = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate) for n in ("torch", "triton")}
     assert after == before   # put back as they were after the run
+
+
+def test_a_device_assert_while_a_generator_ran_in_this_process_ends_the_run_and_one_in_a_build_worker_does_not():
+    """A device-side assert while Inductor ran a graph to capture it (its generator runs in the
+    fill's process) leaves that process's CUDA context unusable: journaled as a fault and not
+    contained (search.DeviceFault ends the run; --resume skips it). In a build worker, the
+    pool is started afresh and the search goes on."""
+    import types
+    from torch_kernelize.core.spec import KernelSpec, TensorMeta
+    from torch_kernelize.fill_cache.builder import Builder
+    from torch_kernelize.fill_cache.measure_worker import IsolatedMeasurer
+    from torch_kernelize.lowering.kernels import Config
+    m = TensorMeta((8,), (1,), "float32", "cpu")
+    spec, config = KernelSpec("aten.relu.default", [{"tensor": 0}], {}, (m,), (m,)), Config.of(mode="default")
+    builder = Builder(get_target("interpreter"))
+    restarts = []
+    builder._pool, builder._restart = object(), lambda: restarts.append(1)  # as if building in workers
+    fake = types.SimpleNamespace(target=types.SimpleNamespace(device="cuda"), spec=spec, builder=builder)
+    error = "build failed: RuntimeError: AcceleratorError: CUDA error: device-side assert triggered"
+    ev = IsolatedMeasurer._build_failed(fake, config, error)
+    assert ev.fault and ev.contained and restarts == [1]
+    builder.failed_here.add((spec.key, config.key))  # the generator ran in this process
+    ev = IsolatedMeasurer._build_failed(fake, config, error)
+    assert ev.fault and not ev.contained and restarts == [1]
+    ev = IsolatedMeasurer._build_failed(fake, config, "build failed: SyntaxError: bad kernel")
+    assert not ev.fault and ev.error.endswith("bad kernel")
+    builder._pool = None
+    builder.close()

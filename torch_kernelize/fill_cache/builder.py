@@ -127,6 +127,9 @@ class Builder:
         self._pool = None
         self._gpu_target = None
         self.restarts = -1  # how often a dead worker broke the pool (the first start is not one)
+        # builds whose generator failed in this process (Inductor's capture runs here): a device
+        # fault there leaves this process's CUDA context unusable, not a worker's
+        self.failed_here: set[tuple[str, str]] = set()
         if self.backend == "cuda":
             from triton.runtime import driver
             t = driver.active.get_current_target()
@@ -139,6 +142,15 @@ class Builder:
         self.restarts += 1
         self._pool = concurrent.futures.ProcessPoolExecutor(
             self._workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint)
+
+    def contain_fault(self, spec: KernelSpec, config: Config) -> bool:
+        """After a build of ``config`` faulted the device: True if that happened in a build
+        worker (the pool is started afresh), False if in this process (inline builds, and
+        generators that run here), whose CUDA context is then unusable."""
+        if self._pool is None or (spec.key, config.key) in self.failed_here:
+            return False
+        self._restart()
+        return True
 
     def _restart(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -165,6 +177,7 @@ class Builder:
                     self._jobs[k] = self._job(spec, family, c)
                 except Exception as e:  # a generator that runs here failed: so did the build
                     self._futures[k] = _done(_error_text(e))
+                    self.failed_here.add(k)
                     continue
                 self._submit(k)
 

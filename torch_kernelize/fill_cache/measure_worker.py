@@ -35,7 +35,7 @@ import torch
 
 from torch_kernelize.core.errors import OptionsError
 from torch_kernelize.fill_cache.builder import Builder, family_ref, find_family
-from torch_kernelize.fill_cache.measure import Evaluation, Measurer, _short
+from torch_kernelize.fill_cache.measure import Evaluation, Measurer, _short, device_fault
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.core.errors import machine_error
 from torch_kernelize.core.targets import Target
@@ -389,7 +389,7 @@ class IsolatedMeasurer:
         except Exception as e:
             if machine_error(e):  # not the candidate's fault (measure.py)
                 raise
-            return Evaluation(config.to_json(), False, 0.0, error=f"build failed: {_short(e)}")
+            return self._build_failed(config, f"build failed: {_short(e)}")
         finally:
             self.seconds["build"] += time.perf_counter() - t0
         try:
@@ -400,6 +400,16 @@ class IsolatedMeasurer:
             self.worker.restart()
             ev.contained = True
         return ev
+
+    def _build_failed(self, config: Config, error: str) -> Evaluation:
+        """A failed build's evaluation. A device fault (a device-side assert while Inductor ran
+        the graph to capture it) is journaled as a fault; made in this process, it ends the
+        run (search.DeviceFault: its CUDA context is unusable); made in a build worker, the
+        pool is started afresh and the search goes on."""
+        if self.target.device != "cuda" or not device_fault(error):
+            return Evaluation(config.to_json(), False, 0.0, error=error)
+        contained = self.builder.contain_fault(self.spec, config)
+        return Evaluation(config.to_json(), False, 0.0, error=error, fault=True, contained=contained)
 
     def confirm(self, config: Config, rounds: int = 3) -> tuple[float, float] | None:
         # built again where needed: a winner resumed from an earlier process's journal was built
