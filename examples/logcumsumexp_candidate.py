@@ -1,6 +1,6 @@
 """A candidate file for aten.logcumsumexp (log of the running sum of exp along a dim).
 
-The contract (README, "Candidate files"): @triton.jit kernels at the top level, ``launch(*args)``
+The contract (docs/trust.md, "Candidate files"): @triton.jit kernels at the top level, ``launch(*args)``
 called with the op's arguments in its schema's order -- here ``(self, dim)`` -- returning its
 output, and ``OP`` (or ``SPECS``) naming what it is for. ``launch`` only allocates and launches:
 fill_cache records those launches once per shape, and serving replays the recording.

@@ -1,5 +1,5 @@
 """fill_cache on what real models and earlier runs leave: a resumed winner whose build folder is
-gone, a spec whose search raises, exit codes that say whether the run finished (README: exit
+gone, a spec whose search raises, exit codes that say whether the run finished (docs/filling.md: exit
 codes), and the generators' own logging kept off the terminal (run_log.py). In-process, on the
 interpreter target."""
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _record_in_process(path: Path, sha256: str, spec: KernelSpec, what: str) -> 
         raise RecordingError(f"the process recording {what} answered nonsense ({type(e).__name__}: {e})") from None
     problems = source_problems(source, "the recorded kernels")
     if program.language != "triton" or problems:
-        raise RecordingError("the recorded kernels fail the static source check (README: trust): "
+        raise RecordingError("the recorded kernels fail the static source check (docs/trust.md): "
                              + (problems[0] if problems else f"a {program.language} program"))
     return program
 

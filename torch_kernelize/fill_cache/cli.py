@@ -54,7 +54,7 @@ from torch_kernelize.core.spec import KernelSpec
 log = logging.getLogger("torch_kernelize.fill_cache")
 details = logging.getLogger("torch_kernelize.fill_cache.details")  # the run log only (run_log.py)
 
-EXIT_MACHINE = 4  # an OS error stopped the run (README: Filling the cache)
+EXIT_MACHINE = 4  # an OS error stopped the run (docs/filling.md)
 DEFAULT_BUDGET = {"cuda": 12, "interpreter": 2}
 LOOKAHEAD = 3  # specs whose seed candidates are compiled ahead
 
@@ -74,14 +74,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repros", action="append", default=[], metavar="DIR", type=Path,
                    help="a folder of reproducers recorded by the backend; may be repeated")
     p.add_argument("--candidate", action="append", default=[], metavar="FILE.py", type=Path,
-                   help="a kernel file for the reproducer(s) whose spec it names (README: candidate files); "
+                   help="a kernel file for the reproducer(s) whose spec it names (docs/trust.md: candidate files); "
                    "it competes with the generated kernels; may be repeated")
     p.add_argument("--generators", default=None, metavar="all|none|NAME,...",
-                   help="the generators asked beside each spec's kernel family (README: generators); default: "
+                   help="the generators asked beside each spec's kernel family (docs/filling.md: generators); default: "
                    "those on by default for the target (inductor on cuda) and every installed plugin")
     p.add_argument("--dynamic", action="append", default=[], metavar="INPUT:DIM:LO-HI",
                    help="with --model: fill the shape buckets covering sizes LO-HI of dim DIM of example input "
-                        "INPUT (repeatable; see README, Shape buckets)")
+                        "INPUT (repeatable; see docs/filling.md, Shape buckets)")
     p.add_argument("--buckets", default=None, metavar="EDGE,EDGE,...",
                    help="the buckets' upper edges (default: powers of two: 1, 2, 3-4, 5-8, ...)")
     p.add_argument("--target", default=os.environ.get(OPTIONS["target"].env),
