@@ -125,3 +125,21 @@ def test_a_bad_target_or_model_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         suite.main(["--out", str(tmp_path), "--models", "gpt5"])
     assert e.value.code == 2
+
+
+def test_a_whole_graph_no_candidate_won_is_listed_with_the_reason():
+    suite = _suite()
+    specs = [{"key": "a" * 24, "status": "no correct candidate", "whole": True,
+              "winner": "build failed: RecordingError: output 0 is ((8, 512, 30522), ...)"},
+             {"key": "b" * 24, "status": "stored", "graph_candidates": {
+                 "candidates": [{"name": "inductor default", "ms": 1.0, "correct": True},
+                                {"name": "assembly", "ms": 2.0, "correct": True}], "winner": "inductor default"}},
+             {"key": "c" * 24, "status": "stored"}]
+    found = suite._graph_winners(specs, cache=None)
+    assert [g["key"][0] for g in found] == ["a", "b"]
+    assert found[0]["winner"] == "assembly" and found[0]["why"].startswith("build failed: RecordingError")
+    env = {"date": "2026-12-05", "device": "cpu", "torch": "2.13", "triton": "3.6", "packages": {},
+           "target": "interpreter", "fill_budget": 1, "time_limit_s": 60, "smoke": True}
+    text = _report().markdown({"env": env, "models": {"bert": {"fill": {"graphs": found}}}})
+    row = next(line for line in text.splitlines() if line.startswith(f"| bert | {'a' * 12} |"))
+    assert "no correct candidate: build failed: RecordingError" in row and row.endswith("| assembly |")
