@@ -23,7 +23,9 @@ The barrier's semaphore lives in a ``state`` buffer: zeroed once, then kept from
 
 A program may also hold vendor steps (``steps``, core/program_steps.py): ATen op calls between
 its launches, on its buffers or views of them. That is how a compiler's whole output (Triton
-kernels and cuBLAS/cuDNN calls, in order) is one program.
+kernels and cuBLAS/cuDNN calls, in order) is one program. A launch argument may be a view
+(``views``): a pointer some elements into an output or temporary, for a kernel that writes its
+part of a buffer (a compiler's concatenation); programs of one size only.
 """
 from __future__ import annotations
 
