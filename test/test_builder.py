@@ -49,17 +49,17 @@ def test_a_worker_that_segfaults_fails_only_its_candidate_and_the_run_goes_on(tm
 def test_a_candidate_that_kills_the_measure_worker_fails_alone_and_the_run_goes_on(tmp_path, monkeypatch):
     from fault_family import MEASURE
 
-    import torch_kernelize.fill_cache.cli as cli
+    import torch_kernelize.fill_cache.fill_run as fill_run
     from torch_kernelize.fill_cache.collect import Work
     from torch_kernelize.kernel_cache import KernelCache
     from torch_kernelize.lowering.kernels import Config
 
-    monkeypatch.setattr(cli, "family_for", lambda spec: MEASURE)
+    monkeypatch.setattr(fill_run, "family_for", lambda spec: MEASURE)
     target = get_target("interpreter")
     specs = [spec_of(torch.ops.aten.tanh.default, (torch.randn(40, 24),)),
              spec_of(torch.ops.aten.sigmoid.default, (torch.randn(33, 17),))]
     cache = KernelCache.for_target(tmp_path / "cache", target)
-    run = cli.FillRun(target, cache, budget=3, resume=False, force=False, min_speedup=1.03, isolate=True)
+    run = fill_run.FillRun(target, cache, budget=3, resume=False, force=False, min_speedup=1.03, isolate=True)
     rows = run.run([Work(s, "test") for s in specs], quiet=True)
     assert [r["status"] for r in rows] == ["stored", "stored"], rows
     for spec in specs:
@@ -82,7 +82,7 @@ def test_a_faulting_candidate_is_contained_journaled_and_skipped_on_resume(tmp_p
     and the fault is journaled before the next candidate runs, so --resume never runs it again."""
     from fault_family import HANG, OUT_OF_BOUNDS
 
-    import torch_kernelize.fill_cache.cli as cli
+    import torch_kernelize.fill_cache.fill_run as fill_run
     from torch_kernelize.fill_cache.collect import Work
     from torch_kernelize.kernel_cache import KernelCache
     from torch_kernelize.lowering.kernels import Config
@@ -90,18 +90,18 @@ def test_a_faulting_candidate_is_contained_journaled_and_skipped_on_resume(tmp_p
     # (a limit of a few seconds: wall time, which the good candidate needs too on a loaded machine)
     FAMILY, reason, limit = {"out of bounds": (OUT_OF_BOUNDS, "SIGSEGV", None),
                              "hang": (HANG, "timed out after 6 s", 6)}[fault]
-    monkeypatch.setattr(cli, "family_for", lambda spec: FAMILY)
+    monkeypatch.setattr(fill_run, "family_for", lambda spec: FAMILY)
     target = get_target("interpreter")
     spec = spec_of(torch.ops.aten.tanh.default, (torch.randn(40, 24),))
     cache = KernelCache.for_target(tmp_path / "cache", target)
-    run = cli.FillRun(target, cache, budget=2, resume=False, force=False, min_speedup=1.03, time_limit=limit)
+    run = fill_run.FillRun(target, cache, budget=2, resume=False, force=False, min_speedup=1.03, time_limit=limit)
     row, = run.run([Work(spec, "test")], quiet=True)
     assert row["status"] == "stored", row
     journal = Journal(cache.journal_path(spec.key))
     first, fault = journal.records()
     assert first["correct"] and FAMILY.crashes(spec, Config.from_json(fault["config"]))
     assert fault["fault"] and fault["contained"] and reason in fault["error"], fault
-    again = cli.FillRun(target, cache, budget=3, resume=True, force=True, min_speedup=1.03)
+    again = fill_run.FillRun(target, cache, budget=3, resume=True, force=True, min_speedup=1.03)
     row, = again.run([Work(spec, "test")], quiet=True)
     assert row["status"] == "stored" and row["resumed"] == 2 and row["evaluated"] == 3, row
     assert again._worker.restarts == 0  # the faulting candidate did not run again

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from torch_kernelize.core.targets import get_target
-from torch_kernelize.fill_cache import cli, measure, measure_worker
+from torch_kernelize.fill_cache import cli, fill_run, measure, measure_worker
 from torch_kernelize.fill_cache.collect import specs_from_model
 from torch_kernelize.fill_cache.measure import Evaluation
 
@@ -51,7 +51,7 @@ def _timed_on_cpu(monkeypatch) -> None:
     monkeypatch.setattr(measure, "timing_available", lambda target: True)
     monkeypatch.setattr(measure, "median_ms", lambda fn, *a, **k: (fn(), 1.0)[1])
     monkeypatch.setattr(measure, "paired_ms", lambda vendor, cand, rounds=3: (vendor(), cand(), 1.2, 1.0)[2:])
-    monkeypatch.setattr(cli, "MeasureWorker", InProcessWorker)
+    monkeypatch.setattr(fill_run, "MeasureWorker", InProcessWorker)
 
 
 def _fill(cache_dir, resume: bool):

@@ -128,8 +128,8 @@ def test_resume_takes_each_generators_evaluations_and_needs_the_generator_again(
 
 
 def test_a_spec_no_family_generates_is_searched_when_another_generator_supports_it(plugins, tmp_path, monkeypatch):
-    from torch_kernelize.fill_cache import cli
-    monkeypatch.setattr(cli, "family_for", lambda spec: None)
+    from torch_kernelize.fill_cache import fill_run
+    monkeypatch.setattr(fill_run, "family_for", lambda spec: None)
     work = sigmoid_work()
     row, cache = fill(tmp_path, work, "good-plugin")
     assert row["status"] == "stored" and cache.lookup(work.spec.key)[1].family == "good-plugin", row
@@ -180,8 +180,8 @@ def test_inductor_candidate_of_a_region_is_validated_on_the_interpreter():
 
 
 def test_an_inductor_winner_is_served_by_a_warm_process_that_compiles_nothing(tmp_path, monkeypatch):
-    from torch_kernelize.fill_cache import cli
-    monkeypatch.setattr(cli, "family_for", lambda spec: None)  # Inductor's candidate is the only one
+    from torch_kernelize.fill_cache import fill_run
+    monkeypatch.setattr(fill_run, "family_for", lambda spec: None)  # Inductor's candidate is the only one
     x = torch.randn(4, 16)
     work = Work(spec_of(aten._softmax.default, [x, -1, False]), "test")
     row, cache = fill(tmp_path, work, "inductor")

@@ -223,7 +223,8 @@ def test_a_program_that_won_first_is_timed_again_after_the_rest_and_gives_way_to
 
 
 def test_the_quick_fill_leaves_a_graph_its_program_serves_and_a_larger_budget_fills_it_too(whole, tmp_path, capsys):
-    from torch_kernelize.fill_cache.cli import IN_WHOLE, main
+    from torch_kernelize.fill_cache.cli import main
+    from torch_kernelize.fill_cache.fill_run import IN_WHOLE
     ref, spec, _ = whole
     args = ["--model", ref, "--target", "interpreter", "--generators", "inductor", "--cache-dir",
             str(tmp_path / "cache"), "--quiet"]

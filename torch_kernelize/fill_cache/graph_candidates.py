@@ -148,7 +148,7 @@ def graph_evidence(evaluated: Sequence[dict[str, Any]], winner: str, assembly_ms
 
 def rejudged_evidence(evidence: dict[str, Any], assembly_ms: float, program_ms: float) -> dict[str, Any]:
     """``evidence`` after the winning program and the own assembly were timed again at the end of
-    the run (cli.FillRun.rejudge_wholes) and the assembly won."""
+    the run (fill_run.FillRun.rejudge_wholes) and the assembly won."""
     candidates = [dict(c, ms=program_ms, rejudged=True) if c["name"] == evidence["winner"] else
                   dict(c, ms=assembly_ms, rejudged=True) if c["name"] == ASSEMBLY else c
                   for c in evidence["candidates"]]
