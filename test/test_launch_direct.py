@@ -61,3 +61,39 @@ def test_no_direct_call_for_donating_programs_or_the_interpreter(cpu_stand_ins):
     runner, _, spec = _runner()
     assert ProgramRunner(spec, runner.program, [object()], "interpreter").direct is None
     assert runner.donating() is None or runner.donating().direct is None
+
+
+def test_a_program_with_vendor_steps_and_views_runs_straight_line(cpu_stand_ins):
+    """A compiler's whole output: a vendor step's result (a list of buffers in its arguments)
+    read by a launch through a pointer view,
+    the launch writing its part of a temporary, a later step reading that part re-strided and
+    writing the output (``out=``). The direct call runs it without loops and matches the general
+    path."""
+    import dataclasses
+
+    from torch_kernelize.core.program import Buffer, View
+    from torch_kernelize.core.program_steps import VendorStep
+    spec, program = _add_program()
+    (launch,) = program.launches
+    n = spec.inputs[0].shape[0]
+    cat = VendorStep("aten.cat.default", [[{"buf": ["in", 0]}, {"buf": ["in", 1]}], 0], {}, 0, (("tmp", 0),))
+    add = VendorStep("aten.add.out", [{"buf": ["tmp", 1], "view": [[n], [1], n]}, {"buf": ["in", 0]}],
+                     {"alpha": 2, "out": {"buf": ["out", 0]}}, 1)
+    program = dataclasses.replace(
+        program, temps=(Buffer((2 * n,), "float32"), Buffer((2 * n,), "float32")), steps=(cat, add),
+        views=(View(("tmp", 1), n), View(("tmp", 0), n)),
+        launches=(dataclasses.replace(launch, args=(("view", 1), ("in", 1), ("view", 0))),))
+
+    class Adder:  # the kernel: c = a + b over the first n elements of each pointer
+        dropped = frozenset(i for i, name in enumerate(program.kernel_arg_names(launch.kernel))
+                            if name in launch.constexprs)
+
+        def run(self, gx, gy, gz, stream, a, b, c):
+            c[:n].copy_(a[:n] + b)
+    runner = ProgramRunner(spec, program, [Adder()], "cuda")
+    assert runner.direct is not None
+    assert "for " not in runner.direct.source and "r = " in runner.direct.source
+    x, y = torch.randn(n), torch.randn(n)
+    want = y + y + 2 * x
+    torch.testing.assert_close(runner(x, y), want)
+    torch.testing.assert_close(runner.direct(x, y), want)

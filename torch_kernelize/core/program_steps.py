@@ -145,6 +145,11 @@ def _reader(x: Any) -> Reader:
     return constant
 
 
+def literal(x: Any, device: str) -> Any:
+    """A step argument that names no buffer, decoded for ``device`` (a device type)."""
+    return _decode(x, {}, device)
+
+
 def _leaves(x: Any) -> list:
     return [y for v in x for y in (_leaves(v) if isinstance(v, list) else [v])]
 

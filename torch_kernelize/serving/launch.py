@@ -16,13 +16,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torch_kernelize.core.buckets import contiguous_strides as _contiguous
 from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.core.fills import fill_
 from torch_kernelize.core.errors import IndexOutOfRange
 from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
 from torch_kernelize.core.program_steps import StepCall
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.serving.direct_call import at_offset, direct_function
 
 PROGRAM_FILE = "program.json"
 
@@ -144,13 +144,6 @@ def _empty_strided(device: torch.device) -> Callable[[tuple, tuple, torch.dtype]
     return lambda shape, stride, dtype: torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
-def _at(t: torch.Tensor, offset: int) -> torch.Tensor:
-    """The rest of ``t``'s storage from ``offset`` elements past ``t``'s start, flat: what a
-    kernel given a pointer into the buffer may address (program.View)."""
-    start = t.storage_offset() + offset
-    return t.as_strided((t.untyped_storage().nbytes() // t.element_size() - start,), (1,), start)
-
-
 def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
     """pool -> the tuple of the pool's items at ``positions`` (itemgetter, always a tuple)."""
     if len(positions) == 1:
@@ -264,52 +257,13 @@ class ProgramRunner:
         return plans
 
     def _direct_call(self) -> Callable | None:
-        """The CUDA hot path of this program as one generated function of its inputs: outputs
-        and temporaries allocated and every launch made with its arguments written out, no
-        per-call pools, loops or frames of ours between the caller and the launchers. A call
-        with an input off a 16-byte boundary, or on another device than the current one, takes
-        the general path (``__call__``). None where the general path is the only one (not CUDA,
-        donated outputs, state buffers, no inputs)."""
-        if (self.backend != "cuda" or self._donated or self._state_allocs or self._steps or not self.spec.inputs
-                or self._checks or self._views
-                or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
+        """The CUDA hot path of this program as one generated function of its inputs
+        (direct_call.py); None where the general path is the only one (not CUDA, donated
+        outputs, state buffers, checks, no inputs)."""
+        if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
+                or self._checks or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
-        names: dict[str, Any] = {"general": self.__call__, "empty": _EMPTY_STRIDED_CUDA,
-                                 "stream_of": _RAW_STREAM, "current_device": _CUDA_DEVICE}
-
-        def ref(value: Any) -> str:
-            if type(value) is int or (type(value) is float and value == value and abs(value) != float("inf")):
-                return repr(value)
-            names[f"c{len(names)}"] = value
-            return f"c{len(names) - 1}"
-        ins = ", ".join(f"i{k}" for k in range(len(self.spec.inputs)))
-        body = [f"if {' or '.join(f'i{k}.data_ptr() % 16' for k in range(len(self.spec.inputs)))}:",
-                f"    return general({ins})",
-                "device = i0.get_device()",
-                "if device != current_device():",
-                f"    return general({ins})"]
-        buffers = [(f"o{k}", shape, stride, dtype, init) for k, (shape, stride, dtype, init) in enumerate(self._out_allocs)]
-        buffers += [(f"t{k}", shape, _contiguous(shape), dtype, init)
-                    for k, (shape, dtype, init) in enumerate(self._temp_allocs)]
-        for name, shape, stride, dtype, init in buffers:
-            body.append(f"{name} = empty({ref(tuple(shape))}, {ref(tuple(stride))}, {ref(dtype)})")
-            if init is not None:
-                body.append(f"{name}.fill_({ref(init)})")
-        body.append("stream = stream_of(device)")
-        prefix = {"in": "i", "out": "o", "tmp": "t"}
-        for j, i in enumerate(self._keep):
-            kernel, (_, order, grid) = self._kernels[i], self._plans[i]
-            names[f"run{j}"] = kernel.run
-            args = [f"{prefix[kind]}{value}" if kind in prefix else ref(value)
-                    for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
-            body.append(f"run{j}({', '.join(ref(g) for g in grid)}, stream, {', '.join(args)})")
-        outs = [f"o{k}" for k in range(len(self._out_allocs))]
-        body.append(f"return ({', '.join(outs)},)" if self._tuple else f"return {outs[0]}")
-        source = f"def direct({ins}):\n" + "".join(f"    {line}\n" for line in body)
-        exec(compile(source, f"<kernelize launch {self.spec.key}>", "exec"), names)
-        direct = names["direct"]
-        direct.source = source
-        return direct
+        return direct_function(self, _EMPTY_STRIDED_CUDA, _RAW_STREAM, _CUDA_DEVICE)
 
     def _plans_for_unaligned(self) -> list:
         if self._unaligned_plans is not None:
@@ -367,7 +321,7 @@ class ProgramRunner:
         """The program's views (``KernelProgram.views``) into this call's buffers; None for one
         into a buffer a vendor step has not returned yet (made when it does)."""
         bufs = {"out": outs, "tmp": temps}
-        return [_at(bufs[kind][j], offset) if bufs[kind][j] is not None else None
+        return [at_offset(bufs[kind][j], offset) if bufs[kind][j] is not None else None
                 for kind, j, offset in self._views]
 
     def state(self, device: torch.device, stream: int = 0) -> tuple[torch.Tensor, ...]:
@@ -420,7 +374,7 @@ class ProgramRunner:
                         pool[base[kind] + j] = bufs[kind][j]
                         for v, (vkind, vj, offset) in enumerate(self._views):  # a view into what it returned
                             if (vkind, vj) == (kind, j):
-                                pool[base["view"] + v] = _at(bufs[kind][j], offset)
+                                pool[base["view"] + v] = at_offset(bufs[kind][j], offset)
                 if i == n:
                     break
                 run, args, gx, gy, gz = plans[i]

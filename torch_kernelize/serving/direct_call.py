@@ -1,0 +1,166 @@
+"""The CUDA hot path of a loaded program as one generated function of its inputs.
+
+A program's general path (launch.ProgramRunner.__call__) walks per-call pools and, for a
+compiler's whole output, a loop over launches and vendor steps with a Python frame per step.
+For a graph of a hundred launches that is tens of microseconds of host time per launch, where
+Inductor's output code spends a few: it is straight-line Python. This module writes the same
+for a program: outputs and temporaries allocated, each launch made with its arguments written
+out, each vendor step (program_steps.py) an op call whose arguments are the buffers' names, a
+re-strided view or a constant decoded here, once; a step's result bound to the buffer's name
+and the kernel-pointer views into it (program.View) made right after.
+
+A call with an input off a 16-byte boundary, or on another device than the current one, takes
+the general path. Programs with donated outputs, state buffers or checks have none.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch_kernelize.core.buckets import contiguous_strides
+from torch_kernelize.core.encoding import dtype_from_name
+from torch_kernelize.core.program_steps import literal
+from torch_kernelize.serving.view_folding import reinterpret_tensor
+
+_PREFIX = {"in": "i", "out": "o", "tmp": "t"}
+
+
+class _Source:
+    """Lines of the function and the globals they name."""
+
+    def __init__(self, names: dict[str, Any]):
+        self.names = names
+        self.lines: list[str] = []
+
+    def ref(self, value: Any) -> str:
+        """A literal int or finite float as itself, anything else as a global."""
+        if type(value) is int or (type(value) is float and value == value and abs(value) != float("inf")):
+            return repr(value)
+        name = f"c{len(self.names)}"
+        self.names[name] = value
+        return name
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def direct_function(runner: Any, empty: Callable, stream_of: Callable, current_device: Callable) -> Callable:
+    """``runner``'s calls as one function (``fn.source`` holds its text). ``empty(shape, stride,
+    dtype)`` allocates on the current device; ``stream_of(device index)`` is the current stream's
+    handle; ``current_device()`` the current device's index."""
+    src = _Source({"general": runner.__call__, "empty": empty, "stream_of": stream_of,
+                   "current_device": current_device, "reinterpret": reinterpret_tensor, "at": at_offset})
+    n_in = len(runner.spec.inputs)
+    ins = ", ".join(f"i{k}" for k in range(n_in))
+    src.add(f"if {' or '.join(f'i{k}.data_ptr() % 16' for k in range(n_in))}:")
+    src.add(f"    return general({ins})")
+    src.add("device = i0.get_device()")
+    src.add("if device != current_device():")
+    src.add(f"    return general({ins})")
+    _allocations(src, runner)
+    src.add("stream = stream_of(device)")
+    views = _views_by_buffer(runner)
+    for buf in [b for b in views if runner_allocates(runner, b)]:
+        _make_views(src, views, buf)
+    steps = runner._steps
+    for j, i in enumerate(runner._keep):
+        for step in steps.get(i, ()):
+            _step(src, step, views)
+        kernel, (_, order, grid) = runner._kernels[i], runner._plans[i]
+        src.names[f"run{j}"] = kernel.run
+        args = [_arg(kind, value, src) for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
+        src.add(f"run{j}({', '.join(src.ref(g) for g in grid)}, stream, {', '.join(args)})")
+    for step in steps.get(len(runner.program.launches), ()):
+        _step(src, step, views)
+    outs = [f"o{k}" for k in range(len(runner._out_allocs))]
+    src.add(f"return ({', '.join(outs)},)" if runner._tuple else f"return {outs[0]}")
+    source = f"def direct({ins}):\n" + "".join(f"    {line}\n" for line in src.lines)
+    exec(compile(source, f"<kernelize launch {runner.spec.key}>", "exec"), src.names)
+    direct = src.names["direct"]
+    direct.source = source
+    return direct
+
+
+def at_offset(t: Any, offset: int) -> Any:
+    """The rest of ``t``'s storage from ``offset`` elements past ``t``'s start, flat: what a
+    kernel given a pointer into the buffer may address (program.View)."""
+    start = t.storage_offset() + offset
+    return t.as_strided((t.untyped_storage().nbytes() // t.element_size() - start,), (1,), start)
+
+
+def runner_allocates(runner: Any, buffer: tuple[str, int]) -> bool:
+    """Whether the call allocates ``buffer`` (else a vendor step returns it)."""
+    kind, j = buffer
+    allocs = runner._out_allocs if kind == "out" else runner._temp_allocs
+    return allocs[j] is not None
+
+
+def _allocations(src: _Source, runner: Any) -> None:
+    buffers = [(f"o{k}", a[0], a[1], a[2], a[3]) for k, a in enumerate(runner._out_allocs) if a is not None]
+    buffers += [(f"t{k}", a[0], contiguous_strides(a[0]), a[1], a[2])
+                for k, a in enumerate(runner._temp_allocs) if a is not None]
+    for name, shape, stride, dtype, init in buffers:
+        src.add(f"{name} = empty({src.ref(tuple(shape))}, {src.ref(tuple(stride))}, {src.ref(dtype)})")
+        if init is not None:
+            src.add(f"{name}.fill_({src.ref(init)})")
+
+
+def _views_by_buffer(runner: Any) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """buffer -> [(view number, offset)] of the program's kernel-pointer views into it."""
+    views: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for v, (kind, j, offset) in enumerate(runner._views):
+        views.setdefault((kind, j), []).append((v, offset))
+    return views
+
+
+def _make_views(src: _Source, views: dict, buffer: tuple[str, int]) -> None:
+    name = f"{_PREFIX[buffer[0]]}{buffer[1]}"
+    for v, offset in views.get(buffer, ()):
+        src.add(f"v{v} = at({name}, {offset})")
+
+
+def _arg(kind: str, value: Any, src: _Source) -> str:
+    if kind in _PREFIX:
+        return f"{_PREFIX[kind]}{value}"
+    if kind == "view":
+        return f"v{value}"
+    return src.ref(value)
+
+
+def _step(src: _Source, step: Any, views: dict) -> None:
+    """One vendor step: the op's C++ entry (``OpOverload._op``, no Python frame of its own) on
+    its arguments written out, its results bound to their buffers' names."""
+    op = src.ref(getattr(step.op, "_op", step.op))
+    args = [_step_arg(a, src) for a in step.step.args]
+    args += [f"{k}={_step_arg(v, src)}" for k, v in step.step.kwargs.items()]
+    call = f"{op}({', '.join(args)})"
+    results = [(i, r) for i, r in enumerate(step.step.results) if r is not None]
+    if not results:
+        src.add(call)
+        return
+    returns = step.op._schema.returns
+    single = len(returns) == 1 and not str(returns[0].type).endswith("[]")
+    src.add(f"r = {call}")
+    for i, (kind, j) in results:
+        src.add(f"{_PREFIX[kind]}{j} = r" if single else f"{_PREFIX[kind]}{j} = r[{i}]")
+        _make_views(src, views, (kind, j))
+
+
+def _step_arg(x: Any, src: _Source) -> str:
+    if isinstance(x, dict) and "buf" in x:
+        name = f"{_PREFIX[x['buf'][0]]}{int(x['buf'][1])}"
+        if "view" not in x:
+            return name
+        size, stride, offset = x["view"]
+        return f"reinterpret({name}, {src.ref(tuple(size))}, {src.ref(tuple(stride))}, {int(offset)})"
+    if isinstance(x, dict) and "empty" in x:  # made anew per call
+        size, stride, dtype = x["empty"]
+        return f"empty({src.ref(tuple(size))}, {src.ref(tuple(stride))}, {src.ref(dtype_from_name(dtype))})"
+    if isinstance(x, list) and _has_buffers(x):
+        return "[" + ", ".join(_step_arg(v, src) for v in x) + "]"
+    return src.ref(literal(x, "cuda"))
+
+
+def _has_buffers(x: Any) -> bool:
+    if isinstance(x, list):
+        return any(_has_buffers(v) for v in x)
+    return isinstance(x, dict) and ("buf" in x or "empty" in x)
