@@ -325,7 +325,7 @@ def test_a_warm_process_serves_the_graph_winner_whole_and_compiles_nothing(whole
         doc = json.load(open({str(tmp_path / "report.json")!r}))
         graph, = doc["graphs"]
         nodes = sorted({{(n["op"], n["tier"], n.get("family")) for n in graph["nodes"]}})
-        print(json.dumps(dict(counts, err=err, nodes=nodes, whole=graph.get("whole"),
+        print(json.dumps(dict(counts, err=err, nodes=nodes, whole=(graph.get("wholes") or [None])[0],
                               inductor_counters=sum(torch._dynamo.utils.counters["inductor"].values()))))
     """))
     res = last_json(proc)

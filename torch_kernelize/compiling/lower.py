@@ -31,7 +31,7 @@ from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bucket_symbols, node_symbols, node_tensors, region_symbols,
                                                      region_tensors, shape_classes)
 from torch_kernelize.compiling.graph_regions import find_graph_regions
-from torch_kernelize.compiling.whole_graph import WHOLE, step_tier_ops, whole_graph_region
+from torch_kernelize.compiling.whole_graph import WHOLE, step_tier_ops, whole_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
 from torch_kernelize.core.targets import Target, get_target
@@ -180,11 +180,10 @@ class LoweredGraph:
             # groups (which hold the matmul regions' epilogues), then the regions of our family.
             self.regions = (group_matmuls(self.plan.gm, regions, self.target)
                             + find_graph_regions(self.plan.gm, regions) + regions)
-            if whole and self.binder.is_static:  # the whole graph first: a hit runs its winner's program
-                region, _ = whole_graph_region(self.plan.gm)
-                self.regions[:0] = [region] if region is not None else []
+            if whole and self.binder.is_static:  # the whole graph (or its stretches) first: a hit runs its winner's program
+                self.regions[:0] = whole_graph_regions(self.plan.gm)[0]
         self._region_of: dict[str, Region] = {}
-        self.whole: Decision | None = None  # the whole graph's lookup (whole_graph.py), if it was offered
+        self.wholes: list[Decision] = []  # the lookups of the whole graph or its stretches (whole_graph.py)
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
         self._buckets = None  # a dynamic graph's shape buckets, made when it is first planned
@@ -209,7 +208,7 @@ class LoweredGraph:
         self.name = f"{kind}_{next(_graph_ids)}"
         self.plan = self.binder = None
         self.regions, self._region_of, self._lock, self._buckets = [], {}, threading.Lock(), None
-        self.whole = None
+        self.wholes = []
         self._mutated_inputs = mutated_inputs
         self._check = False
         first = bind(self)
@@ -450,7 +449,8 @@ class LoweredGraph:
                                                 self.session.load_runner):
             self._region_of[d.spec_key] = region
             if region.kind == WHOLE:
-                self.whole = d  # (fill_cache collects it from here, entry or not)
+                # (fill_cache collects them from here, entry or not; the latest lookup of each place)
+                self.wholes = [w for w in self.wholes if w.node != d.node] + [d]
                 if runner is not None:
                     _vendor_step_tiers(decisions, region, runner.program)
                 elif d.entry is None:

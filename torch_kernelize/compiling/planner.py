@@ -36,7 +36,7 @@ from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposab
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, ladder_decides
 from torch_kernelize.compiling.regions import Region, closes_cycle, region_spec
-from torch_kernelize.compiling.whole_graph import WHOLE
+from torch_kernelize.compiling.whole_graph import STRETCH, WHOLE
 from torch_kernelize.core.targets import Target, op_name
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.core.region_graph import describe_region
@@ -182,7 +182,7 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
         else:
             own = family_name(spec, entry)
         family = own or offline_generator(region.kind, target)
-        what = f"{describe_region(spec)} of {len(region.nodes)} nodes"
+        what = f"{describe_region(spec)} of {len(region.nodes)} nodes" + (f", {STRETCH}" if region.stretch else "")
         d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
                      shapes=what, family=family, spec=spec, entry=entry, members=tuple(sorted(region.names)))
         if status == "hit" and region.kind != "matmul_group" and closes_cycle(region, taken):  # (should one)

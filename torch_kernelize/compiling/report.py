@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from torch_kernelize.compiling.whole_graph import describe_evidence, whole_report
+from torch_kernelize.compiling.whole_graph import describe_evidence, whole_reports
 from torch_kernelize.core.decision import TIERS, Decision
 from torch_kernelize.kernel_cache.integrity import write_file_atomic
 from torch_kernelize.serving.cudagraphs import cudagraph_stats
@@ -110,9 +110,9 @@ class GraphReport:
         doc = {"graph": self.graph, "kind": self.kind, "target": self.target, "signature": self.signature,
                "summary": self.summary(), "nodes": [d.to_json() for d in self.decisions],
                "regions": [r.to_json() for r in self.regions]}
-        whole = whole_report(self.regions)
-        if whole is not None:
-            doc["whole"] = whole
+        wholes = whole_reports(self.regions)
+        if wholes:
+            doc["wholes"] = wholes
         return doc
 
     def table(self) -> str:
@@ -126,11 +126,11 @@ class GraphReport:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["fused_by_kind"].items()))
             lines.append(f"  fused regions: {s['fused_regions']} on triton{f' ({kinds})' if kinds else ''}, "
                          f"{s['region_misses']} missed (left to the regions inside them, then their nodes)")
-        whole = whole_report(self.regions)
-        if whole is not None:
+        for whole in whole_reports(self.regions):
             runs = ("its winner's program runs it whole" if whole["tier"] == "triton"
                     else "its nodes and regions run as planned")
-            lines.append(f"  whole graph {whole['spec_key']}: {runs}"
+            what = f"stretch of {whole['nodes']} nodes" if whole["stretch"] else "whole graph"
+            lines.append(f"  {what} {whole['spec_key']}: {runs}"
                          + (f" ({describe_evidence(whole)})" if "candidates" in whole else ""))
         if s["misses"]:
             lines.append(f"  cache misses: {len(s['misses'])} spec(s), run on vendor "

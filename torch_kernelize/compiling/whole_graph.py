@@ -14,15 +14,17 @@ A graph is offered whole only where one call of a program can stand for it: ever
 op (no collectives or other passthrough ops, no symbolic-size bookkeeping), nothing random
 (a captured program's random stream could not match the reference) or mutating, and every
 output a tensor that a node computes (not an input, not a number; None is fine). A tensor
-constant (``get_attr``) is one more input, as the graph's inputs are.
+constant (``get_attr``) is one more input, as the graph's inputs are. Where ops no program may
+call break a graph (a custom op passed through, as transformers' MoE experts are, a collective),
+each stretch between them is offered the same way: a region of kind "whole" of its own, whose
+inputs and outputs are the tensors it reads from and gives to the rest of the graph (this goes
+beyond DESIGN.md, which names whole graphs and partitions only).
 """
 from __future__ import annotations
 
-import json
 import operator
 from typing import Any
 
-import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
@@ -33,6 +35,7 @@ from torch_kernelize.core.graph_accuracy import WHOLE
 from torch_kernelize.core.graph_accuracy import is_whole as is_whole_graph  # noqa: F401 (its name here)
 
 MIN_COMPUTE_NODES = 2
+STRETCH = "a stretch between ops no program calls"  # (in the lookup's description of a stretch)
 
 
 def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
@@ -47,17 +50,10 @@ def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
             continue
         if node.op == "output":
             continue
-        if node.op != "call_function":
-            return None, f"node {node.name} is a {node.op}"
-        if node.target is not operator.getitem:
-            klass, why = classify(node)
-            if klass in (NodeClass.STRUCTURAL, NodeClass.PASSTHROUGH):
-                return None, f"{node.name}: {why}"
-            if is_random(node.target, node.args, node.kwargs):
-                return None, f"{node.name} draws random numbers"
-            if node.target._schema.is_mutable:
-                return None, f"{node.name} mutates its arguments"
-            computing += klass is NodeClass.COMPUTE
+        why = _breaks(node)
+        if why:
+            return None, why
+        computing += node.target is not operator.getitem and classify(node)[0] is NodeClass.COMPUTE
         nodes.append(node)
     if computing < MIN_COMPUTE_NODES:
         return None, f"{computing} computing node(s): nothing to gain as a whole"
@@ -70,27 +66,102 @@ def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
         outputs.append(out)
     if not outputs:
         return None, "no tensor output"
+    why = _unwritable(nodes)
+    if why:
+        return None, why
     used = {a for n in nodes for a in n.all_input_nodes}
-    for n in nodes:  # (region_spec writes them when the graph is looked up: it must not fail there)
+    return Region(WHOLE, nodes, [n for n in inputs if n in used], outputs), ""
+
+
+def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:
+    """The regions that compete as wholes in ``gm``, and why the graph is not one of them: the
+    whole graph where it can be one program; else, where ops no program may call break it (a
+    custom op passed through, a collective, a random or mutating op), each stretch between them
+    that can (MoE models whose experts run in a custom op: their attention, router and norms)."""
+    region, why = whole_graph_region(gm)
+    if region is not None:
+        return [region], ""
+    stretches, stretch, broken = [], [], set()
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        if node.op != "call_function" or _breaks(node) or any(a in broken for a in node.all_input_nodes
+                                                              if node.target is operator.getitem):
+            broken.add(node)
+            stretches.append(stretch)
+            stretch = []
+        else:
+            stretch.append(node)
+    stretches.append(stretch)
+    if len(stretches) == 1:  # nothing breaks the graph: it is not offered whole for another reason
+        return [], why
+    return [r for r in map(_stretch_region, stretches) if r is not None], why
+
+
+def _breaks(node: fx.Node) -> str:
+    """Why no program may hold ``node`` ("" if one may)."""
+    if node.op != "call_function":
+        return f"node {node.name} is a {node.op}"
+    if node.target is operator.getitem:
+        return ""
+    klass, why = classify(node)
+    if klass in (NodeClass.STRUCTURAL, NodeClass.PASSTHROUGH):
+        return f"{node.name}: {why}"
+    if is_random(node.target, node.args, node.kwargs):
+        return f"{node.name} draws random numbers"
+    if node.target._schema.is_mutable:
+        return f"{node.name} mutates its arguments"
+    return ""
+
+
+def _stretch_region(nodes: list[fx.Node]) -> Region | None:
+    """A stretch of a graph between the nodes that break it, as a region competing as a whole;
+    None where it cannot be one (too little compute, a value it reads or gives that is no tensor)."""
+    inside = set(nodes)
+    computing = sum(n.target is not operator.getitem and classify(n)[0] is NodeClass.COMPUTE for n in nodes)
+    if computing < MIN_COMPUTE_NODES or _unwritable(nodes):
+        return None
+    inputs, outputs = [], []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in inside and a not in inputs:
+                if not is_tensor_node(a):
+                    return None
+                inputs.append(a)
+        if any(u not in inside for u in n.users):
+            if not is_tensor_node(n):
+                return None
+            outputs.append(n)
+    return Region(WHOLE, nodes, inputs, outputs, stretch=True) if outputs else None
+
+
+def _unwritable(nodes: list[fx.Node]) -> str:
+    """Why the nodes' literal arguments cannot be written in a region's canonical form ("" if
+    they can: region_spec writes them when the graph is looked up, and must not fail there)."""
+    for n in nodes:
         for leaf in pytree.tree_leaves((n.args, n.kwargs)):
             if not isinstance(leaf, fx.Node):
                 try:
                     encode_arg(leaf)
                 except TypeError as e:
-                    return None, f"{n.name}: an argument cannot be written in its canonical form ({e})"
-    return Region(WHOLE, nodes, [n for n in inputs if n in used], outputs), ""
+                    return f"{n.name}: an argument cannot be written in its canonical form ({e})"
+    return ""
 
 
-def whole_report(regions: list[Any]) -> dict[str, Any] | None:
-    """The whole graph's line of the coverage report: its spec, whether its program runs, and
-    (where its entry has them) the candidates the fill measured, their times and the winner."""
-    d = next((r for r in regions if (r.shapes or "").startswith(f"{WHOLE} region")), None)
-    if d is None:
-        return None
-    out = {"spec_key": d.spec_key, "tier": d.tier, "reason": d.reason}
-    evidence = (getattr(d.entry, "record", None) or {}).get("graph")
-    if evidence:
-        out.update(candidates=evidence["candidates"], winner=evidence["winner"])
+def whole_reports(regions: list[Any]) -> list[dict[str, Any]]:
+    """The report's lines of the whole graph (or its stretches): each one's spec, whether its
+    program runs, and (where its entry has them) the candidates the fill measured, their times
+    and the winner."""
+    out = []
+    for d in regions:
+        if not (d.shapes or "").startswith(f"{WHOLE} region"):
+            continue
+        line = {"spec_key": d.spec_key, "tier": d.tier, "reason": d.reason, "nodes": len(d.members),
+                "stretch": STRETCH in d.shapes}
+        evidence = (getattr(d.entry, "record", None) or {}).get("graph")
+        if evidence:
+            line.update(candidates=evidence["candidates"], winner=evidence["winner"])
+        out.append(line)
     return out
 
 

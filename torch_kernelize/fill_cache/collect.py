@@ -219,14 +219,14 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     nodes: dict[str, Work] = {}
     wholes: dict[str, Work] = {}  # whole graphs: searched first (see the end)
     for g in graphs:
-        whole = getattr(g, "whole", None)
-        tried_first = []  # the whole graph: serving looks it up before every region and node of it
-        if whole is not None and whole.spec is not None and supported(whole.spec):
-            w = wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss"))
-            place = f"{g.name}/whole/{whole.spec.key}"
-            w.place_ids.append(place)
-            w.places.append([])
-            tried_first = [(place, set(whole.members), None)]
+        tried_first = []  # the whole graph (or its stretches): serving looks them up before every region and node
+        for whole in getattr(g, "wholes", ()):
+            if whole.spec is not None and supported(whole.spec):
+                w = wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss"))
+                place = f"{g.name}/whole/{whole.node}/{whole.spec.key}"
+                w.place_ids.append(place)
+                w.places.append([])
+                tried_first.append((place, set(whole.members), None))
         for n, specialization in enumerate({id(s): s for s in g._specializations.values()}.values()):
             _collect_specialization(f"{g.name}/{n}", specialization, g.regions, f"model:{ref}", supported,
                                     regions, nodes, tried_first)
