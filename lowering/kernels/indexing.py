@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
 
@@ -100,6 +101,185 @@ def _norm_dim(d, ndim: int) -> int | None:
     return d % n
 
 
+# --- analysis ------------------------------------------------------------------------------------
+# ``_analyse`` in steps: which inputs are the values and the index (``_operands``), the checks
+# every op shares (``_checked``), then the walk of a "rows" or an "elements" op, whose stride
+# sets the kernels read.
+
+def _operands(name: str, a: dict[str, Any]) -> tuple[int, int, object] | str:
+    """(input number of the values, of the index, the indexed dim as given), or why not."""
+    if name == "embedding":
+        src, idx = cg.tensor_index(a.get("weight")), cg.tensor_index(a.get("indices"))
+        d = 0
+    elif name in ("index", "index_put"):
+        src = cg.tensor_index(a.get("self"))
+        indices = a.get("indices")
+        if not isinstance(indices, list):
+            return "indices must be a list"
+        pos = [k for k, v in enumerate(indices) if v is not None]
+        if len(pos) != 1 or cg.tensor_index(indices[pos[0]]) is None:
+            return "only one index tensor (None elsewhere) is generated"
+        d, idx = pos[0], cg.tensor_index(indices[pos[0]])
+    else:
+        src = cg.tensor_index(a.get("self"))
+        idx = cg.tensor_index(a.get("index"))
+        d = a.get("dim")
+    if src is None or idx is None:
+        return "values and index must be tensors"
+    return src, idx, d
+
+
+def _checked(spec: KernelSpec, name: str, a: dict[str, Any], src: int, idx: int, d) -> tuple[_Plan, int] | str:
+    """The checks every op shares (dtypes, devices, the dim, sizes): the plan without its walk,
+    and the indexed dim (normalized)."""
+    O = spec.outputs[0]
+    V, I = spec.inputs[src], spec.inputs[idx]
+    if I.dtype not in INDEX_DTYPES:
+        return f"index dtype {I.dtype} is not generated (int64/int32; bool masks give data-dependent shapes)"
+    accumulate = name in ACCUMULATE
+    overwrite = name == "index_put" and not a.get("accumulate", False)
+    if V.dtype not in (ADD_DTYPES if accumulate and not overwrite else COPY_DTYPES):
+        return f"values of dtype {V.dtype} are not generated for {name}"
+    if O.dtype != V.dtype:
+        return f"output dtype {O.dtype} differs from the values' {V.dtype}"
+    if any(m.device != V.device for m in spec.inputs + spec.outputs):
+        return "tensors on different devices"
+    ndim = len(V.shape)
+    if ndim == 0:
+        return "0-d values"
+    d = _norm_dim(d, ndim)
+    if d is None:
+        return f"bad dim {a.get('dim')!r}"
+    if name == "embedding" and ndim != 2:
+        return "embedding weight must be 2-d"
+    if name in ("index", "index_put") and d >= ndim:
+        return "more indices than dims"
+    if overwrite and I.numel > V.shape[d]:
+        return (f"{I.numel} indices into a dim of {V.shape[d]}: some element is written twice, and ATen "
+                "leaves which write wins unspecified")
+    if I.numel == 0 or V.numel == 0 or O.numel == 0:
+        return "empty tensors: nothing to compute"
+    plan = _Plan(name, name in ROW_OPS, accumulate, V.dtype, I.dtype, V.shape[d], name in ("index", "index_put"),
+                 src, idx, None, overwrite=overwrite)
+    if name == "index_add":
+        plan.alpha = cg.scalar_value(a.get("alpha", 1))
+        if plan.alpha is None or isinstance(plan.alpha, bool):
+            return "alpha must be a number"
+    return plan, d
+
+
+# a rows op's strides: (src_r, dst_r, tmp_r) over [P, L], (src_q, dst_q, tmp_q) over Q, and the
+# index's stride in [out, temp] (``_Plan.ind_stride``)
+_RowStrides = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                    tuple[int, ...], tuple[int, int]]
+
+
+def _rows_walk(spec: KernelSpec, plan: _Plan, a: dict[str, Any], d: int) -> tuple[int, int] | str:
+    """A rows op's walk: rows over [P, L] and columns over Q (fills ``plan``); the index's stride."""
+    name, O, V, I = plan.name, spec.outputs[0], spec.inputs[plan.src], spec.inputs[plan.idx]
+    temp = cg.contiguous_strides(O.shape)
+    P, Qs = V.shape[:d], V.shape[d + 1:]
+    if name in ("index_select", "index_add") and len(I.shape) > 1:
+        return "index must be 0-d or 1-d"
+    L = tuple(I.shape) if name in ("index", "embedding", "index_put") else (I.numel,)
+    l_idx = tuple(I.stride) if name in ("index", "embedding", "index_put") else ((I.stride[0],) if I.shape else (0,))
+    if name == "index_put":
+        strides = _put_rows(spec, plan, a, d, P, L, Qs, temp)
+    elif name != "index_add":
+        strides = _gather_rows(spec, plan, d, P, L, Qs, temp)
+    else:
+        strides = _add_rows(spec, plan, a, d, P, L, Qs, temp)
+    if isinstance(strides, str):
+        return strides
+    src_r, dst_r, tmp_r, src_q, dst_q, tmp_q, ind = strides
+    idx_r = (0,) * len(P) + l_idx
+    r_sizes = tuple(P) + L
+    plan.r_sizes, plan.r_strides = cg.simplify(r_sizes, [src_r, idx_r, dst_r, tmp_r],
+                                               order_by=0 if plan.accumulate else 2)
+    plan.q_sizes, plan.q_strides = cg.simplify(Qs, [src_q, dst_q, tmp_q], order_by=0 if plan.accumulate else 1)
+    plan.R, plan.Q = math.prod(r_sizes), math.prod(Qs)
+    return ind
+
+
+def _put_rows(spec: KernelSpec, plan: _Plan, a: dict[str, Any], d: int, P, L, Qs, temp) -> _RowStrides | str:
+    """index_put: values broadcast to [P, L, Q] are stored (or added) at rows of the output."""
+    O, V = spec.outputs[0], spec.inputs[plan.src]
+    plan.self_in, plan.src = plan.src, cg.tensor_index(a.get("values"))
+    if plan.src is None:
+        return "values must be a tensor"
+    S = spec.inputs[plan.src]
+    if tuple(O.shape) != tuple(V.shape):
+        return "output shape differs from self"
+    if S.dtype != V.dtype:
+        return "values dtype differs from self"
+    try:
+        vs = cg.broadcast_strides(S, tuple(P) + L + tuple(Qs))
+    except ValueError as e:
+        return f"values: {e}"
+    nl = len(L)
+    dst_r, tmp_r = tuple(O.stride[:d]) + (0,) * nl, tuple(temp[:d]) + (0,) * nl
+    return vs[:d + nl], dst_r, tmp_r, vs[d + nl:], tuple(O.stride[d + 1:]), tuple(temp[d + 1:]), (O.stride[d], temp[d])
+
+
+def _gather_rows(spec: KernelSpec, plan: _Plan, d: int, P, L, Qs, temp) -> _RowStrides | str:
+    """index, index_select, embedding: rows of the values gathered into the output."""
+    O, V = spec.outputs[0], spec.inputs[plan.src]
+    if tuple(O.shape) != tuple(P) + L + tuple(Qs):
+        return f"output shape {O.shape} is not {tuple(P) + L + tuple(Qs)}"
+    nl = len(L)
+    src_r = tuple(V.stride[:d]) + (0,) * nl
+    return (src_r, tuple(O.stride[:d + nl]), tuple(temp[:d + nl]), tuple(V.stride[d + 1:]), tuple(O.stride[d + nl:]),
+            tuple(temp[d + nl:]), (V.stride[d], V.stride[d]))
+
+
+def _add_rows(spec: KernelSpec, plan: _Plan, a: dict[str, Any], d: int, P, L, Qs, temp) -> _RowStrides | str:
+    """index_add: rows of ``source`` added at rows of the output."""
+    O, V = spec.outputs[0], spec.inputs[plan.src]
+    S = spec.inputs[cg.tensor_index(a.get("source"))]
+    plan.self_in = plan.src
+    plan.src = cg.tensor_index(a.get("source"))
+    if tuple(O.shape) != tuple(V.shape):
+        return "output shape differs from self"
+    if S.dtype != V.dtype:
+        return "source dtype differs from self"
+    if tuple(S.shape) != tuple(P) + L + tuple(Qs):
+        return f"source shape {S.shape} is not {tuple(P) + L + tuple(Qs)}"
+    dst_r, tmp_r = tuple(O.stride[:d]) + (0,), tuple(temp[:d]) + (0,)
+    return (tuple(S.stride[:d + 1]), dst_r, tmp_r, tuple(S.stride[d + 1:]), tuple(O.stride[d + 1:]),
+            tuple(temp[d + 1:]), (O.stride[d], temp[d]))
+
+
+def _elements_walk(spec: KernelSpec, plan: _Plan, a: dict[str, Any], d: int) -> tuple[int, int] | str:
+    """An elements op's walk over the index tensor (fills ``plan``); the index's stride."""
+    O, V, I = spec.outputs[0], spec.inputs[plan.src], spec.inputs[plan.idx]
+    ndim, temp = len(V.shape), cg.contiguous_strides(O.shape)
+    if len(I.shape) != ndim:
+        return "index must have as many dims as self"
+    if plan.name == "gather":
+        if tuple(O.shape) != tuple(I.shape):
+            return "output shape differs from the index's"
+        if any(I.shape[k] > V.shape[k] for k in range(ndim) if k != d):
+            return "index larger than self outside dim"
+        sets = [tuple(0 if k == d else s for k, s in enumerate(V.stride)), tuple(I.stride),
+                tuple(O.stride), tuple(temp)]
+        ind = (V.stride[d], V.stride[d])
+    else:
+        S = spec.inputs[cg.tensor_index(a.get("src"))]
+        plan.self_in, plan.src = plan.src, cg.tensor_index(a.get("src"))
+        if tuple(O.shape) != tuple(V.shape) or S.dtype != V.dtype:
+            return "output/src do not match self"
+        if len(S.shape) != ndim or any(I.shape[k] > S.shape[k] for k in range(ndim)) or any(
+                I.shape[k] > V.shape[k] for k in range(ndim) if k != d):
+            return "index larger than src/self"
+        sets = [tuple(S.stride[:ndim]), tuple(I.stride),
+                tuple(0 if k == d else s for k, s in enumerate(O.stride)),
+                tuple(0 if k == d else s for k, s in enumerate(temp))]
+        ind = (O.stride[d], temp[d])
+    plan.r_sizes, plan.r_strides = cg.simplify(I.shape, sets, order_by=1)
+    plan.R = I.numel
+    return ind
+
+
 class IndexingFamily(KernelFamily):
     name = "indexing"
     ops = frozenset(OPS)
@@ -111,138 +291,18 @@ class IndexingFamily(KernelFamily):
         a = cg.bind(spec)
         if len(spec.outputs) != 1:
             return f"expected one output, got {len(spec.outputs)}"
-        O = spec.outputs[0]
-        if name == "embedding":
-            src, idx = cg.tensor_index(a.get("weight")), cg.tensor_index(a.get("indices"))
-            d = 0
-        elif name in ("index", "index_put"):
-            src = cg.tensor_index(a.get("self"))
-            indices = a.get("indices")
-            if not isinstance(indices, list):
-                return "indices must be a list"
-            pos = [k for k, v in enumerate(indices) if v is not None]
-            if len(pos) != 1 or cg.tensor_index(indices[pos[0]]) is None:
-                return "only one index tensor (None elsewhere) is generated"
-            d, idx = pos[0], cg.tensor_index(indices[pos[0]])
-        else:
-            src = cg.tensor_index(a.get("self"))
-            idx = cg.tensor_index(a.get("index"))
-            d = a.get("dim")
-        if src is None or idx is None:
-            return "values and index must be tensors"
-        V, I = spec.inputs[src], spec.inputs[idx]
-        if I.dtype not in INDEX_DTYPES:
-            return f"index dtype {I.dtype} is not generated (int64/int32; bool masks give data-dependent shapes)"
-        accumulate = name in ACCUMULATE
-        overwrite = name == "index_put" and not a.get("accumulate", False)
-        if V.dtype not in (ADD_DTYPES if accumulate and not overwrite else COPY_DTYPES):
-            return f"values of dtype {V.dtype} are not generated for {name}"
-        if O.dtype != V.dtype:
-            return f"output dtype {O.dtype} differs from the values' {V.dtype}"
-        if any(m.device != V.device for m in spec.inputs + spec.outputs):
-            return "tensors on different devices"
-        ndim = len(V.shape)
-        if ndim == 0:
-            return "0-d values"
-        d = _norm_dim(d, ndim)
-        if d is None:
-            return f"bad dim {a.get('dim')!r}"
-        if name == "embedding" and ndim != 2:
-            return "embedding weight must be 2-d"
-        if name in ("index", "index_put") and d >= ndim:
-            return "more indices than dims"
-        if overwrite and I.numel > V.shape[d]:
-            return (f"{I.numel} indices into a dim of {V.shape[d]}: some element is written twice, and ATen "
-                    "leaves which write wins unspecified")
-        if I.numel == 0 or V.numel == 0 or O.numel == 0:
-            return "empty tensors: nothing to compute"
-        plan = _Plan(name, name in ROW_OPS, accumulate, V.dtype, I.dtype, V.shape[d], name in ("index", "index_put"),
-                     src, idx, None, overwrite=overwrite)
-        if name == "index_add":
-            plan.alpha = cg.scalar_value(a.get("alpha", 1))
-            if plan.alpha is None or isinstance(plan.alpha, bool):
-                return "alpha must be a number"
-        temp = cg.contiguous_strides(O.shape)
-        if plan.rows:
-            P, Qs = V.shape[:d], V.shape[d + 1:]
-            if name in ("index_select", "index_add") and len(I.shape) > 1:
-                return "index must be 0-d or 1-d"
-            L = tuple(I.shape) if name in ("index", "embedding", "index_put") else (I.numel,)
-            l_idx = tuple(I.stride) if name in ("index", "embedding", "index_put") else ((I.stride[0],) if I.shape else (0,))
-            if name == "index_put":
-                plan.self_in, plan.src = src, cg.tensor_index(a.get("values"))
-                if plan.src is None:
-                    return "values must be a tensor"
-                S = spec.inputs[plan.src]
-                if tuple(O.shape) != tuple(V.shape):
-                    return "output shape differs from self"
-                if S.dtype != V.dtype:
-                    return "values dtype differs from self"
-                try:
-                    vs = cg.broadcast_strides(S, tuple(P) + L + tuple(Qs))
-                except ValueError as e:
-                    return f"values: {e}"
-                nl = len(L)
-                src_r = vs[:d + nl]
-                dst_r, tmp_r = tuple(O.stride[:d]) + (0,) * nl, tuple(temp[:d]) + (0,) * nl
-                src_q, dst_q, tmp_q = vs[d + nl:], tuple(O.stride[d + 1:]), tuple(temp[d + 1:])
-                ind = (O.stride[d], temp[d])
-            elif name != "index_add":
-                if tuple(O.shape) != tuple(P) + L + tuple(Qs):
-                    return f"output shape {O.shape} is not {tuple(P) + L + tuple(Qs)}"
-                nl = len(L)
-                src_r = tuple(V.stride[:d]) + (0,) * nl
-                dst_r = tuple(O.stride[:d + nl])
-                tmp_r = tuple(temp[:d + nl])
-                src_q, dst_q, tmp_q = tuple(V.stride[d + 1:]), tuple(O.stride[d + nl:]), tuple(temp[d + nl:])
-                ind = (V.stride[d], V.stride[d])
-            else:
-                S = spec.inputs[cg.tensor_index(a.get("source"))]
-                plan.self_in = src
-                plan.src = cg.tensor_index(a.get("source"))
-                if tuple(O.shape) != tuple(V.shape):
-                    return "output shape differs from self"
-                if S.dtype != V.dtype:
-                    return "source dtype differs from self"
-                if tuple(S.shape) != tuple(P) + L + tuple(Qs):
-                    return f"source shape {S.shape} is not {tuple(P) + L + tuple(Qs)}"
-                src_r = tuple(S.stride[:d + 1])
-                dst_r, tmp_r = tuple(O.stride[:d]) + (0,), tuple(temp[:d]) + (0,)
-                src_q, dst_q, tmp_q = tuple(S.stride[d + 1:]), tuple(O.stride[d + 1:]), tuple(temp[d + 1:])
-                ind = (O.stride[d], temp[d])
-            idx_r = (0,) * len(P) + l_idx
-            r_sizes = tuple(P) + L
-            plan.r_sizes, plan.r_strides = cg.simplify(r_sizes, [src_r, idx_r, dst_r, tmp_r],
-                                                       order_by=0 if accumulate else 2)
-            plan.q_sizes, plan.q_strides = cg.simplify(Qs, [src_q, dst_q, tmp_q], order_by=0 if accumulate else 1)
-            plan.R, plan.Q = math.prod(r_sizes), math.prod(Qs)
-        else:
-            if len(I.shape) != ndim:
-                return "index must have as many dims as self"
-            if name == "gather":
-                if tuple(O.shape) != tuple(I.shape):
-                    return "output shape differs from the index's"
-                if any(I.shape[k] > V.shape[k] for k in range(ndim) if k != d):
-                    return "index larger than self outside dim"
-                sets = [tuple(0 if k == d else s for k, s in enumerate(V.stride)), tuple(I.stride),
-                        tuple(O.stride), tuple(temp)]
-                ind = (V.stride[d], V.stride[d])
-            else:
-                S = spec.inputs[cg.tensor_index(a.get("src"))]
-                plan.self_in, plan.src = src, cg.tensor_index(a.get("src"))
-                if tuple(O.shape) != tuple(V.shape) or S.dtype != V.dtype:
-                    return "output/src do not match self"
-                if len(S.shape) != ndim or any(I.shape[k] > S.shape[k] for k in range(ndim)) or any(
-                        I.shape[k] > V.shape[k] for k in range(ndim) if k != d):
-                    return "index larger than src/self"
-                sets = [tuple(S.stride[:ndim]), tuple(I.stride),
-                        tuple(0 if k == d else s for k, s in enumerate(O.stride)),
-                        tuple(0 if k == d else s for k, s in enumerate(temp))]
-                ind = (O.stride[d], temp[d])
-            plan.r_sizes, plan.r_strides = cg.simplify(I.shape, sets, order_by=1)
-            plan.R = I.numel
+        picked = _operands(name, a)
+        if isinstance(picked, str):
+            return picked
+        checked = _checked(spec, name, a, *picked)
+        if isinstance(checked, str):
+            return checked
+        plan, d = checked
+        ind = (_rows_walk if plan.rows else _elements_walk)(spec, plan, a, d)
+        if isinstance(ind, str):
+            return ind
         plan.ind_stride = ind
-        spans = [cg.max_offset(m.shape, m.stride) for m in spec.inputs + spec.outputs] + [O.numel]
+        spans = [cg.max_offset(m.shape, m.stride) for m in spec.inputs + spec.outputs] + [spec.outputs[0].numel]
         plan.wide = max(spans) + 2 * MAX_TILE > cg.INT32_MAX or plan.R * max(1, plan.Q) + MAX_TILE > cg.INT32_MAX
         return plan
 
