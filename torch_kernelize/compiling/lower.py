@@ -289,70 +289,19 @@ class LoweredGraph:
         return ", ".join(f"{s}={v}" for s, v in zip(self.binder.symbols, key))
 
     def _specialize(self, key: tuple) -> Specialization:
+        """The graph bound for the sizes ``key``: the planner's steps, in order."""
         with self._lock:
-            if key in self._specializations:
-                return self._specializations[key]
-            shared = self._by_class.get(self._classes.of(key)) if self._classes is not None else None
-            if shared is not None:  # planned at another signature of its shape class
-                self._specializations[key] = shared
-                if shared.miss_symbols:  # (its misses are recorded once per bucket: counted here)
-                    changed = {s for s, a, b in zip(self.binder.symbols, key, shared.key) if a != b}
-                    for symbols, verdict in shared.miss_symbols:
-                        self.session.repros.count_unplanned(verdict, bool(symbols & changed))
-                return shared
-            session = self.session
+            known = self._known(key)
+            if known is not None:
+                return known
             bindings = self.binder.bindings(key)
-            # every lookup is kept with its witness: the executable cache stores them
-            lookups = LookupLog(session.cache) if session.cache is not None else None
-            if lookups is not None and not self.binder.is_static:  # shape buckets: bucket_lookup.py
-                if self._buckets is None:
-                    self._buckets = GraphBuckets(session.cache, session.load_runner)
-                lookups = self._buckets.lookups(lookups)
-            decisions = self.plan.decide(bindings, lookups, resolve=False)
-            runners = {}
-            calls: dict[str, tuple[BucketCall, dict]] = {}  # node (or region) -> its bucket's call, and its sizes' ranges
-            for i, d in enumerate(decisions):
-                if d.tier == "triton":
-                    call = self._bucket_call(d) if self._buckets is not None else None
-                    if call is not None:
-                        calls[d.node] = call
-                        continue
-                    runner = session.load_runner(d.spec, d.entry)
-                    if runner is None:
-                        decisions[i] = d = downgrade(d, "the cache entry could not be loaded", self.target)
-                    else:
-                        runners[d.node] = runner
+            lookups = self._lookups()
+            decisions, runners, calls = self._decide_nodes(bindings, lookups)
             fused, region_decisions = self._decide_regions(bindings, decisions, lookups, calls)
-            # misses' families only now: nodes a fused region covers are no misses
-            decisions = [resolve_family(d) for d in decisions]
-            repros = session.repros
-            pending = []  # the misses recorded as reproducers: their first call captures their inputs
-            verdicts = {}  # each checked miss's (by its decision's node) verdict
-            for d in decisions + region_decisions:
-                if repros is not None and (d.miss or d.missing) and d.spec is not None:
-                    verdict = verdicts[d.node] = repros.check(d.spec, self._record_key(d, key))
-                    if verdict in ("new", "duplicate"):  # (a capped one has no folder to point to)
-                        d.repro = str(repros.folder_for(d.spec))
-                    if verdict == "new":
-                        pending.append(d)
-            # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
-            # saved for a backward pass
-            passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
-            gm = bind_graph(self.plan.gm, decisions,
-                            lambda d: calls[d.node][0] if d.node in calls else
-                            self.triton_call(d.spec, runners[d.node], d.entry.key if d.entry else None),
-                            lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
-                                                         [m.stride for m in d.spec.outputs] if d.spec else None),
-                            fused, passes, guarded_inputs=self.kind != "backward")
-            missing: dict[str, str | None] = {}  # op -> a folder that names it (strict mode's error)
-            for d in decisions:
-                if d.missing and missing.get(d.op) is None:
-                    missing[d.op] = d.repro
-            strict = session.options.strict and missing
-            first_call = None
-            if pending or strict:
-                first_call = lambda s, args: self._first_call(s, args, pending, missing if strict else None)
-            spec = Specialization(gm, decisions, key, first_call,
+            decisions = [resolve_family(d) for d in decisions]  # misses' families only now: fused nodes are no misses
+            pending, verdicts = self._record_misses(decisions + region_decisions, key)
+            gm = self._bind(decisions, runners, calls, fused)
+            spec = Specialization(gm, decisions, key, self._first_call_hook(decisions, pending),
                                   flat_function(gm, guarded_inputs=self.kind != "backward"))
             spec.regions = region_decisions
             spec.lookups = lookups.witnesses if lookups is not None else {}
@@ -363,6 +312,91 @@ class LoweredGraph:
                 log.info("%s: new shape signature %s: %d on triton, %d misses", self.name, self._signature(key),
                          sum(d.tier == "triton" for d in decisions), sum(d.miss for d in decisions))
             return spec
+
+    def _known(self, key: tuple) -> Specialization | None:
+        """The specialization already serving ``key``: its own, or its shape class's (planned at
+        another signature of the class; its misses are counted once per bucket here)."""
+        if key in self._specializations:
+            return self._specializations[key]
+        shared = self._by_class.get(self._classes.of(key)) if self._classes is not None else None
+        if shared is None:
+            return None
+        self._specializations[key] = shared
+        if shared.miss_symbols:
+            changed = {s for s, a, b in zip(self.binder.symbols, key, shared.key) if a != b}
+            for symbols, verdict in shared.miss_symbols:
+                self.session.repros.count_unplanned(verdict, bool(symbols & changed))
+        return shared
+
+    def _lookups(self) -> Any:
+        """The cache as the planner looks it up, every lookup kept with its witness (the
+        executable cache stores them); a dynamic graph's through its shape buckets. None without a cache."""
+        cache = self.session.cache
+        if cache is None:
+            return None
+        lookups = LookupLog(cache)
+        if not self.binder.is_static:  # shape buckets: bucket_lookup.py
+            if self._buckets is None:
+                self._buckets = GraphBuckets(cache, self.session.load_runner)
+            lookups = self._buckets.lookups(lookups)
+        return lookups
+
+    def _decide_nodes(self, bindings: dict, lookups: Any) -> tuple[list[Decision], dict, dict]:
+        """The planner's node rung: each node's decision, the runner of each kernel hit (a hit
+        whose entry does not load is downgraded), and the bucket calls of dynamic hits."""
+        decisions = self.plan.decide(bindings, lookups, resolve=False)
+        runners, calls = {}, {}  # node -> runner; node (or region) -> its bucket's call and its sizes' ranges
+        for i, d in enumerate(decisions):
+            if d.tier != "triton":
+                continue
+            call = self._bucket_call(d) if self._buckets is not None else None
+            if call is not None:
+                calls[d.node] = call
+                continue
+            runner = self.session.load_runner(d.spec, d.entry)
+            if runner is None:
+                decisions[i] = downgrade(d, "the cache entry could not be loaded", self.target)
+            else:
+                runners[d.node] = runner
+        return decisions, runners, calls
+
+    def _record_misses(self, decisions: list[Decision], key: tuple) -> tuple[list[Decision], dict]:
+        """Check each miss against the reproducer folder: (the misses recorded now, whose first
+        call captures their inputs; each checked miss's verdict by its decision's node)."""
+        repros, pending, verdicts = self.session.repros, [], {}
+        for d in decisions:
+            if repros is not None and (d.miss or d.missing) and d.spec is not None:
+                verdict = verdicts[d.node] = repros.check(d.spec, self._record_key(d, key))
+                if verdict in ("new", "duplicate"):  # (a capped one has no folder to point to)
+                    d.repro = str(repros.folder_for(d.spec))
+                if verdict == "new":
+                    pending.append(d)
+        return pending, verdicts
+
+    def _bind(self, decisions: list[Decision], runners: dict, calls: dict, fused: list) -> fx.GraphModule:
+        """The graph with each node bound to what runs it: a kernel call, a bucket's call, the
+        vendor op, a host fallback; fused regions in place of their nodes."""
+        # inference graphs (grad is off): views need no autograd bookkeeping, and no buffer is
+        # saved for a backward pass
+        passes = (fold_view_chains, reinplace_accumulations) if self.kind == "inference" else ()
+        return bind_graph(self.plan.gm, decisions,
+                          lambda d: calls[d.node][0] if d.node in calls else
+                          self.triton_call(d.spec, runners[d.node], d.entry.key if d.entry else None),
+                          lambda d, op: HostFallback(host_implementation(op), d.op, self.target.name, d.repro,
+                                                       [m.stride for m in d.spec.outputs] if d.spec else None),
+                          fused, passes, guarded_inputs=self.kind != "backward")
+
+    def _first_call_hook(self, decisions: list[Decision], pending: list[Decision]) -> Callable | None:
+        """What the first call runs through, where it captures reproducers' inputs or strict mode
+        must name the ops left missing; None otherwise."""
+        missing: dict[str, str | None] = {}  # op -> a folder that names it (strict mode's error)
+        for d in decisions:
+            if d.missing and missing.get(d.op) is None:
+                missing[d.op] = d.repro
+        strict = self.session.options.strict and missing
+        if not (pending or strict):
+            return None
+        return lambda s, args: self._first_call(s, args, pending, missing if strict else None)
 
     def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None) -> tuple[BucketCall, dict] | None:
         """A bucket hit's kernel as a call that serves any size of the bucket, and the range of
