@@ -90,6 +90,15 @@ def last_json(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def console_scripts() -> dict[str, str]:
+    """pyproject.toml's [project.scripts]: command name -> "module:function"."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
 @pytest.fixture
 def fresh_python():
     return run_python

@@ -237,7 +237,7 @@ def _repro(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 def test_the_task_writer_and_its_checker(tmp_path):
     chip, repros, folder = _repro(tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "repros.py"), "task", str(folder)],
+    proc = subprocess.run([sys.executable, "-m", "torch_kernelize.repros", "task", str(folder)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     task = (folder / "task.md").read_text()

@@ -1,26 +1,24 @@
-"""tools/cache.py: list, show, check, export, import, trust, gc on a small real cache; exit codes."""
+"""python -m torch_kernelize.cache (and tools/cache.py, the same command from a checkout): list, show,
+check, export, import, trust, gc on a small real cache; exit codes."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import runpy
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO, console_scripts
 from test_kernel_cache import FP, NS, make_program, make_record, make_spec
 from torch_kernelize.kernel_cache import KernelCache, clear_memo
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "cache.py"
 
 
 @pytest.fixture(scope="module")
 def cli():
-    spec = importlib.util.spec_from_file_location("kernelize_cache_tool", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import torch_kernelize.cache
+    return torch_kernelize.cache
 
 
 @pytest.fixture
@@ -119,12 +117,24 @@ def test_an_import_that_stops_partway_lists_what_was_stored_and_exits_1(cli, fil
     assert not [p for p in new.entries_dir.iterdir() if p.name != first]  # nothing half-written
 
 
-def test_runs_as_a_script(filled):
+def test_runs_as_python_dash_m(filled):
+    """The installed command: python -m torch_kernelize.cache, in a fresh interpreter."""
     cache, hit, vendor = filled
-    r = subprocess.run([sys.executable, str(TOOL), "list", "--cache-dir", str(cache.root)],
+    r = subprocess.run([sys.executable, "-m", "torch_kernelize.cache", "list", "--cache-dir", str(cache.root)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert hit.key in r.stdout and vendor.key in r.stdout
+
+
+def test_the_checkout_script_and_the_console_script_run_the_same_command(cli, filled, monkeypatch, capsys):
+    """tools/cache.py run as a script, and pyproject's kernelize-cache, call the package's main."""
+    cache, hit, vendor = filled
+    monkeypatch.setattr(sys, "argv", ["tools/cache.py", "check", "--cache-dir", str(cache.root)])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(REPO / "tools" / "cache.py"), run_name="__main__")
+    assert exited.value.code == 0 and "0 problem(s)" in capsys.readouterr().out
+    module, _, name = console_scripts()["kernelize-cache"].partition(":")
+    assert getattr(importlib.import_module(module), name) is cli.main
 
 
 @pytest.mark.parametrize("args, says", [(["import"], "required: --cache-dir, archive"), (["bogus"], "invalid choice"),
@@ -175,3 +185,4 @@ def test_help_documents_exit_codes(cli, capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "exit codes:" in out and "  2  nothing was done" in out and "KERNELIZE_CONFIG_DIR" in out
+    assert out.startswith("usage: python -m torch_kernelize.cache ")

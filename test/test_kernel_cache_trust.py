@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from conftest import run_python
-from test_kernel_cache_cli import cli  # noqa: F401 - the fixture: tools/cache.py as a module
+from test_kernel_cache_cli import cli  # noqa: F401 - the fixture: torch_kernelize.cache
 from torch_kernelize.core.errors import CacheError
 from torch_kernelize.kernel_cache import KernelCache, clear_memo, export_cache, import_cache, signing
 from torch_kernelize.kernel_cache.integrity import dumps, manifest_of, sha256_bytes

@@ -35,9 +35,11 @@ PREFIXES = {
     "torch_kernelize.ledger": "ledger",
     "torch_kernelize.bottlenecks": "apps",
     "torch_kernelize.bringup": "apps",
+    "torch_kernelize.cache": "apps",
     "torch_kernelize.demo": "apps",
     "torch_kernelize.demo_external": "apps",
     "torch_kernelize.model_zoo": "apps",
+    "torch_kernelize.repros": "apps",
 }
 
 

@@ -1,5 +1,5 @@
 """Misses and missing ops: repro folders, standalone repro.py, strict mode, check mode + minifier,
-kernels failing at run time, lowering failures, tools/repros.py, fill_cache --repros."""
+kernels failing at run time, lowering failures, python -m torch_kernelize.repros, fill_cache --repros."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, last_json, run_python, write_target
+from conftest import REPO, console_scripts, last_json, run_python, write_target
 sys.path.insert(0, str(REPO / "test"))
 from torch_kernelize import flush_repros
 from torch_kernelize.core.errors import MissingOpsError
@@ -67,7 +67,7 @@ def test_missing_op_repro_reproduces_until_fill_cache_adds_a_kernel(tmp_path):
         assert after.returncode == 0, after.stdout + after.stderr
         assert "FIXED" in after.stdout and "tier triton" in after.stdout
 
-    listing = subprocess.run([sys.executable, str(REPO / "tools" / "repros.py"), "replay", str(repros)],
+    listing = subprocess.run([sys.executable, "-m", "torch_kernelize.repros", "replay", str(repros)],
                              capture_output=True, text=True, timeout=900)
     assert listing.returncode == 0, listing.stdout + listing.stderr
     n = len(list(repros.glob("*/spec.json")))
@@ -186,9 +186,24 @@ def test_repros_list_tool(tmp_path):
     _, inputs, compiled = _small(tmp_path, chip, tmp_path / "cache", tmp_path / "repros")
     compiled(*inputs)
     flush_repros()
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "repros.py"), "list", str(tmp_path / "repros")],
+    out = subprocess.run([sys.executable, "-m", "torch_kernelize.repros", "list", str(tmp_path / "repros")],
                          capture_output=True, text=True, check=True).stdout
     assert "missing" in out and "aten.histc.default" in out and "1 reproducer(s)" in out
+
+
+def test_the_checkout_script_and_the_console_script_run_the_same_command(tmp_path, monkeypatch, capsys):
+    """tools/repros.py run as a script, and pyproject's kernelize-repros, call the package's main."""
+    import importlib
+    import runpy
+
+    import torch_kernelize.repros
+    (tmp_path / "repros").mkdir()
+    monkeypatch.setattr(sys, "argv", ["tools/repros.py", "list", str(tmp_path / "repros")])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(REPO / "tools" / "repros.py"), run_name="__main__")
+    assert exited.value.code == 0 and "0 reproducer(s)" in capsys.readouterr().out
+    module, _, name = console_scripts()["kernelize-repros"].partition(":")
+    assert getattr(importlib.import_module(module), name) is torch_kernelize.repros.main
 
 
 def test_every_region_miss_gets_a_repro_also_when_view_folding_removed_its_inputs(tmp_path):

@@ -1,12 +1,12 @@
 """List reproducers, or replay them all in fresh processes with a summary table (from each
 folder's data: spec.json and its captured inputs; its repro.py runs only with --run-scripts).
 
-    python -m torch_kernelize.repro.listing list   kernelize_repros
-    python -m torch_kernelize.repro.listing replay kernelize_repros [--target T] [--cache-dir D] [--jobs N]
-                                                   [--run-scripts]
-    python -m torch_kernelize.repro.listing task   kernelize_repros/<folder>   # task.md + check_candidate.py
+    python -m torch_kernelize.repros list   kernelize_repros
+    python -m torch_kernelize.repros replay kernelize_repros [--target T] [--cache-dir D] [--jobs N] [--run-scripts]
+    python -m torch_kernelize.repros task   kernelize_repros/<folder>   # task.md + check_candidate.py
 
-(tools/repros.py is the same command from a checkout.)
+(``python -m torch_kernelize.repro.listing``, the ``kernelize-repros`` script and, in a checkout,
+``python tools/repros.py`` are the same command.)
 
 replay exits 0 when every repro is fixed, 1 when some still reproduce, 2 when some could not run.
 task writes a self-contained task for a person or an agent into the folder (repro/task.py).
@@ -95,7 +95,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torch_kernelize.repro.listing", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m torch_kernelize.repros", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("list", help="one line per reproducer")
     lp.add_argument("root", type=Path)
