@@ -221,8 +221,8 @@ def verify_archive(archive: Path | str) -> CheckedArchive:
 
 
 # A revalidation: given a cache holding the entries to check (a staging copy) and their keys,
-# {key: None when the entry passed, else why it failed}. tools/cache.py makes one from
-# fill_cache.verify (the layer that knows how to run kernels); kernel_cache only stores.
+# {key: None when the entry passed, else why it failed}. torch_kernelize/cache.py makes one
+# from fill_cache.verify (the layer that knows how to run kernels); kernel_cache only stores.
 Revalidator = Callable[[KernelCache, list[str]], Mapping[str, "str | None"]]
 
 
@@ -252,12 +252,13 @@ def trusted_signer(checked: CheckedArchive) -> tuple[str | None, str]:
 
 
 def _refusal(archive: Path, root: Path, why: str, signed_by: str | None) -> str:
-    trust = (f"trust its signer, if you know {signed_by} is theirs: tools/cache.py trust add {signed_by}"
+    tool = "python -m torch_kernelize.cache"
+    trust = (f"trust its signer, if you know {signed_by} is theirs: {tool} trust add {signed_by}"
              if signed_by else "ask whoever made it for an archive signed by a key you trust "
-             "(tools/cache.py export signs), and trust that key: tools/cache.py trust add KEY")
+             f"({tool} export signs), and trust that key: {tool} trust add KEY")
     return (f"archive {archive} was refused: {why}. Its hashes only show that it agrees with itself; its "
             f"kernels could compute anything. Either {trust}; or re-validate every entry on this machine "
-            f"and store only what passes: tools/cache.py import {archive} --cache-dir {root} --revalidate "
+            f"and store only what passes: {tool} import {archive} --cache-dir {root} --revalidate "
             "--target TARGET")
 
 

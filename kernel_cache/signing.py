@@ -10,9 +10,9 @@ Both files, and the folder, count only when they belong to the user (or root) an
 can write them, as ssh asks of ``authorized_keys``; otherwise CacheError says what to fix.
 
 A public key is written ``ed25519:<base64 of its 32 raw bytes>``: one token to paste into
-``tools/cache.py trust add``. The user's own key is always trusted (whoever can read it can sign
-as the user anyway). ``cryptography`` is imported only here, and only when a key is used: the
-serving path never needs it.
+``python -m torch_kernelize.cache trust add``. The user's own key is always trusted (whoever can
+read it can sign as the user anyway). ``cryptography`` is imported only here, and only when a key
+is used: the serving path never needs it.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def parse_public_key(text: str) -> bytes:
     text = text.strip() if isinstance(text, str) else text
     if not isinstance(text, str) or not text.startswith(KEY_PREFIX):
         raise CacheError(f"{text!r} is not a public key: expected {KEY_PREFIX}<base64> "
-                         "(as `tools/cache.py trust key` prints it)")
+                         "(as `python -m torch_kernelize.cache trust key` prints it)")
     try:
         raw = base64.b64decode(text[len(KEY_PREFIX):], validate=True)
     except (binascii.Error, ValueError):
@@ -213,7 +213,8 @@ def _read_trusted() -> dict[str, str]:
     try:
         text = data.decode()
     except UnicodeDecodeError:
-        raise CacheError(f"{path} is not text: one public key a line (tools/cache.py trust add)") from None
+        raise CacheError(f"{path} is not text: one public key a line "
+                         "(python -m torch_kernelize.cache trust add)") from None
     keys: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -241,8 +242,8 @@ def trusted_keys() -> dict[str, str]:
 def _write_trusted(keys: Mapping[str, str]) -> None:
     path = _trusted_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lines = ["# Public keys whose signed kernel cache archives `tools/cache.py import` accepts.",
-             "# Edit with `tools/cache.py trust add|remove`."]
+    lines = ["# Public keys whose signed kernel cache archives `python -m torch_kernelize.cache import` accepts.",
+             "# Edit with `python -m torch_kernelize.cache trust add|remove`."]
     lines += [f"{k} {name}".rstrip() for k, name in keys.items()]
     write_file_atomic(path, ("\n".join(lines) + "\n").encode())
     os.chmod(path, 0o644)

@@ -105,11 +105,11 @@ def test_an_op_no_generator_fills_points_to_the_candidate_route(tmp_path, model_
     spec = KernelSpec.from_call(torch.ops.aten.histc.default, (x,), {}, torch.histc(x))
     [line] = missing_lines([Decision("n", "aten.histc.default", "fallback", "", missing=True, spec=spec,
                                      repro="kernelize_repros/histc-x")])
-    assert "no generator fills it" in line and "torch_kernelize.repro.listing task kernelize_repros/histc-x" in line
+    assert "no generator fills it" in line and "torch_kernelize.repros task kernelize_repros/histc-x" in line
     words = shlex.split(line.split("(", 1)[1].rstrip(")"))
-    from torch_kernelize.repro.listing import main as listing_main
-    assert words[:3] == ["python", "-m", "torch_kernelize.repro.listing"]
-    assert listing_main(words[3:]) == 2  # runs as printed (the folder here is not a real one)
+    from torch_kernelize.repros import main as repros_main
+    assert words[:3] == ["python", "-m", "torch_kernelize.repros"]
+    assert repros_main(words[3:]) == 2  # runs as printed (the folder here is not a real one)
 
 
 def test_bringup_compares_integer_outputs_exactly_and_complex_as_complex():

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     folders = sorted(f.parent for f in repros.glob("*/spec.json"))
     print(f"\n{len(folders)} reproducer(s) written to {repros}:")
-    run([py, "-m", "torch_kernelize.repro.listing", "list", str(repros)], work)
+    run([py, "-m", "torch_kernelize.repros", "list", str(repros)], work)
 
     missing = [f for f in folders if json.loads((f / "spec.json").read_text())["kind"] == "missing"]
     banner("2. the missing op's repro.py reproduces (exit 1)")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     banner("5. the missing op's repro.py now exits 0; every reproducer replayed")
     after = run([py, str(missing[0] / "repro.py")], missing[0])
     print(f"exit status: {after.returncode}")
-    replay = run([py, "-m", "torch_kernelize.repro.listing", "replay", str(repros), "--jobs", "2"], work)
+    replay = run([py, "-m", "torch_kernelize.repros", "replay", str(repros), "--jobs", "2"], work)
     print(f"\nJSON coverage report: {report}\nkernel cache: {cache}\nreproducers: {repros}")
     return 0 if before.returncode == 1 and after.returncode == 0 and replay.returncode == 0 else 1
 

@@ -4,7 +4,8 @@ The chip's vendor library lacks aten.logcumsumexp, which has no decomposition an
 family here: nothing on the chip can run it.
 
   1. compile + run a model that uses it: the op runs on the host fallback and leaves a reproducer;
-  2. `tools/repros.py task` turns the reproducer into a task (task.md + check_candidate.py);
+  2. `python -m torch_kernelize.repros task` turns the reproducer into a task (task.md +
+     check_candidate.py);
   3. the task's check_candidate.py accepts the candidate file shipped in examples/;
   4. fill_cache --repros ... --candidate FILE records its launches, validates and stores it
      (provenance "external", the file's sha256);
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     banner("2. the reproducer becomes a task for a person or an agent")
-    if run([py, "-m", "torch_kernelize.repro.listing", "task", str(folder)], work).returncode != 0:
+    if run([py, "-m", "torch_kernelize.repros", "task", str(folder)], work).returncode != 0:
         return 1
     task = (folder / "task.md").read_text().splitlines()
     print(textwrap.indent("\n".join(task[:40]), "    ") + "\n    ...")

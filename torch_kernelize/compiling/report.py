@@ -30,7 +30,7 @@ REPORT_VERSION = 1
 # The table's columns: the tiers, with the views and factories of the vendor tier apart (they
 # run no kernel: "vendor 189" would otherwise hide how few real vendor kernels a chip needs).
 COLUMNS = ("decompose", "triton", "vendor", "view", "fallback")
-TASK_COMMAND = "python -m torch_kernelize.repro.listing task"  # task.md + check_candidate.py
+TASK_COMMAND = "python -m torch_kernelize.repros task"  # task.md + check_candidate.py
 
 
 def column(d: Decision) -> str:

@@ -201,7 +201,8 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
     unfilled = count("no generator")
     if unfilled:
         print(f"fill_cache: {unfilled} spec(s) no generator fills: each one's reproducer is a task for a person or "
-              "an agent (python tools/repros.py task REPRO_FOLDER; then fill_cache --candidate FILE --repros DIR)")
+              "an agent (python -m torch_kernelize.repros task REPRO_FOLDER; then fill_cache --candidate FILE "
+              "--repros DIR)")
     print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; {count('stored')} stored, {count('vendor wins')} "
           f"vendor wins, {own}{count('no correct candidate')} without a correct candidate, {count('too large')} too "
           f"large, {count('failed')} failed; " + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items())

@@ -104,7 +104,8 @@ class FillRun:
             return row
         family = self.space(spec)
         if family is None:  # a person or an agent can still write it: the reproducer's task.md says how
-            row.update(status="no generator", winner="write one: tools/repros.py task <its repro>, then --candidate")
+            row.update(status="no generator",
+                       winner="write one: python -m torch_kernelize.repros task <its repro>, then --candidate")
             return row
         if not self.force and self.never_run(work):
             row["status"] = IN_WHOLE if self._in_whole(work) else "in a fused region"

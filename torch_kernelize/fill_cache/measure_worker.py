@@ -13,12 +13,12 @@ Candidates are still built by the parent's Builder (its own pool); the worker lo
 
 The same worker runs every untrusted kernel on every target (the interpreter runs a kernel's
 body as Python in the process: an out-of-bounds store segfaults it): fill_cache's candidates,
-and the entries that ``tools/cache.py verify`` and ``import --revalidate`` run (verify.py). Each
-call has a time limit (``--time-limit``, else $KERNELIZE_TIME_LIMIT): a kernel that does not
-finish in it is failed with "timed out after N s" and the worker is replaced. On a CPU target
-the worker's address space is limited too (RLIMIT_AS: what the host had available when it
-started, else $KERNELIZE_MEMORY_LIMIT GiB), so a kernel that allocates without end gets a
-MemoryError instead of the OOM killer. The worker starts when first needed and is reused.
+and the entries that ``python -m torch_kernelize.cache verify`` and ``import --revalidate`` run
+(verify.py). Each call has a time limit (``--time-limit``, else $KERNELIZE_TIME_LIMIT): a kernel
+that does not finish in it is failed with "timed out after N s" and the worker is replaced. On a
+CPU target the worker's address space is limited too (RLIMIT_AS: what the host had available
+when it started, else $KERNELIZE_MEMORY_LIMIT GiB), so a kernel that allocates without end gets
+a MemoryError instead of the OOM killer. The worker starts when first needed and is reused.
 """
 from __future__ import annotations
 

@@ -118,8 +118,8 @@ def main(repro_cls: type, load_args: Callable, file: str, argv: list[str] | None
 
 
 def main_folder(argv: list[str] | None = None) -> int:
-    """Replay a folder from its data alone (tools/repros.py replay): the graph from spec.json's
-    spec, the inputs from the content store; nothing of the folder is executed."""
+    """Replay a folder from its data alone (``python -m torch_kernelize.repros replay``): the graph
+    from spec.json's spec, the inputs from the content store; nothing of the folder is executed."""
     from torch_kernelize.serving.repro_inputs import ReproProblem, read_inputs, read_meta
     from torch_kernelize.serving.repro_writer import spec_graph
     from torch_kernelize.core.spec import KernelSpec

@@ -1,6 +1,6 @@
 """A reproducer as a task for a person or an agent: task.md and check_candidate.py in its folder.
 
-    python tools/repros.py task kernelize_repros/<folder>
+    python -m torch_kernelize.repros task kernelize_repros/<folder>
 
 task.md says everything a kernel for the reproducer's spec must do and how it will be judged:
 the op as ATen code and its schema, every tensor's shape, strides and dtype, the reference
