@@ -170,3 +170,34 @@ def test_a_device_assert_while_a_generator_ran_in_this_process_ends_the_run_and_
     assert not ev.fault and ev.error.endswith("bad kernel")
     builder._pool = None
     builder.close()
+
+
+def _slow_echo(value, seconds):
+    import time
+    time.sleep(seconds)
+    return value
+
+
+def test_a_call_interrupted_by_the_callers_alarm_leaves_no_stale_answer_for_the_next():
+    """An exception raised into the parent while the worker computes (a caller's SIGALRM, as a
+    sweep's deadline raises; Ctrl-C) ends the worker: its answer would otherwise be read as the
+    next call's, and every later call of the process would get the one before's."""
+    import signal
+
+    class Deadline(Exception):
+        pass
+
+    def fire(signum, frame):
+        raise Deadline()
+    worker = measure_worker.MeasureWorker(time_limit_s=60)
+    previous = signal.signal(signal.SIGALRM, fire)
+    try:
+        assert worker.call(_slow_echo, "warm", 0) == "warm"
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Deadline):
+            worker.call(_slow_echo, "late", 2)
+        assert worker.call(_slow_echo, "next", 0) == "next"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        worker.stop()

@@ -175,15 +175,16 @@ class MeasureWorker:
                                   f"--time-limit or ${TIME_LIMIT_ENV}")
             if text is None:
                 status, value = self._conn.recv()
-                if status == "error":
-                    raise value
-                return value
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self._proc.join(5)
             text = _died_text(self._proc.exitcode)
-        except KeyboardInterrupt:  # its answer would come to the next call: end it, the parent stops
+        except BaseException:  # interrupted (Ctrl-C, a caller's alarm): its answer would come to the next call
             self.stop()
             raise
+        if text is None:
+            if status == "error":
+                raise value
+            return value
         self.restart()
         raise WorkerDied(text)
 
