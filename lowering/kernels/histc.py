@@ -325,311 +325,7 @@ class HistcFamily(KernelFamily):
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan = self.checked_plan(spec, config)
-        block, iters, warps = int(config["BLOCK"]), int(config["ITERS"]), int(config["num_warps"])
-        variant = config["VARIANT"]
-        bins, dtype, n = plan["bins"], plan["dtype"], plan["N"]
-        data_range = plan["data_range"]
-        half = dtype != "float32"
-        direct = not half            # fp32: count into the output (float atomics, as ATen)
-        nb = max(32, _p2(bins))
-        per_prog = block * iters
-        grid = (-(-n // per_prog),)
-        # a data range: histc_range_kernel's programs each take r_iters blocks, so that the
-        # histogram's programs read at most MAX_PARTIALS partial ranges
-        r_iters = iters
-        while -(-n // (block * r_iters)) > MAX_PARTIALS:
-            r_iters *= 2
-        parts = -(-n // (block * r_iters))
-        # ONE_LAUNCH: a data range in one launch of sync_p persistent programs (a grid barrier
-        # between the range and the histogram), each taking blocks pid, pid + sync_p, ...
-        sync_p = int(config.get("ONE_LAUNCH", 0))
-        if sync_p:
-            parts, r_iters = sync_p, 1
-        wide = cg.needs_int64(plan["sizes"], plan["strides"], slack=block * r_iters)
-        ostride = plan["out_stride"]
-        T = cg.tl_type(dtype)
-
-        s = cg.Source()
-        s(cg.HEADER, cg.describe_spec(spec))
-        s(f"# {n} elements over sizes {list(plan['sizes'])}, strides {list(plan['strides'][0])}; {bins} bins")
-        if sync_p:
-            s(f"# one launch of {sync_p} programs, each taking blocks pid, pid + {sync_p}, ...: the range pass, a grid",
-              "# barrier, the histogram; range_ptr = per program [min], [-max], [NaN flag (-1 = NaN seen)]")
-        else:
-            s(f"# each program bins {iters} block(s) of BLOCK elements ({per_prog} in all)")
-        if data_range and not sync_p:
-            s(f"# range from the data: histc_range_kernel -> tmp0 = per program [min] * {parts}, [-max] * {parts},",
-              f"# [NaN flag (-1 = NaN seen)] * {parts}; the programs after it reduce those partials")
-        s.blank()
-        if dtype == "bfloat16":
-            s(BF16_ROUND.strip("\n")).blank()
-        if variant == "shared":
-            s(_shared_helpers(bins, nb, int(config["COPIES"])).strip("\n")).blank()
-
-        def elements(iters: int = iters, blk: str = "pid", hint: str = "") -> str | None:
-            """Emit idx/mask/offset lines for block ``it`` of ``iters`` of program block ``blk``, and
-            the load of x (cache policy ``hint``); returns the mask name (or None)."""
-            s(f"idx = ({blk}{'.to(tl.int64)' if wide else ''} * {iters} + it) * BLOCK + tl.arange(0, BLOCK)"
-              if iters > 1 else f"idx = {blk}{'.to(tl.int64)' if wide else ''} * BLOCK + tl.arange(0, BLOCK)")
-            mask = None
-            if n % (block * iters):
-                s(f"mask = idx < {n}")
-                mask = "mask"
-            lines, offs = cg.decompose("idx", plan["sizes"], plan["strides"], "i")
-            for line in lines:
-                s(line)
-            kw = f", mask={mask}, other=0.0" if mask else ""
-            kw += f", eviction_policy={hint!r}" if hint else ""
-            conv = "" if dtype == "float32" else ".to(tl.float32)"
-            s(f"x = tl.load(in0_ptr + {offs[0]}{kw}){conv}")
-            return mask
-
-        def loop_header(iters: int = iters, reverse: bool = False):
-            if iters > 1 and reverse:
-                s(f"for it0 in range({iters}):").indent()(f"it = {iters - 1} - it0")
-            elif iters > 1:
-                s(f"for it in range({iters}):").indent()
-
-        def loop_end(iters: int = iters):
-            if iters > 1:
-                s.dedent()
-
-        inf = cg.float_literal(math.inf)
-
-        def read_range(fresh: bool = False):
-            """Emit mn, mx and nan_seen: the data's range, reduced from the programs' partials;
-            ``fresh``: written in this launch (behind a grid barrier), so read from L2, not L1."""
-            p2 = max(2, _p2(parts))
-            kw = f", mask=r < {parts}, other=" if p2 != parts else None
-            cg_ = ', cache_modifier=".cg"' if fresh else ""
-            s(f"r = tl.arange(0, {p2})",
-              f"mn = tl.min(tl.load(range_ptr + r{kw + inf if kw else ''}{cg_}), 0)",
-              f"mx = -tl.min(tl.load(range_ptr + {parts} + r{kw + inf if kw else ''}{cg_}), 0)",
-              f"nan_seen = tl.min(tl.load(range_ptr + {2 * parts} + r{kw + '0.0' if kw else ''}{cg_}), 0)")
-
-        def bins_slice(programs: int) -> str:
-            """Emit zb/zmask: this program's share of the bins (for zeroing or NaN-filling them)."""
-            share = -(-bins // programs)
-            s(f"zb = pid * {share} + tl.arange(0, {_p2(share)})",
-              f"zmask = zb < {bins}" if _p2(share) == share else
-              f"zmask = (tl.arange(0, {_p2(share)}) < {share}) & (zb < {bins})")
-            return "zmask"
-
-        launches, temps = [], []
-        counts_arg = ("out", 0) if direct else ("tmp", 1 if data_range else 0)
-        cstride = ostride if direct else 1
-
-        def range_pass(blocks: int | None = None):
-            """Emit this program's partial range (min, -max, a NaN flag) into range_ptr[pid] and the
-            zeroing of its share of the counts; ``blocks``: iterate pid, pid + P, ... over that many
-            blocks (one launch), else the program's r_iters blocks."""
-            s(f"lo = tl.full([BLOCK], {inf}, dtype=tl.float32)",
-              f"neg_hi = tl.full([BLOCK], {inf}, dtype=tl.float32)",
-              "nan_seen = tl.zeros([BLOCK], dtype=tl.float32)")
-            if blocks is None:
-                loop_header(r_iters)
-                mask = elements(r_iters)
-            else:
-                s(f"for blk in range(pid, {blocks}, {parts}):").indent()
-                mask = elements(1, blk="blk")
-            ok = f"{mask} & (x == x)" if mask else "x == x"
-            s(f"lo = tl.minimum(lo, tl.where({ok}, x, {inf}))",
-              f"neg_hi = tl.minimum(neg_hi, tl.where({ok}, -x, {inf}))",
-              f"nan_seen = tl.minimum(nan_seen, tl.where({(mask + ' & ') if mask else ''}(x != x), -1.0, 0.0))")
-            if blocks is None:
-                loop_end(r_iters)
-            else:
-                s.dedent()
-            s("tl.store(range_ptr + pid, tl.min(lo, 0))",
-              f"tl.store(range_ptr + {parts} + pid, tl.min(neg_hi, 0))",
-              f"tl.store(range_ptr + {2 * parts} + pid, tl.min(nan_seen, 0))",
-              "# the counts start at zero (every program adds to them after this)")
-            zmask = bins_slice(parts)
-            s(f"tl.store(hist_ptr + {cg.scaled('zb', cstride)}, {'0.0' if direct else '0'}, mask={zmask})")
-
-        def data_edges(fresh: bool):
-            """Emit lo, hi, valid and width from the partial ranges (ATen's arithmetic)."""
-            read_range(fresh)
-            s("# ATen: an empty data range widens by 1 each way (in double), then edges round to the dtype",
-              "lo64 = tl.where(mn == mx, mn.to(tl.float64) - 1.0, mn.to(tl.float64))",
-              "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0, mx.to(tl.float64))",
-              f"lo = {_round_expr('lo64.to(tl.float32)', dtype)}",
-              f"hi = {_round_expr('hi64.to(tl.float32)', dtype)}",
-              "# where ATen raises (NaN or inf in the data) the range is made empty: nothing counts",
-              f"valid = (nan_seen == 0.0) & (lo > -{inf}) & (hi < {inf})",
-              f"lo = tl.where(valid, lo, {inf})",
-              f"hi = tl.where(valid, hi, -{inf})")
-            width = "_round_bf16(hi - lo)" if dtype == "bfloat16" else f"(hi - lo).to({T}).to(tl.float32)" if half else "hi - lo"
-            s(f"width = {width}")
-
-        def histogram_pass(blocks: int | None = None):
-            """Emit the counting of this program's elements into hist_ptr; ``blocks`` as in
-            range_pass (then walked last-first, so it starts on what the range pass read last)."""
-            bins_f = float(bins) if not half else _to_dtype(float(bins), dtype)
-            if data_range:
-                data_edges(fresh=blocks is not None)
-                lo_e, hi_e, width_e = "lo", "hi", "width"
-            else:
-                lo_e, hi_e, width_e = (cg.float_literal(plan[k]) for k in ("lo", "hi", "width"))
-                lo_e = f"({lo_e})" if lo_e.startswith("-") else lo_e
-                s(f"# range [{plan['lo']!r}, {plan['hi']!r}] in {dtype}; width hi - lo = {plan['width']!r} in {dtype}")
-            if variant == "local":
-                s(f"counts = tl.zeros([{nb}], dtype=tl.int32)")
-            elif variant == "shared":
-                s("counts = _shist_init()")
-            elif variant == "dot":
-                nhi, nlo = _dot_tile(bins)
-                int8 = config["ONEHOT"] == "int8"
-                oh = "tl.int8" if int8 else "tl.float16"
-                s(f"# bin = hi * {nlo} + lo: counts[hi, lo] += one_hot(hi)^T @ one_hot(lo) on the tensor cores",
-                  f"counts = tl.zeros([{nhi}, {nlo}], dtype={'tl.int32' if int8 else 'tl.float32'})")
-            stream = config.get("STREAM", "")
-            if blocks is not None:
-                s(f"count = ({blocks - 1} - pid) // {parts} + 1  # this program's blocks: pid, pid + {parts}, ...",
-                  "for i in range(count):").indent()
-                s(f"blk = pid + (count - 1 - i) * {parts}")
-                mask = elements(1, blk="blk", hint=stream)
-            else:
-                reverse = bool(config.get("REVERSE", False))
-                if reverse:
-                    s("# blocks in reverse order: the first programs read what the range pass read last, while",
-                      "# it is still in L2")
-                    s(f"blk = {grid[0] - 1} - pid")
-                loop_header(reverse=reverse)
-                mask = elements(blk="blk" if reverse else "pid", hint=stream)
-            keep = " & ".join(([mask] if mask else []) + [f"(x >= {lo_e})", f"(x <= {hi_e})"])
-            s(f"keep = {keep}  # NaN fails both comparisons")
-            inv = None if data_range else _exact_inverse(plan["width"])
-            if inv is not None:
-                s(f"# the width is a power of two: q * {inv!r} is q / width exactly (the same single rounding)")
-            div = (lambda q: f"tl.div_rn({q}, {width_e})") if inv is None else (lambda q: f"({q} * {cg.float_literal(inv)})")
-            if half:
-                rnd = (lambda v: f"_round_bf16({v})") if dtype == "bfloat16" else (lambda v: f"({v}).to({T}).to(tl.float32)")
-                s(f"# ATen's {dtype} arithmetic rounds after every step",
-                  f"d = {rnd(f'x - {lo_e}')}",
-                  f"q = {rnd(f'd * {cg.float_literal(bins_f)}')}",
-                  f"pos = {rnd(div('q'))}.to(tl.int32)")
-            else:
-                s(f"pos = {div(f'((x - {lo_e}) * {cg.float_literal(bins_f)})')}.to(tl.int32)")
-            s(f"pos = tl.minimum(tl.maximum(pos, 0), {bins - 1})  # x == max lands in the last bin")
-            if variant == "local":
-                s(f"counts += tl.histogram(pos, {nb}, mask=keep)")
-            elif variant == "shared":
-                s(f"counts = _shist_add(counts, tl.where(keep, pos, {bins}))  # no bin: the spare counter {bins}")
-            elif variant == "dot":
-                s(f"sel = tl.where(keep, pos >> {nlo.bit_length() - 1}, -1)  # no bin: an all-zero one-hot column",
-                  "# one-hots as [HI|LO, BLOCK]: with BLOCK minor each element's bin stays in one thread",
-                  "# ([BLOCK, 16] made Triton recompute the bin arithmetic in 16 threads: ~4x the SASS)",
-                  f"oh_hi = (sel[None, :] == tl.arange(0, {nhi})[:, None]).to({oh})",
-                  f"oh_lo = ((pos & {nlo - 1})[None, :] == tl.arange(0, {nlo})[:, None]).to({oh})",
-                  f"counts = tl.dot(oh_hi, tl.trans(oh_lo), counts{', out_dtype=tl.int32' if int8 else ''})")
-            else:
-                s(f"tl.atomic_add(hist_ptr + {cg.scaled('pos', cstride)}, {'1.0' if direct else '1'}, "
-                  "mask=keep, sem=\"relaxed\")")
-            if blocks is not None:
-                s.dedent()
-            else:
-                loop_end()
-            if variant == "shared":
-                s("counts = _shist_counts(counts)  # after a barrier: the program's counts from shared memory")
-            if variant != "atomic":  # one atomic per non-empty bin; counts[hi, lo] is bin hi * LO + lo
-                s(f"b = tl.arange(0, {nb})" if variant in ("local", "shared") else
-                  f"b = tl.arange(0, {nhi})[:, None] * {nlo} + tl.arange(0, {nlo})[None, :]")
-                cast = ".to(tl.float32)" if direct else "" if variant != "dot" or int8 else ".to(tl.int32)"
-                s(f"tl.atomic_add(hist_ptr + {cg.scaled('b', cstride)}, "
-                  f"counts{cast}, mask=(b < {bins}) & (counts > 0), sem=\"relaxed\")")
-            if data_range and direct:
-                s("# where ATen raises, every bin is NaN (nothing was counted: the range was made empty)")
-                zmask = bins_slice(parts if blocks is not None else grid[0])
-                s(f"tl.store(hist_ptr + {cg.scaled('zb', cstride)}, float('nan'), mask={zmask} & (valid == 0))")
-
-        def finish(counts: str, b: str, bmask: str | None, fresh: bool = False):
-            """Emit the conversion of the exact int32 counts at ``counts`` + bins ``b`` to the output
-            dtype (NaN where ATen would have raised)."""
-            kw = f", mask={bmask}" if bmask else ""
-            kw += ', cache_modifier=".cg"' if fresh else ""
-            s(f"y = tl.load({counts} + {b}{kw}).to(tl.float32)")
-            if data_range:
-                read_range(fresh)
-                s(f"valid = (nan_seen == 0.0) & (mn > -{inf}) & (mx < {inf})",
-                  "y = tl.where(valid, y, float('nan'))")
-            v = {"float32": "y", "float16": "y.to(tl.float16)",
-                 "bfloat16": "_round_bf16(y).to(tl.bfloat16)"}[dtype]
-            s(f"tl.store(out0_ptr + {cg.scaled(b, ostride)}, {v}{f', mask={bmask}' if bmask else ''})")
-
-        if sync_p:
-            # One launch of sync_p programs: the range pass, a grid barrier, the histogram pass
-            # (and for fp16/bf16 another barrier, then the conversion of the counts).
-            phases = 2 if direct else 3
-            nblk = -(-n // block)
-            s(cg.grid_barrier_source(sync_p).strip("\n")).blank()
-            temps.append(Buffer((3 * parts,), "float32", None))
-            if not direct:
-                temps.append(Buffer((bins,), "int32", None))
-            params = ["in0_ptr", "hist_ptr", "range_ptr", "sync_ptr"] + ([] if direct else ["out0_ptr"])
-            s("@triton.jit", f"def histc_kernel({', '.join(params)}, BLOCK: tl.constexpr, PHASE: tl.constexpr):").indent()
-            s("# PHASE 0: every phase, with grid barriers between them (the GPU); k: phase k alone (the",
-              "# interpreter launches phase after phase)",
-              "pid = tl.program_id(0)",
-              "if PHASE == 0 or PHASE == 1:").indent()
-            s("# 1. this program's share of the range; zero its share of the counts")
-            range_pass(nblk)
-            s.dedent()("if PHASE == 0:").indent()("_grid_barrier(sync_ptr)").dedent()
-            s("if PHASE == 0 or PHASE == 2:").indent()
-            s("# 2. the histogram, with the range reduced from every program's partial")
-            histogram_pass(nblk)
-            s.dedent()
-            if not direct:
-                s("if PHASE == 0:").indent()("_grid_barrier(sync_ptr)").dedent()
-                s("if PHASE == 0 or PHASE == 3:").indent()("# 3. the exact counts to the output dtype")
-                bins_slice(parts)
-                finish("hist_ptr", "zb", "zmask", fresh=True)
-                s.dedent()
-            s.dedent().blank()
-            args = (("in", 0), counts_arg, ("tmp", 0), ("state", 0)) + (() if direct else (("out", 0),))
-            launches.append(Launch("histc_kernel", (sync_p,), args, {"BLOCK": block, PHASE: 0}, warps, 1, phases))
-            return KernelProgram(s.text(), tuple(launches), temps=tuple(temps), state=(Buffer((1,), "int32", 0),))
-
-        # 1. range from the data
-        if data_range:
-            # Partial ranges per program, no atomics: nothing to initialise, so a call makes two
-            # launches (three for fp16/bf16) and no fills. This kernel also zeroes the counts.
-            s("@triton.jit", "def histc_range_kernel(in0_ptr, range_ptr, hist_ptr, BLOCK: tl.constexpr):").indent()
-            s("pid = tl.program_id(0)")
-            range_pass()
-            s.dedent().blank()
-            temps.append(Buffer((3 * parts,), "float32", None))
-            launches.append(Launch("histc_range_kernel", (parts,), (("in", 0), ("tmp", 0), counts_arg),
-                                   {"BLOCK": block}, warps, 1))
-
-        # 2. the histogram
-        if not direct:  # zeroed by the range kernel, when there is one
-            temps.append(Buffer((bins,), "int32", None if data_range else 0))
-        params = ["in0_ptr", "hist_ptr"] + (["range_ptr"] if data_range else []) + ["BLOCK: tl.constexpr"]
-        s("@triton.jit", f"def histc_kernel({', '.join(params)}):").indent()
-        s("pid = tl.program_id(0)")
-        histogram_pass()
-        s.dedent().blank()
-        args = (("in", 0), counts_arg) + ((("tmp", 0),) if data_range else ())
-        launches.append(Launch("histc_kernel", grid, args, {"BLOCK": block}, warps, 1))
-
-        # 3. exact integer counts -> output dtype (NaN where ATen would have raised)
-        if not direct:
-            fb = min(_p2(bins), 1024)
-            params = ["counts_ptr", "out0_ptr"] + (["range_ptr"] if data_range else []) + ["BLOCK: tl.constexpr"]
-            s("@triton.jit", f"def histc_finish_kernel({', '.join(params)}):").indent()
-            s("b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)")
-            bmask = bins % fb != 0
-            if bmask:
-                s(f"bmask = b < {bins}")
-            finish("counts_ptr", "b", "bmask" if bmask else None)
-            s.dedent()
-            args = (("tmp", len(temps) - 1), ("out", 0)) + ((("tmp", 0),) if data_range else ())
-            launches.append(Launch("histc_finish_kernel", (-(-bins // fb),), args, {"BLOCK": fb},
-                                   4 if fb >= 512 else 1, 1))
-        return KernelProgram(s.text(), tuple(launches), output_init=(0,) if direct and not data_range else (),
-                             temps=tuple(temps))
+        return _HistcWriter(spec, self.checked_plan(spec, config), config).program()
 
     # --- validation inputs --------------------------------------------------------------------
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
@@ -651,6 +347,389 @@ class HistcFamily(KernelFamily):
         flat = torch.as_strided(x, (span,), (1,), x.storage_offset())
         flat.copy_(_unambiguous(flat.clone(), plan))
         return [to_device(x, device)]
+
+
+class _HistcWriter:
+    """The program of one histc spec under one config (``HistcFamily.generate``): the kernels of
+    the module docstring, written piece by piece into one source. The values derived from the
+    plan and the config are attributes; each method emits one piece of kernel code."""
+
+    def __init__(self, spec: KernelSpec, plan: dict, config: Config):
+        self.spec, self.plan, self.config = spec, plan, config
+        self.block, self.iters, self.warps = int(config["BLOCK"]), int(config["ITERS"]), int(config["num_warps"])
+        self.variant = config["VARIANT"]
+        self.bins, self.dtype, self.n = plan["bins"], plan["dtype"], plan["N"]
+        self.data_range = plan["data_range"]
+        self.half = self.dtype != "float32"
+        self.direct = not self.half            # fp32: count into the output (float atomics, as ATen)
+        self.nb = max(32, _p2(self.bins))
+        self.per_prog = self.block * self.iters
+        self.grid = (-(-self.n // self.per_prog),)
+        # a data range: histc_range_kernel's programs each take r_iters blocks, so that the
+        # histogram's programs read at most MAX_PARTIALS partial ranges
+        self.r_iters = self.iters
+        while -(-self.n // (self.block * self.r_iters)) > MAX_PARTIALS:
+            self.r_iters *= 2
+        self.parts = -(-self.n // (self.block * self.r_iters))
+        # ONE_LAUNCH: a data range in one launch of sync_p persistent programs (a grid barrier
+        # between the range and the histogram), each taking blocks pid, pid + sync_p, ...
+        self.sync_p = int(config.get("ONE_LAUNCH", 0))
+        if self.sync_p:
+            self.parts, self.r_iters = self.sync_p, 1
+        self.wide = cg.needs_int64(plan["sizes"], plan["strides"], slack=self.block * self.r_iters)
+        self.ostride = plan["out_stride"]
+        self.T = cg.tl_type(self.dtype)
+        self.inf = cg.float_literal(math.inf)
+        self.launches: list[Launch] = []
+        self.temps: list[Buffer] = []
+        self.counts_arg = ("out", 0) if self.direct else ("tmp", 1 if self.data_range else 0)
+        self.cstride = self.ostride if self.direct else 1
+        self.s = cg.Source()
+
+    def program(self) -> KernelProgram:
+        self.head()
+        if self.sync_p:
+            return self.one_launch()
+        # 1. range from the data
+        if self.data_range:
+            self.range_kernel()
+        # 2. the histogram
+        self.histogram_kernel()
+        # 3. exact integer counts -> output dtype (NaN where ATen would have raised)
+        if not self.direct:
+            self.finish_kernel()
+        return KernelProgram(self.s.text(), tuple(self.launches),
+                             output_init=(0,) if self.direct and not self.data_range else (), temps=tuple(self.temps))
+
+    def head(self) -> None:
+        """The module's header comments and helpers."""
+        s, n, bins, parts, sync_p = self.s, self.n, self.bins, self.parts, self.sync_p
+        s(cg.HEADER, cg.describe_spec(self.spec))
+        s(f"# {n} elements over sizes {list(self.plan['sizes'])}, strides {list(self.plan['strides'][0])}; {bins} bins")
+        if sync_p:
+            s(f"# one launch of {sync_p} programs, each taking blocks pid, pid + {sync_p}, ...: the range pass, a grid",
+              "# barrier, the histogram; range_ptr = per program [min], [-max], [NaN flag (-1 = NaN seen)]")
+        else:
+            s(f"# each program bins {self.iters} block(s) of BLOCK elements ({self.per_prog} in all)")
+        if self.data_range and not sync_p:
+            s(f"# range from the data: histc_range_kernel -> tmp0 = per program [min] * {parts}, [-max] * {parts},",
+              f"# [NaN flag (-1 = NaN seen)] * {parts}; the programs after it reduce those partials")
+        s.blank()
+        if self.dtype == "bfloat16":
+            s(BF16_ROUND.strip("\n")).blank()
+        if self.variant == "shared":
+            s(_shared_helpers(bins, self.nb, int(self.config["COPIES"])).strip("\n")).blank()
+
+    # --- pieces of the passes -----------------------------------------------------------------
+    def elements(self, iters: int | None = None, blk: str = "pid", hint: str = "") -> str | None:
+        """Emit idx/mask/offset lines for block ``it`` of ``iters`` of program block ``blk``, and
+        the load of x (cache policy ``hint``); returns the mask name (or None)."""
+        s, wide = self.s, self.wide
+        iters = self.iters if iters is None else iters
+        s(f"idx = ({blk}{'.to(tl.int64)' if wide else ''} * {iters} + it) * BLOCK + tl.arange(0, BLOCK)"
+          if iters > 1 else f"idx = {blk}{'.to(tl.int64)' if wide else ''} * BLOCK + tl.arange(0, BLOCK)")
+        mask = None
+        if self.n % (self.block * iters):
+            s(f"mask = idx < {self.n}")
+            mask = "mask"
+        lines, offs = cg.decompose("idx", self.plan["sizes"], self.plan["strides"], "i")
+        for line in lines:
+            s(line)
+        kw = f", mask={mask}, other=0.0" if mask else ""
+        kw += f", eviction_policy={hint!r}" if hint else ""
+        conv = "" if self.dtype == "float32" else ".to(tl.float32)"
+        s(f"x = tl.load(in0_ptr + {offs[0]}{kw}){conv}")
+        return mask
+
+    def loop_header(self, iters: int | None = None, reverse: bool = False) -> None:
+        iters = self.iters if iters is None else iters
+        if iters > 1 and reverse:
+            self.s(f"for it0 in range({iters}):").indent()(f"it = {iters - 1} - it0")
+        elif iters > 1:
+            self.s(f"for it in range({iters}):").indent()
+
+    def loop_end(self, iters: int | None = None) -> None:
+        if (self.iters if iters is None else iters) > 1:
+            self.s.dedent()
+
+    def read_range(self, fresh: bool = False) -> None:
+        """Emit mn, mx and nan_seen: the data's range, reduced from the programs' partials;
+        ``fresh``: written in this launch (behind a grid barrier), so read from L2, not L1."""
+        parts, inf = self.parts, self.inf
+        p2 = max(2, _p2(parts))
+        kw = f", mask=r < {parts}, other=" if p2 != parts else None
+        cg_ = ', cache_modifier=".cg"' if fresh else ""
+        self.s(f"r = tl.arange(0, {p2})",
+               f"mn = tl.min(tl.load(range_ptr + r{kw + inf if kw else ''}{cg_}), 0)",
+               f"mx = -tl.min(tl.load(range_ptr + {parts} + r{kw + inf if kw else ''}{cg_}), 0)",
+               f"nan_seen = tl.min(tl.load(range_ptr + {2 * parts} + r{kw + '0.0' if kw else ''}{cg_}), 0)")
+
+    def bins_slice(self, programs: int) -> str:
+        """Emit zb/zmask: this program's share of the bins (for zeroing or NaN-filling them)."""
+        bins = self.bins
+        share = -(-bins // programs)
+        self.s(f"zb = pid * {share} + tl.arange(0, {_p2(share)})",
+               f"zmask = zb < {bins}" if _p2(share) == share else
+               f"zmask = (tl.arange(0, {_p2(share)}) < {share}) & (zb < {bins})")
+        return "zmask"
+
+    def range_pass(self, blocks: int | None = None) -> None:
+        """Emit this program's partial range (min, -max, a NaN flag) into range_ptr[pid] and the
+        zeroing of its share of the counts; ``blocks``: iterate pid, pid + P, ... over that many
+        blocks (one launch), else the program's r_iters blocks."""
+        s, parts, inf = self.s, self.parts, self.inf
+        s(f"lo = tl.full([BLOCK], {inf}, dtype=tl.float32)",
+          f"neg_hi = tl.full([BLOCK], {inf}, dtype=tl.float32)",
+          "nan_seen = tl.zeros([BLOCK], dtype=tl.float32)")
+        if blocks is None:
+            self.loop_header(self.r_iters)
+            mask = self.elements(self.r_iters)
+        else:
+            s(f"for blk in range(pid, {blocks}, {parts}):").indent()
+            mask = self.elements(1, blk="blk")
+        ok = f"{mask} & (x == x)" if mask else "x == x"
+        s(f"lo = tl.minimum(lo, tl.where({ok}, x, {inf}))",
+          f"neg_hi = tl.minimum(neg_hi, tl.where({ok}, -x, {inf}))",
+          f"nan_seen = tl.minimum(nan_seen, tl.where({(mask + ' & ') if mask else ''}(x != x), -1.0, 0.0))")
+        if blocks is None:
+            self.loop_end(self.r_iters)
+        else:
+            s.dedent()
+        s("tl.store(range_ptr + pid, tl.min(lo, 0))",
+          f"tl.store(range_ptr + {parts} + pid, tl.min(neg_hi, 0))",
+          f"tl.store(range_ptr + {2 * parts} + pid, tl.min(nan_seen, 0))",
+          "# the counts start at zero (every program adds to them after this)")
+        zmask = self.bins_slice(parts)
+        s(f"tl.store(hist_ptr + {cg.scaled('zb', self.cstride)}, {'0.0' if self.direct else '0'}, mask={zmask})")
+
+    def data_edges(self, fresh: bool) -> None:
+        """Emit lo, hi, valid and width from the partial ranges (ATen's arithmetic)."""
+        dtype, inf = self.dtype, self.inf
+        self.read_range(fresh)
+        self.s("# ATen: an empty data range widens by 1 each way (in double), then edges round to the dtype",
+               "lo64 = tl.where(mn == mx, mn.to(tl.float64) - 1.0, mn.to(tl.float64))",
+               "hi64 = tl.where(mn == mx, mx.to(tl.float64) + 1.0, mx.to(tl.float64))",
+               f"lo = {_round_expr('lo64.to(tl.float32)', dtype)}",
+               f"hi = {_round_expr('hi64.to(tl.float32)', dtype)}",
+               "# where ATen raises (NaN or inf in the data) the range is made empty: nothing counts",
+               f"valid = (nan_seen == 0.0) & (lo > -{inf}) & (hi < {inf})",
+               f"lo = tl.where(valid, lo, {inf})",
+               f"hi = tl.where(valid, hi, -{inf})")
+        width = ("_round_bf16(hi - lo)" if dtype == "bfloat16" else f"(hi - lo).to({self.T}).to(tl.float32)"
+                 if self.half else "hi - lo")
+        self.s(f"width = {width}")
+
+    # --- the histogram pass -------------------------------------------------------------------
+    def histogram_pass(self, blocks: int | None = None) -> None:
+        """Emit the counting of this program's elements into hist_ptr; ``blocks`` as in
+        range_pass (then walked last-first, so it starts on what the range pass read last)."""
+        edges = self.edges(blocks)
+        self.counts_init()
+        mask = self.walk(blocks)
+        self.bin_position(mask, *edges)
+        self.count()
+        if blocks is not None:
+            self.s.dedent()
+        else:
+            self.loop_end()
+        self.flush_counts(blocks)
+
+    def edges(self, blocks: int | None) -> tuple[str, str, str]:
+        """Emit the range's edges where they come from the data; (lo, hi, width) as expressions."""
+        plan, dtype = self.plan, self.dtype
+        if self.data_range:
+            self.data_edges(fresh=blocks is not None)
+            return "lo", "hi", "width"
+        lo_e, hi_e, width_e = (cg.float_literal(plan[k]) for k in ("lo", "hi", "width"))
+        lo_e = f"({lo_e})" if lo_e.startswith("-") else lo_e
+        self.s(f"# range [{plan['lo']!r}, {plan['hi']!r}] in {dtype}; width hi - lo = {plan['width']!r} in {dtype}")
+        return lo_e, hi_e, width_e
+
+    def counts_init(self) -> None:
+        """Emit the program's counts, zero (variants "local", "shared", "dot")."""
+        s, variant = self.s, self.variant
+        if variant == "local":
+            s(f"counts = tl.zeros([{self.nb}], dtype=tl.int32)")
+        elif variant == "shared":
+            s("counts = _shist_init()")
+        elif variant == "dot":
+            nhi, nlo = _dot_tile(self.bins)
+            int8 = self.config["ONEHOT"] == "int8"
+            s(f"# bin = hi * {nlo} + lo: counts[hi, lo] += one_hot(hi)^T @ one_hot(lo) on the tensor cores",
+              f"counts = tl.zeros([{nhi}, {nlo}], dtype={'tl.int32' if int8 else 'tl.float32'})")
+
+    def walk(self, blocks: int | None) -> str | None:
+        """Emit the loop over this program's blocks and the load of x in it; returns the mask."""
+        s, parts = self.s, self.parts
+        stream = self.config.get("STREAM", "")
+        if blocks is not None:
+            s(f"count = ({blocks - 1} - pid) // {parts} + 1  # this program's blocks: pid, pid + {parts}, ...",
+              "for i in range(count):").indent()
+            s(f"blk = pid + (count - 1 - i) * {parts}")
+            return self.elements(1, blk="blk", hint=stream)
+        reverse = bool(self.config.get("REVERSE", False))
+        if reverse:
+            s("# blocks in reverse order: the first programs read what the range pass read last, while",
+              "# it is still in L2")
+            s(f"blk = {self.grid[0] - 1} - pid")
+        self.loop_header(reverse=reverse)
+        return self.elements(blk="blk" if reverse else "pid", hint=stream)
+
+    def bin_position(self, mask: str | None, lo_e: str, hi_e: str, width_e: str) -> None:
+        """Emit keep (x counts) and pos (its bin), in ATen's arithmetic."""
+        s, dtype, bins = self.s, self.dtype, self.bins
+        bins_f = float(bins) if not self.half else _to_dtype(float(bins), dtype)
+        keep = " & ".join(([mask] if mask else []) + [f"(x >= {lo_e})", f"(x <= {hi_e})"])
+        s(f"keep = {keep}  # NaN fails both comparisons")
+        inv = None if self.data_range else _exact_inverse(self.plan["width"])
+        if inv is not None:
+            s(f"# the width is a power of two: q * {inv!r} is q / width exactly (the same single rounding)")
+        div = (lambda q: f"tl.div_rn({q}, {width_e})") if inv is None else (lambda q: f"({q} * {cg.float_literal(inv)})")
+        if self.half:
+            T = self.T
+            rnd = (lambda v: f"_round_bf16({v})") if dtype == "bfloat16" else (lambda v: f"({v}).to({T}).to(tl.float32)")
+            s(f"# ATen's {dtype} arithmetic rounds after every step",
+              f"d = {rnd(f'x - {lo_e}')}",
+              f"q = {rnd(f'd * {cg.float_literal(bins_f)}')}",
+              f"pos = {rnd(div('q'))}.to(tl.int32)")
+        else:
+            s(f"pos = {div(f'((x - {lo_e}) * {cg.float_literal(bins_f)})')}.to(tl.int32)")
+        s(f"pos = tl.minimum(tl.maximum(pos, 0), {bins - 1})  # x == max lands in the last bin")
+
+    def count(self) -> None:
+        """Emit the counting of the block's positions (per variant)."""
+        s, variant, bins = self.s, self.variant, self.bins
+        if variant == "local":
+            s(f"counts += tl.histogram(pos, {self.nb}, mask=keep)")
+        elif variant == "shared":
+            s(f"counts = _shist_add(counts, tl.where(keep, pos, {bins}))  # no bin: the spare counter {bins}")
+        elif variant == "dot":
+            nhi, nlo = _dot_tile(bins)
+            int8 = self.config["ONEHOT"] == "int8"
+            oh = "tl.int8" if int8 else "tl.float16"
+            s(f"sel = tl.where(keep, pos >> {nlo.bit_length() - 1}, -1)  # no bin: an all-zero one-hot column",
+              "# one-hots as [HI|LO, BLOCK]: with BLOCK minor each element's bin stays in one thread",
+              "# ([BLOCK, 16] made Triton recompute the bin arithmetic in 16 threads: ~4x the SASS)",
+              f"oh_hi = (sel[None, :] == tl.arange(0, {nhi})[:, None]).to({oh})",
+              f"oh_lo = ((pos & {nlo - 1})[None, :] == tl.arange(0, {nlo})[:, None]).to({oh})",
+              f"counts = tl.dot(oh_hi, tl.trans(oh_lo), counts{', out_dtype=tl.int32' if int8 else ''})")
+        else:
+            s(f"tl.atomic_add(hist_ptr + {cg.scaled('pos', self.cstride)}, {'1.0' if self.direct else '1'}, "
+              "mask=keep, sem=\"relaxed\")")
+
+    def flush_counts(self, blocks: int | None) -> None:
+        """Emit the program's counts added to hist_ptr after its blocks (and the NaN bins where
+        ATen would have raised)."""
+        s, variant, bins, cstride, direct = self.s, self.variant, self.bins, self.cstride, self.direct
+        if variant == "shared":
+            s("counts = _shist_counts(counts)  # after a barrier: the program's counts from shared memory")
+        if variant != "atomic":  # one atomic per non-empty bin; counts[hi, lo] is bin hi * LO + lo
+            if variant in ("local", "shared"):
+                s(f"b = tl.arange(0, {self.nb})")
+            else:
+                nhi, nlo = _dot_tile(bins)
+                s(f"b = tl.arange(0, {nhi})[:, None] * {nlo} + tl.arange(0, {nlo})[None, :]")
+            int8 = variant == "dot" and self.config["ONEHOT"] == "int8"
+            cast = ".to(tl.float32)" if direct else "" if variant != "dot" or int8 else ".to(tl.int32)"
+            s(f"tl.atomic_add(hist_ptr + {cg.scaled('b', cstride)}, "
+              f"counts{cast}, mask=(b < {bins}) & (counts > 0), sem=\"relaxed\")")
+        if self.data_range and direct:
+            s("# where ATen raises, every bin is NaN (nothing was counted: the range was made empty)")
+            zmask = self.bins_slice(self.parts if blocks is not None else self.grid[0])
+            s(f"tl.store(hist_ptr + {cg.scaled('zb', cstride)}, float('nan'), mask={zmask} & (valid == 0))")
+
+    def finish(self, counts: str, b: str, bmask: str | None, fresh: bool = False) -> None:
+        """Emit the conversion of the exact int32 counts at ``counts`` + bins ``b`` to the output
+        dtype (NaN where ATen would have raised)."""
+        s = self.s
+        kw = f", mask={bmask}" if bmask else ""
+        kw += ', cache_modifier=".cg"' if fresh else ""
+        s(f"y = tl.load({counts} + {b}{kw}).to(tl.float32)")
+        if self.data_range:
+            self.read_range(fresh)
+            s(f"valid = (nan_seen == 0.0) & (mn > -{self.inf}) & (mx < {self.inf})",
+              "y = tl.where(valid, y, float('nan'))")
+        v = {"float32": "y", "float16": "y.to(tl.float16)",
+             "bfloat16": "_round_bf16(y).to(tl.bfloat16)"}[self.dtype]
+        s(f"tl.store(out0_ptr + {cg.scaled(b, self.ostride)}, {v}{f', mask={bmask}' if bmask else ''})")
+
+    # --- the kernels ---------------------------------------------------------------------------
+    def one_launch(self) -> KernelProgram:
+        """One launch of sync_p programs: the range pass, a grid barrier, the histogram pass
+        (and for fp16/bf16 another barrier, then the conversion of the counts)."""
+        s, sync_p, direct, parts = self.s, self.sync_p, self.direct, self.parts
+        phases = 2 if direct else 3
+        nblk = -(-self.n // self.block)
+        s(cg.grid_barrier_source(sync_p).strip("\n")).blank()
+        self.temps.append(Buffer((3 * parts,), "float32", None))
+        if not direct:
+            self.temps.append(Buffer((self.bins,), "int32", None))
+        params = ["in0_ptr", "hist_ptr", "range_ptr", "sync_ptr"] + ([] if direct else ["out0_ptr"])
+        s("@triton.jit", f"def histc_kernel({', '.join(params)}, BLOCK: tl.constexpr, PHASE: tl.constexpr):").indent()
+        s("# PHASE 0: every phase, with grid barriers between them (the GPU); k: phase k alone (the",
+          "# interpreter launches phase after phase)",
+          "pid = tl.program_id(0)",
+          "if PHASE == 0 or PHASE == 1:").indent()
+        s("# 1. this program's share of the range; zero its share of the counts")
+        self.range_pass(nblk)
+        s.dedent()("if PHASE == 0:").indent()("_grid_barrier(sync_ptr)").dedent()
+        s("if PHASE == 0 or PHASE == 2:").indent()
+        s("# 2. the histogram, with the range reduced from every program's partial")
+        self.histogram_pass(nblk)
+        s.dedent()
+        if not direct:
+            s("if PHASE == 0:").indent()("_grid_barrier(sync_ptr)").dedent()
+            s("if PHASE == 0 or PHASE == 3:").indent()("# 3. the exact counts to the output dtype")
+            self.bins_slice(parts)
+            self.finish("hist_ptr", "zb", "zmask", fresh=True)
+            s.dedent()
+        s.dedent().blank()
+        args = (("in", 0), self.counts_arg, ("tmp", 0), ("state", 0)) + (() if direct else (("out", 0),))
+        self.launches.append(Launch("histc_kernel", (sync_p,), args, {"BLOCK": self.block, PHASE: 0}, self.warps, 1,
+                                    phases))
+        return KernelProgram(s.text(), tuple(self.launches), temps=tuple(self.temps),
+                             state=(Buffer((1,), "int32", 0),))
+
+    def range_kernel(self) -> None:
+        """The range from the data, as partial ranges per program, no atomics: nothing to
+        initialise, so a call makes two launches (three for fp16/bf16) and no fills. This kernel
+        also zeroes the counts."""
+        s = self.s
+        s("@triton.jit", "def histc_range_kernel(in0_ptr, range_ptr, hist_ptr, BLOCK: tl.constexpr):").indent()
+        s("pid = tl.program_id(0)")
+        self.range_pass()
+        s.dedent().blank()
+        self.temps.append(Buffer((3 * self.parts,), "float32", None))
+        self.launches.append(Launch("histc_range_kernel", (self.parts,), (("in", 0), ("tmp", 0), self.counts_arg),
+                                    {"BLOCK": self.block}, self.warps, 1))
+
+    def histogram_kernel(self) -> None:
+        s, data_range = self.s, self.data_range
+        if not self.direct:  # zeroed by the range kernel, when there is one
+            self.temps.append(Buffer((self.bins,), "int32", None if data_range else 0))
+        params = ["in0_ptr", "hist_ptr"] + (["range_ptr"] if data_range else []) + ["BLOCK: tl.constexpr"]
+        s("@triton.jit", f"def histc_kernel({', '.join(params)}):").indent()
+        s("pid = tl.program_id(0)")
+        self.histogram_pass()
+        s.dedent().blank()
+        args = (("in", 0), self.counts_arg) + ((("tmp", 0),) if data_range else ())
+        self.launches.append(Launch("histc_kernel", self.grid, args, {"BLOCK": self.block}, self.warps, 1))
+
+    def finish_kernel(self) -> None:
+        """The exact integer counts converted to the output dtype (NaN where ATen would have raised)."""
+        s, bins, data_range = self.s, self.bins, self.data_range
+        fb = min(_p2(bins), 1024)
+        params = ["counts_ptr", "out0_ptr"] + (["range_ptr"] if data_range else []) + ["BLOCK: tl.constexpr"]
+        s("@triton.jit", f"def histc_finish_kernel({', '.join(params)}):").indent()
+        s("b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)")
+        bmask = bins % fb != 0
+        if bmask:
+            s(f"bmask = b < {bins}")
+        self.finish("counts_ptr", "b", "bmask" if bmask else None)
+        s.dedent()
+        args = (("tmp", len(self.temps) - 1), ("out", 0)) + ((("tmp", 0),) if data_range else ())
+        self.launches.append(Launch("histc_finish_kernel", (-(-bins // fb),), args, {"BLOCK": fb},
+                                    4 if fb >= 512 else 1, 1))
 
 
 def _bin_positions(x32: torch.Tensor, lo: float, hi: float, bins: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
