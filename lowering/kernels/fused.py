@@ -1,5 +1,5 @@
-"""Fused regions (lowering/regions.py) of kind "pointwise" and "rowwise": one kernel computes the
-whole region. A "graph" region (lowering/graph_regions.py) that is one loop is generated as one of
+"""Fused regions (torch_kernelize/compiling/regions.py) of kind "pointwise" and "rowwise": one kernel computes the
+whole region. A "graph" region (torch_kernelize/compiling/graph_regions.py) that is one loop is generated as one of
 the two (rowwise where it reduces).
 
 The region graph is walked in node order and every node becomes one Triton variable ``v<j>``.

@@ -97,7 +97,7 @@ def _inline_layer_norms(graph: dict[str, Any]) -> dict[str, Any] | str:
 
 
 def _one_loop_kind(graph: dict[str, Any]) -> str:
-    """The kind a "graph" region (lowering/graph_regions.py) is generated as, if it is one loop:
+    """The kind a "graph" region (torch_kernelize/compiling/graph_regions.py) is generated as, if it is one loop:
     rowwise where it reduces, else pointwise; or the reason it is neither. The analysis of that
     kind then checks the rest (reductions over the last dim, one iteration shape, ...)."""
     nodes = graph.get("nodes") or []
