@@ -59,7 +59,7 @@ def direct_function(runner: Any, empty: Callable, stream_of: Callable, current_d
     _allocations(src, runner)
     src.add("stream = stream_of(device)")
     views = _views_by_buffer(runner)
-    for buf in [b for b in views if runner_allocates(runner, b)]:
+    for buf in [b for b in views if _allocates(runner, b)]:
         _make_views(src, views, buf)
     steps = runner._steps
     for j, i in enumerate(runner._keep):
@@ -87,7 +87,7 @@ def at_offset(t: Any, offset: int) -> Any:
     return t.as_strided((t.untyped_storage().nbytes() // t.element_size() - start,), (1,), start)
 
 
-def runner_allocates(runner: Any, buffer: tuple[str, int]) -> bool:
+def _allocates(runner: Any, buffer: tuple[str, int]) -> bool:
     """Whether the call allocates ``buffer`` (else a vendor step returns it)."""
     kind, j = buffer
     allocs = runner._out_allocs if kind == "out" else runner._temp_allocs
