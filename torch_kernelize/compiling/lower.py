@@ -31,7 +31,7 @@ from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bucket_symbols, node_symbols, node_tensors, region_symbols,
                                                      region_tensors, shape_classes)
 from torch_kernelize.compiling.graph_regions import find_graph_regions
-from torch_kernelize.compiling.whole_graph import WHOLE, step_tier_ops, whole_graph_regions
+from torch_kernelize.compiling.whole_graph import CUT, WHOLE, step_tier_ops, whole_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
 from torch_kernelize.core.targets import Target, get_target
@@ -73,6 +73,9 @@ class Session:
         self._made = threading.Lock()  # the cache and repro writer are made once, by one thread
         # The minifier re-runs a disabled kernel on purpose: it gets its own, fresh states.
         self._kernel_states = {} if private_kernel_states else self._states
+        # fill_cache's trace of a model: whole graphs and stretches are looked up but their
+        # programs not taken, so every spec below them is seen (planner.decide_regions)
+        self.survey = False
 
     def kernel_state(self, key: str) -> KernelState:
         k = (str(self.cache.dir), key)
@@ -180,8 +183,11 @@ class LoweredGraph:
             # groups (which hold the matmul regions' epilogues), then the regions of our family.
             self.regions = (group_matmuls(self.plan.gm, regions, self.target)
                             + find_graph_regions(self.plan.gm, regions) + regions)
-            if whole and self.binder.is_static:  # the whole graph (or its stretches) first: a hit runs its winner's program
-                self.regions[:0] = whole_graph_regions(self.plan.gm)[0]
+            if self.binder.is_static:  # the whole graph (or its stretches) first: a hit runs its winner's program
+                wholes = whole_graph_regions(self.plan.gm)[0]
+                # without the whole graph itself (its own assembly, timed against its program) the
+                # stretches it is cut into still run their winners: that assembly is the mix
+                self.regions[:0] = [r for r in wholes if whole or r.stretch == CUT]
         self._region_of: dict[str, Region] = {}
         self.wholes: list[Decision] = []  # the lookups of the whole graph or its stretches (whole_graph.py)
         self._specializations: dict[tuple, Specialization] = {}
@@ -480,11 +486,12 @@ class LoweredGraph:
         if cache is None:
             return fused, region_decisions
         for region, d, runner in decide_regions(self.regions, bindings, decisions, cache, self.target,
-                                                self.session.load_runner):
+                                                self.session.load_runner, take_wholes=not self.session.survey):
             self._region_of[d.spec_key] = region
             if region.kind == WHOLE:
                 # (fill_cache collects them from here, entry or not; the latest lookup of each place)
-                self.wholes = [w for w in self.wholes if w.node != d.node] + [d]
+                # (a whole graph and its first stretch start at one node: a lookup is its node and key)
+                self.wholes = [w for w in self.wholes if (w.node, w.spec_key) != (d.node, d.spec_key)] + [d]
                 if runner is not None:
                     _vendor_step_tiers(decisions, region, runner.program)
                 elif d.entry is None:

@@ -36,7 +36,7 @@ from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposab
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, ladder_decides
 from torch_kernelize.compiling.regions import Region, closes_cycle, region_spec
-from torch_kernelize.compiling.whole_graph import STRETCH, WHOLE
+from torch_kernelize.compiling.whole_graph import WHOLE
 from torch_kernelize.core.targets import Target, op_name
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.core.region_graph import describe_region
@@ -150,12 +150,14 @@ CYCLE = "fused with the regions before it, it would wait for its own outputs"
 
 
 def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], decisions: list[Decision],
-                   cache: Any, target: Target, load_runner: Callable[[KernelSpec, Any], Any]
-                   ) -> list[tuple[Region, Decision, Any]]:
+                   cache: Any, target: Target, load_runner: Callable[[KernelSpec, Any], Any],
+                   take_wholes: bool = True) -> list[tuple[Region, Decision, Any]]:
     """The region rung: every region (in ``regions``' order, larger kinds first) looked up in
     ``cache``; (region, its decision, the loaded runner or None) per region looked up. A hit's
     nodes, in ``decisions``, are marked as run by it; a region overlapping one already taken is
-    skipped, as is one whose spec cannot be built."""
+    skipped, as is one whose spec cannot be built. Without ``take_wholes`` (fill_cache's survey
+    of a model) a whole graph's or stretch's hit is looked up but not taken, so that every region
+    below it is looked up too."""
     looked_up: list[tuple[Region, Decision, Any]] = []
     by_node = {d.node: i for i, d in enumerate(decisions) if d.tier != "decompose"}
     covered: set[str] = set()
@@ -182,11 +184,15 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
         else:
             own = family_name(spec, entry)
         family = own or offline_generator(region.kind, target)
-        what = f"{describe_region(spec)} of {len(region.nodes)} nodes" + (f", {STRETCH}" if region.stretch else "")
+        what = f"{describe_region(spec)} of {len(region.nodes)} nodes" + (f", {region.stretch}" if region.stretch else "")
         d = Decision(f"region:{region.nodes[0].name}", "region", "vendor", "", spec_key=spec.key,
                      shapes=what, family=family, spec=spec, entry=entry, members=tuple(sorted(region.names)))
         if status == "hit" and region.kind != "matmul_group" and closes_cycle(region, taken):  # (should one)
             status, why = "cycle", CYCLE
+        if status == "hit" and region.kind == WHOLE and not take_wholes:
+            d.reason = f"nodes run one by one: {why} (a survey: its program is not taken)"
+            looked_up.append((region, d, None))
+            continue
         if status == "hit":
             runner = load_runner(spec, entry)
             if runner is not None:

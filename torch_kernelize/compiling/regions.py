@@ -67,7 +67,7 @@ class Region:
     inputs: list[fx.Node]         # external tensor inputs, in order of first use
     outputs: list[fx.Node]        # nodes whose values are used outside the region
     members: list[list[fx.Node]] | None = None  # matmul_group: the nodes of each member GEMM
-    stretch: bool = False  # whole: a stretch between ops no program calls, not the whole graph
+    stretch: str = ""  # whole: a stretch of the graph, not all of it (whole_graph.py: BROKEN, CUT)
 
     @property
     def names(self) -> set[str]:

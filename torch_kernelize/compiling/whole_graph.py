@@ -28,6 +28,7 @@ from typing import Any
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from torch_kernelize.compiling.graph_cuts import cut_stretches
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
 from torch_kernelize.compiling.regions import Region, is_tensor_node
 from torch_kernelize.core.encoding import encode_arg
@@ -35,7 +36,9 @@ from torch_kernelize.core.graph_accuracy import WHOLE
 from torch_kernelize.core.graph_accuracy import is_whole as is_whole_graph  # noqa: F401 (its name here)
 
 MIN_COMPUTE_NODES = 2
-STRETCH = "a stretch between ops no program calls"  # (in the lookup's description of a stretch)
+# a stretch's lookup says which it is (planner.py); the fill searches cut ones at --budget 2 and more
+BROKEN = "a stretch between ops no program calls"
+CUT = "a stretch of the graph, for a mix"
 
 
 def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
@@ -75,12 +78,14 @@ def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
 
 def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:
     """The regions that compete as wholes in ``gm``, and why the graph is not one of them: the
-    whole graph where it can be one program; else, where ops no program may call break it (a
-    custom op passed through, a collective, a random or mutating op), each stretch between them
-    that can (MoE models whose experts run in a custom op: their attention, router and norms)."""
+    whole graph where it can be one program, then the stretches it is cut into for a mix
+    (graph_cuts.py); else, where ops no program may call break it (a custom op passed through,
+    a collective, a random or mutating op), each stretch between them that can (MoE models whose
+    experts run in a custom op: their attention, router and norms)."""
     region, why = whole_graph_region(gm)
     if region is not None:
-        return [region], ""
+        cuts = [_stretch_region(s, CUT) for s in cut_stretches(region.nodes)]
+        return [region] + [r for r in cuts if r is not None], ""
     stretches, stretch, broken = [], [], set()
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr", "output"):
@@ -95,7 +100,7 @@ def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:
     stretches.append(stretch)
     if len(stretches) == 1:  # nothing breaks the graph: it is not offered whole for another reason
         return [], why
-    return [r for r in map(_stretch_region, stretches) if r is not None], why
+    return [r for r in (_stretch_region(s, BROKEN) for s in stretches) if r is not None], why
 
 
 def _breaks(node: fx.Node) -> str:
@@ -114,9 +119,9 @@ def _breaks(node: fx.Node) -> str:
     return ""
 
 
-def _stretch_region(nodes: list[fx.Node]) -> Region | None:
-    """A stretch of a graph between the nodes that break it, as a region competing as a whole;
-    None where it cannot be one (too little compute, a value it reads or gives that is no tensor)."""
+def _stretch_region(nodes: list[fx.Node], kind: str) -> Region | None:
+    """A stretch of a graph (``kind``: BROKEN or CUT) as a region competing as a whole; None
+    where it cannot be one (too little compute, a value it reads or gives that is no tensor)."""
     inside = set(nodes)
     computing = sum(n.target is not operator.getitem and classify(n)[0] is NodeClass.COMPUTE for n in nodes)
     if computing < MIN_COMPUTE_NODES or _unwritable(nodes):
@@ -132,7 +137,7 @@ def _stretch_region(nodes: list[fx.Node]) -> Region | None:
             if not is_tensor_node(n):
                 return None
             outputs.append(n)
-    return Region(WHOLE, nodes, inputs, outputs, stretch=True) if outputs else None
+    return Region(WHOLE, nodes, inputs, outputs, stretch=kind) if outputs else None
 
 
 def _unwritable(nodes: list[fx.Node]) -> str:
@@ -157,7 +162,7 @@ def whole_reports(regions: list[Any]) -> list[dict[str, Any]]:
         if not (d.shapes or "").startswith(f"{WHOLE} region"):
             continue
         line = {"spec_key": d.spec_key, "tier": d.tier, "reason": d.reason, "nodes": len(d.members),
-                "stretch": STRETCH in d.shapes}
+                "stretch": BROKEN in d.shapes or CUT in d.shapes}
         evidence = (getattr(d.entry, "record", None) or {}).get("graph")
         if evidence:
             line.update(candidates=evidence["candidates"], winner=evidence["winner"])

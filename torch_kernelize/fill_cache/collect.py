@@ -19,7 +19,7 @@ from torch_kernelize.core.source_module import load_source_module
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
-from torch_kernelize.compiling.whole_graph import is_whole_graph
+from torch_kernelize.compiling.whole_graph import CUT, is_whole_graph
 from torch_kernelize.serving.repro_inputs import ReproProblem, read_inputs, read_meta
 
 log = logging.getLogger("torch_kernelize.fill_cache")
@@ -45,6 +45,7 @@ class Work:
     node: tuple[str, str] | None = None          # (graph, node) a node spec came from first
     members: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # a region's nodes
     candidate: bool = False  # a candidate file is given for it (--candidate): searched even if cached
+    mix: bool = False  # only a stretch a whole graph is cut into (whole_graph.CUT): searched at --budget 2 and more
 
     @property
     def replace(self) -> bool:
@@ -143,17 +144,19 @@ def training_grads(model: torch.nn.Module, inputs: tuple, loss: torch.Tensor) ->
 
 
 def run_compiled(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None,
-                 training: bool = False) -> tuple[torch.nn.Module, tuple, Any, list[Any]]:
+                 training: bool = False, survey: bool = False) -> tuple[torch.nn.Module, tuple, Any, list[Any]]:
     """Load a ``--model`` reference onto ``target``'s device, compile it with the backend's planner
     and the kernel cache as it is, and run it once: (model, inputs, its output, the LoweredGraphs
     it made). Under no_grad; with ``training``, one training step instead (forward, ``model_loss``,
-    backward: its forward and backward graphs), whose output is (output, the gradients)."""
-    with served_model(ref, target, cache_dir, repro_dir, training) as (model, inputs, _, out, graphs):
+    backward: its forward and backward graphs), whose output is (output, the gradients). With
+    ``survey``, no whole graph's program is taken (Session.survey): every spec is looked up."""
+    with served_model(ref, target, cache_dir, repro_dir, training, survey) as (model, inputs, _, out, graphs):
         return model, inputs, out, graphs
 
 
 @contextlib.contextmanager
-def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None, training: bool = False):
+def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None = None, training: bool = False,
+                 survey: bool = False):
     """``run_compiled`` that keeps the compiled model callable while the block lasts: yields
     (model, inputs, compiled, its first output, the LoweredGraphs it made)."""
     from torch_kernelize.backend import compile_with_session
@@ -163,6 +166,7 @@ def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | No
     model, inputs = load_model(ref)
     device = "cuda" if target.device == "cuda" else "cpu"
     session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=repro_dir), target)
+    session.survey = survey
     graphs: list[Any] = []
     torch._dynamo.reset()
     try:
@@ -212,7 +216,9 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
         supported = lambda spec: family_for(spec) is not None  # noqa: E731
     from torch_kernelize.fallbacks import expected_fallbacks
     with expected_fallbacks():  # what runs on the host now is what the fill is for
-        _, _, _, graphs = run_compiled(ref, target, cache_dir, training=training)  # the model, inputs and output are dropped
+        # the model, inputs and output are dropped; a survey: a whole graph's program that hits
+        # leaves its stretches, regions and nodes to be seen (a larger budget fills them too)
+        _, _, _, graphs = run_compiled(ref, target, cache_dir, training=training, survey=True)
     if target.device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
         torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
@@ -222,7 +228,9 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
         tried_first = []  # the whole graph (or its stretches): serving looks them up before every region and node
         for whole in getattr(g, "wholes", ()):
             if whole.spec is not None and supported(whole.spec):
-                w = wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss"))
+                cut = CUT in whole.shapes
+                w = wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss", mix=cut))
+                w.mix = w.mix and cut
                 place = f"{g.name}/whole/{whole.node}/{whole.spec.key}"
                 w.place_ids.append(place)
                 w.places.append([])

@@ -44,6 +44,7 @@ details = logging.getLogger("torch_kernelize.fill_cache.details")  # the run log
 LOOKAHEAD = 3  # specs whose seed candidates are compiled ahead
 
 
+MIX_LATER = "a stretch for a mix: searched at --budget 2 and more"
 IN_WHOLE = "in the whole graph's program"  # a spec serving never runs: its graph runs a program whole
 
 
@@ -106,6 +107,9 @@ class FillRun:
         if family is None:  # a person or an agent can still write it: the reproducer's task.md says how
             row.update(status="no generator",
                        winner="write one: python -m torch_kernelize.repros task <its repro>, then --candidate")
+            return row
+        if work.mix and self.budget <= 1:  # the quick fill measures graphs whole, not mixed
+            row["status"] = MIX_LATER
             return row
         if not self.force and self.never_run(work):
             row["status"] = IN_WHOLE if self._in_whole(work) else "in a fused region"
