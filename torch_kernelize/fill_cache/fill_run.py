@@ -386,10 +386,10 @@ class FillRun:
         the rest, a graph whose entry runs a program is timed again, alternately, against its own
         assembly as the cache gives it now, and becomes "own assembly wins" where that is faster
         (store_policy.verdict)."""
-        if not any(r["status"] == "stored" and "graph" not in r for r in self.rows):
+        if not any(r["status"] == "stored" and ("graph" not in r or r.get("mix")) for r in self.rows):
             return
         self._store_pending(wait=True)
-        for w in work:
+        for w in sorted(work, key=lambda w: not w.mix):  # stretches first: the graph's assembly runs their winners
             if is_whole_graph(w.spec) and self.cache.lookup(w.spec.key)[0] == "hit":
                 self._rejudge(w.spec)
 
@@ -443,7 +443,7 @@ def _row(work: Work) -> dict[str, Any]:
     spec = work.spec
     return {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
             "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec),
-            **({"whole": True} if is_whole_graph(spec) else {})}
+            **({"whole": True} if is_whole_graph(spec) else {}), **({"mix": True} if work.mix else {})}
 
 
 def _winner_text(entry: Any) -> str:
