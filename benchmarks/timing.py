@@ -107,8 +107,11 @@ def coverage(report: Path) -> dict[str, int]:
     nodes = [n for g in graphs for n in g["nodes"]]
     return {"nodes": len(nodes), "nodes_on_triton": sum(n["tier"] == "triton" for n in nodes),
             "fused_regions": sum(g["summary"].get("fused_regions", 0) for g in graphs), "graphs": len(graphs),
-            # graphs whose filled winner is a whole program (Inductor's, issue 35) and runs in one call
-            "graphs_served_whole": sum(g.get("whole", {}).get("tier") == "triton" for g in graphs)}
+            # graphs whose filled winner is a whole program (Inductor's, issue 35) and runs in one call,
+            # and stretches of graphs run by their programs (between ops no program calls, or a mix)
+            "graphs_served_whole": sum(any(w["tier"] == "triton" and not w["stretch"] for w in g.get("wholes", ()))
+                                       for g in graphs),
+            "stretches_served": sum(w["tier"] == "triton" and w["stretch"] for g in graphs for w in g.get("wholes", ()))}
 
 
 def per_call_us(fn: Callable[[], Any], n: int = 3000) -> float:
