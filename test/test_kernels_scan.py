@@ -100,3 +100,20 @@ def test_sm90_compile(tmp_path):
         spec = spec_of(aten.cumsum.default, args, kwargs)
         for config in FAMILY.seed_configs(spec):
             compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+
+
+@pytest.mark.parametrize("args", [
+    (torch.randn(20, 15), 1), (torch.randn(20, 15).t(), 0), (torch.randn(3, 300), 1),   # carried product
+    (torch.tensor([2.0, 0.0, -3.0, float("inf"), 0.5]), 0),                               # zero then inf: NaN
+    (torch.tensor([-1.5, float("nan"), 2.0]), 0), (torch.tensor(2.5), 0),
+    (torch.randint(-3, 4, (5, 9)), 1), (torch.randn(4, 40).half(), -1),
+], ids=["rows", "transposed", "carry", "zero_inf", "nan", "scalar", "i64", "f16"])
+def test_cumprod(args, tmp_path):
+    """cumprod: the scan with tl.cumprod and a carried product; zeros, negatives, inf and NaN as
+    ATen's sequential product; no split configs."""
+    spec = spec_of(aten.cumprod.default, args)
+    assert family_for(spec) is FAMILY
+    assert all(c["SPLIT"] == 1 for c in FAMILY.seed_configs(spec))
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
+    compare_eager(FAMILY, spec, program, tmp_path, exact=not args[0].is_floating_point(), inputs=[args[0]])
+    assert not FAMILY._valid(FAMILY.plan(spec), FAMILY.seed_configs(spec)[0].replace(SPLIT=2))

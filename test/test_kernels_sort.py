@@ -113,9 +113,17 @@ def test_sm90_compile(tmp_path):
             compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
 
 
-def test_a_sort_no_configuration_fits_is_not_claimed():
-    """Sorting one element: no config of the family fits, so the family does not claim the spec
-    (claimed, the fill had nothing to try and reported it as without a correct candidate)."""
-    spec = spec_of(torch.ops.aten.sort.default, (torch.randn(3, 1),))
-    assert family_for(spec) is None
-    assert "no configuration of the sort family fits" in FAMILY.supports(spec)
+@pytest.mark.parametrize("shape", [(3, 1), (1,), (5,), (2, 7)], ids=str)
+def test_short_rows_sort_in_one_whole_row_tile(shape, tmp_path):
+    """Rows shorter than a warp's 32 compares (one element: a median or quantile of a 0-d tensor)
+    take one tile of the whole row with one warp; before, no configuration fit them and the sort
+    stayed on the host."""
+    x = torch.randn(shape)
+    spec = spec_of(torch.ops.aten.sort.default, (x,))
+    assert family_for(spec) is FAMILY
+    config = FAMILY.seed_configs(spec)[0]
+    if shape[-1] < 5:
+        assert config["num_warps"] == 1 and config["BLOCK_I"] * config["BLOCK_J"] < 32
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
+    compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
+    compile_sm90(spec, program, tmp_path)

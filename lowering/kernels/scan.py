@@ -1,4 +1,4 @@
-"""aten.cumsum: an inclusive prefix sum along one dim, any layout.
+"""aten.cumsum and aten.cumprod: an inclusive prefix sum (product) along one dim, any layout.
 
 The input is seen as rows (the other dims, merged where contiguous) by the scanned dim of length
 N. A program owns BLOCK_M rows and walks N in blocks of BLOCK_N: each block is scanned with
@@ -6,6 +6,8 @@ N. A program owns BLOCK_M rows and walks N in blocks of BLOCK_N: each block is s
 before it. Long rows with few of them (one row of millions) would leave the GPU idle: SPLIT > 1
 cuts every row into SPLIT chunks; a first kernel sums each chunk into a temporary, a second scans
 each chunk starting from the sum of the chunks before it (read from the temporary).
+cumprod is the same scan with ``tl.cumprod`` and a carried product (SPLIT = 1 only): a zero, an
+inf or a NaN anywhere in the prefix gives what ATen's sequential product gives.
 
 Types follow ATen: the result dtype is ``dtype=`` if given, else the input's (integers and bool
 promote to int64); the input is converted to it first (a float to an integer truncates toward
@@ -43,11 +45,12 @@ class _Plan:
     m_strides: list[tuple[int, ...]]   # [in, out] over m_sizes
     n_stride: tuple[int, int]          # (in, out) stride of the scanned dim
     wide: bool
+    prod: bool = False                 # cumprod
 
 
 class CumsumFamily(KernelFamily):
     name = "scan"
-    ops = frozenset({"aten.cumsum.default"})
+    ops = frozenset({"aten.cumsum.default", "aten.cumprod.default"})
     edge_kinds = ("zeros", "large", "negative", "special")
 
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
@@ -56,7 +59,7 @@ class CumsumFamily(KernelFamily):
             return f"expected one output, got {len(spec.outputs)}"
         o = spec.outputs[0]
         if o.dtype not in OUT_DTYPES:
-            return f"cumsum to {o.dtype} is not generated"
+            return f"{spec.op} to {o.dtype} is not generated"
         if tuple(o.shape) != tuple(x.shape):
             return "output shape differs from the input's"
         if x.numel == 0:
@@ -76,13 +79,16 @@ class CumsumFamily(KernelFamily):
         # blocks never reach past twice a dim (BLOCK <= next_pow2 of it): bound the offsets by that
         wide = any(2 * (cg.max_offset(m.shape, m.stride) + sum(abs(v) for v in m.stride)) + 2 > cg.INT32_MAX
                    for m in (x, o)) or 2 * x.numel > cg.INT32_MAX
-        return _Plan(x.dtype, o.dtype, acc, M, N, m_sizes, m_strides, (xs[d], os_[d]), wide)
+        return _Plan(x.dtype, o.dtype, acc, M, N, m_sizes, m_strides, (xs[d], os_[d]), wide,
+                     spec.op == "aten.cumprod.default")
 
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
         bm, bn, split = c["BLOCK_M"], c["BLOCK_N"], c["SPLIT"]
         if not all(_is_pow2(v) for v in (bm, bn, split)) or c["num_warps"] not in (1, 2, 4, 8, 16):
             return False
+        if plan.prod and split > 1:
+            return False  # (chunk products: not generated)
         if bm * bn > MAX_TILE or bm > _p2(plan.M):
             return False
         chunk = -(-plan.N // split)
@@ -99,7 +105,7 @@ class CumsumFamily(KernelFamily):
 
     def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         seeds = [self._cfg(plan, 4096, 4096), self._cfg(plan, 8192, 1024), self._cfg(plan, 2048, 256)]
-        if plan.M < 264 and plan.N >= 65536:
+        if plan.M < 264 and plan.N >= 65536 and not plan.prod:
             # few long rows: split them so that a few hundred programs share the work (132 SMs)
             split = max(2, min(1024, _floor2(max(2, 528 // plan.M)), _floor2(plan.N // 4096)))
             seeds.append(self._cfg(plan, 4096, 4096, split, 8))
@@ -144,7 +150,7 @@ class CumsumFamily(KernelFamily):
                 conv += f".to({cg.tl_type(p.out_dtype)})"    # ATen converts to dtype= first
             if p.out_dtype != p.acc:
                 conv += f".to({acc})"
-            kw = ", mask=mask, other=0" if masks else ""
+            kw = f", mask=mask, other={1 if p.prod else 0}" if masks else ""
             s(f"x = tl.load(in0_ptr + in_row[:, None] + {_col(p.n_stride[0])}[None, :]{kw}){conv}")
             return "mask" if masks else ""
 
@@ -176,7 +182,7 @@ class CumsumFamily(KernelFamily):
               "carry = tl.sum(before, axis=1)")
             start, length = f"chunk * {chunk} + n0", chunk
         else:
-            s(f"carry = tl.zeros([BLOCK_M], dtype={acc})")
+            s(f"carry = tl.{'full' if p.prod else 'zeros'}([BLOCK_M], {'1, ' if p.prod else ''}dtype={acc})")
             start, length = "n0", p.N
         single = length <= bn
         if single:
@@ -184,7 +190,7 @@ class CumsumFamily(KernelFamily):
         else:
             s(f"for n0 in range(0, {length}, BLOCK_N):").indent()
         m = load(start, rm, p.N)
-        s("y = tl.cumsum(x, axis=1) + carry[:, None]")
+        s("y = tl.cumprod(x, axis=1) * carry[:, None]" if p.prod else "y = tl.cumsum(x, axis=1) + carry[:, None]")
         out = "y" if p.out_dtype == p.acc else f"y.to({cg.tl_type(p.out_dtype)})"
         s(f"tl.store(out0_ptr + out_row[:, None] + {_col(p.n_stride[1])}[None, :], {out}"
           f"{', mask=' + m if m else ''})")

@@ -68,7 +68,8 @@ class SortFamily(PicksAlongDim):
         if not (_is_pow2(bi) and _is_pow2(bj)) or w not in (1, 2, 4, 8, 16):
             return False
         n = next_pow2(plan.rows.N)
-        return bi <= n and bj <= n and bi * bj <= MAX_TILE and bi * bj >= 32 * w
+        # a tile of fewer than 32 * num_warps compares only where the whole row fits it (short rows)
+        return bi <= n and bj <= n and bi * bj <= MAX_TILE and (bi * bj >= 32 * w or (w == 1 and bi == bj == n))
 
     def _cfg(self, plan: _Plan, bi: int, bj: int, warps: int) -> Config:
         n = next_pow2(plan.rows.N)
