@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSITIONS
+from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
 
 aten = torch.ops.aten
 
@@ -303,8 +304,16 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
         return list(v) * k if len(v) == 1 else list(v)
     kernel, pad = each(kernel_size), each(padding)
     step = each(stride) if stride else kernel
-    if ceil_mode or math.prod(kernel) > 64:
+    if math.prod(kernel) > 64:
         return NotImplemented
+    if ceil_mode:  # taken only where no window starts past the input (the sizes agree with floor's)
+        for d in range(k):
+            size = x.size(-k + d) + 2 * pad[d] - kernel[d]
+            ceil_out = -(-size // step[d]) + 1
+            if (ceil_out - 1) * step[d] >= x.size(-k + d) + pad[d]:
+                ceil_out -= 1
+            if ceil_out != size // step[d] + 1:
+                return NotImplemented
     acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     pads = [p for d in reversed(pad) for p in (d, d)]
     padded = torch.constant_pad_nd(x.to(acc), pads, 0.0) if any(pad) else x.to(acc)
@@ -330,19 +339,6 @@ def _avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_inc
                 divisor_override=None):
     return _avg_pool(x, kernel_size, stride, [padding] if isinstance(padding, int) else padding, ceil_mode,
                      count_include_pad, divisor_override, 3)
-
-
-@_register(aten.scatter_reduce.two)
-def _scatter_reduce(x, dim: int, index, src, reduce: str, *, include_self: bool = True):
-    """scatter_reduce with the self values included, as scatter_add (the indexing family's): 'sum',
-    and 'mean' of floats as the sum over the count of values each element received."""
-    if not include_self or reduce not in ("sum", "mean") or (reduce == "mean" and not x.is_floating_point()):
-        return NotImplemented
-    total = torch.scatter_add(x, dim, index, src)
-    if reduce == "sum":
-        return total
-    count = torch.scatter_add(torch.ones_like(x), dim, index, torch.ones_like(src))
-    return total / count
 
 
 def _attention_math(query, key, value, attn_mask, is_causal: bool, scale):
@@ -659,3 +655,5 @@ def splice_decomposition(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule)
 
 
 OWN_DECOMPOSITIONS.update(BACKWARD_DECOMPOSITIONS)  # convolution_backward (backward_decompositions.py)
+OWN_DECOMPOSITIONS.update(SCATTER_DECOMPOSITIONS)  # scatters, running max/min, pooling... (decompositions_scatter.py)
+OVERRIDES.update(SCATTER_OVERRIDES)
