@@ -138,3 +138,143 @@ def test_functional_copy_converts_and_broadcasts_into_the_destination():
 def test_a_sum_of_bools_is_a_count(dim, keepdim):
     x = torch.randn(5, 7) > 0
     _check(lambda t: t.sum(dim, keepdim), x, op="aten.sum.dim_IntList")
+
+
+# --- issue 44: scatters, running max/min, mode, pooling, distances (decompositions_scatter.py) --------
+D64 = torch.float64
+
+
+def _nan_at(t: torch.Tensor, *where) -> torch.Tensor:
+    t = t.clone()
+    for w in where:
+        t[w] = float("nan")
+    return t
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_scatter_reduce_every_reduction(reduce, include_self, dim):
+    """Repeated indices (several values per element), elements that receive none, an index
+    shorter than src and self in the other dim, NaN in self and in src; float64 against eager."""
+    x, src = _nan_at(torch.randn(6, 5, dtype=D64), (2, 1)), _nan_at(torch.randn(5, 5, dtype=D64), (1, 2))
+    index = torch.tensor([[0, 1, 0, 3], [1, 1, 2, 3], [0, 2, 2, 2], [4, 0, 1, 3]])  # 4 x 4: a corner of src
+    _check(lambda a, i, b: a.scatter_reduce(dim, i, b, reduce, include_self=include_self), x, index, src,
+           op="aten.scatter_reduce.two")
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce(reduce, include_self):
+    x, source = torch.randn(4, 6, dtype=D64), _nan_at(torch.randn(4, 5, dtype=D64), (0, 3))
+    index = torch.tensor([1, 3, 1, 0, 5])
+    _check(lambda a, i, b: a.index_reduce(1, i, b, reduce, include_self=include_self), x, index, source,
+           op="aten.index_reduce.default")
+    _check(lambda a, i, b: a.index_reduce(0, i, b, reduce, include_self=include_self),
+           torch.tensor(2.0, dtype=D64), torch.tensor([0]), torch.tensor(-3.0, dtype=D64),
+           op="aten.index_reduce.default")  # 0-d, as the OpInfo sample
+
+
+def test_scatter_src_value_and_put():
+    """scatter of src and of a value (unique indices per column, and a shorter index); put with
+    negative indices, adding (repeats add up) and storing."""
+    x, src = torch.randn(10, 5, dtype=D64), torch.randn(5, 5, dtype=D64)
+    index = torch.stack([torch.randperm(10)[:4] for _ in range(3)], 1)
+    _check(lambda a, i, b: a.scatter(0, i, b), x, index, src, op="aten.scatter.src")
+    _check(lambda a, i: a.scatter(0, i, -2.5), x, index, op="aten.scatter.value")
+    for accumulate in (True, False):
+        index = torch.tensor([6, -4, 6] if accumulate else [6, -4, 2])
+        _check(lambda a, i, b: a.put(i, b, accumulate), torch.randn(3, 3, dtype=D64), index,
+               torch.randn(3, dtype=D64), op="aten.put.default")
+
+
+@pytest.mark.parametrize("mask_shape", [(5, 6), (6,)], ids=str)
+def test_masked_scatter(mask_shape):
+    mask = torch.rand(mask_shape) < 0.5
+    _check(lambda a, m, s: a.masked_scatter(m, s), torch.randn(5, 6, dtype=D64), mask, torch.randn(40, dtype=D64),
+           op="aten.masked_scatter.default")
+
+
+@pytest.mark.parametrize("offset,dim1,dim2", [(0, 0, 1), (2, 0, 1), (-1, 0, 1), (1, 2, 0), (-3, 1, 2)], ids=str)
+def test_diagonal_scatter(offset, dim1, dim2):
+    x = torch.randn(4, 6, 5, dtype=D64)
+    src = torch.randn_like(torch.diagonal(x, offset, dim1, dim2))
+    _check(lambda a, b: torch.diagonal_scatter(a, b, offset, dim1, dim2), x, src, op="aten.diagonal_scatter.default")
+
+
+@pytest.mark.parametrize("size,stride,offset", [((2, 2), (3, 1), 1), ((), (), 0), ((3,), (4,), 2)], ids=str)
+def test_as_strided_scatter(size, stride, offset):
+    src = torch.randn(size, dtype=D64)
+    src.view(-1)[0] = -0.0  # stored as is: -0.0, not +0.0
+    _check(lambda a, b: torch.as_strided_scatter(a, b, size, stride, offset), torch.randn(3, 4, dtype=D64), src,
+           op="aten.as_strided_scatter.default")
+
+
+@pytest.mark.parametrize("name", ["cummax", "cummin"])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cummax_cummin_ties_take_the_last_index_and_nan_propagates(name, dim):
+    x = torch.randn(5, 6, 4, dtype=D64)
+    x[0, :, 1] = 1.0                      # ties along every dim
+    x[2, 0, 0] = x[2, 3, 0]
+    x = _nan_at(x, (1, 2, 3), (3, 2, 3))  # two NaNs in one row: the later one's index
+    _check(lambda t: getattr(torch, name)(t, dim), x, op=f"aten.{name}.default")
+
+
+@pytest.mark.parametrize("dim,keepdim", [(-1, False), (0, True), (1, False)], ids=str)
+def test_mode_smallest_of_the_most_frequent_at_its_last_index(dim, keepdim):
+    x = torch.randint(0, 4, (5, 7, 6)).to(D64)   # many ties in counts and values
+    _check(lambda t: torch.mode(t, dim, keepdim), x, op="aten.mode.default")
+    _check(lambda t: torch.mode(t, dim, keepdim), torch.randn(5, 7, 6, dtype=D64), op="aten.mode.default")
+
+
+@pytest.mark.parametrize("x", [torch.tensor(3.0), torch.tensor([1.0, float("nan"), 3.0, 2.0]),
+                               torch.tensor([float("nan")] * 3), torch.randn(4, 5)], ids=["0d", "nan", "all_nan", "2d"])
+def test_nanmedian_of_all_elements(x):
+    _check(lambda t: torch.nanmedian(t), x, op="aten.nanmedian.default")
+
+
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2), (0, 1)], ids=str)
+def test_addbmm(beta, alpha):
+    x = torch.randn(5, 10, dtype=D64)
+    if beta == 0:
+        x[0, 0] = float("nan")  # beta = 0 ignores self, NaN too
+    b1, b2 = torch.randn(4, 5, 3, dtype=D64), torch.randn(4, 3, 10, dtype=D64)
+    _check(lambda a, p, q: torch.addbmm(a, p, q, beta=beta, alpha=alpha), x, b1, b2, op="aten.addbmm.default")
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, 0.5, float("inf")], ids=str)
+def test_cdist_from_differences(p):
+    x1, x2 = torch.randn(2, 5, 3, dtype=D64), torch.randn(2, 6, 3, dtype=D64)
+    x2[0, 0] = x1[0, 0]  # a zero distance
+    x2[1, 1, :2] = x1[1, 2, :2]  # p = 0: one differing coordinate
+    _check(lambda a, b: torch.cdist(a, b, p), x1, x2, op="aten._cdist_forward.default")
+
+
+def test_bilinear_trilinear():
+    x1, x2, w, b = (torch.randn(2, 3, dtype=D64), torch.randn(2, 4, dtype=D64), torch.randn(5, 3, 4, dtype=D64),
+                    torch.randn(5, dtype=D64))
+    _check(lambda a, c, m, d: F.bilinear(a, c, m, d), x1, x2, w, b, op="aten._trilinear.default")
+
+
+@pytest.mark.parametrize("output_size", [(2, 3), (3, 4), (7, 9), (1, 1), (4, 5)], ids=str)
+def test_adaptive_max_pool2d_first_max_last_nan(output_size):
+    x = torch.randn(2, 3, 7, 9, dtype=D64)
+    x[1, 1, :3, :3] = 2.0                                     # ties: the first index
+    x = _nan_at(x, (0, 0, 1, 1), (0, 0, 2, 2))                # NaNs: the last one's index
+    _check(lambda t: F.adaptive_max_pool2d(t, output_size, return_indices=True), x,
+           op="aten.adaptive_max_pool2d.default")
+    _check(lambda t: F.adaptive_max_pool1d(t, output_size[1], return_indices=True), x[0, :, 0],
+           op="aten.adaptive_max_pool2d.default")
+
+
+def test_avg_pool_ceil_mode_where_windows_agree_with_floor():
+    """ceil_mode with stride 1 changes no window (taken); where it adds one past the input, declines."""
+    x = torch.randn(1, 3, 9, 9)
+    fn = lambda t: F.avg_pool2d(t, 3, 1, 1, True, False, 2)  # noqa: E731  (the OpInfo sample)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    lowered = lower(gm, [x], {"repro_dir": "off"}, target=NOTHING)
+    assert [d.tier for d in lowered.report.decisions if d.op == "aten.avg_pool2d.default"] == ["decompose"]
+    torch.testing.assert_close(lowered([x]), fn(x))
+    gm = make_fx(lambda t: F.avg_pool2d(t, 2, 2, 0, True), tracing_mode="fake")(x)
+    lowered = lower(gm, [x], {"repro_dir": "off"}, target=NOTHING)
+    assert [d.tier for d in lowered.report.decisions if d.op == "aten.avg_pool2d.default"] != ["decompose"]
