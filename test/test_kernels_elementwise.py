@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from kernel_testing import assert_valid, compare_eager, compile_sm90, run_validation, spec_of
+from kernel_testing import assert_valid, compare_eager, compile_sm90, load, run_validation, spec_of
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.elementwise import FAMILY, OPS
 from torch_kernelize.core.program import KernelProgram
+from torch_kernelize.core.validate import compare
 
 # the interpreter runs numpy, which warns on inf/NaN arithmetic the edge-value trials do on purpose
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -357,8 +358,11 @@ def test_refusals():
     s = spec_of(aten._to_copy.default, (x,), {"dtype": F16})
     assert "device" in FAMILY.supports(_with(s, kwargs={**s.kwargs, "device": {"device": "cuda"}}))
     assert "layout" in FAMILY.supports(_with(s, kwargs={**s.kwargs, "layout": {"layout": "sparse_coo"}}))
-    assert "float64" in FAMILY.supports(spec_of(aten.add.Tensor, (x.double(), x.double())))
-    assert "float64" in FAMILY.supports(spec_of(aten.exp.default, (x.double(),)))
+    assert FAMILY.supports(spec_of(aten.add.Tensor, (x.double(), x.double()))) is None   # FP64_OPS
+    assert "float64" in FAMILY.supports(spec_of(aten.tanh.default, (x.double(),)))
+    assert "float64" in FAMILY.supports(spec_of(aten.lgamma.default, (x.double(),)))
+    assert "float32 only" in FAMILY.supports(spec_of(aten.nextafter.default, (x.half(), x.half())))
+    assert "n=5" in FAMILY.supports(spec_of(aten.polygamma.default, (5, x)))
     assert FAMILY.supports(spec_of(aten.add.Tensor, (x > 0, x < 0)))  # bool arithmetic
     assert "empty" in FAMILY.supports(spec_of(aten.exp.default, (torch.empty(0, 3),)))
     g = spec_of(aten.gelu.default, (x,))
@@ -397,3 +401,99 @@ def test_int64_indexing_and_sm90(tmp_path):
         compile_sm90(s, FAMILY.generate(s, FAMILY.seed_configs(s)[0]), tmp_path)
     s = spec_of(aten.pow.Tensor_Scalar, (base(F32), 3.5))
     compile_sm90(s, FAMILY.generate(s, FAMILY.seed_configs(s)[0]), tmp_path)
+
+
+# --- issue 44: math breadth (lowering/kernels/elementwise_math.py) -------------------------------
+
+MATH_UNARY = ["atan", "asin", "acos", "acosh", "sinh", "tan", "round", "erfc", "i0", "lgamma", "digamma", "angle"]
+# each op's special points: where its branches meet, its poles and zeros, the ends of its domain
+MATH_POINTS = [0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 1.5, 2.0, -2.0, 2.5, -2.5, 3.0, 0.4142135, 2.4142137, 0.99999994,
+               -0.99999994, 1.0000001, 1e-30, -1e-30, 1e-6, 8.0, 8.000001, 10.0, 9.999999, 1.4616321, 88.0, 89.5,
+               91.0, 1.5707964, -1.5707964, 4.712389, 1e5, 3e5, 1e20, -1e20, 3e38, -3e38, -3.0000002, -0.9999999,
+               float("inf"), -float("inf"), float("nan")]
+
+
+def _points(dtype=F32):
+    v = torch.tensor(MATH_POINTS)
+    return torch.cat([v, torch.randn(64) * 3, torch.randn(16) * 1e4]).to(dtype)
+
+
+def _judge_points(spec, inputs, tmp_path):
+    """The generated program on ``inputs`` against the float64 reference, under the tolerances."""
+    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    got = load(tmp_path, spec, program).run_poisoned(inputs)
+    for g, r in zip(got, spec.reference(inputs, "cpu")):
+        c = compare(g, r, spec.op, g.dtype)
+        assert c.ok, f"{spec.describe()}: {c.reason}\n{inputs}\n{g}\n{r}"
+    return program
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("name", MATH_UNARY)
+def test_math_unary(name, dtype, tmp_path):
+    """Random and edge trials against float64, then the special points against eager."""
+    x = base(dtype).t()
+    assert_valid(FAMILY, spec_of(getattr(aten, name).default, (x,)), tmp_path)
+    p = _points(dtype)
+    spec = spec_of(getattr(aten, name).default, (p,))
+    program = _judge_points(spec, [p], tmp_path)
+    if name in ("round", "angle"):
+        compare_eager(FAMILY, spec, program, tmp_path, inputs=[p], exact=True)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_polygamma(n, dtype, tmp_path):
+    """Against float64, ATen's quirks included (trigamma's finite value at the negative integers,
+    where its float32 kernel gives another: not compared with eager there)."""
+    assert_valid(FAMILY, spec_of(aten.polygamma.default, (n, base(dtype))), tmp_path, eager=n != 1)
+    p = _points(dtype)
+    _judge_points(spec_of(aten.polygamma.default, (n, p)), [p], tmp_path)
+
+
+@pytest.mark.parametrize("name", ["atan2", "hypot", "nextafter"])
+def test_math_binary_special_values(name, tmp_path):
+    """Every pair of signed zeros, +-1, infinities, NaN and ordinary values: exact against eager
+    where the op is exact (nextafter), within the bar elsewhere."""
+    v = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.5, -3.0, 1e-30, 1e30, float("inf"), -float("inf"), float("nan")])
+    a, b = v.repeat_interleave(len(v)), v.repeat(len(v))
+    spec = spec_of(getattr(aten, name).default, (a, b))
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
+    compare_eager(FAMILY, spec, program, tmp_path, exact=name == "nextafter", inputs=[a, b])
+    assert_valid(FAMILY, spec_of(getattr(aten, name).default, (base(), base())), tmp_path)
+
+
+@pytest.mark.parametrize("decimals", [0, 3, -3, 1])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=str)
+def test_round_decimals(decimals, dtype, tmp_path):
+    spec = spec_of(aten.round.decimals, (base(dtype) * 100,), {"decimals": decimals})
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path), tmp_path, exact=True)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, torch.float64, torch.int32], ids=str)
+def test_signbit(dtype, tmp_path):
+    v = torch.tensor([0.0, -0.0, 1.0, -2.0, float("inf"), -float("inf"), float("nan"), -float("nan")])
+    x = (v if dtype.is_floating_point else torch.arange(-4, 4)).to(dtype)
+    spec = spec_of(aten.signbit.default, (x,))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=[x])
+
+
+def test_mul_of_bools_is_and(tmp_path):
+    a, b = torch.randn(9, 37) > 0, torch.randn(37) > 0
+    spec = spec_of(aten.mul.Tensor, (a, b))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True)
+
+
+@pytest.mark.parametrize("op,args", [
+    (aten.sub.Tensor, "tt"), (aten.div.Tensor, "tt"), (aten.exp.default, "t"), (aten.mul.Tensor, "t2"),
+    (aten.log.default, "t"), (aten.sqrt.default, "t"), (aten.rsqrt.default, "t"),
+    (aten.expm1.default, "t"), (aten.log1p.default, "t"), (aten.maximum.default, "tt"), (aten.add.Tensor, "tf"),
+    (aten.lt.Tensor, "tt"), (aten.div.Tensor, "t3"),
+], ids=lambda v: v._opname if isinstance(v, torch._ops.OpOverload) else v)
+def test_float64_arithmetic(op, args, tmp_path):
+    """float64 computed in float64: judged against float64 at float64's tolerance (1e-9)."""
+    x = base(torch.float64)
+    other = {"tt": (base(torch.float64),), "t": (), "t2": (0.1,), "tf": (base(F32),), "t3": (3.0,)}[args]
+    spec = spec_of(op, (x,) + other)
+    program = assert_valid(FAMILY, spec, tmp_path)
+    assert "tl.div_rn" not in program.source and "sqrt_rn" not in program.source

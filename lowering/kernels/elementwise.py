@@ -9,7 +9,8 @@ broadcast scalar operand (all strides 0) is loaded once.
 
 Types follow ATen: the spec's output dtype is the result of promotion; arithmetic runs in that
 type, with fp16/bf16 upcast to fp32 (ATen's opmath), comparisons in the operands' common type;
-the result is rounded to the output dtype on store. fp64 is only copied/selected, never computed.
+the result is rounded to the output dtype on store. fp64 is computed in fp64 by the ops of FP64_OPS
+(elementwise functions whose expression holds in fp64); the others only copy/select it.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.elementwise_math import MATH_HELPERS
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily, sample_generator, sample_tensor, to_device
 from torch_kernelize.core.program import KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
@@ -100,6 +102,12 @@ def _div_floor(a, b):
     zero = (q.to(tl.int32, bitcast=True) & -2147483648).to(tl.float32, bitcast=True)  # copysign(0, a / b)
     return tl.where(b == 0.0, q, tl.where(div != 0.0, fl, zero))
 ''',
+    "_div64": '''
+@triton.jit
+def _div64(x, y):
+    return x / y
+''',
+    **MATH_HELPERS,
 }
 
 # --- the op table --------------------------------------------------------------------------------
@@ -229,6 +237,38 @@ def _binary(kind: str, body: Callable[[str, str], str], names=("self", "other"),
     return PointwiseOp(names, kind, lambda o, a, t: body(o[0], o[1]), (), check)
 
 
+def _round_decimals(x: str, args: dict[str, Any]) -> str:
+    """ATen's round(x, decimals): nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0."""
+    d = int(args.get("decimals", 0))
+    p = cg.float_literal(10.0 ** abs(d))
+    return f"tl.div_rn(_round_even({x} * {p}), {p})" if d >= 0 else f"_round_even(tl.div_rn({x}, {p})) * {p}"
+
+
+def _check_decimals(args: dict[str, Any]) -> str | None:
+    d = args.get("decimals", 0)
+    if not isinstance(d, int) or isinstance(d, bool) or abs(d) > 30:
+        return f"round decimals={d!r} is not an integer within 30"
+    return None
+
+
+def _signbit(x: str, ctype: str) -> str:
+    if ctype in ("float32", "float64"):
+        return f"{x}.to(tl.int{ctype[-2:]}, bitcast=True) < 0"
+    return f"{x} < 0" if ctype != "bool" else f"{x} != {x}"
+
+
+def _polygamma(x: str, args: dict[str, Any]) -> str:
+    n = int(args["n"])
+    return f"_digamma({x})" if n == 0 else f"_polygamma({x}, {n}, {cg.float_literal((-1) ** (n + 1) * math.factorial(n))})"
+
+
+def _check_polygamma(args: dict[str, Any]) -> str | None:
+    n = args.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 4:
+        return f"polygamma n={n!r} is not generated (n = 0..4)"
+    return None
+
+
 _MAX = lambda x, y: f"tl.where(({x} > {y}) | ({x} != {x}), {x}, {y})"
 _MIN = lambda x, y: f"tl.where(({x} < {y}) | ({x} != {x}), {x}, {y})"
 
@@ -335,11 +375,53 @@ OPS: dict[str, PointwiseOp] = {
        for ov in ("Tensor", "Scalar")},
     **{f"aten.remainder.{ov}": _binary("arith", lambda x, y: _remainder(x, y), check=_check_nothing)
        for ov in ("Tensor", "Scalar")},
+    # inverse trigonometric / hyperbolic, tan, hypot, rounding, special functions (elementwise_math)
+    "aten.atan.default": _unary("float", lambda x: f"_atan({x})", "_atan"),
+    "aten.asin.default": _unary("float", lambda x: f"_asin({x})", "_atan", "_asin"),
+    "aten.acos.default": _unary("float", lambda x: f"_acos({x})", "_atan", "_acos"),
+    "aten.atan2.default": PointwiseOp(("self", "other"), "float", lambda o, a, t: f"_atan2({o[0]}, {o[1]})", ("_atan", "_atan2")),
+    "aten.acosh.default": _unary("float", lambda x: f"_acosh({x})", "_log1p", "_acosh"),
+    "aten.sinh.default": _unary("float", lambda x: f"_sinh({x})", "_expm1", "_sinh"),
+    "aten.tan.default": _unary("float", lambda x: f"_tan({x})", "_tan"),
+    "aten.hypot.default": PointwiseOp(("self", "other"), "float", lambda o, a, t: f"_hypot({o[0]}, {o[1]})", ("_hypot",)),
+    "aten.round.default": _unary("float", lambda x: f"_round_even({x})", "_round_even"),
+    "aten.round.decimals": PointwiseOp(("self",), "float", lambda o, a, t: _round_decimals(o[0], a), ("_round_even",),
+                                       _check_decimals),
+    # signbit: the sign bit as stored (-0.0 and -NaN included); an integer's sign
+    "aten.signbit.default": PointwiseOp(("self",), "compare", lambda o, a, t: _signbit(o[0], t)),
+    "aten.angle.default": _unary("float", lambda x: f"tl.where({x} != {x}, {x}, tl.where({x} < 0.0, 3.141592653589793, 0.0))"),
+    "aten.erfc.default": _unary("float", lambda x: f"_erfc({x})", "_erfc"),
+    "aten.i0.default": _unary("float", lambda x: f"_i0({x})", "_i0_a", "_i0_b", "_i0"),
+    "aten.lgamma.default": _unary("float", lambda x: f"_lgamma({x})", "_lgamma_pos", "_sinpi_abs", "_lgamma"),
+    "aten.digamma.default": _unary("float", lambda x: f"_digamma({x})", "_cotpi", "_digamma"),
+    "aten.polygamma.default": PointwiseOp(("self",), "float", lambda o, a, t: _polygamma(o[0], a),
+                                          ("_cotpi", "_digamma", "_polygamma"), _check_polygamma),
+    "aten.nextafter.default": PointwiseOp(("self", "other"), "float", lambda o, a, t: f"_nextafter({o[0]}, {o[1]})",
+                                          ("_nextafter",)),
     # selection and copies
     "aten.where.self": PointwiseOp(("condition", "self", "other"), "select",
                                    lambda o, a, t: f"tl.where({o[0]}, {o[1]}, {o[2]})"),
     "aten.clone.default": _unary("copy", lambda x: x),
     "aten._to_copy.default": _unary("copy", lambda x: x),
+}
+
+# ops whose expression is right in float64 too (computed in float64 where an operand or the output
+# is float64): no fp32 constants of limited precision, bit tricks of fp32 or truncated series. The
+# comparisons are exact in any type. tl.div_rn/tl.sqrt_rn are fp32 only: in float64 the emitter
+# writes IEEE division (_div64) and tl.sqrt for them.
+FP64_OPS = frozenset(
+    [f"aten.{n}.{ov}" for n in ("add", "sub", "rsub", "mul", "div") for ov in ("Tensor", "Scalar")]
+    + [f"aten.{n}.default" for n in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
+                                     "sin", "cos", "reciprocal", "floor", "ceil", "trunc", "abs", "neg", "relu",
+                                     "sign", "maximum", "minimum", "fmax", "fmin", "isnan", "signbit",
+                                     "clamp", "clamp_min", "clamp_max", "logical_not", "logical_and",
+                                     "logical_or", "logical_xor")]
+    + [f"aten.{n}.{ov}" for n in ("eq", "ne", "lt", "le", "gt", "ge") for ov in ("Tensor", "Scalar")])
+# ops generated for a float32 output only (they step in the output type's bits)
+FP32_ONLY = frozenset({"aten.nextafter.default"})
+# integer/float arithmetic whose bool result ATen defines by truth values: mul of bools is "and"
+BOOL_ARITH: dict[str, PointwiseOp] = {
+    "aten.mul.Tensor": _binary("logical", lambda x, y: f"({x} != 0) & ({y} != 0)"),
 }
 
 _DIV_MODES = ("aten.div.Tensor_mode", "aten.div.Scalar_mode")
@@ -460,13 +542,17 @@ class ElementwiseFamily(KernelFamily):
             if operands[0].tensor is None or operands[0].dtype != "bool":
                 return "where needs a bool condition tensor"
             return _Plan(operands, op, args, out.dtype, _max_block(out))
-        if "float64" in dtypes:
-            return "float64 arithmetic is not generated (only copies and where handle float64)"
+        if "float64" in dtypes and spec.op not in FP64_OPS:
+            return f"float64 arithmetic is generated for {len(FP64_OPS)} ops (elementwise.FP64_OPS), not {spec.op}"
+        if spec.op in FP32_ONLY and out.dtype != "float32":
+            return f"{spec.op} steps in the bits of its output type: float32 only, not {out.dtype}"
+        if spec.op in BOOL_ARITH and out.dtype == "bool":  # mul of bools: logical and (ATen's bool arithmetic)
+            return _Plan(operands, BOOL_ARITH[spec.op], args, "bool", _max_block(out))
         if op.kind == "compare":
             if out.dtype != "bool":
                 return "a comparison must produce bool"
             common = str(_result_type(operands, spec)).removeprefix("torch.")
-            if common not in cg.TL_TYPES or common == "float64":
+            if common not in cg.TL_TYPES:
                 return f"comparison in {common} is not generated"
             return _Plan(operands, op, args, cg.compute_type(common), _max_block(out))
         if op.kind == "logical":
@@ -474,9 +560,9 @@ class ElementwiseFamily(KernelFamily):
                 return "logical ops here produce bool"
             return _Plan(operands, op, args, "bool", _max_block(out))
         ctype = cg.compute_type(out.dtype)
-        if op.kind == "float" and ctype != "float32":
-            return f"{spec.op} computes in floating point; output dtype {out.dtype} is not fp32/fp16/bf16"
-        if op.kind == "arith" and ctype not in ("float32",) + cg.INT_TYPES:
+        if op.kind == "float" and ctype not in ("float32", "float64"):
+            return f"{spec.op} computes in floating point; output dtype {out.dtype} is not fp32/fp16/bf16/fp64"
+        if op.kind == "arith" and ctype not in ("float32", "float64") + cg.INT_TYPES:
             return f"{spec.op} with output dtype {out.dtype} is not generated"
         for o in operands:
             if o.tensor is None and cg.is_int(ctype):
@@ -608,7 +694,7 @@ class ElementwiseFamily(KernelFamily):
         kname = spec.op.split(".")[1].lstrip("_") + "_kernel"
         src = cg.Source()
         src(cg.HEADER, cg.describe_spec(spec))
-        for h in op.helpers:
+        for h in op.helpers + (("_div64",) if ctype == "float64" else ()):
             src.blank()(HELPERS[h].strip("\n"))
         src.blank()("")
         params = [f"in{i}_ptr" for i in inputs] + ["out0_ptr"] + size_params + ["BLOCK: tl.constexpr"]
@@ -642,7 +728,10 @@ class ElementwiseFamily(KernelFamily):
                 exprs.append(str(int(bool(o.value))))
             else:
                 exprs.append(cg.literal(o.value, ctype))
-        src(f"y = {op.body(exprs, args, ctype)}")
+        expr = op.body(exprs, args, ctype)
+        if ctype == "float64":  # the fp32-only precise division and square root: IEEE in float64
+            expr = expr.replace("tl.div_rn(", "_div64(").replace("tl.sqrt_rn(", "tl.sqrt(")
+        src(f"y = {expr}")
         # the type y has: the input's for a copy, bool for comparisons, else the compute type
         y_type = {"copy": spec.inputs[inputs[0]].dtype, "compare": "bool", "logical": "bool"}.get(op.kind, ctype)
         value = "y" if y_type == out.dtype else f"y.to({cg.tl_type(out.dtype)})"
