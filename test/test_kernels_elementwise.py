@@ -497,3 +497,15 @@ def test_float64_arithmetic(op, args, tmp_path):
     spec = spec_of(op, (x,) + other)
     program = assert_valid(FAMILY, spec, tmp_path)
     assert "tl.div_rn" not in program.source and "sqrt_rn" not in program.source
+
+
+def test_math_ops_compile_for_sm90(tmp_path):
+    """The math helpers are real GPU code (fp64 steps of tan and trigamma included)."""
+    x = base(F32)
+    specs = [spec_of(getattr(aten, n).default, (x,)) for n in MATH_UNARY]
+    specs += [spec_of(getattr(aten, n).default, (x, x)) for n in ("atan2", "hypot", "nextafter")]
+    specs += [spec_of(aten.polygamma.default, (n, x)) for n in (1, 2, 3, 4)]
+    specs += [spec_of(aten.round.decimals, (x,), {"decimals": -2}), spec_of(aten.signbit.default, (x,)),
+              spec_of(aten.div.Tensor, (x.double(), x.double())), spec_of(aten.mul.Tensor, (x > 0, x < 0))]
+    for s in specs:
+        compile_sm90(s, FAMILY.generate(s, FAMILY.seed_configs(s)[0]), tmp_path)

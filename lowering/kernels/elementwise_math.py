@@ -28,7 +28,7 @@ _I0_B = (-1.32158118404477131188E-11, -3.14991652796324136454E-11, 1.18891471078
 
 def _chebyshev(name: str, coeffs: tuple[float, ...]) -> str:
     """A Clenshaw evaluation of a Chebyshev series (Cephes' chbevl), unrolled."""
-    lines = [f"@triton.jit", f"def {name}(x):", f"    b1 = tl.zeros_like(x)", f"    b0 = b1 + {coeffs[0]!r}", "    b2 = b1"]
+    lines = ["@triton.jit", f"def {name}(x):", "    b1 = tl.zeros_like(x)", f"    b0 = b1 + {coeffs[0]!r}", "    b2 = b1"]
     for c in coeffs[1:]:
         lines += ["    b2 = b1", "    b1 = b0", f"    b0 = x * b1 - b2 + {c!r}"]
     lines.append("    return 0.5 * (b0 - b2)")
