@@ -45,6 +45,17 @@ def test_searchsorted_trials_draw_a_sorted_sequence():
     assert torch.equal(s, s.sort(-1).values) and not torch.equal(s, torch.zeros_like(s))
 
 
+def test_repeat_interleave_trials_draw_repeats_summing_to_the_output_size():
+    r = torch.tensor([2, 0, 3])
+    spec = KernelSpec.from_call(aten.repeat_interleave.Tensor, [r], {"output_size": 5},
+                                torch.repeat_interleave(r, output_size=5))
+    for seed in range(3):
+        (drawn,) = CandidateGenerator([], None).sample_inputs(spec, seed)
+        assert int(drawn.sum()) == 5 and bool((drawn >= 0).all()) and drawn.dtype == r.dtype
+        spec.reference([drawn])  # the reference accepts them
+    assert "summing to output_size (5)" in requirements(spec)[0]
+
+
 def test_inputs_the_reference_rejects_are_could_not_check():
     # take's ids out of range (no rule for take): the harness, not a candidate, is at fault
     x, i = torch.randn(3), torch.tensor([0, 2])

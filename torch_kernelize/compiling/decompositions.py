@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSITIONS
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
+from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
 
 aten = torch.ops.aten
 
@@ -250,39 +251,6 @@ def _argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False):
 @_register(aten.argmin.default)
 def _argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False):
     return _arg_best(x, dim, keepdim, False) if x.numel() else NotImplemented
-
-
-@_register(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def _embedding_bag(weight, indices, offsets, scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
-                   per_sample_weights=None, include_last_offset: bool = False, padding_idx: int = -1):
-    """Bags of sum (0) or mean (1) as a gather of the rows and an index_add into the bags; a
-    position's bag is the bucket of its offset (offsets rise from 0). Ids equal to
-    ``padding_idx`` add nothing and do not count in a mean; an empty bag is zeros. The bookkeeping
-    outputs (offset2bag, bag_size, max_indices) are left empty: the decomposition is taken only
-    where nothing reads them (inference), as decompose_node checks."""
-    if mode not in (0, 1) or indices.dim() != 1 or offsets.dim() != 1:
-        return NotImplemented
-    bags = offsets.numel() - (1 if include_last_offset else 0)
-    n, width = indices.numel(), weight.size(1)
-    if bags <= 0 or n == 0:
-        return NotImplemented
-    acc = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
-    position = torch.arange(n, device=indices.device)
-    bag = torch.bucketize(position, offsets[:bags], right=True) - 1
-    keep = position < offsets[bags] if include_last_offset else torch.ones_like(position, dtype=torch.bool)
-    if padding_idx >= 0:
-        keep = keep & (indices != padding_idx)
-    rows = weight.index_select(0, indices).to(acc)
-    if per_sample_weights is not None:
-        rows = rows * per_sample_weights.to(acc).unsqueeze(1)
-    rows = torch.where(keep.unsqueeze(1), rows, 0.0)
-    bag = torch.where(keep, bag, 0)
-    out = torch.zeros(bags, width, dtype=acc, device=weight.device).index_add(0, bag, rows)
-    if mode == 1:
-        count = torch.zeros(bags, dtype=acc, device=weight.device).index_add(0, bag, keep.to(acc))
-        out = out / torch.where(count > 0, count, 1.0).unsqueeze(1)
-    empty = [torch.empty(0, dtype=torch.int64, device=weight.device) for _ in range(3)]
-    return (out.to(weight.dtype), *empty)
 
 
 def _window_sum(x: torch.Tensor, kernel: list[int], stride: list[int], outs: list[int]) -> torch.Tensor:
@@ -657,3 +625,5 @@ def splice_decomposition(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule)
 OWN_DECOMPOSITIONS.update(BACKWARD_DECOMPOSITIONS)  # convolution_backward (backward_decompositions.py)
 OWN_DECOMPOSITIONS.update(SCATTER_DECOMPOSITIONS)  # scatters, running max/min, pooling... (decompositions_scatter.py)
 OVERRIDES.update(SCATTER_OVERRIDES)
+# embedding bags and their backward, segment_reduce, repeat_interleave (ranking_decompositions.py)
+OWN_DECOMPOSITIONS.update(RANKING_DECOMPOSITIONS)

@@ -54,6 +54,16 @@ def _lengths_summing_to(data: str) -> tuple[str, Remake]:
     return f"non-negative, summing to {data}.size(0)", remake
 
 
+def _counts_summing_to(total: int) -> tuple[str, Remake]:
+    def remake(t: torch.Tensor, g: torch.Generator, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = t.numel()
+        cuts = torch.randint(0, total + 1, (max(parts - 1, 0),), generator=g, device=g.device).sort().values
+        edges = torch.cat([torch.zeros(1, dtype=cuts.dtype, device=cuts.device), cuts,
+                           torch.full((1,), total, dtype=cuts.dtype, device=cuts.device)])
+        return edges.diff()[:parts].to(t.dtype).reshape(t.shape) if parts else t
+    return f"non-negative, summing to output_size ({total})", remake
+
+
 def _embedding_bag(args: dict[str, Any]) -> dict[str, tuple[str, Remake]]:
     return {"indices": _ids_below("weight"), "offsets": _offsets("indices", bool(args.get("include_last_offset")))}
 
@@ -69,6 +79,8 @@ RULES: dict[str, Callable[[dict[str, Any]], dict[str, tuple[str, Remake]]]] = {
     "aten.embedding.default": lambda args: {"indices": _ids_below("weight")},
     "aten.searchsorted.Tensor": _searchsorted,
     "aten.bucketize.Tensor": lambda args: {"boundaries": _sorted_last_dim()},
+    "aten.repeat_interleave.Tensor": lambda args: ({"repeats": _counts_summing_to(int(args["output_size"]))}
+                                                   if args.get("output_size") is not None else {}),
     "aten.segment_reduce.default": lambda args: ({"lengths": _lengths_summing_to("data")}
                                                  if args.get("axis", 0) == 0 else {}),
 }
