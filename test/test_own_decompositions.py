@@ -278,3 +278,19 @@ def test_avg_pool_ceil_mode_where_windows_agree_with_floor():
     gm = make_fx(lambda t: F.avg_pool2d(t, 2, 2, 0, True), tracing_mode="fake")(x)
     lowered = lower(gm, [x], {"repro_dir": "off"}, target=NOTHING)
     assert [d.tier for d in lowered.report.decisions if d.op == "aten.avg_pool2d.default"] != ["decompose"]
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_select_raises_on_a_negative_index_as_eager_does(dim):
+    """torch's decomposition gathers with index's rule, which counts a negative index from the
+    end: on a chip without index_select it returned other rows where eager raises."""
+    x = torch.randn(5, 4)
+    _check(lambda t, i: torch.index_select(t, dim, i), x, torch.tensor([3, 0, 3, 1]),
+           op="aten.index_select.default")
+    gm = make_fx(lambda t, i: torch.index_select(t, dim, i), tracing_mode="fake")(x, torch.tensor([0, 1]))
+    lowered = lower(gm, [x, torch.tensor([0, 1])], {"repro_dir": "off"}, target=NOTHING)
+    for bad in ([0, -1], [x.shape[dim], 0]):  # negative, and one past the end
+        with pytest.raises((IndexError, RuntimeError)):  # (eager's CPU kernel raises either, by dim)
+            torch.index_select(x, dim, torch.tensor(bad))
+        with pytest.raises(IndexError):
+            lowered([x, torch.tensor(bad)])

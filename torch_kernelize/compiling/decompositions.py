@@ -194,6 +194,15 @@ def _constant_pad_nd(x: torch.Tensor, pad: list[int], value: float = 0.0):
     return out.clone() if out is x else out
 
 
+@_register(aten.index_select.default, override=True)
+def _index_select(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """torch's decomposition (``x[..., index]``), but ``index``'s rule counts a negative index
+    from the end where index_select raises, as eager does: a negative index is made out of range
+    first, so the gather raises eager's IndexError instead of returning other rows."""
+    size = x.shape[dim] if x.dim() else 1
+    return _torch_table[aten.index_select.default](x, dim, torch.where(index < 0, size, index))
+
+
 @_register(aten.flip.default, override=True)  # torch's is prims.rev: a rename, not a lowering
 def _flip(x: torch.Tensor, dims: list[int]):
     out = x
