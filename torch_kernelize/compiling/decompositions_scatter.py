@@ -237,16 +237,25 @@ def _as_strided_scatter(x, src, size, stride, storage_offset=None):
 
 # --- running max/min, mode, nanmedian ----------------------------------------------------------------
 
+def _quadratic_rows(x, dim: int):
+    """(dim, N, ``x`` with ``dim`` last) for an N x N compare along ``dim``; None where none is
+    made (not floating, empty, or too large: the op stays on its own rung)."""
+    dim %= x.dim()
+    N = x.size(dim)
+    if not x.is_floating_point() or N == 0 or N > QUADRATIC_MAX_N or x.numel() * N > DENSE_MAX:
+        return None
+    return dim, N, x.movedim(dim, -1)
+
+
 def _cumulative_best(x, dim: int, largest: bool):
     """cummax/cummin: the best of each prefix (NaN propagates) and the last index holding it (a
     later equal element takes the index, as ATen's ``x >= best``), from an N x N compare."""
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
-    dim %= x.dim()
-    N = x.size(dim)
-    if not x.is_floating_point() or N == 0 or N > QUADRATIC_MAX_N or x.numel() * N > DENSE_MAX:
+    rows = _quadratic_rows(x, dim)
+    if rows is None:
         return NotImplemented
-    xt = x.movedim(dim, -1)
+    dim, N, xt = rows
     i = torch.arange(N, device=x.device).reshape(N, 1)
     j = torch.arange(N, device=x.device).reshape(1, N)
     upto = j <= i                                                       # [N (prefix), N]
@@ -276,11 +285,10 @@ def _mode(x, dim: int = -1, keepdim: bool = False):
     count of a NaN is 0 (it equals nothing), so NaN is a mode only of an all-NaN row."""
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
-    dim %= x.dim()
-    N = x.size(dim)
-    if not x.is_floating_point() or N == 0 or N > QUADRATIC_MAX_N or x.numel() * N > DENSE_MAX:
+    rows = _quadratic_rows(x, dim)
+    if rows is None:
         return NotImplemented
-    xt = x.movedim(dim, -1)
+    dim, N, xt = rows
     count = (xt.unsqueeze(-1) == xt.unsqueeze(-2)).to(torch.float32).sum(-1)      # [..., N]
     top = count.amax(-1, keepdim=True)
     value = torch.where(count == top, xt, float("inf")).amin(-1, keepdim=True)
