@@ -37,6 +37,8 @@ from typing import Any, Iterator, Mapping
 import filelock
 
 from torch_kernelize.core.errors import CacheError
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.targets import Target
 
 from .entry import CacheEntry, better, check_key, entry_from_files, is_key, normalize_record
 from .integrity import (ENTRY_FILE, IGNORED_DIRS, MANIFEST_FILE, PROGRAM_DIR, EntryProblem, dumps,
@@ -113,8 +115,8 @@ class KernelCache:
         self._fingerprint = dict(fingerprint) if fingerprint is not None else None
 
     @classmethod
-    def for_target(cls, root: Path | str, target: Any) -> "KernelCache":
-        """The cache of ``target`` (a core.targets.Target): namespaced by its fingerprint."""
+    def for_target(cls, root: Path | str, target: Target) -> "KernelCache":
+        """The cache of ``target``: namespaced by its fingerprint."""
         return cls(root, target.fingerprint_id(), target.fingerprint())
 
     def __repr__(self) -> str:
@@ -300,6 +302,14 @@ class KernelCache:
         """(status, entry, reason): status is "hit", "vendor", "miss" or "invalid"."""
         entry, problem, where = self._load(key)
         return self._status(key, entry, problem, where)
+
+    def lookup_node(self, node: Any, spec: KernelSpec) -> tuple[str, CacheEntry | None, str]:
+        """A node's entry (interfaces.Lookups): a plain cache knows no shape buckets, so its spec's key."""
+        return self.lookup(spec.key)
+
+    def lookup_region(self, region: Any, spec: KernelSpec) -> tuple[str, CacheEntry | None, str]:
+        """A fused region's entry (interfaces.Lookups): its spec's key."""
+        return self.lookup(spec.key)
 
     def _status(self, key: str, entry: CacheEntry | None, problem: str | None, where: Path | None
                 ) -> tuple[str, CacheEntry | None, str]:
@@ -610,3 +620,11 @@ class LookupLog:
         result = self.cache.lookup(key)
         self.witnesses[key] = self.cache.witness(key, result[0])
         return result
+
+    def lookup_node(self, node: Any, spec: KernelSpec) -> tuple[str, CacheEntry | None, str]:
+        """A node's entry (interfaces.Lookups): a static graph's sizes are exact, so its spec's key."""
+        return self.lookup(spec.key)
+
+    def lookup_region(self, region: Any, spec: KernelSpec) -> tuple[str, CacheEntry | None, str]:
+        """A fused region's entry (interfaces.Lookups): its spec's key."""
+        return self.lookup(spec.key)

@@ -24,6 +24,9 @@ from torch.utils import _pytree as pytree
 from torch_kernelize.core.buckets import PREFIX_LEN, Dim, contains, instantiate, key_prefix, unbucketable, values_of
 from torch_kernelize.core.spec import tensor_input_nodes
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.kernel_cache.entry import CacheEntry
+from torch_kernelize.kernel_cache.interfaces import Cache, Lookup
+from torch_kernelize.kernel_cache.store import LookupLog
 
 
 def _size_expr(v: Any) -> Any:
@@ -105,7 +108,7 @@ class GraphBuckets:
     """One dynamic graph's view of the cache's buckets: the cache's keys as listed when the graph
     was planned, each node's variable dims, and the bucket entries of each abstract spec."""
 
-    def __init__(self, cache: Any, load_runner: Callable[[KernelSpec, Any], Any]):
+    def __init__(self, cache: Cache, load_runner: Callable[[KernelSpec, CacheEntry], Any]):
         self.cache = cache
         try:
             self.keys = frozenset(cache.keys())
@@ -163,7 +166,7 @@ class GraphBuckets:
                 self._buckets[prefix] = found
             return found
 
-    def entries(self) -> list[Any]:
+    def entries(self) -> list[CacheEntry]:
         """Every valid entry of the listing (read once per graph: shape_classes.py partitions the
         graph's shapes by them)."""
         with self._lock:
@@ -171,33 +174,34 @@ class GraphBuckets:
                 self._entries = [e for e in map(self.cache.get, sorted(self.keys)) if e is not None]
             return self._entries
 
-    def lookups(self, log: Any) -> "BucketLookup":
+    def lookups(self, log: LookupLog) -> "BucketLookup":
         return BucketLookup(self, log)
 
 
 class BucketLookup:
-    """The lookups of one specialization (``log``: a LookupLog): exact keys first, in the listing;
-    then, for a node (``lookup_node``), the bucket that holds its sizes."""
+    """The lookups of one specialization (kernel_cache.interfaces.Lookups; ``log`` keeps their
+    witnesses): exact keys first, in the listing; then, for a node or a region, the bucket that
+    holds its sizes."""
 
-    def __init__(self, graph: GraphBuckets, log: Any):
+    def __init__(self, graph: GraphBuckets, log: LookupLog):
         self.graph = graph
         self.log = log
         self.witnesses = log.witnesses
 
-    def lookup(self, key: str) -> tuple[str, Any, str]:
+    def lookup(self, key: str) -> Lookup:
         if key not in self.graph.keys:
             self.witnesses[key] = {"absent": True}
             return "miss", None, f"no cache entry for key {key} (listing of {self.graph.cache.dir} when planned)"
         return self.log.lookup(key)
 
-    def lookup_node(self, node: fx.Node, spec: KernelSpec) -> tuple[str, Any, str]:
+    def lookup_node(self, node: fx.Node, spec: KernelSpec) -> Lookup:
         return self._lookup(node.name, spec, self.graph.dims(node))
 
-    def lookup_region(self, region: Any, spec: KernelSpec) -> tuple[str, Any, str]:
+    def lookup_region(self, region: Any, spec: KernelSpec) -> Lookup:
         """A fused region's: its exact key, then the bucket of its family that holds its sizes."""
         return self._lookup(region_name(region), spec, self.graph.region_dims(region))
 
-    def _lookup(self, name: str, spec: KernelSpec, dims: tuple[Dim, ...] | None) -> tuple[str, Any, str]:
+    def _lookup(self, name: str, spec: KernelSpec, dims: tuple[Dim, ...] | None) -> Lookup:
         exact = self.lookup(spec.key)
         if dims is None or unbucketable(spec, dims) is not None:
             return exact

@@ -24,8 +24,10 @@ from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.serving.bucket_call import BucketCall, SizedCall, readable
 from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.serving.launch import deferred_checks
-from torch_kernelize.kernel_cache.store import LookupLog
-from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
+from torch_kernelize.kernel_cache.entry import CacheEntry
+from torch_kernelize.kernel_cache.interfaces import Lookups
+from torch_kernelize.kernel_cache.store import KernelCache, LookupLog
+from torch_kernelize.compiling.bucket_lookup import BucketLookup, GraphBuckets, bucket_runner
 from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bucket_symbols, node_symbols, node_tensors, region_symbols,
@@ -92,9 +94,9 @@ class Session:
         return self._target
 
     @property
-    def cache(self):
+    def cache(self) -> KernelCache | None:
+        """The target's kernel cache (None: the target has no Triton backend, or is not known yet)."""
         if self._cache is None and self._target is not None and self._target.has_triton:
-            from torch_kernelize.kernel_cache import KernelCache
             with self._made:
                 if self._cache is None:
                     cache = KernelCache.for_target(self.options.cache_dir, self._target)
@@ -111,7 +113,7 @@ class Session:
                     self._repros = ReproWriter(self.options.repro_dir, self.options)
         return self._repros
 
-    def load_runner(self, spec: KernelSpec, entry: Any):
+    def load_runner(self, spec: KernelSpec, entry: CacheEntry):
         """The launcher of a cache hit, loaded once per process; None (with a warning) if it fails."""
         from torch_kernelize.serving.launch import load_program
         cache = self.cache
@@ -140,7 +142,7 @@ class Session:
             self._runners[k] = runner
             return runner if not bucketed or runner is None else self._sized(spec, entry, runner)
 
-    def _sized(self, spec: KernelSpec, entry: Any, base: Any):
+    def _sized(self, spec: KernelSpec, entry: CacheEntry, base: Any):
         """A bucket's runner for the sizes of ``spec`` (memoized per spec; caller holds the lock)."""
         k = (str(self.cache.dir), entry.key, entry.identity, spec.key)
         if k not in self._runners:
@@ -243,6 +245,17 @@ class LoweredGraph:
         from torch_kernelize.serving.cudagraphs import mutated_inputs
         return mutated_inputs(self.plan.gm)
 
+    def specializations(self) -> dict[tuple, Specialization]:
+        """Every shape signature planned so far (its size symbols' values) and its bound
+        executable; the signatures of one shape class share one (shape_classes.py)."""
+        with self._lock:
+            return dict(self._specializations)
+
+    def region_of(self, spec_key: str) -> Region | None:
+        """The fused region (or whole graph) that the latest lookup of ``spec_key`` was made for;
+        identical regions (a model's layers) share a key. None: no region was looked up under it."""
+        return self._region_of.get(spec_key)
+
     def static_specialization(self) -> Specialization | None:
         """The one bound executable of a graph of static shapes (None for a dynamic one)."""
         return self._static
@@ -334,7 +347,7 @@ class LoweredGraph:
                 self.session.repros.count_unplanned(verdict, bool(symbols & changed))
         return shared
 
-    def _lookups(self) -> Any:
+    def _lookups(self) -> LookupLog | BucketLookup | None:
         """The cache as the planner looks it up, every lookup kept with its witness (the
         executable cache stores them); a dynamic graph's through its shape buckets. None without a cache."""
         cache = self.session.cache
@@ -347,7 +360,7 @@ class LoweredGraph:
             lookups = self._buckets.lookups(lookups)
         return lookups
 
-    def _decide_nodes(self, bindings: dict, lookups: Any) -> tuple[list[Decision], dict, dict]:
+    def _decide_nodes(self, bindings: dict, lookups: Lookups | None) -> tuple[list[Decision], dict, dict]:
         """The planner's node rung: each node's decision, the runner of each kernel hit (a hit
         whose entry does not load is downgraded), and the bucket calls of dynamic hits."""
         decisions = self.plan.decide(bindings, lookups, resolve=False)
@@ -479,7 +492,7 @@ class LoweredGraph:
         ranges = [pow2_bucket(v) if isinstance(v, int) and v >= 1 else v for v in key]
         return f"{self.name}:{d.node}:{ranges}"
 
-    def _decide_regions(self, bindings, decisions: list[Decision], cache: Any, calls: dict[str, tuple]):
+    def _decide_regions(self, bindings, decisions: list[Decision], cache: Lookups | None, calls: dict[str, tuple]):
         """The planner's region rung (``decide_regions``), each hit bound as a kernel call (a
         bucket's, in ``calls`` by the decision's node, where it serves the region's whole bucket)."""
         fused, region_decisions = [], []
@@ -612,7 +625,7 @@ def _quiet_for_minify(options: Any) -> Any:
     return dataclasses.replace(options, check=False, repro_dir=None, report=None, strict=False)
 
 
-def mismatch_predicate(spec_key: str, target: Any, options: Any) -> Callable[[fx.GraphModule, list], bool]:
+def mismatch_predicate(spec_key: str, target: Target, options: Options) -> Callable[[fx.GraphModule, list], bool]:
     """True while lowering the graph puts kernel ``spec_key`` on the triton tier and the
     outputs differ from the graph run by ATen."""
     options = _quiet_for_minify(options)
@@ -634,7 +647,7 @@ def mismatch_predicate(spec_key: str, target: Any, options: Any) -> Callable[[fx
     return fails
 
 
-def lowering_error_predicate(error: BaseException, target: Any, options: Any
+def lowering_error_predicate(error: BaseException, target: Target, options: Options
                              ) -> Callable[[fx.GraphModule, list], bool]:
     """True while lowering the graph raises the same exception type with the same first line."""
     options = _quiet_for_minify(options)

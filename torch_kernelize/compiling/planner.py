@@ -42,6 +42,8 @@ from torch_kernelize.core.decision import Decision
 from torch_kernelize.core.region_graph import describe_region
 from torch_kernelize.core.shapes import concrete_value
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.kernel_cache.entry import CacheEntry
+from torch_kernelize.kernel_cache.interfaces import Lookups
 
 log = logging.getLogger("torch_kernelize.compiling.planner")
 
@@ -71,8 +73,10 @@ class GraphPlan:
         self.decompositions = decompositions
         self.facts = facts
 
-    def decide(self, bindings: dict[sympy.Symbol, int], cache: Any, resolve: bool = True) -> list[Decision]:
-        """Decisions for one concrete shape signature (``bindings`` fix every size symbol).
+    def decide(self, bindings: dict[sympy.Symbol, int], cache: Lookups | None, resolve: bool = True
+               ) -> list[Decision]:
+        """Decisions for one concrete shape signature (``bindings`` fix every size symbol);
+        ``cache``: its lookups (None: no kernel cache).
 
         ``resolve=False`` leaves cache misses' families pending, for a caller that may cover those
         nodes with a fused region first (then ``resolve_family`` the decisions that remain)."""
@@ -81,7 +85,7 @@ class GraphPlan:
             decisions.append(self._decide_node(f, bindings, cache))
         return [resolve_family(d) for d in decisions] if resolve else decisions
 
-    def _decide_node(self, f: NodeFacts, bindings, cache) -> Decision:
+    def _decide_node(self, f: NodeFacts, bindings: dict[sympy.Symbol, int], cache: Lookups | None) -> Decision:
         if not ladder_decides(f.klass):
             return Decision(f.node.name, f.op, "vendor", f.klass_reason, view=f.klass is NodeClass.VIEW)
         if f.klass is NodeClass.MUTATING:
@@ -96,10 +100,8 @@ class GraphPlan:
             spec_problem = "data-dependent shape: no fixed KernelSpec" if spec is None else ""
         random = is_random(f.node.target, f.node.args, f.node.kwargs)
         status, entry, why = "miss", None, ""
-        if self.target.has_triton and spec is not None and not random:
-            lookup_node = getattr(cache, "lookup_node", None)  # a dynamic graph's: shape buckets too
-            status, entry, why = (("miss", None, "no kernel cache") if cache is None else
-                                  lookup_node(f.node, spec) if lookup_node is not None else cache.lookup(spec.key))
+        if self.target.has_triton and spec is not None and not random:  # (a dynamic graph's: shape buckets too)
+            status, entry, why = ("miss", None, "no kernel cache") if cache is None else cache.lookup_node(f.node, spec)
         # which family generates a missed spec is asked later (resolve_family): a fused region
         # may cover the node, and the first question imports every generator module
         pending = status == "miss" and spec is not None and not random and self.target.has_triton
@@ -150,7 +152,7 @@ CYCLE = "fused with the regions before it, it would wait for its own outputs"
 
 
 def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], decisions: list[Decision],
-                   cache: Any, target: Target, load_runner: Callable[[KernelSpec, Any], Any],
+                   cache: Lookups, target: Target, load_runner: Callable[[KernelSpec, CacheEntry], Any],
                    take_wholes: bool = True) -> list[tuple[Region, Decision, Any]]:
     """The region rung: every region (in ``regions``' order, larger kinds first) looked up in
     ``cache``; (region, its decision, the loaded runner or None) per region looked up. A hit's
@@ -171,11 +173,10 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
         # (only groups can close a cycle: two of them each feeding the other; the first one fused
         # stays). Such a group is not looked up: it could never run fused, so it is no miss to fill.
         cycle = region.kind == "matmul_group" and bool(taken) and closes_cycle(region, taken)
-        lookup_region = getattr(cache, "lookup_region", None)  # a dynamic graph's: shape buckets too
         if cycle:
             status, entry, why = "cycle", None, CYCLE
-        else:
-            status, entry, why = lookup_region(region, spec) if lookup_region is not None else cache.lookup(spec.key)
+        else:  # (a dynamic graph's lookups find shape buckets too)
+            status, entry, why = cache.lookup_region(region, spec)
         # a whole graph: no family is asked (that would import every generator module in a warm
         # process whose whole graph has no entry); without an entry it is no miss (fill_cache
         # collects whole graphs from LoweredGraph.whole, and a reproducer of one would copy every weight)
@@ -199,15 +200,7 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
                 d.tier, d.reason = "triton", f"fused {what}: {why}"
                 taken.append(region)
                 covered |= region.names
-                for n in region.nodes:
-                    i = by_node.get(n.name)
-                    if i is None:
-                        continue  # a getitem: not an op, no decision
-                    # run by the region's kernel: neither a miss nor missing (strict mode, the
-                    # report's MISSING lines and the repros read these flags)
-                    decisions[i] = dataclasses.replace(decisions[i], tier="triton", miss=False, missing=False,
-                                                       repro=None, family=family,
-                                                       reason=f"in fused region {spec.key}: {what}")
+                _run_fused(decisions, by_node, region, d)
                 looked_up.append((region, d, runner))
                 continue
             why = "the cache entry could not be loaded"
@@ -217,6 +210,16 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
         d.miss = status == "miss" and family is not None
         looked_up.append((region, d, None))
     return looked_up
+
+
+def _run_fused(decisions: list[Decision], by_node: dict[str, int], region: Region, d: Decision) -> None:
+    """Mark the nodes of ``region`` in ``decisions`` as run by its kernel (``d``, a hit): neither a
+    miss nor missing (strict mode, the report's MISSING lines and the repros read these flags)."""
+    for n in region.nodes:
+        i = by_node.get(n.name)
+        if i is not None:  # (a getitem: not an op, no decision)
+            decisions[i] = dataclasses.replace(decisions[i], tier="triton", miss=False, missing=False, repro=None,
+                                               family=d.family, reason=f"in fused region {d.spec_key}: {d.shapes}")
 
 
 def resolve_family(d: Decision) -> Decision:
@@ -233,7 +236,7 @@ def resolve_family(d: Decision) -> Decision:
                                rejected=dict(d.rejected, triton=why), family_pending=False)
 
 
-def family_name(spec: KernelSpec, entry: Any = None) -> str | None:
+def family_name(spec: KernelSpec, entry: CacheEntry | None = None) -> str | None:
     """The name of the family that generates ``spec``: a stored cache entry names it; asking the
     families is needed for misses only (the first question imports every generator module)."""
     if entry is not None and entry.family:
