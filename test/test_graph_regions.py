@@ -522,7 +522,7 @@ def test_training_with_region_kernels_stored_matches_eager(tmp_path, make):
     repros = tmp_path / "repros"
     # (every miss of forward and backward is filled from its repro: more than the default cap)
     _, _, graphs = compiled_graphs(model, inputs, tmp_path, train=True, repro_dir=repros, repro_max=1000)
-    decided = [(g.kind, d) for g in graphs for spec in g._specializations.values() for d in spec.regions]
+    decided = [(g.kind, d) for g in graphs for spec in g.specializations().values() for d in spec.regions]
     assert {kind for kind, d in decided if d.shapes.startswith("graph region")} == {"forward", "backward"}
     misses = {d.spec_key: d for _, d in decided if d.miss}
     graph_misses = {k for k, d in misses.items() if d.shapes.startswith("graph region")}
@@ -535,7 +535,7 @@ def test_training_with_region_kernels_stored_matches_eager(tmp_path, make):
     stored = {k for k, r in specs.items() if r["status"] == "stored"}
 
     out, grads, graphs = compiled_graphs(model, inputs, tmp_path, train=True)
-    served = {(g.kind, d.spec_key) for g in graphs for spec in g._specializations.values() for d in spec.regions
+    served = {(g.kind, d.spec_key) for g in graphs for spec in g.specializations().values() for d in spec.regions
               if d.tier == "triton"}
     assert {kind for kind, _ in served} == {"forward", "backward"}
     # (reproducers name no regions around them: a region inside a served graph region is filled

@@ -219,7 +219,7 @@ def test_a_filled_bucket_runs_a_linear_layers_gemms_at_every_size_in_it(shape, d
     assert all(per_op[op] == {"triton": 1} for op in GEMMS), per_op
     (g,) = graphs
     for n in sizes:
-        (spec,) = [s for k, s in g._specializations.items() if n in k]
+        (spec,) = [s for k, s in g.specializations().items() if n in k]
         gemms = [d for d in spec.decisions if d.op in GEMMS]
         assert len(gemms) == 2
         regions = {d.spec_key: d for d in spec.regions if d.tier == "triton"}

@@ -164,7 +164,7 @@ def test_fill_then_serve_runs_the_group_from_its_bucket(tmp_path):
             for got, want in zip(compiled(x), model(x)):
                 torch.testing.assert_close(got, want)
     (g,) = graphs
-    served = {id(s): s for s in g._specializations.values()}.values()
+    served = {id(s): s for s in g.specializations().values()}.values()
     groups = [d for s in served for d in s.regions if d.tier == "triton"]
     assert groups and all(d.entry.bucket is not None and d.entry.bucket.ranges == ((5, 8),) for d in groups)
     calls = [n.target for s in served for n in s.gm.graph.nodes

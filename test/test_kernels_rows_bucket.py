@@ -181,7 +181,7 @@ def test_fill_cache_fills_the_bucket_of_a_row_op_and_a_dynamic_compile_serves_it
             torch.testing.assert_close(compiled(x), model(x))
     (g,) = graphs
     for rows in (5, 7, 8):
-        ((decisions, regions),) = {id(s): (s.decisions, s.regions) for k, s in g._specializations.items()
+        ((decisions, regions),) = {id(s): (s.decisions, s.regions) for k, s in g.specializations().items()
                                    if rows in k}.values()
         served = [d for d in decisions + regions if d.op in ops and d.tier == "triton"]
         assert sorted(d.op for d in served) == sorted(ops)

@@ -41,7 +41,7 @@ def misses_after_one_fill(name: str, cache) -> list[str]:
         status = {r["key"]: r["status"] for r in json.loads((cache / "summary.json").read_text())["specs"]}
         _, _, _, graphs = run_compiled(ref, get_target("interpreter"), cache)
     return sorted({f"{d.spec.describe()[:100]}: {status.get(d.spec.key, 'not collected')}"
-                   for g in graphs for s in g._specializations.values() for d in list(s.decisions) + s.regions
+                   for g in graphs for s in g.specializations().values() for d in list(s.decisions) + s.regions
                    if d.miss and d.spec is not None and status.get(d.spec.key) not in COULD_NOT})
 
 

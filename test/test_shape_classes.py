@@ -45,7 +45,7 @@ def _serving(tmp_path: Path, **options):
 
 
 def _specialization(graph, rows: int):
-    (spec,) = {id(s): s for k, s in graph._specializations.items() if rows in k}.values()
+    (spec,) = {id(s): s for k, s in graph.specializations().items() if rows in k}.values()
     return spec
 
 

@@ -235,7 +235,7 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
                 w.place_ids.append(place)
                 w.places.append([])
                 tried_first.append((place, set(whole.members), None))
-        for n, specialization in enumerate({id(s): s for s in g._specializations.values()}.values()):
+        for n, specialization in enumerate({id(s): s for s in g.specializations().values()}.values()):
             _collect_specialization(f"{g.name}/{n}", specialization, g.regions, f"model:{ref}", supported,
                                     regions, nodes, tried_first)
     # Regions first, in the order serving tries them (largest first): a node inside a region

@@ -17,7 +17,7 @@ import dataclasses
 import operator
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -28,6 +28,9 @@ from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import op_name
 from torch_kernelize.serving.runtime import CapturingInterpreter, TritonCall
 from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
+
+if TYPE_CHECKING:
+    from torch_kernelize.compiling.lower import LoweredGraph
 
 RANGE = "kernelize|"  # record_function ranges: kernelize|<graph>|<node>
 # region kinds that are no fusion opportunity: a whole graph's program (whole_graph.py) competes
@@ -119,23 +122,23 @@ def _describe(spec: KernelSpec) -> str:
     return f"{describe_region(spec)} " + " ".join(m.short() for m in spec.inputs)
 
 
-def specializations(graphs: Sequence[Any]) -> list[tuple[Any, Any]]:
+def specializations(graphs: Sequence[LoweredGraph]) -> list[tuple[LoweredGraph, Any]]:
     """(LoweredGraph, Specialization) of every bound executable the compile made, each once."""
     seen, out = set(), []
     for g in graphs:
-        for s in g._specializations.values():
+        for s in g.specializations().values():
             if id(s) not in seen:
                 seen.add(id(s))
                 out.append((g, s))
     return out
 
 
-def _unfused_regions(graph: Any, spec: Any, bound: set[str]) -> list[RegionRun]:
+def _unfused_regions(graph: LoweredGraph, spec: Any, bound: set[str]) -> list[RegionRun]:
     """The regions of a specialization that were tried and missed, whose nodes are in the bound
     graph under their names (views that were folded aside): run there as separate launches."""
     out = []
     for d in spec.regions:
-        region = _region_of(graph, d) if d.tier != "triton" and d.spec is not None else None
+        region = _decided_region(graph, d) if d.tier != "triton" and d.spec is not None else None
         if region is None or region.kind in NOT_FUSIONS:
             continue
         members = [n.name for n in region.nodes if n.name in bound]
@@ -164,7 +167,7 @@ def _input_sources(region: Any, bound: set[str]) -> list[tuple[str, int]] | None
     return sources
 
 
-def _region_of(graph: Any, d: Any) -> Any:
+def _decided_region(graph: LoweredGraph, d: Any) -> Any:
     """The Region a region decision was made for. Identical regions (a model's layers) share a
     spec key, so it is found by its first node (the decision's name) and its kind and size."""
     first = d.node.partition(":")[2]

@@ -15,11 +15,14 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from torch_kernelize.serving.repro_writer import load_inputs
+
+if TYPE_CHECKING:
+    from torch_kernelize.compiling.lower import LoweredGraph
 
 FIXED, REPRODUCES, ERROR = 0, 1, 2
 
@@ -105,9 +108,9 @@ def run_repro(module: torch.nn.Module, inputs: list[torch.Tensor], meta: dict[st
     return FIXED, f"{where}; output matches the reference (max abs err {cmp.max_abs:.3g})"
 
 
-def _triton_calls(lowered: Any) -> list[Any]:
+def _triton_calls(lowered: LoweredGraph) -> list[Any]:
     from torch_kernelize.serving.runtime import TritonCall
-    return [n.target for s in lowered._specializations.values() for n in s.gm.graph.nodes
+    return [n.target for s in lowered.specializations().values() for n in s.gm.graph.nodes
             if isinstance(n.target, TritonCall)]
 
 
