@@ -12,13 +12,13 @@ import torch
 from torch_kernelize.core import buckets as B
 from torch_kernelize import flush_repros
 from torch_kernelize.backend import compile_with_session
-from torch_kernelize.fill_cache.buckets import BucketWork, DynamicDim, fill_bucket, inside_sizes
+from torch_kernelize.fill_cache.buckets import BucketWork, DynamicDim, inside_sizes
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.cli import FillRun, main as fill_main
 from torch_kernelize.kernel_cache import KernelCache
 from torch_kernelize.compiling.lower import Session
 from torch_kernelize.lowering.kernels.elementwise import ElementwiseFamily
-from torch_kernelize.core.targets import get_target
+from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.core.options import Options
 from torch_kernelize.core.spec import KernelSpec
 
@@ -55,7 +55,7 @@ def _serving(tmp_path: Path, fn=torch.sigmoid, **options):
 
 def _decision(graphs, rows: int):
     (g,) = graphs
-    (spec,) = [s for k, s in g._specializations.items() if rows in k]
+    (spec,) = [s for k, s in g.specializations().items() if rows in k]
     (d,) = [d for d in spec.decisions if d.op == "aten.sigmoid.default"]
     return d
 
@@ -125,15 +125,57 @@ def test_a_candidate_wrong_only_at_one_edge_of_its_bucket_is_rejected(tmp_path, 
     dims = (("in", 0, 0, 0), ("out", 0, 0, 0))
     work = BucketWork(spec, dims, ((5, 8),), "test")
     run = FillRun(target, cache, 1, False, False, 1.03)
-    row = fill_bucket(run, work, Builder(target), _WrongAt(bad_rows * 16))
+    row = run.process_bucket(work, Builder(target), _WrongAt(bad_rows * 16))
     assert row["status"] == "no correct candidate"
     if bad_rows == 5:
         assert "at sizes [5]" in row["winner"]
     assert cache.lookup(work.key)[0] == "miss"
     # the same kernel without the fault is stored, with the sizes it was validated at
-    row = fill_bucket(run, work, Builder(target), ElementwiseFamily())
+    row = run.process_bucket(work, Builder(target), ElementwiseFamily())
     assert row["status"] == "stored"
     assert cache.get(work.key).record["bucket"]["validated_sizes"] == [list(v) for v in inside_sizes(((5, 8),), work.key)]
+
+
+def _sigmoid_bucket() -> BucketWork:
+    x = torch.randn(8, 16)
+    spec = KernelSpec.from_call(torch.ops.aten.sigmoid.default, [x], {}, torch.sigmoid(x))
+    return BucketWork(spec, (("in", 0, 0, 0), ("out", 0, 0, 0)), ((5, 8),), "test")
+
+
+@pytest.mark.parametrize("chip", [False, True], ids=["vendor-runs-it", "vendor-lacks-it"])
+def test_a_bucket_is_decided_by_the_store_policy_a_chip_without_the_op_keeps_the_fastest_candidate(
+        tmp_path, monkeypatch, chip):
+    """As for a plain spec (test_store_policy.py): a bucket's best candidate, timed at half the
+    vendor kernel's speed (faked) and timed again as a near tie, is "vendor wins" where the
+    target's vendor runs the op; on a chip whose vendor does not run it, "vendor wins" would leave
+    the op to the host fallback, so the fastest correct candidate is stored whatever its speed."""
+    import torch_kernelize.fill_cache.measure as measure
+    confirmed = []
+    monkeypatch.setattr(measure, "timing_available", lambda t: True)  # time on the interpreter: faked
+    monkeypatch.setattr(measure, "median_ms", lambda fn: 2.0)
+    monkeypatch.setattr(measure.Measurer, "vendor_ms", lambda self: 1.0)
+    monkeypatch.setattr(measure, "paired_ms", lambda v, c, rounds: confirmed.append(rounds) or (1.0, 2.0))
+    target = (Target("chip", device="cpu", triton="interpreter", supported=frozenset(["aten.mul"])) if chip
+              else get_target("interpreter"))
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    work = _sigmoid_bucket()
+    run = FillRun(target, cache, 1, False, False, 1.03, isolate=False)
+    builder = Builder(target)
+    try:
+        row = run.process_bucket(work, builder)
+    finally:
+        builder.close()
+        run.close()
+    assert confirmed, "a near tie is timed again before it is decided"
+    assert row["status"] == ("stored" if chip else "vendor wins"), row
+    kind, entry, _ = cache.lookup(work.key)
+    assert kind == ("hit" if chip else "vendor")
+    assert entry.bucket is not None and entry.bucket.ranges == ((5, 8),)
+    assert entry.timings["confirmed"] and entry.speedup == pytest.approx(0.5)
+    if chip:
+        assert "does not run aten.sigmoid.default" in entry.note
+    else:
+        assert entry.note.startswith("vendor wins: best Triton candidate ran at 0.500x")
 
 
 def test_misses_are_recorded_once_per_bucket_and_their_sizes_define_the_buckets_fill_cache_fills(tmp_path):
@@ -200,11 +242,9 @@ def test_bucket_boundaries_keys_and_launch_sizes():
 
 
 def test_a_bucket_whose_search_raises_is_reported_failed_and_the_run_finishes(tmp_path, monkeypatch, capsys):
-    import torch_kernelize.fill_cache.buckets as buckets
-
     def broken(run, work, builder, family=None):
         raise RuntimeError("a bug in the bucketed family")
-    monkeypatch.setattr(buckets, "fill_bucket", broken)
+    monkeypatch.setattr(FillRun, "process_bucket", broken)
     summary = tmp_path / "summary.json"
     assert _fill(tmp_path, "--model", _model_file(tmp_path), "--dynamic", "0:0:5-8", "--summary", str(summary)) == 0
     rows = json.loads(summary.read_text())["specs"]

@@ -5,11 +5,15 @@ and fused region whose family takes its varying sizes at run time (``KernelFamil
 becomes one BucketWork per bucket covering LO-HI (powers of two, or ``--buckets`` upper edges). A recorded
 miss that names its bucket dims (the serving path writes them) defines the bucket of its size.
 
-A bucket's search runs at its representative, the upper edge, where each candidate is validated
-and timed against the vendor op as any spec is; a correct one is then validated again, with the
-same binaries and the launch sizes serving would compute, at the lower edge and at random sizes
-inside. A candidate wrong at any of them is incorrect. The winner is stored under the bucket key
-with the bucket (dims, ranges, the sizes validated) in its record.
+A bucket is one strategy of the fill driver (fill_run.FillRun.process_bucket), which searches
+and stores it as any spec, under the same store policy. What is the bucket's own is here: its
+search space (``BucketFamily``) and its measurer (``BucketMeasurer``). The search runs at its
+representative, the upper edge, where each candidate is validated and timed against the vendor
+op as any spec is; a correct one is then validated again, with the same binaries and the launch
+sizes serving would compute, at the lower edge and at random sizes inside. A candidate wrong at
+any of them is incorrect. The winner is stored under the bucket key with the bucket (dims,
+ranges, the sizes validated) in its record; it gets no binaries for unaligned views (such calls
+run the vendor op).
 """
 from __future__ import annotations
 
@@ -19,21 +23,21 @@ import logging
 import random
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from torch_kernelize.compiling.bucket_lookup import bucket_runner, bucket_sizes, region_bucket_sizes
 from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, bucket_key, spec_at, unbucketable, values_of
-from torch_kernelize.core.errors import machine_error
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, load_model, running_model
-from torch_kernelize.fill_cache.journal import Journal
-from torch_kernelize.fill_cache.measure import Measurer
-from torch_kernelize.fill_cache.search import DeviceFault, run_search
+from torch_kernelize.fill_cache.measure import Evaluation, Measurer
 from torch_kernelize.lowering.kernels import Config, KernelFamily, family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
+
+if TYPE_CHECKING:
+    from torch_kernelize.compiling.lower import LoweredGraph
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
@@ -70,6 +74,16 @@ class BucketWork:
     @property
     def key(self) -> str:
         return bucket_key(self.spec, self.dims, self.ranges)
+
+    def row(self) -> dict[str, Any]:
+        """The bucket's row of the summary, before its search."""
+        where = " x ".join(f"{lo}-{hi}" for lo, hi in self.ranges)
+        return {"spec": f"{self.spec.describe()} bucket {where}", "key": self.key, "source": self.source,
+                "status": "", "winner": "", "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0}
+
+    def record(self) -> dict[str, Any]:
+        """What its entry's record holds beside what any search stores: the bucket."""
+        return {"bucket": Bucket(self.dims, self.ranges, tuple(inside_sizes(self.ranges, self.key))).to_json()}
 
 
 class BucketFamily(KernelFamily):
@@ -158,7 +172,7 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
         example[size] = d
         inputs[d.input] = _resized(inputs[d.input], d.dim, size)
     session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=None), target)
-    graphs: list[Any] = []
+    graphs: list[LoweredGraph] = []
     torch._dynamo.reset()
     # traced as serving traces it (dynamic=True: every input dim a symbol, and Python floats such
     # as a norm's eps graph inputs), so that the specs filled are the ones served; the symbols of
@@ -175,29 +189,35 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
         torch._dynamo.reset()
     works: dict[str, BucketWork] = {}
     for g in graphs:
-        if g.plan is None:
-            continue
-        nodes = {n.name: n for n in g.plan.gm.graph.nodes}
-        for key, spec_ in g._specializations.items():
-            bindings = g.binder.bindings(key)
-            for dec in spec_.decisions + spec_.regions:
-                if dec.op == "region":  # a fused region looked up (hit or miss): its graph's sizes vary too
-                    region = g._region_of.get(dec.spec_key)
-                    found = region_bucket_sizes(region) if region is not None and dec.spec is not None else None
-                else:
-                    node = nodes.get(dec.node)
-                    found = bucket_sizes(node) if node is not None and dec.spec is not None else None
-                if found is None:
-                    continue
-                dims, sizes = _dynamic_only(*found, bindings, example)
-                if not dims:
-                    continue
-                ranges = [boundaries.covering(*span) if span is not None else []
-                          for span in (_span(e, bindings, example) for e in sizes)]
-                if all(ranges):
-                    for w in works_for(dec.spec, dims, ranges, f"model:{ref}"):
-                        works.setdefault(w.key, w)
+        if g.plan is not None:
+            _graph_works(g, example, boundaries, f"model:{ref}", works)
     return list(works.values())
+
+
+def _graph_works(g: LoweredGraph, example: dict[int, DynamicDim], boundaries: Boundaries, source: str,
+                 works: dict[str, BucketWork]) -> None:
+    """Add to ``works`` (by key) the buckets of every node and region that a specialization of
+    ``g`` looked up whose sizes vary with the --dynamic dims (``example``: by traced size)."""
+    nodes = {n.name: n for n in g.plan.gm.graph.nodes}
+    for key, spec_ in g.specializations().items():
+        bindings = g.binder.bindings(key)
+        for dec in spec_.decisions + spec_.regions:
+            if dec.op == "region":  # a fused region looked up (hit or miss): its graph's sizes vary too
+                region = g.region_of(dec.spec_key)
+                found = region_bucket_sizes(region) if region is not None and dec.spec is not None else None
+            else:
+                node = nodes.get(dec.node)
+                found = bucket_sizes(node) if node is not None and dec.spec is not None else None
+            if found is None:
+                continue
+            dims, sizes = _dynamic_only(*found, bindings, example)
+            if not dims:
+                continue
+            ranges = [boundaries.covering(*span) if span is not None else []
+                      for span in (_span(e, bindings, example) for e in sizes)]
+            if all(ranges):
+                for w in works_for(dec.spec, dims, ranges, source):
+                    works.setdefault(w.key, w)
 
 
 def _dynamic_only(dims: tuple[Dim, ...], sizes: tuple[Any, ...], bindings: dict,
@@ -240,100 +260,60 @@ def inside_sizes(ranges: Sequence[Range], seed: str) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(sizes))  # in order, without repeats
 
 
-def fill_bucket(run: Any, work: BucketWork, builder: Builder, family: KernelFamily | None = None) -> dict[str, Any]:
-    """Search, validate and store one bucket (``run``: the FillRun, for its cache, budget and
-    rules; ``family``: the spec's registered one by default); the row of the summary table."""
-    key, spec = work.key, work.spec
-    row = bucket_row(work)
-    status, entry, _ = run.cache.lookup(key)
-    if status in ("hit", "vendor") and not run.force:
-        row.update(status="cached", winner=entry.family or "vendor", speedup=entry.speedup)
-        return row
-    family = BucketFamily(family or family_for(spec), work.dims)
-    top = Measurer(spec, family, run.target, builder=builder)
-    sizes = inside_sizes(work.ranges, key)
-    others = [(v, Measurer(spec_at(spec, work.dims, v), family, run.target, builder=builder))
-              for v in sizes if v != values_of(spec, work.dims)]
+class BucketMeasurer:
+    """A bucket's measurer (measure.CandidateMeasurer): candidates are built, validated and timed
+    at the representative (the upper edge) as any spec's are; a correct one is validated again,
+    with the same binaries and the launch sizes serving computes, at the other ``inside_sizes``.
+    In this process: those checks load the representative's binaries."""
 
-    def evaluate(config: Config) -> dict[str, Any]:
-        ev = top.evaluate(config).to_json()
-        if ev["correct"]:
-            _, base = top.build(config)
-            for v, m in others:
-                record = m._validate(bucket_runner(m.spec, work.dims, base).run_poisoned)
-                if not record.ok:
-                    ev.update(correct=False, fitness=0.0, error=f"at sizes {list(v)}: {record.reason}")
-                    break
-        ev.update(spec=key, search_id=run.search_id, family=family.name)
+    contains_faults = False
+
+    def __init__(self, work: BucketWork, family: KernelFamily, target: Target, builder: Builder):
+        self.spec, self.family, self.dims, self.builder = work.spec, family, work.dims, builder
+        self.sizes = inside_sizes(work.ranges, work.key)
+        self.top = Measurer(work.spec, family, target, builder=builder)
+        self.others = [(v, Measurer(spec_at(work.spec, work.dims, v), family, target, builder=builder))
+                       for v in self.sizes if v != values_of(work.spec, work.dims)]
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        measurers = [self.top] + [m for _, m in self.others]
+        return {k: sum(m.seconds[k] for m in measurers) for k in self.top.seconds}
+
+    def evaluate(self, config: Config) -> Evaluation:
+        ev = self.top.evaluate(config)
+        if not ev.correct:
+            return ev
+        _, base = self.top.build(config)
+        for v, m in self.others:
+            record = m.validate_runner(bucket_runner(m.spec, self.dims, base).run_poisoned)
+            if not record.ok:
+                ev.correct, ev.fitness, ev.error = False, 0.0, f"at sizes {list(v)}: {record.reason}"
+                return ev
+        ev.validation = dict(ev.validation or {}, bucket_sizes=[list(v) for v in self.sizes])
         return ev
 
-    journal = Journal(run.cache.journal_path(key))
-    journal.archive()
-    try:
-        with run.cache.lock(key):
-            result = run_search(spec, family, evaluate, family.evaluations(spec, run.budget), [], journal.append)
-            row["evaluated"] = len(result.evaluated)
-            best = result.best
-            if best is None:
-                errors = sorted({r["error"][:120] for r in result.evaluated if r["error"]})
-                row.update(status="no correct candidate", winner="; ".join(errors[:2]))
-                return row
-            validation = dict(best["validation"] or {}, bucket_sizes=[list(v) for v in sizes])
-            timings = {"candidate_ms": best["candidate_ms"], "vendor_ms": best["vendor_ms"],
-                       "speedup": best["fitness"] if best["measured"] else None, "measured": best["measured"]}
-            record = {"format": 1, "key": key, "spec": spec.to_json(), "family": family.name,
-                      "config": best["config"], "validation": validation, "timings": timings,
-                      "bucket": Bucket(work.dims, work.ranges, tuple(sizes)).to_json(),
-                      "provenance": {**run.provenance(family.name, result), **family.provenance(Config.from_json(best["config"]))}}
-            row["max_err"] = validation.get("max_err")
-            if best["measured"] and best["fitness"] <= run.min_speedup:
-                record.update(winner="vendor", note=f"vendor wins: best bucketed candidate ran at "
-                              f"{best['fitness']:.3f}x the vendor kernel at the upper edge")
-                run.cache.put(record, None, replace=run.force)
-                row.update(status="vendor wins", winner="vendor", speedup=best["fitness"])
-                return row
-            # (no binaries for unaligned views: such calls run the vendor op)
-            record.update(winner="triton", note="" if best["measured"] else "interpreter target: not timed")
-            built, _ = top.build(Config.from_json(best["config"]))
-            run.cache.put(record, built, replace=run.force)
-            row.update(status="stored", winner=f"{family.name} " + " ".join(
-                f"{k}={v}" for k, v in sorted(best["config"].items())), speedup=timings["speedup"])
-            return row
-    finally:
-        builder.discard(spec)
-        for m in [top] + [m for _, m in others]:
+    def check_fits(self) -> None:
+        self.top.check_fits()  # (the upper edge: the largest of its sizes)
+
+    def prepare(self, configs: Sequence[Config]) -> None:
+        self.top.prepare(configs)
+
+    def build(self, config: Config) -> tuple[Path, Any]:
+        return self.top.build(config)
+
+    def confirm(self, config: Config, rounds: int = 3) -> tuple[float, float] | None:
+        return self.top.confirm(config, rounds)
+
+    def validate_unaligned(self, directory: Path) -> str | None:
+        return "a bucket's kernel has no binaries for unaligned views: such calls run the vendor op"
+
+    def peak_extra_bytes(self) -> int | None:
+        return self.top.peak_extra_bytes()
+
+    def close(self) -> None:
+        for m in [self.top] + [m for _, m in self.others]:
             m.close()
-
-
-def bucket_row(work: BucketWork) -> dict[str, Any]:
-    """A bucket's row of the summary, before its search."""
-    where = " x ".join(f"{lo}-{hi}" for lo, hi in work.ranges)
-    return {"spec": f"{work.spec.describe()} bucket {where}", "key": work.key, "source": work.source, "status": "",
-            "winner": "", "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0}
-
-
-def fill_buckets(run: Any, works: Sequence[BucketWork]) -> list[dict[str, Any]]:
-    """Fill every bucket of ``works`` (deduplicated by key), in order; one row each."""
-    builder = Builder(run.target)
-    rows, seen = [], set()
-    try:
-        for w in works:
-            if w.key in seen:
-                continue
-            seen.add(w.key)
-            try:
-                rows.append(fill_bucket(run, w, builder))
-            except (DeviceFault, UsageError):  # the CUDA context is gone; the arguments must change
-                raise
-            except Exception as e:  # one bucket's failure never ends the run: its sizes stay on the vendor
-                if machine_error(e):  # a full disk, a permission: the machine's, exit 4 (not the bucket's)
-                    raise
-                log.warning("bucket of %s: failed (%s: %s)", w.spec.describe()[:90], type(e).__name__, str(e)[:300])
-                rows.append(dict(bucket_row(w), status="failed", winner=f"{type(e).__name__}: {e}"[:300]))
-            log.info("bucket %s: %s", rows[-1]["spec"][:100], rows[-1]["status"])
-    finally:
-        builder.close()
-    return rows
 
 
 def works_from_args(args: Any, target: Target) -> list[BucketWork]:

@@ -27,12 +27,12 @@ import torch
 
 from torch_kernelize.core.errors import KernelizeError
 from torch_kernelize.fill_cache import distributed
-from torch_kernelize.fill_cache.buckets import fill_buckets, works_from_args
+from torch_kernelize.fill_cache.buckets import BucketWork, works_from_args
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
 from torch_kernelize.fill_cache.external import with_candidates
 from torch_kernelize.fill_cache.fill_run import FillRun
 from torch_kernelize.fill_cache.measure_worker import FILL_TIME_LIMIT_S
-from torch_kernelize.fill_cache.generators import chosen_generators, generator_notes
+from torch_kernelize.fill_cache.generators import KernelGenerator, chosen_generators, generator_notes
 from torch_kernelize.fill_cache.measure import phase_totals
 from torch_kernelize.fill_cache.run_log import RunLog
 from torch_kernelize.fill_cache.search import DeviceFault
@@ -128,7 +128,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[Any] = ()) -> dict[str, Work]:
+def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[KernelGenerator] = ()) -> dict[str, Work]:
     """The specs to search, by key: every --model's trace, then every --repros folder's."""
     work: dict[str, Work] = {}
 
@@ -210,6 +210,45 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
     return 2 if unchecked else 1 if strict and left else 0
 
 
+def _start_run(args: argparse.Namespace, group: distributed.RankGroup | None
+               ) -> tuple[FillRun, list[Work], list[BucketWork]]:
+    """The fill driver the arguments ask for (target, cache, generators, candidate files), the
+    specs it searches (under torchrun, this rank's share) and the shape buckets after them. Bad
+    arguments raise UsageError before anything is searched."""
+    if group is not None:
+        distributed.pin_device(group.local_rank)
+    target = get_target(args.target or ("cuda" if torch.cuda.is_available() else None))
+    if not target.has_triton:
+        raise UsageError(f"target {target.name!r} has no Triton backend: there is nothing to fill "
+                         "(use --target interpreter, cuda, or a target file with triton = ...)")
+    from torch_kernelize.kernel_cache import KernelCache
+    private = group is not None and group.rank != 0 and args.gather_to_rank0
+    cache = KernelCache.for_target(args.cache_dir / f"rank-{group.rank}" if private else args.cache_dir, target)
+    check_cache_dir(cache.dir)
+    generators = chosen_generators(args.generators, target)
+    if group is not None and args.dynamic:
+        raise UsageError("--dynamic (shape buckets) runs in one process, not under torchrun")
+    buckets = works_from_args(args, target) if group is None else []  # (its bad arguments first)
+    work = list(collect_work(args, target, generators).values())
+    log.info("generators beside each spec's family: %s", ", ".join(g.name for g in generators) or "none")
+    for note in generator_notes(target) if args.generators is None else ():
+        log.info("generator %s", note)
+    budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
+    run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
+                  family_for=with_candidates(args.candidate, work) if args.candidate else None,
+                  generators=generators, time_limit=args.time_limit)
+    if group is not None:
+        def served(w: Work) -> bool:  # on rank 0: its cache has it, and it is not to be searched again
+            return not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")
+        total = len(work)
+        work, run.search_id = group.share(work, lambda w: 0 if served(w) else spec_bytes(w.spec), run.search_id,
+                                          to_rank0=served if args.gather_to_rank0 else lambda w: False)
+        log.info("rank %d of %d: %d of the %d spec(s)", group.rank, group.world, len(work), total)
+    log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
+             target.name, cache.dir, budget)
+    return run, work, buckets
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -220,42 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     run, rows, code, error = None, [], 0, None
     started = time.perf_counter()
     try:
-        if group is not None:
-            distributed.pin_device(group.local_rank)
-        target = get_target(args.target or ("cuda" if torch.cuda.is_available() else None))
-        if not target.has_triton:
-            raise UsageError(f"target {target.name!r} has no Triton backend: there is nothing to fill "
-                             "(use --target interpreter, cuda, or a target file with triton = ...)")
-        from torch_kernelize.kernel_cache import KernelCache
-        private = group is not None and group.rank != 0 and args.gather_to_rank0
-        cache = KernelCache.for_target(args.cache_dir / f"rank-{group.rank}" if private else args.cache_dir, target)
-        check_cache_dir(cache.dir)
-        generators = chosen_generators(args.generators, target)
-        if group is not None and args.dynamic:
-            raise UsageError("--dynamic (shape buckets) runs in one process, not under torchrun")
-        buckets = works_from_args(args, target) if group is None else []  # (its bad arguments first)
-        work = list(collect_work(args, target, generators).values())
-        log.info("generators beside each spec's family: %s", ", ".join(g.name for g in generators) or "none")
-        for note in generator_notes(target) if args.generators is None else ():
-            log.info("generator %s", note)
-        budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
-        run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
-                      family_for=with_candidates(args.candidate, work) if args.candidate else None,
-                      generators=generators, time_limit=args.time_limit)
-        if group is not None:
-            def served(w: Work) -> bool:  # on rank 0: its cache has it, and it is not to be searched again
-                return not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")
-            total = len(work)
-            work, run.search_id = group.share(work, lambda w: 0 if served(w) else spec_bytes(w.spec), run.search_id,
-                                              to_rank0=served if args.gather_to_rank0 else lambda w: False)
-            log.info("rank %d of %d: %d of the %d spec(s)", group.rank, group.world, len(work), total)
-        log.info("fill_cache %s: %d spec(s) on target %r, cache %s, budget %d", run.search_id, len(work),
-                 target.name, cache.dir, budget)
+        run, work, buckets = _start_run(args, group)
         started = time.perf_counter()  # the fill's time, without the trace
-        run.log = RunLog(run_log_path(cache.dir, run.search_id, group.rank if group is not None else None))
+        run.log = RunLog(run_log_path(run.cache.dir, run.search_id, group.rank if group is not None else None))
         with run.log.captured():
-            rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0))  # one bar
-            rows += fill_buckets(run, buckets)  # shape buckets, after the exact shapes
+            # one bar; the shape buckets after the exact shapes
+            rows = run.run(work, quiet=args.quiet or (group is not None and group.rank != 0), buckets=buckets)
     except KernelizeError as e:
         _traceback(args, e)
         print(f"fill_cache: error: {e}", file=sys.stderr)
@@ -280,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         return _finish_rank(group, args, run, rows, code, error, started)
     if code:
         return code
-    summary_path = args.summary or cache.dir / "runs" / f"{run.search_id}.json"
+    summary_path = args.summary or run.cache.dir / "runs" / f"{run.search_id}.json"
     try:
-        return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": target.describe(),
-                                                    "cache": str(cache.dir), "budget": budget,
+        return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": run.target.describe(),
+                                                    "cache": str(run.cache.dir), "budget": run.budget,
                                                     "log": str(run.log.path)}, args.strict)
     except OSError as e:  # the summary could not be written (everything else is stored)
         _traceback(args, e)

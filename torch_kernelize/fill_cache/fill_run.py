@@ -1,12 +1,25 @@
-"""The fill driver: FillRun searches one spec after another (its family and every other
-generator of the run as one search space), stores the winners, and keeps what serving will run
-in view: a spec inside a region (or a whole graph's program) that serving runs fused is not
-searched (``never_run``), whole graphs are searched first and timed again at the end
-(``rejudge_wholes``). cli.py parses the command line, collects the work and reports.
+"""The fill driver: FillRun searches one cache entry after another, stores the winners, and keeps
+what serving will run in view: a spec inside a region (or a whole graph's program) that serving
+runs fused is not searched (``never_run``), whole graphs are searched first and timed again at the
+end (``rejudge_wholes``). cli.py parses the command line, collects the work and reports.
+
+Every entry is searched the same way (``_search``: search, re-check, time a near tie again,
+decide through store_policy.verdict, store); what differs is the strategy's ``Search``:
+
+- a plain spec (``process``): the spec's family and every other generator of the run that
+  supports it, as one search space (generators.Competition), measured in a worker;
+- an external candidate: a plain spec whose family has the candidate files joined in
+  (external.with_candidates: ``family_for``);
+- a whole graph: a plain spec whose baseline is the graph's own assembly (Measurer.baseline),
+  searched first, its evidence recorded, and timed again at the end (``rejudge_wholes``);
+- a shape bucket (``process_bucket``): buckets.BucketFamily at the bucket's upper edge, its
+  correct candidates validated at the other sizes too (buckets.BucketMeasurer), stored under
+  the bucket's key with no binaries for unaligned views.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 import platform
@@ -15,7 +28,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -24,19 +37,22 @@ from torch_kernelize.core.errors import InputRejected, machine_error
 from torch_kernelize.core.program import remove_unaligned
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import Target
+from torch_kernelize.fill_cache.buckets import BucketFamily, BucketMeasurer, BucketWork
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work
-from torch_kernelize.fill_cache.generators import Competition, check_resumable
+from torch_kernelize.fill_cache.generators import Competition, FamilyFor, KernelGenerator, check_resumable
 from torch_kernelize.fill_cache.graph_candidates import graph_evidence, rejudged_evidence
 from torch_kernelize.fill_cache.journal import Journal
-from torch_kernelize.fill_cache.measure import Measurer, device_fault
+from torch_kernelize.fill_cache.measure import CandidateMeasurer, Measurer, device_fault
 from torch_kernelize.fill_cache.measure_worker import (FILL_TIME_LIMIT_S, IsolatedMeasurer, MeasureWorker,
                                                        WorkerDied, time_limit_s)
 from torch_kernelize.fill_cache.run_log import RunLog
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.store_policy import needs_confirmation, verdict
 from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
-from torch_kernelize.lowering.kernels import Config, family_for
+from torch_kernelize.kernel_cache.entry import CacheEntry
+from torch_kernelize.kernel_cache.interfaces import Cache
+from torch_kernelize.lowering.kernels import Config, KernelFamily, family_for
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 details = logging.getLogger("torch_kernelize.fill_cache.details")  # the run log only (run_log.py)
@@ -48,13 +64,27 @@ MIX_LATER = "a stretch for a mix: searched at --budget 2 and more"
 IN_WHOLE = "in the whole graph's program"  # a spec serving never runs: its graph runs a program whole
 
 
-def _registry_family(spec: Any) -> Any:
+def _registry_family(spec: KernelSpec) -> KernelFamily | None:
     return family_for(spec)  # looked up at call time (tests replace it)
 
 
+@dataclasses.dataclass
+class Search:
+    """One cache entry's search, as a strategy hands it to the driver (FillRun._search)."""
+    key: str                          # the entry's key: the spec's, or its bucket's
+    spec: KernelSpec                  # what candidates are made for (a bucket's representative)
+    family: KernelGenerator           # the search space
+    measurer: CandidateMeasurer
+    journal: Journal
+    previous: list[dict[str, Any]]    # journaled evaluations it takes up again
+    replace: bool                     # its winner replaces the entry stored under ``key``
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the entry holds beside (a bucket)
+    unaligned: bool = True            # a Triton winner gets binaries for unaligned views (on CUDA)
+
+
 class FillRun:
-    def __init__(self, target: Target, cache: Any, budget: int, resume: bool, force: bool, min_speedup: float,
-                 isolate: bool = True, family_for: Any = None, generators: Sequence[Any] = (),
+    def __init__(self, target: Target, cache: Cache, budget: int, resume: bool, force: bool, min_speedup: float,
+                 isolate: bool = True, family_for: FamilyFor | None = None, generators: Sequence[KernelGenerator] = (),
                  time_limit: float | None = None):
         """``isolate``: run candidates in a worker process (measure_worker.py), where a fault or
         a hang fails only the candidate; False runs them in this process, for trusted unit tests
@@ -64,14 +94,14 @@ class FillRun:
         # spec -> its family (candidate files joined in: external.py); the registry's by default
         self.family_for = family_for or _registry_family
         self.generators = list(generators)
-        self._spaces: dict[str, Any] = {}  # spec key -> its generators as one search space
+        self._spaces: dict[str, KernelGenerator | None] = {}  # spec key -> its generators as one search space
         self.builder = Builder(target)
         self.isolate = isolate
         # started with the first build (prebuild): it imports torch and sets up the device meanwhile
         self._worker = MeasureWorker.for_target(target, time_limit_s(time_limit, FILL_TIME_LIMIT_S)) \
             if isolate else None
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
-        self._pending: list[tuple[Any, dict, Path, bool, Measurer]] = []  # winners awaiting their put
+        self._pending: list[tuple[Any, dict, Path, bool, CandidateMeasurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
         self.log: RunLog | None = None  # tags the run log's lines with the spec being searched
@@ -79,7 +109,7 @@ class FillRun:
         self.region_places: dict[str, tuple[str, list[str]]] = {}
         self.whole_places: set[str] = set()  # the places of whole graphs among them
 
-    def space(self, spec: Any) -> Any:
+    def space(self, spec: KernelSpec) -> KernelGenerator | None:
         """The spec's family and every other generator of the run that supports it, as one
         search space (generators.Competition); None when nothing generates it. Kept per spec:
         generators keep what they recorded (candidate files, Inductor's captures)."""
@@ -87,7 +117,7 @@ class FillRun:
             self._spaces[spec.key] = Competition.of(spec, self.family_for(spec), self.generators, self.budget)
         return self._spaces[spec.key]
 
-    def provenance(self, family: str, result: SearchResult) -> dict[str, Any]:
+    def _provenance(self, family: str, result: SearchResult) -> dict[str, Any]:
         import triton
         return {"generator": family, "search_id": self.search_id, "torch": torch.__version__,
                 "triton": triton.__version__, "host": socket.gethostname(), "platform": platform.platform(),
@@ -95,7 +125,8 @@ class FillRun:
                 "budget": self.budget, "evaluated": len(result.evaluated)}
 
     def process(self, work: Work, progress: Any = None) -> dict[str, Any]:
-        """Search one spec (the caller holds its lock) and store the result."""
+        """Search one spec (the caller holds its lock) and store the result: the plain spec's
+        strategy, a whole graph's and an external candidate's too (see the module's docstring)."""
         spec = work.spec
         row = _row(work)
         self.add_places([work])   # (a cached region can be blocked too)
@@ -114,30 +145,65 @@ class FillRun:
         if not self.force and self.never_run(work):
             row["status"] = IN_WHOLE if self._in_whole(work) else "in a fused region"
             return row
-        journal = Journal(self.cache.journal_path(spec.key))
-        previous = journal.records()
-        if not self.resume:  # a fresh search; candidates that faulted the device stay excluded
-            previous = [r for r in previous if r.get("fault")]
-            journal.archive()
-            for r in previous:
-                journal.append(r)
-        if self.resume:
-            check_resumable(family, previous)
+        journal, previous = self._journal(spec.key, family)
         if is_whole_graph(spec):  # its baseline is the graph as assembled from every entry stored before it
             self._store_pending(wait=True)
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
+        return self._searched(Search(spec.key, spec, family, measurer, journal, previous, work.replace or self.force),
+                              row, progress)
+
+    def process_bucket(self, work: BucketWork, builder: Builder, family: KernelFamily | None = None) -> dict[str, Any]:
+        """Search one shape bucket and store the result (buckets.py), under the rules of any
+        spec (store_policy.verdict). ``family``: the spec's registered one by default.
+        ``builder``: the buckets' own (builds are keyed by spec and config, and a bucket's
+        representative may be an exact shape whose plain candidates were built before)."""
+        row = work.row()
+        status, entry, _ = self.cache.lookup(work.key)
+        if status in ("hit", "vendor") and not self.force:
+            row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
+            return row
+        family = BucketFamily(family or _registry_family(work.spec), work.dims)
+        journal = Journal(self.cache.journal_path(work.key))
+        journal.archive()  # (a bucket's search starts afresh)
+        measurer = BucketMeasurer(work, family, self.target, builder)
+        search = Search(work.key, work.spec, family, measurer, journal, [], self.force, work.record(), unaligned=False)
         try:
-            return self._search(work, family, journal, previous, measurer, row, progress)
+            return self._searched(search, row, None)
+        finally:
+            builder.discard(work.spec)
+
+    def _journal(self, key: str, family: KernelGenerator) -> tuple[Journal, list[dict[str, Any]]]:
+        """The search journal of ``key`` and the evaluations taken up from it: every one with
+        --resume; else only the candidates that faulted the device (never run again), in a fresh
+        journal."""
+        journal = Journal(self.cache.journal_path(key))
+        previous = journal.records()
+        if self.resume:
+            check_resumable(family, previous)
+            return journal, previous
+        previous = [r for r in previous if r.get("fault")]
+        journal.archive()
+        for r in previous:
+            journal.append(r)
+        return journal, previous
+
+    def _searched(self, search: Search, row: dict[str, Any], progress: Any) -> dict[str, Any]:
+        """``_search``, where what no candidate is to blame for (the inputs drawn, the spec's
+        size, a dead worker) is the row's status and the run goes on; the measurer is closed
+        unless its winner waits for its last check (_store_pending)."""
+        measurer = search.measurer
+        try:
+            return self._search(search, row, progress)
         except InputRejected as e:  # the harness drew inputs the op rejects: nothing was judged
             log.warning("%s", e)
             row.update(status="could not check", winner=str(e)[:200])
             return row
         except SpecTooLarge as e:  # no candidate is at fault: the vendor op runs it, the run goes on
-            log.warning("%s: too large to validate here (%s); the vendor op runs it", spec.describe()[:90], e)
+            log.warning("%s: too large to validate here (%s); the vendor op runs it", row["spec"][:90], e)
             row.update(status="too large", winner=str(e))
             return row
         except WorkerDied as e:  # the winner's last timing killed the worker: nothing is stored, the run goes on
-            log.warning("%s: %s; nothing stored", spec.describe()[:90], e)
+            log.warning("%s: %s; nothing stored", row["spec"][:90], e)
             row.update(status="no correct candidate", winner=str(e))
             return row
         finally:
@@ -179,31 +245,27 @@ class FillRun:
         return key is not None and self._will_hit(key) and not any(
             self._served(p, seen | {place}) for p in before if p not in seen)
 
-    def _measurer(self, spec: Any, family: Any, captured: list) -> Measurer | IsolatedMeasurer:
-        cache_dir = getattr(self.cache, "dir", None)  # a whole graph's own assembly runs from it
+    def _measurer(self, spec: KernelSpec, family: KernelGenerator, captured: list) -> CandidateMeasurer:
+        cache_dir = self.cache.dir  # a whole graph's own assembly runs from it
         if not self.isolate:
             return Measurer(spec, family, self.target, captured, self.builder, cache_dir)
         return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker, cache_dir)
 
-    def _search(self, work: Work, family: Any, journal: Journal, previous: list[dict],
-                measurer: Measurer | IsolatedMeasurer, row: dict[str, Any], progress: Any) -> dict[str, Any]:
-        spec = work.spec
+    def _search(self, search: Search, row: dict[str, Any], progress: Any) -> dict[str, Any]:
+        """Search ``search``'s space under the run's budget, take its best correct candidate
+        (re-checked here if resumed), time it again near a tie, decide (store_policy.verdict)
+        and store; the row of the summary."""
+        spec, family, measurer = search.spec, search.family, search.measurer
         measurer.check_fits()
-
-        def evaluate(config):
-            ev = measurer.evaluate(config).to_json()
-            ev.update(spec=spec.key, search_id=self.search_id, family=family.name, time=time.time())
-            if self.log is not None and (said := self.log.take(spec.key)):
-                ev["log"] = said  # what Inductor, Triton or warnings said while its candidates were made
-            return ev
+        evaluate = self._evaluator(search)
 
         def step(r):
             if progress is not None:
                 progress.set_postfix_str(f"{spec.short_name} {'ok' if r['correct'] else 'x'} "
                                          f"{r['fitness']:.2f}", refresh=True)
 
-        result = run_search(spec, family, evaluate, family.evaluations(spec, self.budget), previous, journal.append,
-                            step, measurer.prepare)
+        result = run_search(spec, family, evaluate, family.evaluations(spec, self.budget), search.previous,
+                            search.journal.append, step, measurer.prepare)
         row.update(evaluated=len(result.evaluated), resumed=result.resumed)
         best = _rechecked(spec, result, evaluate)
         if best is None:
@@ -211,47 +273,63 @@ class FillRun:
             row.update(status="no correct candidate", winner="; ".join(errors[:2]))
             return row
         row["max_err"] = (best["validation"] or {}).get("max_err")
-        timings = {"candidate_ms": best["candidate_ms"], "vendor_ms": best["vendor_ms"],
-                   "speedup": best["fitness"] if best["measured"] else None, "measured": best["measured"]}
-        if needs_confirmation(best):
-            # near a tie: time the winner and the vendor kernel again, alternately, before deciding
-            confirmed = measurer.confirm(Config.from_json(best["config"]))
-            if confirmed is not None:
-                vendor_ms, cand_ms = confirmed
-                best = dict(best, fitness=vendor_ms / cand_ms if cand_ms > 0 else 0.0)
-                timings.update(search_speedup=timings["speedup"], candidate_ms=cand_ms, vendor_ms=vendor_ms,
-                               speedup=best["fitness"], confirmed=True)
-        origin = family.provenance(Config.from_json(best["config"]))
-        record = {"format": 1, "key": spec.key, "spec": spec.to_json(), "family": origin["generator"],
-                  "config": best["config"], "validation": best["validation"], "timings": timings,
-                  "provenance": {**self.provenance(family.name, result), **origin}}
-        winner, note = verdict(best, self.target, spec, self.min_speedup)
-        record.update(winner=winner, note=note)
-        if is_whole_graph(spec):  # who competed for the graph, their times, who won (graph_candidates.py)
-            record["graph"] = graph_evidence(result.evaluated, winner, timings["vendor_ms"], best)
+        best, timings = _confirmed(best, measurer)
+        record = self._record(search, best, timings, result)
+        if is_whole_graph(spec):
             row.update(graph=describe_evidence(record["graph"]), graph_candidates=record["graph"])
-        if winner == "vendor":
-            self.cache.put(record, None, replace=True if work.replace else self.force)
+        return self._store(search, record, best, row)
+
+    def _evaluator(self, search: Search) -> Callable[[Config], dict[str, Any]]:
+        """One candidate's evaluation as the journal keeps it."""
+        def evaluate(config: Config) -> dict[str, Any]:
+            ev = search.measurer.evaluate(config).to_json()
+            ev.update(spec=search.key, search_id=self.search_id, family=search.family.name, time=time.time())
+            if self.log is not None and (said := self.log.take(search.spec.key)):
+                ev["log"] = said  # what Inductor, Triton or warnings said while its candidates were made
+            return ev
+        return evaluate
+
+    def _record(self, search: Search, best: dict[str, Any], timings: dict[str, Any],
+                result: SearchResult) -> dict[str, Any]:
+        """The cache record of ``best``, its winner and note decided by store_policy.verdict (the
+        bring-up rule: no "vendor wins" for an op the target's vendor does not run)."""
+        origin = search.family.provenance(Config.from_json(best["config"]))
+        record = {"format": 1, "key": search.key, "spec": search.spec.to_json(), "family": origin["generator"],
+                  "config": best["config"], "validation": best["validation"], "timings": timings, **search.record,
+                  "provenance": {**self._provenance(search.family.name, result), **origin}}
+        winner, note = verdict(best, self.target, search.spec, self.min_speedup)
+        record.update(winner=winner, note=note)
+        if is_whole_graph(search.spec):  # who competed for the graph, their times, who won (graph_candidates.py)
+            record["graph"] = graph_evidence(result.evaluated, winner, timings["vendor_ms"], best)
+        return record
+
+    def _store(self, search: Search, record: dict[str, Any], best: dict[str, Any],
+               row: dict[str, Any]) -> dict[str, Any]:
+        """Put ``record``: "vendor wins" alone, a Triton winner with its built program (on CUDA
+        once its binaries for unaligned views are compiled, where the strategy has them)."""
+        spec, measurer = search.spec, search.measurer
+        if record["winner"] == "vendor":
+            self.cache.put(record, None, replace=search.replace)
             who = "own assembly" if is_whole_graph(spec) else "vendor"
-            row.update(status=f"{who} wins", winner=f"{who} (best {family.name} {best['fitness']:.2f}x)",
+            row.update(status=f"{who} wins", winner=f"{who} (best {search.family.name} {best['fitness']:.2f}x)",
                        speedup=best["fitness"])
             return row
         pending = False
         try:
             built, _ = measurer.build(Config.from_json(best["config"]))
-            if self.target.triton == "cuda":
+            if search.unaligned and self.target.triton == "cuda":
                 # stored once its binaries for unaligned views are compiled (in the build pool, while
                 # the next specs are searched): see _store_pending
-                self._pending.append((self.builder.submit_unaligned(spec, built), record, built,
-                                      work.replace or self.force, measurer))
+                self._pending.append((self.builder.submit_unaligned(spec, built), record, built, search.replace,
+                                      measurer))
                 pending = True
             else:
-                self.cache.put(record, built, replace=work.replace or self.force)
+                self.cache.put(record, built, replace=search.replace)
         finally:
             if not pending:
-                self.builder.discard(spec)
-        row.update(status="stored", winner=f"{origin['generator']} " + " ".join(f"{k}={v}" for k, v in sorted(best["config"].items())),
-                   speedup=timings["speedup"])
+                measurer.builder.discard(spec)
+        row.update(status="stored", winner=f"{record['family']} " + " ".join(
+            f"{k}={v}" for k, v in sorted(best["config"].items())), speedup=record["timings"]["speedup"])
         return row
 
     def _store_pending(self, wait: bool, check: bool = True) -> None:
@@ -287,33 +365,39 @@ class FillRun:
                 raise DeviceFault(spec, {"config": record["config"], "error": f"unaligned binary: {error}"})
         self._pending = waiting
 
-    def _timed(self, work: Work, progress: Any) -> dict[str, Any]:
+    def _timed(self, work: Work | BucketWork, progress: Any, builder: Builder | None = None) -> dict[str, Any]:
+        """Fill ``work`` by its strategy (a shape bucket's in ``builder``: process_bucket), timed.
+        A failure of its own is its row: its ops stay on the vendor and the run goes on."""
+        bucket = isinstance(work, BucketWork)
         started = time.perf_counter()
         if self.log is not None:
             self.log.spec(work.spec.key, work.spec.short_name)
         if progress is not None:
             progress.set_postfix_str(work.spec.short_name, refresh=True)
         try:
-            row = self.process(work, progress)
+            row = self.process_bucket(work, builder) if bucket else self.process(work, progress)
         except (DeviceFault, UsageError):  # the CUDA context is gone; the arguments must change (exit 2)
             raise
         except Exception as e:  # one spec's failure never ends the run: its ops stay on the vendor
             if machine_error(e):  # a full disk, a permission: the machine's, exit 4 (not the spec's)
                 raise
-            log.warning("%s: failed (%s: %s); its ops run on the vendor", work.spec.describe()[:90],
+            blank = work.row() if bucket else _row(work)
+            log.warning("%s: failed (%s: %s); its ops run on the vendor", blank["spec"][:90],
                         type(e).__name__, str(e)[:300])
-            details.error("%s: failed", work.spec.describe(), exc_info=True)  # (the run log only)
-            row = dict(_row(work), status="failed", winner=f"{type(e).__name__}: {e}"[:300])
+            details.error("%s: failed", blank["spec"], exc_info=True)  # (the run log only)
+            row = dict(blank, status="failed", winner=f"{type(e).__name__}: {e}"[:300])
         row["seconds"] = round(time.perf_counter() - started, 2)
-        log.info("%s: %s in %.1fs (%d evaluated) %s", work.spec.describe()[:90], row["status"], row["seconds"],
+        log.info("%s: %s in %.1fs (%d evaluated) %s", row["spec"][:90], row["status"], row["seconds"],
                  row["evaluated"], row["winner"])
         return row
 
-    def run(self, work: list[Work], quiet: bool = False) -> list[dict[str, Any]]:
+    def run(self, work: list[Work], quiet: bool = False, buckets: Sequence[BucketWork] = ()) -> list[dict[str, Any]]:
+        """Fill ``work`` (whole graphs first: collect.py), time the whole graphs again, then fill
+        the shape ``buckets``; the summary's rows, one per spec or bucket."""
         interrupted = False
         self.add_places(work)
         try:
-            return self._run(work, quiet)
+            return self._run(work, quiet, buckets)
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -329,7 +413,7 @@ class FillRun:
         if self._worker is not None:
             self._worker.close()
 
-    def _run(self, work: list[Work], quiet: bool) -> list[dict[str, Any]]:
+    def _run(self, work: list[Work], quiet: bool, buckets: Sequence[BucketWork]) -> list[dict[str, Any]]:
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -351,6 +435,7 @@ class FillRun:
             self._loop(work, bar, prebuild, deferred)
             self.rejudge_wholes(work)
         bar.close()
+        self._fill_buckets(buckets)
         if self.log is not None:
             self.log.spec(None)  # (what follows concerns no one spec of these)
         return self.rows
@@ -380,6 +465,22 @@ class FillRun:
                 self.rows.append(row)
             bar.update(1)
 
+    def _fill_buckets(self, works: Sequence[BucketWork]) -> None:
+        """Fill the shape buckets (deduplicated by key), in order, after the exact shapes (whose
+        winners are stored first); each under its lock, waited for, in a builder of their own."""
+        if not works:
+            return
+        self._store_pending(wait=True)
+        builder = Builder(self.target)
+        seen: set[str] = set()
+        try:
+            for w in works:
+                if w.key not in seen:
+                    seen.add(w.key)
+                    with self.cache.lock(w.key):
+                        self.rows.append(self._timed(w, None, builder))
+        finally:
+            builder.close()
 
     def rejudge_wholes(self, work: list[Work]) -> None:
         """Whole graphs are searched first (collect.py); where this run then stored kernels for
@@ -446,7 +547,22 @@ def _row(work: Work) -> dict[str, Any]:
             **({"whole": True} if is_whole_graph(spec) else {}), **({"mix": True} if work.mix else {})}
 
 
-def _winner_text(entry: Any) -> str:
+def _confirmed(best: dict[str, Any], measurer: CandidateMeasurer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``best`` and the timings its entry keeps; near a tie (store_policy.needs_confirmation) the
+    winner and the vendor kernel are timed again, alternately, and those times decide."""
+    timings = {"candidate_ms": best["candidate_ms"], "vendor_ms": best["vendor_ms"],
+               "speedup": best["fitness"] if best["measured"] else None, "measured": best["measured"]}
+    if needs_confirmation(best):
+        confirmed = measurer.confirm(Config.from_json(best["config"]))
+        if confirmed is not None:
+            vendor_ms, cand_ms = confirmed
+            best = dict(best, fitness=vendor_ms / cand_ms if cand_ms > 0 else 0.0)
+            timings.update(search_speedup=timings["speedup"], candidate_ms=cand_ms, vendor_ms=vendor_ms,
+                           speedup=best["fitness"], confirmed=True)
+    return best, timings
+
+
+def _winner_text(entry: CacheEntry | None) -> str:
     if entry is None:
         return ""
     if entry.winner == "vendor":

@@ -1,7 +1,8 @@
 """Generators: what offers candidate kernels for a spec, and how fill_cache asks all of them.
 
-A generator implements the KernelFamily interface (lowering/kernels/base.py): ``supports(spec)``,
-``seed_configs``, ``neighbours``, ``generate(spec, config) -> KernelProgram``, ``provenance``.
+A generator implements the KernelFamily interface (lowering/kernels/base.py); ``KernelGenerator``
+names what fill_cache asks of one: ``supports(spec)``, ``seed_configs``, ``neighbours``,
+``generate(spec, config) -> KernelProgram``, ``provenance``, and the input domain it is judged on.
 Our kernel families are generators; so are the Inductor generator (inductor.py) and any object
 a package names under the entry-point group ``torch_kernelize.generators``::
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -28,11 +29,44 @@ from torch_kernelize.fill_cache.collect import UsageError
 from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
 from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram, families
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.targets import Target
 
 ENTRY_POINT_GROUP = "torch_kernelize.generators"
 TAG = "generator"  # the config parameter that names a generator other than the spec's family
 
 log = logging.getLogger("torch_kernelize.fill_cache")
+
+
+class KernelGenerator(Protocol):
+    """What fill_cache asks of a generator: a kernel family, a Competition of several, a candidate
+    file's (external.py), Inductor's, a plugin's. KernelFamily implements it."""
+
+    name: str
+    edge_kinds: Sequence[str]  # the edge inputs its candidates are validated on
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        """None when it generates ``spec``, else why not."""
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]: ...
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]: ...
+
+    def evaluations(self, spec: KernelSpec, budget: int) -> int:
+        """How many configurations a search of ``spec`` may evaluate at the run's budget."""
+
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram: ...
+
+    def provenance(self, config: Config) -> dict[str, Any]:
+        """What the entry of ``config``'s kernel records as its origin (``generator`` at least)."""
+
+    def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
+                      device: str | torch.device = "cpu") -> list[torch.Tensor]: ...
+
+    def resolve_ties(self, spec: KernelSpec, inputs: list, outs: list, refs: list) -> list: ...
+
+
+# spec -> the generator of its family (candidate files joined in: external.with_candidates), or None
+FamilyFor = Callable[[KernelSpec], KernelGenerator | None]
 
 
 class AnyOp(KernelFamily):
@@ -99,7 +133,7 @@ def available_generators() -> dict[str, KernelFamily]:
     return out
 
 
-def chosen_generators(names: str | None, target: Any) -> list[KernelFamily]:
+def chosen_generators(names: str | None, target: Target) -> list[KernelFamily]:
     """The generators a run asks beside each spec's family. ``names``: "all", "none", or a comma
     list (``--generators``); None: those that are asked by default on ``target``."""
     own = {f.name for f in families()}
@@ -118,7 +152,7 @@ def chosen_generators(names: str | None, target: Any) -> list[KernelFamily]:
     return [others[n] for n in wanted]
 
 
-def generator_notes(target: Any) -> list[str]:
+def generator_notes(target: Target) -> list[str]:
     """One line per generator that this target leaves out by default, and why."""
     own = {f.name for f in families()}
     return [f"{n}: {g.asked_by_default(target)}" for n, g in available_generators().items()

@@ -1,6 +1,7 @@
 """Builder and runner for candidates: generate -> build -> load -> validate -> benchmark.
 
-One ``Measurer`` per spec. ``evaluate(config)`` never raises for a bad candidate: a candidate
+One ``Measurer`` per spec (``CandidateMeasurer``: what the fill driver asks of one; a worker's
+IsolatedMeasurer and a shape bucket's BucketMeasurer are others). ``evaluate(config)`` never raises for a bad candidate: a candidate
 that fails to generate, compile, run or validate scores 0 with the error recorded (a spec whose
 validation cannot fit in device memory raises trials.SpecTooLarge: no candidate is at fault).
 Its trials (inputs, float64 references, vendor outputs) are computed once, in a TrialStore, and
@@ -14,7 +15,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -67,6 +68,42 @@ _FAULTS = ("illegal memory access", "misaligned address", "unspecified launch fa
 
 def device_fault(error: str) -> bool:
     return any(f in error for f in _FAULTS)
+
+
+class CandidateMeasurer(Protocol):
+    """What the fill driver (fill_run.FillRun) asks of the measurer of one spec's candidates."""
+
+    spec: KernelSpec
+    family: KernelFamily
+    builder: Builder       # where its candidates are built (the driver discards them when the spec is done)
+    contains_faults: bool  # a device fault leaves only a worker's CUDA context unusable, not this process's
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Time spent so far by phase (PHASES)."""
+
+    def check_fits(self) -> None:
+        """Raise trials.SpecTooLarge if validating a candidate cannot fit in free memory."""
+
+    def prepare(self, configs: Sequence[Config]) -> None:
+        """Start building the candidates the search evaluates next."""
+
+    def build(self, config: Config) -> tuple[Path, Any]:
+        """The built candidate's folder (and its loaded runner, where this process loads it)."""
+
+    def evaluate(self, config: Config) -> Evaluation:
+        """Build, validate and time one candidate; a bad candidate scores 0, never raises."""
+
+    def confirm(self, config: Config, rounds: int = 3) -> tuple[float, float] | None:
+        """(baseline ms, candidate ms), timed alternately; None where nothing is timed."""
+
+    def validate_unaligned(self, directory: Path) -> str | None:
+        """Why the built program's binaries for unaligned views fail (None: they pass)."""
+
+    def peak_extra_bytes(self) -> int | None: ...
+
+    def close(self) -> None:
+        """The spec is done: its trials are released."""
 
 
 class Measurer:
@@ -157,8 +194,10 @@ class Measurer:
         finally:
             self._seconds["timing"] += time.perf_counter() - t0
 
-    def _validate(self, run) -> Any:
-        """validate() on the shared trials; its time, less what the trials computed, is validation's."""
+    def validate_runner(self, run: Any) -> Any:
+        """validate() of ``run`` (inputs -> outputs) on the shared trials: a core.validate record.
+        Its time, less what the trials computed, is validation's. (A bucket validates its winner's
+        binaries at other sizes with it: buckets.BucketMeasurer.)"""
         before = sum(self.trials.seconds.values())
         t0 = time.perf_counter()
         try:
@@ -185,7 +224,7 @@ class Measurer:
         inputs off a 16-byte boundary) on the same trials, every input moved one element off;
         None if they pass, else why not."""
         runner = load_program(directory, self.spec, self.target.triton)
-        record = self._validate(lambda inputs: runner.run_poisoned([unaligned_copy(t) for t in inputs]))
+        record = self.validate_runner(lambda inputs: runner.run_poisoned([unaligned_copy(t) for t in inputs]))
         return None if record.ok else record.reason
 
     def evaluate(self, config: Config) -> Evaluation:
@@ -204,7 +243,7 @@ class Measurer:
         if refused:  # a bring-up chip: the program's vendor calls would not run where it is served
             return Evaluation(config.to_json(), False, 0.0, error=f"its program calls {', '.join(refused)}, which "
                               f"target {self.target.name!r} does not run")
-        record = self._validate(runner.run_poisoned)
+        record = self.validate_runner(runner.run_poisoned)
         if not record.ok:
             return Evaluation(config.to_json(), False, 0.0, error=record.reason, validation=record.to_json())
         if not self.timed:
