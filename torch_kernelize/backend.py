@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch.fx as fx
 
 from torch_kernelize.warm_start import prewarm
 from torch_kernelize.core.errors import KernelizeError, LoweringError
 from torch_kernelize.core.options import Options
+
+if TYPE_CHECKING:
+    from torch_kernelize.core.targets import Target
 
 log = logging.getLogger("torch_kernelize.repro")
 
@@ -136,7 +139,7 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
 
 
 def dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
-                          target: Any, options: Any) -> Path | None:
+                          target: Target, options: Options) -> Path | None:
     """A graph kernelize could not lower: minify it (pinned to this error) and dump it."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -151,7 +154,7 @@ def dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], err
 
 
 def _dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,
-                           target: Any, options: Any) -> Path:
+                           target: Target, options: Options) -> Path:
     import hashlib
 
     from torch_kernelize.compiling.lower import lowering_error_predicate

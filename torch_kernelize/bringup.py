@@ -28,13 +28,16 @@ import logging
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torch_kernelize.compiling.report import COLUMNS, column, coverage, missing_lines, op_table
 from torch_kernelize.core.errors import KernelizeError
 from torch_kernelize.fill_cache.collect import output_tensors as flat_tensors  # (benchmarks/bringup_gpu.py)
+
+if TYPE_CHECKING:
+    from torch_kernelize.core.targets import Target
 
 log = logging.getLogger("torch_kernelize.bringup")
 SHOWN = tuple(c for c in COLUMNS if c != "decompose")  # a decomposed node's own nodes are counted instead
@@ -104,7 +107,7 @@ def _eager(ref: str, model: torch.nn.Module, inputs: tuple, training: bool) -> A
     return out, training_grads(model, inputs, model_loss(ref)(out))
 
 
-def compile_and_report(ref: str, target: Any, cache_dir: Path, repro_dir: Path | None,
+def compile_and_report(ref: str, target: Target, cache_dir: Path, repro_dir: Path | None,
                        training: bool = False) -> ModelResult:
     """Compile one model for ``target`` with the kernel cache as it is, run it once (a training
     step with ``training``) beside eager, and collect the plans of its graphs."""

@@ -11,7 +11,7 @@ import collections
 import dataclasses
 import json
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -20,6 +20,9 @@ from torch_kernelize.core.devices import to_device  # noqa: F401 (the families' 
 from torch_kernelize.core.index_ties import settle_index_ties
 from torch_kernelize.core.program import KernelProgram
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
+
+if TYPE_CHECKING:
+    from torch_kernelize.core.targets import Target
 
 # Multiprocessors of an H100 SXM/H200: what seeds of persistent grids start from (the search varies it)
 SMS = 132
@@ -186,7 +189,7 @@ class KernelFamily:
         """What the cache entry of ``config``'s kernel records as its origin (``generator`` at least)."""
         return {"generator": self.name}
 
-    def asked_by_default(self, target: Any) -> str | None:
+    def asked_by_default(self, target: Target) -> str | None:
         """For a generator other than a spec's own family (fill_cache/generators.py): None when
         fill_cache asks it on ``target`` unless told otherwise, else why not."""
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.fx as fx
@@ -21,6 +21,9 @@ from torch.utils import _pytree as pytree
 from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSITIONS
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
 from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
+
+if TYPE_CHECKING:
+    from torch_kernelize.core.targets import Target
 
 aten = torch.ops.aten
 
@@ -410,7 +413,7 @@ def host_implementation(op: Any) -> Callable:
     return op
 
 
-def trace_decompositions(target: Any = None) -> dict[Any, Callable]:
+def trace_decompositions(target: Target | None = None) -> dict[Any, Callable]:
     """The table aot_autograd traces with: torch's core ATen decompositions, minus the ops above;
     on a CUDA target without vendor attention, CUDA's attention ops as the device-neutral flash op
     (neutral_attention.py)."""
@@ -424,7 +427,7 @@ def trace_decompositions(target: Any = None) -> dict[Any, Callable]:
     return table
 
 
-def trace_rewrites(target: Any) -> list[str]:
+def trace_rewrites(target: Target | None) -> list[str]:
     """The ops ``target``'s trace rewrites beyond the common table (part of a traced graph's key)."""
     from torch_kernelize.compiling.neutral_attention import neutral_attention_table
     from torch_kernelize.core.targets import op_name

@@ -17,11 +17,14 @@ CUDA op.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from torch_kernelize.core.attention_reference import efficient_logsumexp
+
+if TYPE_CHECKING:
+    from torch_kernelize.core.targets import Target
 
 aten = torch.ops.aten
 CPU_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -95,8 +98,8 @@ REWRITES: dict[Any, Callable] = {
 }
 
 
-def neutral_attention_table(target: Any) -> dict[Any, Callable]:
-    """The rewrites for ``target`` (a core.targets.Target): the CUDA attention ops its vendor
+def neutral_attention_table(target: Target | None) -> dict[Any, Callable]:
+    """The rewrites for ``target``: the CUDA attention ops its vendor
     does not run, on a CUDA device; none elsewhere (a CPU trace never shows them)."""
     if target is None or target.device != "cuda":
         return {}

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from torch_kernelize.core.encoding import decode_arg, dtype_from_name
-from torch_kernelize.core.targets import resolve_op
+from torch_kernelize.core.targets import Target, resolve_op
 
 STEP_BUFFERS = ("in", "out", "tmp")  # what a step's argument or result may name
 
@@ -89,7 +89,7 @@ def step_ops(steps: Sequence[VendorStep]) -> list[str]:
     return sorted({s.op for s in steps})
 
 
-def refused_ops(steps: Sequence[VendorStep], target: Any) -> list[str]:
+def refused_ops(steps: Sequence[VendorStep], target: Target) -> list[str]:
     """The steps' ops that ``target``'s vendor does not run: a program calling any of them is no
     candidate there (a bring-up chip without cuBLAS runs no captured ``mm.out``)."""
     return [op for op in step_ops(steps) if not target.vendor_runs(resolve_op(op))]

@@ -32,9 +32,14 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from torch_kernelize.fill_cache.collect import UsageError, Work
+
+if TYPE_CHECKING:
+    from torch_kernelize.core.targets import Target
+    from torch_kernelize.kernel_cache.archive import ImportResult
+    from torch_kernelize.kernel_cache.interfaces import Cache
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 
@@ -224,7 +229,7 @@ class RankGroup:
         return True
 
 
-def export_bytes(cache: Any, keys: Sequence[str]) -> bytes | None:
+def export_bytes(cache: Cache, keys: Sequence[str]) -> bytes | None:
     """The valid entries of ``keys`` in ``cache`` as a signed archive, or None if there are none."""
     from torch_kernelize.kernel_cache.archive import export_cache
 
@@ -237,10 +242,10 @@ def export_bytes(cache: Any, keys: Sequence[str]) -> bytes | None:
         return path.read_bytes()
 
 
-def import_bytes(root: Path, data: bytes, target: Any) -> Any:
+def import_bytes(root: Path, data: bytes, target: Target) -> ImportResult:
     """Import an archive a rank sent into the cache under ``root``: on its signature where it is
     signed by a key this user trusts, else by re-validating every entry on this machine (the
-    store that carried it authenticates nobody). Returns kernel_cache.archive.ImportResult."""
+    store that carried it authenticates nobody)."""
     from torch_kernelize.core.errors import CacheError
     from torch_kernelize.fill_cache.verify import verify_entries
     from torch_kernelize.kernel_cache.archive import import_cache, trusted_signer, verify_archive

@@ -22,7 +22,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -32,6 +32,10 @@ from torch_kernelize.fill_cache.candidate_recording import record_candidate
 from torch_kernelize.lowering.kernels.recording import RecordingError, recorded_once
 from torch_kernelize.core.errors import InputRejected
 from torch_kernelize.core.spec import KernelSpec
+
+if TYPE_CHECKING:
+    from torch_kernelize.core.targets import Target
+    from torch_kernelize.fill_cache.measure import Measurer
 
 GENERATOR = "external"
 
@@ -253,7 +257,7 @@ def check_main(repro: Path, argv: Sequence[str] | None = None) -> int:
     return 0 if ev.correct else 1
 
 
-def _timed_verdict(repro: Path, measurer: Any, candidate: Candidate, work: Work, target: Any) -> str:
+def _timed_verdict(repro: Path, measurer: Measurer, candidate: Candidate, work: Work, target: Target) -> str:
     """check_candidate --time: the candidate's median and CUDA-graph replay times on the captured
     inputs (random ones where none were captured), beside the reproducer's time to beat."""
     perf_path = repro / "perf.json"

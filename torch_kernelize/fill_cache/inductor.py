@@ -44,6 +44,7 @@ from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
 from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.targets import Target
 
 GENERATOR = "inductor"
 RECORD_SEED = 7
@@ -83,7 +84,7 @@ class InductorGenerator(KernelFamily):
             return "no output elements to compute"
         return None
 
-    def asked_by_default(self, target: Any) -> str | None:
+    def asked_by_default(self, target: Target) -> str | None:
         if target.triton != "cuda":
             return (f"off by default on a {target.triton} target (an Inductor compile per spec costs seconds, "
                     "and only CUDA autotunes); ask for it with --generators")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -22,6 +22,8 @@ from torch_kernelize.lowering.kernels import families, family_for
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.validate import validate
+from torch_kernelize.kernel_cache.entry import CacheEntry
+from torch_kernelize.kernel_cache.interfaces import Cache
 
 VERIFY_SEEDS = (101, 102, 103)  # not the seeds fill_cache validated on
 
@@ -34,7 +36,7 @@ class Verdict:
     detail: str
 
 
-def verify_entries(cache: Any, target: Target, keys: Iterable[str] | None = None,
+def verify_entries(cache: Cache, target: Target, keys: Iterable[str] | None = None,
                    time_limit: float | None = None) -> list[Verdict]:
     """A verdict per entry; ``time_limit``: seconds per entry (default: measure_worker's for the target)."""
     worker = MeasureWorker.for_target(target, entry_time_limit_s(target, time_limit))
@@ -53,7 +55,7 @@ def verify_entries(cache: Any, target: Target, keys: Iterable[str] | None = None
     return out
 
 
-def _verify_in(worker: MeasureWorker, target: Target, key: str, entry: Any) -> Verdict:
+def _verify_in(worker: MeasureWorker, target: Target, key: str, entry: CacheEntry) -> Verdict:
     try:
         verdict = worker.call(_verify_entry, key, entry.spec.to_json(), entry.family, str(entry.program_dir), target)
     except WorkerDied as e:  # it hung or crashed: the worker was replaced

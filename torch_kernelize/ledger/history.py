@@ -8,12 +8,15 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from torch_kernelize.kernel_cache.interfaces import Cache
 
 HISTORY_FILE = "ledger-history.jsonl"
 
 
-def history_path(cache: Any) -> Path:
+def history_path(cache: Cache) -> Path:
     return Path(cache.dir) / HISTORY_FILE
 
 

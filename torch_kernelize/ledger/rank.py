@@ -12,11 +12,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from torch_kernelize.core.region_graph import describe_region
 from torch_kernelize.ledger.floors import Ceilings, Floor, floor
 from torch_kernelize.ledger.profile import NodeRun, Profile
+
+if TYPE_CHECKING:
+    from torch_kernelize.kernel_cache.entry import CacheEntry
+    from torch_kernelize.kernel_cache.interfaces import Cache
 
 ABOVE_FLOOR = 1.5   # a row this many times its floor (or more) is worth a performance reproducer
 
@@ -123,7 +127,7 @@ def journal_best(journal: Path) -> dict[str, float]:
     return best
 
 
-def _generator(tier: str, entry: Any, spec: Any) -> str:
+def _generator(tier: str, entry: CacheEntry | None, spec: Any) -> str:
     if tier == "triton" and entry is not None:
         return entry.provenance.get("generator") or entry.family or "triton"
     if tier == "vendor":
@@ -131,7 +135,7 @@ def _generator(tier: str, entry: Any, spec: Any) -> str:
     return {"fallback": "host", "view": "view"}.get(tier, tier)
 
 
-def _alternatives(cache: Any, key: str, entry: Any) -> dict[str, float]:
+def _alternatives(cache: Cache, key: str, entry: CacheEntry | None) -> dict[str, float]:
     from torch_kernelize.kernel_cache.store import JOURNALS_DIR
     found = journal_best(Path(cache.dir) / JOURNALS_DIR / f"{key}.jsonl")
     if entry is not None and entry.timings.get("measured"):   # the stored winner's own (confirmed) times
@@ -144,7 +148,7 @@ def _alternatives(cache: Any, key: str, entry: Any) -> dict[str, float]:
     return found
 
 
-def rank(profile: Profile, cache: Any, ceilings: Ceilings) -> list[Row]:
+def rank(profile: Profile, cache: Cache | None, ceilings: Ceilings) -> list[Row]:
     """The profile's nodes grouped into rows, slowest first. ``cache``: the KernelCache the model
     was served from (None: no entries, no alternatives)."""
     groups: dict[str, list[NodeRun]] = {}
