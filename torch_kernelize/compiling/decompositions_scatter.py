@@ -237,35 +237,34 @@ def _as_strided_scatter(x, src, size, stride, storage_offset=None):
 
 # --- running max/min, mode, nanmedian ----------------------------------------------------------------
 
-def _quadratic_rows(x, dim: int):
-    """(dim, N, ``x`` with ``dim`` last) for an N x N compare along ``dim``; None where none is
-    made (not floating, empty, or too large: the op stays on its own rung)."""
+def _by_rows(x, dim: int, body):
+    """A (values, indices) op along ``dim`` from an N x N compare: ``body(dim, N, x with dim
+    last)``; a 0-d ``x`` is its own answer at index 0; NotImplemented where no compare is made
+    (not floating, empty, or too large: the op stays on its own rung)."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
     dim %= x.dim()
     N = x.size(dim)
     if not x.is_floating_point() or N == 0 or N > QUADRATIC_MAX_N or x.numel() * N > DENSE_MAX:
-        return None
-    return dim, N, x.movedim(dim, -1)
+        return NotImplemented
+    return body(dim, N, x.movedim(dim, -1))
 
 
 def _cumulative_best(x, dim: int, largest: bool):
     """cummax/cummin: the best of each prefix (NaN propagates) and the last index holding it (a
     later equal element takes the index, as ATen's ``x >= best``), from an N x N compare."""
-    if x.dim() == 0:
-        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
-    rows = _quadratic_rows(x, dim)
-    if rows is None:
-        return NotImplemented
-    dim, N, xt = rows
-    i = torch.arange(N, device=x.device).reshape(N, 1)
-    j = torch.arange(N, device=x.device).reshape(1, N)
-    upto = j <= i                                                       # [N (prefix), N]
-    row = xt.unsqueeze(-2)                                              # [..., 1, N]
-    masked = torch.where(upto, row, _lowest(x.dtype, largest))
-    best = masked.amax(-1) if largest else masked.amin(-1)              # [..., N]
-    b = best.unsqueeze(-1)
-    match = upto & ((row == b) | ((row != row) & (b != b)))
-    last = torch.where(match, j.to(torch.float32), -1.0).amax(-1).to(torch.int64)
-    return best.movedim(-1, dim), last.movedim(-1, dim)
+    def body(dim: int, N: int, xt: torch.Tensor):
+        i = torch.arange(N, device=x.device).reshape(N, 1)
+        j = torch.arange(N, device=x.device).reshape(1, N)
+        upto = j <= i                                                       # [N (prefix), N]
+        row = xt.unsqueeze(-2)                                              # [..., 1, N]
+        masked = torch.where(upto, row, _lowest(x.dtype, largest))
+        best = masked.amax(-1) if largest else masked.amin(-1)              # [..., N]
+        b = best.unsqueeze(-1)
+        match = upto & ((row == b) | ((row != row) & (b != b)))
+        last = torch.where(match, j.to(torch.float32), -1.0).amax(-1).to(torch.int64)
+        return best.movedim(-1, dim), last.movedim(-1, dim)
+    return _by_rows(x, dim, body)
 
 
 @_register(aten.cummax.default)
@@ -283,20 +282,16 @@ def _mode(x, dim: int = -1, keepdim: bool = False):
     """The most frequent value of each row (the smallest of equally frequent ones, as ATen's sort
     and scan) and the last index holding it; counts from an N x N compare. Rows with NaN: the
     count of a NaN is 0 (it equals nothing), so NaN is a mode only of an all-NaN row."""
-    if x.dim() == 0:
-        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
-    rows = _quadratic_rows(x, dim)
-    if rows is None:
-        return NotImplemented
-    dim, N, xt = rows
-    count = (xt.unsqueeze(-1) == xt.unsqueeze(-2)).to(torch.float32).sum(-1)      # [..., N]
-    top = count.amax(-1, keepdim=True)
-    value = torch.where(count == top, xt, float("inf")).amin(-1, keepdim=True)
-    value = torch.where(top > 0, value, float("nan"))
-    j = torch.arange(N, device=x.device, dtype=torch.float32)
-    at = torch.where((xt == value) | ((xt != xt) & (value != value)), j, -1.0).amax(-1, keepdim=True).to(torch.int64)
-    value, at = value.movedim(-1, dim), at.movedim(-1, dim)
-    return (value, at) if keepdim else (value.squeeze(dim), at.squeeze(dim))
+    def body(dim: int, N: int, xt: torch.Tensor):
+        count = (xt.unsqueeze(-1) == xt.unsqueeze(-2)).to(torch.float32).sum(-1)      # [..., N]
+        top = count.amax(-1, keepdim=True)
+        value = torch.where(count == top, xt, float("inf")).amin(-1, keepdim=True)
+        value = torch.where(top > 0, value, float("nan"))
+        j = torch.arange(N, device=x.device, dtype=torch.float32)
+        at = torch.where((xt == value) | ((xt != xt) & (value != value)), j, -1.0).amax(-1, keepdim=True).to(torch.int64)
+        value, at = value.movedim(-1, dim), at.movedim(-1, dim)
+        return (value, at) if keepdim else (value.squeeze(dim), at.squeeze(dim))
+    return _by_rows(x, dim, body)
 
 
 @_register(aten.nanmedian.default)
