@@ -264,3 +264,22 @@ def gpu_sweep(out: str | None = None, only: str | None = None, repeat: int = 1) 
                 t = do_bench(lambda: runner(*inputs), warmup=10, rep=50)
                 rows.add(case=name, config=str(config), ms=round(t, 4), eager_ms=round(eager, 4), matches_eager=same)
     return rows.save(out)
+
+
+def trial_holding_check(compute):
+    """(run, calls) for validate(): ``run`` computes ``compute(inputs)`` and asserts, at each
+    trial's first run (each trial runs twice: core/fills.py), that no tensor of an earlier trial
+    is still alive; call it with the garbage collector off (reference counting alone must free
+    them). ``calls`` counts the runs."""
+    import weakref
+    earlier: list = []
+    calls: list[int] = []
+
+    def run(inputs):
+        calls.append(len(calls))
+        if len(calls) % 2:
+            assert all(r() is None for r in earlier), "a tensor of an earlier trial is still alive"
+        out = compute(inputs)
+        earlier.extend(weakref.ref(t) for t in (*inputs, *out))
+        return out
+    return run, calls

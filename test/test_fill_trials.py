@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_kernelize.fill_cache.trials as trials
-from kernel_testing import spec_of
+from kernel_testing import spec_of, trial_holding_check
 from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.lowering.kernels.base import sample_generator, sample_tensor
 from torch_kernelize.lowering.kernels.elementwise import FAMILY
@@ -223,17 +223,7 @@ def test_nothing_of_a_trial_outlives_it_when_the_store_keeps_nothing():
     spec = region_spec(find_regions(gm, tg.get_target("interpreter"))[0], {})
     store = trials.TrialStore(spec, FUSED.sample_inputs, "cpu", trials=7)
     store.place = lambda *a, **k: None
-    earlier: list = []
-    calls = []
-
-    def run(inputs):
-        calls.append(len(calls))
-        if len(calls) % 2:  # a trial's first run (each trial runs twice: core/fills.py)
-            assert all(r() is None for r in earlier), "a tensor of an earlier trial is still alive"
-        out = spec.run_vendor(inputs)
-        earlier.extend(weakref.ref(t) for t in (*inputs, *out))
-        return out
-
+    run, _ = trial_holding_check(spec.run_vendor)
     gc.disable()
     try:
         for _ in range(2):  # two candidates

@@ -179,21 +179,11 @@ def test_streamed_comparison_judges_as_the_whole_tensor_does(monkeypatch):
 
 def test_nothing_of_one_trial_is_held_into_the_next():
     import gc
-    import weakref
 
+    from kernel_testing import trial_holding_check
     x = torch.randn(32, 32)
     spec = _spec(aten.sigmoid.default, x)
-    earlier: list = []
-    calls = []
-
-    def run(inputs):
-        calls.append(len(calls))
-        if len(calls) % 2:  # a trial's first run (each trial runs twice: core/fills.py)
-            assert all(r() is None for r in earlier), "a tensor of an earlier trial is still alive"
-        out = (torch.sigmoid(inputs[0]),)
-        earlier.extend(weakref.ref(t) for t in (*inputs, *out))
-        return out
-
+    run, calls = trial_holding_check(lambda inputs: (torch.sigmoid(inputs[0]),))
     gc.disable()  # reference counting alone must free them
     try:
         rec = validate(run, spec, lambda s, seed, kind, dev: [torch.randn(32, 32)], edge_kinds=("zeros",),
