@@ -55,13 +55,18 @@ def test_zoo_matches_eager_in_fresh_process(name, target, tmp_path):
             assert node["tier"] in ("decompose", "triton", "vendor", "fallback")
 
 
-def test_moe_histc_goes_to_fallback_on_a_target_without_histc(tmp_path):
-    chip = write_target(tmp_path / "chip.toml", unsupported=["aten.histc"], triton="none")
+def _zoo_on_chip_without(tmp_path, name: str, op: str):
+    """The zoo model ``name`` run on a chip without ``op`` (no Triton) beside eager, in a child:
+    (its process, its coverage report); outputs within 1e-5 of eager."""
+    chip = write_target(tmp_path / "chip.toml", unsupported=[op], triton="none")
     report = tmp_path / "report.json"
-    proc = run_python(ZOO_SNIPPET.format(name="moe", target=str(chip), report=str(report),
-                                         zoo_path=_zoo_path()))
+    proc = run_python(ZOO_SNIPPET.format(name=name, target=str(chip), report=str(report), zoo_path=_zoo_path()))
     assert last_json(proc)["err"] < 1e-5
-    doc = json.loads(report.read_text())
+    return proc, json.loads(report.read_text())
+
+
+def test_moe_histc_goes_to_fallback_on_a_target_without_histc(tmp_path):
+    proc, doc = _zoo_on_chip_without(tmp_path, "moe", "aten.histc")
     histc = [n for g in doc["graphs"] for n in g["nodes"] if n["op"] == "aten.histc.default"]
     assert histc and all(n["tier"] == "fallback" for n in histc)
     assert all("vendor" in n["rejected"] and "decompose" in n["rejected"] for n in histc)
@@ -72,12 +77,8 @@ def test_moe_histc_goes_to_fallback_on_a_target_without_histc(tmp_path):
 
 
 def test_gelu_unsupported_is_decomposed_and_still_matches(tmp_path):
-    chip = write_target(tmp_path / "chip.toml", unsupported=["aten.gelu"], triton="none")
-    report = tmp_path / "report.json"
-    proc = run_python(ZOO_SNIPPET.format(name="mlp", target=str(chip), report=str(report),
-                                         zoo_path=_zoo_path()))
-    assert last_json(proc)["err"] < 1e-5
-    nodes = [n for g in json.loads(report.read_text())["graphs"] for n in g["nodes"]]
+    _, doc = _zoo_on_chip_without(tmp_path, "mlp", "aten.gelu")
+    nodes = [n for g in doc["graphs"] for n in g["nodes"]]
     gelu = [n for n in nodes if n["op"] == "aten.gelu.default"]
     assert gelu and all(n["tier"] == "decompose" for n in gelu)
     assert "does not run aten.gelu.default" in gelu[0]["reason"] and "erf" in gelu[0]["reason"]
