@@ -363,3 +363,19 @@ def test_no_inline_ptx_seeds_on_rocm(monkeypatch):
     configs = FAMILY.seed_configs(spec)
     assert "shared" not in {c["VARIANT"] for c in configs}
     assert all(n["VARIANT"] != "shared" for c in configs for n in FAMILY.neighbours(spec, c))
+
+
+@pytest.mark.parametrize("args", [(10, -1.0, 1.0), (7,)], ids=["fixed", "data_range"])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1, 1), "broadcast"], ids=str)
+def test_zero_dim_one_element_and_broadcast_inputs(shape, args, tmp_path):
+    """The input's offset has no term (0-d, one element, or one element expanded): x is still
+    loaded as a block (``idx * 0``), under the block mask, one element per lane; every seed
+    config against the float64 reference and torch.histc."""
+    x = torch.randn(1).expand(300) if shape == "broadcast" else torch.randn(shape)
+    spec = spec_of(aten.histc.default, (x,) + args)
+    assert family_for(spec) is FAMILY
+    for config in FAMILY.seed_configs(spec):
+        program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0, 1), eager=False)
+        assert "in0_ptr + idx * 0" in program.source
+        got = load(tmp_path, spec, program).run_poisoned([x])[0]
+        assert torch.equal(got, torch.histc(x, *args)), config

@@ -23,7 +23,7 @@ F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
 
 def rnd(*shape, dtype=F32):
-    return torch.randn(*shape).to(dtype)
+    return torch.randn(shape).to(dtype)
 
 
 def ix(high, *shape, dtype=torch.int64):
@@ -303,3 +303,54 @@ def test_refusals():
     assert FAMILY.supports(spec_of(aten.index_put.default, (x, [ix(6, 7)], rnd(7, 4), True))) is None
     assert "one index tensor" in FAMILY.supports(spec_of(aten.index_put.default, (x, [ix(6, 2), ix(4, 2)], rnd(2))))
     assert "int64" in FAMILY.supports(spec_of(aten.index_put.default, (x.long(), [ix(6, 2)], torch.ones(2, 4).long(), True)))
+
+
+def _one(*shape, dtype=torch.int64):
+    return torch.zeros(shape, dtype=dtype)  # the only valid index into a dim of size 1
+
+
+TINY = {
+    # gather/scatter_add of one index element, of 0-d tensors, and 0-d mixed with one-element 1-d
+    # ones (nanmedian, quantile, multi_margin_loss and index_reduce decompose to these): every
+    # offset of the index walk folds to "0", so the pointers must be made blocks like the values
+    "gather_1": lambda dt: (aten.gather.default, (rnd(1, dtype=dt), 0, _one(1))),
+    "gather_1x1_of_3x1": lambda dt: (aten.gather.default, (rnd(3, 1, dtype=dt), 0, ix(3, 1, 1))),
+    "gather_one_of_4x5": lambda dt: (aten.gather.default, (rnd(4, 5, dtype=dt), 1, ix(5, 1, 1, dtype=torch.int32))),
+    "gather_0d": lambda dt: (aten.gather.default, (rnd(dtype=dt), 0, _one())),
+    "gather_0d_dim_minus_1": lambda dt: (aten.gather.default, (rnd(dtype=dt), -1, _one(dtype=torch.int32))),
+    "gather_0d_self_1d_index": lambda dt: (aten.gather.default, (rnd(dtype=dt), 0, _one(1))),
+    "gather_1d_self_0d_index": lambda dt: (aten.gather.default, (rnd(1, dtype=dt), 0, _one())),
+    "scatter_add_1": lambda dt: (aten.scatter_add.default, (rnd(1, dtype=dt), 0, _one(1), rnd(1, dtype=dt))),
+    "scatter_add_one_into_5": lambda dt: (aten.scatter_add.default, (rnd(5, dtype=dt), 0, ix(5, 1), rnd(1, dtype=dt))),
+    "scatter_add_1x1": lambda dt: (aten.scatter_add.default, (rnd(1, 1, dtype=dt), 1, _one(1, 1), rnd(1, 1, dtype=dt))),
+    "scatter_add_0d": lambda dt: (aten.scatter_add.default, (rnd(dtype=dt), 0, _one(), rnd(dtype=dt))),
+    "scatter_add_0d_self_1d_index": lambda dt: (aten.scatter_add.default, (rnd(dtype=dt), 0, _one(1), rnd(1, dtype=dt))),
+}
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+@pytest.mark.parametrize("case", list(TINY))
+def test_zero_dim_and_one_element(case, dtype, tmp_path):
+    """Every seed config against the float64 reference (and eager) on the interpreter, which
+    refuses a block value or mask at a scalar pointer ('... cannot be block type if pointer
+    argument is not a block')."""
+    op, args = TINY[case](dtype)
+    spec = spec_of(op, args)
+    assert family_for(spec) is FAMILY, FAMILY.supports(spec)
+    for config in FAMILY.seed_configs(spec):
+        if _interpretable(spec, config):
+            program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0, 1))
+            assert "* 0," in program.source or "* 0)" in program.source  # the block of one address
+        else:
+            compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+
+
+def test_offsets_of_larger_walks_are_unchanged():
+    """Only an offset with no term becomes a block of one address (``e * 0``): a gather whose
+    index walk has dims keeps its offsets as they were; one of one index element stores there."""
+    spec = spec_of(aten.gather.default, (rnd(9, 16), 1, ix(16, 9, 4)))
+    src = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]).source
+    assert "v = tl.load(src_ptr + src_off + i, mask=ok" in src and "tl.store(dst_ptr + e, v, mask=mask)" in src
+    spec = spec_of(aten.gather.default, (rnd(1), 0, _one(1)))
+    src = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]).source
+    assert "v = tl.load(src_ptr + i, mask=ok" in src and "tl.store(dst_ptr + e * 0, v, mask=mask)" in src

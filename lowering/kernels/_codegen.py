@@ -294,6 +294,20 @@ def block_offsets(s: "Source", index: str, program: str, block: str, size: int, 
     return offs, mask if masked else None
 
 
+def as_block(offset: str, index: str) -> str:
+    """``offset`` (of ``decompose``/``block_offsets``) as a block like ``index``'s.
+
+    An offset with no term left is "0": a tensor broadcast over the whole block, or one of a
+    single element (a 0-d or one-element walk, where every size-1 dim is dropped, so no offset
+    names the index at all). A pointer built from it is a scalar, and the Triton interpreter
+    (like the compiler) refuses a block value stored through a scalar pointer, or a block mask
+    on one ('Value/Mask argument cannot be block type if pointer argument is not a block').
+    Such an offset becomes ``index * 0``: every lane the same address, the pointer a block.
+    An offset with a term is returned as it is. Use it where a block value is stored (or added)
+    through the pointer or a block mask applied; an unmasked load may stay a scalar (a broadcast)."""
+    return f"{index} * 0" if offset == "0" else offset
+
+
 def runtime_size(args: tuple, n: int, expr: Any, block: int, wide: bool) -> tuple[tuple, dict[str, Any]]:
     """A launch of one program per ``block`` of a size taken at run time (a shape bucket's: the
     SizeExpr ``expr``, ``n`` at the representative): its arguments, ``args`` and the size (i64 if

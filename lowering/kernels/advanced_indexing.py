@@ -263,7 +263,7 @@ class _Gen:
         moved = []
         for j, (n, stride) in enumerate(zip(p.sizes, p.ind)):
             kw = f", mask={mask}, other=0" if mask else ""
-            s(f"i{j} = tl.load(idx{j}_ptr + {offs[2 + j] if offs[2 + j] != '0' else 'e * 0'}{kw}).to(tl.int64)",
+            s(f"i{j} = tl.load(idx{j}_ptr + {cg.as_block(offs[2 + j], 'e')}{kw}).to(tl.int64)",
               f"i{j} = tl.where(i{j} < 0, i{j} + {n}, i{j})  # negative indices count from the end",
               f"ok{j} = (i{j} >= 0) & (i{j} < {n})",
               f"tl.store(flag{j}_ptr + e * 0, tl.full([BLOCK], 1, tl.int32), mask={f'{mask} & ' if mask else ''}"
@@ -273,9 +273,9 @@ class _Gen:
         at = " + ".join([o for o in (dst_off if p.name == "index_put" else src_off,) if o != "0"] + moved)
         kw = f", mask={mask}" if mask else ""
         if p.name == "index":
-            s(f"tl.store(dst_ptr + {dst_off if dst_off != '0' else 'e * 0'}, tl.load(src_ptr + {at}{kw}){kw})")
+            s(f"tl.store(dst_ptr + {cg.as_block(dst_off, 'e')}, tl.load(src_ptr + {at}{kw}){kw})")
         else:
-            v = f"tl.load(src_ptr + {src_off if src_off != '0' else 'e * 0'}{kw})"
+            v = f"tl.load(src_ptr + {cg.as_block(src_off, 'e')}{kw})"
             if p.accumulate:
                 s(f"tl.atomic_add(dst_ptr + {at}, {v}{kw}, sem=\"relaxed\")")
             else:
@@ -291,18 +291,17 @@ class _Gen:
         s("@triton.jit", "def masked_put_kernel(val_ptr, dst_ptr, self_ptr, mask_ptr, BLOCK: tl.constexpr):").indent()
         s(f"# out = {'self + where(mask, values, 0)' if p.accumulate else 'where(mask, values, self)'}, elementwise")
         offs, mask, block = self._block(p.N, p.strides, "k")
-        z = lambda o: o if o != "0" else "e * 0"  # noqa: E731 (a block of one address)
         kw = f", mask={mask}" if mask else ""
-        s(f"m = tl.load(mask_ptr + {z(offs[3])}{kw}) != 0",
-          f"v = tl.load(val_ptr + {z(offs[0])}{kw})",
-          f"x = tl.load(self_ptr + {z(offs[2])}{kw})")
+        s(f"m = tl.load(mask_ptr + {cg.as_block(offs[3], 'e')}{kw}) != 0",
+          f"v = tl.load(val_ptr + {cg.as_block(offs[0], 'e')}{kw})",
+          f"x = tl.load(self_ptr + {cg.as_block(offs[2], 'e')}{kw})")
         if p.accumulate:
             T = cg.tl_type(p.dtype)
             s(f"r = tl.where(m, x.to(tl.float32) + v.to(tl.float32), x.to(tl.float32)).to({T})"
               if cg.is_float(p.dtype) else "r = tl.where(m, x + v, x)")
         else:
             s("r = tl.where(m, v, x)")
-        s(f"tl.store(dst_ptr + {z(offs[1])}, r{kw})")
+        s(f"tl.store(dst_ptr + {cg.as_block(offs[1], 'e')}, r{kw})")
         s.dedent().blank()
         return Launch("masked_put_kernel", (-(-p.N // block),),
                       (("in", p.src), ("out", 0), ("in", p.self_in), ("in", p.idx[0])), {"BLOCK": block},

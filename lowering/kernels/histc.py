@@ -438,7 +438,8 @@ class _HistcWriter:
         kw = f", mask={mask}, other=0.0" if mask else ""
         kw += f", eviction_policy={hint!r}" if hint else ""
         conv = "" if self.dtype == "float32" else ".to(tl.float32)"
-        s(f"x = tl.load(in0_ptr + {offs[0]}{kw}){conv}")
+        # one element per lane, always: a 0-d, one-element or broadcast input has the offset "0"
+        s(f"x = tl.load(in0_ptr + {cg.as_block(offs[0], 'idx')}{kw}){conv}")
         return mask
 
     def loop_header(self, iters: int | None = None, reverse: bool = False) -> None:

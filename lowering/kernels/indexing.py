@@ -145,7 +145,7 @@ def _checked(spec: KernelSpec, name: str, a: dict[str, Any], src: int, idx: int,
     if any(m.device != V.device for m in spec.inputs + spec.outputs):
         return "tensors on different devices"
     ndim = len(V.shape)
-    if ndim == 0:
+    if ndim == 0 and name in ROW_OPS:
         return "0-d values"
     d = _norm_dim(d, ndim)
     if d is None:
@@ -159,7 +159,7 @@ def _checked(spec: KernelSpec, name: str, a: dict[str, Any], src: int, idx: int,
                 "leaves which write wins unspecified")
     if I.numel == 0 or V.numel == 0 or O.numel == 0:
         return "empty tensors: nothing to compute"
-    plan = _Plan(name, name in ROW_OPS, accumulate, V.dtype, I.dtype, V.shape[d], name in ("index", "index_put"),
+    plan = _Plan(name, name in ROW_OPS, accumulate, V.dtype, I.dtype, V.shape[d] if ndim else 1, name in ("index", "index_put"),
                  src, idx, None, overwrite=overwrite)
     if name == "index_add":
         plan.alpha = cg.scalar_value(a.get("alpha", 1))
@@ -249,6 +249,16 @@ def _add_rows(spec: KernelSpec, plan: _Plan, a: dict[str, Any], d: int, P, L, Qs
             tuple(temp[d + 1:]), (O.stride[d], temp[d]))
 
 
+def _zero_dim_as_1d(spec: KernelSpec) -> KernelSpec:
+    """``spec`` with each 0-d tensor seen as 1-d of one element (ATen's gather/scatter_add treat
+    a 0-d self, index or src so; the index selects along a dim of size 1)."""
+    one = lambda m: dataclasses.replace(m, shape=(1,), stride=(1,)) if not m.shape else m  # noqa: E731
+    if all(m.shape for m in spec.inputs + spec.outputs):
+        return spec
+    return dataclasses.replace(spec, inputs=tuple(one(m) for m in spec.inputs),
+                               outputs=tuple(one(m) for m in spec.outputs))
+
+
 def _elements_walk(spec: KernelSpec, plan: _Plan, a: dict[str, Any], d: int) -> tuple[int, int] | str:
     """An elements op's walk over the index tensor (fills ``plan``); the index's stride."""
     O, V, I = spec.outputs[0], spec.inputs[plan.src], spec.inputs[plan.idx]
@@ -298,6 +308,8 @@ class IndexingFamily(KernelFamily):
         if isinstance(checked, str):
             return checked
         plan, d = checked
+        if not plan.rows:
+            spec = _zero_dim_as_1d(spec)
         ind = (_rows_walk if plan.rows else _elements_walk)(spec, plan, a, d)
         if isinstance(ind, str):
             return ind
@@ -401,7 +413,7 @@ class _Gen:
         """Emit: load the index, wrap negatives (index.Tensor), ``ok`` = valid, ``i`` clamped;
         an index out of range sets the flag that the program's check turns into eager's error."""
         p, s = self.p, self.s
-        offset = f"{axis} * 0" if offset == "0" else offset   # one index for all: keep the block shape
+        offset = cg.as_block(offset, axis)   # one index for all: keep the block shape
         kw = f", mask={mask}, other=0" if mask else ""
         s(f"i = tl.load(idx_ptr + {offset}{kw}).to(tl.int64)")
         if p.wrap:
@@ -501,8 +513,8 @@ class _Gen:
         qoffs, c_mask = cg.block_offsets(s, "c", "tl.program_id(1)", "BLOCK_D", bd, p.Q, p.wide, "c_mask",
                                          p.q_sizes, qsets, "n")
         src_col, dst_col = self._named(["src_col", "dst_col"], qoffs)
-        tile = lambda row, col: (f"{_wrap(row if row != '0' else 'r * 0')}[:, None] + "
-                                 f"{_wrap(col if col != '0' else 'c * 0')}[None, :]")
+        tile = lambda row, col: (f"{_wrap(cg.as_block(row, 'r'))}[:, None] + "
+                                 f"{_wrap(cg.as_block(col, 'c'))}[None, :]")
         both = lambda rm: (f"{rm}[:, None] & {c_mask}[None, :]" if rm and c_mask else
                            f"{rm}[:, None]" if rm else f"{c_mask}[None, :]" if c_mask else None)
         if p.overwrite:
@@ -546,20 +558,23 @@ class _Gen:
         offs, mask = cg.block_offsets(s, "e", "tl.program_id(0)", "BLOCK", block, p.R, p.wide, "mask", p.r_sizes, sets, "k")
         src_off, idx_off, dst_off = self._named(["src_off", "", "dst_off"], offs)
         self._idx(idx_off, mask, "e", "BLOCK")
+        # an offset with no term ("0": one index element, or a tensor broadcast over the index)
+        # is made a block wherever a block mask or value meets its pointer (``cg.as_block``)
+        at = lambda off: f"{'' if off == '0' else off + ' + '}{cg.scaled('i', ind)}"  # noqa: E731
         if p.accumulate:
-            dst_off = f"{'' if dst_off == '0' else dst_off + ' + '}{cg.scaled('i', ind)}"
+            dst_off = cg.as_block(at(dst_off), "e")
             kw = f", mask={mask}" if mask else ""
-            v = f"tl.load(src_ptr + {src_off}{kw})"
+            v = f"tl.load(src_ptr + {cg.as_block(src_off, 'e') if mask else src_off}{kw})"
             if self.temp:
                 v += ".to(tl.float32)"
             s(f"v = {v}")
             s(f"tl.atomic_add(dst_ptr + {dst_off}, v, mask=ok, sem=\"relaxed\")")
         else:
-            src_off = f"{'' if src_off == '0' else src_off + ' + '}{cg.scaled('i', ind)}"
+            src_off = cg.as_block(at(src_off), "e")
             other = "float('nan')" if cg.is_float(p.dtype) else "0"
             s(f"v = tl.load(src_ptr + {src_off}, mask=ok, other={other})")
             kw = f", mask={mask}" if mask else ""
-            s(f"tl.store(dst_ptr + {dst_off}, v{kw})")
+            s(f"tl.store(dst_ptr + {cg.as_block(dst_off, 'e')}, v{kw})")
         s.dedent().blank()
         return Launch(kname, (-(-p.R // block),), (("in", p.src), ("in", p.idx), ("tmp", 0) if self.temp else ("out", 0),
                                                    ("tmp", 1 if self.temp else 0)), {"BLOCK": block}, warps, 1)

@@ -135,7 +135,7 @@ class CumsumFamily(KernelFamily):
             offs, rm = cg.block_offsets(s, "rows", "tl.program_id(0)", "BLOCK_M", bm, p.M, p.wide, "row_mask",
                                         p.m_sizes, p.m_strides, "m")
             for name, off in zip(("in_row", "out_row"), offs):
-                s(f"{name} = {'rows * 0' if off == '0' else off}")
+                s(f"{name} = {cg.as_block(off, 'rows')}")
             return rm
 
         def load(start: str, rm: str | None, end: int) -> str:

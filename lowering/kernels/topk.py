@@ -121,7 +121,7 @@ class TopkFamily(PicksAlongDim):
         offs, rm = cg.block_offsets(s, "rows", "tl.program_id(0)", "BLOCK_M", bm, p.M, p.wide, "row_mask",
                                     p.m_sizes, p.m_strides, "m")
         for name, off in zip(("in_row", "val_row", "idx_row"), offs):
-            s(f"{name} = {'rows * 0' if off == '0' else off}")
+            s(f"{name} = {cg.as_block(off, 'rows')}")
         s("cols = tl.arange(0, BLOCK_N)")
         masks = [f"{rm}[:, None]"] if rm else []
         if bn != p.N:
