@@ -480,3 +480,21 @@ def test_zero_dim_and_one_element_regions(shape, tmp_path):
     x, y = torch.randn(shape), torch.randn(shape)
     spec = one_region(lambda a, b: torch.where(a > 0, (a * 2).clamp_max(0.5) + b, b), x, y)
     compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path)
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (3, 4), (1, 5), (5, 2), (1, 1, 3)], ids=str)
+def test_rowwise_regions_smaller_than_a_warp(shape, tmp_path):
+    """A region of fewer than 32 elements is one tile of one warp (the whole region, as the sort
+    family's short rows): the rowwise kinds are generated, every seed config against the float64
+    reference and the node-by-node run, and compile for sm_90; before, no config fitted them."""
+    x = torch.randn(shape)
+    for spec in (one_region(lambda a: (a * 2).softmax(-1) + 1, x, kind="rowwise"),
+                 one_region(rmsnorm, x, torch.randn(shape[-1]), kind="rowwise"),
+                 region_specs(multi_output, x, torch.randn(shape))[0]):
+        configs = FAMILY.seed_configs(spec)
+        assert configs and all(c["num_warps"] == 1 and c["BLOCK_M"] * c["BLOCK_N"] < 32 for c in configs)
+        for config in configs:
+            program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0,), eager=config is configs[0])
+        compile_sm90(spec, program, tmp_path)
+    big = one_region(lambda a: (a * 2).softmax(-1) + 1, torch.randn(4, 9), kind="rowwise")
+    assert all(c["BLOCK_M"] * c["BLOCK_N"] >= 32 * c["num_warps"] for c in FAMILY.seed_configs(big))

@@ -146,3 +146,21 @@ def test_compiles_for_sm90(tmp_path):
     program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
     assert "pass 3 of 3" in program.source
     compile_sm90(spec, program, tmp_path)
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (3, 4), (1, 5), (1, 1, 3), (2,)], ids=str)
+def test_regions_smaller_than_a_warp(shape, tmp_path):
+    """Fewer than 32 elements: one tile of one warp holds them all (before, no config fitted);
+    every seed config against the float64 reference and eager, and compiles for sm_90."""
+    spec = ln_spec(torch.randn(shape), shape[-1])
+    assert family_for(spec) is FAMILY, FAMILY.supports(spec)
+    configs = FAMILY.seed_configs(spec)
+    for config in configs:
+        program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0, 1), eager=config is configs[0])
+    compile_sm90(spec, program, tmp_path)
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1, 1), (3, 1)], ids=str)
+def test_rows_of_one_element_are_left_to_the_graph(shape):
+    """Rows of one element normalize to the bias alone: refused (the region is run node by node)."""
+    assert "nothing to normalize" in FAMILY.supports(ln_spec(torch.randn(shape), 1))

@@ -188,7 +188,11 @@ def rowwise_valid(plan: _Plan, c: Config) -> bool:
         return False
     if bm > next_pow2(plan.M) or bn > next_pow2(plan.N) or bn < min(16, next_pow2(plan.N)):
         return False
-    if bm * bn > MAX_TILE or bm * bn < 32 * w:
+    if bm * bn > MAX_TILE:
+        return False
+    # a tile of fewer than 32 * num_warps elements only where one warp's tile holds the whole
+    # region (tiny shapes: [3x4], [1x5]), as the sort family's
+    if bm * bn < 32 * w and not (w == 1 and bm >= plan.M and bn >= plan.N):
         return False
     if bn >= plan.N:
         return st == 1
