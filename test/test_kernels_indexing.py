@@ -354,3 +354,7 @@ def test_offsets_of_larger_walks_are_unchanged():
     spec = spec_of(aten.gather.default, (rnd(1), 0, _one(1)))
     src = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]).source
     assert "v = tl.load(src_ptr + i, mask=ok" in src and "tl.store(dst_ptr + e * 0, v, mask=mask)" in src
+
+
+def test_zero_dim_values_of_the_rows_ops_stay_refused():
+    assert "0-d values" in FAMILY.supports(spec_of(aten.index_select.default, (rnd(), 0, _one(1))))

@@ -99,7 +99,6 @@ def test_broken_programs_fail_validation(what, tmp_path):
 def test_refusals():
     x = torch.randn(4, 10)
     assert "float64" in FAMILY.supports(spec_of(aten.sort.default, (x.double(),)))
-    assert "0-d" in FAMILY.supports(spec_of(aten.sort.default, (torch.tensor(1.0),)))
     assert "empty" in FAMILY.supports(spec_of(aten.sort.default, (torch.empty(3, 0),)))
     assert "N^2" in FAMILY.supports(spec_of(aten.sort.default, (torch.empty(1 << 17 + 1),)))
     assert FAMILY.supports(spec_of(aten.topk.default, (x, 2))) is not None
@@ -126,4 +125,18 @@ def test_short_rows_sort_in_one_whole_row_tile(shape, tmp_path):
         assert config["num_warps"] == 1 and config["BLOCK_I"] * config["BLOCK_J"] < 32
     program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
     compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
+    compile_sm90(spec, program, tmp_path)
+
+
+@pytest.mark.parametrize("x,args", [(torch.tensor(1.5), ()), (torch.tensor(-2.0).half(), (-1, True)),
+                                    (torch.tensor(7), (0,)), (torch.tensor(float("nan")), ())],
+                         ids=["f32", "f16_descending", "i64", "nan"])
+def test_zero_dim_input_is_one_row_of_one(x, args, tmp_path):
+    """A 0-d input sorts as one row of one element (ATen: the value, index 0); before, refused.
+    Every seed config against the float64 reference and eager, exactly."""
+    spec = spec_of(aten.sort.default, (x,) + args)
+    assert family_for(spec) is FAMILY, FAMILY.supports(spec)
+    for config in FAMILY.seed_configs(spec):
+        program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0, 1))
+        compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
     compile_sm90(spec, program, tmp_path)

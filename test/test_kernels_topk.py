@@ -3,6 +3,8 @@ and layouts, fp32/fp16/bf16, NaN/inf ordering like ATen; tie-free validation inp
 the values equal ATen's and the indices point at them; refusals; broken programs fail; sm_90."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -140,3 +142,18 @@ def test_validation_on_captured_ties_takes_the_rule():
     rec = validate(run, spec, sample, (), seeds=(0,), resolve_ties=FAMILY.resolve_ties)
     assert rec.ok, rec.reason
     assert validate(run, spec, sample, (), seeds=(0,)).ok   # the default settles topk's ties too
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("args", [(1,), (1, 0, False), (1, -1)], ids=["largest", "smallest", "dim_minus_1"])
+def test_zero_dim_input_is_one_row_of_one(args, dtype, tmp_path):
+    """topk(k=1) of a 0-d input: one row of one element (ATen: the value, index 0); before,
+    refused. Every seed config against the float64 reference and eager."""
+    x = torch.randn(()).to(dtype)
+    spec = spec_of(aten.topk.default, (x,) + args)
+    assert family_for(spec) is FAMILY, FAMILY.supports(spec)
+    assert tuple(FAMILY.sample_inputs(spec, 0)[0].shape) == ()
+    for config in FAMILY.seed_configs(spec):
+        program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0, 1))
+    compile_sm90(spec, program, tmp_path)
+    assert "k=2 > 1" in FAMILY.supports(dataclasses.replace(spec, args=[{"tensor": 0}, 2] + list(spec.args[2:])))

@@ -231,6 +231,12 @@ def rows_along(metas: Sequence[TensorMeta], d: int) -> Rows:
                 wide)
 
 
+def as_1d(meta: TensorMeta) -> TensorMeta:
+    """A 0-d tensor as 1-d of one element (shape (1,), stride (1,)), as ATen's ops along a dim
+    see it (sort, topk, gather, scatter_add: dim 0 or -1 of size 1); any other as it is."""
+    return dataclasses.replace(meta, shape=(1,), stride=(1,)) if not meta.shape else meta
+
+
 def max_offset(sizes: Sequence[int], strides: Sequence[int]) -> int:
     return sum((s - 1) * abs(st) for s, st in zip(sizes, strides))
 

@@ -252,11 +252,9 @@ def _add_rows(spec: KernelSpec, plan: _Plan, a: dict[str, Any], d: int, P, L, Qs
 def _zero_dim_as_1d(spec: KernelSpec) -> KernelSpec:
     """``spec`` with each 0-d tensor seen as 1-d of one element (ATen's gather/scatter_add treat
     a 0-d self, index or src so; the index selects along a dim of size 1)."""
-    one = lambda m: dataclasses.replace(m, shape=(1,), stride=(1,)) if not m.shape else m  # noqa: E731
     if all(m.shape for m in spec.inputs + spec.outputs):
         return spec
-    return dataclasses.replace(spec, inputs=tuple(one(m) for m in spec.inputs),
-                               outputs=tuple(one(m) for m in spec.outputs))
+    return dataclasses.replace(spec, inputs=tuple(map(cg.as_1d, spec.inputs)), outputs=tuple(map(cg.as_1d, spec.outputs)))
 
 
 def _elements_walk(spec: KernelSpec, plan: _Plan, a: dict[str, Any], d: int) -> tuple[int, int] | str:

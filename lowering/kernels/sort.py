@@ -48,9 +48,9 @@ class SortFamily(PicksAlongDim):
             return d
         if not isinstance(desc, bool):
             return f"descending={desc!r} is not a bool"
-        if not x.shape or x.numel == 0:
-            return "0-d or empty input: nothing to sort"
-        N = x.shape[d]
+        if x.numel == 0:
+            return "empty input: nothing to sort"
+        N = cg.as_1d(x).shape[d]
         if N > MAX_N:
             return f"rows of {N} > {MAX_N} elements (N^2 compares)"
         if len(spec.outputs) != 2 or any(tuple(o.shape) != tuple(x.shape) for o in spec.outputs):
@@ -60,7 +60,7 @@ class SortFamily(PicksAlongDim):
             return "outputs are not (values in the input dtype, int64 indices)"
         if any(not cg.non_overlapping(o) for o in (v, ix)):
             return "output strides overlap (some elements share memory)"
-        return _Plan(x.dtype, desc, d, cg.rows_along((x, v, ix), d))
+        return _Plan(x.dtype, desc, d, cg.rows_along(tuple(map(cg.as_1d, (x, v, ix))), d))  # 0-d: one row of 1
 
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:

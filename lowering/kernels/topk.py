@@ -66,22 +66,20 @@ class TopkFamily(PicksAlongDim):
         d = cg.dim_arg(d, len(x.shape))
         if isinstance(d, str):
             return d
-        if not x.shape:
-            return "0-d input"
-        N = x.shape[d]
+        N = cg.as_1d(x).shape[d]
         if k > N:
             return f"k={k} > {N} elements"
         if N > MAX_N:
             return f"rows of {N} > {MAX_N} elements do not fit in registers"
         if any(s > 1 and st == 0 for s, st in zip(x.shape, x.stride)):
             return "expanded (stride-0) input"
-        out_shape = tuple(x.shape[:d]) + (k,) + tuple(x.shape[d + 1:])
+        out_shape = tuple(x.shape[:d]) + (k,) + tuple(x.shape[d + 1:]) if x.shape else ()  # 0-d: k is 1
         if len(spec.outputs) != 2 or tuple(spec.outputs[0].shape) != out_shape or tuple(spec.outputs[1].shape) != out_shape:
             return f"outputs {[o.shape for o in spec.outputs]} are not two {out_shape}"
         v, ix = spec.outputs
         if v.dtype != x.dtype or ix.dtype != "int64":
             return "outputs are not (values in the input dtype, int64 indices)"
-        r = cg.rows_along((x, v, ix), d)
+        r = cg.rows_along(tuple(map(cg.as_1d, (x, v, ix))), d)  # 0-d: one row of 1
         return _Plan(x.dtype, k, bool(largest), r.M, N, r.m_sizes, r.m_strides, r.n_strides, d, r.wide)
 
     # --- configs ------------------------------------------------------------------------------
@@ -181,7 +179,7 @@ class TopkFamily(PicksAlongDim):
         keep = [j for j in range(len(m.shape)) if j != plan.dim]
         logical = rows.reshape([m.shape[j] for j in keep] + [plan.N]).movedim(-1, plan.dim)
         x = sample_tensor(m, g, "zeros")
-        x.copy_(logical)
+        x.copy_(logical.reshape(m.shape))  # a 0-d input: its one row of 1
         return [to_device(x, device)]
 
 
