@@ -179,7 +179,7 @@ def decide_regions(regions: list[Region], bindings: dict[sympy.Symbol, int], dec
             status, entry, why = cache.lookup_region(region, spec)
         # a whole graph: no family is asked (that would import every generator module in a warm
         # process whose whole graph has no entry); without an entry it is no miss (fill_cache
-        # collects whole graphs from LoweredGraph.whole, and a reproducer of one would copy every weight)
+        # collects whole graphs from LoweredGraph.wholes, and a reproducer of one would copy every weight)
         if region.kind == WHOLE:
             own = entry.family if entry is not None else None
         else:
