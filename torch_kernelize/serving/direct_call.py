@@ -14,7 +14,8 @@ the general path. Programs with donated outputs, state buffers or checks have no
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, Sequence
 
 from torch_kernelize.core.buckets import contiguous_strides
 from torch_kernelize.core.encoding import dtype_from_name
@@ -22,6 +23,21 @@ from torch_kernelize.core.program_steps import literal
 from torch_kernelize.serving.view_folding import reinterpret_tensor
 
 _PREFIX = {"in": "i", "out": "o", "tmp": "t"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CallPlan:
+    """What a loaded program's call does, as its runner (launch.ProgramRunner) resolved it."""
+    key: str                          # the spec's key (names the generated code)
+    inputs: int                       # how many input tensors
+    general: Callable                 # the runner's own call: unaligned inputs, another device
+    outputs: Sequence[Any]            # per output (shape, stride, dtype, init), None where a step returns it
+    temps: Sequence[Any]              # per temporary (shape, dtype, init), None where a step returns it
+    views: Sequence[tuple[str, int, int]]  # per program view: (buffer kind, index, offset)
+    steps: dict[int, list]            # launch index -> the StepCalls that run before it
+    launches: Sequence[tuple[int, Any, tuple]]  # (launch index, launcher, (launch, argument order, grid))
+    n_launches: int
+    tuple_output: bool
 
 
 class _Source:
@@ -43,38 +59,37 @@ class _Source:
         self.lines.append(line)
 
 
-def direct_function(runner: Any, empty: Callable, stream_of: Callable, current_device: Callable) -> Callable:
-    """``runner``'s calls as one function (``fn.source`` holds its text). ``empty(shape, stride,
+def direct_function(plan: CallPlan, empty: Callable, stream_of: Callable, current_device: Callable) -> Callable:
+    """The calls of ``plan`` as one function (``fn.source`` holds its text). ``empty(shape, stride,
     dtype)`` allocates on the current device; ``stream_of(device index)`` is the current stream's
     handle; ``current_device()`` the current device's index."""
-    src = _Source({"general": runner.__call__, "empty": empty, "stream_of": stream_of,
+    src = _Source({"general": plan.general, "empty": empty, "stream_of": stream_of,
                    "current_device": current_device, "reinterpret": reinterpret_tensor, "at": at_offset})
-    n_in = len(runner.spec.inputs)
+    n_in = plan.inputs
     ins = ", ".join(f"i{k}" for k in range(n_in))
     src.add(f"if {' or '.join(f'i{k}.data_ptr() % 16' for k in range(n_in))}:")
     src.add(f"    return general({ins})")
     src.add("device = i0.get_device()")
     src.add("if device != current_device():")
     src.add(f"    return general({ins})")
-    _allocations(src, runner)
+    _allocations(src, plan)
     src.add("stream = stream_of(device)")
-    views = _views_by_buffer(runner)
-    for buf in [b for b in views if _allocates(runner, b)]:
+    views = _views_by_buffer(plan)
+    for buf in [b for b in views if _allocates(plan, b)]:
         _make_views(src, views, buf)
-    steps = runner._steps
-    for j, i in enumerate(runner._keep):
+    steps = plan.steps
+    for j, (i, kernel, (_, order, grid)) in enumerate(plan.launches):
         for step in steps.get(i, ()):
             _step(src, step, views)
-        kernel, (_, order, grid) = runner._kernels[i], runner._plans[i]
         src.names[f"run{j}"] = kernel.run
         args = [_arg(kind, value, src) for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
         src.add(f"run{j}({', '.join(src.ref(g) for g in grid)}, stream, {', '.join(args)})")
-    for step in steps.get(len(runner.program.launches), ()):
+    for step in steps.get(plan.n_launches, ()):
         _step(src, step, views)
-    outs = [f"o{k}" for k in range(len(runner._out_allocs))]
-    src.add(f"return ({', '.join(outs)},)" if runner._tuple else f"return {outs[0]}")
+    outs = [f"o{k}" for k in range(len(plan.outputs))]
+    src.add(f"return ({', '.join(outs)},)" if plan.tuple_output else f"return {outs[0]}")
     source = f"def direct({ins}):\n" + "".join(f"    {line}\n" for line in src.lines)
-    exec(compile(source, f"<kernelize launch {runner.spec.key}>", "exec"), src.names)
+    exec(compile(source, f"<kernelize launch {plan.key}>", "exec"), src.names)
     direct = src.names["direct"]
     direct.source = source
     return direct
@@ -87,27 +102,27 @@ def at_offset(t: Any, offset: int) -> Any:
     return t.as_strided((t.untyped_storage().nbytes() // t.element_size() - start,), (1,), start)
 
 
-def _allocates(runner: Any, buffer: tuple[str, int]) -> bool:
+def _allocates(plan: CallPlan, buffer: tuple[str, int]) -> bool:
     """Whether the call allocates ``buffer`` (else a vendor step returns it)."""
     kind, j = buffer
-    allocs = runner._out_allocs if kind == "out" else runner._temp_allocs
+    allocs = plan.outputs if kind == "out" else plan.temps
     return allocs[j] is not None
 
 
-def _allocations(src: _Source, runner: Any) -> None:
-    buffers = [(f"o{k}", a[0], a[1], a[2], a[3]) for k, a in enumerate(runner._out_allocs) if a is not None]
+def _allocations(src: _Source, plan: CallPlan) -> None:
+    buffers = [(f"o{k}", a[0], a[1], a[2], a[3]) for k, a in enumerate(plan.outputs) if a is not None]
     buffers += [(f"t{k}", a[0], contiguous_strides(a[0]), a[1], a[2])
-                for k, a in enumerate(runner._temp_allocs) if a is not None]
+                for k, a in enumerate(plan.temps) if a is not None]
     for name, shape, stride, dtype, init in buffers:
         src.add(f"{name} = empty({src.ref(tuple(shape))}, {src.ref(tuple(stride))}, {src.ref(dtype)})")
         if init is not None:
             src.add(f"{name}.fill_({src.ref(init)})")
 
 
-def _views_by_buffer(runner: Any) -> dict[tuple[str, int], list[tuple[int, int]]]:
+def _views_by_buffer(plan: CallPlan) -> dict[tuple[str, int], list[tuple[int, int]]]:
     """buffer -> [(view number, offset)] of the program's kernel-pointer views into it."""
     views: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for v, (kind, j, offset) in enumerate(runner._views):
+    for v, (kind, j, offset) in enumerate(plan.views):
         views.setdefault((kind, j), []).append((v, offset))
     return views
 

@@ -22,7 +22,7 @@ from torch_kernelize.core.errors import IndexOutOfRange
 from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Launch
 from torch_kernelize.core.program_steps import StepCall
 from torch_kernelize.core.spec import KernelSpec
-from torch_kernelize.serving.direct_call import at_offset, direct_function
+from torch_kernelize.serving.direct_call import CallPlan, at_offset, direct_function
 
 PROGRAM_FILE = "program.json"
 
@@ -263,7 +263,10 @@ class ProgramRunner:
         if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
                 or self._checks or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
-        return direct_function(self, _EMPTY_STRIDED_CUDA, _RAW_STREAM, _CUDA_DEVICE)
+        plan = CallPlan(self.spec.key, len(self.spec.inputs), self.__call__, self._out_allocs, self._temp_allocs,
+                        self._views, self._steps, [(i, self._kernels[i], self._plans[i]) for i in self._keep],
+                        len(self.program.launches), self._tuple)
+        return direct_function(plan, _EMPTY_STRIDED_CUDA, _RAW_STREAM, _CUDA_DEVICE)
 
     def _plans_for_unaligned(self) -> list:
         if self._unaligned_plans is not None:
