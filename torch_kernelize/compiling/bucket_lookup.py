@@ -239,6 +239,4 @@ def subsets(dims: tuple[Dim, ...]) -> list[tuple[Dim, ...]]:
 def bucket_runner(spec: KernelSpec, dims: tuple[Dim, ...], base: Any) -> Any:
     """The runner of ``spec`` from its bucket's loaded runner ``base`` (launch.ProgramRunner): the
     same kernels, with the launch sizes of ``spec``'s sizes. No disk access, no compilation."""
-    from torch_kernelize.serving.launch import ProgramRunner
-    program = instantiate(base.program, values_of(spec, dims))
-    return ProgramRunner(spec, program, base._kernels, base.backend, base._load_unaligned)
+    return base.for_spec(spec, instantiate(base.program, values_of(spec, dims)))

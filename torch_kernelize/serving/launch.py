@@ -201,6 +201,11 @@ class ProgramRunner:
         self._unaligned_lock = threading.Lock()
         self.direct = self._direct_call()
 
+    def for_spec(self, spec: KernelSpec, program: KernelProgram) -> "ProgramRunner":
+        """A runner of ``spec`` by this one's kernels with ``program`` (a shape bucket's at one of
+        its sizes, core/buckets.instantiate): nothing loaded, parsed or compiled."""
+        return ProgramRunner(spec, program, self._kernels, self.backend, self._load_unaligned)
+
     def resized(self, program: KernelProgram, outputs: Sequence[Any]) -> "ProgramRunner":
         """This runner with ``program`` (its own, with other launch sizes: a shape bucket's at one
         size, core/buckets.instantiate) and outputs of the sizes ``outputs`` (TensorMetas): the
