@@ -286,7 +286,7 @@ def _revalidate(checked: CheckedArchive, revalidate: Revalidator) -> dict[str, s
         staging = KernelCache(tmp, checked.manifest["namespace"], fingerprint if isinstance(fingerprint, dict) else None)
         for key in runnable:
             files = checked.entries[key]
-            staging._put(normalize_record(json.loads(files[ENTRY_FILE])), _program(files), replace=True)
+            staging.put_files(normalize_record(json.loads(files[ENTRY_FILE])), _program(files), replace=True)
         verdicts = revalidate(staging, list(runnable))
     for key in runnable:
         problem = verdicts.get(key, "the revalidation gave no verdict")
@@ -332,7 +332,7 @@ def import_cache(root: Path | str, archive: Path | str, replace: bool = False,
             continue
         record = normalize_record(json.loads(files[ENTRY_FILE]))
         try:
-            _, installed = cache._put(record, _program(files), replace)
+            _, installed = cache.put_files(record, _program(files), replace)
         except OSError as e:  # put() leaves nothing half-written; what was stored before stays
             result.failed = (key, f"{e.strerror or e}: {e.filename or cache.entry_dir(key)}")
             break

@@ -423,7 +423,7 @@ class KernelCache:
         """
         r = normalize_record(record)
         files = read_program_dir(program_dir) if program_dir is not None else {}
-        return self._put(r, files, replace)[0]
+        return self.put_files(r, files, replace)[0]
 
     def _check_program(self, r: Mapping[str, Any], files: Mapping[str, bytes]) -> None:
         if r["winner"] == "triton" and not files:
@@ -431,9 +431,10 @@ class KernelCache:
         if r["winner"] == "vendor" and files:
             raise CacheError(f"cache record {r['key']}: a vendor winner stores no program; pass program_dir=None")
 
-    def _put(self, r: dict[str, Any], program_files: Mapping[str, bytes],
-             replace: bool) -> tuple[CacheEntry, bool]:
-        """put() of a normalized record and its program files; also says whether the new one was installed."""
+    def put_files(self, r: dict[str, Any], program_files: Mapping[str, bytes],
+                  replace: bool) -> tuple[CacheEntry, bool]:
+        """put() of a normalized record and its program files (an archive's, already read);
+        also says whether the new one was installed."""
         key = check_key(r["key"])
         self._check_program(r, program_files)
         self._ensure_dirs()
