@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSITIONS
+from torch_kernelize.compiling.decomposition_registry import registrar
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
 from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
 
@@ -34,16 +35,7 @@ aten = torch.ops.aten
 OWN_DECOMPOSITIONS: dict[Any, Callable] = {}
 # Ops whose torch decomposition does not compute what the op returns, so that ours is used instead
 OVERRIDES: set[Any] = set()
-
-
-def _register(*ops, override: bool = False):
-    def deco(fn):
-        for op in ops:
-            OWN_DECOMPOSITIONS[op] = fn
-            if override:
-                OVERRIDES.add(op)
-        return fn
-    return deco
+_register = registrar(OWN_DECOMPOSITIONS, OVERRIDES)
 
 
 @_register(aten.mm.default)

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import torch
 
+from torch_kernelize.compiling.decomposition_registry import registrar
+
 aten = torch.ops.aten
 SCATTER_DECOMPOSITIONS: dict[Any, Callable] = {}
 SCATTER_OVERRIDES: set[Any] = set()     # ops whose torch decomposition would not lower (prims) or not apply
@@ -25,15 +27,7 @@ DENSE_MAX = 1 << 24        # elements of the dense hit tensor of a scatter (and 
 QUADRATIC_MAX_N = 4096     # row length of the N x N compares of cummax/cummin/mode
 PROD_MAX_J = 64            # a product over J slices, unrolled
 
-
-def _register(*ops, override: bool = False):
-    def deco(fn):
-        for op in ops:
-            SCATTER_DECOMPOSITIONS[op] = fn
-            if override:
-                SCATTER_OVERRIDES.add(op)
-        return fn
-    return deco
+_register = registrar(SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES)
 
 
 def _lowest(dtype: torch.dtype, largest: bool) -> float:

@@ -30,18 +30,14 @@ from typing import Any, Callable
 
 import torch
 
+from torch_kernelize.compiling.decomposition_registry import registrar
+
 aten = torch.ops.aten
 RANKING_DECOMPOSITIONS: dict[Any, Callable] = {}  # merged into decompositions.OWN_DECOMPOSITIONS
 
 SUM, MEAN, MAX = 0, 1, 2
 
-
-def _register(*ops):
-    def deco(fn):
-        for op in ops:
-            RANKING_DECOMPOSITIONS[op] = fn
-        return fn
-    return deco
+_register = registrar(RANKING_DECOMPOSITIONS)
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
