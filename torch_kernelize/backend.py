@@ -2,7 +2,8 @@
 
     torch.compile(model, backend="kernelize", options={"target": "interpreter"})
 
-Dynamo's FX graph goes through aot_autograd (functional ATen, torch's core decompositions except
+Dynamo's FX graph has its constant attention masks folded (compiling/attention_masks.py: what
+eager skips is skipped here too), then goes through aot_autograd (functional ATen, torch's core decompositions except
 the fused ops vendors run whole, see compiling/decompositions.KEEP_WHOLE_AT_TRACE;
 inference, forward and backward graphs), and each ATen graph is lowered by ``lower.LoweredGraph``.
 Inference graphs are kept in the graph cache (graph_cache.py): a later process loads the ATen
@@ -93,6 +94,8 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
     """aot_autograd around kernelize's lowering; ``on_lowered`` sees each LoweredGraph (fill_cache).
     With ``use_graph_cache`` (and the option on), a cached ATen graph replaces aot_autograd."""
     session.target_for(example_inputs)  # resolve (and validate) the target before tracing
+    from torch_kernelize.compiling.attention_masks import fold_constant_masks
+    fold_constant_masks(gm)  # the mask eager would skip, skipped here too (before any key is taken)
     cache = probe = executables = exe_key = None
     if use_graph_cache and session.options.graph_cache_dir is not None:
         from torch_kernelize.warm_start import graph_cache
