@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSITIONS
 from torch_kernelize.compiling.decomposition_registry import registrar
+from torch_kernelize.compiling.decompositions_conv import CONV_DECOMPOSITIONS
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
 from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
 
@@ -139,30 +140,6 @@ def _cat(tensors, dim: int = 0):
         out = part if out is None else torch.where((index >= start).reshape(where_dim), part, out)
         start += size
     return out
-
-
-@_register(aten.convolution.default)
-def _convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """Non-transposed 1-D and 2-D convolution as im2col (unfold) + batched matmul."""
-    if transposed or weight.dim() not in (3, 4):
-        return NotImplemented
-    one_d = weight.dim() == 3
-    if one_d:  # treat (N, C, L) as (N, C, 1, L)
-        x, weight = x.unsqueeze(2), weight.unsqueeze(2)
-        stride, padding, dilation = [1, stride[0]], [0, padding[0]], [1, dilation[0]]
-    n = x.shape[0]
-    cout, cin_g, kh, kw = weight.shape
-    cols = torch.nn.functional.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)
-    oh = (x.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (x.shape[3] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    # cols: (N, C*kh*kw, L) -> (N*G, C/G*kh*kw, L); weight: (G, Cout/G, C/G*kh*kw)
-    cols = cols.reshape(n * groups, cin_g * kh * kw, oh * ow)
-    w = weight.reshape(groups, cout // groups, cin_g * kh * kw)
-    w = w.unsqueeze(0).expand(n, groups, cout // groups, cin_g * kh * kw).reshape(n * groups, cout // groups, -1)
-    out = torch.bmm(w, cols).reshape(n, cout, oh, ow)
-    if bias is not None:
-        out = out + bias.reshape(1, cout, 1, 1)
-    return out.squeeze(2) if one_d else out
 
 
 @_register(aten.constant_pad_nd.default, override=True)  # torch's is prims.copy_to into a full tensor
@@ -631,3 +608,4 @@ OWN_DECOMPOSITIONS.update(SCATTER_DECOMPOSITIONS)  # scatters, running max/min, 
 OVERRIDES.update(SCATTER_OVERRIDES)
 # embedding bags and their backward, segment_reduce, repeat_interleave (ranking_decompositions.py)
 OWN_DECOMPOSITIONS.update(RANKING_DECOMPOSITIONS)
+OWN_DECOMPOSITIONS.update(CONV_DECOMPOSITIONS)  # convolutions, 1-D to 3-D, transposed (decompositions_conv.py)
