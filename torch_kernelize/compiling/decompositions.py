@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSITIONS
 from torch_kernelize.compiling.decomposition_registry import registrar
 from torch_kernelize.compiling.decompositions_conv import CONV_DECOMPOSITIONS
+from torch_kernelize.compiling.decompositions_sampling import SAMPLING_DECOMPOSITIONS
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
 from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
 
@@ -609,3 +610,4 @@ OVERRIDES.update(SCATTER_OVERRIDES)
 # embedding bags and their backward, segment_reduce, repeat_interleave (ranking_decompositions.py)
 OWN_DECOMPOSITIONS.update(RANKING_DECOMPOSITIONS)
 OWN_DECOMPOSITIONS.update(CONV_DECOMPOSITIONS)  # convolutions, 1-D to 3-D, transposed (decompositions_conv.py)
+OWN_DECOMPOSITIONS.update(SAMPLING_DECOMPOSITIONS)  # grid_sampler_3d, antialiased bilinear (decompositions_sampling.py)
