@@ -79,3 +79,18 @@ def test_upsample_bilinear2d_aa_scale_factors():
     """Given scale factors set the filter's scale (1 / factor), not the sizes' ratio."""
     _check(lambda a: F.interpolate(a, scale_factor=(0.37, 2.6), mode="bilinear", antialias=True), _r(1, 2, 9, 7),
            op="aten._upsample_bilinear2d_aa.default")
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_convolution_backward_3d_and_transposed(transposed):
+    """convolution_backward of a 3-D convolution, and of a transposed one whose output padding
+    makes the regular convolution of its gradient longer than the input."""
+    from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSITIONS
+    aten = torch.ops.aten
+    s, p, d, op, g = [2, 1, 1], [1, 0, 1], [1, 2, 1], ([1, 1, 0] if transposed else [0, 0, 0]), 2
+    x, w = _r(2, 4, 5, 4, 3), _r(*((4, 3) if transposed else (6, 2)), 3, 2, 2)
+    go = torch.randn_like(aten.convolution(x, w, None, s, p, d, transposed, op, g))
+    args = (go, x, w, [6], s, p, d, transposed, op, g, [True, True, True])
+    for got, want in zip(BACKWARD_DECOMPOSITIONS[aten.convolution_backward.default](*args),
+                         aten.convolution_backward(*args)):
+        torch.testing.assert_close(got, want)

@@ -4,7 +4,10 @@ step's backward graph on a chip whose vendor library runs only GEMMs and convolu
 ``convolution_backward`` becomes convolutions and a sum: the input's gradient is the transposed
 convolution of the output's gradient with the weight (output padding restoring the input's size);
 the weight's gradient a convolution of the input with the output's gradient, the batch taken as
-the channels, the groups kept apart, stride and dilation swapped.
+the channels, the groups kept apart, stride and dilation swapped. For a transposed convolution
+the roles swap: the input's gradient is the regular convolution of the output's gradient (cut to
+the input's size where output padding made the output longer), the weight's the same batch
+convolution with the input and the output's gradient exchanged. 1-D to 3-D.
 """
 from __future__ import annotations
 
@@ -41,12 +44,26 @@ def _grad_weight(go: torch.Tensor, x: torch.Tensor, k, stride, padding, dilation
     return out.transpose(0, 1).contiguous()
 
 
+def _grad_input_transposed(go: torch.Tensor, weight: torch.Tensor, in_sizes, stride, padding, dilation,
+                           groups: int) -> torch.Tensor:
+    """d out / d input of a transposed convolution: the regular convolution, cut to the input."""
+    gi = aten.convolution.default(go, weight, None, list(stride), list(padding), list(dilation), False,
+                                  [0] * len(stride), groups)
+    return gi[(slice(None), slice(None)) + tuple(slice(0, n) for n in in_sizes[2:])]
+
+
 def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                           output_padding, groups, output_mask):
-    if transposed or weight.dim() not in (3, 4):
+    if weight.dim() not in (3, 4, 5):
         return NotImplemented
-    gi = _grad_input(grad_output, weight, input.shape, stride, padding, dilation, groups) if output_mask[0] else None
-    gw = _grad_weight(grad_output, input, weight.shape[2:], stride, padding, dilation, groups) if output_mask[1] else None
+    k = weight.shape[2:]
+    if transposed:
+        gi = _grad_input_transposed(grad_output, weight, input.shape, stride, padding, dilation, groups) \
+            if output_mask[0] else None
+        gw = _grad_weight(input, grad_output, k, stride, padding, dilation, groups) if output_mask[1] else None
+    else:
+        gi = _grad_input(grad_output, weight, input.shape, stride, padding, dilation, groups) if output_mask[0] else None
+        gw = _grad_weight(grad_output, input, k, stride, padding, dilation, groups) if output_mask[1] else None
     gb = grad_output.sum([0] + list(range(2, grad_output.dim()))) if output_mask[2] else None
     return gi, gw, gb
 
