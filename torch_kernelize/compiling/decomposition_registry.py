@@ -1,5 +1,6 @@
 """The decorator every decomposition table registers with (decompositions.py and the modules
-whose tables it merges: decompositions_scatter.py, ranking_decompositions.py)."""
+whose tables it merges: decompositions_scatter.py, ranking_decompositions.py,
+decompositions_conv.py, decompositions_sampling.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable
