@@ -107,7 +107,8 @@ def _conv_transposed(x, weight, bias, stride, padding, dilation, output_padding,
     low = [d * (kk - 1) - p for kk, p, d in zip(k, padding, dilation)]
     high = [lo + op - (s - 1) for lo, op, s in zip(low, output_padding, stride)]  # s - 1: _zero_insert's tail
     pads = [p for d in reversed(range(len(k))) for p in (low[d], high[d])]
-    xz = torch.constant_pad_nd(_zero_insert(x, stride), pads, 0.0)
+    xz = _zero_insert(x, stride)
+    xz = torch.constant_pad_nd(xz, pads, 0.0) if any(pads) else xz
     w = _transposed_weight(weight, groups)
     return _convolution(xz, w, bias, [1] * len(k), [0] * len(k), list(dilation), False, [0] * len(k), groups)
 
