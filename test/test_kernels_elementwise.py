@@ -405,7 +405,8 @@ def test_int64_indexing_and_sm90(tmp_path):
 
 # --- issue 44: math breadth (lowering/kernels/elementwise_math.py) -------------------------------
 
-MATH_UNARY = ["atan", "asin", "acos", "acosh", "sinh", "tan", "round", "erfc", "i0", "lgamma", "digamma", "angle"]
+MATH_UNARY = ["atan", "asin", "acos", "acosh", "sinh", "tan", "round", "erfc", "i0", "lgamma", "digamma", "angle",
+              "erfinv"]
 # each op's special points: where its branches meet, its poles and zeros, the ends of its domain
 MATH_POINTS = [0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 1.5, 2.0, -2.0, 2.5, -2.5, 3.0, 0.4142135, 2.4142137, 0.99999994,
                -0.99999994, 1.0000001, 1e-30, -1e-30, 1e-6, 8.0, 8.000001, 10.0, 9.999999, 1.4616321, 88.0, 89.5,

@@ -392,6 +392,7 @@ OPS: dict[str, PointwiseOp] = {
     "aten.angle.default": _unary("float", lambda x: f"tl.where({x} != {x}, {x}, tl.where({x} < 0.0, 3.141592653589793, 0.0))"),
     "aten.erfc.default": _unary("float", lambda x: f"_erfc({x})", "_erfc"),
     "aten.i0.default": _unary("float", lambda x: f"_i0({x})", "_i0_a", "_i0_b", "_i0"),
+    "aten.erfinv.default": _unary("float", lambda x: f"_erfinv({x})", "_erfc", "_erfinv"),
     "aten.lgamma.default": _unary("float", lambda x: f"_lgamma({x})", "_lgamma_pos", "_sinpi_abs", "_lgamma"),
     "aten.digamma.default": _unary("float", lambda x: f"_digamma({x})", "_cotpi", "_digamma"),
     "aten.polygamma.default": PointwiseOp(("self",), "float", lambda o, a, t: _polygamma(o[0], a),

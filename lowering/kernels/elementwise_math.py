@@ -1,5 +1,5 @@
 """Plain-Triton math helpers for the pointwise family (issue 44): inverse trigonometric and
-hyperbolic functions, tan, hypot, round, erfc, i0, lgamma, digamma and polygamma, nextafter.
+hyperbolic functions, tan, hypot, round, erfc, erfinv, i0, lgamma, digamma and polygamma, nextafter.
 
 Each is a ``@triton.jit`` function emitted into a kernel's module only when its op uses it (the
 ``helpers`` of its ``PointwiseOp``; a helper that calls another lists both, callee first). They use
@@ -156,6 +156,41 @@ def _erfc(x):
     tail = t * tl.exp(-a * a + p)
     tail = tl.where(x < 0.0, 2.0 - tail, tail)
     return tl.where(x < 0.5, 1.0 - tl.erf(x), tail)
+''',
+    "_erfinv": '''
+@triton.jit
+def _erfinv(x):
+    # Giles' single-precision approximation ("Approximating the erfinv function", 2010): a
+    # polynomial in w - 2.5 (w = -log(1 - x^2) < 5) or in sqrt(w) - 3, then one Newton step on
+    # erf (|x| < 0.5) or on erfc(y) - (1 - |x|), where 1 - |x| is exact and erf(y) would round
+    # to 1. +-1 give +-inf, |x| > 1 NaN; -0 stays -0
+    a = tl.abs(x)
+    w = -tl.log((1.0 - a) * (1.0 + a))
+    c = w - 2.5
+    p = 2.81022636e-08
+    p = p * c + 3.43273939e-07
+    p = p * c - 3.5233877e-06
+    p = p * c - 4.39150654e-06
+    p = p * c + 0.00021858087
+    p = p * c - 0.00125372503
+    p = p * c - 0.00417768164
+    p = p * c + 0.246640727
+    p = p * c + 1.50140941
+    t = tl.sqrt_rn(w) - 3.0
+    q = -0.000200214257
+    q = q * t + 0.000100950558
+    q = q * t + 0.00134934322
+    q = q * t - 0.00367342844
+    q = q * t + 0.00573950773
+    q = q * t - 0.0076224613
+    q = q * t + 0.00943887047
+    q = q * t + 1.00167406
+    q = q * t + 2.83297682
+    y = tl.where(w < 5.0, p, q) * a
+    slope = 1.1283791670955126 * tl.exp(-y * y)
+    y = tl.where(a < 0.5, y - (tl.erf(y) - a) / slope, y + (_erfc(y) - (1.0 - a)) / slope)
+    y = tl.where(a == 1.0, float('inf'), tl.where(a > 1.0, float('nan'), y))
+    return tl.where(x < 0.0, -y, tl.where(x == 0.0, x, y))
 ''',
     "_i0_a": _chebyshev("_i0_a", _I0_A),
     "_i0_b": _chebyshev("_i0_b", _I0_B),
