@@ -201,10 +201,11 @@ def test_fmax_fmin_copysign_special_values(name, tmp_path):
     compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, exact=True, inputs=[a, b])
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS + [torch.float64], ids=str)
 def test_pow_with_a_tensor_exponent(dtype, tmp_path):
     """Every pair of signed zeros, +-1, infinities, NaN, negative bases to odd, even and fractional
-    exponents (std::pow's special cases), and ordinary values; a number base too."""
+    exponents (std::pow's special cases), and ordinary values; a number base too. float64 at
+    float64's tolerance (float_power)."""
     v = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -3.0, 3.0, 2.5, -0.5, float("inf"), -float("inf"),
                       float("nan")])
     a, b = v.repeat_interleave(len(v)).to(dtype), v.repeat(len(v)).to(dtype)
@@ -489,12 +490,12 @@ def test_mul_of_bools_is_and(tmp_path):
     (aten.sub.Tensor, "tt"), (aten.div.Tensor, "tt"), (aten.exp.default, "t"), (aten.mul.Tensor, "t2"),
     (aten.log.default, "t"), (aten.sqrt.default, "t"), (aten.rsqrt.default, "t"),
     (aten.expm1.default, "t"), (aten.log1p.default, "t"), (aten.maximum.default, "tt"), (aten.add.Tensor, "tf"),
-    (aten.lt.Tensor, "tt"), (aten.div.Tensor, "t3"),
+    (aten.lt.Tensor, "tt"), (aten.div.Tensor, "t3"), (aten.pow.Tensor_Scalar, "t2"), (aten.pow.Tensor_Scalar, "t7"),
 ], ids=lambda v: v._opname if isinstance(v, torch._ops.OpOverload) else v)
 def test_float64_arithmetic(op, args, tmp_path):
     """float64 computed in float64: judged against float64 at float64's tolerance (1e-9)."""
     x = base(torch.float64)
-    other = {"tt": (base(torch.float64),), "t": (), "t2": (0.1,), "tf": (base(F32),), "t3": (3.0,)}[args]
+    other = {"tt": (base(torch.float64),), "t": (), "t2": (0.1,), "tf": (base(F32),), "t3": (3.0,), "t7": (7.0,)}[args]
     spec = spec_of(op, (x,) + other)
     program = assert_valid(FAMILY, spec, tmp_path)
     assert "tl.div_rn" not in program.source and "sqrt_rn" not in program.source
@@ -507,6 +508,7 @@ def test_math_ops_compile_for_sm90(tmp_path):
     specs += [spec_of(getattr(aten, n).default, (x, x)) for n in ("atan2", "hypot", "nextafter")]
     specs += [spec_of(aten.polygamma.default, (n, x)) for n in (1, 2, 3, 4)]
     specs += [spec_of(aten.round.decimals, (x,), {"decimals": -2}), spec_of(aten.signbit.default, (x,)),
-              spec_of(aten.div.Tensor, (x.double(), x.double())), spec_of(aten.mul.Tensor, (x > 0, x < 0))]
+              spec_of(aten.div.Tensor, (x.double(), x.double())), spec_of(aten.mul.Tensor, (x > 0, x < 0)),
+              spec_of(aten.pow.Tensor_Tensor, (x.double(), x.double())), spec_of(aten.pow.Scalar, (0.1, x.double()))]
     for s in specs:
         compile_sm90(s, FAMILY.generate(s, FAMILY.seed_configs(s)[0]), tmp_path)

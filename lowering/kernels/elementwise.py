@@ -65,11 +65,12 @@ def _log1p(x):
 @triton.jit
 def _pow(x, y):
     # std::pow: |x|^y as exp2(y * log2|x|); a negative x (or -0.0) keeps its sign for an odd integer
-    # y; a finite negative x to a fractional y is NaN; pow(x, 0), pow(1, y), pow(-1, +-inf) are 1
+    # y; a finite negative x to a fractional y is NaN; pow(x, 0), pow(1, y), pow(-1, +-inf) are 1.
+    # Also float64 (1 / x: tl.div_rn is fp32 only; its rounding does not matter to the sign of -0)
     whole = tl.floor(y) == y
     odd = whole & (tl.floor(y * 0.5) * 2.0 != y)
     mag = tl.exp2(y * tl.log2(tl.abs(x)))
-    negative = (x < 0.0) | ((x == 0.0) & (tl.div_rn(1.0, x) < 0.0))
+    negative = (x < 0.0) | ((x == 0.0) & (1.0 / x < 0.0))
     r = tl.where(negative & odd, -mag, mag)
     r = tl.where((x < 0.0) & (x > -float('inf')) & ~whole, float('nan'), r)
     one = (y == 0.0) | (x == 1.0) | ((x == -1.0) & (tl.abs(y) == float('inf')))
@@ -173,9 +174,15 @@ def _pow_scalar(x: str, args: dict[str, Any], ctype: str) -> str:
         if int(e) % 2 == 0:
             return mag
         # odd integer exponent: the sign of x (including -0.0) carries over
-        return f"tl.where({x}.to(tl.int32, bitcast=True) < 0, -{mag}, {mag})"
+        return f"tl.where({_signbit(x, ctype)}, -{mag}, {mag})"
     # non-integer exponent: NaN for finite x < 0 (log2 of a negative), C's pow limits at -inf
     return f"tl.exp2({el} * tl.log2(tl.where({x} == -float('inf'), -{x}, {x})))"
+
+
+def _float64(literal: str, ctype: str) -> str:
+    """A number operand that a function takes alone (not in arithmetic with a tensor, which converts
+    it exactly) as a float64 value where the arithmetic is float64: alone it would be float32."""
+    return f"tl.full([1], {literal}, tl.float64)" if ctype == "float64" else literal
 
 
 def _check_pow(args: dict[str, Any]) -> str | None:
@@ -312,7 +319,8 @@ OPS: dict[str, PointwiseOp] = {
         lambda o, a, t: _clamp(o[0], cg.scalar_value(a["min_val"]), cg.scalar_value(a["max_val"]), t)),
     "aten.pow.Tensor_Scalar": PointwiseOp(("self",), "float", lambda o, a, t: _pow_scalar(o[0], a, t), (), _check_pow),
     "aten.pow.Tensor_Tensor": PointwiseOp(("self", "exponent"), "float", lambda o, a, t: f"_pow({o[0]}, {o[1]})", ("_pow",)),
-    "aten.pow.Scalar": PointwiseOp(("self", "exponent"), "float", lambda o, a, t: f"_pow({o[0]}, {o[1]})", ("_pow",)),
+    "aten.pow.Scalar": PointwiseOp(("self", "exponent"), "float", lambda o, a, t: f"_pow({_float64(o[0], t)}, {o[1]})",
+                                   ("_pow",)),
     # unary, integer or floating
     "aten.abs.default": _unary("arith", lambda x: f"tl.abs({x})"),
     "aten.neg.default": _unary("arith", lambda x: f"-{x}"),
@@ -417,7 +425,9 @@ FP64_OPS = frozenset(
                                      "sign", "maximum", "minimum", "fmax", "fmin", "isnan", "signbit",
                                      "clamp", "clamp_min", "clamp_max", "logical_not", "logical_and",
                                      "logical_or", "logical_xor")]
-    + [f"aten.{n}.{ov}" for n in ("eq", "ne", "lt", "le", "gt", "ge") for ov in ("Tensor", "Scalar")])
+    + [f"aten.{n}.{ov}" for n in ("eq", "ne", "lt", "le", "gt", "ge") for ov in ("Tensor", "Scalar")]
+    # exp2(y log2|x|) in float64: relative error ~ |y log2 x| * 2^-53, under 1e-12 wherever pow is finite
+    + ["aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar", "aten.pow.Scalar"])
 # ops generated for a float32 output only (they step in the output type's bits)
 FP32_ONLY = frozenset({"aten.nextafter.default"})
 # integer/float arithmetic whose bool result ATen defines by truth values: mul of bools is "and"
