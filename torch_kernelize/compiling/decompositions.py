@@ -22,6 +22,7 @@ from torch_kernelize.compiling.backward_decompositions import BACKWARD_DECOMPOSI
 from torch_kernelize.compiling.decomposition_registry import registrar
 from torch_kernelize.compiling.decompositions_conv import CONV_DECOMPOSITIONS
 from torch_kernelize.compiling.decompositions_sampling import SAMPLING_DECOMPOSITIONS
+from torch_kernelize.compiling.decompositions_elementwise import ELEMENTWISE_DECOMPOSITIONS, ELEMENTWISE_OVERRIDES
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
 from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
 
@@ -611,3 +612,6 @@ OVERRIDES.update(SCATTER_OVERRIDES)
 OWN_DECOMPOSITIONS.update(RANKING_DECOMPOSITIONS)
 OWN_DECOMPOSITIONS.update(CONV_DECOMPOSITIONS)  # convolutions, 1-D to 3-D, transposed (decompositions_conv.py)
 OWN_DECOMPOSITIONS.update(SAMPLING_DECOMPOSITIONS)  # grid_sampler_3d, antialiased bilinear (decompositions_sampling.py)
+# frexp, casts to complex (decompositions_elementwise.py)
+OWN_DECOMPOSITIONS.update(ELEMENTWISE_DECOMPOSITIONS)
+OVERRIDES.update(ELEMENTWISE_OVERRIDES)
