@@ -465,6 +465,23 @@ def test_math_binary_special_values(name, tmp_path):
     assert_valid(FAMILY, spec_of(getattr(aten, name).default, (base(), base())), tmp_path)
 
 
+@pytest.mark.parametrize("name", ["igamma", "igammac"])
+def test_incomplete_gamma(name, tmp_path):
+    """Every branch (series, continued fraction, Temme's expansion past a = 1000) across the
+    transition x ~ a +- 6 sqrt(a), ATen's special values (zeros, infinities, NaN, negatives: NaN
+    where eager has NaN), and the validation trials."""
+    k = torch.linspace(-6, 6, 9)
+    a = torch.tensor([0.01, 0.7, 3.0, 40.0, 300.0, 1500.0, 2e5]).repeat_interleave(len(k))
+    x = (a + k.repeat(7) * a.sqrt()).clamp_min(1e-3)
+    spec = spec_of(getattr(aten, name).default, (a, x))
+    program = _judge_points(spec, [a, x], tmp_path)
+    compare_eager(FAMILY, spec, program, tmp_path, inputs=[a, x])
+    v = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.5, float("inf"), -float("inf"), float("nan")])
+    pa, px = v.repeat_interleave(len(v)), v.repeat(len(v))
+    spec = spec_of(getattr(aten, name).default, (pa, px))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path, inputs=[pa, px])
+
+
 @pytest.mark.parametrize("decimals", [0, 3, -3, 1])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=str)
 def test_round_decimals(decimals, dtype, tmp_path):
@@ -505,7 +522,7 @@ def test_math_ops_compile_for_sm90(tmp_path):
     """The math helpers are real GPU code (fp64 steps of tan and trigamma included)."""
     x = base(F32)
     specs = [spec_of(getattr(aten, n).default, (x,)) for n in MATH_UNARY]
-    specs += [spec_of(getattr(aten, n).default, (x, x)) for n in ("atan2", "hypot", "nextafter")]
+    specs += [spec_of(getattr(aten, n).default, (x, x)) for n in ("atan2", "hypot", "nextafter", "igamma", "igammac")]
     specs += [spec_of(aten.polygamma.default, (n, x)) for n in (1, 2, 3, 4)]
     specs += [spec_of(aten.round.decimals, (x,), {"decimals": -2}), spec_of(aten.signbit.default, (x,)),
               spec_of(aten.div.Tensor, (x.double(), x.double())), spec_of(aten.mul.Tensor, (x > 0, x < 0)),

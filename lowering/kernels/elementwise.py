@@ -401,6 +401,9 @@ OPS: dict[str, PointwiseOp] = {
     "aten.erfc.default": _unary("float", lambda x: f"_erfc({x})", "_erfc"),
     "aten.i0.default": _unary("float", lambda x: f"_i0({x})", "_i0_a", "_i0_b", "_i0"),
     "aten.erfinv.default": _unary("float", lambda x: f"_erfinv({x})", "_erfc", "_erfinv"),
+    **{f"aten.{name}.default": PointwiseOp(("self", "other"), "float", lambda o, a, t, u=upper: f"_igamma({o[0]}, {o[1]}, {u})",
+                                           ("_log1p", "_erfc", "_lgamma_pos", "_igamma"))
+       for name, upper in (("igamma", False), ("igammac", True))},
     "aten.lgamma.default": _unary("float", lambda x: f"_lgamma({x})", "_lgamma_pos", "_sinpi_abs", "_lgamma"),
     "aten.digamma.default": _unary("float", lambda x: f"_digamma({x})", "_cotpi", "_digamma"),
     "aten.polygamma.default": PointwiseOp(("self",), "float", lambda o, a, t: _polygamma(o[0], a),

@@ -1,5 +1,6 @@
 """Plain-Triton math helpers for the pointwise family (issue 44): inverse trigonometric and
-hyperbolic functions, tan, hypot, round, erfc, erfinv, i0, lgamma, digamma and polygamma, nextafter.
+hyperbolic functions, tan, hypot, round, erfc, erfinv, i0, lgamma, digamma and polygamma, nextafter,
+igamma and igammac.
 
 Each is a ``@triton.jit`` function emitted into a kernel's module only when its op uses it (the
 ``helpers`` of its ``PointwiseOp``; a helper that calls another lists both, callee first). They use
@@ -191,6 +192,84 @@ def _erfinv(x):
     y = tl.where(a < 0.5, y - (tl.erf(y) - a) / slope, y + (_erfc(y) - (1.0 - a)) / slope)
     y = tl.where(a == 1.0, float('inf'), tl.where(a > 1.0, float('nan'), y))
     return tl.where(x < 0.0, -y, tl.where(x == 0.0, x, y))
+''',
+    "_igamma": '''
+@triton.jit
+def _igamma(a, x, UPPER: tl.constexpr):
+    # regularized incomplete gamma P(a, x) (UPPER: Q = 1 - P) in float64, as ATen's calc_igamma
+    # chooses: for a > 1000 Temme's uniform expansion to its first term, Q = erfc(eta sqrt(a/2)) / 2
+    # + exp(-a eta^2 / 2) / sqrt(2 pi a) c0(eta) (the next term is below 1e-7); else Cephes: the
+    # series of P (x <= 1 or x <= a) or the continued fraction of Q, until every lane has converged
+    # (~7 sqrt(a) terms, 2000 at most), times x^a e^-x / Gamma(a) (from lgamma, exact in float64)
+    ad = a.to(tl.float64)
+    xd = x.to(tl.float64)
+    active = (ad > 0.0) & (xd > 0.0) & (ad < float('inf')) & (xd < float('inf'))
+    big = active & (ad > 1000.0)
+    cf = active & ~big & (xd > 1.0) & (xd > ad)
+    series = active & ~big & ~cf
+    sa = tl.where(active, ad, 1.0)
+    sx = tl.where(active, xd, 1.0)
+    pre = tl.exp(sa * tl.log(sx) - sx - _lgamma_pos(sa))
+    r = sa
+    c = tl.zeros_like(sa) + 1.0
+    total = c
+    y = 1.0 - sa
+    z = sx + y + 1.0
+    k = tl.zeros_like(sa)
+    pkm2 = c
+    qkm2 = sx
+    pkm1 = sx + 1.0
+    qkm1 = z * sx
+    frac = pkm1 / qkm1
+    done = ~(series | cf)
+    n = tl.full([], 0, tl.int32)
+    while (n < 2000) & (tl.min(done.to(tl.int32)) == 0):
+        r = r + 1.0
+        c = c * sx / r
+        total = total + c
+        k = k + 1.0
+        y = y + 1.0
+        z = z + 2.0
+        yc = y * k
+        pk = pkm1 * z - pkm2 * yc
+        qk = qkm1 * z - qkm2 * yc
+        nxt = tl.where(qk != 0.0, pk / tl.where(qk != 0.0, qk, 1.0), frac)
+        step = tl.where(qk != 0.0, tl.abs((frac - nxt) / nxt), 1.0)
+        frac = nxt
+        pkm2 = pkm1
+        pkm1 = pk
+        qkm2 = qkm1
+        qkm1 = qk
+        huge = tl.abs(pk) > 4503599627370496.0
+        pkm2 = tl.where(huge, pkm2 * 2.220446049250313e-16, pkm2)
+        pkm1 = tl.where(huge, pkm1 * 2.220446049250313e-16, pkm1)
+        qkm2 = tl.where(huge, qkm2 * 2.220446049250313e-16, qkm2)
+        qkm1 = tl.where(huge, qkm1 * 2.220446049250313e-16, qkm1)
+        done = done | (series & (c <= total * 1e-15)) | (cf & (step <= 1e-15))
+        n += 1
+    lower = tl.where(series, total * pre / sa, 1.0 - frac * pre)
+    # Temme: lam = x / a, eta = sign(lam - 1) sqrt(2 (lam - 1 - log lam)); c0 = 1/(lam - 1) - 1/eta,
+    # by its series near lam = 1, where the two cancel
+    d = (sx - sa) / sa
+    g = tl.where(tl.abs(d) < 0.5, d - _log1p(d), d - tl.log(1.0 + d))
+    eta = tl.where(d < 0.0, -1.0, 1.0) * tl.sqrt(2.0 * g)
+    se = tl.where(eta == 0.0, 1.0, eta)
+    sd = tl.where(d == 0.0, 1.0, d)
+    c0 = tl.where(tl.abs(eta) < 0.05, -0.3333333333333333 + eta * (0.08333333333333333 + eta * (
+        -0.014814814814814815 + eta * (0.0011574074074074073 + eta * 0.0003527336860670194))), 1.0 / sd - 1.0 / se)
+    upper = 0.5 * _erfc(eta * tl.sqrt(0.5 * sa)) + tl.exp(-0.5 * sa * eta * eta) / tl.sqrt(6.283185307179586 * sa) * c0
+    lower = tl.where(big, 1.0 - upper, lower)
+    # ATen's special values, checked in its order (a NaN passes the checks before it): a negative
+    # argument NaN; a = 0: 1 (NaN at x = 0); x = 0: 0; a = inf: 0 (NaN at x = inf); x = inf: 1
+    lower = tl.where((ad != ad) | (xd != xd), float('nan'), lower)
+    lower = tl.where(xd == float('inf'), 1.0, lower)
+    lower = tl.where(ad == float('inf'), tl.where(xd == float('inf'), float('nan'), 0.0), lower)
+    lower = tl.where(xd == 0.0, 0.0, lower)
+    lower = tl.where(ad == 0.0, tl.where(xd > 0.0, 1.0, float('nan')), lower)
+    lower = tl.where((ad < 0.0) | (xd < 0.0), float('nan'), lower)
+    if UPPER:  # Q itself where it was computed, else 1 - P (the special values, exact)
+        lower = tl.where(big, upper, tl.where(cf, frac * pre, 1.0 - lower))
+    return lower.to(tl.float32)
 ''',
     "_i0_a": _chebyshev("_i0_a", _I0_A),
     "_i0_b": _chebyshev("_i0_b", _I0_B),
