@@ -23,6 +23,7 @@ from torch_kernelize.compiling.decomposition_registry import registrar
 from torch_kernelize.compiling.decompositions_conv import CONV_DECOMPOSITIONS
 from torch_kernelize.compiling.decompositions_sampling import SAMPLING_DECOMPOSITIONS
 from torch_kernelize.compiling.decompositions_elementwise import ELEMENTWISE_DECOMPOSITIONS, ELEMENTWISE_OVERRIDES
+from torch_kernelize.compiling.decompositions_histogram import HISTOGRAM_DECOMPOSITIONS, HISTOGRAM_OVERRIDES
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
 from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
 
@@ -615,3 +616,6 @@ OWN_DECOMPOSITIONS.update(SAMPLING_DECOMPOSITIONS)  # grid_sampler_3d, antialias
 # frexp, casts to complex (decompositions_elementwise.py)
 OWN_DECOMPOSITIONS.update(ELEMENTWISE_DECOMPOSITIONS)
 OVERRIDES.update(ELEMENTWISE_OVERRIDES)
+# bucketize and the histograms (decompositions_histogram.py)
+OWN_DECOMPOSITIONS.update(HISTOGRAM_DECOMPOSITIONS)
+OVERRIDES.update(HISTOGRAM_OVERRIDES)
