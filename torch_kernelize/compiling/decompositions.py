@@ -25,6 +25,7 @@ from torch_kernelize.compiling.decompositions_sampling import SAMPLING_DECOMPOSI
 from torch_kernelize.compiling.decompositions_elementwise import ELEMENTWISE_DECOMPOSITIONS, ELEMENTWISE_OVERRIDES
 from torch_kernelize.compiling.decompositions_histogram import HISTOGRAM_DECOMPOSITIONS, HISTOGRAM_OVERRIDES
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
+from torch_kernelize.compiling.decompositions_triangular import TRIANGULAR_DECOMPOSITIONS
 from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
 
 if TYPE_CHECKING:
@@ -619,3 +620,5 @@ OVERRIDES.update(ELEMENTWISE_OVERRIDES)
 # bucketize and the histograms (decompositions_histogram.py)
 OWN_DECOMPOSITIONS.update(HISTOGRAM_DECOMPOSITIONS)
 OVERRIDES.update(HISTOGRAM_OVERRIDES)
+# triangular_solve, lu_unpack, lu_solve, cholesky (decompositions_triangular.py)
+OWN_DECOMPOSITIONS.update(TRIANGULAR_DECOMPOSITIONS)

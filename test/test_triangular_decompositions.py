@@ -1,0 +1,69 @@
+"""Decompositions of the triangular linear algebra outside linalg.* (compiling/
+decompositions_triangular.py) on a chip that runs none of them, against eager in float64:
+triangular_solve (upper/lower, transposed, unit diagonal, batch broadcast), lu_unpack of wide and
+tall LU, lu_solve (left/right, adjoint), cholesky (both triangles); a pivot out of range and a
+matrix that is not positive-definite raise."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.compiling.lower import lower
+from torch_kernelize.core.targets import Target
+
+NOTHING = Target("nothing", device="cpu", triton="none", supported=frozenset())
+F64 = torch.float64
+
+
+def _lowered(fn, *args, op: str):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    lowered = lower(gm, list(args), {"repro_dir": "off"}, target=NOTHING)
+    assert [d.tier for d in lowered.report.decisions if d.op == op] == ["decompose"], op
+    return lowered
+
+
+def _check(fn, *args, op: str) -> None:
+    got, want = (pytree.tree_leaves(r) for r in (_lowered(fn, *args, op=op)(list(args)), fn(*args)))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def _matrix() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(2, 4, 4, dtype=F64) + 3 * torch.eye(4, dtype=F64)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_triangular_solve():
+    a, b = _matrix(), torch.randn(4, 3, dtype=F64)
+    op = "aten.triangular_solve.default"
+    _check(lambda b, a: torch.triangular_solve(b, a), b, a, op=op)
+    _check(lambda b, a: torch.triangular_solve(b, a, upper=False, transpose=True, unitriangular=True), b, a, op=op)
+
+
+def test_lu_unpack_and_lu_solve():
+    a = _matrix()
+    for m in (a[0, :3], a[0, :, :3]):  # wide and tall
+        _check(lambda lu, p: torch.lu_unpack(lu, p), *torch.linalg.lu_factor(m), op="aten.lu_unpack.default")
+    lu, piv = torch.linalg.lu_factor(a)
+    b = torch.randn(2, 4, 3, dtype=F64)
+    op = "aten.linalg_lu_solve.default"
+    _check(lambda lu, p, b: torch.linalg.lu_solve(lu, p, b), lu, piv, b, op=op)
+    _check(lambda lu, p, b: torch.linalg.lu_solve(lu, p, b, left=False, adjoint=True), lu, piv, b.mT, op=op)
+    piv[1, 0] = 5
+    with pytest.raises(IndexError):
+        _lowered(lambda lu, p: torch.lu_unpack(lu, p), lu, piv, op="aten.lu_unpack.default")([lu, piv])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_cholesky():
+    a = _matrix()
+    spd = a @ a.mT
+    _check(lambda a: torch.cholesky(a, upper=True), spd, op="aten.cholesky.default")
+    spd[1, 2, 2] = -1.0
+    with pytest.raises(IndexError):
+        _lowered(lambda a: torch.cholesky(a), spd, op="aten.cholesky.default")([spd])
