@@ -1,7 +1,8 @@
 """Decompositions of the triangular linear algebra outside linalg.* (compiling/
 decompositions_triangular.py) on a chip that runs none of them, against eager in float64:
 triangular_solve (upper/lower, transposed, unit diagonal, batch broadcast), lu_unpack of wide and
-tall LU, lu_solve (left/right, adjoint), cholesky (both triangles); a pivot out of range and a
+tall LU, lu_solve (left/right, adjoint), lu_factor_ex (a singular matrix's info), slogdet (of a
+singular matrix too), cholesky (both triangles); a pivot out of range and a
 matrix that is not positive-definite raise."""
 from __future__ import annotations
 
@@ -57,6 +58,15 @@ def test_lu_unpack_and_lu_solve():
     piv[1, 0] = 5
     with pytest.raises(IndexError):
         _lowered(lambda lu, p: torch.lu_unpack(lu, p), lu, piv, op="aten.lu_unpack.default")([lu, piv])
+
+
+def test_lu_factor_and_slogdet():
+    a = _matrix()
+    singular = torch.tensor([[1., 2., 3.], [2., 4., 6.], [1., 1., 1.]], dtype=F64)
+    for m in (a[0, :3], singular):
+        _check(lambda a: torch.linalg.lu_factor_ex(a), m, op="aten.linalg_lu_factor_ex.default")
+    for m in (a[:, :3, :3], singular):
+        _check(lambda a: torch.ops.aten._linalg_slogdet(a), m, op="aten._linalg_slogdet.default")
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

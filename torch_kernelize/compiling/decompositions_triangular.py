@@ -9,6 +9,11 @@ decompositions.OWN_DECOMPOSITIONS.
   order to ``arange(m)`` (LAPACK's convention: A = P L U); a pivot out of [1, m] raises;
 - ``linalg_lu_solve``: P^T, then the two triangular solves (``adjoint`` and ``left=False`` by
   transposes);
+- ``linalg_lu_factor_ex`` (with pivoting, as on the CPU): Gaussian elimination column by column,
+  the pivot the first row of largest magnitude at or below the diagonal (LAPACK's isamax), info
+  the first zero pivot (1-based); near-equal magnitudes may pick another row than LAPACK's
+  blocked rounding does, as with any other LU;
+- ``_linalg_slogdet``: that LU (of A^T where A is contiguous, as ATen), the sign from the diagonal's signs and the pivots' swaps;
 - ``cholesky``: the Cholesky-Banachiewicz columns, reading the lower (upper) triangle as LAPACK
   does; an input that is not positive-definite raises.
 
@@ -137,6 +142,59 @@ def _lu_solve(lu, pivots, b, *, left: bool = True, adjoint: bool = False):
     w = _solve(lu.mT, w, upper=True, unit=True)
     inverse = torch.argsort(perm, -1)  # X's row perm[j] is w's row j
     return w.gather(-2, inverse.unsqueeze(-1).expand(w.shape))
+
+
+def _lu_factor(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(LU, pivots, info) of A (..., m, n) by elimination with partial pivoting; a zero pivot
+    leaves its column unscaled (LAPACK)."""
+    m, n = a.shape[-2:]
+    rows, cols = torch.arange(m, device=a.device), torch.arange(n, device=a.device)
+    lu, pivots, infos = a, [], []
+    for j in range(min(m, n)):
+        size = torch.where(rows >= j, lu[..., :, j].abs(), -1.0)
+        p = torch.argmax(size, -1, keepdim=True)  # (..., 1): the first largest
+        row_j, row_p = lu[..., j:j + 1, :], lu.gather(-2, p.unsqueeze(-1).expand(*p.shape[:-1], 1, n))
+        lu = torch.where((rows == j).unsqueeze(-1), row_p, torch.where((rows.unsqueeze(-1) == p.unsqueeze(-1)), row_j, lu))
+        d = lu[..., j:j + 1, j:j + 1]
+        below = (rows > j).unsqueeze(-1)
+        l_ = torch.where(below & (d != 0), lu[..., :, j:j + 1] / d, lu[..., :, j:j + 1])
+        update = lu - torch.where(d != 0, l_, 0.0) * lu[..., j:j + 1, :]
+        lu = torch.where(below & (cols > j), update, torch.where(below & (cols == j), l_, lu))
+        pivots.append(p)
+        infos.append(torch.where(d.reshape(d.shape[:-2]) == 0, float(j + 1), float(m + n + 1)))
+    if not pivots:
+        return lu.clone(), torch.zeros(*a.shape[:-2], 0, dtype=torch.int32, device=a.device), \
+            torch.zeros(a.shape[:-2], dtype=torch.int32, device=a.device)
+    first = torch.stack(infos, -1).amin(-1)  # (in float32, the reductions family's type: exact)
+    info = torch.where(first > m + n, 0.0, first).to(torch.int32)
+    return lu, (torch.cat(pivots, -1) + 1).to(torch.int32), info
+
+
+@_register(aten.linalg_lu_factor_ex.default)
+def _linalg_lu_factor_ex(a, *, pivot: bool = True, check_errors: bool = False):
+    if not pivot or check_errors or not _real(a) or a.dim() < 2 or min(a.shape[-2:]) > STEPS_MAX:
+        return NotImplemented  # (no pivoting: ATen's CPU error; check_errors raises on values)
+    return _lu_factor(a)
+
+
+@_register(aten._linalg_slogdet.default)
+def _linalg_slogdet(a):
+    """sign and log|det| of A from an LU (the one ATen returns: of A^T where A is contiguous,
+    its layout trick, else of A; det(A^T) = det(A)): the diagonal's signs and log-magnitudes,
+    times -1 per pivot that swapped rows (a zero on the diagonal: sign 0, log|det| -inf)."""
+    n = a.size(-1)
+    if not _real(a) or a.dim() < 2 or a.size(-2) != n or n > STEPS_MAX:
+        return NotImplemented
+    lu, pivots, _ = _lu_factor(a.mT if a.is_contiguous() else a)
+    if n == 0:  # (the empty product: no reduction of nothing)
+        return torch.ones(a.shape[:-2], dtype=a.dtype, device=a.device), \
+            torch.zeros(a.shape[:-2], dtype=a.dtype, device=a.device), lu, pivots
+    diag = torch.diagonal(lu, 0, -2, -1)
+    swaps = (pivots != torch.arange(1, n + 1, device=a.device, dtype=torch.int32)).to(a.dtype).sum(-1)
+    negatives = (diag < 0).to(a.dtype).sum(-1)
+    sign = 1.0 - 2.0 * torch.remainder(swaps + negatives, 2.0)
+    sign = torch.where((diag == 0).to(a.dtype).sum(-1) > 0, 0.0, sign)
+    return sign, diag.abs().log().sum(-1), lu, pivots
 
 
 @_register(aten.cholesky.default)
