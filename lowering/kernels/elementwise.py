@@ -730,7 +730,10 @@ class ElementwiseFamily(KernelFamily):
             names[i] = var
             off = in_off[i]
             dt = spec.inputs[i].dtype
-            load = f"tl.load(in{i}_ptr)" if off == "0" else f"tl.load(in{i}_ptr + {off}{mask_kw})"
+            # one element splat to a block: the interpreter types a comparison of scalars as the
+            # operand's float, which ``|`` with a block of bools then refuses (on a GPU it is free)
+            load = (f"tl.broadcast_to(tl.load(in{i}_ptr), [BLOCK])" if off == "0"
+                    else f"tl.load(in{i}_ptr + {off}{mask_kw})")
             note = "  # broadcast: one element" if off == "0" else ""
             raw = op.kind in ("copy", "logical") or (op.kind == "select" and dt == "bool") or dt == ctype
             src(f"{var} = {load}{note}" if raw else f"{var} = {load}.to({cg.tl_type(ctype)}){note}")
