@@ -233,6 +233,24 @@ def test_nanmedian_of_all_elements(x):
     _check(lambda t: torch.nanmedian(t), x, op="aten.nanmedian.default")
 
 
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True)], ids=str)
+def test_nanmedian_along_a_dim_skips_nan(dim, keepdim):
+    """Lower median of the non-NaN (even and odd counts), its index; an all-NaN row gives NaN at
+    some NaN's index (ATen's nth_element picks which)."""
+    n = float("nan")
+    x = torch.tensor([[n, n, n, n], [3.0, n, 1.0, 2.0], [n, 5.0, n, 4.0], [2.0, 1.0, 4.0, 3.0]], dtype=D64)
+    x = x if dim == 1 else x.t()
+    fn = lambda t: tuple(torch.nanmedian(t, dim, keepdim))
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    lowered = lower(gm, [x], {"repro_dir": "off"}, target=NOTHING)
+    assert [d.tier for d in lowered.report.decisions if d.op == "aten.nanmedian.dim"] == ["decompose"]
+    (values, indices), (want_v, want_i) = lowered([x]), fn(x)
+    assert torch.equal(values.isnan(), want_v.isnan()) and torch.equal(values.nan_to_num(), want_v.nan_to_num())
+    picked = x.gather(dim, indices if keepdim else indices.unsqueeze(dim))
+    assert torch.equal(picked.isnan(), (want_v if keepdim else want_v.unsqueeze(dim)).isnan())
+    assert torch.equal(indices[1:] if dim == 1 else indices[:, 1:], want_i[1:] if dim == 1 else want_i[:, 1:])
+
+
 @pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2), (0, 1)], ids=str)
 def test_addbmm(beta, alpha):
     x = torch.randn(5, 10, dtype=D64)

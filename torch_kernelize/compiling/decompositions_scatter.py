@@ -299,6 +299,21 @@ def _nanmedian(x):
     return ordered.gather(0, k).reshape(())
 
 
+@_register(aten.nanmedian.dim)
+def _nanmedian_dim(x, dim: int = -1, keepdim: bool = False):
+    """Per row along ``dim``: the lower median of the non-NaN elements and its index, from a
+    stable sort (NaN last) and a count of the non-NaN; an all-NaN row gives NaN (its first)."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    if x.numel() == 0 or x.size(dim) > 2**24:
+        return NotImplemented  # (ATen's error; a count in float32 is exact below 2**24)
+    values, indices = torch.sort(x, dim=dim, stable=True)
+    count = (x == x).to(torch.float32).sum(dim, keepdim=True)
+    k = torch.floor(torch.clamp(count - 1, min=0) / 2).to(torch.int64)
+    values, indices = values.gather(dim, k), indices.gather(dim, k)
+    return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+
+
 # --- products, distances, pooling ------------------------------------------------------------------
 
 @_register(aten.addbmm.default)
