@@ -117,3 +117,19 @@ def test_cumprod(args, tmp_path):
     program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
     compare_eager(FAMILY, spec, program, tmp_path, exact=not args[0].is_floating_point(), inputs=[args[0]])
     assert not FAMILY._valid(FAMILY.plan(spec), FAMILY.seed_configs(spec)[0].replace(SPLIT=2))
+
+
+def test_logcumsumexp_infinities_nan_and_a_carry(tmp_path):
+    """logcumsumexp: ATen's log-add-exp in an associative scan; -inf is its identity, equal
+    infinities stay themselves (not NaN), NaN propagates; a loop of blocks carries the prefix."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.randn(3, 40) * 30
+    x[0, :6] = torch.tensor([-inf, -inf, 1.0, inf, 2.0, inf])
+    x[1, :4], x[1, 20] = -inf, nan
+    x[2, 30:] = inf
+    spec = spec_of(aten.logcumsumexp.default, (x, 1))
+    assert family_for(spec) is FAMILY
+    program = assert_valid(FAMILY, spec, tmp_path, Config.of(BLOCK_M=2, BLOCK_N=16, SPLIT=1, num_warps=1), seeds=(0,))
+    compare_eager(FAMILY, spec, program, tmp_path, inputs=[x])
+    big = spec_of(aten.logcumsumexp.default, (torch.empty(64, 1000).half(), 1))
+    compile_sm90(big, FAMILY.generate(big, FAMILY.seed_configs(big)[0]), tmp_path)

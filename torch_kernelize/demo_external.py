@@ -1,7 +1,8 @@
 """`make demo-external`: a kernel from outside the project, from reproducer to served kernel, on CPU.
 
-The chip's vendor library lacks aten.logcumsumexp, which has no decomposition and no kernel
-family here: nothing on the chip can run it.
+The chip's vendor library lacks aten.logcumsumexp, which has no decomposition: until a fill,
+nothing on the chip can run it. (The scan family generates it too; on the interpreter, where
+nothing is timed, a correct candidate wins the tie with the generated kernels.)
 
   1. compile + run a model that uses it: the op runs on the host fallback and leaves a reproducer;
   2. `python -m torch_kernelize.repros task` turns the reproducer into a task (task.md +

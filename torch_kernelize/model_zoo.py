@@ -158,8 +158,8 @@ def make_inplace(batch: int = 4) -> ModelAndInputs:
 
 class LogSpaceScan(nn.Module):
     """Running log-normalizers of scaled scores (a log-space prefix sum, as in CTC or linear
-    recurrences), relative to the last one: aten.logcumsumexp, which no kernel family generates
-    (demo_external's op)."""
+    recurrences), relative to the last one: aten.logcumsumexp (demo_external's op), which has no
+    decomposition (the scan family generates it)."""
 
     def __init__(self, scale: float = 0.5):
         super().__init__()

@@ -1,4 +1,5 @@
-"""aten.cumsum and aten.cumprod: an inclusive prefix sum (product) along one dim, any layout.
+"""aten.cumsum, aten.cumprod and aten.logcumsumexp: an inclusive prefix sum (product, log-sum-exp)
+along one dim, any layout.
 
 The input is seen as rows (the other dims, merged where contiguous) by the scanned dim of length
 N. A program owns BLOCK_M rows and walks N in blocks of BLOCK_N: each block is scanned with
@@ -8,6 +9,10 @@ cuts every row into SPLIT chunks; a first kernel sums each chunk into a temporar
 each chunk starting from the sum of the chunks before it (read from the temporary).
 cumprod is the same scan with ``tl.cumprod`` and a carried product (SPLIT = 1 only): a zero, an
 inf or a NaN anywhere in the prefix gives what ATen's sequential product gives.
+logcumsumexp (float inputs only) is ``tl.associative_scan`` with ATen's log-add-exp,
+max + log1p(exp(min - max)), and a carried log-sum-exp (SPLIT = 1 only): -inf is its identity
+(padding and the first carry), two equal infinities combine to themselves (not inf - inf = NaN), a
+NaN propagates.
 
 Types follow ATen: the result dtype is ``dtype=`` if given, else the input's (integers and bool
 promote to int64); the input is converted to it first (a float to an integer truncates toward
@@ -28,10 +33,13 @@ from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled
                                                    sample_tensor, to_device)
 from torch_kernelize.core.program import Buffer, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.lowering.kernels.elementwise import HELPERS
 
 IN_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 OUT_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32")
 MAX_TILE = 16384          # elements of one BLOCK_M x BLOCK_N tile
+KINDS = {"aten.cumsum.default": "sum", "aten.cumprod.default": "prod", "aten.logcumsumexp.default": "logsumexp"}
+IDENTITY = {"sum": "0", "prod": "1", "logsumexp": "float('-inf')"}   # padding and the first carry
 
 
 @dataclasses.dataclass
@@ -45,12 +53,12 @@ class _Plan:
     m_strides: list[tuple[int, ...]]   # [in, out] over m_sizes
     n_stride: tuple[int, int]          # (in, out) stride of the scanned dim
     wide: bool
-    prod: bool = False                 # cumprod
+    kind: str = "sum"                  # sum | prod | logsumexp
 
 
 class CumsumFamily(KernelFamily):
     name = "scan"
-    ops = frozenset({"aten.cumsum.default", "aten.cumprod.default"})
+    ops = frozenset(KINDS)
     edge_kinds = ("zeros", "large", "negative", "special")
 
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
@@ -64,6 +72,9 @@ class CumsumFamily(KernelFamily):
             return "output shape differs from the input's"
         if x.numel == 0:
             return "empty input"
+        kind = KINDS[spec.op]
+        if kind == "logsumexp" and not (cg.is_float(x.dtype) and o.dtype == x.dtype):
+            return f"logcumsumexp of {x.dtype} to {o.dtype} is not generated (float inputs only)"
         d = cg.dim_arg(a.get("dim"), len(x.shape))
         if isinstance(d, str):
             return d
@@ -79,16 +90,15 @@ class CumsumFamily(KernelFamily):
         # blocks never reach past twice a dim (BLOCK <= next_pow2 of it): bound the offsets by that
         wide = any(2 * (cg.max_offset(m.shape, m.stride) + sum(abs(v) for v in m.stride)) + 2 > cg.INT32_MAX
                    for m in (x, o)) or 2 * x.numel > cg.INT32_MAX
-        return _Plan(x.dtype, o.dtype, acc, M, N, m_sizes, m_strides, (xs[d], os_[d]), wide,
-                     spec.op == "aten.cumprod.default")
+        return _Plan(x.dtype, o.dtype, acc, M, N, m_sizes, m_strides, (xs[d], os_[d]), wide, kind)
 
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
         bm, bn, split = c["BLOCK_M"], c["BLOCK_N"], c["SPLIT"]
         if not all(_is_pow2(v) for v in (bm, bn, split)) or c["num_warps"] not in (1, 2, 4, 8, 16):
             return False
-        if plan.prod and split > 1:
-            return False  # (chunk products: not generated)
+        if plan.kind != "sum" and split > 1:
+            return False  # (chunk products and log-sum-exps: not generated)
         if bm * bn > MAX_TILE or bm > _p2(plan.M):
             return False
         chunk = -(-plan.N // split)
@@ -105,7 +115,7 @@ class CumsumFamily(KernelFamily):
 
     def _seeds(self, spec: KernelSpec, plan: _Plan) -> list[Config]:
         seeds = [self._cfg(plan, 4096, 4096), self._cfg(plan, 8192, 1024), self._cfg(plan, 2048, 256)]
-        if plan.M < 264 and plan.N >= 65536 and not plan.prod:
+        if plan.M < 264 and plan.N >= 65536 and plan.kind == "sum":
             # few long rows: split them so that a few hundred programs share the work (132 SMs)
             split = max(2, min(1024, _floor2(max(2, 528 // plan.M)), _floor2(plan.N // 4096)))
             seeds.append(self._cfg(plan, 4096, 4096, split, 8))
@@ -125,6 +135,8 @@ class CumsumFamily(KernelFamily):
         acc = cg.tl_type(p.acc)
         s = cg.Source()
         s(cg.HEADER, cg.describe_spec(spec))
+        if p.kind == "logsumexp":
+            s.blank()(HELPERS["_log1p"].strip("\n")).blank()(_LOGADDEXP.strip("\n")).blank()
         s(f"# {p.M} rows over sizes {list(p.m_sizes)}, strides [in, out] {[list(x) for x in p.m_strides]}",
           f"# scanned dim: {p.N} long, stride in {p.n_stride[0]}, out {p.n_stride[1]}; accumulates in {p.acc}")
         if split > 1:
@@ -150,7 +162,7 @@ class CumsumFamily(KernelFamily):
                 conv += f".to({cg.tl_type(p.out_dtype)})"    # ATen converts to dtype= first
             if p.out_dtype != p.acc:
                 conv += f".to({acc})"
-            kw = f", mask=mask, other={1 if p.prod else 0}" if masks else ""
+            kw = f", mask=mask, other={IDENTITY[p.kind]}" if masks else ""
             s(f"x = tl.load(in0_ptr + in_row[:, None] + {_col(p.n_stride[0])}[None, :]{kw}){conv}")
             return "mask" if masks else ""
 
@@ -182,7 +194,7 @@ class CumsumFamily(KernelFamily):
               "carry = tl.sum(before, axis=1)")
             start, length = f"chunk * {chunk} + n0", chunk
         else:
-            s(f"carry = tl.{'full' if p.prod else 'zeros'}([BLOCK_M], {'1, ' if p.prod else ''}dtype={acc})")
+            s(f"carry = tl.full([BLOCK_M], {IDENTITY[p.kind]}, dtype={acc})")
             start, length = "n0", p.N
         single = length <= bn
         if single:
@@ -190,7 +202,8 @@ class CumsumFamily(KernelFamily):
         else:
             s(f"for n0 in range(0, {length}, BLOCK_N):").indent()
         m = load(start, rm, p.N)
-        s("y = tl.cumprod(x, axis=1) * carry[:, None]" if p.prod else "y = tl.cumsum(x, axis=1) + carry[:, None]")
+        s({"sum": "y = tl.cumsum(x, axis=1) + carry[:, None]", "prod": "y = tl.cumprod(x, axis=1) * carry[:, None]",
+           "logsumexp": "y = _logaddexp(tl.associative_scan(x, 1, _logaddexp), carry[:, None])"}[p.kind])
         out = "y" if p.out_dtype == p.acc else f"y.to({cg.tl_type(p.out_dtype)})"
         s(f"tl.store(out0_ptr + out_row[:, None] + {_col(p.n_stride[1])}[None, :], {out}"
           f"{', mask=' + m if m else ''})")
@@ -216,6 +229,18 @@ class CumsumFamily(KernelFamily):
         g = sample_generator(seed, device)
         bounds = {"zeros": (0.0, 0.0), "negative": (-1000.0, -0.5)}.get(kind, (-1000.0, 1000.0))
         return [to_device(sample_tensor(m, g, "random", *bounds), device) for m in spec.inputs]
+
+
+_LOGADDEXP = '''
+@triton.jit
+def _logaddexp(a, b):
+    # ATen's log_add_exp: max + log1p(exp(min - max)); a NaN propagates (neither compares
+    # greater); equal infinities give themselves, where min - max would be inf - inf = NaN
+    hi = tl.where(a > b, a, b)
+    lo = tl.where(a > b, b, a)
+    same_inf = (lo == hi) & (tl.abs(hi) == float('inf'))
+    return tl.where(same_inf, hi, hi + _log1p(tl.exp(tl.where(same_inf, 0.0, lo - hi))))
+'''
 
 
 def _col(stride: int) -> str:
