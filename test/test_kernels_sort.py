@@ -1,5 +1,5 @@
-"""The sort family on the Triton interpreter: ascending/descending, dims and layouts, float, integer
-and bool rows, rows longer than a block; NaN/inf/-0.0 ordered like ATen; on ties (ATen's sort is not
+"""The sort family on the Triton interpreter, both variants (rank, bitonic): ascending/descending,
+dims and layouts, float, integer and bool rows, rows longer than a block; NaN/inf/-0.0 ordered like ATen; on ties (ATen's sort is not
 stable) the values equal ATen's and the indices name equal elements, and the kernel's own order is
 the stable one; refusals; broken programs fail; sm_90 compiles."""
 from __future__ import annotations
@@ -85,15 +85,21 @@ def test_bool_and_small_tiles(tmp_path):
     compare_eager(FAMILY, spec, program, tmp_path, exact=True, inputs=[x])
 
 
-MUTANTS = {"tie_break": ("(j[None, :] < i[:, None])", "(j[None, :] <= i[:, None])"),
-           "nan_order": ("(a == a) & (b != b)", "(a != a) & (b == b)"),
-           "reversed_store": ("out0_ptr + row * 20 + rank", "out0_ptr + row * 20 + 19 - rank")}
+MUTANTS = {"tie_break": ("rank", "(j[None, :] < i[:, None])", "(j[None, :] <= i[:, None])"),
+           "nan_order": ("rank", "(a == a) & (b != b)", "(a != a) & (b == b)"),
+           "reversed_store": ("rank", "out0_ptr + row * 20 + rank", "out0_ptr + row * 20 + 19 - rank"),
+           "bitonic_negative_order": ("bitonic", "b ^ 0x7FFFFFFF, b)", "b, b)"),
+           "bitonic_no_index": ("bitonic", "| cols[None, :].to(tl.int64)", "| 0"),
+           "bitonic_last_merge": ("bitonic", "swap = lo > hi\n", "swap = lo < hi\n")}
 
 
 @pytest.mark.parametrize("what", MUTANTS)
 def test_broken_programs_fail_validation(what, tmp_path):
-    spec = spec_of(aten.sort.default, (torch.randn(6, 20).t(), 0))
-    assert_mutant_fails(FAMILY, spec, FAMILY.generate(spec, FAMILY.seed_configs(spec)[0]), *MUTANTS[what], tmp_path)
+    variant, old, new = MUTANTS[what]
+    # bitonic: rows of 16, no padding (a reversed merge would gather the padding's index)
+    spec = spec_of(aten.sort.default, ((torch.randn(6, 20) if variant == "rank" else torch.randn(5, 16)).t(), 0))
+    config = next(c for c in FAMILY.seed_configs(spec) if c.get("VARIANT", "rank") == variant)
+    assert_mutant_fails(FAMILY, spec, FAMILY.generate(spec, config), old, new, tmp_path)
 
 
 def test_refusals():
@@ -120,7 +126,7 @@ def test_short_rows_sort_in_one_whole_row_tile(shape, tmp_path):
     x = torch.randn(shape)
     spec = spec_of(torch.ops.aten.sort.default, (x,))
     assert family_for(spec) is FAMILY
-    config = FAMILY.seed_configs(spec)[0]
+    config = next(c for c in FAMILY.seed_configs(spec) if c.get("VARIANT") is None)   # the rank variant's
     if shape[-1] < 5:
         assert config["num_warps"] == 1 and config["BLOCK_I"] * config["BLOCK_J"] < 32
     program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,))
