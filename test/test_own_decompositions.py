@@ -251,6 +251,16 @@ def test_nanmedian_along_a_dim_skips_nan(dim, keepdim):
     assert torch.equal(indices[1:] if dim == 1 else indices[:, 1:], want_i[1:] if dim == 1 else want_i[:, 1:])
 
 
+@pytest.mark.skipif(not hasattr(torch.ops.aten, "hash_tensor"), reason="aten.hash_tensor is new in torch 2.13")
+@pytest.mark.parametrize("x,kwargs", [
+    (torch.tensor([float("nan"), -0.0, float("inf"), 1.5]), {}),                 # float64 bits, every dim
+    (torch.randn(3, 5, 2), {"dim": [0, 2], "keepdim": True}),                     # 3 (not a power of 2) x 2
+    (torch.randint(-100, 100, (7, 4), dtype=torch.int32).t(), {"dim": -1}),       # sign-extended to 64
+    (torch.randn(7).half(), {"dim": 0})], ids=["special", "dims_keepdim", "int32", "f16"])
+def test_hash_tensor_xors_the_widened_bits(x, kwargs):
+    _check(lambda t: torch.hash_tensor(t, **kwargs).view(torch.int64), x, op="aten.hash_tensor.default")
+
+
 @pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2), (0, 1)], ids=str)
 def test_addbmm(beta, alpha):
     x = torch.randn(5, 10, dtype=D64)

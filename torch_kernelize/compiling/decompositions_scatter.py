@@ -314,6 +314,44 @@ def _nanmedian_dim(x, dim: int = -1, keepdim: bool = False):
     return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
 
 
+# --- hashes ---------------------------------------------------------------------------------------
+
+def _xor_halves(y: torch.Tensor) -> torch.Tensor:
+    """The xor of ``y``'s last dim (int64) as a tree of elementwise xors of its halves (no xor
+    reduction exists): padded with zeros (xor's identity) to a power of two, log2 steps."""
+    n = y.size(-1)
+    p = 1 << max(0, (n - 1).bit_length())
+    if p != n:
+        y = torch.constant_pad_nd(y, [0, p - n], 0)
+    while y.size(-1) > 1:
+        h = y.size(-1) // 2
+        y = torch.bitwise_xor(y[..., :h], y[..., h:])
+    return y.squeeze(-1)
+
+
+_HASH_TENSOR = getattr(aten, "hash_tensor", None)   # torch 2.13; not in 2.11
+
+
+if _HASH_TENSOR is not None:
+    @_register(_HASH_TENSOR.default)
+    def _hash_tensor(x, dim=(), keepdim: bool = False, *, mode: int = 0):
+        """mode 0: the xor over ``dim`` (every dim if none) of each element's bits widened to 64
+        (floats as float64, integers and bool as int64), as uint64."""
+        if mode != 0 or x.is_complex():
+            return NotImplemented
+        dims = sorted({d % max(x.dim(), 1) for d in dim}) if dim else list(range(x.dim()))
+        if x.dim() and any(x.size(d) == 0 for d in dims):
+            return NotImplemented  # (ATen's error)
+        bits = x.to(torch.float64 if x.is_floating_point() else torch.int64).view(torch.int64)
+        if not dims or x.dim() == 0:
+            return bits.clone().view(torch.uint64)
+        keep = [d for d in range(x.dim()) if d not in dims]
+        y = _xor_halves(bits.permute(keep + dims).reshape([x.size(d) for d in keep] + [-1]))
+        if keepdim:
+            y = y.reshape([1 if d in dims else x.size(d) for d in range(x.dim())])
+        return y.view(torch.uint64)
+
+
 # --- products, distances, pooling ------------------------------------------------------------------
 
 @_register(aten.addbmm.default)
