@@ -35,21 +35,50 @@ from torch_kernelize.core.spec import KernelSpec
 
 REDUCE_OPS = {
     "aten.sum.dim_IntList": "sum", "aten.sum.default": "sum",
+    "aten.prod.dim_int": "prod", "aten.prod.default": "prod",
     "aten.mean.dim": "mean", "aten.mean.default": "mean",
     "aten.amax.default": "amax", "aten.amin.default": "amin",
     "aten.var.correction": "var", "aten.std.correction": "std", "aten.var_mean.correction": "var_mean",
 }
 SOFTMAX_OPS = {"aten._softmax.default": "softmax", "aten._log_softmax.default": "log_softmax"}
 
-MAX_TILE = 32768        # elements of one BLOCK_M x BLOCK_R fp32 tile (registers)
+MAX_TILE = 32768        # elements of one BLOCK_M x BLOCK_R fp32 tile (registers; half that for 8-byte types)
 INF = "float('inf')"
+FLOATS = cg.FLOAT_TYPES + ("float64",)
+ALL_TYPES = FLOATS + cg.INT_TYPES + ("bool",)
+INT_KINDS = ("sum", "prod", "amax", "amin")   # the kinds ATen defines on integer and bool inputs
+
+
+def _acc_type(dtype: str) -> str:
+    """What values of ``dtype`` are reduced in: fp32 for fp32/fp16/bf16, float64, else int64
+    (integer sums and products wrap around in 64 bits, like ATen's, and are exact)."""
+    return "float64" if dtype == "float64" else "float32" if dtype in cg.FLOAT_TYPES else "int64"
+
+
+def _types(kind: str, src: str, args: dict[str, Any]) -> tuple[str | None, str, str] | str:
+    """(pre_cast, accumulation type, output dtype) of ``kind`` on a ``src`` input, as ATen types
+    it; or why it is not generated. ``dtype=`` (sum/mean/prod) converts the input first."""
+    if src not in FLOATS and kind not in INT_KINDS and not (kind == "mean" and args.get("dtype") is not None):
+        return f"{kind} of dtype {src} is not generated (ATen defines it on floating inputs only)"
+    cast = None
+    if kind in ("sum", "mean", "prod"):
+        cast = cg.dtype_arg(args.get("dtype"))
+        if args.get("dtype") is not None and cast is None:
+            return f"bad dtype argument {args.get('dtype')!r}"
+        if cast is not None and not (cast in FLOATS or (cast in cg.INT_TYPES and src not in FLOATS and kind != "mean")):
+            return f"{kind} of {src} with dtype={cast} is not generated (float, or int from int/bool only)"
+    if cast is None and kind in ("sum", "prod") and src not in FLOATS:
+        cast = "int64"      # ATen: the sum/product of integers or bools is int64
+    value = cast or src
+    acc = _acc_type(value)
+    return (cast if cast not in (None, src, acc) else None), acc, value
 
 
 @dataclasses.dataclass
 class _Plan:
-    kind: str                         # sum mean amax amin var std var_mean softmax log_softmax
+    kind: str                         # sum mean prod amax amin var std var_mean softmax log_softmax
     in_dtype: str
-    pre_cast: str | None              # sum/mean dtype=: the input is rounded to this first
+    pre_cast: str | None              # sum/mean/prod dtype=: the input is converted to this first
     out_dtypes: list[str]
     M: int
     R: int
@@ -59,6 +88,7 @@ class _Plan:
     r_strides: list[tuple[int, ...]]  # [input] (+ [output] for softmax)
     denom: float = 0.0                # var: max(0, R - correction)
     kept: tuple[int, ...] = ()        # the input's dims that form the rows, in order
+    acc: str = "float32"              # what the kernel computes in: float32, float64 or int64
 
 
 def _norm_dims(dims: Any, ndim: int) -> list[int] | str:
@@ -86,14 +116,17 @@ class ReductionFamily(KernelFamily):
 
     # --- analysis ---------------------------------------------------------------------------
     def _analyse(self, spec: KernelSpec) -> _Plan | str:
-        args, x = cg.operand(spec, "self", cg.FLOAT_TYPES)
-        if any(o.dtype not in cg.FLOAT_TYPES for o in spec.outputs):
-            return f"output dtypes {[o.dtype for o in spec.outputs]} are not all fp32/fp16/bf16"
+        args, x = cg.operand(spec, "self", ALL_TYPES)
+        kind = REDUCE_OPS.get(spec.op) or SOFTMAX_OPS[spec.op]
+        types = _types(kind, x.dtype, args)
+        if isinstance(types, str):
+            return types
+        pre_cast, acc, out_dtype = types
+        if any(o.dtype != out_dtype for o in spec.outputs):
+            return f"output dtypes {[o.dtype for o in spec.outputs]}: {kind} of {x.dtype} gives {out_dtype}"
         if x.numel == 0:
             return "empty input: nothing to reduce"
         ndim = len(x.shape)
-        kind = REDUCE_OPS.get(spec.op) or SOFTMAX_OPS[spec.op]
-        pre_cast = None
         denom = 0.0
         if kind in SOFTMAX_OPS.values():
             if args.get("half_to_float"):
@@ -109,16 +142,6 @@ class ReductionFamily(KernelFamily):
                 return dims
             keepdim = bool(args.get("keepdim", False))
             keep = [d for d in range(ndim) if d not in dims]
-            if kind in ("sum", "mean"):
-                dt = cg.dtype_arg(args.get("dtype"))
-                if args.get("dtype") is not None and dt is None:
-                    return f"bad dtype argument {args.get('dtype')!r}"
-                if dt is not None:
-                    if dt not in cg.FLOAT_TYPES:
-                        return f"{kind} with dtype={dt} is not generated (fp32/fp16/bf16 only)"
-                    if torch.finfo(getattr(torch, dt)).bits < torch.finfo(x.torch_dtype).bits or (
-                            {dt, x.dtype} == {"float16", "bfloat16"}):
-                        pre_cast = dt
             if kind in ("var", "std", "var_mean"):
                 c = args.get("correction")
                 c = 1 if c is None else cg.scalar_value(c)
@@ -153,7 +176,7 @@ class ReductionFamily(KernelFamily):
             r_sets.append(tuple(spec.outputs[0].stride[d] for d in dims))
         r_sizes, r_strides = cg.simplify([x.shape[d] for d in dims], r_sets, order_by=0)
         return _Plan(kind, x.dtype, pre_cast, [o.dtype for o in spec.outputs], M, R, m_sizes, m_strides,
-                     r_sizes, r_strides, denom, tuple(keep))
+                     r_sizes, r_strides, denom, tuple(keep), acc)
 
     # --- configs ------------------------------------------------------------------------------
     def _valid(self, plan: _Plan, c: Config) -> bool:
@@ -162,7 +185,7 @@ class ReductionFamily(KernelFamily):
             return False
         if c["num_warps"] not in (1, 2, 4, 8, 16) or c["num_stages"] not in (1, 2, 3, 4):
             return False
-        if bm > _p2(plan.M) or bm * br > MAX_TILE:
+        if bm > _p2(plan.M) or bm * br > _max_tile(plan):
             return False
         if split > 1 and (plan.kind in SOFTMAX_OPS.values() or split > -(-plan.R // br)):
             return False
@@ -177,7 +200,7 @@ class ReductionFamily(KernelFamily):
              stages: int = 2) -> Config:
         bm = max(1, min(bm, _p2(plan.M)))
         chunk = -(-plan.R // split)
-        br = max(1, min(br, _p2(chunk), MAX_TILE // bm))
+        br = max(1, min(br, _p2(chunk), _max_tile(plan) // bm))
         if split > 1:
             split = max(1, min(split, _floor2(-(-plan.R // br))))
         if warps is None:
@@ -309,6 +332,26 @@ class _Gen:
             cg.max_offset(plan.m_sizes, plan.m_strides[0]) + cg.max_offset(plan.r_sizes, plan.r_strides[0]) > cg.INT32_MAX
         self.src = cg.Source()
         self.kname = spec.op.split(".")[1].lstrip("_")
+        self.acc = plan.acc
+        self.zero, self.one = ("0.0", "1.0") if cg.is_float(plan.acc) else ("0", "1")
+
+    # arithmetic in the accumulation type -----------------------------------------------------
+    def div(self, a: str, b: str) -> str:
+        """``a / b`` rounded to nearest (tl.div_rn takes fp32 only; a float64 ``/`` is IEEE)."""
+        return f"tl.div_rn({a}, {b})" if self.acc == "float32" else f"{a} / {b}"
+
+    def sqrt(self, a: str) -> str:
+        return f"tl.sqrt_rn({a})" if self.acc == "float32" else f"tl.sqrt({a})"
+
+    def extreme(self, kind: str) -> str:
+        """The identity of amax (the lowest value) or amin (the highest) in the input's type."""
+        dt = self.p.in_dtype
+        if cg.is_float(dt):
+            return "-" + INF if kind == "amax" else INF
+        if dt == "bool":
+            return "0" if kind == "amax" else "1"
+        info = torch.iinfo(getattr(torch, dt))
+        return str(info.min if kind == "amax" else info.max)
 
     # small emitters ------------------------------------------------------------------------
     @property
@@ -382,13 +425,13 @@ class _Gen:
         conv = ""
         if p.pre_cast:
             conv += f".to({cg.tl_type(p.pre_cast)})"
-        if p.pre_cast or p.in_dtype != "float32":
-            conv += ".to(tl.float32)"
+        if (p.pre_cast or p.in_dtype) != p.acc:
+            conv += f".to({cg.tl_type(p.acc)})"
         self.src(f"{var} = tl.load({ptr}{kw}){conv}")
 
     def store(self, out: int, row_off: str, value: str, row_mask: str | None) -> None:
         dt = self.p.out_dtypes[out]
-        v = value if dt == "float32" else f"{value}.to({cg.tl_type(dt)})"
+        v = value if dt == self.acc else f"{value}.to({cg.tl_type(dt)})"
         kw = f", mask={row_mask}" if row_mask else ""
         # one row (M == 1): rows == [0], which keeps the stored value and the pointer both blocks
         ptr = f"out{out}_ptr + {'rows' if row_off == '0' else row_off}"
@@ -406,19 +449,18 @@ class _Gen:
 
     def program(self) -> KernelProgram:
         self.header()
+        if self.p.kind == "prod":  # tl.reduce's combine function: triton has no tl.prod
+            self.src("@triton.jit", "def _multiply(a, b):", "    return a * b").blank()
         if self.p.kind in SOFTMAX_OPS.values():
             return self.softmax()
         return self.reduction()
 
     # reductions --------------------------------------------------------------------------------
     def accumulate(self, row_offs: list[str], row_mask: str | None, start: str | None) -> None:
-        """Emit the body that leaves per-row results: total (sum), best (amax/amin), mean+m2 (var)."""
+        """Emit the body that leaves per-row results: total (sum, prod), best (amax/amin), mean+m2 (var)."""
         s, p, kind = self.src, self.p, self.p.kind
         loop = not self.single
-        if kind in ("amax", "amin"):
-            init, better = ("-" + INF, ">") if kind == "amax" else (INF, "<")
-        else:
-            init, better = "0.0", None
+        acc_t, zero = cg.tl_type(self.acc), self.zero
 
         def block_loop(body):
             if loop:
@@ -433,48 +475,60 @@ class _Gen:
 
         if kind in ("sum", "mean"):
             if loop:
-                s("acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
-                block_loop(lambda off, mask: (self.load("x", row_offs[0], off, mask, "0.0"), s("acc += x")))
+                s(f"acc = tl.zeros([BLOCK_M, BLOCK_R], dtype={acc_t})")
+                block_loop(lambda off, mask: (self.load("x", row_offs[0], off, mask, zero), s("acc += x")))
                 s("total = tl.sum(acc, 1)")
             else:
-                block_loop(lambda off, mask: self.load("x", row_offs[0], off, mask, "0.0"))
+                block_loop(lambda off, mask: self.load("x", row_offs[0], off, mask, zero))
                 s("total = tl.sum(x, 1)")
             return
-        if kind in ("amax", "amin"):
-            red = "tl.max" if kind == "amax" else "tl.min"
+        if kind == "prod":
             if loop:
-                s(f"acc = tl.full([BLOCK_M, BLOCK_R], {init}, dtype=tl.float32)")
+                s(f"acc = tl.full([BLOCK_M, BLOCK_R], {self.one}, dtype={acc_t})")
+                block_loop(lambda off, mask: (self.load("x", row_offs[0], off, mask, self.one), s("acc *= x")))
+                s("total = tl.reduce(acc, 1, _multiply)")
+            else:
+                block_loop(lambda off, mask: self.load("x", row_offs[0], off, mask, self.one))
+                s("total = tl.reduce(x, 1, _multiply)")
+            return
+        if kind in ("amax", "amin"):
+            red, better, init = ("tl.max", ">", self.extreme(kind)) if kind == "amax" else ("tl.min", "<", self.extreme(kind))
+            floats = cg.is_float(self.acc)
+            if loop:
+                s(f"acc = tl.full([BLOCK_M, BLOCK_R], {init}, dtype={acc_t})")
 
                 def body(off, mask):
                     self.load("x", row_offs[0], off, mask, init)
-                    s(f"acc = tl.where((x {better} acc) | (x != x), x, acc)  # NaN sticks, as in ATen")
+                    s(f"acc = tl.where((x {better} acc) | (x != x), x, acc)  # NaN sticks, as in ATen" if floats
+                      else f"acc = tl.where(x {better} acc, x, acc)")
                 block_loop(body)
             else:
                 block_loop(lambda off, mask: self.load("acc", row_offs[0], off, mask, init))
-            s(f"best = {red}(acc, 1)",
-              "# tl.max/tl.min skip NaN; ATen's amax/amin return NaN for a row holding one: add it back",
-              "best += tl.sum(tl.where(acc != acc, acc, 0.0), 1)")
+            s(f"best = {red}(acc, 1)")
+            if floats:
+                s("# tl.max/tl.min skip NaN; ATen's amax/amin return NaN for a row holding one: add it back",
+                  "best += tl.sum(tl.where(acc != acc, acc, 0.0), 1)")
             return
-        # var / std / var_mean: two passes (mean, then squared deviations), exact in fp32
+        # var / std / var_mean: two passes (mean, then squared deviations), exact in fp32 (or fp64)
         n = "n" if self.split > 1 else cg.float_literal(p.R)
         if self.split > 1:
-            s(f"n = tl.minimum({p.R} - pid_s * {self.chunk}, {self.chunk}).to(tl.float32)  # elements in this chunk")
+            s(f"n = tl.minimum({p.R} - pid_s * {self.chunk}, {self.chunk}).to({acc_t})  # elements in this chunk")
         if loop:
-            s("acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
-            block_loop(lambda off, mask: (self.load("x", row_offs[0], off, mask, "0.0"), s("acc += x")))
-            s(f"mean = tl.div_rn(tl.sum(acc, 1), {n})")
-            s("acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
+            s(f"acc = tl.zeros([BLOCK_M, BLOCK_R], dtype={acc_t})")
+            block_loop(lambda off, mask: (self.load("x", row_offs[0], off, mask, zero), s("acc += x")))
+            s(f"mean = {self.div('tl.sum(acc, 1)', n)}")
+            s(f"acc = tl.zeros([BLOCK_M, BLOCK_R], dtype={acc_t})")
 
             def body2(off, mask):
-                self.load("x", row_offs[0], off, mask, "0.0")
+                self.load("x", row_offs[0], off, mask, zero)
                 s(f"d = tl.where({mask}, x - mean[:, None], 0.0)" if mask else "d = x - mean[:, None]")
                 s("acc += d * d")
             block_loop(body2)
             s("m2 = tl.sum(acc, 1)")
         else:
             def body(off, mask):
-                self.load("x", row_offs[0], off, mask, "0.0")
-                s(f"mean = tl.div_rn(tl.sum(x, 1), {n})")
+                self.load("x", row_offs[0], off, mask, zero)
+                s(f"mean = {self.div('tl.sum(x, 1)', n)}")
                 s(f"d = tl.where({mask}, x - mean[:, None], 0.0)" if mask else "d = x - mean[:, None]")
                 s("m2 = tl.sum(d * d, 1)")
             block_loop(body)
@@ -483,17 +537,17 @@ class _Gen:
         """Store the final outputs from total / best / mean+m2."""
         s, p, kind = self.src, self.p, self.p.kind
         out_offs = row_offs[1:]
-        if kind == "sum":
+        if kind in ("sum", "prod"):
             self.store(0, out_offs[0], "total", row_mask)
         elif kind == "mean":
-            s(f"mean = tl.div_rn(total, {cg.float_literal(p.R)})")
+            s(f"mean = {self.div('total', cg.float_literal(p.R))}")
             self.store(0, out_offs[0], "mean", row_mask)
         elif kind in ("amax", "amin"):
             self.store(0, out_offs[0], "best", row_mask)
         else:
-            s(f"var = tl.div_rn(m2, {cg.float_literal(p.denom)})  # max(0, N - correction)")
+            s(f"var = {self.div('m2', cg.float_literal(p.denom))}  # max(0, N - correction)")
             if kind == "std":
-                s("std = tl.sqrt_rn(var)")
+                s(f"std = {self.sqrt('var')}")
                 self.store(0, out_offs[0], "std", row_mask)
             else:
                 self.store(0, out_offs[0], "var", row_mask)
@@ -522,7 +576,8 @@ class _Gen:
         # split: partial results per (chunk, row) into tmp, then a combine kernel
         nparts = 2 if p.kind in ("var", "std", "var_mean") else 1
         S, M = self.split, p.M
-        s(f"# R is cut into {S} chunks of {self.chunk}; partial results go to tmp[part, chunk, row] (fp32)")
+        short = {"float32": "fp32", "float64": "fp64"}.get(self.acc, self.acc)
+        s(f"# R is cut into {S} chunks of {self.chunk}; partial results go to tmp[part, chunk, row] ({short})")
         s.blank()
         s("@triton.jit", f"def {self.kname}_partial_kernel(in0_ptr, tmp_ptr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):").indent()
         s("pid = tl.program_id(0)", "pid_s = tl.program_id(1)  # which chunk of R")
@@ -530,7 +585,7 @@ class _Gen:
         self.accumulate(offs, row_mask, f"pid_s * {self.chunk}")
         dest = f"{cg.scaled('pid_s', M)} + rows"
         kw = f", mask={row_mask}" if row_mask else ""
-        if p.kind in ("sum", "mean"):
+        if p.kind in ("sum", "mean", "prod"):
             s(f"tl.store(tmp_ptr + {dest}, total{kw})")
         elif p.kind in ("amax", "amin"):
             s(f"tl.store(tmp_ptr + {dest}, best{kw})")
@@ -557,17 +612,19 @@ class _Gen:
         where = f"rows[:, None] + {'chunk' if M == 1 else f'(chunk * {M})'}[None, :]"
         kw = (lambda other: f", mask={mask}, other={other}") if mask else (lambda other: "")
         if p.kind in ("sum", "mean"):
-            s(f"total = tl.sum(tl.load(tmp_ptr + {where}{kw('0.0')}), 1)")
+            s(f"total = tl.sum(tl.load(tmp_ptr + {where}{kw(self.zero)}), 1)")
+        elif p.kind == "prod":
+            s(f"total = tl.reduce(tl.load(tmp_ptr + {where}{kw(self.one)}), 1, _multiply)")
         elif p.kind in ("amax", "amin"):
-            init = ("-" + INF) if p.kind == "amax" else INF
             red = "tl.max" if p.kind == "amax" else "tl.min"
-            s(f"acc = tl.load(tmp_ptr + {where}{kw(init)})",
-              f"best = {red}(acc, 1)", "best += tl.sum(tl.where(acc != acc, acc, 0.0), 1)  # keep NaN")
+            s(f"acc = tl.load(tmp_ptr + {where}{kw(self.extreme(p.kind))})", f"best = {red}(acc, 1)")
+            if cg.is_float(self.acc):
+                s("best += tl.sum(tl.where(acc != acc, acc, 0.0), 1)  # keep NaN")
         else:
             s(f"part_mean = tl.load(tmp_ptr + {where}{kw('0.0')})",
               f"part_m2 = tl.load(tmp_ptr + {S * M} + {where}{kw('0.0')})",
-              f"n = tl.minimum({p.R} - chunk * {self.chunk}, {self.chunk}).to(tl.float32)  # elements per chunk",
-              f"mean = tl.div_rn(tl.sum(part_mean * n[None, :], 1), {cg.float_literal(p.R)})",
+              f"n = tl.minimum({p.R} - chunk * {self.chunk}, {self.chunk}).to({cg.tl_type(self.acc)})  # elements per chunk",
+              f"mean = {self.div('tl.sum(part_mean * n[None, :], 1)', cg.float_literal(p.R))}",
               "# Chan et al.: m2 = sum of the chunks' m2 + n * (chunk mean - mean)^2",
               "d = part_mean - mean[:, None]")
             spread = "part_m2 + n[None, :] * d * d"
@@ -577,7 +634,7 @@ class _Gen:
         partial = Launch(f"{self.kname}_partial_kernel", (grid_m, S), (("in", 0), ("tmp", 0)), consts, warps, stages)
         combine = Launch(f"{self.kname}_combine_kernel", (-(-M // bm2),), (("tmp", 0),) + tuple(("out", i) for i in range(nout)),
                          {"BLOCK_M": bm2, "BLOCK_S": sp2}, 4 if bm2 * sp2 >= 1024 else 1, 1)
-        tmp = Buffer((nparts, S, M), "float32")
+        tmp = Buffer((nparts, S, M), self.acc)
         return KernelProgram(s.text(), (partial, combine), temps=(tmp,))
 
     # softmax -----------------------------------------------------------------------------------
@@ -598,9 +655,9 @@ class _Gen:
             if log:
                 s("y = x - row_max[:, None] - tl.log(row_sum)[:, None]")
             else:
-                s(f"y = tl.div_rn({exp}, row_sum[:, None])")
+                s(f"y = {self.div(exp, 'row_sum[:, None]')}")
             dt = p.out_dtypes[0]
-            v = "y" if dt == "float32" else f"y.to({cg.tl_type(dt)})"
+            v = "y" if dt == self.acc else f"y.to({cg.tl_type(dt)})"
             s(f"tl.store({out_tile(col_offs)}, {v}{', mask=' + mask if mask else ''})")
 
         def load_x(start: str | None) -> tuple[list[str], str | None]:
@@ -619,8 +676,8 @@ class _Gen:
             result(mask, col_offs, "e")
         else:
             s("# pass 1: running max and sum of exp(x - max) per lane (online softmax)",
-              f"m_i = tl.full([BLOCK_M, BLOCK_R], -{INF}, dtype=tl.float32)",
-              "s_i = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)")
+              f"m_i = tl.full([BLOCK_M, BLOCK_R], -{INF}, dtype={cg.tl_type(self.acc)})",
+              f"s_i = tl.zeros([BLOCK_M, BLOCK_R], dtype={cg.tl_type(self.acc)})")
             s(f"for r0 in range(0, {p.R}, BLOCK_R):").indent()
             col_offs, mask = load_x("r0")
             s("m_new = tl.maximum(m_i, x)",
@@ -640,6 +697,11 @@ class _Gen:
         launch = self.row_launch(f"{self.kname}_kernel", (("in", 0), ("out", 0)), {"BLOCK_M": self.bm, "BLOCK_R": self.br},
                                  int(self.c["num_warps"]), int(self.c["num_stages"]))
         return KernelProgram(s.text(), (launch,))
+
+
+def _max_tile(plan: _Plan) -> int:
+    """Elements of the largest tile: MAX_TILE of 4-byte values, half as many 8-byte ones."""
+    return MAX_TILE if plan.acc == "float32" else MAX_TILE // 2
 
 
 def _p2(n: int) -> int:
