@@ -28,10 +28,11 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, to_device
+from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, sample_generator,
+                                                   to_device)
 from torch_kernelize.core.buckets import product
 from torch_kernelize.core.program import Buffer, KernelProgram, Launch
-from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 REDUCE_OPS = {
     "aten.sum.dim_IntList": "sum", "aten.sum.default": "sum",
@@ -298,6 +299,11 @@ class ReductionFamily(KernelFamily):
 
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
+        plan = self.plan(spec)
+        if kind in ("large", "negative") and not isinstance(plan, str) and plan.acc == "int64" \
+                and cg.is_int(plan.in_dtype):
+            g = sample_generator(seed, device)
+            return [to_device(_int_edge(m, g, kind), device) for m in spec.inputs]
         inputs = super().sample_inputs(spec, seed, kind, device)
         if kind == "special" and spec.op == "aten.var_mean.correction":
             # ATen's Welford mean of a row holding +-inf is inf only when the inf comes last in its
@@ -309,6 +315,26 @@ class ReductionFamily(KernelFamily):
                     flat = torch.as_strided(t, (span,), (1,), t.storage_offset())
                     flat.copy_(torch.where(flat.isinf(), torch.full_like(flat, float("nan")), flat))
         return [to_device(t, device) for t in inputs]
+
+
+def _int_edge(meta: TensorMeta, g: torch.Generator, kind: str) -> torch.Tensor:
+    """Integers for an exact reduction's edge trials (the default draws lie in [-8, 9) whatever
+    the kind): "large" spans the dtype's whole range, its extremes sprinkled in (sums and products
+    wrap around; amax/amin meet the values their padding holds); "negative" draws only negatives
+    (a row's maximum below 0, so padding with 0 would show), or the whole range if unsigned."""
+    dtype, info = meta.torch_dtype, torch.iinfo(meta.torch_dtype)
+    span = 1 + sum((n - 1) * st for n, st in zip(meta.shape, meta.stride))
+    if kind == "negative" and info.min < 0:
+        flat = torch.randint(max(info.min, -1000), 0, (span,), generator=g, device=g.device).to(dtype)
+    else:   # random bytes seen as the dtype: uniform over its range
+        size = torch.empty((), dtype=dtype).element_size()
+        raw = torch.randint(0, 256, (span, size), generator=g, device=g.device, dtype=torch.uint8)
+        flat = raw.view(dtype).reshape(span).clone()
+        if kind == "large":
+            idx = torch.randint(0, span, (max(1, span // 16),), generator=g, device=g.device)
+            ends = torch.tensor([info.min, info.max], dtype=dtype, device=g.device)
+            flat[idx] = ends[torch.randint(0, 2, idx.shape, generator=g, device=g.device)]
+    return torch.as_strided(flat, meta.shape, meta.stride)
 
 
 # --- code generation -------------------------------------------------------------------------
