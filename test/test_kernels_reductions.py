@@ -1,5 +1,6 @@
-"""The reduction family on the Triton interpreter: sum/mean/amax/amin/var/std/var_mean over any
-dims and layouts, keepdim, dtype=, split-R configs, and softmax/log_softmax single-pass and online."""
+"""The reduction family on the Triton interpreter: sum/mean/prod/amax/amin/var/std/var_mean over any
+dims and layouts, keepdim, dtype=, split-R configs, and softmax/log_softmax single-pass and online;
+float64 and integer/bool inputs (exact) besides fp32/fp16/bf16."""
 from __future__ import annotations
 
 import dataclasses
@@ -60,6 +61,37 @@ def test_dtype_argument(op, src, dst, tmp_path):
     spec = spec_of(op, (x3(src), [2]), {"dtype": dst})
     assert spec.outputs[0].dtype == str(dst).removeprefix("torch.")
     assert_valid(FAMILY, spec, tmp_path)
+
+
+F64, I64, I32 = torch.float64, torch.int64, torch.int32
+CFG = dict(num_warps=1, num_stages=2)
+WIDE = [  # (name, spec, config params or None for the first seed): float64 in float64, ints in int64
+    ("f64_sum_loop", lambda: spec_of(aten.sum.dim_IntList, (torch.randn(5, 20, dtype=F64), [1])), dict(BLOCK_M=4, BLOCK_R=8, SPLIT=1)),
+    ("f64_var_mean_split", lambda: spec_of(aten.var_mean.correction, (torch.randn(3, 50, dtype=F64), [1])),
+     dict(BLOCK_M=1, BLOCK_R=16, SPLIT=4)),
+    ("f64_amax", lambda: spec_of(aten.amax.default, (x3(F64, "permuted"), [0, 2], True)), None),
+    ("f64_log_softmax_online", lambda: spec_of(aten._log_softmax.default, (torch.randn(5, 20, dtype=F64), 1, False)),
+     dict(BLOCK_M=8, BLOCK_R=8, SPLIT=1)),
+    ("bool_sum", lambda: spec_of(aten.sum.dim_IntList, (torch.rand(6, 40) < 0.5, [1])), None),
+    ("i32_sum_dtype_split", lambda: spec_of(aten.sum.dim_IntList, (torch.arange(150, dtype=I32).view(3, 50), [1]),
+                                            {"dtype": I32}), dict(BLOCK_M=2, BLOCK_R=8, SPLIT=4)),
+    ("i64_amin_split", lambda: spec_of(aten.amin.default, (torch.arange(240).view(6, 40), [1])),
+     dict(BLOCK_M=2, BLOCK_R=8, SPLIT=2)),
+    ("i8_amax", lambda: spec_of(aten.amax.default, (x3().to(torch.int8), [1])), None),
+    ("f16_prod_keepdim", lambda: spec_of(aten.prod.dim_int, (torch.randn(6, 12).half(), 1, True)), None),
+    ("f32_prod_loop", lambda: spec_of(aten.prod.dim_int, (torch.randn(20, 6).t(), 1)), dict(BLOCK_M=4, BLOCK_R=8, SPLIT=1)),
+    ("i64_prod_split", lambda: spec_of(aten.prod.default, (torch.arange(60).view(6, 10),)), dict(BLOCK_M=1, BLOCK_R=8, SPLIT=4)),
+]
+
+
+@pytest.mark.parametrize("name,make,params", WIDE, ids=[w[0] for w in WIDE])
+def test_float64_and_integer_reductions(name, make, params, tmp_path):
+    """Integer results are exact (the fill compares them exactly) on the whole dtype range ("large"
+    edge trials: sums and products wrap around as ATen's) and on negatives only."""
+    spec = make()
+    program = assert_valid(FAMILY, spec, tmp_path, Config.of(**CFG, **params) if params else None)
+    if params and params["SPLIT"] > 1:
+        assert program.temps[0].dtype == FAMILY.plan(spec).acc
 
 
 @pytest.mark.parametrize("case", ["sum_default", "mean_default", "amax_all", "var_none", "zero_dim", "size1_dim"])
@@ -137,7 +169,7 @@ def test_every_seed_config_validates(make, tmp_path):
         assert any(c["SPLIT"] > 1 for c in configs)
 
 
-@pytest.mark.parametrize("what", ["divisor", "mask", "nan"])
+@pytest.mark.parametrize("what", ["divisor", "mask", "nan", "int_padding", "int_accumulator"])
 def test_broken_programs_fail_validation(what, tmp_path):
     if what == "divisor":
         spec = spec_of(aten.mean.dim, (torch.randn(8, 40), [1]))
@@ -147,6 +179,14 @@ def test_broken_programs_fail_validation(what, tmp_path):
         spec = spec_of(aten.sum.dim_IntList, (torch.randn(8, 40), [1]))
         program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
         bad = dataclasses.replace(program, source=program.source.replace("other=0.0", "other=1.0"))
+    elif what == "int_padding":  # an integer amax padded with 0: fails on rows of negatives
+        spec = spec_of(aten.amax.default, (torch.arange(40).view(4, 10), [1]))
+        program = FAMILY.generate(spec, Config.of(BLOCK_M=4, BLOCK_R=16, SPLIT=1, num_warps=1, num_stages=1))
+        bad = dataclasses.replace(program, source=program.source.replace("other=-9223372036854775808", "other=0"))
+    elif what == "int_accumulator":  # an int32 sum of int32 accumulated in int32: wraps on "large"
+        spec = spec_of(aten.sum.dim_IntList, (torch.arange(40, dtype=torch.int32).view(4, 10), [1]))
+        program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+        bad = dataclasses.replace(program, source=program.source.replace(".to(tl.int64)", ""))
     else:                 # amax without the NaN term: fails only the "special" trial
         spec = spec_of(aten.amax.default, (torch.randn(8, 40), [1]))
         program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
@@ -155,16 +195,19 @@ def test_broken_programs_fail_validation(what, tmp_path):
     assert bad.source != program.source
     rec = run_validation(FAMILY, spec, bad, tmp_path)
     assert not rec.ok and rec.reason
-    if what == "nan":
-        assert "special" in rec.reason
+    if what in ("nan", "int_padding", "int_accumulator"):
+        assert {"nan": "special", "int_padding": "negative", "int_accumulator": "large"}[what] in rec.reason
 
 
 def test_refusals():
     x = torch.randn(4, 8)
     assert "half_to_float" in FAMILY.supports(dataclasses.replace(
         spec_of(aten._softmax.default, (x.half(), 1, False)), args=[{"tensor": 0}, 1, True]))
-    assert "dtype" in FAMILY.supports(spec_of(aten.sum.dim_IntList, (torch.arange(12).view(3, 4), [1])))
-    assert "float64" in FAMILY.supports(spec_of(aten.sum.dim_IntList, (x, [1]), {"dtype": torch.float64}))
+    var = spec_of(aten.var.correction, (x, [1]))   # ATen refuses var (and mean) of integers
+    assert "floating inputs only" in FAMILY.supports(
+        dataclasses.replace(var, inputs=[dataclasses.replace(var.inputs[0], dtype="int64")]))
+    # a float -> int conversion is undefined for NaN/inf
+    assert "dtype=int64" in FAMILY.supports(spec_of(aten.sum.dim_IntList, (x, [1]), {"dtype": torch.int64}))
     assert "empty" in FAMILY.supports(spec_of(aten.amax.default, (torch.empty(0, 3), [1])))
     assert FAMILY.supports(spec_of(aten.exp.default, (x,)))
     assert family_for(spec_of(aten.amax.default, (x, [1]))) is FAMILY
@@ -173,7 +216,11 @@ def test_refusals():
 def test_sm90_compile(tmp_path):
     specs = [spec_of(aten._softmax.default, (torch.randn(16, 5000).half(), -1, False)),
              spec_of(aten.var_mean.correction, (torch.randn(100, 9000), None)),
-             spec_of(aten.amax.default, (torch.randn(64, 300, 7), [1], True))]
+             spec_of(aten.amax.default, (torch.randn(64, 300, 7), [1], True)),
+             # float64 exp/log/sqrt/division, int64 extremes as literals, tl.reduce with a multiply
+             spec_of(aten._log_softmax.default, (torch.randn(16, 5000, dtype=torch.float64), -1, False)),
+             spec_of(aten.amax.default, (torch.zeros(64, 300, dtype=torch.int64), [1])),
+             spec_of(aten.prod.default, (torch.randn(100, 900),))]
     for spec in specs:
         for config in FAMILY.seed_configs(spec)[:2]:
             compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)

@@ -1,4 +1,4 @@
-"""Row reductions: sum, mean, amax, amin, var/std/var_mean over any dims, and softmax/log_softmax.
+"""Row reductions: sum, mean, prod, amax, amin, var/std/var_mean over any dims, and softmax/log_softmax.
 
 The input is seen as a matrix: the kept dims form the row axis M, the reduced dims the column axis
 R (each ordered by the input's strides and merged where contiguous; what does not merge is
@@ -9,11 +9,14 @@ reduced at the end. Triton lays the tile out along whichever axis is contiguous,
 last dim and reducing an outer dim (M contiguous) are both coalesced.
 
 Few rows and a long R (e.g. a full reduction) leave most of the GPU idle: SPLIT > 1 cuts R into
-SPLIT chunks reduced by separate programs into an fp32 temporary, and a second small kernel
-combines the partials (sum / max / min directly; var by Chan's parallel formula).
+SPLIT chunks reduced by separate programs into a temporary of the accumulation type, and a second
+small kernel combines the partials (sum / product / max / min directly; var by Chan's parallel formula).
 
-Everything accumulates in fp32 and is rounded to the output dtype on store. Softmax uses the
-online max/sum update when R does not fit one block.
+Dtypes: fp32/fp16/bf16 accumulate in fp32, float64 in float64 (every kind); integer and bool inputs
+(sum, prod, amax, amin; mean with a float dtype=) in int64, exactly: sums and products wrap around
+as ATen's, whose promotion the outputs follow (sum/prod of ints and bools -> int64 unless dtype=).
+Results are rounded (or truncated) to the output dtype on store. Softmax uses the online max/sum
+update when R does not fit one block.
 
 Shape buckets (core/buckets.py): where only the kept leading dims vary and every tensor is
 contiguous, the same kernel takes the number of rows as the argument ``n_rows`` (the reduced
