@@ -94,7 +94,8 @@ def test_float64_and_integer_reductions(name, make, params, tmp_path):
         assert program.temps[0].dtype == FAMILY.plan(spec).acc
 
 
-@pytest.mark.parametrize("case", ["sum_default", "mean_default", "amax_all", "var_none", "zero_dim", "size1_dim"])
+@pytest.mark.parametrize("case", ["sum_default", "mean_default", "amax_all", "var_none", "zero_dim", "size1_dim",
+                                  "empty_var_mean", "empty_prod"])
 def test_full_and_degenerate(case, tmp_path):
     x = x3(F16)
     op, args, kwargs = {
@@ -104,6 +105,9 @@ def test_full_and_degenerate(case, tmp_path):
         "var_none": (aten.var.correction, (x, None), {}),
         "zero_dim": (aten.sum.dim_IntList, (torch.tensor(2.5), []), {}),
         "size1_dim": (aten.amin.default, (torch.randn(5, 1, 3), [1]), {}),
+        # rows of no elements: NaN (mean, var), 1 (prod), without reading the input
+        "empty_var_mean": (aten.var_mean.correction, (torch.empty(4, 0), [1]), {}),
+        "empty_prod": (aten.prod.default, (torch.empty(0, 3, dtype=torch.int32),), {}),
     }[case]
     assert_valid(FAMILY, spec_of(op, args, kwargs), tmp_path)
 
@@ -208,7 +212,8 @@ def test_refusals():
         dataclasses.replace(var, inputs=[dataclasses.replace(var.inputs[0], dtype="int64")]))
     # a float -> int conversion is undefined for NaN/inf
     assert "dtype=int64" in FAMILY.supports(spec_of(aten.sum.dim_IntList, (x, [1]), {"dtype": torch.int64}))
-    assert "empty" in FAMILY.supports(spec_of(aten.amax.default, (torch.empty(0, 3), [1])))
+    assert "empty" in FAMILY.supports(spec_of(aten.amax.default, (torch.empty(0, 3), [1])))  # ATen raises
+    assert "empty" in FAMILY.supports(spec_of(aten.sum.dim_IntList, (torch.empty(0, 3), [1])))  # no output
     assert FAMILY.supports(spec_of(aten.exp.default, (x,)))
     assert family_for(spec_of(aten.amax.default, (x, [1]))) is FAMILY
 

@@ -16,7 +16,8 @@ Dtypes: fp32/fp16/bf16 accumulate in fp32, float64 in float64 (every kind); inte
 (sum, prod, amax, amin; mean with a float dtype=) in int64, exactly: sums and products wrap around
 as ATen's, whose promotion the outputs follow (sum/prod of ints and bools -> int64 unless dtype=).
 Results are rounded (or truncated) to the output dtype on store. Softmax uses the online max/sum
-update when R does not fit one block.
+update when R does not fit one block. Rows of no elements (R == 0) get the value ATen gives them
+(0, 1, NaN) from a kernel that reads nothing.
 
 Shape buckets (core/buckets.py): where only the kept leading dims vary and every tensor is
 contiguous, the same kernel takes the number of rows as the argument ``n_rows`` (the reduced
@@ -51,6 +52,8 @@ INF = "float('inf')"
 FLOATS = cg.FLOAT_TYPES + ("float64",)
 ALL_TYPES = FLOATS + cg.INT_TYPES + ("bool",)
 INT_KINDS = ("sum", "prod", "amax", "amin")   # the kinds ATen defines on integer and bool inputs
+# what a row of no elements reduces to (ATen: mean and var of nothing are NaN; amax/amin raise)
+EMPTY_VALUES = {"sum": 0, "prod": 1, "mean": "nan", "var": "nan", "std": "nan", "var_mean": "nan"}
 
 
 def _acc_type(dtype: str) -> str:
@@ -128,7 +131,7 @@ class ReductionFamily(KernelFamily):
         pre_cast, acc, out_dtype = types
         if any(o.dtype != out_dtype for o in spec.outputs):
             return f"output dtypes {[o.dtype for o in spec.outputs]}: {kind} of {x.dtype} gives {out_dtype}"
-        if x.numel == 0:
+        if x.numel == 0 and (kind not in EMPTY_VALUES or not all(o.numel for o in spec.outputs)):
             return "empty input: nothing to reduce"
         ndim = len(x.shape)
         denom = 0.0
@@ -326,6 +329,8 @@ def _int_edge(meta: TensorMeta, g: torch.Generator, kind: str) -> torch.Tensor:
     wrap around; amax/amin meet the values their padding holds); "negative" draws only negatives
     (a row's maximum below 0, so padding with 0 would show), or the whole range if unsigned."""
     dtype, info = meta.torch_dtype, torch.iinfo(meta.torch_dtype)
+    if not meta.numel:
+        return torch.empty_strided(meta.shape, meta.stride, dtype=dtype, device=g.device)
     span = 1 + sum((n - 1) * st for n, st in zip(meta.shape, meta.stride))
     if kind == "negative" and info.min < 0:
         flat = torch.randint(max(info.min, -1000), 0, (span,), generator=g, device=g.device).to(dtype)
@@ -351,7 +356,7 @@ class _Gen:
         self.spec, self.p, self.c, self.runtime_rows = spec, plan, config, rows
         self.bm, self.br = int(config["BLOCK_M"]), int(config["BLOCK_R"])
         split = int(config["SPLIT"])
-        self.chunk = -(-plan.R // split)
+        self.chunk = max(1, -(-plan.R // split))                  # (R == 0: no chunk is read)
         self.chunk = -(-self.chunk // self.br) * self.br          # a whole number of blocks
         self.split = -(-plan.R // self.chunk)                     # chunks actually needed
         self.single = self.split == 1 and self.br >= plan.R
@@ -478,6 +483,8 @@ class _Gen:
 
     def program(self) -> KernelProgram:
         self.header()
+        if self.p.R == 0:
+            return self.empty_rows()
         if self.p.kind == "prod":  # tl.reduce's combine function: triton has no tl.prod
             self.src("@triton.jit", "def _multiply(a, b):", "    return a * b").blank()
         if self.p.kind in SOFTMAX_OPS.values():
@@ -665,6 +672,24 @@ class _Gen:
                          {"BLOCK_M": bm2, "BLOCK_S": sp2}, 4 if bm2 * sp2 >= 1024 else 1, 1)
         tmp = Buffer((nparts, S, M), self.acc)
         return KernelProgram(s.text(), (partial, combine), temps=(tmp,))
+
+    def empty_rows(self) -> KernelProgram:
+        """R == 0: every row reduces nothing, its outputs are the kind's value of no elements."""
+        s, p = self.src, self.p
+        nout = len(p.out_dtypes)
+        value = EMPTY_VALUES[p.kind]
+        value = "float('nan')" if value == "nan" else self.one if value else self.zero
+        outs = ", ".join(f"out{i}_ptr" for i in range(nout))
+        s("@triton.jit", f"def {self.kname}_kernel({outs}{self.size_params}, BLOCK_M: tl.constexpr):").indent()
+        s("pid = tl.program_id(0)")
+        offs, row_mask = self.rows()
+        s(f"empty = tl.full([BLOCK_M], {value}, dtype={cg.tl_type(self.acc)})  # a row of no elements")
+        for i in range(nout):
+            self.store(i, offs[1 + i], "empty", row_mask)
+        s.dedent()
+        launch = self.row_launch(f"{self.kname}_kernel", tuple(("out", i) for i in range(nout)),
+                                 {"BLOCK_M": self.bm}, int(self.c["num_warps"]), 1)
+        return KernelProgram(s.text(), (launch,))
 
     # softmax -----------------------------------------------------------------------------------
     def softmax(self) -> KernelProgram:
