@@ -528,7 +528,8 @@ class _Gen:
                 s("total = tl.reduce(x, 1, _multiply)")
             return
         if kind in ("amax", "amin"):
-            red, better, init = ("tl.max", ">", self.extreme(kind)) if kind == "amax" else ("tl.min", "<", self.extreme(kind))
+            red, better = ("tl.max", ">") if kind == "amax" else ("tl.min", "<")
+            init = self.extreme(kind)
             floats = cg.is_float(self.acc)
             if loop:
                 s(f"acc = tl.full([BLOCK_M, BLOCK_R], {init}, dtype={acc_t})")
