@@ -27,6 +27,7 @@ from torch_kernelize.compiling.decompositions_histogram import HISTOGRAM_DECOMPO
 from torch_kernelize.compiling.decompositions_scatter import SCATTER_DECOMPOSITIONS, SCATTER_OVERRIDES
 from torch_kernelize.compiling.decompositions_triangular import TRIANGULAR_DECOMPOSITIONS
 from torch_kernelize.compiling.ranking_decompositions import RANKING_DECOMPOSITIONS
+from torch_kernelize.core.shapes import dense_order
 
 if TYPE_CHECKING:
     from torch_kernelize.core.targets import Target
@@ -434,19 +435,6 @@ def _same_layout(shape, got, want) -> bool:
     return all(_hinted(n) <= 1 or _hinted(g) == _hinted(w) for n, g, w in zip(shape, got, want))
 
 
-def _dense_order(shape, stride) -> list[int] | None:
-    """The dims from outermost to innermost if ``stride`` is a dense layout of ``shape`` (a
-    permutation of a contiguous tensor); None for overlapping or gapped layouts."""
-    sizes, strides = [_hinted(n) for n in shape], [_hinted(s) for s in stride]
-    order = sorted(range(len(sizes)), key=lambda d: (-strides[d], -sizes[d]))
-    expect = 1
-    for d in reversed(order):
-        if sizes[d] != 1 and strides[d] != expect:
-            return None
-        expect *= sizes[d]
-    return order
-
-
 def keep_layout(out: Any, traced: Any) -> Any:
     """``out`` (a decomposition's result) with each tensor in the strides of ``traced`` (the
     replaced node's ``val``). A dense layout is made by a contiguous clone of the permuted
@@ -458,7 +446,7 @@ def keep_layout(out: Any, traced: Any) -> Any:
         return out
     if _same_layout(out.shape, out.stride(), traced.stride()):
         return out
-    order = _dense_order(traced.shape, traced.stride())
+    order = dense_order(traced.shape, traced.stride())
     if order is not None:
         inverse = sorted(range(len(order)), key=order.__getitem__)
         y = aten.clone.default(aten.permute.default(out, order), memory_format=torch.contiguous_format)

@@ -18,6 +18,7 @@ import torch
 from torch._decomp import decomposition_table as _torch_table
 
 from torch_kernelize.compiling.decomposition_registry import registrar
+from torch_kernelize.core.shapes import dense_order
 
 aten = torch.ops.aten
 ELEMENTWISE_DECOMPOSITIONS: dict[Any, Callable] = {}
@@ -52,8 +53,7 @@ def _frexp(x: torch.Tensor):
 def _output_order(x: torch.Tensor, memory_format: torch.memory_format | None) -> list[int]:
     """The dims of ``_to_copy(x)``'s output from outermost to innermost: x's own order where x is
     dense (preserve_format keeps its strides), else the contiguous one."""
-    from torch_kernelize.compiling.decompositions import _dense_order  # (it imports this module)
-    order = _dense_order(x.shape, x.stride()) if memory_format in (None, torch.preserve_format) else None
+    order = dense_order(x.shape, x.stride()) if memory_format in (None, torch.preserve_format) else None
     return list(range(x.dim())) if order is None else order
 
 

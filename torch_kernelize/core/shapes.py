@@ -74,6 +74,19 @@ class SymbolBinder:
         return {sym: sympy.Integer(int(v)) for sym, v in zip(self.symbols, key) if v is not None}
 
 
+def dense_order(shape: Sequence[Any], stride: Sequence[Any]) -> list[int] | None:
+    """The dims from outermost to innermost if ``stride`` is a dense layout of ``shape`` (a
+    permutation of a contiguous tensor); None for overlapping or gapped layouts."""
+    sizes, strides = [int(_hint(n)) for n in shape], [int(_hint(s)) for s in stride]
+    order = sorted(range(len(sizes)), key=lambda d: (-strides[d], -sizes[d]))
+    expect = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expect:
+            return None
+        expect *= sizes[d]
+    return order
+
+
 def evaluate(v: Any, bindings: dict[sympy.Symbol, int]) -> Any:
     """A concrete int/float/bool for a Python or symbolic scalar; None if it cannot be fixed."""
     e = _expr(v)
