@@ -482,6 +482,13 @@ def test_zero_dim_and_one_element_regions(shape, tmp_path):
     compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path)
 
 
+def test_zero_dim_operand_of_minimum_and_maximum(tmp_path):
+    """A 0-d operand beside a block in minimum/maximum (logsigmoid's region: minimum(0, x)): its
+    NaN test is a comparison of one-element values, which the interpreter types as float."""
+    spec = one_region(lambda z, x: torch.minimum(z, x) - torch.maximum(z, -x).exp(), torch.zeros(()), torch.randn(20))
+    compare_eager(FAMILY, spec, assert_valid(FAMILY, spec, tmp_path, seeds=(0,)), tmp_path)
+
+
 @pytest.mark.parametrize("shape", [(1, 2), (3, 4), (1, 5), (5, 2), (1, 1, 3)], ids=str)
 def test_rowwise_regions_smaller_than_a_warp(shape, tmp_path):
     """A region of fewer than 32 elements is one tile of one warp (the whole region, as the sort

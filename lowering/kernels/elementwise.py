@@ -276,8 +276,10 @@ def _check_polygamma(args: dict[str, Any]) -> str | None:
     return None
 
 
-_MAX = lambda x, y: f"tl.where(({x} > {y}) | ({x} != {x}), {x}, {y})"
-_MIN = lambda x, y: f"tl.where(({x} < {y}) | ({x} != {x}), {x}, {y})"
+# nested, not ``(x > y) | (x != x)``: the interpreter types a comparison of two one-element values
+# as float, which ``|`` with a block of bools refuses (a 0-d operand of a fused region)
+_MAX = lambda x, y: f"tl.where({x} != {x}, {x}, tl.where({x} > {y}, {x}, {y}))"
+_MIN = lambda x, y: f"tl.where({x} != {x}, {x}, tl.where({x} < {y}, {x}, {y}))"
 
 OPS: dict[str, PointwiseOp] = {
     # unary math (floating)
