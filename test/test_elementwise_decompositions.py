@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.compiling.lower import lower
-from torch_kernelize.core.targets import Target
-
-NOTHING = Target("nothing", device="cpu", triton="none", supported=frozenset())
+from decomposition_testing import lowered_decomposing
 
 
-def _lowered(fn, *args, op: str):
-    gm = make_fx(fn, tracing_mode="fake")(*args)
-    lowered = lower(gm, list(args), {"repro_dir": "off"}, target=NOTHING)
-    # the op decomposed; a cast to complex leaves real conversions (the host's here, the family's on a chip)
-    assert [d.tier for d in lowered.report.decisions if d.op == op][0] == "decompose"
-    got = lowered(list(args))
+def _outputs(fn, *args, op: str) -> list:
+    """The outputs of ``fn`` lowered where ``op`` decomposed (a cast to complex leaves real
+    conversions of its own: the host's here, the family's on a chip)."""
+    got = lowered_decomposing(fn, *args, op=op, only=False)(list(args))
     return got if isinstance(got, (tuple, list)) else [got]
 
 
@@ -37,7 +31,7 @@ def test_frexp_is_exact(dtype):
     special = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), info.tiny, -info.tiny / 3, info.tiny * info.eps,
                info.max, -1.0, 0.75, 3.0]
     x = torch.cat([torch.tensor(special, dtype=torch.float64).to(dtype), (torch.randn(40) * 1e3).to(dtype)])
-    for g, w in zip(_lowered(torch.frexp, x, op="aten.frexp.Tensor"), torch.frexp(x)):
+    for g, w in zip(_outputs(torch.frexp, x, op="aten.frexp.Tensor"), torch.frexp(x)):
         _same(g, w)
 
 
@@ -53,4 +47,4 @@ def test_cast_to_complex(case):
                 "f64_sliced_c64": (r.double()[:, ::2], torch.complex64),
                 "c128_c64": (torch.complex(r, r * 2).double().to(torch.complex128), torch.complex64)}[case]
     fn = lambda t: t.to(dtype)  # noqa: E731
-    _same(_lowered(fn, x, op="aten._to_copy.default")[0], fn(x))
+    _same(_outputs(fn, x, op="aten._to_copy.default")[0], fn(x))

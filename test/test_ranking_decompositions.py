@@ -8,21 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_kernelize.compiling.lower import lower
-from torch_kernelize.core.targets import Target
+from decomposition_testing import lowered_decomposing
 
-NOTHING = Target("nothing", device="cpu", triton="none", supported=frozenset())
 aten = torch.ops.aten
 SUM, MEAN, MAX = 0, 1, 2
-
-
-def _lowered(fn, *args, op: str):
-    gm = make_fx(fn, tracing_mode="fake")(*args)
-    lowered = lower(gm, list(args), {"repro_dir": "off"}, target=NOTHING)
-    assert [d.tier for d in lowered.report.decisions if d.op == op] == ["decompose"], op
-    return lowered
 
 
 def _same(got, want) -> None:
@@ -37,7 +27,7 @@ def _same(got, want) -> None:
 
 
 def _check(fn, *args, op: str):
-    _same(_lowered(fn, *args, op=op)(list(args)), fn(*args))
+    _same(lowered_decomposing(fn, *args, op=op)(list(args)), fn(*args))
 
 
 def _table() -> torch.Tensor:
@@ -124,7 +114,7 @@ def test_embedding_bag_backward(mode, case, padding, weights, by_freq):
 
     def f(g, i, o, a, b, m, *p):
         return aten._embedding_bag_backward(g, i, o, a, b, m, 12, by_freq, mode, False, p[0] if p else None, pad)
-    got = _lowered(f, *args, op="aten._embedding_bag_backward.default")(args)
+    got = lowered_decomposing(f, *args, op="aten._embedding_bag_backward.default")(args)
     want = _reference_grad(grad, ids, offsets, last, mode, psw, pad, by_freq) if by_freq else f(*args)
     _same(got, want)
     if mode != MAX:
@@ -166,7 +156,7 @@ def test_embedding_bag_raises_where_eager_raises(ids, offsets):
         return torch.nn.functional.embedding_bag(i, w, o, mode="sum")
     with pytest.raises(RuntimeError):
         f(weight, ids, offsets)
-    lowered = _lowered(f, weight, torch.tensor([1, 2]), torch.tensor([0, 1]), op="aten._embedding_bag_forward_only.default")
+    lowered = lowered_decomposing(f, weight, torch.tensor([1, 2]), torch.tensor([0, 1]), op="aten._embedding_bag_forward_only.default")
     with pytest.raises(IndexError):
         lowered([weight, ids, offsets])
 
@@ -199,7 +189,7 @@ def test_segment_reduce_raises_where_eager_raises(lengths):
         return torch.segment_reduce(d, "sum", lengths=b)
     with pytest.raises(RuntimeError):
         f(data, lengths)
-    lowered = _lowered(f, data, torch.tensor([2, 0, 4]), op="aten.segment_reduce.default")
+    lowered = lowered_decomposing(f, data, torch.tensor([2, 0, 4]), op="aten.segment_reduce.default")
     with pytest.raises(IndexError):
         lowered([data, lengths])
     _same(lowered([data, torch.tensor([1, 5, 0])]), f(data, torch.tensor([1, 5, 0])))  # valid lengths, same graph
@@ -222,6 +212,6 @@ def test_repeat_interleave_raises_where_eager_raises(repeats):
         return torch.repeat_interleave(t, output_size=5)
     with pytest.raises(RuntimeError):
         f(torch.tensor(repeats))
-    lowered = _lowered(f, torch.tensor([1] * len(repeats)), op="aten.repeat_interleave.Tensor")
+    lowered = lowered_decomposing(f, torch.tensor([1] * len(repeats)), op="aten.repeat_interleave.Tensor")
     with pytest.raises(IndexError):
         lowered([torch.tensor(repeats)])

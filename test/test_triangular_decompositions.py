@@ -6,31 +6,17 @@ singular matrix too), cholesky (both triangles); a pivot out of range and a
 matrix that is not positive-definite raise."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils import _pytree as pytree
 
-from torch_kernelize.compiling.lower import lower
-from torch_kernelize.core.targets import Target
+from decomposition_testing import check_against_eager, lowered_decomposing
 
-NOTHING = Target("nothing", device="cpu", triton="none", supported=frozenset())
 F64 = torch.float64
+_check = functools.partial(check_against_eager, tol=1e-10)  # substitution and elimination round
 
 
-def _lowered(fn, *args, op: str):
-    gm = make_fx(fn, tracing_mode="fake")(*args)
-    lowered = lower(gm, list(args), {"repro_dir": "off"}, target=NOTHING)
-    assert [d.tier for d in lowered.report.decisions if d.op == op] == ["decompose"], op
-    return lowered
-
-
-def _check(fn, *args, op: str) -> None:
-    got, want = (pytree.tree_leaves(r) for r in (_lowered(fn, *args, op=op)(list(args)), fn(*args)))
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
-        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
 
 def _matrix() -> torch.Tensor:
@@ -57,7 +43,7 @@ def test_lu_unpack_and_lu_solve():
     _check(lambda lu, p, b: torch.linalg.lu_solve(lu, p, b, left=False, adjoint=True), lu, piv, b.mT, op=op)
     piv[1, 0] = 5
     with pytest.raises(IndexError):
-        _lowered(lambda lu, p: torch.lu_unpack(lu, p), lu, piv, op="aten.lu_unpack.default")([lu, piv])
+        lowered_decomposing(lambda lu, p: torch.lu_unpack(lu, p), lu, piv, op="aten.lu_unpack.default")([lu, piv])
 
 
 def test_lu_factor_and_slogdet():
@@ -76,4 +62,4 @@ def test_cholesky():
     _check(lambda a: torch.cholesky(a, upper=True), spd, op="aten.cholesky.default")
     spd[1, 2, 2] = -1.0
     with pytest.raises(IndexError):
-        _lowered(lambda a: torch.cholesky(a), spd, op="aten.cholesky.default")([spd])
+        lowered_decomposing(lambda a: torch.cholesky(a), spd, op="aten.cholesky.default")([spd])
