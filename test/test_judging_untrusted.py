@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -79,6 +80,19 @@ def test_reproducers_are_read_as_data_never_run(repro, tmp_path, capsys):
     _, code, detail = replay_one(repro, "interpreter", str(tmp_path / "empty"), 300)
     assert code == 1 and "still a miss" in detail, detail  # replayed: an empty cache has no kernel for it
     assert not (tmp_path / "MARKER").exists()  # (fill_cache --repros: the tests below)
+
+
+def test_a_batch_replay_stops_at_a_folder_that_cannot_run_and_the_rest_run_alone(repro, tmp_path):
+    """``repros replay`` replays a share of folders per process; after one that could not run (it
+    may have left the process unusable) the others are replayed each in a fresh process."""
+    from torch_kernelize.repro import listing
+    broken, last = (shutil.copytree(repro, tmp_path / "repros" / name) for name in ("broken", "last"))
+    (broken / "spec.json").unlink()
+    with mock.patch.object(listing, "replay_one", wraps=listing.replay_one) as alone:
+        results = listing.replay_batch([repro, broken, last], "interpreter", str(tmp_path / "empty"), 300)
+    assert [(f, code) for f, code, _ in results] == [(repro, 1), (broken, 2), (last, 1)], results
+    assert "still a miss" in results[2][2]
+    assert [c.args[0] for c in alone.call_args_list] == [last]  # the batch answered the first two
 
 
 @pytest.mark.parametrize("damage, why", [

@@ -1,5 +1,8 @@
 """List reproducers, or replay them all in fresh processes with a summary table (from each
 folder's data: spec.json and its captured inputs; its repro.py runs only with --run-scripts).
+Each of the ``--jobs`` processes replays its share of the folders in turn (torch imported once
+per process, not once per folder); a folder whose process crashed, hung or stopped after a
+folder that could not run is replayed again alone.
 
     python -m torch_kernelize.repros list   kernelize_repros
     python -m torch_kernelize.repros replay kernelize_repros [--target T] [--cache-dir D] [--jobs N] [--run-scripts]
@@ -79,11 +82,41 @@ def replay_one(folder: Path, target: str | None, cache_dir: str | None, timeout:
     return folder, proc.returncode if proc.returncode in STATUS else 2, lines[-1] if lines else ""
 
 
+def replay_batch(folders: list[Path], target: str | None, cache_dir: str | None,
+                 timeout: int) -> list[tuple[Path, int, str]]:
+    """``folders`` replayed from their data in ONE fresh process (torch imported once, not once per
+    folder); a folder it gave no answer for (it crashed, ran out of time, or stopped after a
+    folder that could not run) is replayed alone in a fresh process of its own."""
+    cmd = [sys.executable, "-m", "torch_kernelize.repro.run", "--batch", *(str(f.resolve()) for f in folders)]
+    cmd += (["--target", target] if target else []) + (["--cache-dir", cache_dir] if cache_dir else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * len(folders)).stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+    answers = {}
+    for line in out.splitlines():
+        try:
+            a = json.loads(line)
+            answers[a["folder"]] = (int(a["code"]), str(a["detail"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line the replayed graph printed itself
+    return [(f, *answers[str(f.resolve())]) if str(f.resolve()) in answers
+            else replay_one(f, target, cache_dir, timeout) for f in folders]
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     folders = find(args.root)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda f: replay_one(f, args.target, args.cache_dir, args.timeout,
-                                                      args.run_scripts), folders))
+    jobs = max(1, min(args.jobs, len(folders)))
+    if args.run_scripts:  # code from the folders: each in a process of its own
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(lambda f: replay_one(f, args.target, args.cache_dir, args.timeout, True),
+                                    folders))
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            shares = pool.map(lambda i: replay_batch(folders[i::jobs], args.target, args.cache_dir, args.timeout),
+                              range(jobs))
+        order = {f: i for i, f in enumerate(folders)}
+        results = sorted((r for share in shares for r in share), key=lambda r: order[r[0]])
     rows = [["FOLDER", "KIND", "RESULT", "DETAIL"]]
     for folder, code, detail in results:
         rows.append([folder.name, _meta(folder).get("kind", "?"), STATUS[code], detail[:120]])

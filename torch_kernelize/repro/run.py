@@ -1,6 +1,7 @@
 """Replay a reproducer: rebuild the graph, lower it with kernelize on the target, compare.
 
     python -m torch_kernelize.repro.run FOLDER [--target T] [--cache-dir D]
+    python -m torch_kernelize.repro.run --batch FOLDER... [--target T] [--cache-dir D]   # one JSON line each
 
 reads the folder as data (spec.json, the content store of captured inputs, reference.pt: see
 serving/repro_inputs.py); its repro.py, a script for people, runs the same through ``main``.
@@ -169,5 +170,25 @@ def _replay(folder: Path, argv: list[str] | None, module: Callable[[], torch.nn.
     return status
 
 
+def main_batch(argv: list[str]) -> int:
+    """``--batch FOLDER... [--target T] [--cache-dir D]``: replay several folders in this one
+    process (torch imported once), one JSON line each: folder, exit status, its last line of
+    output. Stops after a folder that could not run (it may have left this process unusable, as a
+    CUDA device assert does): the caller replays the rest each in a fresh process."""
+    import contextlib
+    import io
+    first_option = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    folders, opts = argv[:first_option], argv[first_option:]
+    for folder in folders:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main_folder([folder, *opts])
+        lines = (out.getvalue().strip() or err.getvalue().strip()).splitlines()
+        print(json.dumps({"folder": folder, "code": code, "detail": lines[-1] if lines else ""}), flush=True)
+        if code == ERROR:
+            break
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main_folder())
+    sys.exit(main_batch(sys.argv[2:]) if sys.argv[1:2] == ["--batch"] else main_folder())
