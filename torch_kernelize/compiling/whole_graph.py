@@ -22,29 +22,36 @@ beyond DESIGN.md, which names whole graphs and partitions only).
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.graph_cuts import cut_stretches
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
-from torch_kernelize.compiling.regions import Region, is_tensor_node
+from torch_kernelize.compiling.regions import Region, is_tensor_node, region_spec
 from torch_kernelize.core.encoding import encode_arg
 from torch_kernelize.core.graph_accuracy import WHOLE
 from torch_kernelize.core.graph_accuracy import is_whole as is_whole_graph  # noqa: F401 (its name here)
 
 MIN_COMPUTE_NODES = 2
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 # a stretch's lookup says which it is (planner.py); the fill searches cut ones at --budget 2 and more
 BROKEN = "a stretch between ops no program calls"
 CUT = "a stretch of the graph, for a mix"
 
 
-def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
-    """(the whole-graph region of ``gm``, "") or (None, why the graph is not offered whole)."""
+def whole_graph_region(gm: fx.GraphModule, symbolic: bool = False) -> tuple[Region | None, str]:
+    """(the whole-graph region of ``gm``, "") or (None, why the graph is not offered whole).
+    ``symbolic``: a dynamic graph's sizes (its SymInt inputs, the size arithmetic on them) are
+    left out of the region, as region_spec reads them under its bindings (dynamic_whole)."""
     nodes, inputs, computing = [], [], 0
     for node in gm.graph.nodes:
+        if symbolic and isinstance(node.meta.get("val"), _SYMBOLIC) and node.op in ("placeholder", "call_function"):
+            continue
         if node.op in ("placeholder", "get_attr"):  # a constant is one more input of the program
             if node.users and not is_tensor_node(node):
                 return None, f"input {node.name} is not a tensor"
@@ -74,6 +81,54 @@ def whole_graph_region(gm: fx.GraphModule) -> tuple[Region | None, str]:
         return None, why
     used = {a for n in nodes for a in n.all_input_nodes}
     return Region(WHOLE, nodes, [n for n in inputs if n in used], outputs), ""
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicWhole:
+    """A dynamic graph offered whole over the sizes of one symbol (a sequence length): its
+    region, the symbol, and each input and output dim of that size (a bucket's dims, variable 0)."""
+    region: Region
+    symbol: Any
+    dims: tuple[tuple[str, int, int, int], ...]
+
+
+def dynamic_whole(gm: fx.GraphModule, symbol: Any) -> tuple[DynamicWhole | None, str]:
+    """``gm`` (a dynamic graph) whole over the sizes of ``symbol``, or (None, why not): every
+    input and output dim that depends on it must be that size itself (a bucket gives the
+    outputs' sizes by its variable), and one at least must be."""
+    region, why = whole_graph_region(gm, symbolic=True)
+    if region is None:
+        return None, why
+    dims = []
+    for side, nodes in (("in", region.inputs), ("out", region.outputs)):
+        for i, n in enumerate(nodes):
+            for d, size in enumerate(n.meta["val"].shape):
+                e = size.node.expr if isinstance(size, torch.SymInt) else size
+                if e == symbol:
+                    dims.append((side, i, d, 0))
+                elif symbol in getattr(e, "free_symbols", ()):
+                    return None, f"{side}put {i}'s dim {d} is {e}, not {symbol} itself"
+    if not dims:
+        return None, f"no input or output dim is {symbol}"
+    return DynamicWhole(region, symbol, tuple(dims)), ""
+
+
+# sizes the varying symbol takes to write a dynamic graph's canonical form: two, so that no other
+# graph (a literal where this one has the symbol) agrees with it at both; primes no model dim is
+PROBES = (1009, 2003)
+
+
+def whole_probe_keys(whole: DynamicWhole, bindings: dict) -> tuple[str, ...] | None:
+    """The keys of ``whole``'s region with its symbol at each of PROBES and the others as
+    ``bindings`` give them (core/buckets.probe_prefix makes its buckets' key prefix of them).
+    None where a size is unbound."""
+    keys = []
+    for probe in PROBES:
+        spec = region_spec(whole.region, {**bindings, whole.symbol: probe})
+        if spec is None:
+            return None
+        keys.append(spec.key)
+    return tuple(keys)
 
 
 def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:

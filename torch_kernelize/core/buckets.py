@@ -31,7 +31,7 @@ SIDES = ("in", "out", "node")
 
 Dim = tuple[str, int, int, int]          # (side, tensor index, dim, variable)
 Range = tuple[int, int]                  # inclusive
-# an int, a variable ("v0"), or [op, operand, ...] with op "mul" or "cdiv"
+# an int, a variable ("v0"), or [op, operand, ...] with op "add", "mul" or "cdiv"
 SizeExpr = Union[int, str, list]
 
 
@@ -138,18 +138,19 @@ def abstract_canonical(spec: KernelSpec, dims: Sequence[Dim]) -> dict[str, Any]:
     return d
 
 
-def _digest(obj: Any) -> str:
+def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def key_prefix(spec: KernelSpec, dims: Sequence[Dim]) -> str:
     """The first hex digits of every bucket key of this abstract spec."""
-    return _digest(abstract_canonical(spec, dims))[:PREFIX_LEN]
+    return digest(abstract_canonical(spec, dims))[:PREFIX_LEN]
 
 
-def bucket_key(spec: KernelSpec, dims: Sequence[Dim], ranges: Sequence[Range]) -> str:
-    """The cache key of the bucket ``ranges`` (one per variable) of ``spec`` bucketed in ``dims``."""
-    return key_prefix(spec, dims) + _digest([list(r) for r in ranges])[:24 - PREFIX_LEN]
+def bucket_key(spec: KernelSpec, dims: Sequence[Dim], ranges: Sequence[Range], prefix: str | None = None) -> str:
+    """The cache key of the bucket ``ranges`` (one per variable) of ``spec`` bucketed in ``dims``
+    (``prefix``: its abstract spec's, where the caller wrote it another way: a dynamic graph's)."""
+    return (prefix or key_prefix(spec, dims)) + digest([list(r) for r in ranges])[:24 - PREFIX_LEN]
 
 
 def variables(dims: Sequence[Dim]) -> int:
@@ -215,20 +216,31 @@ def contains(ranges: Sequence[Range], values: Sequence[int]) -> bool:
 
 # --- the bucket record of a cache entry ---------------------------------------------------------
 
+def probe_prefix(probes: Sequence[str], dims: Sequence[Dim]) -> str:
+    """The key prefix of a dynamic graph's buckets, from the keys of its canonical form at the
+    probe sizes (compiling/whole_graph.py): a literal size cannot be told from a symbolic one in
+    a concrete spec, so these keys, not the representative, define the graph."""
+    return digest({"whole": list(probes), "dims": [list(d) for d in dims], "version": BUCKET_VERSION})[:PREFIX_LEN]
+
+
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """What a bucket entry's record holds under "bucket": its dims and ranges (and, written by
-    fill_cache, the sizes its winner was validated at)."""
+    fill_cache, the sizes its winner was validated at; for a dynamic graph's, its probe keys)."""
     dims: tuple[Dim, ...]
     ranges: tuple[Range, ...]
     validated: tuple[tuple[int, ...], ...] = ()
+    probes: tuple[str, ...] = ()
 
     def key(self, spec: KernelSpec) -> str:
-        return bucket_key(spec, self.dims, self.ranges)
+        return bucket_key(spec, self.dims, self.ranges, probe_prefix(self.probes, self.dims) if self.probes else None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": BUCKET_VERSION, "dims": [list(d) for d in self.dims],
-                "ranges": [list(r) for r in self.ranges], "validated_sizes": [list(v) for v in self.validated]}
+        d = {"version": BUCKET_VERSION, "dims": [list(d) for d in self.dims],
+             "ranges": [list(r) for r in self.ranges], "validated_sizes": [list(v) for v in self.validated]}
+        if self.probes:
+            d["probes"] = list(self.probes)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Bucket":
@@ -236,7 +248,8 @@ class Bucket:
             raise ValueError(f"bucket version {d.get('version')!r} is not {BUCKET_VERSION}")
         return cls(tuple((str(s), int(i), int(k), int(v)) for s, i, k, v in d["dims"]),
                    tuple((int(lo), int(hi)) for lo, hi in d["ranges"]),
-                   tuple(tuple(int(x) for x in v) for v in d.get("validated_sizes", ())))
+                   tuple(tuple(int(x) for x in v) for v in d.get("validated_sizes", ())),
+                   tuple(str(k) for k in d.get("probes", ())))
 
 
 # --- sizes computed at launch time --------------------------------------------------------------
@@ -249,8 +262,10 @@ def evaluate(expr: SizeExpr, values: Sequence[int]) -> int:
         return expr
     if isinstance(expr, str) and expr.startswith("v") and expr[1:].isdigit():
         return int(values[int(expr[1:])])
-    if isinstance(expr, list) and expr and expr[0] in ("mul", "cdiv"):
+    if isinstance(expr, list) and expr and expr[0] in ("add", "mul", "cdiv"):
         args = [evaluate(e, values) for e in expr[1:]]
+        if expr[0] == "add":
+            return sum(args)
         if expr[0] == "mul":
             out = 1
             for a in args:
@@ -275,7 +290,8 @@ def product(factors: Sequence[SizeExpr]) -> SizeExpr:
 
 
 def instantiate(program: Any, values: Sequence[int]) -> Any:
-    """``program`` (a KernelProgram) with every launch's run-time sizes evaluated for ``values``."""
+    """``program`` (a KernelProgram) with every launch's run-time sizes evaluated for ``values``
+    (and, for a graph bucket's program, every other integer it names in ``sized``)."""
     launches = []
     for launch in program.launches:
         sizes = launch.runtime_sizes
@@ -288,4 +304,18 @@ def instantiate(program: Any, values: Sequence[int]) -> Any:
             kind, _ = args[int(pos)]
             args[int(pos)] = (kind, evaluate(expr, values))
         launches.append(dataclasses.replace(launch, grid=grid, args=tuple(args)))
-    return dataclasses.replace(program, launches=tuple(launches))
+    program = dataclasses.replace(program, launches=tuple(launches))
+    return _resized_program(program, values) if program.sized else program
+
+
+def _resized_program(program: Any, values: Sequence[int]) -> Any:
+    """A graph bucket's program at ``values``: each integer its ``sized`` names, evaluated there
+    (its buffers' sizes, its vendor steps' views: sizes, strides and offsets)."""
+    d = program.to_json()
+    for path, expr in program.sized:
+        owner = d
+        for step in path[:-1]:
+            owner = owner[step]
+        owner[path[-1]] = evaluate(expr, values)
+    d.pop("sized")
+    return type(program).from_json(d, program.source)

@@ -185,6 +185,10 @@ class KernelProgram:
     steps: tuple[VendorStep, ...] = ()  # vendor calls between the launches (see the module docstring)
     checks: tuple[Check, ...] = ()  # flags of invalid inputs, checked after the launches
     views: tuple[View, ...] = ()  # pointers into outputs and temporaries at an offset ("view" args)
+    # a graph bucket's program (core/buckets.py): each integer of to_json() outside the launches
+    # that is a function of the bucket's sizes (buffer sizes, vendor steps' views), as (its path
+    # in to_json(), a SizeExpr); the launches name theirs in runtime_sizes
+    sized: tuple[tuple[tuple[Any, ...], Any], ...] = ()
 
     def __post_init__(self):
         if self.language not in LANGUAGES:
@@ -208,7 +212,8 @@ class KernelProgram:
                 raise ValueError(f"view {v.to_json()}: a view points past the start of an output or temporary")
             if kind == "tmp" and v.offset >= math.prod(self.temps[i].shape):
                 raise ValueError(f"view {v.to_json()}: past the end of temporary {i}")
-        if self.views and (self.donations or self.language != "triton" or any(l.runtime_sizes for l in self.launches)):
+        if self.views and (self.donations or self.language != "triton"
+                           or (any(l.runtime_sizes for l in self.launches) and not self.sized)):
             raise ValueError("views into buffers are for Triton programs of one size without donations "
                              "(a bucket's buffers change size, and with them the views' offsets)")
         if self.steps:
@@ -281,6 +286,8 @@ class KernelProgram:
             d["checks"] = [c.to_json() for c in self.checks]
         if self.views:
             d["views"] = [v.to_json() for v in self.views]
+        if self.sized:
+            d["sized"] = [[list(path), expr] for path, expr in self.sized]
         return d
 
     @classmethod
@@ -291,7 +298,8 @@ class KernelProgram:
                    tuple(Buffer.from_json(b) for b in d.get("state", ())), d.get("language", "triton"),
                    tuple(VendorStep.from_json(x) for x in d.get("steps", ())),
                    tuple(Check.from_json(c) for c in d.get("checks", ())),
-                   tuple(View.from_json(v) for v in d.get("views", ())))
+                   tuple(View.from_json(v) for v in d.get("views", ())),
+                   tuple((tuple(path), expr) for path, expr in d.get("sized", ())))
 
     def describe(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)

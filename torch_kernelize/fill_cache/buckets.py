@@ -23,15 +23,16 @@ import logging
 import random
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from torch_kernelize.compiling.bucket_lookup import bucket_runner, bucket_sizes, region_bucket_sizes
-from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, bucket_key, spec_at, unbucketable, values_of
+from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, spec_at, unbucketable, values_of
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, load_model, running_model
 from torch_kernelize.fill_cache.measure import Evaluation, Measurer
+from torch_kernelize.fill_cache.whole_buckets import whole_works
 from torch_kernelize.lowering.kernels import Config, KernelFamily, family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
@@ -70,10 +71,18 @@ class BucketWork:
     dims: tuple[Dim, ...]
     ranges: tuple[Range, ...]
     source: str
+    # a dynamic graph's bucket (whole_buckets.py): its probe keys, its generator, its spec at a size
+    probes: tuple[str, ...] = ()
+    generator: KernelFamily | None = None
+    at: Callable[[Sequence[int]], KernelSpec] | None = None
 
     @property
     def key(self) -> str:
-        return bucket_key(self.spec, self.dims, self.ranges)
+        return Bucket(self.dims, self.ranges, probes=self.probes).key(self.spec)
+
+    def spec_at(self, values: Sequence[int]) -> KernelSpec:
+        """The concrete spec at the variables' ``values``."""
+        return self.at(values) if self.at is not None else spec_at(self.spec, self.dims, values)
 
     def row(self) -> dict[str, Any]:
         """The bucket's row of the summary, before its search."""
@@ -83,7 +92,8 @@ class BucketWork:
 
     def record(self) -> dict[str, Any]:
         """What its entry's record holds beside what any search stores: the bucket."""
-        return {"bucket": Bucket(self.dims, self.ranges, tuple(inside_sizes(self.ranges, self.key))).to_json()}
+        return {"bucket": Bucket(self.dims, self.ranges, tuple(inside_sizes(self.ranges, self.key)),
+                                 self.probes).to_json()}
 
 
 class BucketFamily(KernelFamily):
@@ -148,8 +158,9 @@ def _resized(t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
 
 
 def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequence[DynamicDim],
-                     boundaries: Boundaries) -> list[BucketWork]:
-    """The buckets of every node of ``ref`` whose sizes vary with the ``dynamic`` dims."""
+                     boundaries: Boundaries, wholes: bool = False) -> list[BucketWork]:
+    """The buckets of every node of ``ref`` whose sizes vary with the ``dynamic`` dims; with
+    ``wholes`` (the Inductor generator is asked), then each of its dynamic graphs whole."""
     from torch_kernelize.backend import compile_with_session
     from torch_kernelize.compiling.lower import Session
     from torch_kernelize.core.options import Options
@@ -191,6 +202,9 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
     for g in graphs:
         if g.plan is not None:
             _graph_works(g, example, boundaries, f"model:{ref}", works)
+    # then each dynamic graph whole, per bucket: its own assembly (the buckets above) is its baseline
+    for w in whole_works(graphs, example, boundaries, f"model:{ref}") if wholes else ():
+        works.setdefault(w.key, w)
     return list(works.values())
 
 
@@ -264,15 +278,17 @@ class BucketMeasurer:
     """A bucket's measurer (measure.CandidateMeasurer): candidates are built, validated and timed
     at the representative (the upper edge) as any spec's are; a correct one is validated again,
     with the same binaries and the launch sizes serving computes, at the other ``inside_sizes``.
-    In this process: those checks load the representative's binaries."""
+    In this process: those checks load the representative's binaries. ``cache_dir``: the cache
+    being filled, where a whole graph's own assembly (its baseline) runs from."""
 
     contains_faults = False
 
-    def __init__(self, work: BucketWork, family: KernelFamily, target: Target, builder: Builder):
+    def __init__(self, work: BucketWork, family: KernelFamily, target: Target, builder: Builder,
+                 cache_dir: Path | None = None):
         self.spec, self.family, self.dims, self.builder = work.spec, family, work.dims, builder
         self.sizes = inside_sizes(work.ranges, work.key)
-        self.top = Measurer(work.spec, family, target, builder=builder)
-        self.others = [(v, Measurer(spec_at(work.spec, work.dims, v), family, target, builder=builder))
+        self.top = Measurer(work.spec, family, target, builder=builder, cache_dir=cache_dir)
+        self.others = [(v, Measurer(work.spec_at(v), family, target, builder=builder))
                        for v in self.sizes if v != values_of(work.spec, work.dims)]
 
     @property
@@ -317,8 +333,9 @@ class BucketMeasurer:
 
 
 def works_from_args(args: Any, target: Target) -> list[BucketWork]:
-    """The buckets fill_cache's arguments ask for: each --model's --dynamic dims, and the recorded
-    misses under --repros that name their bucket dims."""
+    """The buckets fill_cache's arguments ask for: each --model's --dynamic dims (its graphs
+    whole too where the Inductor generator is asked: whole_buckets.py), and the recorded misses
+    under --repros that name their bucket dims."""
     import json
     try:
         boundaries = Boundaries.parse(args.buckets)
@@ -327,9 +344,11 @@ def works_from_args(args: Any, target: Target) -> list[BucketWork]:
     dynamic = [DynamicDim.parse(t) for t in args.dynamic]
     if dynamic and not args.model:
         raise UsageError("--dynamic names dims of a model's inputs: give the model with --model")
+    from torch_kernelize.fill_cache.generators import chosen_generators
+    wholes = any(g.name == "inductor" for g in chosen_generators(args.generators, target))
     works: list[BucketWork] = []
     for ref in args.model if dynamic else ():
-        works += works_from_model(ref, target, args.cache_dir, dynamic, boundaries)
+        works += works_from_model(ref, target, args.cache_dir, dynamic, boundaries, wholes)
     for folder in args.repros:
         for meta_path in sorted(Path(folder).glob("*/spec.json")):
             try:

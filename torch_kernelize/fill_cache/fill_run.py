@@ -162,10 +162,10 @@ class FillRun:
         if status in ("hit", "vendor") and not self.force:
             row.update(status="cached", winner=_winner_text(entry), speedup=entry.speedup)
             return row
-        family = BucketFamily(family or _registry_family(work.spec), work.dims)
+        family = BucketFamily(family or work.generator or _registry_family(work.spec), work.dims)
         journal = Journal(self.cache.journal_path(work.key))
         journal.archive()  # (a bucket's search starts afresh)
-        measurer = BucketMeasurer(work, family, self.target, builder)
+        measurer = BucketMeasurer(work, family, self.target, builder, self.cache.dir)
         search = Search(work.key, work.spec, family, measurer, journal, [], self.force, work.record(), unaligned=False)
         try:
             return self._searched(search, row, None)

@@ -64,7 +64,8 @@ class _WholeRecorder(TorchDispatchMode):
         self.allocations: dict[int, _Allocation] = {}   # storage -> allocation (read by _launch_fields)
         self.bases: dict[int, _Base] = {}
         for i, t in enumerate(inputs):
-            self.bases.setdefault(_storage(t), _Base(t, ("in", i)))
+            if isinstance(t, torch.Tensor):  # (a dynamic graph's size symbols are ints)
+                self.bases.setdefault(_storage(t), _Base(t, ("in", i)))
         self.entries: list[tuple[str, Any]] = []          # ("launch", fields) | ("step", VendorStep)
         self.launches = 0
 

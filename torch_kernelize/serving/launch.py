@@ -214,7 +214,16 @@ class ProgramRunner:
         runner.program = program
         runner._out_metas = tuple(outputs)
         runner._plans = [self._plan(l, n) for l, n in zip(program.launches, self._names)]
-        runner._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i)) for i, m in enumerate(outputs)]
+        made_out = program.produced_outputs
+        runner._out_allocs = [(m.shape, m.stride, m.torch_dtype, program.init_of(i)) if i not in made_out else None
+                              for i, m in enumerate(outputs)]
+        if program.steps or program.views:  # a graph bucket's program: its steps' views and buffers resize too
+            runner._views = [(v.buffer[0], v.buffer[1], v.offset) for v in program.views]
+            runner._steps = {}
+            for step in program.steps:
+                runner._steps.setdefault(step.at, []).append(StepCall(step))
+            runner._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) if i not in program.produced_temps
+                                   else None for i, b in enumerate(program.temps)]
         if self.backend == "cuda":
             runner._consts = ()
             runner._cuda_plans = runner._cuda_plans_for(self._kernels)

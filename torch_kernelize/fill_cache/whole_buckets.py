@@ -1,0 +1,259 @@
+"""Graph-level winners over shape buckets: a dynamic graph competes whole, one bucket at a time.
+
+``fill_cache --model M --dynamic I:D:LO-HI`` traces M with dynamic shapes (buckets.py). Each
+graph that can be one program over the sizes of that dim (compiling/whole_graph.py's
+``dynamic_whole``: every node an ATen op, every input and output dim that depends on the size
+the size itself) becomes one BucketWork per bucket, keyed by the graph's canonical form at two
+probe sizes and the bucket's range (``whole_probe_keys``, core/buckets.probe_prefix). Its candidate is Inductor's output,
+compiled once with that size dynamic over the bucket (``mark_dynamic`` with the bucket's edges),
+recorded at several sizes of the bucket (inductor_program.py) and fitted into one program
+(program_fit.py). It competes at the upper edge with the graph's own assembly (the nodes' and
+regions' own bucket entries, filled before it) and is validated at the edges and inside like any
+bucket's winner (buckets.BucketMeasurer). Serving finds the bucket by the graph's prefix and
+runs the program at the call's size: no compile, no code generation, no disk read
+(compiling/bucket_lookup.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.compiling.regions import region_spec
+from torch_kernelize.compiling.whole_graph import DynamicWhole, whole_probe_keys
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
+from torch_kernelize.fill_cache.inductor import GENERATOR, RECORD_SEED, InductorGenerator, _compiling, _output_module
+from torch_kernelize.fill_cache.inductor_program import record_whole
+from torch_kernelize.fill_cache.program_fit import fit_program
+from torch_kernelize.lowering.kernels import Config, KernelFamily, KernelProgram
+from torch_kernelize.lowering.kernels.recording import RecordingError, recorded_once
+
+log = logging.getLogger("torch_kernelize.fill_cache")
+
+FIT_SIZES = 5  # sizes a program is recorded at: the edges and three inside (every size of a smaller bucket)
+
+
+@dataclasses.dataclass
+class DynamicGraph:
+    """A dynamic graph of the trace, whole over one symbol: what its buckets are made from."""
+    gm: fx.GraphModule
+    whole: DynamicWhole
+    bindings: dict  # every symbol at its traced size (the varying one is replaced per size)
+
+    def spec_at(self, values: Sequence[int]) -> KernelSpec:
+        spec = region_spec(self.whole.region, {**self.bindings, self.whole.symbol: int(values[0])})
+        if spec is None:
+            raise RecordingError(f"the graph has a size that is not bound at {self.whole.symbol}={values[0]}")
+        return spec
+
+    def probes(self) -> tuple[str, ...] | None:
+        return whole_probe_keys(self.whole, self.bindings)
+
+
+def fit_sizes(lo: int, hi: int) -> list[int]:
+    """Where a bucket's program is recorded: every size of a small bucket; else both edges, the
+    sizes next to them and the middle."""
+    if hi - lo + 1 <= FIT_SIZES:
+        return list(range(lo, hi + 1))
+    return sorted({lo, lo + 1, (lo + hi) // 2, hi - 1, hi})
+
+
+class WholeBucketGenerator(KernelFamily):
+    """Inductor's output for one dynamic graph over one bucket, as one fitted program."""
+
+    name = GENERATOR
+    generates_in_parent = True  # it holds the graph, which no worker process has
+
+    def __init__(self, graph: DynamicGraph, bucket: tuple[int, int]):
+        self.graph, self.bucket = graph, bucket
+        self._programs: dict[Any, KernelProgram | RecordingError] = {}
+
+    def supports(self, spec: KernelSpec) -> str | None:
+        return None
+
+    def bucket_support(self, spec: KernelSpec, dims: Any) -> str | None:
+        return None
+
+    def bucket_config_problem(self, config: Config) -> str | None:
+        return None
+
+    def seed_configs(self, spec: KernelSpec) -> list[Config]:
+        return [Config.of(mode="default")]
+
+    def evaluations(self, spec: KernelSpec, budget: int) -> int:
+        return 1
+
+    def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
+        return []
+
+    def sample_inputs(self, spec, seed, kind="random", device="cpu"):
+        return WHOLE_GRAPH_DOMAIN.sample_inputs(spec, seed, kind, device)
+
+    def provenance(self, config: Config) -> dict[str, Any]:
+        out = InductorGenerator().provenance(config)
+        out["inductor"]["dynamic"] = {"symbol": str(self.graph.whole.symbol), "bucket": list(self.bucket),
+                                      "recorded_at": fit_sizes(*self.bucket)}
+        return out
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config, dims: Any) -> KernelProgram:
+        mode = config.get("mode", "default")
+        return recorded_once(self._programs, mode, lambda: self._capture(spec, mode),
+                             f"no Inductor candidate over the bucket ({mode})")
+
+    def _capture(self, spec: KernelSpec, mode: str) -> KernelProgram:
+        lo, hi = self.bucket
+        on_gpu = spec.outputs[0].device == "cuda" and torch.cuda.is_available()
+        device = "cuda" if on_gpu else "cpu"
+        sizes = fit_sizes(lo, hi)
+        specs = {v: self.graph.spec_at([v]) for v in sizes}
+        inputs = {v: WHOLE_GRAPH_DOMAIN.sample_inputs(specs[v], RECORD_SEED, "random", device) for v in sizes}
+        with _compiling(on_gpu, mode) as loaded:
+            compiled, example = _compile_dynamic(self.graph, inputs[hi], lo, hi)
+            module = _output_module(loaded)
+
+            def call(*tensors: torch.Tensor) -> Any:
+                return compiled(*_graph_arguments(example, tensors))
+            if on_gpu:  # Inductor autotunes on its first call, at the upper edge
+                with torch.no_grad():
+                    call(*inputs[hi])
+                torch.cuda.synchronize()
+            recorded = {v: record_whole(call, module, specs[v], inputs[v]) for v in sizes}
+        return fit_program(recorded, every_size=len(sizes) == hi - lo + 1)
+
+
+def _compile_dynamic(graph: DynamicGraph, inputs: list[torch.Tensor], lo: int, hi: int) -> tuple[Callable, list]:
+    """Inductor's compile of the graph with its varying size dynamic over [lo, hi], and the
+    example arguments (fake tensors and SymInts) of the graph it compiled."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    whole = graph.whole
+    function = _graph_function(graph)
+    examples = [t.clone() for t in inputs]
+    for side, i, d, _ in whole.dims:
+        if side == "in":
+            torch._dynamo.mark_dynamic(examples[i], d, min=lo, max=hi)
+    got: dict[str, Any] = {}
+
+    def compile_forward(gm: fx.GraphModule, example: list) -> Callable:
+        got["compiled"] = torch._inductor.compile(gm, example)
+        got["example"] = list(example)
+        return gm.forward  # (not run here: on the interpreter Inductor's kernels only record)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(function, backend=aot_autograd(fw_compiler=compile_forward), fullgraph=True,
+                          dynamic=False)(*examples)
+    except Exception as e:
+        raise RecordingError(f"Inductor failed on the dynamic graph: {type(e).__name__}: {str(e)[:400]}") from None
+    finally:
+        torch._dynamo.reset()
+    if "compiled" not in got:
+        raise RecordingError("the dynamic graph compiled to nothing")
+    if not any(isinstance(a, torch.SymInt) for a in got["example"]):
+        raise RecordingError(f"Inductor specialised the graph at {whole.symbol}={hi}: no program serves the bucket")
+    return got["compiled"], got["example"]
+
+
+def _graph_function(graph: DynamicGraph) -> Callable:
+    """The graph as a function of its region's tensor inputs: its size inputs read off their dims
+    (the varying one and the rest alike), a float input at its traced value; its outputs in the
+    region's order."""
+    region = graph.whole.region
+    index = {n: i for i, n in enumerate(region.inputs)}
+    where: dict[Any, tuple[int, int]] = {}  # a size symbol -> (input, dim) that has it
+    for i, n in enumerate(region.inputs):
+        for d, size in enumerate(n.meta["val"].shape):
+            if isinstance(size, torch.SymInt):
+                where.setdefault(size.node.expr, (i, d))
+    readers: list[Callable[[Sequence[torch.Tensor]], Any]] = []
+    for node in graph.gm.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if not node.users:  # (a dynamic trace's size input nothing reads)
+            readers.append(lambda ts: None)
+        elif node in index:
+            readers.append(lambda ts, i=index[node]: ts[i])
+        elif isinstance(val, torch.SymInt) and val.node.expr in where:
+            i, d = where[val.node.expr]
+            readers.append(lambda ts, i=i, d=d: ts[i].shape[d])
+        elif isinstance(val, torch.SymInt) and val.node.expr == graph.whole.symbol:
+            raise RecordingError(f"no input dim of the graph gives {graph.whole.symbol}")
+        else:  # a number fixed by the trace's bindings
+            from torch_kernelize.core.shapes import concrete_value
+            value = concrete_value(val, graph.bindings) if not isinstance(val, torch.Tensor) else None
+            readers.append(lambda ts, value=value: value)
+    outputs = list(region.outputs)
+    leaves = pytree.tree_leaves(graph.gm.graph.output_node().args)
+    positions = [leaves.index(o) for o in outputs]
+    module = fx.GraphModule(graph.gm, graph.gm.graph)  # (the planner's is lazy, which Dynamo does not trace)
+
+    def function(*tensors: torch.Tensor) -> tuple:
+        out = pytree.tree_leaves(module(*[r(tensors) for r in readers]))
+        return tuple(out[p] for p in positions)
+    return function
+
+
+def _graph_arguments(example: list, tensors: Sequence[torch.Tensor]) -> list:
+    """The compiled graph's arguments for ``tensors`` (the region's inputs, in order): its tensor
+    arguments are those, its size arguments read off their dims."""
+    fakes = [e for e in example if isinstance(e, torch.Tensor)]
+    if len(fakes) != len(tensors) or any(f.dtype != t.dtype or f.dim() != t.dim() for f, t in zip(fakes, tensors)):
+        raise RecordingError("the compiled graph's tensor arguments are not the region's inputs in order")
+    out, k = [], 0
+    for e in example:
+        if isinstance(e, torch.Tensor):
+            out.append(tensors[k])
+            k += 1
+        elif isinstance(e, torch.SymInt):
+            out.append(_size_of(e, fakes, tensors))
+        else:
+            out.append(e)
+    return out
+
+
+def _size_of(sym: torch.SymInt, fakes: list, tensors: Sequence[torch.Tensor]) -> int:
+    """The value of a size argument: an input's size or stride (a size-1 dim's stride is a
+    symbol of its own) that is that symbol."""
+    for fake, t in zip(fakes, tensors):
+        for mine, theirs in ((fake.shape, t.shape), (fake.stride(), t.stride())):
+            for d, size in enumerate(mine):
+                if isinstance(size, torch.SymInt) and size.node.expr == sym.node.expr:
+                    return int(theirs[d])
+    raise RecordingError(f"the compiled graph takes the size {sym} that no input's size or stride gives")
+
+
+def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any, source: str) -> list[Any]:
+    """A BucketWork per bucket of each dynamic inference graph of the trace that can be one
+    program over a --dynamic size (``example``: the --dynamic dims by their traced size)."""
+    from torch_kernelize.compiling.whole_graph import dynamic_whole
+    from torch_kernelize.core.buckets import unbucketable
+    from torch_kernelize.fill_cache.buckets import BucketWork
+
+    works = []
+    for g in graphs:
+        if g.plan is None or g.binder.is_static or g.kind != "inference":
+            continue
+        for key in g.specializations():
+            bindings = g.binder.bindings(key)
+            for symbol, value in bindings.items():
+                dim = example.get(value)
+                if dim is None:
+                    continue
+                whole, why = dynamic_whole(g.plan.gm, symbol)
+                graph = DynamicGraph(g.plan.gm, whole, bindings) if whole is not None else None
+                probes = graph.probes() if graph is not None else None
+                if probes is None:
+                    log.info("%s: not offered whole over %s (%s)", g.name, symbol, why or "a size is unbound")
+                    continue
+                for lo, hi in boundaries.covering(dim.lo, dim.hi):
+                    if lo < 2 or hi == lo:  # (a size of 0 or 1, or one size, is traced static)
+                        continue
+                    rep = graph.spec_at([hi])
+                    if unbucketable(rep, whole.dims) is None:
+                        works.append(BucketWork(rep, whole.dims, ((lo, hi),), source, probes,
+                                                WholeBucketGenerator(graph, (lo, hi)), graph.spec_at))
+    return works
