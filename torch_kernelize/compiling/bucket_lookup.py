@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from torch_kernelize.core.buckets import PREFIX_LEN, Dim, contains, instantiate, key_prefix, unbucketable, values_of
+from torch_kernelize.compiling.whole_graph import size_symbols, whole_probe_keys
+from torch_kernelize.core.buckets import (PREFIX_LEN, Dim, contains, instantiate, key_prefix, probe_prefix, unbucketable,
+                                          values_of)
 from torch_kernelize.core.spec import tensor_input_nodes
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.kernel_cache.entry import CacheEntry
@@ -108,8 +110,12 @@ class GraphBuckets:
     """One dynamic graph's view of the cache's buckets: the cache's keys as listed when the graph
     was planned, each node's variable dims, and the bucket entries of each abstract spec."""
 
-    def __init__(self, cache: Cache, load_runner: Callable[[KernelSpec, CacheEntry], Any]):
+    def __init__(self, cache: Cache, load_runner: Callable[[KernelSpec, CacheEntry], Any],
+                 wholes: Sequence[Any] = ()):
+        """``wholes``: the graph whole over each of its sizes (whole_graph.DynamicWhole)."""
         self.cache = cache
+        self.wholes = list(wholes)
+        self._probes: dict[tuple, str | None] = {}  # (whole, the other sizes) -> its buckets' key prefix
         try:
             self.keys = frozenset(cache.keys())
         except OSError:  # an unreadable cache: every lookup misses (the session has warned once)
@@ -174,8 +180,19 @@ class GraphBuckets:
                 self._entries = [e for e in map(self.cache.get, sorted(self.keys)) if e is not None]
             return self._entries
 
-    def lookups(self, log: LookupLog) -> "BucketLookup":
-        return BucketLookup(self, log)
+    def lookups(self, log: LookupLog, bindings: dict | None = None) -> "BucketLookup":
+        return BucketLookup(self, log, bindings or {})
+
+    def whole_prefix(self, whole: Any, bindings: dict) -> str | None:
+        """The key prefix of ``whole``'s buckets with its other sizes as ``bindings`` give them
+        (written once per such sizes: two canonical forms of the graph)."""
+        others = tuple(sorted((str(s), bindings[s]) for s in size_symbols(whole) if s in bindings))
+        memo = (id(whole), others)
+        with self._lock:
+            if memo not in self._probes:
+                probes = whole_probe_keys(whole, bindings)
+                self._probes[memo] = probe_prefix(probes, whole.dims) if probes is not None else None
+            return self._probes[memo]
 
 
 class BucketLookup:
@@ -183,9 +200,10 @@ class BucketLookup:
     witnesses): exact keys first, in the listing; then, for a node or a region, the bucket that
     holds its sizes."""
 
-    def __init__(self, graph: GraphBuckets, log: LookupLog):
+    def __init__(self, graph: GraphBuckets, log: LookupLog, bindings: dict):
         self.graph = graph
         self.log = log
+        self.bindings = bindings  # the specialization's sizes (a dynamic whole's prefix needs its other sizes)
         self.witnesses = log.witnesses
 
     def lookup(self, key: str) -> Lookup:
@@ -198,8 +216,25 @@ class BucketLookup:
         return self._lookup(node.name, spec, self.graph.dims(node))
 
     def lookup_region(self, region: Any, spec: KernelSpec) -> Lookup:
-        """A fused region's: its exact key, then the bucket of its family that holds its sizes."""
+        """A fused region's: its exact key, then the bucket of its family that holds its sizes;
+        the graph whole over one size: its exact key, then the bucket of that size that holds it."""
+        whole = next((w for w in self.graph.wholes if w.region is region), None)
+        if whole is not None:
+            return self._lookup_whole(whole, spec)
         return self._lookup(region_name(region), spec, self.graph.region_dims(region))
+
+    def _lookup_whole(self, whole: Any, spec: KernelSpec) -> Lookup:
+        exact = self.lookup(spec.key)
+        prefix = self.graph.whole_prefix(whole, self.bindings) if exact[0] == "miss" else None
+        if prefix is None:
+            return exact
+        values = values_of(spec, whole.dims)
+        for bucket, entry in self.graph.buckets(prefix):
+            if bucket.dims == whole.dims and contains(bucket.ranges, values):
+                status = "hit" if entry.winner == "triton" else "vendor"
+                where = " x ".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
+                return status, entry, f"graph bucket {entry.key} ({whole.symbol} {where}) of {entry.family or 'own assembly'}"
+        return exact
 
     def _lookup(self, name: str, spec: KernelSpec, dims: tuple[Dim, ...] | None) -> Lookup:
         exact = self.lookup(spec.key)

@@ -33,7 +33,7 @@ from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bucket_symbols, node_symbols, node_tensors, region_symbols,
                                                      region_tensors, shape_classes)
 from torch_kernelize.compiling.graph_regions import find_graph_regions
-from torch_kernelize.compiling.whole_graph import CUT, WHOLE, step_tier_ops, whole_graph_regions
+from torch_kernelize.compiling.whole_graph import CUT, WHOLE, dynamic_wholes, step_tier_ops, whole_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
 from torch_kernelize.core.targets import Target, get_target
@@ -178,6 +178,7 @@ class LoweredGraph:
         self.plan: GraphPlan = plan_graph(_LazyGraphModule(gm, graph), self.target)
         self.binder = SymbolBinder(self.plan.gm)
         self.regions: list[Region] = []
+        self._dynamic_wholes: list = []  # the graph whole over each of its sizes (whole_graph.DynamicWhole)
         if self.target.has_triton:
             regions = find_regions(self.plan.gm, self.target)
             # the largest first: a hit covers what it holds, a miss (or "vendor wins") leaves it
@@ -190,6 +191,9 @@ class LoweredGraph:
                 # without the whole graph itself (its own assembly, timed against its program) the
                 # stretches it is cut into still run their winners: that assembly is the mix
                 self.regions[:0] = [r for r in wholes if whole or r.stretch == CUT]
+            elif whole:  # a dynamic graph whole over one of its sizes: its buckets (bucket_lookup.py)
+                self._dynamic_wholes = dynamic_wholes(self.plan.gm, self.binder.symbols)
+                self.regions[:0] = [w.region for w in self._dynamic_wholes]
         self._region_of: dict[str, Region] = {}
         self.wholes: list[Decision] = []  # the lookups of the whole graph or its stretches (whole_graph.py)
         self._specializations: dict[tuple, Specialization] = {}
@@ -314,7 +318,7 @@ class LoweredGraph:
             if known is not None:
                 return known
             bindings = self.binder.bindings(key)
-            lookups = self._lookups()
+            lookups = self._lookups(bindings)
             decisions, runners, calls = self._decide_nodes(bindings, lookups)
             fused, region_decisions = self._decide_regions(bindings, decisions, lookups, calls)
             decisions = [resolve_family(d) for d in decisions]  # misses' families only now: fused nodes are no misses
@@ -347,17 +351,18 @@ class LoweredGraph:
                 self.session.repros.count_unplanned(verdict, bool(symbols & changed))
         return shared
 
-    def _lookups(self) -> LookupLog | BucketLookup | None:
+    def _lookups(self, bindings: dict) -> LookupLog | BucketLookup | None:
         """The cache as the planner looks it up, every lookup kept with its witness (the
-        executable cache stores them); a dynamic graph's through its shape buckets. None without a cache."""
+        executable cache stores them); a dynamic graph's through its shape buckets, at the sizes
+        ``bindings`` give. None without a cache."""
         cache = self.session.cache
         if cache is None:
             return None
         lookups = LookupLog(cache)
         if not self.binder.is_static:  # shape buckets: bucket_lookup.py
             if self._buckets is None:
-                self._buckets = GraphBuckets(cache, self.session.load_runner)
-            lookups = self._buckets.lookups(lookups)
+                self._buckets = GraphBuckets(cache, self.session.load_runner, self._dynamic_wholes)
+            lookups = self._buckets.lookups(lookups, bindings)
         return lookups
 
     def _decide_nodes(self, bindings: dict, lookups: Lookups | None) -> tuple[list[Decision], dict, dict]:

@@ -113,6 +113,12 @@ def dynamic_whole(gm: fx.GraphModule, symbol: Any) -> tuple[DynamicWhole | None,
     return DynamicWhole(region, symbol, tuple(dims)), ""
 
 
+def dynamic_wholes(gm: fx.GraphModule, symbols: Any) -> list[DynamicWhole]:
+    """``gm`` whole over each of its size ``symbols`` that it can be: serving looks each one's
+    buckets up (compiling/bucket_lookup.py)."""
+    return [w for w in (dynamic_whole(gm, s)[0] for s in symbols) if w is not None]
+
+
 # sizes the varying symbol takes to write a dynamic graph's canonical form: two, so that no other
 # graph (a literal where this one has the symbol) agrees with it at both; primes no model dim is
 PROBES = (1009, 2003)
@@ -127,8 +133,22 @@ def whole_probe_keys(whole: DynamicWhole, bindings: dict) -> tuple[str, ...] | N
         spec = region_spec(whole.region, {**bindings, whole.symbol: probe})
         if spec is None:
             return None
-        keys.append(spec.key)
+        # a size-1 dim's stride is a symbol of its own in a dynamic trace, whatever the caller's
+        # tensor had there: no part of what the graph computes, so none of its key
+        inputs = tuple(dataclasses.replace(m, stride=tuple(0 if n == 1 else st for n, st in zip(m.shape, m.stride)))
+                       for m in spec.inputs)
+        keys.append(dataclasses.replace(spec, inputs=inputs).key)
     return tuple(keys)
+
+
+def size_symbols(whole: DynamicWhole) -> frozenset:
+    """The symbols of its inputs' sizes other than the varying one: with it, what its key depends on."""
+    found = set()
+    for n in whole.region.inputs:
+        for size in n.meta["val"].shape:
+            if isinstance(size, torch.SymInt):
+                found |= size.node.expr.free_symbols
+    return frozenset(found - {whole.symbol})
 
 
 def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:

@@ -1,0 +1,126 @@
+"""Graph-level winners over shape buckets (issue 41): a dynamic graph's Inductor output, compiled
+once over a bucket of sizes and fitted into one program (fill_cache/program_fit.py), is filled per
+bucket and serves every size in it with no compile, no code generation and no disk read."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_kernelize.backend import compile_with_session
+from torch_kernelize.compiling.lower import Session
+from torch_kernelize.core.buckets import instantiate
+from torch_kernelize.core.options import Options
+from torch_kernelize.core.program import Buffer, KernelProgram, Launch
+from torch_kernelize.core.program_steps import VendorStep
+from torch_kernelize.core.targets import get_target
+from torch_kernelize.fill_cache.cli import main as fill_main
+from torch_kernelize.fill_cache.program_fit import fit_program
+from torch_kernelize.kernel_cache import KernelCache
+from torch_kernelize.lowering.kernels.recording import RecordingError
+
+SOURCE = "import triton\n@triton.jit\ndef k(x, y, n, m, XBLOCK: tl.constexpr):\n    pass\n"
+
+
+def _program(s: int, block: int = 256, extra: int = 0) -> KernelProgram:
+    """What Inductor's dynamic output recorded at size ``s`` looks like: a grid that is a block
+    count, scalars and buffers that are polynomials of the size, a vendor step on views."""
+    launch = Launch("k", (-(-128 * s // block), 1, 1), (("tmp", 0), ("out", 0), ("i32", s), ("i32", 128 * s + extra)),
+                    {"XBLOCK": block}, 4, 1)
+    step = VendorStep("aten.bmm.out", [{"buf": ["tmp", 0], "view": [[8, s, 16], [16 * s, 16, 1], 0]},
+                                       {"buf": ["tmp", 1], "view": [[8, 16, s], [16 * s, s, 1], 0]}],
+                      {"out": {"buf": ["tmp", 2], "view": [[8, s, s], [s * s, s, 1], 0]}}, 1)
+    return KernelProgram(SOURCE, (launch,), temps=(Buffer((128 * s,), "float32"), Buffer((128 * s,), "float32"),
+                                                   Buffer((8 * s * s,), "float32")), steps=(step,))
+
+
+def test_a_program_recorded_at_several_sizes_is_one_program_of_the_size():
+    fitted = fit_program({s: _program(s) for s in (33, 34, 48, 63, 64)})
+    assert fitted.launches[0].runtime_sizes == {"grid": [["cdiv", ["mul", 128, "v0"], 256], 1, 1],
+                                                "args": {"2": "v0", "3": ["mul", 128, "v0"]}}
+    assert (("temps", 2, "shape", 0), ["mul", 8, "v0", "v0"]) in fitted.sized
+    for s in (33, 40, 51, 64):  # sizes never recorded too
+        got = instantiate(fitted, [s]).to_json()
+        for launch in got["launches"]:
+            del launch["runtime_sizes"]
+        assert got == _program(s).to_json()
+    assert KernelProgram.from_json(fitted.to_json(), SOURCE) == fitted  # stored and read back as it was
+
+
+def test_what_no_size_expression_gives_refuses_the_bucket_with_the_reason():
+    with pytest.raises(RecordingError, match="another kernel or config"):  # Inductor chose another block
+        fit_program({33: _program(33), 64: _program(64, block=128)})
+    cubic = {s: _program(s, extra=s ** 3) for s in (33, 34, 48, 63, 64)}
+    with pytest.raises(RecordingError, match="no polynomial of the size"):
+        fit_program(cubic)
+    # three sizes fix a quadratic and leave nothing to check it by: refused unless they are the whole bucket
+    squares = {s: _program(s, extra=s * s) for s in (3, 4, 5)}
+    with pytest.raises(RecordingError):
+        fit_program(squares)
+    assert fit_program(squares, every_size=True).launches[0].runtime_sizes["args"]["3"] == \
+        ["add", ["mul", "v0", "v0"], ["mul", 128, "v0"]]
+
+
+MODEL = '''
+import torch
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.proj(x).view(b, t, 2, 4).transpose(1, 2)
+        a = torch.softmax(h @ h.transpose(-1, -2), -1) @ h
+        return self.norm(a.transpose(1, 2).reshape(b, t, d) + x)
+def make():
+    torch.manual_seed(0)
+    return Block().eval(), (torch.randn(1, 6, 8),)
+'''
+
+
+def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(tmp_path, monkeypatch):
+    model = tmp_path / "block.py"
+    model.write_text(MODEL)
+    cache_dir = tmp_path / "cache"
+    assert fill_main(["--target", "interpreter", "--cache-dir", str(cache_dir), "--quiet", "--budget", "1",
+                      "--model", f"{model}:make", "--dynamic", "0:1:5-8", "--generators", "inductor"]) == 0
+    cache = KernelCache.for_target(cache_dir, get_target("interpreter"))
+    (whole,) = [e for e in cache.entries() if e.bucket is not None and e.bucket.probes]
+    assert whole.bucket.ranges == ((5, 8),) and whole.winner == "triton" and whole.family == "inductor"
+    assert whole.record["bucket"]["validated_sizes"][:2] == [[5], [8]]
+    assert whole.spec.inputs[0].shape == (1, 8, 8)  # the representative: the upper edge
+
+    import importlib.util
+    loader = importlib.util.spec_from_file_location("whole_bucket_block", model)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    block, _ = module.make()
+    opts = Options.resolve({"target": "interpreter", "cache_dir": str(cache_dir), "repro_dir": "off",
+                            "graph_cache": "off"})
+    session, graphs = Session(opts), []
+    compiled = torch.compile(block, dynamic=True,
+                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    with torch.no_grad():
+        x = torch.randn(1, 5, 8)
+        torch.testing.assert_close(compiled(x), block(x))  # planned: the bucket's program loaded now
+        import torch_kernelize.serving.launch as launch
+        import torch_kernelize.fill_cache.whole_buckets as whole_buckets
+
+        def forbidden(*a, **k):
+            raise AssertionError("a new size inside a filled bucket must not read the cache, compile or generate code")
+        monkeypatch.setattr(launch, "load_program", forbidden)
+        monkeypatch.setattr(KernelCache, "_read", forbidden)
+        monkeypatch.setattr(KernelCache, "keys", forbidden)
+        monkeypatch.setattr(torch._inductor, "compile", forbidden)
+        monkeypatch.setattr(whole_buckets, "_compile_dynamic", forbidden)
+        for t in (7, 8):
+            x = torch.randn(1, t, 8)
+            torch.testing.assert_close(compiled(x), block(x))
+        monkeypatch.undo()
+        for t in (6, 9):  # the traced size's exact entry (a static fill's) wins; outside the bucket: as before
+            x = torch.randn(1, t, 8)
+            torch.testing.assert_close(compiled(x), block(x))
+    (graph,) = graphs
+    for key, spec in graph.specializations().items():
+        wholes = [d for d in spec.regions if d.entry is not None and d.entry.key == whole.key]
+        assert bool(wholes and wholes[0].tier == "triton") == (max(key) in (5, 7, 8)), key
