@@ -124,3 +124,39 @@ def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(
     for key, spec in graph.specializations().items():
         wholes = [d for d in spec.regions if d.entry is not None and d.entry.key == whole.key]
         assert bool(wholes and wholes[0].tier == "triton") == (max(key) in (5, 7, 8)), key
+
+
+def test_a_graph_program_wrong_at_one_edge_of_its_bucket_is_rejected_with_that_size(tmp_path, monkeypatch):
+    """The fitted program is validated at both edges and inside, as any bucket's kernel: one that
+    is right at the upper edge (where it is built and timed) and wrong at the lower is not stored."""
+    import torch_kernelize.fill_cache.buckets as fill_buckets
+    from torch_kernelize.core.buckets import Boundaries
+    from torch_kernelize.fill_cache.builder import Builder
+    from torch_kernelize.fill_cache.fill_run import FillRun
+
+    model = tmp_path / "block.py"
+    model.write_text(MODEL)
+    target = get_target("interpreter")
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    works = fill_buckets.works_from_model(f"{model}:make", target, tmp_path / "cache",
+                                          [fill_buckets.DynamicDim(0, 1, 5, 8)], Boundaries(), wholes=True)
+    (work,) = [w for w in works if w.probes]
+    real = fill_buckets.bucket_runner
+
+    def wrong_at_five(spec, dims, base):
+        runner = real(spec, dims, base)
+        if fill_buckets.values_of(spec, dims) == (5,):
+            run = runner.run_poisoned
+            runner.run_poisoned = lambda *a, **k: [o + 1 for o in run(*a, **k)]
+        return runner
+    monkeypatch.setattr(fill_buckets, "bucket_runner", wrong_at_five)
+    run = FillRun(target, cache, 1, False, False, 1.03, isolate=False)
+    builder = Builder(target)
+    try:
+        row = run.process_bucket(work, builder)
+    finally:
+        builder.close()
+        run.close()
+    assert row["status"] == "no correct candidate", row
+    assert "at sizes [5]" in row["winner"], row
+    assert cache.lookup(work.key)[0] == "miss"

@@ -24,7 +24,9 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.regions import region_spec
-from torch_kernelize.compiling.whole_graph import DynamicWhole, whole_probe_keys
+from torch_kernelize.compiling.whole_graph import DynamicWhole, dynamic_whole, whole_probe_keys
+from torch_kernelize.core.buckets import unbucketable
+from torch_kernelize.core.shapes import concrete_value
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
 from torch_kernelize.fill_cache.inductor import GENERATOR, RECORD_SEED, InductorGenerator, _compiling, _output_module
@@ -183,7 +185,6 @@ def _graph_function(graph: DynamicGraph) -> Callable:
         elif isinstance(val, torch.SymInt) and val.node.expr == graph.whole.symbol:
             raise RecordingError(f"no input dim of the graph gives {graph.whole.symbol}")
         else:  # a number fixed by the trace's bindings
-            from torch_kernelize.core.shapes import concrete_value
             value = concrete_value(val, graph.bindings) if not isinstance(val, torch.Tensor) else None
             readers.append(lambda ts, value=value: value)
     outputs = list(region.outputs)
@@ -229,9 +230,7 @@ def _size_of(sym: torch.SymInt, fakes: list, tensors: Sequence[torch.Tensor]) ->
 def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any, source: str) -> list[Any]:
     """A BucketWork per bucket of each dynamic inference graph of the trace that can be one
     program over a --dynamic size (``example``: the --dynamic dims by their traced size)."""
-    from torch_kernelize.compiling.whole_graph import dynamic_whole
-    from torch_kernelize.core.buckets import unbucketable
-    from torch_kernelize.fill_cache.buckets import BucketWork
+    from torch_kernelize.fill_cache.buckets import BucketWork  # (which imports this module)
 
     works = []
     for g in graphs:
