@@ -35,6 +35,7 @@ def _program(s: int, block: int = 256, extra: int = 0) -> KernelProgram:
 
 def test_a_program_recorded_at_several_sizes_is_one_program_of_the_size():
     fitted = fit_program({s: _program(s) for s in (33, 34, 48, 63, 64)})
+    stored = fitted.to_json()
     assert fitted.launches[0].runtime_sizes == {"grid": [["cdiv", ["mul", 128, "v0"], 256], 1, 1],
                                                 "args": {"2": "v0", "3": ["mul", 128, "v0"]}}
     assert (("temps", 2, "shape", 0), ["mul", 8, "v0", "v0"]) in fitted.sized
@@ -43,6 +44,7 @@ def test_a_program_recorded_at_several_sizes_is_one_program_of_the_size():
         for launch in got["launches"]:
             del launch["runtime_sizes"]
         assert got == _program(s).to_json()
+    assert fitted.to_json() == stored  # (instantiating leaves the stored program as it was)
     assert KernelProgram.from_json(fitted.to_json(), SOURCE) == fitted  # stored and read back as it was
 
 

@@ -18,6 +18,7 @@ concrete size. Nothing else changes between sizes: the same binaries run the who
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -310,12 +311,22 @@ def instantiate(program: Any, values: Sequence[int]) -> Any:
 
 def _resized_program(program: Any, values: Sequence[int]) -> Any:
     """A graph bucket's program at ``values``: each integer its ``sized`` names, evaluated there
-    (its buffers' sizes, its vendor steps' views: sizes, strides and offsets)."""
-    d = program.to_json()
+    (its buffers' sizes, its vendor steps' views: sizes, strides and offsets). Only the buffers,
+    steps and views named are rebuilt (a new size's first call pays for this)."""
+    changed: dict[str, list] = {}
+    patched: dict[tuple[str, int], Any] = {}
     for path, expr in program.sized:
+        field, i = path[0], path[1]
+        if field not in ("temps", "steps", "views"):
+            raise ValueError(f"a program's sized integer at {list(path)} is not in a buffer, step or view")
+        items = changed.setdefault(field, list(getattr(program, field)))
+        d = patched.get((field, i))
+        if d is None:  # (a copy: to_json may hand out the element's own lists)
+            d = patched[(field, i)] = copy.deepcopy(items[i].to_json())
         owner = d
-        for step in path[:-1]:
+        for step in path[2:-1]:
             owner = owner[step]
         owner[path[-1]] = evaluate(expr, values)
-    d.pop("sized")
-    return type(program).from_json(d, program.source)
+    for (field, i), d in patched.items():
+        changed[field][i] = type(changed[field][i]).from_json(d)
+    return dataclasses.replace(program, sized=(), **{field: tuple(items) for field, items in changed.items()})
