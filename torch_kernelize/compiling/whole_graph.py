@@ -185,7 +185,9 @@ def _breaks(node: fx.Node) -> str:
     if node.target is operator.getitem:
         return ""
     klass, why = classify(node)
-    if klass in (NodeClass.STRUCTURAL, NodeClass.PASSTHROUGH):
+    # (a prims op, such as a dynamic trace's convert_element_type, is one more op of the program:
+    # Inductor compiles it and the reference runs it; other namespaces' ops pass through untouched)
+    if klass is NodeClass.STRUCTURAL or (klass is NodeClass.PASSTHROUGH and node.target.namespace != "prims"):
         return f"{node.name}: {why}"
     if is_random(node.target, node.args, node.kwargs):
         return f"{node.name} draws random numbers"

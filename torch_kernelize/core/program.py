@@ -212,8 +212,9 @@ class KernelProgram:
                 raise ValueError(f"view {v.to_json()}: a view points past the start of an output or temporary")
             if kind == "tmp" and v.offset >= math.prod(self.temps[i].shape):
                 raise ValueError(f"view {v.to_json()}: past the end of temporary {i}")
+        # (a graph bucket's program names its views' sizes and offsets in ``sized`` or has none that vary)
         if self.views and (self.donations or self.language != "triton"
-                           or (any(l.runtime_sizes for l in self.launches) and not self.sized)):
+                           or (any(l.runtime_sizes for l in self.launches) and not (self.sized or self.steps))):
             raise ValueError("views into buffers are for Triton programs of one size without donations "
                              "(a bucket's buffers change size, and with them the views' offsets)")
         if self.steps:

@@ -119,7 +119,7 @@ class WholeBucketGenerator(KernelFamily):
             module = _output_module(loaded)
 
             def call(*tensors: torch.Tensor) -> Any:
-                return compiled(*_graph_arguments(example, tensors))
+                return compiled(*_graph_arguments(example, _host_scalars_as_vectors(self.graph, tensors)))
             if on_gpu:  # Inductor autotunes on its first call, at the upper edge
                 with torch.no_grad():
                     call(*inputs[hi])
@@ -135,7 +135,7 @@ def _compile_dynamic(graph: DynamicGraph, inputs: list[torch.Tensor], lo: int, h
 
     whole = graph.whole
     function = _graph_function(graph)
-    examples = [t.clone() for t in inputs]
+    examples = [t.clone() for t in _host_scalars_as_vectors(graph, inputs)]
     for side, i, d, _ in whole.dims:
         if side == "in":
             torch._dynamo.mark_dynamic(examples[i], d, min=lo, max=hi)
@@ -162,11 +162,13 @@ def _compile_dynamic(graph: DynamicGraph, inputs: list[torch.Tensor], lo: int, h
 
 
 def _graph_function(graph: DynamicGraph) -> Callable:
-    """The graph as a function of its region's tensor inputs: its size inputs read off their dims
-    (the varying one and the rest alike), a float input at its traced value; its outputs in the
-    region's order."""
+    """The graph as a function of its region's tensor inputs, in their order: its size inputs
+    read off their dims (the varying one and the rest alike), a float input at its traced value,
+    a constant (``get_attr``) from the inputs too; its outputs in the region's order. Each input
+    is touched in order first, so Dynamo lifts them in that order (``_graph_arguments``)."""
     region = graph.whole.region
     index = {n: i for i, n in enumerate(region.inputs)}
+    device = _device(graph)
     where: dict[Any, tuple[int, int]] = {}  # a size symbol -> (input, dim) that has it
     for i, n in enumerate(region.inputs):
         for d, size in enumerate(n.meta["val"].shape):
@@ -177,6 +179,8 @@ def _graph_function(graph: DynamicGraph) -> Callable:
         val = node.meta.get("val")
         if not node.users:  # (a dynamic trace's size input nothing reads)
             readers.append(lambda ts: None)
+        elif node in index and _is_host_scalar(val):
+            readers.append(lambda ts, i=index[node]: ts[i].reshape(()).to(device))
         elif node in index:
             readers.append(lambda ts, i=index[node]: ts[i])
         elif isinstance(val, torch.SymInt) and val.node.expr in where:
@@ -187,22 +191,56 @@ def _graph_function(graph: DynamicGraph) -> Callable:
         else:  # a number fixed by the trace's bindings
             value = concrete_value(val, graph.bindings) if not isinstance(val, torch.Tensor) else None
             readers.append(lambda ts, value=value: value)
-    outputs = list(region.outputs)
+    # the graph with each constant the region reads as one more input (after the graph's own)
+    constants = [n for n in region.inputs if n.op == "get_attr"]
+    new, env = fx.Graph(), {}
+    for node in graph.gm.graph.find_nodes(op="placeholder"):
+        env[node] = new.placeholder(node.name)
+    for node in constants:
+        env[node] = new.placeholder(f"constant_{node.name}")
+        readers.append(lambda ts, i=index[node]: ts[i])
+    for node in graph.gm.graph.nodes:
+        if node not in env:
+            env[node] = new.node_copy(node, lambda n: env[n])
+    module = fx.GraphModule(graph.gm, new)  # (also: the planner's module is lazy, which Dynamo does not trace)
     leaves = pytree.tree_leaves(graph.gm.graph.output_node().args)
-    positions = [leaves.index(o) for o in outputs]
-    module = fx.GraphModule(graph.gm, graph.gm.graph)  # (the planner's is lazy, which Dynamo does not trace)
+    positions = [leaves.index(o) for o in region.outputs]
 
     def function(*tensors: torch.Tensor) -> tuple:
+        for t in tensors:
+            t.dim()  # (lifted in this order)
         out = pytree.tree_leaves(module(*[r(tensors) for r in readers]))
         return tuple(out[p] for p in positions)
     return function
+
+
+def _is_host_scalar(val: Any) -> bool:
+    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.device.type == "cpu"
+
+
+def _device(graph: DynamicGraph) -> torch.device:
+    """Where the graph computes: the device of its first input that is no host scalar."""
+    vals = [n.meta["val"] for n in graph.whole.region.inputs]
+    return next((v.device for v in vals if not _is_host_scalar(v)), torch.device("cpu"))
+
+
+def _host_scalars_as_vectors(graph: DynamicGraph, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The region's inputs with each 0-d host tensor (a Python float that a dynamic trace made a
+    graph input: a norm's eps) as a one-element view. Inductor reads a 0-d host input on the host
+    (``.item()``), which a program cannot; the graph takes it back to 0-d on its device, which
+    Inductor's code does as an op the program records (a copy to the device on CUDA)."""
+    vals = [n.meta["val"] for n in graph.whole.region.inputs]
+    return [t.reshape(1) if _is_host_scalar(v) else t for t, v in zip(tensors, vals)]
 
 
 def _graph_arguments(example: list, tensors: Sequence[torch.Tensor]) -> list:
     """The compiled graph's arguments for ``tensors`` (the region's inputs, in order): its tensor
     arguments are those, its size arguments read off their dims."""
     fakes = [e for e in example if isinstance(e, torch.Tensor)]
-    if len(fakes) != len(tensors) or any(f.dtype != t.dtype or f.dim() != t.dim() for f, t in zip(fakes, tensors)):
+    def same(f: torch.Tensor, t: torch.Tensor) -> bool:
+        return f.dtype == t.dtype and f.dim() == t.dim() and all(
+            isinstance(a, torch.SymInt) or a == b for a, b in zip(f.shape, t.shape))
+    if len(fakes) != len(tensors) or not all(same(f, t) for f, t in zip(fakes, tensors)):
         raise RecordingError("the compiled graph's tensor arguments are not the region's inputs in order")
     out, k = [], 0
     for e in example:
