@@ -203,7 +203,7 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
         if g.plan is not None:
             _graph_works(g, example, boundaries, f"model:{ref}", works)
     # then each dynamic graph whole, per bucket: its own assembly (the buckets above) is its baseline
-    for w in whole_works(graphs, example, boundaries, f"model:{ref}") if wholes else ():
+    for w in whole_works(graphs, example, boundaries, f"model:{ref}", BucketWork) if wholes else ():
         works.setdefault(w.key, w)
     return list(works.values())
 

@@ -265,11 +265,11 @@ def _size_of(sym: torch.SymInt, fakes: list, tensors: Sequence[torch.Tensor]) ->
     raise RecordingError(f"the compiled graph takes the size {sym} that no input's size or stride gives")
 
 
-def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any, source: str) -> list[Any]:
-    """A BucketWork per bucket of each dynamic inference graph of the trace that can be one
-    program over a --dynamic size (``example``: the --dynamic dims by their traced size)."""
-    from torch_kernelize.fill_cache.buckets import BucketWork  # (which imports this module)
-
+def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any, source: str,
+                make_work: Callable[..., Any]) -> list[Any]:
+    """A bucket's work (``make_work``: buckets.BucketWork, which imports this module) per bucket
+    of each dynamic inference graph of the trace that can be one program over a --dynamic size
+    (``example``: the --dynamic dims by their traced size)."""
     works = []
     for g in graphs:
         if g.plan is None or g.binder.is_static or g.kind != "inference":
@@ -291,6 +291,6 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
                         continue
                     rep = graph.spec_at([hi])
                     if unbucketable(rep, whole.dims) is None:
-                        works.append(BucketWork(rep, whole.dims, ((lo, hi),), source, probes,
+                        works.append(make_work(rep, whole.dims, ((lo, hi),), source, probes,
                                                 WholeBucketGenerator(graph, (lo, hi)), graph.spec_at))
     return works
