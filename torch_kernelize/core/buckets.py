@@ -18,7 +18,6 @@ concrete size. Nothing else changes between sizes: the same binaries run the who
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -322,7 +321,7 @@ def _resized_program(program: Any, values: Sequence[int]) -> Any:
         items = changed.setdefault(field, list(getattr(program, field)))
         d = patched.get((field, i))
         if d is None:  # (a copy: to_json may hand out the element's own lists)
-            d = patched[(field, i)] = copy.deepcopy(items[i].to_json())
+            d = patched[(field, i)] = _copied(items[i].to_json())
         owner = d
         for step in path[2:-1]:
             owner = owner[step]
@@ -330,3 +329,12 @@ def _resized_program(program: Any, values: Sequence[int]) -> Any:
     for (field, i), d in patched.items():
         changed[field][i] = type(changed[field][i]).from_json(d)
     return dataclasses.replace(program, sized=(), **{field: tuple(items) for field, items in changed.items()})
+
+
+def _copied(x: Any) -> Any:
+    """A copy of JSON-like ``x`` (dicts and lists copied, leaves shared): a third of deepcopy's time."""
+    if isinstance(x, dict):
+        return {k: _copied(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_copied(v) for v in x]
+    return x
