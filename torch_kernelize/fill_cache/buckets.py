@@ -71,10 +71,12 @@ class BucketWork:
     dims: tuple[Dim, ...]
     ranges: tuple[Range, ...]
     source: str
-    # a dynamic graph's bucket (whole_buckets.py): its probe keys, its generator, its spec at a size
+    # a dynamic graph's bucket (whole_buckets.py): its probe keys, its generator, its spec at a
+    # size, and what makes its baseline (of the target and the cache: the graph served without it)
     probes: tuple[str, ...] = ()
     generator: KernelFamily | None = None
     at: Callable[[Sequence[int]], KernelSpec] | None = None
+    baseline: Callable[[Target, Path], Callable] | None = None
 
     @property
     def key(self) -> str:
@@ -287,7 +289,8 @@ class BucketMeasurer:
                  cache_dir: Path | None = None):
         self.spec, self.family, self.dims, self.builder = work.spec, family, work.dims, builder
         self.sizes = inside_sizes(work.ranges, work.key)
-        self.top = Measurer(work.spec, family, target, builder=builder, cache_dir=cache_dir)
+        self.top = Measurer(work.spec, family, target, builder=builder, cache_dir=cache_dir,
+                            baseline=work.baseline(target, cache_dir) if work.baseline and cache_dir else None)
         self.others = [(v, Measurer(work.spec_at(v), family, target, builder=builder))
                        for v in self.sizes if v != values_of(work.spec, work.dims)]
 

@@ -15,7 +15,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -111,12 +111,13 @@ class Measurer:
 
     def __init__(self, spec: KernelSpec, family: KernelFamily, target: Target,
                  extra_inputs: Sequence[Sequence[torch.Tensor]] = (), builder: Builder | None = None,
-                 cache_dir: Path | None = None):
+                 cache_dir: Path | None = None, baseline: Callable | None = None):
         """``cache_dir``: the cache being filled, whose kernels a whole graph's own assembly runs
-        (the baseline its candidates are timed against: graph_candidates.py)."""
+        (the baseline its candidates are timed against: graph_candidates.py). ``baseline``: that
+        function where the caller has its own (a dynamic graph's bucket: whole_buckets.py)."""
         self.spec = spec
         self.cache_dir = cache_dir
-        self._baseline: Any = None
+        self._baseline: Any = baseline
         self.family = family
         self.target = target
         self.builder = builder or Builder(target)

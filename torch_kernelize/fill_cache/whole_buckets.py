@@ -16,6 +16,7 @@ runs the program at the call's size: no compile, no code generation, no disk rea
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Callable, Sequence
 
@@ -214,6 +215,49 @@ def _graph_function(graph: DynamicGraph) -> Callable:
     return function
 
 
+def dynamic_assembly(graph: DynamicGraph, target: Any, cache_dir: Any) -> Callable[[Sequence[torch.Tensor]], tuple]:
+    """The graph as serving runs it without its whole-graph bucket, a function of the region's
+    inputs: lowered once with its sizes dynamic, its nodes and regions on their own buckets (or
+    exact entries) from ``cache_dir``. The baseline a bucket's program is timed against."""
+    from torch_kernelize.compiling.lower import lower
+    from torch_kernelize.core.options import Options
+
+    region = graph.whole.region
+    index = {n: i for i, n in enumerate(region.inputs)}
+    placeholders = list(graph.gm.graph.find_nodes(op="placeholder"))
+    where: dict[Any, tuple[int, int]] = {}
+    for i, n in enumerate(region.inputs):
+        for d, size in enumerate(n.meta["val"].shape):
+            if isinstance(size, torch.SymInt):
+                where.setdefault(size.node.expr, (i, d))
+
+    def arguments(tensors: Sequence[torch.Tensor]) -> list:
+        out = []
+        for node in placeholders:
+            val = node.meta.get("val")
+            if node in index:
+                out.append(tensors[index[node]])
+            elif isinstance(val, torch.SymInt) and val.node.expr in where:
+                i, d = where[val.node.expr]
+                out.append(int(tensors[i].shape[d]))
+            else:  # a number fixed by the trace's bindings (a size no input gives: nothing reads it)
+                out.append(concrete_value(val, graph.bindings))
+        return out
+    leaves = pytree.tree_leaves(graph.gm.graph.output_node().args)
+    positions = [leaves.index(o) for o in region.outputs]
+    lowered: list = []
+
+    def run(tensors: Sequence[torch.Tensor]) -> tuple:
+        args = arguments(tensors)
+        if not lowered:
+            options = Options(target=None, cache_dir=cache_dir, repro_dir=None, report=None)
+            lowered.append(lower(fx.GraphModule(graph.gm, graph.gm.graph), args, options, "inference", target,
+                                 whole=False))
+        out = pytree.tree_leaves(lowered[0](list(args)))
+        return tuple(out[p] for p in positions)
+    return run
+
+
 def _is_host_scalar(val: Any) -> bool:
     return isinstance(val, torch.Tensor) and val.dim() == 0 and val.device.type == "cpu"
 
@@ -292,5 +336,6 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
                     rep = graph.spec_at([hi])
                     if unbucketable(rep, whole.dims) is None:
                         works.append(make_work(rep, whole.dims, ((lo, hi),), source, probes,
-                                                WholeBucketGenerator(graph, (lo, hi)), graph.spec_at))
+                                               WholeBucketGenerator(graph, (lo, hi)), graph.spec_at,
+                                               functools.partial(dynamic_assembly, graph)))
     return works
