@@ -145,6 +145,12 @@ def test_a_graph_program_wrong_at_one_edge_of_its_bucket_is_rejected_with_that_s
     works = fill_buckets.works_from_model(f"{model}:make", target, tmp_path / "cache",
                                           [fill_buckets.DynamicDim(0, 1, 5, 8)], Boundaries(), wholes=True)
     (work,) = [w for w in works if w.probes]
+    # its baseline: the graph as served without it (dynamic, from the cache), at any size of the bucket
+    baseline = work.baseline(target, tmp_path / "cache")
+    for size in (5, 7):
+        spec = work.spec_at((size,))
+        inputs = [t for t in work.generator.sample_inputs(spec, 0)]
+        torch.testing.assert_close(baseline(inputs)[0], spec.run_vendor(inputs)[0])
     real = fill_buckets.bucket_runner
 
     def wrong_at_five(spec, dims, base):
