@@ -342,3 +342,21 @@ def test_a_whole_graph_without_its_program_is_no_fusion_opportunity():
     found = _unfused_regions(graph, spec, {x.name, tanh.name, exp.name})
     assert [(r.members, r.inputs) for r in found] == [([tanh.name, exp.name], [(tanh.name, 0)])]
     assert json.loads(found[0].spec.graph)["kind"] == "pointwise"
+
+
+def test_a_task_written_where_a_gpu_is_times_the_vendor_op(monkeypatch):
+    """On a GPU the task states the vendor op's median time (on the H200 this path raised an
+    ImportError and ended the ledger); faked here: CUDA available, the timer and the device name."""
+    import torch_kernelize.fill_cache.benchmark as benchmark
+    from torch_kernelize.core.spec import KernelSpec, TensorMeta
+    from torch_kernelize.lowering.kernels.elementwise import ElementwiseFamily
+    from torch_kernelize.repro import task
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU-X")
+    monkeypatch.setattr(benchmark, "median_ms", lambda fn: 0.25)
+    family = ElementwiseFamily()
+    monkeypatch.setattr(family, "sample_inputs", lambda spec, seed, kind, device: [torch.randn(4, 8)])
+    meta = TensorMeta((4, 8), (8, 1), "float32", "cpu")
+    spec = KernelSpec("aten.sigmoid.default", [], {}, (meta,), (meta,))
+    assert task._vendor_time(spec, family) == "250.00 us median on GPU-X (triton.testing.do_bench)"
