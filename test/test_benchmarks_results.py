@@ -8,7 +8,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 RESULTS = BENCH / "results"
 # DATE-GPU-SUITE[-WORKLOADS][-N].ext; table.md is report.py's copy of the README table.
-NAME = re.compile(r"\d{4}-\d{2}-\d{2}-[a-z0-9]+-[a-z][a-z0-9_-]*\.(json|log|md)")
+NAME = re.compile(r"\d{4}-\d{2}-\d{2}-[a-z0-9]+-[a-z][a-z0-9_-]*\.(json|log|md|png)")  # (png: a ledger's chart)
 CITED = re.compile(r"\d{4}-\d{2}-\d{2}-[\w.{},-]+?\.(?:json|log|md|\{[a-z,]+\})")
 
 
