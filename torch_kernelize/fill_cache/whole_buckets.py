@@ -2,14 +2,15 @@
 
 ``fill_cache --model M --dynamic I:D:LO-HI`` traces M with dynamic shapes (buckets.py). Each
 graph that can be one program over the sizes of that dim (compiling/whole_graph.py's
-``dynamic_whole``: every node an ATen op, every input and output dim that depends on the size
-the size itself) becomes one BucketWork per bucket, keyed by the graph's canonical form at two
-probe sizes and the bucket's range (``whole_probe_keys``, core/buckets.probe_prefix). Its candidate is Inductor's output,
-compiled once with that size dynamic over the bucket (``mark_dynamic`` with the bucket's edges),
-recorded at several sizes of the bucket (inductor_program.py) and fitted into one program
-(program_fit.py). It competes at the upper edge with the graph's own assembly (the nodes' and
-regions' own bucket entries, filled before it) and is validated at the edges and inside like any
-bucket's winner (buckets.BucketMeasurer). Serving finds the bucket by the graph's prefix and
+``dynamic_whole``: every node an ATen or prims op, every input and output dim that depends on
+the size the size itself) becomes one BucketWork per bucket, keyed by the graph's canonical form
+at two probe sizes and the bucket's range (``whole_probe_keys``, core/buckets.probe_prefix). Its
+candidate is Inductor's output, compiled once with that size dynamic over the bucket
+(``mark_dynamic`` with the bucket's edges), recorded at several sizes of the bucket
+(inductor_program.py) and fitted into one program (program_fit.py). It competes at the upper edge
+with the graph as serving would run it without it (``dynamic_assembly``: the nodes' and regions'
+own bucket entries, filled before it) and is validated at the edges and inside like any bucket's
+winner (buckets.BucketMeasurer). Serving finds the bucket by the graph's prefix and
 runs the program at the call's size: no compile, no code generation, no disk read
 (compiling/bucket_lookup.py).
 """
