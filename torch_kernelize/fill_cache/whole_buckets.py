@@ -171,11 +171,7 @@ def _graph_function(graph: DynamicGraph) -> Callable:
     region = graph.whole.region
     index = {n: i for i, n in enumerate(region.inputs)}
     device = _device(graph)
-    where: dict[Any, tuple[int, int]] = {}  # a size symbol -> (input, dim) that has it
-    for i, n in enumerate(region.inputs):
-        for d, size in enumerate(n.meta["val"].shape):
-            if isinstance(size, torch.SymInt):
-                where.setdefault(size.node.expr, (i, d))
+    where = _size_sources(region)
     readers: list[Callable[[Sequence[torch.Tensor]], Any]] = []
     for node in graph.gm.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
@@ -205,8 +201,7 @@ def _graph_function(graph: DynamicGraph) -> Callable:
         if node not in env:
             env[node] = new.node_copy(node, lambda n: env[n])
     module = fx.GraphModule(graph.gm, new)  # (also: the planner's module is lazy, which Dynamo does not trace)
-    leaves = pytree.tree_leaves(graph.gm.graph.output_node().args)
-    positions = [leaves.index(o) for o in region.outputs]
+    positions = _output_positions(graph)
 
     def function(*tensors: torch.Tensor) -> tuple:
         for t in tensors:
@@ -226,11 +221,7 @@ def dynamic_assembly(graph: DynamicGraph, target: Any, cache_dir: Any) -> Callab
     region = graph.whole.region
     index = {n: i for i, n in enumerate(region.inputs)}
     placeholders = list(graph.gm.graph.find_nodes(op="placeholder"))
-    where: dict[Any, tuple[int, int]] = {}
-    for i, n in enumerate(region.inputs):
-        for d, size in enumerate(n.meta["val"].shape):
-            if isinstance(size, torch.SymInt):
-                where.setdefault(size.node.expr, (i, d))
+    where = _size_sources(region)
 
     def arguments(tensors: Sequence[torch.Tensor]) -> list:
         out = []
@@ -244,8 +235,7 @@ def dynamic_assembly(graph: DynamicGraph, target: Any, cache_dir: Any) -> Callab
             else:  # a number fixed by the trace's bindings (a size no input gives: nothing reads it)
                 out.append(concrete_value(val, graph.bindings))
         return out
-    leaves = pytree.tree_leaves(graph.gm.graph.output_node().args)
-    positions = [leaves.index(o) for o in region.outputs]
+    positions = _output_positions(graph)
     lowered: list = []
 
     def run(tensors: Sequence[torch.Tensor]) -> tuple:
@@ -257,6 +247,22 @@ def dynamic_assembly(graph: DynamicGraph, target: Any, cache_dir: Any) -> Callab
         out = pytree.tree_leaves(lowered[0](list(args)))
         return tuple(out[p] for p in positions)
     return run
+
+
+def _size_sources(region: Any) -> dict[Any, tuple[int, int]]:
+    """Each size symbol of the region's inputs -> (the first input, its dim) of that size."""
+    where: dict[Any, tuple[int, int]] = {}
+    for i, n in enumerate(region.inputs):
+        for d, size in enumerate(n.meta["val"].shape):
+            if isinstance(size, torch.SymInt):
+                where.setdefault(size.node.expr, (i, d))
+    return where
+
+
+def _output_positions(graph: DynamicGraph) -> list[int]:
+    """Where each of the region's outputs is among the graph's output leaves."""
+    leaves = pytree.tree_leaves(graph.gm.graph.output_node().args)
+    return [leaves.index(o) for o in graph.whole.region.outputs]
 
 
 def _is_host_scalar(val: Any) -> bool:
