@@ -241,6 +241,7 @@ def test_the_command_ranks_offers_a_fusion_and_reconnects_after_the_fill(tmp_pat
     first = capsys.readouterr().out
     assert "first run" in first and "host and kernel time are one here" in first
     assert "fuse 3 launches: pointwise region [tanh mul exp]" in first
+    assert "(0 entries)" in first and "the cache is empty" in first   # said, not left to the table to show
     data = json.loads((tmp_path / "out" / "m_make-interpreter.json").read_text())
     assert {(r["tier"], r["generator"], r["launches"]) for r in data["rows"]} == {("vendor", "vendor (miss)", 1)}
     assert len(data["fusions"]) == 1 and len(data["reproducers"]) == 2
@@ -254,6 +255,7 @@ def test_the_command_ranks_offers_a_fusion_and_reconnects_after_the_fill(tmp_pat
     data = json.loads((tmp_path / "out" / "m_make-interpreter.json").read_text())
     assert [(r["tier"], r["generator"], r["launches"]) for r in data["rows"]] == [("triton", "fused", 1)]
     assert data["fusions"] == [] and "ms before (" in second and data["before"]["launches"] == 3
+    assert "the cache is empty" not in second
     lines = list(cache.glob("*/ledger-history.jsonl"))[0].read_text().splitlines()
     assert len(lines) == 2 and all(json.loads(line)["model"] == ref for line in lines)
     assert bottlenecks.main(["--model", f"{tmp_path}/nope.py:make", *args]) == 2

@@ -196,6 +196,24 @@ def test_the_faster_whole_candidate_wins_and_the_entry_says_who_competed(whole, 
     assert record["provenance"]["generator"] == "inductor"
 
 
+def test_the_evidence_shows_the_times_that_decided():
+    """On the H200, BERT's evidence showed the program's first timing (3.77 ms) beside the
+    assembly's confirmation (3.14 ms) while the program won on the confirmation's paired times: a
+    near tie is timed again and those times decide, so those are the times the evidence shows."""
+    from torch_kernelize.compiling.whole_graph import describe_evidence
+    from torch_kernelize.fill_cache.graph_candidates import graph_evidence
+    program = {"config": {"mode": "default"}, "candidate_ms": 3.77, "correct": True}
+    wrong = {"config": {"mode": "max-autotune"}, "candidate_ms": None, "correct": False, "error": "off by 1"}
+    timings = {"candidate_ms": 2.9, "vendor_ms": 3.14, "confirmed": True}
+    evidence = graph_evidence([program, wrong], "triton", timings, program)
+    assert [(c["name"], c["ms"], c.get("confirmed", False)) for c in evidence["candidates"]] == [
+        ("inductor default", 2.9, True), ("inductor max-autotune", None, False), ("assembly", 3.14, True)]
+    assert describe_evidence(evidence) == ("inductor default 2.900 ms (confirmed), inductor max-autotune wrong, "
+                                           "assembly 3.140 ms (confirmed) -> inductor default")
+    unconfirmed = graph_evidence([program], "vendor", {"candidate_ms": 3.77, "vendor_ms": 2.0}, program)
+    assert describe_evidence(unconfirmed) == "inductor default 3.770 ms, assembly 2.000 ms -> assembly"
+
+
 def test_a_program_that_won_first_is_timed_again_after_the_rest_and_gives_way_to_a_faster_assembly(
         whole, tmp_path, monkeypatch):
     from torch_kernelize.fill_cache.collect import Work

@@ -24,6 +24,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from torch_kernelize.core.errors import KernelizeError
 
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bottlenecks: error: {e}", file=sys.stderr)
         return 2
     print(f"bottleneck ledger of {args.model} on target {target.name!r} (ceilings: {ceilings.source})")
+    print(cache_line(cache, args))
     print(output.table(rows, profile))
     print(output.fusion_table(fused))
     folders = []
@@ -106,6 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ledger: {ledger}")
     print(output.chart(rows, ledger.with_suffix(".png"), f"{args.model} on {target.name}: time per call vs floor"))
     return 0
+
+
+def cache_line(cache: Any, args: argparse.Namespace) -> str:
+    """Which cache served the model, and how many entries it holds: an empty one (a fill into
+    another folder, or on another machine) serves every node on the vendor, which the table alone
+    would show as a model of misses."""
+    n = len(cache.keys())
+    line = f"cache: {cache.dir} ({n} entries)"
+    if n == 0:
+        line += (f"\nWARNING: the cache is empty: every node runs as a vendor miss. Fill it first: python -m "
+                 f"torch_kernelize.fill_cache --model {args.model} --target {args.target or 'cuda'} "
+                 f"--cache-dir {args.cache_dir}")
+    return line
 
 
 if __name__ == "__main__":

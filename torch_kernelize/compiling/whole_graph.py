@@ -254,10 +254,13 @@ def step_tier_ops(program: Any) -> frozenset[str]:
 
 
 def describe_evidence(evidence: dict[str, Any]) -> str:
-    """One line: ``inductor default 1.20 ms, assembly 1.50 ms -> inductor default``."""
+    """One line: ``inductor default 1.20 ms, assembly 1.50 ms -> inductor default``; times that
+    were taken again, alternately, to decide a near tie say ``(confirmed)``."""
     def ms(c: dict[str, Any]) -> str:
         if not c["correct"]:
             return "wrong"
-        return f"{c['ms']:.3f} ms" if c.get("ms") is not None else "unmeasured"
+        if c.get("ms") is None:
+            return "unmeasured"
+        return f"{c['ms']:.3f} ms" + (" (confirmed)" if c.get("confirmed") else "")
     parts = ", ".join(f"{c['name']} {ms(c)}" for c in evidence["candidates"])
     return f"{parts} -> {evidence['winner']}"

@@ -5,8 +5,11 @@ So candidates are built ahead in a process pool (spawned: the workers never touc
 compile for the GPU target the parent names) and the runner only loads the finished binaries.
 On the interpreter target there is nothing to compile and building happens inline (unless the
 builder is told to isolate: then in the pool as on CUDA). A generator that a worker cannot find
-by name (the candidate files of fill_cache/external.py) generates its program here, in the
-parent, and the worker only writes and compiles it.
+by name (the candidate files of fill_cache/external.py, a bucket's) generates its program here,
+in the parent, and the worker only writes and compiles it. A generator that runs code on the
+device while it generates (Inductor autotunes and runs the graph it captures: on a model's index
+inputs that can be a device-side assert) generates where ``generate_elsewhere`` says: the fill
+hands it the measure worker, whose fault ends only the worker (measure_worker.generate_in).
 
 A worker that dies (a segfault in the compiler, the OOM killer) breaks the whole pool: every
 build in flight fails with BrokenProcessPool. The pool is then started again, the candidate
@@ -23,6 +26,7 @@ import signal
 import tempfile
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Callable
 
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.core.errors import machine_error
@@ -33,6 +37,11 @@ from torch_kernelize.core.spec import KernelSpec
 
 WORKER_DIED = ("the build worker died while building this candidate (killed by a signal: a segfault in "
                "code generation or the compiler, or the OOM killer)")
+
+
+class ContainedFault(RuntimeError):
+    """Generating a candidate faulted the device, or killed or hung the process, where it was
+    generated (``Builder.generate_elsewhere``); that process was replaced, this one is unharmed."""
 
 
 def _ignore_sigint() -> None:
@@ -64,15 +73,23 @@ def find_family(name: str, module: str) -> KernelFamily:
     return found[0]
 
 
-def _generator(spec: KernelSpec, family: KernelFamily, config: Config) -> tuple[str, str] | dict:
+Elsewhere = Callable[[KernelSpec, tuple[str, str], Config], dict]
+
+
+def _generator(spec: KernelSpec, family: KernelFamily, config: Config,
+               elsewhere: Elsewhere | None = None) -> tuple[str, str] | dict:
     """What a worker builds from: the family's reference where it can find the family, else the
-    program generated here ({"source", "program"}); raises what generation raises."""
+    program ({"source", "program"}) generated ``elsewhere`` (for a family a process can find by
+    name but that generates on the device) or here; raises what generation raises."""
     ref = family_ref(family)
     try:
-        if not family.generates_in_parent and find_family(*ref) is family:
-            return ref
+        found = find_family(*ref) is family
     except LookupError:
-        pass
+        found = False
+    if found and not family.generates_in_parent:
+        return ref
+    if found and elsewhere is not None:
+        return elsewhere(spec, ref, config)
     program = family.generate(spec, config)
     return {"source": program.source, "program": program.to_json()}
 
@@ -127,9 +144,12 @@ class Builder:
         self._pool = None
         self._gpu_target = None
         self.restarts = -1  # how often a dead worker broke the pool (the first start is not one)
-        # builds whose generator failed in this process (Inductor's capture runs here): a device
-        # fault there leaves this process's CUDA context unusable, not a worker's
+        # where a generator that runs on the device generates (see _generator); None: here
+        self.generate_elsewhere: Elsewhere | None = None
+        # builds whose generator failed in this process (a generator run here): a device fault
+        # there leaves this process's CUDA context unusable, not a worker's
         self.failed_here: set[tuple[str, str]] = set()
+        self.contained: set[tuple[str, str]] = set()  # builds whose generation raised ContainedFault
         if self.backend == "cuda":
             from triton.runtime import driver
             t = driver.active.get_current_target()
@@ -145,8 +165,11 @@ class Builder:
 
     def contain_fault(self, spec: KernelSpec, config: Config) -> bool:
         """After a build of ``config`` faulted the device: True if that happened in a build
-        worker (the pool is started afresh), False if in this process (inline builds, and
-        generators that run here), whose CUDA context is then unusable."""
+        worker (the pool is started afresh) or where ``generate_elsewhere`` generated it (that
+        process was replaced), False if in this process (inline builds, and generators that run
+        here), whose CUDA context is then unusable."""
+        if (spec.key, config.key) in self.contained:
+            return True
         if self._pool is None or (spec.key, config.key) in self.failed_here:
             return False
         self._restart()
@@ -163,7 +186,7 @@ class Builder:
         own = config
         if hasattr(family, "generator_of"):  # several generators: the one that made this config builds it
             family, own = family.generator_of(config)
-        return (spec.to_json(), _generator(spec, family, own), own.to_json(),
+        return (spec.to_json(), _generator(spec, family, own, self.generate_elsewhere), own.to_json(),
                 str(self.directory(spec, config)), self.backend, self._gpu_target)
 
     def submit(self, spec: KernelSpec, family: KernelFamily, configs: list[Config]) -> None:
@@ -175,9 +198,9 @@ class Builder:
             if k not in self._futures:
                 try:
                     self._jobs[k] = self._job(spec, family, c)
-                except Exception as e:  # a generator that runs here failed: so did the build
+                except Exception as e:  # a generator that runs here (or elsewhere) failed: so did the build
                     self._futures[k] = _done(_error_text(e))
-                    self.failed_here.add(k)
+                    (self.contained if isinstance(e, ContainedFault) else self.failed_here).add(k)
                     continue
                 self._submit(k)
 
@@ -200,6 +223,8 @@ class Builder:
                     if machine_error(e):
                         raise
                     self._futures[k] = _done(_error_text(e))
+                    if isinstance(e, ContainedFault):
+                        self.contained.add(k)
             else:
                 self.submit(spec, family, [config])
         try:

@@ -45,7 +45,7 @@ from torch_kernelize.fill_cache.graph_candidates import graph_evidence, rejudged
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import CandidateMeasurer, Measurer, device_fault
 from torch_kernelize.fill_cache.measure_worker import (FILL_TIME_LIMIT_S, IsolatedMeasurer, MeasureWorker,
-                                                       WorkerDied, time_limit_s)
+                                                       WorkerDied, generate_in, time_limit_s)
 from torch_kernelize.fill_cache.run_log import RunLog
 from torch_kernelize.fill_cache.search import DeviceFault, SearchResult, run_search
 from torch_kernelize.fill_cache.store_policy import needs_confirmation, verdict
@@ -100,6 +100,8 @@ class FillRun:
         # started with the first build (prebuild): it imports torch and sets up the device meanwhile
         self._worker = MeasureWorker.for_target(target, time_limit_s(time_limit, FILL_TIME_LIMIT_S)) \
             if isolate else None
+        if self._worker is not None:  # Inductor runs what it captures on the device: a fault ends the worker only
+            self.builder.generate_elsewhere = generate_in(self._worker)
         self.resume, self.force, self.min_speedup = resume, force, min_speedup
         self._pending: list[tuple[Any, dict, Path, bool, CandidateMeasurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -300,7 +302,7 @@ class FillRun:
         winner, note = verdict(best, self.target, search.spec, self.min_speedup)
         record.update(winner=winner, note=note)
         if is_whole_graph(search.spec):  # who competed for the graph, their times, who won (graph_candidates.py)
-            record["graph"] = graph_evidence(result.evaluated, winner, timings["vendor_ms"], best)
+            record["graph"] = graph_evidence(result.evaluated, winner, timings, best)
         return record
 
     def _store(self, search: Search, record: dict[str, Any], best: dict[str, Any],

@@ -125,18 +125,22 @@ def candidate_name(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(config.items()))
 
 
-def graph_evidence(evaluated: Sequence[dict[str, Any]], winner: str, assembly_ms: float | None,
+def graph_evidence(evaluated: Sequence[dict[str, Any]], winner: str, timings: dict[str, Any],
                    best: dict[str, Any] | None) -> dict[str, Any]:
     """Who competed for a whole graph, their times and the winner, as its entry and the fill
-    summary keep it: each evaluation of the search, then the own assembly."""
+    summary keep it: each evaluation of the search, then the own assembly. ``timings``: the
+    entry's (fill_run._confirmed): where the best and the assembly were timed again, alternately,
+    those times decided, so those are the times both show (``confirmed``); the others keep the
+    search's."""
+    confirmed = {"confirmed": True} if timings.get("confirmed") else {}
     candidates = []
     for r in evaluated:
-        ms = r.get("candidate_ms")
+        ms, extra = r.get("candidate_ms"), {}
         if best is not None and r.get("config") == best.get("config"):
-            ms = best.get("candidate_ms", ms)
-        candidates.append({"name": candidate_name(r["config"]), "ms": ms, "correct": bool(r["correct"]),
+            ms, extra = timings.get("candidate_ms", ms), confirmed
+        candidates.append({"name": candidate_name(r["config"]), "ms": ms, "correct": bool(r["correct"]), **extra,
                            **({"error": r["error"][:200]} if r.get("error") else {})})
-    candidates.append({"name": ASSEMBLY, "ms": assembly_ms, "correct": True})
+    candidates.append({"name": ASSEMBLY, "ms": timings.get("vendor_ms"), "correct": True, **confirmed})
     if winner == "vendor":
         name = ASSEMBLY
     elif best is not None:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from torch_kernelize.core.errors import OptionsError
-from torch_kernelize.fill_cache.builder import Builder, family_ref, find_family
+from torch_kernelize.fill_cache.builder import Builder, ContainedFault, family_ref, find_family
 from torch_kernelize.fill_cache.measure import Evaluation, Measurer, _short, device_fault
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.core.errors import machine_error
@@ -343,7 +343,31 @@ def _run(context: tuple, method: str, config_json: dict | None, directory: str |
     return result, {k: m.seconds[k] - before[k] for k in m.seconds}, m.peak_extra_bytes()
 
 
+def _generate(spec_json: dict, ref: tuple[str, str], config_json: dict) -> dict:
+    """Generate one candidate here (Builder.generate_elsewhere): its program as data."""
+    program = find_family(*ref).generate(KernelSpec.from_json(spec_json), Config.from_json(config_json))
+    return {"source": program.source, "program": program.to_json()}
+
+
 # --- in the parent ------------------------------------------------------------------------------
+def generate_in(worker: MeasureWorker) -> Callable[[KernelSpec, tuple[str, str], Config], dict]:
+    """A Builder's ``generate_elsewhere``: generate in ``worker``. A generator that faults the
+    device there (Inductor running a graph on index inputs out of range), dies or hangs raises
+    ContainedFault, and the worker is replaced; what it raises otherwise is raised as it is."""
+    def generate(spec: KernelSpec, ref: tuple[str, str], config: Config) -> dict:
+        try:
+            return worker.call(_generate, spec.to_json(), ref, config.to_json())
+        except WorkerDied as e:
+            raise ContainedFault(f"generating it ended the measure worker: {e}") from None
+        except Exception as e:
+            if machine_error(e) or not device_fault(f"{type(e).__name__}: {e}"):
+                raise
+            worker.restart()  # its CUDA context is unusable
+            raise ContainedFault(f"generating it faulted the device (in the measure worker, replaced): "
+                                 f"{type(e).__name__}: {e}") from None
+    return generate
+
+
 class IsolatedMeasurer:
     """A Measurer whose loading, validation and timing run in a MeasureWorker (same interface)."""
 
@@ -407,6 +431,8 @@ class IsolatedMeasurer:
         the graph to capture it) is journaled as a fault; made in this process, it ends the
         run (search.DeviceFault: its CUDA context is unusable); made in a build worker, the
         pool is started afresh and the search goes on."""
+        if (self.spec.key, config.key) in self.builder.contained:  # generated in the worker, replaced
+            return Evaluation(config.to_json(), False, 0.0, error=error, fault=True, contained=True)
         if self.target.device != "cuda" or not device_fault(error):
             return Evaluation(config.to_json(), False, 0.0, error=error)
         contained = self.builder.contain_fault(self.spec, config)
