@@ -145,7 +145,12 @@ def _fill(args: argparse.Namespace, log: Path) -> dict[str, Any]:
 
 
 def markdown(doc: dict[str, Any]) -> str:
+    fill = doc.get("fill")
+    filled = ("no fill (the cache as it was)" if not fill else
+              f"fill_cache --dynamic {fill['seconds']} s, exit {fill['exit']}"
+              + (" (STOPPED at its limit: part of the buckets unfilled)" if fill.get("stopped_at_limit") else ""))
     lines = [f"# Bucket trace: {doc['model']} at {len(doc['lengths'])} sequence lengths ({doc['device']})", "",
+             f"{doc['date']}, torch {doc['torch']}, target {doc['target']}; {filled}", "",
              "| backend | first p50 / p99 ms | repeat p50 / p99 ms | first - repeat p50 / max ms | trace p50 / p99 ms |",
              "|---|---|---|---|---|"]
     for r in doc["backends"]:
