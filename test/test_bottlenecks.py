@@ -191,6 +191,22 @@ def test_table_json_and_chart(tmp_path, monkeypatch):
     assert output.chart(rows, tmp_path / "d.png", "t").startswith("chart: skipped (matplotlib is not installed")
 
 
+
+def test_a_row_that_runs_several_kernels_says_where_its_time_goes():
+    """A whole graph's program is one row (one cache entry) of dozens of launches: the table
+    lists its slowest device kernels under it, the JSON all of them."""
+    node = NodeRun("g0", "whole", "triton", "whole", MM, MM.key, 5, 500e-6,
+                   kernels={"nvjet_gemm": 300e-6, "triton_poi_fused_add_0": 100e-6, "triton_red_1": 60e-6,
+                            "cudnn_sdpa": 30e-6, "Memset (Device)": 10e-6})
+    profile = Profile("cuda", 5, 1e-3, None, [node])
+    rows = rank(profile, None, CHIP)
+    lines = output.table(rows, profile).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  1 "))   # the first ranked row
+    assert [line.split()[-1] for line in lines[at + 1:at + 4]] == ["nvjet_gemm", "triton_poi_fused_add_0", "triton_red_1"]
+    assert "60.0% of the row" in lines[at + 1] and lines[at + 4].strip() == "... 2 more kernels"
+    assert list(output.ledger_json(rows, profile, {})["rows"][0]["kernels"]) == list(node.kernels)
+
+
 MODEL = '''
 import torch
 class M(torch.nn.Module):

@@ -265,3 +265,33 @@ def test_a_generator_that_runs_on_the_device_generates_in_the_measure_worker_whe
     finally:
         worker.close()
         builder.close()
+
+
+def test_the_lookahead_leaves_generators_that_run_here_to_the_search():
+    """The fill builds the next specs' seeds ahead in the pool; a generator that generates before
+    its job goes there (Inductor, in the measure worker) would make it wait, for specs a whole
+    graph's program may cover (Llama's fill spent its minute so, Mixtral's faulted on a stretch
+    searched only at budget 2): ahead, only pool-generated candidates are submitted."""
+    import torch
+    from kernel_testing import spec_of
+    from torch_kernelize.fill_cache.builder import Builder
+    from torch_kernelize.lowering.kernels import Config
+    spec = spec_of(torch.ops.aten.relu.default, [torch.randn(8)])
+    builder = Builder(get_target("interpreter"))
+    submitted = []
+    builder._pool, builder._submit = object(), submitted.append   # as if building in workers
+    builder.submit(spec, DEVICE_GENERATOR, [Config.of(act="die")], ahead=True)
+    builder.submit(spec, ELEMENTWISE, ELEMENTWISE.seed_configs(spec)[:1], ahead=True)
+    assert submitted == [(spec.key, ELEMENTWISE.seed_configs(spec)[0].key)]
+    builder.submit(spec, DEVICE_GENERATOR, [Config.of(act="ok")])   # the search asks: generated now (here)
+    assert submitted[-1] == (spec.key, Config.of(act="ok").key)
+    builder._pool = None
+    builder.close()
+
+
+def test_the_fill_says_where_its_time_went():
+    """Issue 36: the summary line accounts for the whole run: the trace before it, each phase,
+    and the rest (storing, waiting for the last compiles)."""
+    summary = {"time": {"build": 2.0, "reference": 1.0, "validation": 1.5, "timing": 0.5}, "trace_seconds": 9.04}
+    assert cli.time_line(10.0, summary) == ("trace 9.0s before; build 2.0s, reference 1.0s, validation 1.5s, "
+                                            "timing 0.5s, other 5.0s")

@@ -94,6 +94,16 @@ def _generator(spec: KernelSpec, family: KernelFamily, config: Config,
     return {"source": program.source, "program": program.to_json()}
 
 
+def _generates_here(family: KernelFamily, config: Config) -> bool:
+    """Whether ``config``'s program is generated before its job goes to the pool (_generator)."""
+    if hasattr(family, "generator_of"):
+        family = family.generator_of(config)[0]
+    try:
+        return family.generates_in_parent or find_family(*family_ref(family)) is not family
+    except LookupError:
+        return True
+
+
 def _build(spec_json: dict, family: tuple[str, str] | dict, config_json: dict, directory: str, backend: str,
            gpu_target: tuple | None) -> str | None:
     """Worker: generate + write (+ compile) one candidate; the error text, or None. ``family`` is
@@ -189,12 +199,17 @@ class Builder:
         return (spec.to_json(), _generator(spec, family, own, self.generate_elsewhere), own.to_json(),
                 str(self.directory(spec, config)), self.backend, self._gpu_target)
 
-    def submit(self, spec: KernelSpec, family: KernelFamily, configs: list[Config]) -> None:
-        """Start building these candidates (in the pool; inline builders: nothing to do yet)."""
+    def submit(self, spec: KernelSpec, family: KernelFamily, configs: list[Config], ahead: bool = False) -> None:
+        """Start building these candidates (in the pool; inline builders: nothing to do yet).
+        ``ahead``: for a spec searched later (the fill's lookahead), which may never be (a whole
+        graph's program can cover it): only what the pool generates; a generator that runs here
+        or elsewhere would make the caller wait, for nothing gained, so it waits for the search."""
         if self._pool is None:
             return
         for c in configs:
             k = (spec.key, c.key)
+            if ahead and _generates_here(family, c):
+                continue
             if k not in self._futures:
                 try:
                     self._jobs[k] = self._job(spec, family, c)

@@ -145,6 +145,15 @@ def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[
     return work
 
 
+def time_line(elapsed: float, summary: dict[str, Any]) -> str:
+    """Where the time went: the trace before the fill, the phases of the searches, and the rest
+    (the lookups, storing, waiting for the last compiles), so that nothing goes unaccounted."""
+    phases = summary["time"]
+    rest = max(0.0, elapsed - sum(phases.values()))
+    trace = f"trace {summary['trace_seconds']:.1f}s before; " if summary.get("trace_seconds") is not None else ""
+    return trace + ", ".join(f"{k} {v:.1f}s" for k, v in {**phases, "other": rest}.items())
+
+
 # statuses of specs whose ops the cache leaves on the vendor op without a kernel (--strict: an error)
 LEFT_ON_VENDOR = ("no correct candidate", "too large", "failed")
 
@@ -205,8 +214,7 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
               "--repros DIR)")
     print(f"fill_cache: {len(rows)} spec(s) in {elapsed:.1f}s; {count('stored')} stored, {count('vendor wins')} "
           f"vendor wins, {own}{count('no correct candidate')} without a correct candidate, {count('too large')} too "
-          f"large, {count('failed')} failed; " + ", ".join(f"{k} {v:.1f}s" for k, v in summary["time"].items())
-          + f"; summary: {summary_path}{log_note}")
+          f"large, {count('failed')} failed; {time_line(elapsed, summary)}; summary: {summary_path}{log_note}")
     return 2 if unchecked else 1 if strict and left else 0
 
 
@@ -260,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         run, work, buckets = _start_run(args, group)
+        run.trace_seconds = time.perf_counter() - started  # the models traced, candidate files read
         started = time.perf_counter()  # the fill's time, without the trace
         run.log = RunLog(run_log_path(run.cache.dir, run.search_id, group.rank if group is not None else None))
         with run.log.captured():
@@ -293,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": run.target.describe(),
                                                     "cache": str(run.cache.dir), "budget": run.budget,
+                                                    "trace_seconds": round(run.trace_seconds, 2),
                                                     "log": str(run.log.path)}, args.strict)
     except OSError as e:  # the summary could not be written (everything else is stored)
         _traceback(args, e)

@@ -106,6 +106,7 @@ class FillRun:
         self._pending: list[tuple[Any, dict, Path, bool, CandidateMeasurer]] = []  # winners awaiting their put
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
+        self.trace_seconds: float | None = None  # the fill's trace of its models, before run() (cli.py)
         self.log: RunLog | None = None  # tags the run log's lines with the spec being searched
         # region place -> (its spec key, the places tried before it that share a node: Work.places)
         self.region_places: dict[str, tuple[str, list[str]]] = {}
@@ -424,9 +425,11 @@ class FillRun:
             # all at once, or a search's later candidates would queue behind every other spec's.
             for w in work[i:i + LOOKAHEAD]:
                 family = self.space(w.spec)
+                if w.mix and self.budget <= 1:  # not searched at this budget (process)
+                    continue
                 if family is not None and (self.force or self.cache.lookup(w.spec.key)[0] == "miss"):
                     with self.log.about(w.spec.key, w.spec.short_name) if self.log else contextlib.nullcontext():
-                        self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget])
+                        self.builder.submit(w.spec, family, family.seed_configs(w.spec)[:self.budget], ahead=True)
                     if self._worker is not None:
                         self._worker.start()
 

@@ -154,8 +154,13 @@ class Measurer:
 
     # --- builder --------------------------------------------------------------------------------
     def prepare(self, configs: Sequence[Config]) -> None:
-        """Start building candidates the search will evaluate next (in parallel on CUDA)."""
-        self.builder.submit(self.spec, self.family, list(configs))
+        """Start building candidates the search will evaluate next (in parallel on CUDA); a
+        generator that runs in this process generates now, which counts as build time."""
+        t0 = time.perf_counter()
+        try:
+            self.builder.submit(self.spec, self.family, list(configs))
+        finally:
+            self._seconds["build"] += time.perf_counter() - t0
 
     def build(self, config: Config) -> tuple[Path, Any]:
         """The built candidate's folder and its loaded runner."""

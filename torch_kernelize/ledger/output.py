@@ -34,10 +34,24 @@ def table(rows: Sequence[Row], profile: Profile, limit: int = 20) -> str:
         dist = f"{r.distance:.1f}x" if r.distance is not None else "n/a"
         lines.append(f"{i:>3} {_us(r.seconds):>9} {100 * r.share:>5.1f}% {r.launches:>6.0f} {_us(r.floor_s):>9} "
                      f"{dist:>8}  {r.generator[:14]:<14} {other[:20]:<20} {r.op[:70]}")
+        lines += _inside(r)
     if len(rows) > limit:
         rest = rows[limit:]
         lines.append(f"    ... {len(rest)} more rows, {100 * sum(r.share for r in rest):.1f}% of the kernels' time")
     return "\n".join(lines)
+
+
+def _inside(r: Row, top: int = 3) -> list[str]:
+    """The slowest device kernels of a row that runs several (a whole graph's program, a vendor
+    op that launches more than one): where its time goes, a line each."""
+    kernels = r.kernels
+    if len(kernels) < 2 or not r.seconds:
+        return []
+    lines = [f"{'':>10}{_us(t):>9} {100 * t / r.seconds:>5.1f}% of the row  {name[:80]}"
+             for name, t in list(kernels.items())[:top]]
+    if len(kernels) > top:
+        lines.append(f"{'':>10}... {len(kernels) - top} more kernels")
+    return lines
 
 
 def fusion_table(fusions: Sequence[Row], limit: int = 10) -> str:

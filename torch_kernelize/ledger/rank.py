@@ -85,17 +85,22 @@ class Row:
     def where(self) -> list[str]:
         return [f"{n.graph}:{n.node}" for n in self.nodes]
 
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("nodes", "region", "input_sources")}
-        best = self.best_alternative
+    @property
+    def kernels(self) -> dict[str, float]:
+        """The device kernels its launches ran (CUDA), name -> seconds per model call, slowest first."""
         kernels: dict[str, float] = {}
         for n in self.nodes:
             for name, t in n.kernels.items():
                 kernels[name] = kernels.get(name, 0.0) + t
+        return dict(sorted(kernels.items(), key=lambda kv: -kv[1]))
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("nodes", "region", "input_sources")}
+        best = self.best_alternative
         out.update(where=self.where, distance=self.distance, above_floor=self.above_floor,
                    best_alternative={"generator": best[0], "ms": best[1]} if best else None,
-                   kernels=dict(sorted(kernels.items(), key=lambda kv: -kv[1])))
+                   kernels=self.kernels)
         return out
 
 
