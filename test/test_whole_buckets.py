@@ -4,6 +4,7 @@ bucket and serves every size in it with no compile, no code generation and no di
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -93,6 +94,12 @@ def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(
     assert whole.bucket.ranges == ((5, 8),) and whole.winner == "triton" and whole.family == "inductor"
     assert whole.record["bucket"]["validated_sizes"][:2] == [[5], [8]]
     assert whole.spec.inputs[0].shape == (1, 8, 8)  # the representative: the upper edge
+    # the quick fill takes the graph's bucket first; a node's or region's bucket whose sizes its
+    # program serves is not searched (a fill stopped early still serves the program)
+    (summary,) = [json.loads(f.read_text()) for f in (cache.dir / "runs").glob("*.json")]
+    buckets = [r for r in summary["specs"] if " bucket " in r["spec"]]
+    assert buckets[0]["key"] == whole.key and buckets[0]["status"] == "stored"
+    assert len(buckets) > 1 and all(r["status"] == "in the whole graph's program" for r in buckets[1:]), buckets
 
     import importlib.util
     loader = importlib.util.spec_from_file_location("whole_bucket_block", model)
@@ -170,3 +177,22 @@ def test_a_graph_program_wrong_at_one_edge_of_its_bucket_is_rejected_with_that_s
     assert row["status"] == "no correct candidate", row
     assert "at sizes [5]" in row["winner"], row
     assert cache.lookup(work.key)[0] == "miss"
+
+
+def test_a_nodes_bucket_knows_the_sizes_of_the_dynamic_dim_it_serves():
+    """A node's variable is an increasing function of the --dynamic size (8*s, s*s, s+1): its
+    bucket serves the sizes whose every variable falls in its range; a graph's programs skip it
+    only where their buckets cover all of those."""
+    import sympy
+    from torch_kernelize.fill_cache.buckets import DynamicDim, _served_span
+    from torch_kernelize.fill_cache.fill_run import _covered
+    s, b = sympy.Symbol("s0"), sympy.Symbol("s1")
+    bindings, example = {s: 40, b: 8}, {40: DynamicDim(0, 1, 33, 512)}
+    assert _served_span([b * s], [(257, 512)], bindings, example) == (33, 64)
+    assert _served_span([3 * s], [(129, 256)], bindings, example) == (43, 85)
+    assert _served_span([s, s * s], [(33, 64), (1025, 2048)], bindings, example) == (33, 45)
+    assert _served_span([s + 600], [(1, 64)], bindings, example) is None          # no size gets there
+    two = {s: 40, b: 41}
+    assert _served_span([b * s], [(1, 4096)], two, {40: DynamicDim(0, 1, 33, 64), 41: DynamicDim(1, 1, 33, 64)}) is None
+    assert _covered((43, 85), [(33, 64), (65, 128)]) and not _covered((43, 85), [(33, 64), (66, 128)])
+    assert not _covered((33, 64), []) and _covered((40, 50), [(65, 128), (33, 64)])

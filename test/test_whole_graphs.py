@@ -152,6 +152,25 @@ def test_outputs_that_are_views_of_the_programs_buffers_are_made_by_alias_steps(
     assert ev.correct, ev.error
 
 
+def test_an_output_that_is_a_view_of_an_input_is_made_by_an_alias_step():
+    """A stretch passes tensors on as views (Mixtral's router state): Inductor returns a view of
+    the input; on the H200 such programs were refused ("an output must be a buffer the program
+    makes"). The program aliases the input, as eager does, and the graph validates."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+
+    def f(a):
+        return ((a.sin() * 2 + a.cos()).exp() - 1).abs(), a.view(4, 2, 8)[:, 0]
+
+    spec = region_spec(whole_graph_region(make_fx(f, tracing_mode="fake")(torch.randn(4, 16)))[0], {})
+    program = GENERATOR_INSTANCE.generate(spec, Config.of(mode="default"))
+    aliases = [(s.args[0]["buf"], s.results) for s in program.steps if s.op == "aten.alias.default"]
+    assert aliases == [(["in", 0], (("out", 1),))], program.steps
+    ev = evaluate(spec, GENERATOR_INSTANCE, Config.of(mode="default"))
+    assert ev.correct, ev.error
+
+
 class Tampered(KernelFamily):
     """Inductor's program with one vendor step changed: the bias left out of the GEMM."""
 
@@ -272,7 +291,10 @@ def test_a_whole_program_awaiting_its_unaligned_binaries_already_serves_its_grap
         run.close()
 
 
-def test_budget_one_asks_inductor_for_its_default_mode_alone(monkeypatch):
+def test_budget_one_asks_inductor_for_the_default_mode_of_graphs_and_of_specs_no_family_generates(whole, monkeypatch):
+    """The quick fill: Inductor's default mode for graph-level candidates; beside a node's own
+    family it is asked at larger budgets only (a compile per node spec cost Mixtral's quick fill
+    most of its 136 s on the H200), but a spec no family generates still gets its default."""
     from torch_kernelize.core.spec import KernelSpec, TensorMeta
     from torch_kernelize.fill_cache import inductor
     monkeypatch.setattr(inductor, "_on_gpu", lambda spec: True)  # (max-autotune is a GPU seed)
@@ -281,9 +303,11 @@ def test_budget_one_asks_inductor_for_its_default_mode_alone(monkeypatch):
     a, b = TensorMeta((64, 64), (64, 1), "float16", "cuda"), TensorMeta((64, 64), (64, 1), "float16", "cuda")
     spec = KernelSpec("aten.mm.default", [{"tensor": 0}, {"tensor": 1}], {}, (a, b),
                       (TensorMeta((64, 64), (64, 1), "float16", "cuda"),))
-    modes = lambda budget: [c.get("mode") for c in Competition.of(  # noqa: E731
-        spec, family_for(spec), [GENERATOR_INSTANCE], budget).seed_configs(spec) if c.get("mode")]
-    assert modes(1) == ["default"] and modes(4) == ["default", "max-autotune"]
+    modes = lambda budget, family=family_for(spec): [c.get("mode") for c in Competition.of(  # noqa: E731
+        spec, family, [GENERATOR_INSTANCE], budget).seed_configs(spec) if c.get("mode")]
+    assert modes(1) == [] and modes(4) == ["default", "max-autotune"]
+    assert modes(1, None) == ["default"]
+    assert GENERATOR_INSTANCE.evaluations(spec, 1) == 0 and GENERATOR_INSTANCE.evaluations(whole[1], 1) == 1
 
 
 def test_a_tuple_op_with_a_piece_that_is_no_tensor_still_has_a_region_meta():

@@ -77,6 +77,15 @@ class BucketWork:
     generator: KernelFamily | None = None
     at: Callable[[Sequence[int]], KernelSpec] | None = None
     baseline: Callable[[Target, Path], Callable] | None = None
+    # where serving looks it up: (graph, the sizes of the --dynamic dim it serves there); at the
+    # quick fill's budget a bucket whose every place a graph's program covers is not searched
+    # (FillRun._fill_buckets). Empty where not known (several --dynamic dims): always searched.
+    places: list[tuple[str, Range]] = dataclasses.field(default_factory=list)
+
+    @property
+    def whole(self) -> bool:
+        """A dynamic graph's bucket (whole_buckets.py), not a node's or a region's."""
+        return bool(self.probes)
 
     @property
     def key(self) -> str:
@@ -233,7 +242,10 @@ def _graph_works(g: LoweredGraph, example: dict[int, DynamicDim], boundaries: Bo
                       for span in (_span(e, bindings, example) for e in sizes)]
             if all(ranges):
                 for w in works_for(dec.spec, dims, ranges, source):
-                    works.setdefault(w.key, w)
+                    served = _served_span(sizes, w.ranges, bindings, example)
+                    w = works.setdefault(w.key, w)
+                    if served is not None and (g.name, served) not in w.places:
+                        w.places.append((g.name, served))
 
 
 def _dynamic_only(dims: tuple[Dim, ...], sizes: tuple[Any, ...], bindings: dict,
@@ -255,6 +267,35 @@ def _span(size: Any, bindings: dict, example: dict[int, DynamicDim]) -> Range | 
     fixed = {s: int(bindings[s]) for s, d in dyn.items() if d is None}
     return (int(size.subs({**fixed, **{s: d.lo for s, d in dyn.items() if d}})),
             int(size.subs({**fixed, **{s: d.hi for s, d in dyn.items() if d}})))
+
+
+def _served_span(sizes: Sequence[Any], ranges: Sequence[Range], bindings: dict,
+                 example: dict[int, DynamicDim]) -> Range | None:
+    """The sizes of the one --dynamic dim for which every variable (``sizes``: each an increasing
+    function of it, the other symbols at their traced sizes) falls in its bucket of ``ranges``;
+    None where they vary with several --dynamic dims, or no size does."""
+    dyn = {s: example[bindings[s]] for e in sizes for s in e.free_symbols if example.get(bindings.get(s))}
+    if len(dyn) != 1:
+        return None
+    (symbol, d), = dyn.items()
+    fixed = {s: int(v) for s, v in bindings.items() if s != symbol}
+    lo, hi = d.lo, d.hi
+    for e, (a, b) in zip(sizes, ranges):
+        at = lambda n: int(e.subs({**fixed, symbol: n}))  # noqa: E731 - increasing in n
+        lo = max(lo, _first(lo, hi + 1, lambda n: at(n) >= a))
+        hi = min(hi, _first(lo, hi + 1, lambda n: at(n) > b) - 1)
+    return (lo, hi) if lo <= hi else None
+
+
+def _first(lo: int, end: int, holds: Callable[[int], bool]) -> int:
+    """The least n in [lo, end) for which ``holds`` (false, then true), else ``end``: a bisection."""
+    while lo < end:
+        mid = (lo + end) // 2
+        if holds(mid):
+            end = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def work_from_repro(spec: KernelSpec, meta: dict[str, Any], source: str, boundaries: Boundaries) -> list[BucketWork]:

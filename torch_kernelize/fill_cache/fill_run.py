@@ -471,19 +471,33 @@ class FillRun:
             bar.update(1)
 
     def _fill_buckets(self, works: Sequence[BucketWork]) -> None:
-        """Fill the shape buckets (deduplicated by key), in order, after the exact shapes (whose
-        winners are stored first); each under its lock, waited for, in a builder of their own."""
+        """Fill the shape buckets (deduplicated by key), after the exact shapes (whose winners
+        are stored first); each under its lock, waited for, in a builder of their own. As for
+        exact shapes, the quick fill (budget 1) takes each dynamic graph's buckets first and skips
+        a node's or region's bucket wherever a graph's program serves its sizes (a fill stopped
+        early serves the programs); a larger budget fills the nodes and regions first, the
+        assembly each graph's program then competes with."""
         if not works:
             return
         self._store_pending(wait=True)
+        quick = self.budget <= 1 and not self.force
+        works = sorted(works, key=lambda w: not w.whole) if quick else list(works)
+        programs: dict[str, list[tuple[int, int]]] = {}  # graph -> the sizes its stored programs serve
         builder = Builder(self.target)
         seen: set[str] = set()
         try:
             for w in works:
-                if w.key not in seen:
-                    seen.add(w.key)
-                    with self.cache.lock(w.key):
-                        self.rows.append(self._timed(w, None, builder))
+                if w.key in seen:
+                    continue
+                seen.add(w.key)
+                if quick and not w.whole and w.places and all(
+                        _covered(span, programs.get(g, ())) for g, span in w.places):
+                    self.rows.append(dict(w.row(), status=IN_WHOLE))
+                    continue
+                with self.cache.lock(w.key):
+                    self.rows.append(self._timed(w, None, builder))
+                if w.whole and self.cache.lookup(w.key)[0] == "hit":
+                    programs.setdefault(w.places[0][0], []).append(w.places[0][1])
         finally:
             builder.close()
 
@@ -550,6 +564,15 @@ def _row(work: Work) -> dict[str, Any]:
     return {"spec": spec.describe(), "key": spec.key, "source": work.source, "status": "", "winner": "",
             "speedup": None, "max_err": None, "evaluated": 0, "resumed": 0, "bytes": spec_bytes(spec),
             **({"whole": True} if is_whole_graph(spec) else {}), **({"mix": True} if work.mix else {})}
+
+
+def _covered(span: tuple[int, int], ranges: Sequence[tuple[int, int]]) -> bool:
+    """Whether the sizes ``span`` (lo, hi) all lie in the union of ``ranges``."""
+    at = span[0]
+    for lo, hi in sorted(ranges):
+        if lo <= at <= hi:
+            at = hi + 1
+    return at > span[1]
 
 
 def _confirmed(best: dict[str, Any], measurer: CandidateMeasurer) -> tuple[dict[str, Any], dict[str, Any]]:

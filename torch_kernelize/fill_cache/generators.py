@@ -186,8 +186,12 @@ class Competition(KernelFamily):
     @classmethod
     def of(cls, spec: KernelSpec, primary: KernelFamily | None, others: Sequence[KernelFamily],
            budget: int | None = None) -> KernelFamily | None:
-        """The spec's search space: ``primary`` alone where no other generator supports the spec."""
+        """The spec's search space: ``primary`` alone where no other generator supports the spec,
+        or none grants it an evaluation at ``budget`` beside its family (the quick fill asks
+        Inductor for graph-level candidates only where a family generates the spec)."""
         supporting = [g for g in others if g is not primary and g.supports(spec) is None]
+        if budget is not None and primary is not None:
+            supporting = [g for g in supporting if g.evaluations(spec, budget) > 0]
         if not supporting:
             return primary
         return cls(primary, supporting, default_domain(spec), budget)
@@ -218,12 +222,17 @@ class Competition(KernelFamily):
         return out + (self.primary.seed_configs(spec) if self.primary is not None else [])
 
     def _seeds(self, gen: KernelFamily, spec: KernelSpec) -> list[Config]:
+        """``gen``'s seeds at the budget; one at least where no family generates the spec (then
+        the other generators are all it has)."""
         seeds = gen.seed_configs(spec)
-        return seeds if self.budget is None else seeds[:gen.evaluations(spec, self.budget)]
+        return seeds if self.budget is None else seeds[:self._granted(gen, spec, self.budget)]
+
+    def _granted(self, gen: KernelFamily, spec: KernelSpec, budget: int) -> int:
+        return max(gen.evaluations(spec, budget), 1 if self.primary is None else 0)
 
     def evaluations(self, spec: KernelSpec, budget: int) -> int:
         own = self.primary.evaluations(spec, budget) if self.primary is not None else 0
-        return own + sum(g.evaluations(spec, budget) for g in self.others.values())
+        return own + sum(self._granted(g, spec, budget) for g in self.others.values())
 
     def neighbours(self, spec: KernelSpec, config: Config) -> list[Config]:
         gen, own = self.generator_of(config)

@@ -97,9 +97,14 @@ class InductorGenerator(KernelFamily):
         return [Config.of(mode=m) for m in modes]
 
     def evaluations(self, spec: KernelSpec, budget: int) -> int:
-        """Budget 1 (the quick fill) asks for the default mode alone: max-autotune's GEMM and
-        convolution autotuning takes tens of seconds per spec."""
-        return 1 if budget <= 1 else len(self.seed_configs(spec))
+        """Budget 1 (the quick fill) asks for the default mode of whole graphs alone: an
+        Inductor compile per node or region spec costs seconds (Mixtral's quick fill spent most
+        of its 136 s so on the H200), where the spec's family has a seed of its own (a spec no
+        family generates still gets Inductor's default: generators.Competition); max-autotune's
+        GEMM and convolution autotuning takes tens of seconds per spec."""
+        if budget <= 1:
+            return 1 if is_whole_graph(spec) else 0
+        return len(self.seed_configs(spec))
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         mode = config.get("mode")

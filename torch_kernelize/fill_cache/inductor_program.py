@@ -160,21 +160,25 @@ def _match_outputs(recorder: _WholeRecorder, outputs: list, spec: KernelSpec) ->
     """storage -> output index, for the outputs that are a whole buffer of this call in their
     traced layout (the runner allocates them, or a step returns them). Any other output (a view
     into a temporary or into another output's buffer: Inductor returns ``reinterpret_tensor``s)
-    is made by a last step, an alias of that view (appended to ``recorder.entries``)."""
+    is made by a last step, an alias of that view (appended to ``recorder.entries``); so is an
+    output that is an input or a view of one (Mixtral's stretches pass the router's tensors on)."""
     if len(outputs) != len(spec.outputs):
         raise RecordingError(f"Inductor's code returned {len(outputs)} output(s); the graph has {len(spec.outputs)}")
     found: dict[int, int] = {}
     views, copies = [], []
     for j, (t, meta) in enumerate(zip(outputs, spec.outputs)):
         base = recorder.bases.get(_storage(t)) if isinstance(t, torch.Tensor) and t.numel() else None
-        if base is None or base.ref[0] == "in":
-            raise RecordingError(f"output {j} is {'an input or a view of one' if base else 'not a buffer of this call'}"
-                                 ": an output must be a buffer the program makes")
+        if base is None:
+            raise RecordingError(f"output {j} is not a buffer of this call: an output must be a buffer the "
+                                 "program makes, or a view of one or of an input")
         got = (tuple(t.shape), tuple(t.stride()), dtype_name(t.dtype))
         if got[0] != meta.shape or got[2] != meta.dtype:
             raise RecordingError(f"output {j} is {got}, not the graph's {(meta.shape, meta.stride, meta.dtype)}")
         if got[1] != meta.stride:  # Inductor chose another layout: copied into the traced one at the end
             copies.append((j, t))
+            continue
+        if base.ref[0] == "in":  # an input passed through, or a view of one (a stretch's): an alias, as eager's
+            views.append((j, t))
             continue
         span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride))
         whole = (_storage(t) not in found and t.data_ptr() == base.tensor.data_ptr()

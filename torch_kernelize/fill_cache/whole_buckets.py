@@ -344,5 +344,5 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
                     if unbucketable(rep, whole.dims) is None:
                         works.append(make_work(rep, whole.dims, ((lo, hi),), source, probes,
                                                WholeBucketGenerator(graph, (lo, hi)), graph.spec_at,
-                                               functools.partial(dynamic_assembly, graph)))
+                                               functools.partial(dynamic_assembly, graph), [(g.name, (lo, hi))]))
     return works
