@@ -9,6 +9,7 @@ the GPU time per call:
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR --first-call [--timers]
     python benchmarks/host_profile.py llama4L_d1024_b8_s512_fp16 --cache-dir DIR --first-run
+    python benchmarks/host_profile.py benchmarks/real_models.py:make_resnet50 --cache-dir DIR   (a real model)
 
 ``--first-run`` times each node of the bound graphs' first run, with a sync after each, beside
 their second run: what a first call pays for the first use of the vendor libraries (cuBLAS,
@@ -94,7 +95,7 @@ def first_run_table(first: list, second: list, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("workload")
+    p.add_argument("workload", help="a seed workload's name, or a --model reference (benchmarks/real_models.py:make_resnet50)")
     p.add_argument("--cache-dir", required=True)
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--top", type=int, default=30)
@@ -118,7 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     lowered = []  # the executables (bound by lowering or restored from the executable cache)
     publish = lower.LoweredGraph._publish
     lower.LoweredGraph._publish = lambda self, *a: lowered.append(self) or publish(self, *a)
-    model, inputs = SEED_WORKLOADS[args.workload]()
+    if ":" in args.workload:  # a --model reference (a real model of real_models.py: make_resnet50)
+        from torch_kernelize.fill_cache.collect import load_model
+        model, inputs = load_model(args.workload)
+        device = "cuda" if args.target == "cuda" else "cpu"
+        model, inputs = model.to(device), [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
+    else:
+        model, inputs = SEED_WORKLOADS[args.workload]()
     fn = torch.compile(model, backend="kernelize", options={
         "target": args.target, "cache_dir": args.cache_dir, "repro_dir": "off", "cudagraphs": args.cudagraphs})
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

@@ -476,3 +476,53 @@ def test_cudas_fused_attention_has_a_float64_reference_written_out(op):
     assert len(outs) == len(target._schema.returns)
     lse = outs[1][..., :40].reshape(2, 3, 40)
     assert torch.isfinite(lse).all() and float64_reference(target, [q.half(), k, v]) is None
+
+
+OFFSET_IDS = """
+import torch
+
+class Lookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(10, 8))
+
+    def forward(self, x, ids):  # ids count from 1 (as positions after a padding offset): the graph takes ids - 1
+        return (torch.nn.functional.embedding(ids - 1, self.table) * x).sum(-1).relu()
+
+def make():
+    torch.manual_seed(0)
+    return Lookup(), (torch.randn(4, 6, 8), torch.randint(1, 11, (4, 6)))
+"""
+
+
+def test_a_graphs_index_inputs_are_the_models_own_and_its_program_is_judged_on_them(tmp_path):
+    """No rule knows every index input's domain (1-based ids here; Mixtral's routing indices on
+    the H200, where drawn ones hit device-side asserts). The fill takes a whole graph's integer
+    and boolean inputs from one more call of the model (Work.pins); its candidates are captured
+    and validated on them, its floating inputs drawn as before. Drawn (zeros), these ids index
+    row -1: the graph could not be checked."""
+    from torch_kernelize.fill_cache.collect import Work, load_model
+    from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
+    (tmp_path / "lookup.py").write_text(OFFSET_IDS)
+    works = specs_from_model(f"{tmp_path / 'lookup.py'}:make", TARGET, tmp_path / "cache", supported=lambda s: True)
+    whole = works[0]
+    assert is_whole_graph(whole.spec) and whole.pins is not None
+    (at, ids), = whole.pins.items()   # the ids; the table and x are floating: drawn
+    _, (_, want) = load_model(f"{tmp_path / 'lookup.py'}:make")
+    assert whole.spec.inputs[at].dtype == "int64" and torch.equal(ids, want) and int(ids.min()) >= 1
+    for kind in ("random", *WHOLE_GRAPH_DOMAIN.edge_kinds):
+        WHOLE_GRAPH_DOMAIN.pin(whole.spec.key, whole.pins)
+        assert torch.equal(WHOLE_GRAPH_DOMAIN.sample_inputs(whole.spec, 3, kind)[at], ids)
+
+    def fill(work):   # in a fresh measure worker: the pins go with the spec
+        run = FillRun(TARGET, KernelCache.for_target(tmp_path / "cache", TARGET), budget=1, resume=False,
+                      force=True, min_speedup=1.03, generators=generators.chosen_generators("inductor", TARGET))
+        try:
+            return run.process(work)
+        finally:
+            run.close()
+    row = fill(whole)
+    assert row["status"] == "stored" and row["winner"].startswith("inductor"), row
+    WHOLE_GRAPH_DOMAIN.pins.pop(whole.spec.key)
+    drawn = fill(Work(whole.spec, "test"))
+    assert drawn["status"] == "could not check" and "index out of range" in drawn["winner"], drawn

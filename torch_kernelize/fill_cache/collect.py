@@ -46,6 +46,9 @@ class Work:
     members: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # a region's nodes
     candidate: bool = False  # a candidate file is given for it (--candidate): searched even if cached
     mix: bool = False  # only a stretch a whole graph is cut into (whole_graph.CUT): searched at --budget 2 and more
+    # a whole graph's integer and boolean inputs as the model's call gave them, by input position
+    # (graph_candidates.WholeGraphDomain.pin: validated and captured on those, floats drawn)
+    pins: dict[int, torch.Tensor] | None = None
 
     @property
     def replace(self) -> bool:
@@ -216,9 +219,10 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
         supported = lambda spec: family_for(spec) is not None  # noqa: E731
     from torch_kernelize.fallbacks import expected_fallbacks
     with expected_fallbacks():  # what runs on the host now is what the fill is for
-        # the model, inputs and output are dropped; a survey: a whole graph's program that hits
-        # leaves its stretches, regions and nodes to be seen (a larger budget fills them too)
-        _, _, _, graphs = run_compiled(ref, target, cache_dir, training=training, survey=True)
+        # a survey: a whole graph's program that hits leaves its stretches, regions and nodes to
+        # be seen (a larger budget fills them too); the model, inputs and output are dropped after
+        with served_model(ref, target, cache_dir, training=training, survey=True) as (_, inputs, compiled, _, graphs):
+            pins = {} if training else index_inputs(compiled, inputs, graphs)
     if target.device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
         torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
@@ -229,7 +233,8 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
         for whole in getattr(g, "wholes", ()):
             if whole.spec is not None and supported(whole.spec):
                 cut = CUT in whole.shapes
-                w = wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss", mix=cut))
+                w = wholes.setdefault(whole.spec.key, Work(whole.spec, f"model:{ref}", "miss", mix=cut,
+                                                           pins=pins.get(whole.spec.key)))
                 w.mix = w.mix and cut
                 place = f"{g.name}/whole/{whole.node}/{whole.spec.key}"
                 w.place_ids.append(place)
@@ -255,6 +260,46 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     # searched too, and FillRun times the graph again at the end against the assembly they give
     # (FillRun.rejudge_wholes).
     return list(wholes.values()) + work
+
+
+PIN_BYTES = 16 << 20  # an integer input larger than this is drawn, not carried (a mask of a huge batch)
+
+
+def index_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any]) -> dict[str, dict[int, torch.Tensor]]:
+    """Per whole graph or stretch (by spec key), its integer and boolean inputs as one more call
+    of the compiled model computes them (host copies, by input position): their domain is the
+    model's (Work.pins). An input the bound graph does not hold by name (folded aside) is left
+    out, and drawn as before."""
+    from torch_kernelize.serving.runtime import CapturingInterpreter
+
+    wanted: dict[str, list[tuple[str, int, str]]] = {}  # graph -> (spec key, input position, node name)
+    for g in graphs:
+        regions = {tuple(sorted(r.names)): r for r in g.regions}
+        for whole in getattr(g, "wholes", ()):
+            region = regions.get(tuple(sorted(whole.members)))
+            for i, n in enumerate(region.inputs if region is not None and whole.spec is not None else ()):
+                val = n.meta.get("val")
+                if isinstance(val, torch.Tensor) and not (val.is_floating_point() or val.is_complex()) \
+                        and val.numel() * val.element_size() <= PIN_BYTES:
+                    wanted.setdefault(g.name, []).append((whole.spec.key, i, n.name))
+    if not wanted:
+        return {}
+    runs, seen = [], set()
+    with contextlib.ExitStack() as stack:
+        for g in graphs:
+            for s in g.specializations().values() if g.name in wanted else ():
+                if id(s) not in seen:
+                    seen.add(id(s))
+                    runs.append((g.name, CapturingInterpreter(s.gm, set(), {name for _, _, name in wanted[g.name]})))
+                    stack.enter_context(s.running(runs[-1][1].run))
+        with torch.no_grad():
+            compiled(*inputs)
+    pins: dict[str, dict[int, torch.Tensor]] = {}
+    for name, run in runs:
+        for key, i, node in wanted[name]:
+            if node in run.values:
+                pins.setdefault(key, {}).setdefault(i, run.values[node])
+    return pins
 
 
 def _collect_specialization(prefix: str, specialization: Any, graph_regions: list[Any], source: str,

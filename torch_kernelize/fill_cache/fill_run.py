@@ -41,7 +41,7 @@ from torch_kernelize.fill_cache.buckets import BucketFamily, BucketMeasurer, Buc
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, Work
 from torch_kernelize.fill_cache.generators import Competition, FamilyFor, KernelGenerator, check_resumable
-from torch_kernelize.fill_cache.graph_candidates import graph_evidence, rejudged_evidence
+from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN, graph_evidence, rejudged_evidence
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import CandidateMeasurer, Measurer, device_fault
 from torch_kernelize.fill_cache.measure_worker import (FILL_TIME_LIMIT_S, IsolatedMeasurer, MeasureWorker,
@@ -151,6 +151,7 @@ class FillRun:
         journal, previous = self._journal(spec.key, family)
         if is_whole_graph(spec):  # its baseline is the graph as assembled from every entry stored before it
             self._store_pending(wait=True)
+            WHOLE_GRAPH_DOMAIN.pin(spec.key, work.pins)  # its index inputs as the model gave them (here and in the worker)
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
         return self._searched(Search(spec.key, spec, family, measurer, journal, previous, work.replace or self.force),
                               row, progress)

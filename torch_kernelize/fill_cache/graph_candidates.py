@@ -36,13 +36,29 @@ INDEXING = {"aten.embedding.default": (0, -1, 1), "aten.index_select.default": (
 
 
 class WholeGraphDomain(KernelFamily):
-    """A whole graph's inputs: an integer input that indexes a dim directly (token ids into an
-    embedding, index_select/gather indices, through views) is drawn in [0, that size); any other
-    integer input is zeros, the one value that is in range wherever arithmetic the graph does on
-    it (a cumsum of a mask, an offset added to positions) ends up indexing; the rest as any
-    spec's. An index out of range is a device-side assert on CUDA, which ends the process."""
+    """A whole graph's inputs. Its integer and boolean inputs as the model's own call gave them,
+    where the fill captured them (``pin``: token ids, routing indices, masks: their domain is the
+    model's, which no rule here knows; Mixtral's stretches hit device-side asserts on drawn ones);
+    else an integer input that indexes a dim directly (token ids into an embedding,
+    index_select/gather indices, through views) is drawn in [0, that size), any other integer
+    input is zeros, the one value that is in range wherever arithmetic the graph does on it (a
+    cumsum of a mask, an offset added to positions) ends up indexing. Floating inputs are drawn
+    as any spec's (random and edge values). An index out of range is a device-side assert on
+    CUDA, which ends the process."""
 
     name = "whole-graph"
+
+    def __init__(self) -> None:
+        self.pins: dict[str, dict[int, torch.Tensor]] = {}  # spec key -> input position -> its value (host)
+
+    def pin(self, key: str, values: dict[int, torch.Tensor] | None) -> None:
+        """Take the inputs at these positions of the graph ``key`` as given, whatever the trial;
+        None: draw them all (what an earlier run pinned for the key is dropped: a worker serves
+        one run after another)."""
+        if values:
+            self.pins[key] = dict(values)
+        else:
+            self.pins.pop(key, None)
 
     def supports(self, spec: KernelSpec) -> str | None:
         return None if is_whole_graph(spec) else "whole graphs only"
@@ -51,8 +67,11 @@ class WholeGraphDomain(KernelFamily):
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         g = sample_generator(seed, device)
         bounds = index_bounds(spec)
+        pins = self.pins.get(spec.key, {})
 
         def draw(i: int, m: Any) -> torch.Tensor:
+            if i in pins:
+                return torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype).copy_(pins[i])
             if m.torch_dtype.is_floating_point or m.torch_dtype.is_complex or m.dtype == "bool":
                 return sample_tensor(m, g, kind)
             return sample_tensor(m, g, kind if i in bounds else "zeros", 0, bounds.get(i, 1))

@@ -35,6 +35,7 @@ import torch
 
 from torch_kernelize.core.errors import OptionsError
 from torch_kernelize.fill_cache.builder import Builder, ContainedFault, family_ref, find_family
+from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
 from torch_kernelize.fill_cache.measure import Evaluation, Measurer, _short, device_fault
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.core.errors import machine_error
@@ -315,9 +316,10 @@ def _forget_all() -> None:
 
 
 def _measurer(context: tuple) -> Measurer:
-    spec_json, ref, target, captured, cache_dir = context
+    spec_json, ref, target, captured, cache_dir, pins = context
     key = spec_json["key"]
     if key not in _HELD:
+        WHOLE_GRAPH_DOMAIN.pin(key, pins)  # a whole graph's index inputs, as the parent has them
         _HELD[key] = Measurer(KernelSpec.from_json(spec_json), find_family(*ref), target, captured or [], _Built(),
                               Path(cache_dir) if cache_dir else None)
     return _HELD[key]
@@ -343,8 +345,9 @@ def _run(context: tuple, method: str, config_json: dict | None, directory: str |
     return result, {k: m.seconds[k] - before[k] for k in m.seconds}, m.peak_extra_bytes()
 
 
-def _generate(spec_json: dict, ref: tuple[str, str], config_json: dict) -> dict:
+def _generate(spec_json: dict, ref: tuple[str, str], config_json: dict, pins: dict | None) -> dict:
     """Generate one candidate here (Builder.generate_elsewhere): its program as data."""
+    WHOLE_GRAPH_DOMAIN.pin(spec_json["key"], pins)  # (Inductor runs a whole graph on its domain's inputs)
     program = find_family(*ref).generate(KernelSpec.from_json(spec_json), Config.from_json(config_json))
     return {"source": program.source, "program": program.to_json()}
 
@@ -356,7 +359,7 @@ def generate_in(worker: MeasureWorker) -> Callable[[KernelSpec, tuple[str, str],
     ContainedFault, and the worker is replaced; what it raises otherwise is raised as it is."""
     def generate(spec: KernelSpec, ref: tuple[str, str], config: Config) -> dict:
         try:
-            return worker.call(_generate, spec.to_json(), ref, config.to_json())
+            return worker.call(_generate, spec.to_json(), ref, config.to_json(), WHOLE_GRAPH_DOMAIN.pins.get(spec.key))
         except WorkerDied as e:
             raise ContainedFault(f"generating it ended the measure worker: {e}") from None
         except Exception as e:
@@ -385,7 +388,8 @@ class IsolatedMeasurer:
 
     def _call(self, method: str, config: Config | None = None, directory: Path | None = None, *args: Any):
         held = self.spec.key in self.worker.holds
-        context = (self.spec.to_json(), self._ref, self.target, None if held else self._captured, self.cache_dir)
+        context = (self.spec.to_json(), self._ref, self.target, None if held else self._captured, self.cache_dir,
+                   None if held else WHOLE_GRAPH_DOMAIN.pins.get(self.spec.key))
         result, seconds, peak = self.worker.call(_run, context, method, config.to_json() if config else None,
                                                  str(directory) if directory else None, *args)
         if method == "close":
