@@ -207,6 +207,24 @@ def test_a_row_that_runs_several_kernels_says_where_its_time_goes():
     assert list(output.ledger_json(rows, profile, {})["rows"][0]["kernels"]) == list(node.kernels)
 
 
+
+def test_a_whole_graphs_program_gets_no_reproducer_of_its_own():
+    """A whole program far above its floor is listed with its kernels, but no reproducer: the
+    graph competes whole in every fill, and its reproducer would carry every weight."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+    from torch_kernelize.ledger.rank import worth_a_reproducer
+    gm = make_fx(lambda a, b: (torch.relu(a @ b) * 2).sum(-1), tracing_mode="fake")(torch.randn(8, 16), torch.randn(16, 32))
+    whole = region_spec(whole_graph_region(gm)[0], {})
+    slow = [NodeRun("g0", "whole", "triton", "whole", whole, whole.key, 3, 900e-6, kernels={"a": 6e-4, "b": 3e-4}),
+            NodeRun("g0", "tanh", "vendor", "tanh", TANH, None, 1, 100e-6)]
+    rows = rank(Profile("cuda", 1, 1e-3, None, slow), None, CHIP)
+    assert rows[0].spec is whole and rows[0].above_floor
+    assert [r.spec for r in worth_a_reproducer(rows, 3)] == [TANH]
+
+
 MODEL = '''
 import torch
 class M(torch.nn.Module):

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import describe_region
 from torch_kernelize.ledger.floors import Ceilings, Floor, floor
 from torch_kernelize.ledger.profile import NodeRun, Profile
@@ -216,5 +217,8 @@ def fusions(profile: Profile, ceilings: Ceilings) -> list[Row]:
 
 
 def worth_a_reproducer(rows: Sequence[Row], top: int) -> list[Row]:
-    """The ``top`` slowest rows with a kernel spec that are above their floor."""
-    return [r for r in rows if r.spec is not None and r.tier in ("triton", "vendor", "fusion") and r.above_floor][:top]
+    """The ``top`` slowest rows with a kernel spec that are above their floor. Not a whole
+    graph's program: it competes whole in every fill already, and its reproducer would carry
+    every weight of the model (its slowest kernels are listed under its row)."""
+    return [r for r in rows if r.spec is not None and r.tier in ("triton", "vendor", "fusion") and r.above_floor
+            and not is_whole_graph(r.spec)][:top]
