@@ -526,3 +526,17 @@ def test_a_graphs_index_inputs_are_the_models_own_and_its_program_is_judged_on_t
     WHOLE_GRAPH_DOMAIN.pins.pop(whole.spec.key)
     drawn = fill(Work(whole.spec, "test"))
     assert drawn["status"] == "could not check" and "index out of range" in drawn["winner"], drawn
+
+
+def test_a_model_whose_second_call_fails_has_its_graphs_index_inputs_drawn(tmp_path, monkeypatch, caplog):
+    """Keeping the index inputs takes a second call of the model; where that call raises (a
+    stateful model), the fill goes on with them drawn, and says so."""
+    from torch_kernelize.serving import runtime
+
+    def broken(self, *args):
+        raise RuntimeError("a model that counts its calls")
+    monkeypatch.setattr(runtime.CapturingInterpreter, "run", broken)
+    (tmp_path / "lookup.py").write_text(OFFSET_IDS)
+    works = specs_from_model(f"{tmp_path / 'lookup.py'}:make", TARGET, tmp_path / "cache", supported=lambda s: True)
+    assert is_whole_graph(works[0].spec) and works[0].pins is None
+    assert "could not be kept from a second call of the model (RuntimeError: a model that counts" in caplog.text

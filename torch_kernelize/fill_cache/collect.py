@@ -285,15 +285,22 @@ def index_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any
     if not wanted:
         return {}
     runs, seen = [], set()
-    with contextlib.ExitStack() as stack:
-        for g in graphs:
-            for s in g.specializations().values() if g.name in wanted else ():
-                if id(s) not in seen:
-                    seen.add(id(s))
-                    runs.append((g.name, CapturingInterpreter(s.gm, set(), {name for _, _, name in wanted[g.name]})))
-                    stack.enter_context(s.running(runs[-1][1].run))
-        with torch.no_grad():
-            compiled(*inputs)
+    try:
+        with contextlib.ExitStack() as stack:
+            for g in graphs:
+                for s in g.specializations().values() if g.name in wanted else ():
+                    if id(s) not in seen:
+                        seen.add(id(s))
+                        runs.append((g.name, CapturingInterpreter(s.gm, set(), {name for _, _, name in wanted[g.name]})))
+                        stack.enter_context(s.running(runs[-1][1].run))
+            with torch.no_grad():
+                compiled(*inputs)
+    except Exception as e:  # (a model whose second call differs): its graphs' index inputs are drawn instead
+        if machine_error(e):
+            raise
+        log.warning("the whole graphs' integer inputs could not be kept from a second call of the model (%s: %s); "
+                    "they are drawn", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return {}
     pins: dict[str, dict[int, torch.Tensor]] = {}
     for name, run in runs:
         for key, i, node in wanted[name]:
