@@ -43,6 +43,7 @@ from torch_kernelize.core.program_steps import refused_ops
 from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
+from torch_kernelize.compiling.stable_sorts import stable_sorts
 from torch_kernelize.serving.view_folding import fold_view_chains
 from torch_kernelize.compiling.report import GraphReport, ReportWriter, fill_command
 from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
@@ -175,6 +176,7 @@ class LoweredGraph:
         # skips the Python codegen of each recompile (~10 ms a pass for a graph of 300 nodes).
         graph = fx.Graph()
         graph.output(graph.graph_copy(gm.graph, {}))
+        stable_sorts(graph)  # one order of equal keys, whoever sorts (stable_sorts.py)
         self.plan: GraphPlan = plan_graph(_LazyGraphModule(gm, graph), self.target)
         self.binder = SymbolBinder(self.plan.gm)
         self.regions: list[Region] = []
