@@ -671,3 +671,14 @@ def lowering_error_predicate(error: BaseException, target: Target, options: Opti
             return type(e) is type(error) and (str(e).splitlines()[0] if str(e) else "") == first_line
         return False
     return fails
+
+
+def specializations(graphs: Sequence[LoweredGraph]) -> list[tuple[LoweredGraph, Any]]:
+    """(LoweredGraph, Specialization) of every bound executable the compile made, each once."""
+    seen, out = set(), []
+    for g in graphs:
+        for s in g.specializations().values():
+            if id(s) not in seen:
+                seen.add(id(s))
+                out.append((g, s))
+    return out

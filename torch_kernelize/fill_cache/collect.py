@@ -270,6 +270,7 @@ def index_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any
     of the compiled model computes them (host copies, by input position): their domain is the
     model's (Work.pins). An input the bound graph does not hold by name (folded aside) is left
     out, and drawn as before."""
+    from torch_kernelize.compiling.lower import specializations
     from torch_kernelize.serving.runtime import CapturingInterpreter
 
     wanted: dict[str, list[tuple[str, int, str]]] = {}  # graph -> (spec key, input position, node name)
@@ -284,15 +285,12 @@ def index_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any
                     wanted.setdefault(g.name, []).append((whole.spec.key, i, n.name))
     if not wanted:
         return {}
-    runs, seen = [], set()
+    runs = []
     try:
         with contextlib.ExitStack() as stack:
-            for g in graphs:
-                for s in g.specializations().values() if g.name in wanted else ():
-                    if id(s) not in seen:
-                        seen.add(id(s))
-                        runs.append((g.name, CapturingInterpreter(s.gm, set(), {name for _, _, name in wanted[g.name]})))
-                        stack.enter_context(s.running(runs[-1][1].run))
+            for g, s in specializations([g for g in graphs if g.name in wanted]):
+                runs.append((g.name, CapturingInterpreter(s.gm, set(), {name for _, _, name in wanted[g.name]})))
+                stack.enter_context(s.running(runs[-1][1].run))
             with torch.no_grad():
                 compiled(*inputs)
     except Exception as e:  # (a model whose second call differs): its graphs' index inputs are drawn instead

@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from torch_kernelize.compiling.lower import specializations
 from torch_kernelize.core.region_graph import describe_region, region_graph
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import op_name
@@ -120,17 +121,6 @@ def _describe(spec: KernelSpec) -> str:
     if spec.graph is None:
         return spec.describe()
     return f"{describe_region(spec)} " + " ".join(m.short() for m in spec.inputs)
-
-
-def specializations(graphs: Sequence[LoweredGraph]) -> list[tuple[LoweredGraph, Any]]:
-    """(LoweredGraph, Specialization) of every bound executable the compile made, each once."""
-    seen, out = set(), []
-    for g in graphs:
-        for s in g.specializations().values():
-            if id(s) not in seen:
-                seen.add(id(s))
-                out.append((g, s))
-    return out
 
 
 def _unfused_regions(graph: LoweredGraph, spec: Any, bound: set[str]) -> list[RegionRun]:
