@@ -304,17 +304,23 @@ def test_journal_lines_of_the_wrong_shape_are_skipped_on_resume(tmp_path):
 
 def test_an_interrupted_fill_writes_the_summary_of_the_specs_it_searched(tmp_path):
     import argparse
+    import time
     import types
     from torch_kernelize.fill_cache.cli import _interrupted_summary
     rows = [{"spec": "aten.relu(f32[8])", "key": "k", "status": "stored", "time": {"build": 1.0}}]
     run = types.SimpleNamespace(rows=rows, cache=types.SimpleNamespace(dir=tmp_path), search_id="s1", budget=1,
-                                target=types.SimpleNamespace(describe=lambda: "interpreter"), log=None)
+                                target=types.SimpleNamespace(describe=lambda: "interpreter"), log=None,
+                                trace_seconds=3.0, in_flight=None)
     _interrupted_summary(argparse.Namespace(summary=None), run, 2.5)
     summary = json.loads((tmp_path / "runs" / "s1.json").read_text())
     assert summary["interrupted"] is True and summary["specs"] == rows and summary["seconds"] == 2.5
-    _interrupted_summary(argparse.Namespace(summary=tmp_path / "none.json"),
-                         types.SimpleNamespace(**{**vars(run), "rows": []}), 1.0)
-    assert not (tmp_path / "none.json").exists()  # nothing searched: nothing to say
+    assert "stopped_in" not in summary
+    # stopped inside its first spec: the summary still says where the time went
+    first = types.SimpleNamespace(**{**vars(run), "rows": [], "in_flight": ("region(f16[8x512])", time.perf_counter() - 40)})
+    _interrupted_summary(argparse.Namespace(summary=tmp_path / "first.json"), first, 50.0)
+    summary = json.loads((tmp_path / "first.json").read_text())
+    assert summary["specs"] == [] and summary["trace_seconds"] == 3.0
+    assert summary["stopped_in"]["spec"] == "region(f16[8x512])" and 40 <= summary["stopped_in"]["seconds"] < 60
 
 
 def test_sigint_exits_130_in_one_line_and_resume_continues(tmp_path):

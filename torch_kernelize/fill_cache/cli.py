@@ -173,12 +173,18 @@ def write_summary(path: Path, rows: list[dict[str, Any]], elapsed: float, meta: 
 
 def _interrupted_summary(args: argparse.Namespace, run: "FillRun | None", elapsed: float) -> None:
     """Ctrl-C (or a time limit's SIGINT): the summary of the specs searched so far, marked
-    interrupted, so a script that stops fills at a limit still reads what they stored."""
-    if run is None or not run.rows:
+    interrupted, with the spec it stopped in and for how long it had been searched, so a script
+    that stops fills at a limit still reads what they stored and where the time went."""
+    if run is None:
         return
     path = args.summary or run.cache.dir / "runs" / f"{run.search_id}.json"
     meta = {"search_id": run.search_id, "target": run.target.describe(), "cache": str(run.cache.dir),
-            "budget": run.budget, "interrupted": True, "log": str(run.log.path) if run.log else None}
+            "budget": run.budget, "interrupted": True, "trace_seconds": run.trace_seconds,
+            "log": str(run.log.path) if run.log else None}
+    if run.in_flight is not None:
+        spec, since = run.in_flight
+        meta["stopped_in"] = {"spec": spec, "seconds": round(time.perf_counter() - since, 2)}
+        print(f"fill_cache: stopped {meta['stopped_in']['seconds']:.1f}s into {spec[:120]}", file=sys.stderr)
     try:
         write_summary(path, run.rows, elapsed, meta)
         print(f"fill_cache: the {len(run.rows)} spec(s) searched so far: {path}", file=sys.stderr)

@@ -107,6 +107,8 @@ class FillRun:
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
         self.trace_seconds: float | None = None  # the fill's trace of its models, before run() (cli.py)
+        # (spec, when its search began): what an interrupt stopped, for its summary (cli.py)
+        self.in_flight: tuple[str, float] | None = None
         self.log: RunLog | None = None  # tags the run log's lines with the spec being searched
         # region place -> (its spec key, the places tried before it that share a node: Work.places)
         self.region_places: dict[str, tuple[str, list[str]]] = {}
@@ -374,6 +376,7 @@ class FillRun:
         A failure of its own is its row: its ops stay on the vendor and the run goes on."""
         bucket = isinstance(work, BucketWork)
         started = time.perf_counter()
+        self.in_flight = (work.spec.describe(), started)
         if self.log is not None:
             self.log.spec(work.spec.key, work.spec.short_name)
         if progress is not None:
@@ -391,6 +394,7 @@ class FillRun:
             details.error("%s: failed", blank["spec"], exc_info=True)  # (the run log only)
             row = dict(blank, status="failed", winner=f"{type(e).__name__}: {e}"[:300])
         row["seconds"] = round(time.perf_counter() - started, 2)
+        self.in_flight = None
         log.info("%s: %s in %.1fs (%d evaluated) %s", row["spec"][:90], row["status"], row["seconds"],
                  row["evaluated"], row["winner"])
         return row
