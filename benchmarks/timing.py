@@ -8,6 +8,7 @@ is no GPU profile.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -149,6 +150,22 @@ def rel_err(out: Any, ref: Any) -> float:
 H200_FLOPS, H200_BYTES_PER_S = 729e12, 4.2e12
 
 
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Attention's two matmuls (Q K^T, then P V) at the query's heads: torch's own formula asserts
+    that K and V have as many heads as Q, which grouped-query attention (Llama's 4 KV heads for 32)
+    does not."""
+    *batch, s_q, d_qk = query_shape
+    s_k, d_v = key_shape[-2], value_shape[-1]
+    return 2 * math.prod(batch) * s_q * s_k * (d_qk + d_v)
+
+
+def _attention_flops() -> dict:
+    """FlopCounterMode's formulas for the fused attention ops of this torch, with grouped-query heads."""
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    return {getattr(torch.ops.aten, n): _sdpa_flops for n in names if hasattr(torch.ops.aten, n)}
+
+
 def work_floor(model: torch.nn.Module, inputs: tuple, out: Any) -> dict[str, float]:
     """What one call must do at least: its FLOPs (torch's FlopCounterMode over one more call: the ops
     it has formulas for, matmuls, convolutions and CUDA attention; others count nothing) and bytes
@@ -157,7 +174,7 @@ def work_floor(model: torch.nn.Module, inputs: tuple, out: Any) -> dict[str, flo
     from torch.utils.flop_counter import FlopCounterMode
 
     from torch_kernelize.bringup import flat_tensors
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=_attention_flops()) as counter:
         model(*inputs)
     tensors = [*model.parameters(), *model.buffers(), *flat_tensors(inputs), *flat_tensors(out)]
     flops, nbytes = float(counter.get_total_flops()), float(sum(t.numel() * t.element_size() for t in tensors))

@@ -79,3 +79,19 @@ def test_first_run_table_times_each_node_of_a_bound_graph(tmp_path):
     assert [[name for _, _, name in run] for run in runs] == [["mul.Tensor", "relu.default"]] * 2
     table = hp.first_run_table(runs[:1], runs[1:], top=10)
     assert "relu.default" in table and "mul.Tensor" in table and "slowest nodes of the first run" in table
+
+
+def test_the_work_floor_counts_grouped_query_attention_at_the_querys_heads():
+    """torch's own sdpa formula asserts on 4 KV heads for 32 query heads (Llama): the floor's formula
+    counts the two matmuls at the query's heads, for ordinary attention as for grouped."""
+    import torch
+    timing = import_source(RUN.parent / "timing.py", "bench_timing")
+    q, kv = torch.randn(2, 8, 16, 32), torch.randn(2, 2, 16, 32)
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1])
+    model = Attention()
+    two_matmuls = 2 * (2 * 8) * 16 * 16 * (32 + 32) / 1e9
+    assert timing.work_floor(model, (q, kv, kv), model(q, kv, kv))["gflop"] == float(f"{two_matmuls:.4g}")
+    assert timing.work_floor(model, (q, q, q), model(q, q, q))["gflop"] == float(f"{two_matmuls:.4g}")

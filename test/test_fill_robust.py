@@ -33,7 +33,7 @@ class InProcessWorker:
         measure_worker._HELD.clear()
 
     @classmethod
-    def for_target(cls, target, time_limit_s: float) -> "InProcessWorker":
+    def for_target(cls, target, time_limit_s: float, inductor: bool = False) -> "InProcessWorker":
         return cls()
 
     def start(self) -> None:
@@ -47,6 +47,8 @@ class InProcessWorker:
 
     def close(self) -> None:
         measure_worker._HELD.clear()
+
+    stop = close
 
 
 def _timed_on_cpu(monkeypatch) -> None:
@@ -295,3 +297,33 @@ def test_the_fill_says_where_its_time_went():
     summary = {"time": {"build": 2.0, "reference": 1.0, "validation": 1.5, "timing": 0.5}, "trace_seconds": 9.04}
     assert cli.time_line(10.0, summary) == ("trace 9.0s before; build 2.0s, reference 1.0s, validation 1.5s, "
                                             "timing 0.5s, other 5.0s")
+    summary["closing_seconds"] = 3.0  # the last stores and the workers' end, apart from the rest
+    assert cli.time_line(10.0, summary).endswith("timing 0.5s, closing 3.0s, other 2.0s")
+
+
+def test_on_cuda_the_measure_worker_starts_before_the_models_are_traced_and_a_failed_trace_ends_it(
+        tmp_path, monkeypatch):
+    """Its imports, CUDA context and Inductor's compile workers overlap the trace (FillRun.start_worker);
+    a trace that fails kills it instead of waiting for its start."""
+    events = []
+    monkeypatch.setattr(fill_run.FillRun, "start_worker", lambda self: events.append("worker started"))
+    monkeypatch.setattr(fill_run.FillRun, "close", lambda self, kill=False: events.append(f"closed kill={kill}"))
+
+    def collect(args, target, generators):
+        events.append("traced")
+        raise cli.UsageError("the model raised")
+    monkeypatch.setattr(cli, "collect_work", collect)
+    args = cli.parse_args(["--model", MODEL, "--target", "interpreter", "--cache-dir", str(tmp_path)])
+    with pytest.raises(cli.UsageError):
+        cli._start_run(args, None)
+    assert events == ["worker started", "traced", "closed kill=True"]
+
+
+def test_a_worker_that_will_generate_with_inductor_is_warmed_on_cuda_only():
+    cuda = dataclasses.replace(get_target("interpreter"), name="a-gpu", device="cuda", triton="cuda")
+    assert measure_worker.MeasureWorker.for_target(cuda, 60, inductor=True).inductor
+    assert not measure_worker.MeasureWorker.for_target(get_target("interpreter"), 60, inductor=True).inductor
+    assert not measure_worker.MeasureWorker.for_target(cuda, 60).inductor
+    # a spare worker started without Inductor does not serve one that wants it warm
+    assert measure_worker.MeasureWorker(inductor=True)._kind() != measure_worker.MeasureWorker()._kind()
+    measure_worker._warm_inductor()  # (in this process: the imports, and the compile pool where torch has one)

@@ -148,7 +148,9 @@ def collect_work(args: argparse.Namespace, target: Target, generators: Sequence[
 def time_line(elapsed: float, summary: dict[str, Any]) -> str:
     """Where the time went: the trace before the fill, the phases of the searches, and the rest
     (the lookups, storing, waiting for the last compiles), so that nothing goes unaccounted."""
-    phases = summary["time"]
+    phases = dict(summary["time"])
+    if summary.get("closing_seconds") is not None:  # (the end of run(): its last stores, the workers ended)
+        phases["closing"] = summary["closing_seconds"]
     rest = max(0.0, elapsed - sum(phases.values()))
     trace = f"trace {summary['trace_seconds']:.1f}s before; " if summary.get("trace_seconds") is not None else ""
     return trace + ", ".join(f"{k} {v:.1f}s" for k, v in {**phases, "other": rest}.items())
@@ -243,14 +245,20 @@ def _start_run(args: argparse.Namespace, group: distributed.RankGroup | None
     if group is not None and args.dynamic:
         raise UsageError("--dynamic (shape buckets) runs in one process, not under torchrun")
     buckets = works_from_args(args, target) if group is None else []  # (its bad arguments first)
-    work = list(collect_work(args, target, generators).values())
+    budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
+    run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
+                  generators=generators, time_limit=args.time_limit)
+    run.start_worker()  # (it starts while the models are traced)
+    try:
+        work = list(collect_work(args, target, generators).values())
+    except BaseException:
+        run.close(kill=True)
+        raise
+    if args.candidate:
+        run.family_for = with_candidates(args.candidate, work)
     log.info("generators beside each spec's family: %s", ", ".join(g.name for g in generators) or "none")
     for note in generator_notes(target) if args.generators is None else ():
         log.info("generator %s", note)
-    budget = args.budget or DEFAULT_BUDGET.get(target.triton, 4)
-    run = FillRun(target, cache, budget, args.resume, args.force, args.min_speedup,
-                  family_for=with_candidates(args.candidate, work) if args.candidate else None,
-                  generators=generators, time_limit=args.time_limit)
     if group is not None:
         def served(w: Work) -> bool:  # on rank 0: its cache has it, and it is not to be searched again
             return not (args.force or w.replace) and cache.lookup(w.spec.key)[0] in ("hit", "vendor")
@@ -309,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         return report(rows, elapsed, summary_path, {"search_id": run.search_id, "target": run.target.describe(),
                                                     "cache": str(run.cache.dir), "budget": run.budget,
                                                     "trace_seconds": round(run.trace_seconds, 2),
+                                                    "closing_seconds": round(run.closing_seconds or 0.0, 2),
                                                     "log": str(run.log.path)}, args.strict)
     except OSError as e:  # the summary could not be written (everything else is stored)
         _traceback(args, e)

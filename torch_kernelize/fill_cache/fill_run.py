@@ -98,7 +98,8 @@ class FillRun:
         self.builder = Builder(target)
         self.isolate = isolate
         # started with the first build (prebuild): it imports torch and sets up the device meanwhile
-        self._worker = MeasureWorker.for_target(target, time_limit_s(time_limit, FILL_TIME_LIMIT_S)) \
+        inductor = any(g.name == "inductor" for g in self.generators)
+        self._worker = MeasureWorker.for_target(target, time_limit_s(time_limit, FILL_TIME_LIMIT_S), inductor) \
             if isolate else None
         if self._worker is not None:  # Inductor runs what it captures on the device: a fault ends the worker only
             self.builder.generate_elsewhere = generate_in(self._worker)
@@ -107,6 +108,7 @@ class FillRun:
         self.search_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.rows: list[dict[str, Any]] = []
         self.trace_seconds: float | None = None  # the fill's trace of its models, before run() (cli.py)
+        self.closing_seconds: float | None = None  # the last winners stored, the pool and worker ended
         # (spec, when its search began): what an interrupt stopped, for its summary (cli.py)
         self.in_flight: tuple[str, float] | None = None
         self.log: RunLog | None = None  # tags the run log's lines with the spec being searched
@@ -410,16 +412,26 @@ class FillRun:
             interrupted = True
             raise
         finally:
+            closing = time.perf_counter()
             try:  # winners found before a fault or an interrupt are kept
                 self._store_pending(wait=True, check=not interrupted)
             finally:
                 self.close()
+                self.closing_seconds = time.perf_counter() - closing
 
-    def close(self) -> None:
-        """End the build pool and the measure worker (run() does; a caller of process() must)."""
+    def start_worker(self) -> None:
+        """On CUDA, start the measure worker now (the CLI does, before it traces the models): its
+        imports, CUDA context and Inductor's start overlap the trace instead of the first search.
+        Elsewhere it starts with the first build, as a fill that finds everything cached needs none."""
+        if self._worker is not None and self.target.device == "cuda":
+            self._worker.start()
+
+    def close(self, kill: bool = False) -> None:
+        """End the build pool and the measure worker (run() does; a caller of process() must);
+        ``kill``: the run never began (its trace failed): no need to wait for the worker's start."""
         self.builder.close()
         if self._worker is not None:
-            self._worker.close()
+            self._worker.stop() if kill else self._worker.close()
 
     def _run(self, work: list[Work], quiet: bool, buckets: Sequence[BucketWork]) -> list[dict[str, Any]]:
         from tqdm import tqdm

@@ -109,11 +109,13 @@ class MeasureWorker:
     START_LIMIT_S = 600.0  # its start (imports, CUDA): not counted in a call's time limit
 
     def __init__(self, time_limit_s: float = FILL_TIME_LIMIT_S, memory_limit: int | None = None,
-                 cuda: bool = False) -> None:
+                 cuda: bool = False, inductor: bool = False) -> None:
         """``memory_limit``: bytes of address space beyond the worker's own at start (0: what the
-        host has available then; None: no limit); ``cuda``: the worker initializes CUDA first."""
+        host has available then; None: no limit); ``cuda``: the worker initializes CUDA first;
+        ``inductor``: it imports Inductor and starts Inductor's compile workers then too (it will
+        generate with Inductor: generate_in), while the parent still traces the models."""
         self._ctx = multiprocessing.get_context("spawn")
-        self.time_limit_s, self.memory_limit, self.cuda = time_limit_s, memory_limit, cuda
+        self.time_limit_s, self.memory_limit, self.cuda, self.inductor = time_limit_s, memory_limit, cuda, inductor
         self.restarts = -1
         self.holds: set[str] = set()  # the keys of the specs whose Measurers the worker keeps
         self._proc: Any = None
@@ -121,13 +123,16 @@ class MeasureWorker:
         self._started: tuple = ()  # its _kind() when it was started
 
     @classmethod
-    def for_target(cls, target: Target, time_limit_s: float) -> "MeasureWorker":
-        return cls(time_limit_s, memory_limit_bytes(target), target.device == "cuda")
+    def for_target(cls, target: Target, time_limit_s: float, inductor: bool = False) -> "MeasureWorker":
+        """The worker of a fill on ``target``; ``inductor``: it generates with Inductor, warmed at
+        its start on CUDA (elsewhere Inductor is asked for a few specs at most: not worth a pool)."""
+        cuda = target.device == "cuda"
+        return cls(time_limit_s, memory_limit_bytes(target), cuda, inductor and cuda)
 
     def _kind(self) -> tuple:
         """What a spare worker must have been started with to serve this one (each call brings
         the environment along)."""
-        return self.memory_limit, self.cuda, tuple(sys.path)
+        return self.memory_limit, self.cuda, self.inductor, tuple(sys.path)
 
     def start(self) -> None:
         """Start the worker now, if it is not running (it imports torch while the caller builds):
@@ -144,7 +149,7 @@ class MeasureWorker:
             proc.kill()  # started for another kind of worker: of no use any more
             conn.close()
         self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda), daemon=True,
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda, self.inductor), daemon=True,
                                        name="kernelize-measure")
         self._proc.start()
         child.close()
@@ -247,7 +252,7 @@ def _limit_memory(allowance: int) -> None:
         pass
 
 
-def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False) -> None:
+def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False, inductor: bool = False) -> None:
     """The worker's loop: run each (fn, args) it is sent, send back ("ok", result) or ("error", exc)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _exit_with_parent()
@@ -256,6 +261,8 @@ def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False) -> No
         _limit_memory(memory_limit)
     if cuda and torch.cuda.is_available():
         torch.cuda.init()  # before the first candidate arrives, while the parent builds it
+    if inductor:
+        _warm_inductor()
     conn.send(("ready", None))
     while True:
         try:
@@ -277,6 +284,18 @@ def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False) -> No
                 conn.send(("error", e))
             except Exception:  # an exception that does not pickle
                 conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
+
+
+def _warm_inductor() -> None:
+    """Import Inductor and start its compile workers (as its first compile would): seconds that
+    otherwise fall inside the first graph's generation. Best effort: a torch without
+    ``warm_pool`` compiles as before."""
+    import torch._inductor.compile_fx  # noqa: F401
+    try:
+        from torch._inductor.async_compile import AsyncCompile
+        AsyncCompile.warm_pool()
+    except Exception as e:  # (not the worker's to fail for: the compile starts the pool itself)
+        print(f"kernelize measure worker: Inductor's compile workers not started ahead ({e})", file=sys.stderr)
 
 
 def _exit_with_parent() -> None:
