@@ -327,3 +327,25 @@ def test_a_worker_that_will_generate_with_inductor_is_warmed_on_cuda_only():
     # a spare worker started without Inductor does not serve one that wants it warm
     assert measure_worker.MeasureWorker(inductor=True)._kind() != measure_worker.MeasureWorker()._kind()
     measure_worker._warm_inductor()  # (in this process: the imports, and the compile pool where torch has one)
+
+
+def test_nothing_is_compiled_ahead_while_a_whole_graph_is_searched(tmp_path, monkeypatch):
+    """A whole graph's candidates are timed host-bound: the lookahead's compiles wait until the
+    search has moved past it (fill_run.LOOKAHEAD), then go on for the specs after it."""
+    import torch
+    from kernel_testing import spec_of
+    from torch_kernelize.fill_cache.collect import Work
+    from torch_kernelize.kernel_cache import KernelCache
+    target = get_target("interpreter")
+    whole, *nodes = [spec_of(op, [torch.randn(8 + i)]) for i, op in
+                     enumerate([torch.ops.aten.relu.default, torch.ops.aten.neg.default, torch.ops.aten.exp.default])]
+    monkeypatch.setattr(fill_run, "is_whole_graph", lambda spec: spec.key == whole.key)
+    run = fill_run.FillRun(target, KernelCache.for_target(tmp_path, target), 1, False, False, cli.MIN_SPEEDUP,
+                           isolate=False)
+    events = []
+    monkeypatch.setattr(run.builder, "submit", lambda spec, family, configs, ahead=False: events.append(("ahead", spec.key)))
+    monkeypatch.setattr(run, "_timed", lambda w, bar: events.append(("searched", w.spec.key)) or {"key": w.spec.key, "status": "vendor wins"})
+    run.run([Work(whole, "test"), *(Work(n, "test") for n in nodes)], quiet=True)
+    assert events[0] == ("searched", whole.key)  # nothing compiled beside its timing
+    assert ("ahead", nodes[0].key) in events and ("ahead", nodes[1].key) in events
+    assert events.index(("ahead", nodes[0].key)) < events.index(("searched", nodes[0].key))

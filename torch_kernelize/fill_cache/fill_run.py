@@ -58,6 +58,11 @@ log = logging.getLogger("torch_kernelize.fill_cache")
 details = logging.getLogger("torch_kernelize.fill_cache.details")  # the run log only (run_log.py)
 
 LOOKAHEAD = 3  # specs whose seed candidates are compiled ahead
+# ... but not while a whole graph (or a stretch of one) is searched: its candidates run host-bound
+# (hundreds of launches a call), where compiles on every core beside their timing add noise to
+# what decides between them (on a busy H100 host Inductor's ResNet-50 program, GPU 1.5 ms, was timed
+# 0.83x of its own assembly, GPU 3.3 ms, and lost). The specs after it wait; at budget 1 most of
+# them are then inside its program anyway.
 
 
 MIX_LATER = "a stretch for a mix: searched at --budget 2 and more"
@@ -440,6 +445,8 @@ class FillRun:
         def prebuild(i: int) -> None:
             # Compile the seed candidates of the next few specs while this one is measured; not
             # all at once, or a search's later candidates would queue behind every other spec's.
+            if i < len(work) and is_whole_graph(work[i].spec):
+                return  # (quiet_for_wholes)
             for w in work[i:i + LOOKAHEAD]:
                 family = self.space(w.spec)
                 if w.mix and self.budget <= 1:  # not searched at this budget (process)
