@@ -33,6 +33,29 @@ def test_nan_where_the_vendor_has_none_and_a_wrong_integer_fail():
     assert "output 1" in judge([ref.half(), torch.tensor([0])], [ref, ids[:1]], [vendor, ids[:1]])
 
 
+def test_integers_from_rounded_floats_may_make_the_vendors_choices_but_no_third():
+    """An MoE router's stable sort of expert ids: float64 picks another expert at a near-tie and every
+    later position of the sort moves. A program that makes the vendor's choices passes, as
+    torch._dynamo's ``same`` compares integers with the eager result; one that makes neither fails."""
+    ref, vendor = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 2, 1, 3])
+    assert judge_output(vendor.clone(), ref, vendor) is None
+    assert judge_output(torch.tensor([0, 3, 1, 2]), ref, vendor) == \
+        "3 element(s) differ from the reference, 2 from the vendor's"
+
+
+def test_a_value_kept_finite_where_the_vendor_overflowed_is_judged_against_float64():
+    ref = torch.tensor([1.0, 7.0e4, 3.0], dtype=torch.float64)     # 7e4: beyond float16
+    vendor = torch.tensor([1.0, float("inf"), 3.0], dtype=torch.float16)
+    upcast = torch.tensor([1.0, 65504.0, 3.0], dtype=torch.float16)  # (its float32 math, then float16's max)
+    assert judge_output(vendor.clone(), ref, vendor) is None        # the vendor's overflow, where it is
+    why = judge_output(upcast, ref, vendor)                        # finite as float64 is: its error counts
+    assert why is not None and why.startswith("RMSE against float64")
+    close = torch.tensor([1.0, 7.0e4, 3.0], dtype=torch.float32)
+    assert judge_output(close, ref, vendor.float()) is None
+    nan = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float16)
+    assert "neither where the vendor's are nor where the reference's" in judge_output(nan, ref, vendor)
+
+
 def _whole_spec():
     def deep(x, w):
         for _ in range(12):

@@ -8,8 +8,15 @@ it is no further from float64 than the vendor's execution of the same graph (eag
 the graph's dtypes) is, within a factor: the rule torch._dynamo's accuracy check applies to a
 compiled model (``torch._dynamo.utils.same`` with ``fp64_ref``): per output,
 ``RMSE(out, ref64) <= multiplier * RMSE(vendor, ref64) + atol / 10``, with multiplier 3 for 16-bit
-floats and 2 otherwise. Non-finite values must sit where the vendor's are; integer and boolean
-outputs must equal the reference (they are not rounded on the way).
+floats and 2 otherwise, each RMSE over the elements where it and the reference are finite.
+
+Non-finite values sit where the vendor's are or where the reference's are: a program that keeps
+a value finite where the vendor's float16 overflowed (it computes in float32 inside a fusion) is
+nearer float64, and that value is then judged by the RMSE above. Integer and boolean outputs
+equal the reference's or the vendor's: ``same`` compares them with the eager result in the graph's
+precision, and where they come from rounded floats (an MoE router's top-k experts, the stable
+sort of their ids) float64 may choose otherwise at a near-tie, moving every later position of a
+sort; a program must then make the vendor's choices.
 """
 from __future__ import annotations
 
@@ -34,8 +41,14 @@ def multiplier(dtype: torch.dtype) -> float:
 
 
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    d = (a.double() - b.double())[b.isfinite()]
+    """Over the elements where both are finite."""
+    d = (a - b)[a.isfinite() & b.isfinite()]
     return float(d.square().mean().sqrt()) if d.numel() else 0.0
+
+
+def _non_finite(t: torch.Tensor) -> torch.Tensor:
+    """0 finite, 1 NaN, 2 +inf, 3 -inf, per element."""
+    return t.isnan().to(torch.int8) + 2 * (t == float("inf")).to(torch.int8) + 3 * (t == float("-inf")).to(torch.int8)
 
 
 def judge_output(out: torch.Tensor, ref: torch.Tensor, vendor: torch.Tensor) -> str | None:
@@ -43,14 +56,20 @@ def judge_output(out: torch.Tensor, ref: torch.Tensor, vendor: torch.Tensor) -> 
     if out.shape != ref.shape:
         return f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
     if not out.dtype.is_floating_point and not out.dtype.is_complex:
-        wrong = int((out.to(ref.device, ref.dtype) != ref).sum())
-        return f"{wrong} element(s) differ from the reference" if wrong else None
+        out = out.to(ref.device, ref.dtype)
+        wrong = int((out != ref).sum())
+        if not wrong:
+            return None
+        unlike_vendor = int((out != vendor.to(ref.device, ref.dtype)).sum())
+        return None if not unlike_vendor else (
+            f"{wrong} element(s) differ from the reference, {unlike_vendor} from the vendor's")
     o, v, r = (torch.view_as_real(t) if t.is_complex() else t for t in (out, vendor, ref))
     # on the reference's device (the host where a graph's float64 reference does not fit on the
     # GPU: Llama's logits on the H200 met a CUDA output there)
     o, v, r = (t.to(ref.device).double() for t in (o, v, r))
-    if not torch.equal(o.isfinite(), v.isfinite()) or not torch.equal(o.isnan(), v.isnan()):
-        return "its non-finite values are not where the vendor's are"
+    kinds = _non_finite(o)
+    if not bool(((kinds == _non_finite(v)) | (kinds == _non_finite(r))).all()):
+        return "its non-finite values are neither where the vendor's are nor where the reference's are"
     atol = tolerance(out.dtype)[0]
     mine, theirs = _rmse(o, r), _rmse(v, r)
     bar = multiplier(out.dtype) * theirs + atol / 10
