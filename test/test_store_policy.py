@@ -36,3 +36,20 @@ def test_near_ties_are_timed_again():
     assert needs_confirmation(best(CONFIRM_BELOW - 0.01))
     assert not needs_confirmation(best(CONFIRM_BELOW))
     assert not needs_confirmation(best(1.0, measured=False))
+
+
+def test_for_a_whole_graph_its_own_assembly_must_beat_inductors_program_clearly():
+    """Inductor's program is what torch.compile runs: a near tie keeps it (the ViT of a noisy H100 run
+    served its own assembly at 0.97x torch.compile after the fill timed the program 1.02x of it);
+    the assembly wins only when the program runs clearly slower."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+    graph = make_fx(lambda x: (x * 2).relu(), tracing_mode="fake")(torch.randn(8))
+    whole = region_spec(whole_graph_region(graph)[0], {})
+    inductor = {"generator": "inductor", "mode": "default"}
+    assert verdict({**best(0.99), "config": inductor}, GPU, whole, MIN_SPEEDUP) == ("triton", "")
+    winner, note = verdict({**best(0.95), "config": inductor}, GPU, whole, MIN_SPEEDUP)
+    assert winner == "vendor" and note.startswith("own assembly wins: best whole-graph candidate ran at 0.950x")
+    # any other whole-graph candidate (a mix of stretches) must beat the assembly clearly, as a kernel must
+    assert verdict({**best(1.02), "config": {"mix": "abc"}}, GPU, whole, MIN_SPEEDUP)[0] == "vendor"

@@ -548,7 +548,8 @@ class FillRun:
         if confirmed is None:
             return
         assembly_ms, program_ms = confirmed
-        best = {"measured": True, "fitness": assembly_ms / program_ms if program_ms > 0 else 0.0}
+        best = {"measured": True, "fitness": assembly_ms / program_ms if program_ms > 0 else 0.0,
+                "config": entry.config}
         winner, note = verdict(best, self.target, spec, self.min_speedup)
         log.info("%s: timed again after the rest of the run: program %.3f ms, own assembly %.3f ms -> %s",
                  spec.describe()[:90], program_ms, assembly_ms, "own assembly" if winner == "vendor" else "program")

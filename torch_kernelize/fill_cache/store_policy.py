@@ -1,7 +1,8 @@
 """What fill_cache stores for a searched spec: its best correct candidate, or "vendor wins".
 
 A Triton winner must beat the vendor kernel clearly (``MIN_SPEEDUP``), and a near tie is timed
-again before it is decided (``CONFIRM_BELOW``). On a bring-up chip whose vendor does not run
+again before it is decided (``CONFIRM_BELOW``). For a whole graph Inductor's program is
+torch.compile's own output: there the own assembly must beat it clearly instead. On a bring-up chip whose vendor does not run
 some of the spec's ops, "vendor wins" would leave them to the host fallback: there the fastest
 correct candidate is stored whatever its speed. Unmeasured (interpreter) winners are stored so
 that the Triton tier can be exercised on CPU.
@@ -39,6 +40,10 @@ def verdict(best: dict[str, Any], target: Target, spec: Any, min_speedup: float)
     winner "vendor" or "triton", and the note the entry keeps on why."""
     whole = is_whole_graph(spec)  # its baseline is kernelize's own assembly, which runs on any target
     not_on_vendor = [] if whole else ops_not_on_vendor(target, spec)
+    # Inductor's program for a whole graph is what torch.compile itself runs, the user's baseline:
+    # there the burden of proof turns, and the own assembly must beat the program clearly to be kept
+    if whole and "mode" in (best.get("config") or {}):
+        min_speedup = 1 / min_speedup
     if best["measured"] and best["fitness"] <= min_speedup and not not_on_vendor:
         if whole:
             return "vendor", f"own assembly wins: best whole-graph candidate ran at {best['fitness']:.3f}x it"
