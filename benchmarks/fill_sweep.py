@@ -255,21 +255,21 @@ def markdown(doc: dict) -> str:
              f"{num(s['max_peak_ratio'], '{:.2f}')}x the spec's inputs + outputs ({s['over_memory_bound']} over "
              f"{MEMORY_BOUND:g}x)." + (f" Cut short by the time budget: {', '.join(s['cut'])}." if s.get("cut") else "")
              + (f" Not run (no time left): {', '.join(s['not_run'])}." if s.get("not_run") else ""), "",
-             "| workload | spec | status | fill s | build | reference | validation | timing | in+out MiB | "
-             "peak extra MiB | ratio | speedup |", "|" + "---|" * 12]
+             "| workload | spec | status | fill s | generate | build | reference | validation | timing | in+out MiB | "
+             "peak extra MiB | ratio | speedup |", "|" + "---|" * 13]
     for w in doc["workloads"]:
         if w.get("not_run"):
             continue
         if w.get("cut"):
-            lines.append(f"| {w['name']} | - | cut short by --time-budget | {w['seconds']:.1f} |" + " - |" * 8)
+            lines.append(f"| {w['name']} | - | cut short by --time-budget | {w['seconds']:.1f} |" + " - |" * 9)
         elif w["lost"] or not w["specs"]:
-            lines.append(f"| {w['name']} | - | lost (exit {w['returncode']}) | {w['seconds']:.1f} |" + " - |" * 8)
+            lines.append(f"| {w['name']} | - | lost (exit {w['returncode']}) | {w['seconds']:.1f} |" + " - |" * 9)
         for r in w["specs"]:
             t = r["time"] or {}
             spec = r["spec"] if len(r["spec"]) <= 70 else r["spec"][:67] + "..."
             mib = (lambda b: "-" if b is None else f"{b / 2**20:.3g}")
             lines.append(f"| {w['name']} | `{spec}` | {r['status']} | {num(r['seconds'])} | "
-                         + " | ".join(num(t.get(p)) for p in ("build", "reference", "validation", "timing"))
+                         + " | ".join(num(t.get(p)) for p in ("generate", "build", "reference", "validation", "timing"))
                          + f" | {mib(r['bytes'])} | {mib(r['peak_extra_bytes'])} | {num(r['peak_ratio'], '{:.2f}')} | "
                          f"{num(r['speedup'], '{:.2f}x')} |")
     return "\n".join(lines) + "\n"

@@ -27,7 +27,7 @@ def test_the_sweep_runs_tiny_on_the_interpreter(tmp_path):
     assert searched and doc["summary"]["specs"] >= len(searched)
     for s in searched:
         assert s["seconds"] > 0 and s["bytes"] > 0
-        assert set(s["time"]) == {"build", "reference", "validation", "timing"}
+        assert set(s["time"]) == {"generate", "build", "reference", "validation", "timing"}
         assert s["peak_extra_bytes"] is None  # measured on CUDA only
     table = (tmp_path / "fill_sweep.md").read_text()
     assert "| gemm_groupnorm_fp32 |" in table and "lost" not in table.split("\n", 3)[3]
