@@ -162,8 +162,13 @@ class FillRun:
             self._store_pending(wait=True)
             WHOLE_GRAPH_DOMAIN.pin(spec.key, work.pins)  # its index inputs as the model gave them (here and in the worker)
         measurer = self._measurer(spec, family, [work.captured] if work.captured else [])
-        return self._searched(Search(spec.key, spec, family, measurer, journal, previous, work.replace or self.force),
-                              row, progress)
+        # A whole graph's program gets no binaries for unaligned views (each a second compile of
+        # every launch, which the next whole graph and the run's end waited for): its inputs are
+        # the model's parameters and inputs, and Inductor compiles for 16-byte aligned ones too
+        # (it compiles again for others); an unaligned call runs the graph's own assembly.
+        search = Search(spec.key, spec, family, measurer, journal, previous, work.replace or self.force,
+                        unaligned=not is_whole_graph(spec))
+        return self._searched(search, row, progress)
 
     def process_bucket(self, work: BucketWork, builder: Builder, family: KernelFamily | None = None) -> dict[str, Any]:
         """Search one shape bucket and store the result (buckets.py), under the rules of any
