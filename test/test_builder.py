@@ -115,3 +115,60 @@ def test_a_device_side_assert_is_a_device_fault():
 
     assert device_fault("trial 2 (random, seed 1) raised RuntimeError: CUDA error: device-side assert triggered")
     assert not device_fault("trial 2 (random, seed 1) raised IndexError: index 9 is out of bounds")
+
+
+class ManyKernels:
+    """A generator that runs before its job (as Inductor's capture does) and gives a program of five
+    kernels and six launches: relu's elementwise kernel under five names, the first launched twice."""
+
+    name = "many-kernels"
+    generates_in_parent = True
+
+    def generate(self, spec, config):
+        import dataclasses
+        from torch_kernelize.lowering.kernels.elementwise import FAMILY as ELEMENTWISE
+        program = ELEMENTWISE.generate(spec, ELEMENTWISE.seed_configs(spec)[0])
+        launch = program.launches[0]
+        kernel = program.source[program.source.index("@triton.jit"):]
+        copies = "".join("\n\n" + kernel.replace(f"def {launch.kernel}(", f"def {launch.kernel}_{j}(") for j in range(1, 5))
+        launches = (launch, *(dataclasses.replace(launch, kernel=f"{launch.kernel}_{j}") for j in range(1, 5)), launch)
+        return dataclasses.replace(program, source=program.source + copies, launches=launches)
+
+
+def test_a_generated_program_of_many_kernels_compiles_one_kernel_per_pool_job(tmp_path):
+    """One job compiled Inductor's whole program for Llama on one core (9.8 s for its unaligned
+    binaries alone): a program of SPLIT_AT kernels or more is written here and compiled a kernel per job, each launch's binary
+    as one job would have made it (here for sm_90, which Triton compiles without a GPU)."""
+    from torch_kernelize.core.program import launch_files
+    from torch_kernelize.fill_cache import builder as builder_module
+    from torch_kernelize.lowering.kernels import Config
+    spec = spec_of(torch.ops.aten.relu.default, (torch.randn(8),))
+    family, config = ManyKernels(), Config.of(seed=0)
+    builder = Builder(get_target("interpreter"), workers=2, isolate=True)
+    builder.backend, builder._gpu_target = "cuda", ("cuda", 90, 32)   # (a build for the GPU, on this CPU)
+    jobs = []
+    submit = builder._pool.submit
+    builder._pool.submit = lambda fn, *args: jobs.append(fn.__name__) or submit(fn, *args)
+    try:
+        directory = builder.build(spec, family, config)
+        assert jobs == ["_compile_part"] * 5  # one per kernel; the repeated launch shares its kernel's job
+        assert all((directory / f).exists() for i in range(6) for f in launch_files(i))
+        program = family.generate(spec, config)
+        assert builder_module.kernel_groups(program.to_json()) == [[0, 5], [1], [2], [3], [4]]
+        # a part that fails fails the program with its error
+        broken = builder_module._all_of([builder_module._done(None), builder_module._done("RuntimeError: ptxas")])
+        assert broken.result() == "RuntimeError: ptxas"
+    finally:
+        builder.close()
+
+
+def test_a_broken_pool_under_one_part_fails_the_whole_program_so_it_is_built_again_alone():
+    import concurrent.futures
+    from concurrent.futures.process import BrokenProcessPool
+    from torch_kernelize.fill_cache.builder import _all_of, _done
+    dead: concurrent.futures.Future = concurrent.futures.Future()
+    whole = _all_of([_done(None), dead])
+    assert not whole.done()
+    dead.set_exception(BrokenProcessPool("a worker died"))
+    with pytest.raises(BrokenProcessPool):
+        whole.result()

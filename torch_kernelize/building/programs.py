@@ -19,15 +19,21 @@ from torch_kernelize.core.spec import KernelSpec
 def write_program(directory: Path, spec: KernelSpec, program: KernelProgram, backend: str,
                   gpu_target: tuple | None = None) -> list[str]:
     """Write a program's files into ``directory``; return their names (relative)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / program.source_file).write_text(program.source)
-    (directory / PROGRAM_FILE).write_text(json.dumps(program.to_json(), indent=1, sort_keys=True))
-    files = [program.source_file, PROGRAM_FILE]
+    files = write_sources(directory, program)
     if backend == "cuda":
         from torch_kernelize.building.triton_compile import compile_launches
         files += compile_launches(directory, spec, program, gpu_target)
     return files
+
+
+def write_sources(directory: Path, program: KernelProgram) -> list[str]:
+    """Write a program's source and its ``program.json`` (no binaries) into ``directory``; return
+    their names."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / program.source_file).write_text(program.source)
+    (directory / PROGRAM_FILE).write_text(json.dumps(program.to_json(), indent=1, sort_keys=True))
+    return [program.source_file, PROGRAM_FILE]
 
 
 def add_unaligned_binaries(directory: Path, spec: KernelSpec, gpu_target: tuple | None = None) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from torch_kernelize.building import nvcc
 from torch_kernelize.core.program import KernelProgram, Launch, launch_files
@@ -59,8 +59,10 @@ def compile_options(launch: Launch) -> dict[str, Any]:
 
 
 def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
-                     gpu_target: tuple | None = None, aligned: bool = True) -> list[str]:
-    """Compile every launch of ``program`` (written in ``directory``) and store its binary and
+                     gpu_target: tuple | None = None, aligned: bool = True,
+                     only: Sequence[int] | None = None) -> list[str]:
+    """Compile every launch of ``program`` (written in ``directory``), or those numbered in
+    ``only`` (a part of a program compiled in several processes), and store each binary and its
     metadata there; return the file names. CUDA C++ programs build with nvcc (nvcc.py) and
     have no binaries for unaligned views."""
     if program.language == "cuda":
@@ -77,6 +79,8 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
     target = GPUTarget(*gpu_target) if gpu_target is not None else current_gpu_target()
     files = []
     for i, launch in enumerate(program.launches):
+        if only is not None and i not in only:
+            continue
         src = ast_source(getattr(module, launch.kernel), launch, program, spec, aligned)
         compiled = triton.compile(src, target=target, options=compile_options(launch))
         cubin, meta = launch_files(i, aligned)
