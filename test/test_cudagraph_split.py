@@ -309,3 +309,26 @@ def test_transformers_mixtral_runs_in_pieces_under_reduce_overhead_on_the_gpu(mo
     monkeypatch.setattr(cudagraphs, "_stats", [])
     stats = _mixtral_in_pieces("cuda", cudagraphs=True)
     assert stats["pool_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_transformers_mixtral_with_its_expert_matmuls_filled_is_one_graph(fake, tmp_path):
+    """Once fill_cache has stored kernels for ``transformers::grouped_mm_fallback`` (grouped_mm.py:
+    the expert offsets stay on the device), nothing in the call reads the device on the host: the
+    whole call is one CUDA graph, where Inductor's reduce-overhead fails on the same model."""
+    pytest.importorskip("transformers")
+    from torch_kernelize import model_zoo
+    from torch_kernelize.fill_cache import cli
+    cache = tmp_path / "filled"
+    ref = "torch_kernelize.model_zoo:make_hf_mixtral"
+    assert cli.main(["--quiet", "--target", "interpreter", "--model", ref, "--cache-dir", str(cache), "--budget", "1"]) == 0
+    model, inputs = model_zoo.make_hf_mixtral()
+    compiled = _compiled(model, cache_dir=str(cache))
+    with torch.no_grad():
+        want = model(*inputs).logits
+        for _ in range(3):
+            torch.testing.assert_close(compiled(*inputs).logits.clone(), want)
+    stats = _stats()
+    (plan,) = stats["plans"].values()
+    assert plan["syncs"] == [] and stats["per_call"] == {"graphs": 1, "stretches": 1, "syncs": 0}
+    assert not stats["not_graphed"]

@@ -3,7 +3,9 @@
 - structural: not an ATen computation (getitem, SymInt arithmetic, sym_size, asserts); runs as is
   and is not counted in coverage.
 - passthrough: ops the backend must not touch (collectives and their waits, other namespaces'
-  ops): they run exactly as given, on the vendor tier, and are never kernels.
+  ops): they run exactly as given, on the vendor tier, and are never kernels. An op of another
+  namespace that a kernel family implements (``FAMILY_OPS``) is compute instead: a cached kernel
+  may serve it, and otherwise it runs as given (its vendor rung, on any target).
 - view: ops that only make a new view of a tensor's storage, allocations (an op whose outputs
   are all empty is one), and the write-back of an input mutation (a same-dtype, same-shape
   ``copy_``): no compute, nothing to generate.
@@ -20,6 +22,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+
+from torch_kernelize.core.targets import REGISTERED_BY, op_name
 
 aten = torch.ops.aten
 
@@ -47,6 +51,18 @@ _FACTORY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_per
             aten.new_full.default}
 
 
+# Ops of other namespaces whose semantics a kernel family implements (lowering/kernels/): the
+# family's module documents the op it repeats (transformers' MoE experts: grouped_mm.py), and
+# core/targets.REGISTERED_BY names the module that registers each.
+FAMILY_OPS = frozenset(REGISTERED_BY)
+
+
+def runs_as_given(target: Any) -> bool:
+    """An op of another namespace than ATen's and prims': the vendor rung runs it as it is called,
+    whatever the chip's op list says (its own code decides where it runs)."""
+    return isinstance(target, torch._ops.OpOverload) and target.namespace not in ("aten", "prims")
+
+
 def classify(node: fx.Node) -> tuple[NodeClass, str]:
     """The class of a call_function node and a short reason for it."""
     target = node.target
@@ -56,8 +72,10 @@ def classify(node: fx.Node) -> tuple[NodeClass, str]:
         return NodeClass.STRUCTURAL, "shape/assert bookkeeping"
     if target.namespace in _COLLECTIVE_NAMESPACES:
         return NodeClass.PASSTHROUGH, "collective: passed through untouched"
-    if target.namespace != "aten":
+    if target.namespace != "aten" and op_name(target) not in FAMILY_OPS:
         return NodeClass.PASSTHROUGH, f"{target.namespace} op: passed through untouched"
+    if target.namespace != "aten":
+        return NodeClass.COMPUTE, ""
     if target.is_view or target in _VIEW_LIKE:
         return NodeClass.VIEW, "view op: no data to compute"
     if target in _FACTORY:
@@ -134,5 +152,5 @@ def counts_in_coverage(node: fx.Node) -> bool:
 
 
 def describe_target(target: Any) -> str:
-    from torch_kernelize.core.targets import op_name
+    from torch_kernelize.core.targets import REGISTERED_BY, op_name
     return op_name(target)

@@ -34,7 +34,7 @@ from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposab
                                                      materialized_bytes, own_bytes, splice_decomposition,
                                                      trace_decomposition)
 from torch_kernelize.lowering.kernels import family_for
-from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, ladder_decides
+from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, ladder_decides, runs_as_given
 from torch_kernelize.compiling.regions import Region, closes_cycle, region_spec
 from torch_kernelize.compiling.whole_graph import WHOLE
 from torch_kernelize.core.targets import Target, op_name
@@ -324,7 +324,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
             if node.op != "call_function" or node in not_decomposable:
                 continue
             klass, _ = classify(node)
-            if not ladder_decides(klass) or target.vendor_runs(node.target):
+            if not ladder_decides(klass) or runs_as_given(node.target) or target.vendor_runs(node.target):
                 continue
             name = op_name(node.target)
             if node.meta.get(LAYOUT_COPY):
@@ -364,7 +364,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
         klass, why = classify(node)
         if klass is NodeClass.STRUCTURAL:
             continue
-        vendor = not ladder_decides(klass) or target.vendor_runs(node.target)
+        vendor = not ladder_decides(klass) or runs_as_given(node.target) or target.vendor_runs(node.target)
         facts.append(NodeFacts(node, op_name(node.target), klass, why, vendor,
                                not_decomposable.get(node, "not needed")))
     return GraphPlan(gm, target, decompositions, facts)

@@ -31,7 +31,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.graph_cuts import cut_stretches
-from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random
+from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, runs_as_given
 from torch_kernelize.compiling.regions import Region, is_tensor_node, region_spec
 from torch_kernelize.core.encoding import encode_arg
 from torch_kernelize.core.graph_accuracy import WHOLE
@@ -189,6 +189,8 @@ def _breaks(node: fx.Node) -> str:
     # Inductor compiles it and the reference runs it; other namespaces' ops pass through untouched)
     if klass is NodeClass.STRUCTURAL or (klass is NodeClass.PASSTHROUGH and node.target.namespace != "prims"):
         return f"{node.name}: {why}"
+    if runs_as_given(node.target):  # (a FAMILY_OPS op: Inductor's program would call it as given, host syncs and all)
+        return f"{node.name}: {node.target.namespace} op: served between programs"
     if is_random(node.target, node.args, node.kwargs):
         return f"{node.name} draws random numbers"
     if node.target._schema.is_mutable:

@@ -64,6 +64,18 @@ def _counts_summing_to(total: int) -> tuple[str, Remake]:
     return f"non-negative, summing to output_size ({total})", remake
 
 
+def _group_ends(rows_of: str) -> tuple[str, Remake]:
+    """A grouped matmul's ``offs``: each group's end, non-decreasing in [0, rows]; the last is the
+    row count in half the draws (every row routed), below it in the others (rows of no group)."""
+    def remake(t: torch.Tensor, g: torch.Generator, named: dict[str, torch.Tensor]) -> torch.Tensor:
+        n, groups = named[rows_of].size(0), t.numel()
+        ends = torch.randint(0, n + 1, (groups,), generator=g, device=g.device).sort().values
+        if groups and bool(torch.randint(0, 2, (1,), generator=g, device=g.device)):
+            ends[-1] = n
+        return ends.to(t.dtype)
+    return f"each group's end, non-decreasing in [0, {rows_of}.size(0)]", remake
+
+
 def _embedding_bag(args: dict[str, Any]) -> dict[str, tuple[str, Remake]]:
     return {"indices": _ids_below("weight"), "offsets": _offsets("indices", bool(args.get("include_last_offset")))}
 
@@ -83,6 +95,8 @@ RULES: dict[str, Callable[[dict[str, Any]], dict[str, tuple[str, Remake]]]] = {
                                                    if args.get("output_size") is not None else {}),
     "aten.segment_reduce.default": lambda args: ({"lengths": _lengths_summing_to("data")}
                                                  if args.get("axis", 0) == 0 else {}),
+    # transformers' MoE experts (integrations/moe.py): rows sorted by expert, offs the groups' ends
+    "transformers.grouped_mm_fallback.default": lambda args: {"offs": _group_ends("input")},
 }
 
 

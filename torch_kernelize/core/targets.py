@@ -21,6 +21,7 @@ the bottleneck ledger divides bytes and FLOPs by (ledger/floors.py)::
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import hashlib
 import json
 import platform
@@ -55,16 +56,30 @@ def op_packet_name(op: Any) -> str:
     return op_name(op)
 
 
+# Ops of other libraries that a kernel family implements (compiling/op_classes.FAMILY_OPS), by
+# the module whose import registers them: a process that never imported it (a build or measure
+# worker, a reproducer's check) imports it to resolve the op.
+REGISTERED_BY = {"transformers.grouped_mm_fallback.default": "transformers.integrations.moe"}
+
+
 def resolve_op(name: str) -> torch._ops.OpOverload:
     """'aten.gelu.default' -> torch.ops.aten.gelu.default; raises KeyError naming what is missing."""
     parts = name.split(".")
     if len(parts) != 3:
         raise KeyError(f"{name!r} is not a full op name like 'aten.gelu.default'")
     ns, op, overload = parts
-    try:
-        return getattr(getattr(getattr(torch.ops, ns), op), overload)
-    except (AttributeError, RuntimeError) as e:
-        raise KeyError(f"{name!r} is not a registered operator") from e
+    for attempt in (0, 1):
+        try:
+            return getattr(getattr(getattr(torch.ops, ns), op), overload)
+        except (AttributeError, RuntimeError) as e:
+            if attempt or name not in REGISTERED_BY:
+                raise KeyError(f"{name!r} is not a registered operator") from e
+        try:
+            importlib.import_module(REGISTERED_BY[name])
+        except ImportError as e:
+            raise KeyError(f"{name!r} is not a registered operator (its module {REGISTERED_BY[name]} "
+                           f"does not import: {e})") from e
+    raise AssertionError("unreachable")
 
 
 def _check_op_names(names: Iterable[str], where: str) -> frozenset[str]:

@@ -1,0 +1,155 @@
+"""transformers' grouped matmul of a Mixture-of-Experts layer (``transformers::grouped_mm_fallback``).
+
+The op: ``input`` [S, K] holds the routed tokens sorted by expert, ``weight`` [E, K, N] the
+experts' projections, ``offs`` [E] the end of each expert's rows (``offs[e-1]`` its start, 0 for
+the first); rows past ``offs[-1]`` belong to no expert and stay zero. transformers runs it (for
+weights that are not bfloat16 under torch.compile: Mixtral in float16) as a loop of ``torch.mm``
+over ``offs.tolist()``: two host syncs per layer, so the call waits for the GPU there and a
+CUDA-graph capture is cut there (serving/graph_split.py). This kernel reads ``offs`` on the
+device: one launch, no sync.
+
+Grid: (cdiv(S, BLOCK_M) + E, cdiv(N, BLOCK_N)), the most row tiles E groups of S rows can need.
+Program p of the first axis finds its tile from ``offs`` in registers (E is a literal, padded to a
+power of two): each expert's row count (its end less the end before it, at least 0, both clamped
+to S, as slicing clamps), its tiles cdiv(rows, BLOCK_M), their running sum; its expert is the
+number of running sums <= p, its tile p less the tiles before that expert; a program past the last
+tile returns. A tile is an ordinary GEMM tile: input rows [start + t * BLOCK_M, ...) masked at the
+expert's end, times weight[e] through its strides (transformers passes a transposed view), K in
+BLOCK_K steps with fp32 accumulation (fp32 operands: input_precision "ieee", as ATen's fp32 mm),
+stored in the output's dtype. The output starts zeroed (``output_init``) for the rows of no
+expert. DOT_UPCAST converts 16-bit tiles to fp32 before the dot (Triton's CPU interpreter computes
+bf16 dots wrongly; matmul.py has the same variant).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.lowering.kernels import _codegen as cg
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily
+
+OP = "transformers.grouped_mm_fallback.default"
+MAX_EXPERTS = 1024  # the experts' ends are held in registers, one vector per program
+FLOATS = ("float16", "bfloat16", "float32")
+SEEDS = ((64, 128, 32, 4, 3), (128, 128, 64, 8, 3), (32, 64, 32, 4, 2))  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
+
+
+@dataclass(frozen=True)
+class Plan:
+    S: int
+    K: int
+    N: int
+    E: int
+    dtype: str
+    a: tuple[int, int]          # input strides (row, k)
+    w: tuple[int, int, int]     # weight strides (expert, k, n)
+    c: tuple[int, int]          # output strides (row, n)
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _cap(n: int) -> int:
+    """The largest block worth trying along a dim of ``n`` (tl.dot takes 16 at least)."""
+    return max(16, _p2(n))
+
+
+class GroupedMatmulFamily(KernelFamily):
+    name = "grouped_mm"
+    ops = frozenset({OP})
+    edge_kinds = ("zeros", "large", "negative", "special")
+
+    def _analyse(self, spec: KernelSpec) -> Plan | str:
+        if len(spec.inputs) != 3 or len(spec.outputs) != 1:
+            return "grouped_mm takes (input, weight, offs) and gives one output"
+        a, w, offs = spec.inputs
+        out = spec.outputs[0]
+        if len(a.shape) != 2 or len(w.shape) != 3 or len(offs.shape) != 1:
+            return f"grouped_mm wants input [S, K], weight [E, K, N], offs [E]; got {a.shape}, {w.shape}, {offs.shape}"
+        if a.dtype not in FLOATS or w.dtype != a.dtype or out.dtype != a.dtype:
+            return f"grouped_mm of {a.dtype} x {w.dtype} -> {out.dtype} (one float dtype throughout)"
+        if offs.dtype not in ("int32", "int64"):
+            return f"offs of {offs.dtype}: an integer tensor expected"
+        (S, K), (E, K2, N) = a.shape, w.shape
+        if K2 != K or offs.shape[0] != E or tuple(out.shape) != (S, N):
+            return f"grouped_mm sizes do not match: {a.shape} x {w.shape} by {offs.shape} -> {out.shape}"
+        if not 0 < E <= MAX_EXPERTS:
+            return f"{E} experts (1 to {MAX_EXPERTS} are held in registers)"
+        if min(S, K, N) == 0:
+            return "an empty grouped_mm"
+        return Plan(S, K, N, E, a.dtype, tuple(a.stride), tuple(w.stride), tuple(out.stride))
+
+    def _valid(self, plan: Plan, c: Config) -> bool:
+        caps = {"BLOCK_M": _cap(plan.S), "BLOCK_N": _cap(plan.N), "BLOCK_K": _cap(plan.K)}
+        return (all(16 <= c[k] <= cap and c[k] & (c[k] - 1) == 0 for k, cap in caps.items())
+                and c["num_warps"] in (2, 4, 8) and c["num_stages"] in (1, 2, 3, 4)
+                and (not c["DOT_UPCAST"] or plan.dtype != "float32"))
+
+    def _seeds(self, spec: KernelSpec, plan: Plan) -> list[Config]:
+        upcasts = (False, True) if plan.dtype == "bfloat16" else (False,)
+        return [Config.of(BLOCK_M=min(bm, _cap(plan.S)), BLOCK_N=min(bn, _cap(plan.N)), BLOCK_K=min(bk, _cap(plan.K)),
+                          num_warps=warps, num_stages=stages, DOT_UPCAST=up)
+                for bm, bn, bk, warps, stages in SEEDS for up in upcasts]
+
+    def _steps(self, plan: Plan, c: Config) -> list[Config]:
+        out = []
+        for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            out += [c.replace(**{k: c[k] * 2}), c.replace(**{k: c[k] // 2})]
+        out += [c.replace(num_warps=w) for w in (4, 8)] + [c.replace(num_stages=s) for s in (2, 3, 4)]
+        return out
+
+    def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
+        p = self.checked_plan(spec, config)
+        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        out_t = cg.tl_type(p.dtype)
+        upcast = ".to(tl.float32)" if config["DOT_UPCAST"] else ""
+        precision = ', input_precision="ieee"' if p.dtype == "float32" or config["DOT_UPCAST"] else ""
+        source = f'''import triton
+import triton.language as tl
+
+# {spec.describe()}
+
+
+@triton.jit
+def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    # each expert's rows, from its end and the end before it (clamped to the {p.S} rows, as slicing is)
+    e = tl.arange(0, {_p2(p.E)})
+    ends = tl.minimum(tl.load(in2_ptr + e, mask=e < {p.E}, other=0).to(tl.int32), {p.S})
+    starts = tl.minimum(tl.load(in2_ptr + e - 1, mask=(e >= 1) & (e < {p.E}), other=0).to(tl.int32), {p.S})
+    tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
+    through = tl.cumsum(tiles, 0)
+    if pid >= tl.sum(tiles, 0):
+        return
+    expert = tl.sum((through <= pid).to(tl.int32), 0)
+    before = tl.sum(tl.where(e < expert, tiles, 0), 0)
+    start = tl.sum(tl.where(e == expert, starts, 0), 0)
+    end = tl.sum(tl.where(e == expert, ends, 0), 0)
+    rows = (start + (pid - before) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < end
+    col_ok = cols < {p.N}
+    w_ptr = in1_ptr + expert.to(tl.int64) * {p.w[0]}
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, {p.K}, BLOCK_K):
+        k = k0 + ks
+        a = tl.load(in0_ptr + rows[:, None] * {p.a[0]} + k[None, :] * {p.a[1]},
+                    mask=row_ok[:, None] & (k < {p.K})[None, :], other=0.0){upcast}
+        b = tl.load(w_ptr + k[:, None] * {p.w[1]} + cols[None, :] * {p.w[2]},
+                    mask=(k < {p.K})[:, None] & col_ok[None, :], other=0.0){upcast}
+        acc += tl.dot(a, b{precision})
+    tl.store(out0_ptr + rows[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]}, acc.to({out_t}),
+             mask=row_ok[:, None] & col_ok[None, :])
+'''
+        grid = (-(-p.S // bm) + p.E, -(-p.N // bn))
+        launch = Launch("grouped_mm_kernel", grid, (("in", 0), ("in", 1), ("in", 2), ("out", 0)),
+                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, config["num_warps"], config["num_stages"])
+        return KernelProgram(source, (launch,), output_init=(0,))
+
+
+FAMILY = GroupedMatmulFamily()

@@ -1,0 +1,136 @@
+"""The grouped_mm family (transformers' MoE expert matmul) on the Triton interpreter: offsets drawn
+by the op's input domain, validated against the float64 reference and compared with the op's own
+loop; empty experts, rows of no expert, a transposed weight view, the dtypes; refusals; a broken
+program fails; sm_90 compiles."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_testing import assert_mutant_fails, assert_valid, compare_eager, compile_sm90, spec_of
+from torch_kernelize.core.input_domains import constrain, requirements
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.lowering.kernels.grouped_mm import FAMILY
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+
+
+def _op():
+    """transformers' op where transformers is installed; else one of the same name, schema and loop
+    (transformers/integrations/moe.py), so that the family is tested without it."""
+    try:
+        import transformers.integrations.moe  # noqa: F401 - registers transformers::grouped_mm_fallback
+    except Exception:
+        pass
+    if not hasattr(torch.ops.transformers, "grouped_mm_fallback"):
+        def loop(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+            output = torch.zeros(input.size(0), weight.size(2), device=input.device, dtype=input.dtype)
+            start = 0
+            for i, end in enumerate(offs.tolist()):
+                if start != end:
+                    torch.mm(input[start:end], weight[i], out=output[start:end])
+                start = end
+            return output
+        torch.library.custom_op("transformers::grouped_mm_fallback", loop, mutates_args=(),
+                                schema="(Tensor input, Tensor weight, Tensor offs) -> Tensor")
+        torch.library.register_fake("transformers::grouped_mm_fallback",
+                                    lambda input, weight, offs: input.new_empty(input.size(0), weight.size(2)))
+    return torch.ops.transformers.grouped_mm_fallback.default
+
+
+def _spec(S=40, K=24, N=36, E=5, dtype=F32, offs=None, transposed=False, offs_dtype=torch.int64):
+    x = torch.randn(S, K, dtype=dtype)
+    w = torch.randn(E, N, K, dtype=dtype).transpose(1, 2) if transposed else torch.randn(E, K, N, dtype=dtype)
+    o = torch.tensor(offs if offs is not None else [8, 8, 21, 33, S][:E], dtype=offs_dtype)
+    return spec_of(_op(), (x, w, o)), (x, w, o)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+def test_every_seed_config_validates(dtype, tmp_path):
+    spec, _ = _spec(dtype=dtype)
+    assert family_for(spec) is FAMILY
+    for config in FAMILY.seed_configs(spec):
+        if dtype == BF16 and not config["DOT_UPCAST"]:  # the interpreter's bf16 dots are wrong; the GPU judges it
+            FAMILY.generate(spec, config)
+            continue
+        assert_valid(FAMILY, spec, tmp_path, config, seeds=(0,), eager=False)
+        for n in FAMILY.neighbours(spec, config):
+            FAMILY.generate(spec, n)
+
+
+@pytest.mark.parametrize("case", ["empty experts", "rows of no expert", "transposed weight", "int32 offsets",
+                                  "one expert", "rows span many tiles"])
+def test_matches_the_ops_own_loop(case, tmp_path):
+    """Exactly the loop's outputs in fp32 up to summation order, on the given offsets."""
+    kwargs = {"empty experts": dict(offs=[0, 0, 17, 17, 40]),
+              "rows of no expert": dict(offs=[5, 9, 12, 20, 29]),      # rows 29.. stay zero
+              "transposed weight": dict(transposed=True),              # transformers passes a view
+              "int32 offsets": dict(offs_dtype=torch.int32),
+              "one expert": dict(E=1, offs=[40]),
+              "rows span many tiles": dict(S=150, offs=[1, 70, 71, 149, 150])}[case]
+    spec, inputs = _spec(**kwargs)
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,), eager=False)
+    compare_eager(FAMILY, spec, program, tmp_path, inputs=list(inputs))
+
+
+def test_the_offsets_are_drawn_as_the_op_requires():
+    """Validation draws offs as each group's end, non-decreasing within the rows (core/input_domains.py)."""
+    spec, _ = _spec(S=40, E=5)
+    assert requirements(spec) == {2: "offs: each group's end, non-decreasing in [0, input.size(0)]"}
+    for seed in range(8):
+        g = torch.Generator().manual_seed(seed)
+        offs = constrain(spec, [torch.randn(40, 24), torch.randn(5, 24, 36), torch.randint(-8, 9, (5,))], g)[2]
+        assert bool((offs.diff() >= 0).all()) and 0 <= int(offs[0]) and int(offs[-1]) <= 40
+
+
+def test_refusals():
+    import dataclasses
+    spec, _ = _spec()
+    a, w, offs = spec.inputs
+    as_type = lambda meta, dtype: dataclasses.replace(meta, dtype=dtype)  # noqa: E731
+    assert "an integer tensor" in FAMILY.supports(dataclasses.replace(spec, inputs=(a, w, as_type(offs, "float32"))))
+    assert "one float dtype" in FAMILY.supports(dataclasses.replace(spec, inputs=(as_type(a, "float16"), w, offs)))
+    assert "sizes do not match" in FAMILY.supports(dataclasses.replace(spec, inputs=(a, w, offs), outputs=(w,)))
+
+
+def test_a_broken_program_fails_validation(tmp_path):
+    spec, _ = _spec()
+    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    # a program that takes every expert's rows from the first expert's start
+    assert_mutant_fails(FAMILY, spec, program, "before = tl.sum(tl.where(e < expert, tiles, 0), 0)",
+                        "before = 0 * expert", tmp_path)
+
+
+def test_compiles_for_sm90(tmp_path):
+    """At Mixtral's gate_up size in the suite (metas only: nothing that large runs here)."""
+    import dataclasses
+    from torch_kernelize.core.spec import TensorMeta
+    small, _ = _spec(E=4, offs=[8, 8, 21, 40], dtype=F16)
+    S, K, N, E = 8192, 2048, 11264, 8
+    meta = lambda shape, stride, dtype="float16": TensorMeta(shape, stride, dtype, "cpu")  # noqa: E731
+    spec = dataclasses.replace(small, inputs=(meta((S, K), (K, 1)), meta((E, K, N), (K * N, 1, K)),
+                                              meta((E,), (1,), "int64")), outputs=(meta((S, N), (N, 1)),))
+    assert FAMILY.supports(spec) is None
+    for config in FAMILY.seed_configs(spec):
+        compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+
+
+def test_the_op_is_computed_by_a_kernel_where_one_is_stored_and_otherwise_runs_as_given():
+    """transformers' op is another library's: it used to pass through untouched. A family repeats
+    it, so it is compute (a cached kernel serves it: no host sync), its vendor rung runs it as given
+    even on a chip whose op list lacks it, and whole-graph programs still stop at it (Inductor's
+    would call it as given, syncs and all)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.op_classes import NodeClass, classify
+    from torch_kernelize.compiling.planner import plan_graph
+    from torch_kernelize.compiling.whole_graph import _breaks
+    from torch_kernelize.core.targets import Target
+    op = _op()
+    _, (x, w, offs) = _spec()
+    gm = make_fx(lambda x, w, offs: op(x, w, offs) * 2)(x, w, offs)
+    node = next(n for n in gm.graph.nodes if n.target is op)
+    assert classify(node) == (NodeClass.COMPUTE, "")
+    assert "served between programs" in _breaks(node)
+    chip = Target("gemm-chip", device="cpu", triton="interpreter", supported=frozenset(["aten.mm", "aten.mul"]))
+    decision = next(d for d in plan_graph(gm, chip).decide({}, None) if d.op == "transformers.grouped_mm_fallback.default")
+    assert decision.tier == "vendor" and decision.family == "grouped_mm"  # a miss the fill can fill
