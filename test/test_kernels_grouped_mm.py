@@ -134,3 +134,13 @@ def test_the_op_is_computed_by_a_kernel_where_one_is_stored_and_otherwise_runs_a
     chip = Target("gemm-chip", device="cpu", triton="interpreter", supported=frozenset(["aten.mm", "aten.mul"]))
     decision = next(d for d in plan_graph(gm, chip).decide({}, None) if d.op == "transformers.grouped_mm_fallback.default")
     assert decision.tier == "vendor" and decision.family == "grouped_mm"  # a miss the fill can fill
+
+
+def test_every_other_librarys_op_the_planner_computes_has_a_family_and_a_module_that_registers_it():
+    from torch_kernelize.compiling.op_classes import FAMILY_OPS
+    from torch_kernelize.core.targets import REGISTERED_BY, resolve_op
+    from torch_kernelize.lowering.kernels.registry import FAMILIES
+    for op in FAMILY_OPS:
+        assert any(op in f.ops for f in FAMILIES), op
+        _op()
+        assert resolve_op(op) is not None and op in REGISTERED_BY

@@ -152,5 +152,5 @@ def counts_in_coverage(node: fx.Node) -> bool:
 
 
 def describe_target(target: Any) -> str:
-    from torch_kernelize.core.targets import REGISTERED_BY, op_name
+    from torch_kernelize.core.targets import op_name
     return op_name(target)
