@@ -59,7 +59,7 @@ def test_every_seed_config_validates(dtype, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["empty experts", "rows of no expert", "transposed weight", "int32 offsets",
-                                  "one expert", "rows span many tiles"])
+                                  "one expert", "rows span many tiles", "blocks divide K and N"])
 def test_matches_the_ops_own_loop(case, tmp_path):
     """Exactly the loop's outputs in fp32 up to summation order, on the given offsets."""
     kwargs = {"empty experts": dict(offs=[0, 0, 17, 17, 40]),
@@ -67,7 +67,8 @@ def test_matches_the_ops_own_loop(case, tmp_path):
               "transposed weight": dict(transposed=True),              # transformers passes a view
               "int32 offsets": dict(offs_dtype=torch.int32),
               "one expert": dict(E=1, offs=[40]),
-              "rows span many tiles": dict(S=150, offs=[1, 70, 71, 149, 150])}[case]
+              "rows span many tiles": dict(S=150, offs=[1, 70, 71, 149, 150]),
+              "blocks divide K and N": dict(K=64, N=128)}[case]       # (no K or column masks)
     spec, inputs = _spec(**kwargs)
     program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,), eager=False)
     compare_eager(FAMILY, spec, program, tmp_path, inputs=list(inputs))
