@@ -25,6 +25,8 @@ OP_FACTORS: dict[str, float] = {
     # TF32-free fp32 matmuls still sum K products in another order than the float64 reference.
     "aten.mm.default": 4.0, "aten.addmm.default": 4.0, "aten.bmm.default": 4.0,
     "aten.convolution.default": 4.0,
+    # transformers' MoE expert matmul (lowering/kernels/grouped_mm.py): the mm rows of each expert
+    "transformers.grouped_mm_fallback.default": 4.0,
 }
 
 
