@@ -277,9 +277,9 @@ def test_an_moe_layer_with_a_host_sync_is_captured_in_pieces_on_the_gpu(monkeypa
     assert stats["pool_bytes"] > 0
 
 
-def _mixtral_in_pieces(device: str, **options) -> dict:
-    """transformers' tiny Mixtral (fp32: under torch.compile its experts go through the custom op
-    ``transformers::grouped_mm_fallback``, which reads the expert offsets with ``tolist()``)."""
+def _served_mixtral(device: str, **options) -> tuple[dict, dict]:
+    """transformers' tiny Mixtral compiled with ``options``, its outputs checked on three calls;
+    the CUDA-graph stats and the one plan."""
     pytest.importorskip("transformers")
     from torch_kernelize import model_zoo
     model, inputs = model_zoo.make_hf_mixtral()
@@ -291,6 +291,13 @@ def _mixtral_in_pieces(device: str, **options) -> dict:
             torch.testing.assert_close(compiled(*inputs).logits.clone(), want)
     stats = _stats()
     (plan,) = stats["plans"].values()
+    return stats, plan
+
+
+def _mixtral_in_pieces(device: str, **options) -> dict:
+    """transformers' tiny Mixtral (fp32: under torch.compile its experts go through the custom op
+    ``transformers::grouped_mm_fallback``, which reads the expert offsets with ``tolist()``)."""
+    stats, plan = _served_mixtral(device, **options)
     assert {s.split(":")[0] for s in plan["syncs"]} == {"transformers.grouped_mm_fallback.default"}
     n_syncs = len(plan["syncs"])  # two per layer (gate-up, down)
     assert stats["per_call"] == {"graphs": n_syncs + 1, "stretches": n_syncs + 1, "syncs": n_syncs}
@@ -317,18 +324,10 @@ def test_transformers_mixtral_with_its_expert_matmuls_filled_is_one_graph(fake, 
     the expert offsets stay on the device), nothing in the call reads the device on the host: the
     whole call is one CUDA graph, where Inductor's reduce-overhead fails on the same model."""
     pytest.importorskip("transformers")
-    from torch_kernelize import model_zoo
     from torch_kernelize.fill_cache import cli
     cache = tmp_path / "filled"
     ref = "torch_kernelize.model_zoo:make_hf_mixtral"
     assert cli.main(["--quiet", "--target", "interpreter", "--model", ref, "--cache-dir", str(cache), "--budget", "1"]) == 0
-    model, inputs = model_zoo.make_hf_mixtral()
-    compiled = _compiled(model, cache_dir=str(cache))
-    with torch.no_grad():
-        want = model(*inputs).logits
-        for _ in range(3):
-            torch.testing.assert_close(compiled(*inputs).logits.clone(), want)
-    stats = _stats()
-    (plan,) = stats["plans"].values()
+    stats, plan = _served_mixtral("cpu", target="interpreter", cudagraphs=True, cache_dir=str(cache))
     assert plan["syncs"] == [] and stats["per_call"] == {"graphs": 1, "stretches": 1, "syncs": 0}
     assert not stats["not_graphed"]
