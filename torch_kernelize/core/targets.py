@@ -21,8 +21,8 @@ the bottleneck ledger divides bytes and FLOPs by (ledger/floors.py)::
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import hashlib
+import importlib
 import json
 import platform
 import sys
