@@ -145,3 +145,22 @@ def test_every_other_librarys_op_the_planner_computes_has_a_family_and_a_module_
         assert any(op in f.ops for f in FAMILIES), op
         _op()
         assert resolve_op(op) is not None and op in REGISTERED_BY
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_every_seed_validates_through_the_ahead_of_time_path(tmp_path):
+    """On the GPU, at a quarter of Mixtral's suite size in fp16: each seed compiled ahead of time
+    (write_program + load_program, as the fill stores it) validates against float64 on the device."""
+    from torch_kernelize.building.programs import write_program
+    from torch_kernelize.core.validate import validate
+    from torch_kernelize.serving.launch import load_program
+    op = _op()
+    x = torch.randn(2048, 1024, device="cuda", dtype=F16)
+    w = torch.randn(8, 2816, 1024, device="cuda", dtype=F16).transpose(1, 2)   # transformers' view
+    offs = torch.tensor([300, 512, 512, 1100, 1400, 1700, 2000, 2048], device="cuda")
+    spec = spec_of(op, (x, w, offs))
+    for i, config in enumerate(FAMILY.seed_configs(spec)):
+        write_program(tmp_path / f"p{i}", spec, FAMILY.generate(spec, config), "cuda")
+        runner = load_program(tmp_path / f"p{i}", spec, "cuda")
+        rec = validate(runner.run_poisoned, spec, FAMILY.sample_inputs, FAMILY.edge_kinds, device="cuda")
+        assert rec.ok, f"[{config}]: {rec.reason}"
