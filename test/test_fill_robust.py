@@ -303,7 +303,7 @@ def test_the_fill_says_where_its_time_went():
 
 def test_on_cuda_the_measure_worker_starts_before_the_models_are_traced_and_a_failed_trace_ends_it(
         tmp_path, monkeypatch):
-    """Its imports, CUDA context and Inductor's compile workers overlap the trace (FillRun.start_worker);
+    """Its imports, CUDA context and Inductor's import overlap the trace (FillRun.start_worker);
     a trace that fails kills it instead of waiting for its start."""
     events = []
     monkeypatch.setattr(fill_run.FillRun, "start_worker", lambda self: events.append("worker started"))
@@ -326,7 +326,7 @@ def test_a_worker_that_will_generate_with_inductor_is_warmed_on_cuda_only():
     assert not measure_worker.MeasureWorker.for_target(cuda, 60).inductor
     # a spare worker started without Inductor does not serve one that wants it warm
     assert measure_worker.MeasureWorker(inductor=True)._kind() != measure_worker.MeasureWorker()._kind()
-    measure_worker._warm_inductor()  # (in this process: the imports, and the compile pool where torch has one)
+    measure_worker._warm_inductor()  # (in this process: Inductor's import)
 
 
 def test_nothing_is_compiled_ahead_while_a_whole_graph_is_searched(tmp_path, monkeypatch):

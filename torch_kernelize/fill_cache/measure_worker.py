@@ -112,8 +112,8 @@ class MeasureWorker:
                  cuda: bool = False, inductor: bool = False) -> None:
         """``memory_limit``: bytes of address space beyond the worker's own at start (0: what the
         host has available then; None: no limit); ``cuda``: the worker initializes CUDA first;
-        ``inductor``: it imports Inductor and starts Inductor's compile workers then too (it will
-        generate with Inductor: generate_in), while the parent still traces the models."""
+        ``inductor``: it imports Inductor then too (it will generate with Inductor: generate_in),
+        while the parent still traces the models."""
         self._ctx = multiprocessing.get_context("spawn")
         self.time_limit_s, self.memory_limit, self.cuda, self.inductor = time_limit_s, memory_limit, cuda, inductor
         self.restarts = -1
@@ -287,15 +287,10 @@ def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False, induc
 
 
 def _warm_inductor() -> None:
-    """Import Inductor and start its compile workers (as its first compile would): seconds that
-    otherwise fall inside the first graph's generation. Best effort: a torch without
-    ``warm_pool`` compiles as before."""
+    """Import Inductor (seconds that otherwise fall inside the first graph's generation). Its
+    compile workers are not started: the capture compiles in this process (inductor.COMMON_OPTIONS
+    sets compile_threads 1: a kernel compiled in a subprocess comes back without its source)."""
     import torch._inductor.compile_fx  # noqa: F401
-    try:
-        from torch._inductor.async_compile import AsyncCompile
-        AsyncCompile.warm_pool()
-    except Exception as e:  # (not the worker's to fail for: the compile starts the pool itself)
-        print(f"kernelize measure worker: Inductor's compile workers not started ahead ({e})", file=sys.stderr)
 
 
 def _exit_with_parent() -> None:
