@@ -72,10 +72,10 @@ def classify(node: fx.Node) -> tuple[NodeClass, str]:
         return NodeClass.STRUCTURAL, "shape/assert bookkeeping"
     if target.namespace in _COLLECTIVE_NAMESPACES:
         return NodeClass.PASSTHROUGH, "collective: passed through untouched"
-    if target.namespace != "aten" and op_name(target) not in FAMILY_OPS:
-        return NodeClass.PASSTHROUGH, f"{target.namespace} op: passed through untouched"
     if target.namespace != "aten":
-        return NodeClass.COMPUTE, ""
+        if op_name(target) in FAMILY_OPS:
+            return NodeClass.COMPUTE, ""
+        return NodeClass.PASSTHROUGH, f"{target.namespace} op: passed through untouched"
     if target.is_view or target in _VIEW_LIKE:
         return NodeClass.VIEW, "view op: no data to compute"
     if target in _FACTORY:

@@ -68,18 +68,16 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
     if len(parts) != 3:
         raise KeyError(f"{name!r} is not a full op name like 'aten.gelu.default'")
     ns, op, overload = parts
-    for attempt in (0, 1):
-        try:
-            return getattr(getattr(getattr(torch.ops, ns), op), overload)
-        except (AttributeError, RuntimeError) as e:
-            if attempt or name not in REGISTERED_BY:
-                raise KeyError(f"{name!r} is not a registered operator") from e
+    if name in REGISTERED_BY and not hasattr(getattr(torch.ops, ns), op):
         try:
             importlib.import_module(REGISTERED_BY[name])
         except ImportError as e:
             raise KeyError(f"{name!r} is not a registered operator (its module {REGISTERED_BY[name]} "
                            f"does not import: {e})") from e
-    raise AssertionError("unreachable")
+    try:
+        return getattr(getattr(getattr(torch.ops, ns), op), overload)
+    except (AttributeError, RuntimeError) as e:
+        raise KeyError(f"{name!r} is not a registered operator") from e
 
 
 def _check_op_names(names: Iterable[str], where: str) -> frozenset[str]:

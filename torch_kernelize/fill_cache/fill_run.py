@@ -102,7 +102,8 @@ class FillRun:
         self._spaces: dict[str, KernelGenerator | None] = {}  # spec key -> its generators as one search space
         self.builder = Builder(target)
         self.isolate = isolate
-        # started with the first build (prebuild): it imports torch and sets up the device meanwhile
+        # started before the trace on CUDA (start_worker), else with the first build (prebuild): it
+        # imports torch and sets up the device meanwhile
         inductor = any(g.name == "inductor" for g in self.generators)
         self._worker = MeasureWorker.for_target(target, time_limit_s(time_limit, FILL_TIME_LIMIT_S), inductor) \
             if isolate else None
@@ -450,8 +451,8 @@ class FillRun:
         def prebuild(i: int) -> None:
             # Compile the seed candidates of the next few specs while this one is measured; not
             # all at once, or a search's later candidates would queue behind every other spec's.
-            if i < len(work) and is_whole_graph(work[i].spec):
-                return  # (quiet_for_wholes)
+            if is_whole_graph(work[i].spec):
+                return  # (timed host-bound: see LOOKAHEAD)
             for w in work[i:i + LOOKAHEAD]:
                 family = self.space(w.spec)
                 if w.mix and self.budget <= 1:  # not searched at this budget (process)

@@ -124,8 +124,8 @@ class MeasureWorker:
 
     @classmethod
     def for_target(cls, target: Target, time_limit_s: float, inductor: bool = False) -> "MeasureWorker":
-        """The worker of a fill on ``target``; ``inductor``: it generates with Inductor, warmed at
-        its start on CUDA (elsewhere Inductor is asked for a few specs at most: not worth a pool)."""
+        """The worker of a fill on ``target``; ``inductor``: it generates with Inductor, imported
+        at its start on CUDA (elsewhere Inductor is asked for a few specs at most)."""
         cuda = target.device == "cuda"
         return cls(time_limit_s, memory_limit_bytes(target), cuda, inductor and cuda)
 
