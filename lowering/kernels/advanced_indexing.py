@@ -29,7 +29,7 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_generator, sample_tensor, to_device
 from torch_kernelize.core.program import Buffer, Check, Donation, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 
@@ -193,17 +193,18 @@ class AdvancedIndexingFamily(KernelFamily):
         """Values by ``kind``; indices valid (negative ones too: ATen wraps them), distinct
         combinations where index_put overwrites; masks half true."""
         plan = self.plan(spec)
-        g = torch.Generator().manual_seed(seed)
+        g = sample_generator(seed, device)  # drawn where they are used (a gathered table is large)
+        on = g.device
         out = [sample_tensor(m, g, kind) for m in spec.inputs]
         if not isinstance(plan, str) and not plan.masked:
             metas = [spec.inputs[i] for i in plan.idx]
             if plan.name == "index_put" and not plan.accumulate:  # distinct combinations (same shapes)
-                flat = torch.randperm(math.prod(plan.sizes), generator=g)[:metas[0].numel]
+                flat = torch.randperm(math.prod(plan.sizes), generator=g, device=on)[:metas[0].numel]
                 coords = torch.unravel_index(flat, tuple(plan.sizes))
             else:
-                coords = [torch.randint(0, n, (m.numel,), generator=g) for m, n in zip(metas, plan.sizes)]
+                coords = [torch.randint(0, n, (m.numel,), generator=g, device=on) for m, n in zip(metas, plan.sizes)]
             for i, m, c, n in zip(plan.idx, metas, coords, plan.sizes):
-                wrap = torch.rand(m.numel, generator=g) < 0.5   # i and i - n name one element
+                wrap = torch.rand(m.numel, generator=g, device=on) < 0.5   # i and i - n name one element
                 out[i].copy_(torch.where(wrap, c - n, c).reshape(m.shape))
         return [to_device(t, device) for t in out]
 

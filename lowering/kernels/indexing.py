@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_tensor, to_device
+from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_generator, sample_tensor, to_device
 from torch_kernelize.core.program import Buffer, Check, Donation, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 
@@ -380,13 +380,13 @@ class IndexingFamily(KernelFamily):
         indices occur for the scatter-adds), negative ones too where ATen wraps them; distinct
         where index_put overwrites (which of two writes wins is unspecified)."""
         plan = self.plan(spec)
-        g = torch.Generator().manual_seed(seed)
+        g = sample_generator(seed, device)  # drawn where they are used: an embedding table is 100s of MB
         out = []
         for i, m in enumerate(spec.inputs):
             if not isinstance(plan, str) and i == plan.idx and plan.overwrite:
                 t = sample_tensor(m, g, "zeros")
-                pos = torch.randperm(plan.dim_size, generator=g)[:m.numel]
-                wrap = torch.rand(m.numel, generator=g) < 0.5          # i and i - size name one element
+                pos = torch.randperm(plan.dim_size, generator=g, device=g.device)[:m.numel]
+                wrap = torch.rand(m.numel, generator=g, device=g.device) < 0.5  # i and i - size name one element
                 t.copy_(torch.where(wrap, pos - plan.dim_size, pos).reshape(m.shape))
             elif not isinstance(plan, str) and i == plan.idx:
                 lo = -plan.dim_size if plan.wrap else 0
