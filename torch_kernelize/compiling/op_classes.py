@@ -143,6 +143,35 @@ def is_random(target: Any, args: tuple = (), kwargs: dict | None = None) -> bool
     return not (isinstance(p, (int, float)) and p == 0)
 
 
+# Ops that pick positions by comparing values: op -> which output holds the picked indices
+# (None: the op's one output). On floating inputs, a rounding difference decides a near-tie
+# otherwise (an MoE router's top-k experts), and every later result that the picked indices
+# route moves with it (the stable sort of the expert ids): float64 cannot judge a program
+# across such an op, so whole-graph programs end before it (whole_graph.py).
+_PICKS_POSITIONS = {
+    aten.topk.default: 1, aten.sort.default: 1, aten.sort.stable: 1, aten.kthvalue.default: 1,
+    aten.max.dim: 1, aten.min.dim: 1, aten.median.dim: 1, aten.nanmedian.dim: 1, aten.mode.default: 1,
+    aten.max_pool2d_with_indices.default: 1, aten.max_pool3d_with_indices.default: 1,
+    aten.adaptive_max_pool2d.default: 1, aten.adaptive_max_pool3d.default: 1,
+    aten.argmax.default: None, aten.argmin.default: None, aten.argsort.default: None, aten.argsort.stable: None,
+    aten.searchsorted.Tensor: None, aten.bucketize.Tensor: None,
+}
+
+
+def picks_by_rounded_floats(node: fx.Node) -> bool:
+    """``node`` picks positions by comparing floating values, and the picked indices are used
+    (a max-pool whose indices nothing reads picks nothing: ResNet stays one graph)."""
+    if node.op != "call_function" or node.target not in _PICKS_POSITIONS:
+        return False
+    compared = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) else None
+    if not (isinstance(compared, torch.Tensor) and compared.dtype.is_floating_point):
+        return False
+    at = _PICKS_POSITIONS[node.target]
+    if at is None:
+        return bool(node.users)
+    return any(u.target is operator.getitem and u.args[1] == at and u.users for u in node.users)
+
+
 def is_compute(node: fx.Node) -> bool:
     return node.op == "call_function" and classify(node)[0] is NodeClass.COMPUTE
 

@@ -13,10 +13,12 @@ leaves every node and region to its own lookup, as before.
 A graph is offered whole only where one call of a program can stand for it: every node an ATen
 op (no collectives or other passthrough ops, no symbolic-size bookkeeping), nothing random
 (a captured program's random stream could not match the reference) or mutating, and every
-output a tensor that a node computes (not an input, not a number; None is fine). A tensor
+output a tensor that a node computes (not an input, not a number; None is fine), and no op that
+picks positions by comparing floats whose picked indices are used (an MoE router's top-k: float64
+cannot judge a program across a near-tie, op_classes.picks_by_rounded_floats). A tensor
 constant (``get_attr``) is one more input, as the graph's inputs are. Where ops no program may
-call break a graph (a custom op passed through, as transformers' MoE experts are, a collective),
-each stretch between them is offered the same way: a region of kind "whole" of its own, whose
+call break a graph (a custom op passed through, as transformers' MoE experts are, a collective,
+a router's top-k), each stretch between them is offered the same way: a region of kind "whole" of its own, whose
 inputs and outputs are the tensors it reads from and gives to the rest of the graph (this goes
 beyond DESIGN.md, which names whole graphs and partitions only).
 """
@@ -31,7 +33,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.graph_cuts import cut_stretches
-from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, runs_as_given
+from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, picks_by_rounded_floats, runs_as_given
 from torch_kernelize.compiling.regions import Region, is_tensor_node, region_spec
 from torch_kernelize.core.encoding import encode_arg
 from torch_kernelize.core.graph_accuracy import WHOLE
@@ -195,6 +197,8 @@ def _breaks(node: fx.Node) -> str:
         return f"{node.name} draws random numbers"
     if node.target._schema.is_mutable:
         return f"{node.name} mutates its arguments"
+    if picks_by_rounded_floats(node):
+        return f"{node.name} picks positions by comparing floats: served as its own op, judged as one"
     return ""
 
 

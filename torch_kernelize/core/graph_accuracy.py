@@ -14,9 +14,10 @@ Non-finite values sit where the vendor's are or where the reference's are: a pro
 a value finite where the vendor's float16 overflowed (it computes in float32 inside a fusion) is
 nearer float64, and that value is then judged by the RMSE above. Integer and boolean outputs
 equal the reference's or the vendor's: ``same`` compares them with the eager result in the graph's
-precision, and where they come from rounded floats (an MoE router's top-k experts, the stable
-sort of their ids) float64 may choose otherwise at a near-tie, moving every later position of a
-sort; a program must then make the vendor's choices.
+precision, and where they come from rounded floats float64 may choose otherwise at a near-tie. An
+op that picks positions by comparing floats and whose picks are read (an MoE router's top-k, whose
+flip moves every later position of the stable sort of the expert ids) ends a whole graph's
+stretch (compiling/whole_graph.py): it is judged as its own op, on rows without ties.
 """
 from __future__ import annotations
 
