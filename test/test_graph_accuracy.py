@@ -57,7 +57,19 @@ def test_a_value_kept_finite_where_the_vendor_overflowed_is_judged_against_float
     for other in (float("nan"), float("-inf")):
         assert judge_output(torch.tensor([1.0, other, 3.0], dtype=torch.float16), ref, vendor) is None
     nan_elsewhere = torch.tensor([float("nan"), float("inf"), 3.0], dtype=torch.float16)
-    assert "neither where the vendor's are nor where the reference's" in judge_output(nan_elsewhere, ref, vendor)
+    why = judge_output(nan_elsewhere, ref, vendor)
+    assert "neither where the vendor's are nor where the reference's" in why and "first at flat index 0: nan" in why
+
+
+def test_an_infinity_at_the_edge_of_the_range_is_a_rounding_across_it():
+    """float64 just under float16's largest value: the vendor's order of a sum stays under it, another
+    crosses it. An infinity of float64's sign there passes; of the other sign, or far from the edge, not."""
+    ref = torch.tensor([1.0, 65400.0, -65400.0, 3.0], dtype=torch.float64)
+    vendor = ref.half()
+    inf = float("inf")
+    assert judge_output(torch.tensor([1.0, inf, -inf, 3.0], dtype=torch.float16), ref, vendor) is None
+    assert judge_output(torch.tensor([1.0, -inf, -inf, 3.0], dtype=torch.float16), ref, vendor) is not None
+    assert judge_output(torch.tensor([1.0, 65400.0, -65400.0, inf], dtype=torch.float16), ref, vendor) is not None
 
 
 def _whole_spec():

@@ -13,7 +13,9 @@ floats and 2 otherwise, each RMSE over the elements where it and the reference a
 Non-finite values sit where the vendor's are or where the reference's are: a program that keeps
 a value finite where the vendor's float16 overflowed (it computes in float32 inside a fusion) is
 nearer float64, and that value is then judged by the RMSE above; where the vendor overflowed, a
-NaN for its inf (or the other way) is the same overflow summed in another order. Integer and boolean outputs
+NaN for its inf (or the other way) is the same overflow summed in another order, and an infinity
+where float64 is within the dtype's tolerance of its largest value (of float64's sign) is a
+rounding across the edge that the vendor's order stayed under. Integer and boolean outputs
 equal the reference's or the vendor's: ``same`` compares them with the eager result in the graph's
 precision, and where they come from rounded floats float64 may choose otherwise at a near-tie. An
 op that picks positions by comparing floats and whose picks are read (an MoE router's top-k, whose
@@ -70,12 +72,21 @@ def judge_output(out: torch.Tensor, ref: torch.Tensor, vendor: torch.Tensor) -> 
     # GPU: Llama's logits on the H200 met a CUDA output there)
     o, v, r = (t.to(ref.device).double() for t in (o, v, r))
     kinds, vendor_kinds, ref_kinds = _non_finite(o), _non_finite(v), _non_finite(r)
+    atol, rtol = tolerance(out.dtype)
     # where the vendor overflowed and float64 did not, which non-finite value comes out is the
     # order of a sum (inf - inf is NaN): any of them is the vendor's overflow
     overflowed = (vendor_kinds != 0) & (ref_kinds == 0) & (kinds != 0)
-    if not bool(((kinds == vendor_kinds) | (kinds == ref_kinds) | overflowed).all()):
-        return "its non-finite values are neither where the vendor's are nor where the reference's are"
-    atol = tolerance(out.dtype)[0]
+    # an infinity of the reference's sign where float64 is within the dtype's tolerance of its
+    # largest value: rounding in another order crosses the edge the vendor stayed under
+    if out.dtype.is_floating_point:
+        edge = torch.finfo(out.dtype).max / (1 + rtol)
+        overflowed |= (o.isinf() & (r.abs() >= edge) & (o.sign() == r.sign()))
+    wrong = ~((kinds == vendor_kinds) | (kinds == ref_kinds) | overflowed)
+    if bool(wrong.any()):
+        at = int(wrong.flatten().nonzero()[0])
+        return (f"its non-finite values are neither where the vendor's are nor where the reference's are "
+                f"({int(wrong.sum())} element(s); first at flat index {at}: {o.flatten()[at].item():.6g}, "
+                f"vendor {v.flatten()[at].item():.6g}, float64 {r.flatten()[at].item():.6g})")
     mine, theirs = _rmse(o, r), _rmse(v, r)
     bar = multiplier(out.dtype) * theirs + atol / 10
     if mine > bar:
