@@ -4,8 +4,10 @@ lengths, kernelize (shape buckets) beside torch.compile(dynamic=True), in one pr
     python benchmarks/bucket_trace.py --out OUT [--model llama] [--lengths 50] [--lo 33 --hi 512] [--fill]
     python benchmarks/bucket_trace.py --out OUT --smoke     # tiny Llama on the CPU (interpreter target)
 
-With --fill, ``fill_cache --model M --dynamic 0:1:LO-HI`` first fills the buckets covering the
-lengths (stopped at --fill-limit like Ctrl-C: what it stored is served). Then each backend, in a
+With --fill, ``fill_cache --model M --dynamic 0:1:LO-HI --budget 1`` first fills the buckets covering
+the lengths (stopped at --fill-limit like Ctrl-C: what it stored is served); the quick fill, as the
+real-model suite's (the H200 trace of 2026-12-05 ran fill_cache's default budget of 12 and was
+stopped at 390 s). Then each backend, in a
 fresh process, is compiled with dynamic shapes and warmed up at one length outside the trace; the
 trace is every length once in a seeded random order (each call the first of its length: the
 "first" pass), then the same lengths again ("repeat" pass). Per backend: first and repeat call
@@ -139,7 +141,8 @@ def _fill(args: argparse.Namespace, log: Path) -> dict[str, Any]:
     from real_models import run_bounded
     ref = MODELS[args.model][1 if args.smoke else 0]
     cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--model", ref, "--target", args.target,
-           "--cache-dir", str(args.cache_dir), "--dynamic", f"0:1:{args.lo}-{args.hi}", "--quiet", "--resume"]
+           "--cache-dir", str(args.cache_dir), "--dynamic", f"0:1:{args.lo}-{args.hi}", "--budget", str(args.budget),
+           "--quiet", "--resume"]
     code, seconds, stopped = run_bounded(cmd, args.fill_limit, log)
     return {"exit": code, "seconds": round(seconds, 1), "stopped_at_limit": stopped}
 
@@ -190,6 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="what kernelize is measured beside (default: torch.compile(dynamic=True))")
     p.add_argument("--fill", action="store_true", help="fill the buckets of the lengths first")
     p.add_argument("--fill-limit", type=float, default=1800.0, help="seconds the fill may take")
+    p.add_argument("--budget", type=int, default=1, help="fill_cache candidates per spec (default 1: the quick fill, "
+                   "as the real-model suite's)")
     p.add_argument("--child-limit", type=float, default=1800.0, help="seconds each backend's process may take")
     p.add_argument("--cache-dir", type=Path, default=None, help="kernel cache (default: OUT/cache)")
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, or interpreter without a GPU)")
