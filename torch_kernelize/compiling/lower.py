@@ -30,12 +30,12 @@ from torch_kernelize.kernel_cache.store import KernelCache, LookupLog
 from torch_kernelize.compiling.bucket_lookup import BucketLookup, GraphBuckets, bucket_runner
 from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.op_classes import NodeClass
-from torch_kernelize.compiling.shape_classes import (bucket_symbols, node_symbols, node_tensors, region_symbols,
-                                                     region_tensors, shape_classes)
+from torch_kernelize.compiling.shape_classes import (bindings_at, bucket_symbols, node_symbols, node_tensors,
+                                                     region_symbols, region_tensors, shape_classes, variable_sizes)
 from torch_kernelize.compiling.graph_regions import find_graph_regions
 from torch_kernelize.compiling.whole_graph import CUT, WHOLE, dynamic_wholes, step_tier_ops, whole_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
-from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls
+from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls, region_spec
 from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.options import Options, default_cache_dir
@@ -424,11 +424,15 @@ class LoweredGraph:
             return None
         return lambda s, args: self._first_call(s, args, pending, missing if strict else None)
 
-    def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None) -> tuple[BucketCall, dict] | None:
+    def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None,
+                     respec: Callable[[tuple[int, ...]], KernelSpec | None] | None = None
+                     ) -> tuple[BucketCall, dict] | None:
         """A bucket hit's kernel as a call that serves any size of the bucket, and the range of
         each symbol it varies in; None for an exact hit, or a bucket whose sizes cannot all be
         read off the node's inputs (then the kernel of the node's sizes is bound). ``tensors``:
-        a region's traced values by bucket side (a node's are read off it)."""
+        a region's traced values by bucket side (a node's are read off it); ``respec(values)``:
+        the region's own spec at those sizes (its vendor path: sizes inside its graph, a view's
+        shape, are the size's, not the representative's), None where it cannot say."""
         entry = d.entry
         bucket = entry.bucket if entry is not None else None
         if bucket is None or not readable(bucket.dims):
@@ -446,10 +450,11 @@ class LoweredGraph:
             made or hashed until something reads it)."""
             runner = base.resized(instantiate(base.program, values), metas_at(entry.spec, bucket.dims, values))
             name = f"triton_{entry.spec.short_name}_bucket_{entry.key[:8]}_{'x'.join(map(str, values))}"
+            def spec() -> KernelSpec:
+                return (respec(values) if respec is not None else None) or spec_at(entry.spec, bucket.dims, values)
             if self.session.options.check:  # (a checked call runs the vendor op every time: it needs its spec)
-                return self.triton_call(spec_at(entry.spec, bucket.dims, values), runner, entry.key, name)
-            return SizedCall(lambda: spec_at(entry.spec, bucket.dims, values), runner,
-                             self.session.kernel_state(entry.key), self._on_kernel_failure, name)
+                return self.triton_call(spec(), runner, entry.key, name)
+            return SizedCall(spec, runner, self.session.kernel_state(entry.key), self._on_kernel_failure, name)
         return BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make), varied
 
     def _share(self, spec: Specialization, decisions: list[Decision], regions: list[Decision],
@@ -517,7 +522,8 @@ class LoweredGraph:
                 elif d.entry is None:
                     continue  # no entry: the graph runs as it always did, and the report says nothing of it
             if runner is not None:
-                call = self._bucket_call(d, region_tensors(region)) if self._buckets is not None else None
+                call = self._bucket_call(d, region_tensors(region), _region_spec_at(region, bindings, d)) \
+                    if self._buckets is not None else None
                 if call is not None:
                     calls[d.node] = call
                 fused.append((region, call[0] if call is not None else self.triton_call(d.spec, runner)))
@@ -604,6 +610,16 @@ class LoweredGraph:
             folder = repros.write_failure(call.spec, [t.detach().cpu() for t in tensors], self.target, why, kind=kind)
         if folder is not None:
             log.error("repro of the %s of kernel %s: %s", kind, call.spec.key, folder)
+
+
+def _region_spec_at(region: Region, bindings: dict, d: Decision) -> Callable[[tuple[int, ...]], KernelSpec | None]:
+    """``region``'s spec at a size of the bucket ``d`` hit: the specialization's ``bindings``
+    with the bucket's variables set to that size (None where a variable is no single symbol)."""
+    def at(values: tuple[int, ...]) -> KernelSpec | None:
+        sizes = variable_sizes(region_tensors(region), d.entry.bucket.dims)
+        new = bindings_at(sizes, values) if sizes is not None else None
+        return region_spec(region, {**bindings, **new}) if new is not None else None
+    return at
 
 
 def _vendor_step_tiers(decisions: list[Decision], region: Region, program: Any) -> None:

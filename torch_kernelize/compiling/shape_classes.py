@@ -163,11 +163,10 @@ def read_sizes(traced: Sequence[Any], metas: Sequence[Any]) -> tuple[dict, dict]
     return found, sizes
 
 
-def bucket_symbols(tensors: Mapping[str, Sequence[Any]], dims: Sequence[Any],
-                   ranges: Sequence[Range]) -> dict[Any, Range] | None:
-    """The range of each symbolic size a bucket's variables are on the node or region, given the
-    variables' ``ranges`` (``tensors``: its traced values by bucket side, "in", "out" and a
-    region's "node"); None if a variable's dim is no product of size symbols there, or two sizes."""
+def variable_sizes(tensors: Mapping[str, Sequence[Any]], dims: Sequence[Any]) -> dict[int, Any] | None:
+    """Each bucket variable's symbolic size on the node or region (``tensors``: its traced values
+    by bucket side, "in", "out" and a region's "node"); None if a variable's dim is no product of
+    size symbols there, or two sizes, or one size is under two variables."""
     size_of: dict[int, Any] = {}
     for side, i, d, v in dims:
         values = tensors.get(side, ())
@@ -177,7 +176,28 @@ def bucket_symbols(tensors: Mapping[str, Sequence[Any]], dims: Sequence[Any],
             return None
     if len(set(size_of.values())) != len(size_of):
         return None  # one size under two variables: no box of its own
-    return {e: tuple(ranges[v]) for v, e in size_of.items()}
+    return size_of
+
+
+def bucket_symbols(tensors: Mapping[str, Sequence[Any]], dims: Sequence[Any],
+                   ranges: Sequence[Range]) -> dict[Any, Range] | None:
+    """The range of each symbolic size a bucket's variables are on the node or region, given the
+    variables' ``ranges`` (None as ``variable_sizes``)."""
+    size_of = variable_sizes(tensors, dims)
+    return None if size_of is None else {e: tuple(ranges[v]) for v, e in size_of.items()}
+
+
+def bindings_at(size_of: Mapping[int, Any], values: Sequence[int]) -> dict[sympy.Symbol, int] | None:
+    """The size symbols' values where each variable ``v`` (its size ``size_of[v]``) is
+    ``values[v]``: a size ``c * s`` of one symbol fixes s; None for a product of several symbols
+    or a value ``c`` does not divide."""
+    found: dict[sympy.Symbol, int] = {}
+    for v, e in size_of.items():
+        c, symbols = product_factors(e)
+        if len(symbols) != 1 or values[v] % c:
+            return None
+        found[symbols[0]] = values[v] // c
+    return found
 
 
 def region_tensors(region: Region) -> dict[str, list[Any]]:
