@@ -274,3 +274,20 @@ def test_runner_passes_the_launch_arguments_in_order(no_stream):
     for got, (kind, value) in zip(args, launch.args):
         want = {"in": (x, y), "out": (out,)}.get(kind)
         assert got is want[value] if want is not None else got == value
+
+
+def test_an_input_the_spec_holds_on_the_host_is_launched_from_the_device(no_stream):
+    """A dynamic graph's tensorified floats are 0-d CPU tensors; the fill validated the program with
+    them on the device. Passed as host pointers, torch's launcher failed on the H100 ("CUDA driver
+    error: invalid argument"): the runner moves them to the others' device ("meta" stands in)."""
+    import dataclasses
+    spec = spec_of(aten.add.Tensor, (torch.randn(1 << 12), torch.tensor(0.5, dtype=torch.float64)))
+    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    spec = dataclasses.replace(spec, inputs=(dataclasses.replace(spec.inputs[0], device="cuda"), spec.inputs[1]))
+    assert spec.inputs[1].device == "cpu" and spec.inputs[1].shape == ()
+    launcher = _Launcher([], "aligned")
+    runner = ProgramRunner(spec, program, [launcher], "cuda")
+    assert runner.direct is None  # (the generated hot path takes its inputs as they come)
+    runner(torch.empty(1 << 12, device="meta"), torch.tensor(0.5, dtype=torch.float64))
+    (_, _, args), = launcher.args
+    assert [a.device.type for a in args if isinstance(a, torch.Tensor)] == ["meta", "meta", "meta"]

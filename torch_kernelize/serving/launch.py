@@ -195,6 +195,11 @@ class ProgramRunner:
         if backend == "cuda":
             self._cuda_plans = self._cuda_plans_for(self._kernels)
         self._checks = [(c.temp, c.message) for c in program.checks]
+        # inputs the spec holds on the host (a dynamic graph's tensorified floats: 0-d float64 CPU
+        # tensors) that a CUDA program reads on the device, where the fill validated it: passed
+        # as CPU pointers, the launcher's pointer check failed ("CUDA driver error: invalid argument")
+        self._host_inputs = tuple(i for i, m in enumerate(spec.inputs)
+                                  if m.device == "cpu" and not m.shape) if backend == "cuda" else ()
         self._load_unaligned = unaligned
         self._unaligned_tried = False
         self._unaligned_plans: list | None = None
@@ -275,7 +280,7 @@ class ProgramRunner:
         (direct_call.py); None where the general path is the only one (not CUDA, donated
         outputs, state buffers, checks, no inputs)."""
         if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
-                or self._checks or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
+                or self._checks or self._host_inputs or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
         plan = CallPlan(self.spec.key, len(self.spec.inputs), self.__call__, self._out_allocs, self._temp_allocs,
                         self._views, self._steps, [(i, self._kernels[i], self._plans[i]) for i in self._keep],
@@ -429,6 +434,8 @@ class ProgramRunner:
             kernel[grid](*args, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
     def __call__(self, *inputs: torch.Tensor):
+        if self._host_inputs:
+            inputs = self._moved_to_device(inputs)
         device = inputs[0].device if inputs else torch.device("cuda" if self.backend == "cuda" else "cpu")
         outs, temps = self.allocate(device)
         for out, given in self._donated.items():
@@ -439,6 +446,15 @@ class ProgramRunner:
         if self._checks:
             self._raise_flagged(temps)
         return tuple(outs) if self._tuple else outs[0]
+
+    def _moved_to_device(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``inputs`` with the host-held ones on the device of the others (a small copy per call)."""
+        device = next((t.device for i, t in enumerate(inputs) if i not in self._host_inputs), torch.device("cuda"))
+        moved = list(inputs)
+        for i in self._host_inputs:
+            if moved[i].device != device:
+                moved[i] = moved[i].to(device, non_blocking=True)
+        return moved
 
     def _raise_flagged(self, temps: list[torch.Tensor]) -> None:
         """Raise the error of a check whose flag the kernels set. On a GPU a read is a sync: within
