@@ -29,7 +29,8 @@ import math
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
-from torch_kernelize.lowering.kernels.base import Config, KernelFamily, doubled_and_halved, sample_generator, sample_tensor, to_device
+from torch_kernelize.lowering.kernels.base import (Config, KernelFamily, doubled_and_halved, sample_generator,
+                                                   sample_tensor, to_device)
 from torch_kernelize.core.program import Buffer, Check, Donation, KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 

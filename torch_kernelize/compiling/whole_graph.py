@@ -18,9 +18,9 @@ picks positions by comparing floats whose picked indices are used (an MoE router
 cannot judge a program across a near-tie, op_classes.picks_by_rounded_floats). A tensor
 constant (``get_attr``) is one more input, as the graph's inputs are. Where ops no program may
 call break a graph (a custom op passed through, as transformers' MoE experts are, a collective,
-a router's top-k), each stretch between them is offered the same way: a region of kind "whole" of its own, whose
-inputs and outputs are the tensors it reads from and gives to the rest of the graph (this goes
-beyond DESIGN.md, which names whole graphs and partitions only).
+a router's top-k), each stretch between them is offered the same way: a region of kind "whole" of
+its own, whose inputs and outputs are the tensors it reads from and gives to the rest of the graph
+(this goes beyond DESIGN.md, which names whole graphs and partitions only).
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.graph_cuts import cut_stretches
-from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, picks_by_rounded_floats, runs_as_given
+from torch_kernelize.compiling.op_classes import (NodeClass, classify, is_random, picks_by_rounded_floats,
+                                                 runs_as_given)
 from torch_kernelize.compiling.regions import Region, is_tensor_node, region_spec
 from torch_kernelize.core.encoding import encode_arg
 from torch_kernelize.core.graph_accuracy import WHOLE

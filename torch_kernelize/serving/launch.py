@@ -280,7 +280,8 @@ class ProgramRunner:
         (direct_call.py); None where the general path is the only one (not CUDA, donated
         outputs, state buffers, checks, no inputs)."""
         if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
-                or self._checks or self._host_inputs or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
+                or self._checks or self._host_inputs
+                or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
         plan = CallPlan(self.spec.key, len(self.spec.inputs), self.__call__, self._out_allocs, self._temp_allocs,
                         self._views, self._steps, [(i, self._kernels[i], self._plans[i]) for i in self._keep],
@@ -449,7 +450,8 @@ class ProgramRunner:
 
     def _moved_to_device(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``inputs`` with the host-held ones on the device of the others (a small copy per call)."""
-        device = next((t.device for i, t in enumerate(inputs) if i not in self._host_inputs), torch.device("cuda"))
+        device = next((t.device for i, t in enumerate(inputs) if i not in self._host_inputs),
+                      torch.device("cuda"))
         moved = list(inputs)
         for i in self._host_inputs:
             if moved[i].device != device:
