@@ -29,10 +29,17 @@ def test_lengths_are_distinct_seeded_and_in_range():
 
 def test_targets_are_judged_with_their_distance():
     t = _trace()
-    k = {"first_minus_repeat": {"max_ms": 0.4}, "repeat": {"p50_ms": 2.0}}
-    i = {"first_minus_repeat": {"max_ms": 9.0}, "repeat": {"p50_ms": 1.0}}
-    lines = t.targets({"kernelize": k, "inductor": i})
-    assert "met (worst 0.400 ms)" in lines[0] and "0.50x (missed" in lines[1]
+    k = {"first_minus_repeat": {"p99_ms": 0.4, "max_ms": 1.5}, "repeat": {"p50_ms": 2.0, "p99_ms": 2.0},
+         "recompiles": 1, "repro_folders": 5, "buckets": 4}
+    i = {"first_minus_repeat": {"p99_ms": 9.0, "max_ms": 9.0}, "repeat": {"p50_ms": 1.0, "p99_ms": 4.0},
+         "recompiles": 3}
+    first, recompiles, folders, p50, p99 = t.targets({"kernelize": k, "inductor": i})
+    assert "(p99): met (0.400 ms; worst 1.500)" in first
+    assert recompiles == "recompiles after the warm-up: missed (1; torch.compile(dynamic=True): 3)"
+    assert folders == "at most one reproducer folder per bucket: missed (5 for 4 bucket(s))"
+    assert "at p50: 0.50x (missed" in p50 and "at p99: 2.00x (met" in p99
+    assert t.targets({"kernelize": dict(k, recompiles=0, repro_folders=4)})[1:] == [
+        "recompiles after the warm-up: met (0)", "at most one reproducer folder per bucket: met (4 for 4 bucket(s))"]
 
 
 @pytest.mark.slow
@@ -46,4 +53,6 @@ def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_pa
     for b in doc["backends"]:
         assert "error" not in b, b
         assert set(b["per_length_ms"]) == {"5", "6"} and b["trace"]["p99_ms"] >= b["trace"]["p50_ms"] > 0
+        assert isinstance(b["recompiles"], int) and b["buckets"] == 1
+    assert isinstance(doc["backends"][0]["repro_folders"], int) and doc["backends"][1]["recompiles"] == 0
     assert (tmp_path / path.name.replace(".json", ".md")).read_text().startswith("# Bucket trace: llama")
