@@ -314,6 +314,12 @@ def _generated_whole(node: fx.Node, sub: fx.GraphModule, target: Target) -> str 
     return None
 
 
+def _on_vendor(node: fx.Node, klass: NodeClass, target: Target) -> bool:
+    """The vendor rung takes ``node`` as it is: the ladder does not decide its class, it is another
+    library's op (run as given), or the target's vendor runs it."""
+    return not ladder_decides(klass) or runs_as_given(node.target) or target.vendor_runs(node.target)
+
+
 def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
     """Decompose what the target cannot run (one node at a time, re-planning new nodes)."""
     decompositions: list[Decision] = []
@@ -324,7 +330,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
             if node.op != "call_function" or node in not_decomposable:
                 continue
             klass, _ = classify(node)
-            if not ladder_decides(klass) or runs_as_given(node.target) or target.vendor_runs(node.target):
+            if _on_vendor(node, klass, target):
                 continue
             name = op_name(node.target)
             if node.meta.get(LAYOUT_COPY):
@@ -364,7 +370,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
         klass, why = classify(node)
         if klass is NodeClass.STRUCTURAL:
             continue
-        vendor = not ladder_decides(klass) or runs_as_given(node.target) or target.vendor_runs(node.target)
+        vendor = _on_vendor(node, klass, target)
         facts.append(NodeFacts(node, op_name(node.target), klass, why, vendor,
                                not_decomposable.get(node, "not needed")))
     return GraphPlan(gm, target, decompositions, facts)

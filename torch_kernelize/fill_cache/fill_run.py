@@ -441,8 +441,10 @@ class FillRun:
         """End the build pool and the measure worker (run() does; a caller of process() must);
         ``kill``: the run never began (its trace failed): no need to wait for the worker's start."""
         self.builder.close()
-        if self._worker is not None:
-            self._worker.stop() if kill else self._worker.close()
+        if self._worker is not None and kill:
+            self._worker.stop()
+        elif self._worker is not None:
+            self._worker.close()
 
     def _run(self, work: list[Work], quiet: bool, buckets: Sequence[BucketWork]) -> list[dict[str, Any]]:
         from tqdm import tqdm

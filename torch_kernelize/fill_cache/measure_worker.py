@@ -149,8 +149,8 @@ class MeasureWorker:
             proc.kill()  # started for another kind of worker: of no use any more
             conn.close()
         self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda, self.inductor), daemon=True,
-                                       name="kernelize-measure")
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda, self.inductor),
+                                       daemon=True, name="kernelize-measure")
         self._proc.start()
         child.close()
 

@@ -2,10 +2,10 @@
 
 A Triton winner must beat the vendor kernel clearly (``MIN_SPEEDUP``), and a near tie is timed
 again before it is decided (``CONFIRM_BELOW``). For a whole graph Inductor's program is
-torch.compile's own output: there the own assembly must beat it clearly instead. On a bring-up chip whose vendor does not run
-some of the spec's ops, "vendor wins" would leave them to the host fallback: there the fastest
-correct candidate is stored whatever its speed. Unmeasured (interpreter) winners are stored so
-that the Triton tier can be exercised on CPU.
+torch.compile's own output: there the own assembly must beat it clearly instead. On a bring-up
+chip whose vendor does not run some of the spec's ops, "vendor wins" would leave them to the host
+fallback: there the fastest correct candidate is stored whatever its speed. Unmeasured
+(interpreter) winners are stored so that the Triton tier can be exercised on CPU.
 """
 from __future__ import annotations
 
