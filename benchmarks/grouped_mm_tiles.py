@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4), (64, 256, 64, 4, 3))
+# BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GROUP_M (1: row tiles in order within a column, as before 2026-12-05)
+TILES = ((128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 3, 8), (128, 256, 64, 8, 3, 16), (128, 128, 64, 8, 3, 8),
+         (256, 128, 64, 8, 3, 8), (128, 128, 64, 4, 4, 8), (64, 256, 64, 4, 3, 8))
 SHAPES = {"gate_up": (8192, 2048, 11264), "down": (8192, 5632, 2048)}
 
 
@@ -53,9 +55,10 @@ def main(out: Path) -> int:
             return o
         row = {"vendor_ms": do_bench(lambda: op(x, w, offs), warmup=25, rep=200),
                "loop_no_sync_ms": do_bench(loop, warmup=25, rep=200)}
-        for i, (bm, bn, bk, warps, stages) in enumerate(TILES):
-            config = Config.of(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, DOT_UPCAST=False)
-            label = f"{bm}x{bn}x{bk} w{warps} s{stages}"
+        for i, (bm, bn, bk, warps, stages, group) in enumerate(TILES):
+            config = Config.of(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, DOT_UPCAST=False,
+                               GROUP_M=group)
+            label = f"{bm}x{bn}x{bk} w{warps} s{stages} g{group}"
             try:
                 write_program(tmp / f"{name}{i}", spec, FAMILY.generate(spec, config), "cuda")
                 runner = load_program(tmp / f"{name}{i}", spec, "cuda")

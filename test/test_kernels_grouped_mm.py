@@ -102,6 +102,30 @@ def test_a_broken_program_fails_validation(tmp_path):
                         "before = 0 * expert", tmp_path)
 
 
+def test_a_program_that_leaves_rows_of_no_expert_unwritten_fails(tmp_path):
+    """The output is not zero-filled first: the spare slots zero [last end, S), and validation's
+    poisoned outputs catch a tail left as it was (half the drawn offsets end below S)."""
+    spec, _ = _spec()
+    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    assert program.output_init == ()
+    assert_mutant_fails(FAMILY, spec, program, "last = tl.max(ends, 0)", "last = tl.max(ends, 0) + BLOCK_M", tmp_path)
+
+
+def test_the_spare_slots_always_cover_the_rows_of_no_expert():
+    """The bound the kernel's tail zeroing rests on: for ends non-decreasing in [0, S], the experts'
+    tiles and the tail's fit in cdiv(S, BM) + E slots (so no spare slot strides twice)."""
+    g = torch.Generator().manual_seed(0)
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    for _ in range(3000):
+        S, E, BM = int(torch.randint(1, 600, (1,), generator=g)), int(torch.randint(1, 12, (1,), generator=g)), \
+            int(2 ** torch.randint(4, 9, (1,), generator=g))
+        ends = sorted(torch.randint(0, S + 1, (E,), generator=g).tolist())
+        if torch.rand(1, generator=g) < 0.3:
+            ends[-1] = S
+        rows = [b - a for a, b in zip([0] + ends[:-1], ends)]
+        assert sum(cdiv(r, BM) for r in rows) + cdiv(S - ends[-1], BM) <= cdiv(S, BM) + E, (S, E, BM, ends)
+
+
 def test_compiles_for_sm90(tmp_path):
     """At Mixtral's gate_up size in the suite (metas only: nothing that large runs here)."""
     import dataclasses

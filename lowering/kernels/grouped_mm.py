@@ -8,17 +8,27 @@ over ``offs.tolist()``: two host syncs per layer, so the call waits for the GPU 
 CUDA-graph capture is cut there (serving/graph_split.py). This kernel reads ``offs`` on the
 device: one launch, no sync.
 
-Grid: (cdiv(S, BLOCK_M) + E, cdiv(N, BLOCK_N)), the most row tiles E groups of S rows can need.
-Program p of the first axis finds its tile from ``offs`` in registers (E is a literal, padded to a
-power of two): each expert's row count (its end less the end before it, at least 0, both clamped
-to S, as slicing clamps), its tiles cdiv(rows, BLOCK_M), their running sum; its expert is the
-number of running sums <= p, its tile p less the tiles before that expert; a program past the last
-tile returns. A tile is an ordinary GEMM tile: input rows [start + t * BLOCK_M, ...) masked at the
-expert's end, times weight[e] through its strides (transformers passes a transposed view), K in
-BLOCK_K steps with fp32 accumulation (fp32 operands: input_precision "ieee", as ATen's fp32 mm),
-stored in the output's dtype. The output starts zeroed (``output_init``) for the rows of no
-expert. DOT_UPCAST converts 16-bit tiles to fp32 before the dot (Triton's CPU interpreter computes
-bf16 dots wrongly; matmul.py has the same variant).
+Grid: one axis of (cdiv(S, BLOCK_M) + E) x cdiv(N, BLOCK_N) programs: row-tile slots (the most
+row tiles E groups of S rows can need) by column tiles, slots taken GROUP_M at a time so that the
+programs running together share a few experts' input rows and weight columns in L2 (Triton's
+matmul tutorial orders its tiles the same way). A slot finds its tile from ``offs`` in registers
+(E is a literal, padded to a power of two): each expert's row count (its end less the end before
+it, at least 0, both clamped to S, as slicing clamps), its tiles cdiv(rows, BLOCK_M), their
+running sum; its expert is the number of running sums <= the slot, its tile the slot less the
+tiles before that expert. A tile is an ordinary GEMM tile: input rows [start + t * BLOCK_M, ...)
+masked at the expert's end, times weight[e] through its strides (transformers passes a transposed
+view), K in BLOCK_K steps with fp32 accumulation (fp32 operands: input_precision "ieee", as ATen's
+fp32 mm), stored in the output's dtype. DOT_UPCAST converts 16-bit tiles to fp32 before the dot
+(Triton's CPU interpreter computes bf16 dots wrongly; matmul.py has the same variant).
+
+Rows of no expert, [last end, S), are zeroed by the slots past the last tile, not by zero-filling
+the whole output first (the op's ``torch.zeros``: a write of every output byte, 184 MB per call of
+Mixtral's gate/up in the suite, that the tiles then overwrite). There are always enough: with ends
+non-decreasing in [0, S] (the op's contract: a cumulative count; the input domain draws them so)
+every row below the last end is some expert's, and sum_e cdiv(rows_e, BM) + cdiv(S - last, BM)
+<= cdiv(S, BM) + E (E + 1 pieces of S rows, each rounded up by less than one tile; where BM
+divides S and some piece is not a whole number of tiles, the pieces' whole tiles are one fewer).
+The spare slots still stride over the tail, so a shortfall would cost time, not rows.
 """
 from __future__ import annotations
 
@@ -36,6 +46,8 @@ FLOATS = ("float16", "bfloat16", "float32")
 # the thousands of rows an MoE layer routes. On the H200 (2026-12-05, Mixtral's suite layers: 8192
 # rows, K 2048 / N 11264 and K 5632 / N 2048), 128x256x64 took 0.80 / 0.40 ms against 0.86 / 0.45
 # for 128x128x64, and the op's loop of cuBLAS calls 0.69 / 0.34: the fill keeps the loop there
+# (those kernels zero-filled the output first and ordered their tiles by row within a column)
+GROUP_M = 8  # slots per group of the tile order (the fill's steps try 4 and 16)
 SEEDS = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 3), (32, 64, 32, 4, 2))
 
 
@@ -89,12 +101,13 @@ class GroupedMatmulFamily(KernelFamily):
         caps = {"BLOCK_M": _cap(plan.S), "BLOCK_N": _cap(plan.N), "BLOCK_K": _cap(plan.K)}
         return (all(16 <= c[k] <= cap and c[k] & (c[k] - 1) == 0 for k, cap in caps.items())
                 and c["num_warps"] in (2, 4, 8) and c["num_stages"] in (1, 2, 3, 4)
+                and c["GROUP_M"] in (1, 2, 4, 8, 16, 32)
                 and (not c["DOT_UPCAST"] or plan.dtype != "float32"))
 
     def _seeds(self, spec: KernelSpec, plan: Plan) -> list[Config]:
         upcasts = (False, True) if plan.dtype == "bfloat16" else (False,)
         return [Config.of(BLOCK_M=min(bm, _cap(plan.S)), BLOCK_N=min(bn, _cap(plan.N)), BLOCK_K=min(bk, _cap(plan.K)),
-                          num_warps=warps, num_stages=stages, DOT_UPCAST=up)
+                          num_warps=warps, num_stages=stages, DOT_UPCAST=up, GROUP_M=GROUP_M)
                 for bm, bn, bk, warps, stages in SEEDS for up in upcasts]
 
     def _steps(self, plan: Plan, c: Config) -> list[Config]:
@@ -102,11 +115,13 @@ class GroupedMatmulFamily(KernelFamily):
         for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             out += [c.replace(**{k: c[k] * 2}), c.replace(**{k: c[k] // 2})]
         out += [c.replace(num_warps=w) for w in (4, 8)] + [c.replace(num_stages=s) for s in (2, 3, 4)]
+        out += [c.replace(GROUP_M=c["GROUP_M"] * 2), c.replace(GROUP_M=c["GROUP_M"] // 2)]
         return out
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         p = self.checked_plan(spec, config)
         bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        slots, n_tiles = -(-p.S // bm) + p.E, -(-p.N // bn)
         out_t = cg.tl_type(p.dtype)
         upcast = ".to(tl.float32)" if config["DOT_UPCAST"] else ""
         precision = ', input_precision="ieee"' if p.dtype == "float32" or config["DOT_UPCAST"] else ""
@@ -123,26 +138,37 @@ import triton.language as tl
 
 @triton.jit
 def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # this program's row-tile slot and column tile: {slots} slots by {n_tiles} columns, GROUP_M slots at a time
     pid = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    first = pid // (GROUP_M * {n_tiles}) * GROUP_M
+    size = tl.minimum({slots} - first, GROUP_M)
+    slot = first + (pid % (GROUP_M * {n_tiles})) % size
+    pid_n = (pid % (GROUP_M * {n_tiles})) // size
     # each expert's rows, from its end and the end before it (clamped to the {p.S} rows, as slicing is)
     e = tl.arange(0, {_p2(p.E)})
     ends = tl.minimum(tl.load(in2_ptr + e, mask=e < {p.E}, other=0).to(tl.int32), {p.S})
     starts = tl.minimum(tl.load(in2_ptr + e - 1, mask=(e >= 1) & (e < {p.E}), other=0).to(tl.int32), {p.S})
     tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
     through = tl.cumsum(tiles, 0)
-    if pid >= tl.sum(tiles, 0):
+    used = tl.sum(tiles, 0)
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    col_ok = {col_ok}
+    if slot >= used:
+        # a spare slot: zero the rows of no expert, [last end, {p.S}), striding over their tiles
+        last = tl.max(ends, 0)
+        for t in range(slot - used, (({p.S} - last) + BLOCK_M - 1) // BLOCK_M, {slots} - used):
+            tail = (last + t * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            tl.store(out0_ptr + tail[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]},
+                     tl.zeros([BLOCK_M, BLOCK_N], dtype={out_t}), mask=(tail < {p.S})[:, None] & col_ok[None, :])
         return
-    expert = tl.sum((through <= pid).to(tl.int32), 0)
+    expert = tl.sum((through <= slot).to(tl.int32), 0)
     before = tl.sum(tl.where(e < expert, tiles, 0), 0)
     start = tl.sum(tl.where(e == expert, starts, 0), 0)
     end = tl.sum(tl.where(e == expert, ends, 0), 0)
-    rows = (start + (pid - before) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows = (start + (slot - before) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < end
-    col_ok = {col_ok}
     w_ptr = in1_ptr + expert.to(tl.int64) * {p.w[0]}
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, {p.K}, BLOCK_K):
@@ -154,10 +180,10 @@ def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, BLOCK_M: tl.constexpr
     tl.store(out0_ptr + rows[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]}, acc.to({out_t}),
              mask=row_ok[:, None] & col_ok[None, :])
 '''
-        grid = (-(-p.S // bm) + p.E, -(-p.N // bn))
-        launch = Launch("grouped_mm_kernel", grid, (("in", 0), ("in", 1), ("in", 2), ("out", 0)),
-                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, config["num_warps"], config["num_stages"])
-        return KernelProgram(source, (launch,), output_init=(0,))
+        launch = Launch("grouped_mm_kernel", (slots * n_tiles,), (("in", 0), ("in", 1), ("in", 2), ("out", 0)),
+                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": config["GROUP_M"]},
+                        config["num_warps"], config["num_stages"])
+        return KernelProgram(source, (launch,))
 
 
 FAMILY = GroupedMatmulFamily()
