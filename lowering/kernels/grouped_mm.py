@@ -127,6 +127,7 @@ class GroupedMatmulFamily(KernelFamily):
         precision = ', input_precision="ieee"' if p.dtype == "float32" or config["DOT_UPCAST"] else ""
         # masks only where a block passes the end of K or N (literals: most MoE sizes divide)
         k_cols = f" & (k < {p.K})[None, :]" if p.K % bk else ""
+        k_step = "        k = k0 + ks\n" if p.K % bk else ""
         col_ok = f"cols < {p.N}" if p.N % bn else "tl.full([BLOCK_N], 1, tl.int1)"
         b_masks = ([f"(k < {p.K})[:, None]"] if p.K % bk else []) + (["col_ok[None, :]"] if p.N % bn else [])
         b_mask = f",\n                    mask={' & '.join(b_masks)}, other=0.0" if b_masks else ""
@@ -169,14 +170,16 @@ def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, BLOCK_M: tl.constexpr
     rows = (start + (slot - before) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < end
-    w_ptr = in1_ptr + expert.to(tl.int64) * {p.w[0]}
+    # pointers advanced by BLOCK_K per step (as Triton's matmul tutorial), not recomputed from k
+    a_ptrs = in0_ptr + rows[:, None] * {p.a[0]} + ks[None, :] * {p.a[1]}
+    b_ptrs = in1_ptr + expert.to(tl.int64) * {p.w[0]} + ks[:, None] * {p.w[1]} + cols[None, :] * {p.w[2]}
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, {p.K}, BLOCK_K):
-        k = k0 + ks
-        a = tl.load(in0_ptr + rows[:, None] * {p.a[0]} + k[None, :] * {p.a[1]},
-                    mask=row_ok[:, None]{k_cols}, other=0.0){upcast}
-        b = tl.load(w_ptr + k[:, None] * {p.w[1]} + cols[None, :] * {p.w[2]}{b_mask}){upcast}
+{k_step}        a = tl.load(a_ptrs, mask=row_ok[:, None]{k_cols}, other=0.0){upcast}
+        b = tl.load(b_ptrs{b_mask}){upcast}
         acc += tl.dot(a, b{precision})
+        a_ptrs += BLOCK_K * {p.a[1]}
+        b_ptrs += BLOCK_K * {p.w[1]}
     tl.store(out0_ptr + rows[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]}, acc.to({out_t}),
              mask=row_ok[:, None] & col_ok[None, :])
 '''
