@@ -61,6 +61,19 @@ def test_a_value_kept_finite_where_the_vendor_overflowed_is_judged_against_float
     assert "neither where the vendor's are nor where the reference's" in why and "first at flat index 0: nan" in why
 
 
+def test_where_the_vendor_has_no_finite_element_its_error_is_unbounded():
+    """ConvNeXt's whole graph on its "large" trial (every weight drawn large): eager's float32 is NaN
+    throughout, float64 about 1e10, Inductor's program finite but far off. With no finite vendor
+    element there is no error to scale the bar by (it was read as 0: the strictest bar of all)."""
+    ref = torch.tensor([1.0e10, -3.0e9, 7.0e9], dtype=torch.float64)
+    vendor = torch.full((3,), float("nan"))
+    assert judge_output(torch.tensor([4.0e9, -1.0e9, 2.0e9]), ref, vendor) is None
+    assert judge_output(vendor.clone(), ref, vendor) is None
+    # one finite vendor element is evidence of its error: the output is judged by the RMSE again
+    partly = torch.tensor([1.0e10, float("nan"), float("nan")])
+    assert judge_output(torch.tensor([4.0e9, -1.0e9, 2.0e9]), ref, partly).startswith("RMSE against float64")
+
+
 def test_an_infinity_at_the_edge_of_the_range_is_a_rounding_across_it():
     """float64 just under float16's largest value: the vendor's order of a sum stays under it, another
     crosses it. An infinity of float64's sign there passes; of the other sign, or far from the edge, not."""
