@@ -42,8 +42,10 @@ class TinyMoE(torch.nn.Module):
         h = self.gate(x).relu()
         counts = torch.tensor([2, 2], device=x.device)
         y = grouped(h, counts)
-        n = (y > 0).sum().item()  # a count read on the host, used as a scalar afterwards
-        return self.up(y) * 2 + n
+        # a count read on the host, used as a scalar afterwards (each stretch launches more kernels
+        # than its replay would copy inputs: split_plan runs cheaper ones eagerly)
+        n = (y.relu() > 0).sum().item()
+        return self.up(y).relu() * 2 + n
 
 
 class _Refuse(TorchDispatchMode):
@@ -226,6 +228,34 @@ def test_the_report_says_what_cuda_graphs_did(fake, tmp_path):
     assert summary["per_call"] == entry["per_call"] and summary["compiled_graphs"] == 1
 
 
+@pytest.mark.parametrize("read_later", [True, False], ids=["read-later", "not-read-later"])
+def test_a_stretch_no_cheaper_replayed_than_run_runs_eagerly(read_later):
+    """A replay copies each input an eager segment made, then launches the graph: a stretch whose
+    own launches (plus the copies its outputs would cost a later stretch) are no more runs eagerly."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, counts):
+        h = x.relu()                 # one launch, reading only the graph's input: captured
+        y = grouped(h, counts)       # sync
+        z = y * 2                    # one launch against a copy of y and a replay: eager
+        w = grouped(z, counts)       # sync
+        a = (w * 3).exp()            # two launches against a copy of w and a replay, plus a copy of a
+        b = grouped(a, counts)       # sync                 in the last stretch if that reads it
+        return (b.sin() + a).cos() if read_later else b.sin().cos().exp()
+
+    cpu = torch.device("cpu")
+    plan = split_plan(make_fx(f)(torch.randn(4, 8), torch.tensor([2, 2])), cpu)
+    kinds = ["eager" if s.eager else "stretch" for s in plan.segments]
+    ops = [[str(n.target).split(".")[1] for n in s.nodes if n.op == "call_function"] for s in plan.segments]
+    if read_later:
+        assert kinds == ["stretch", "eager", "stretch", "eager", "stretch"]
+        assert ops[1] == ["grouped", "mul", "grouped"] and ops[2] == ["mul", "exp"]
+    else:
+        assert kinds == ["stretch", "eager", "stretch"]
+        assert ops[1] == ["grouped", "mul", "grouped", "mul", "exp", "grouped"]
+    assert [op for op, _ in plan.syncs] == ["kernelize_test_cg.grouped.default"] * 3
+
+
 def test_sync_table_and_rules():
     """Which nodes are syncs, by the table and by their outputs (traced on the meta device, which
     stands for the graph's device: a value on the CPU is one the host must compute or wait for)."""
@@ -300,7 +330,10 @@ def _mixtral_in_pieces(device: str, **options) -> dict:
     stats, plan = _served_mixtral(device, **options)
     assert {s.split(":")[0] for s in plan["syncs"]} == {"transformers.grouped_mm_fallback.default"}
     n_syncs = len(plan["syncs"])  # two per layer (gate-up, down)
-    assert stats["per_call"] == {"graphs": n_syncs + 1, "stretches": n_syncs + 1, "syncs": n_syncs}
+    # the SiLU-and-multiply between them runs eagerly (its replay would copy the gate-up output):
+    # one stretch per layer, and the one after the last
+    stretches = n_syncs // 2 + 1
+    assert stats["per_call"] == {"graphs": stretches, "stretches": stretches, "syncs": n_syncs}
     assert not stats["not_graphed"]
     return stats
 

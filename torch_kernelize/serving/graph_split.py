@@ -8,7 +8,9 @@ the host saw once). ``sync_reason`` says which nodes are such syncs, from the ta
 and a few rules (outputs with data-dependent sizes, tensors on another device, host fallbacks,
 custom ops not known to be capture-safe); ``split_plan`` cuts the graph at them, in graph order:
 every stretch between two syncs becomes its own function (flat_code.py), to be captured as its
-own CUDA graph (cudagraphs.py), and each run of syncs one eagerly run function.
+own CUDA graph (cudagraphs.py), and each run of syncs one eagerly run function. A stretch that
+would cost at least as many launches replayed (a copy of each input a sync made, then the graph)
+as run joins the syncs around it and runs eagerly (``_cheaper_run_eagerly``).
 """
 from __future__ import annotations
 
@@ -156,14 +158,9 @@ def split_plan(gm: fx.GraphModule, device: torch.device) -> SplitPlan:
         groups[-1][1].append(n)
         if reason is not None:
             groups[-1][2].append((_op_name(n), reason))
-    merged: list[tuple[bool, list[fx.Node], list]] = []
-    for eager, members, syncs in groups:
-        eager = eager or not any(launches(n) for n in members)
-        if merged and merged[-1][0] and eager:
-            merged[-1][1].extend(members)
-            merged[-1][2].extend(syncs)
-        else:
-            merged.append((eager, list(members), list(syncs)))
+    merged = _merged([(eager or not any(launches(n) for n in members), members, syncs)
+                      for eager, members, syncs in groups])
+    merged = _merged(_cheaper_run_eagerly(merged))
     slot = {n: i for i, n in enumerate(placeholders)}
     segments = []
     for i, (eager, members, syncs) in enumerate(merged):
@@ -176,6 +173,46 @@ def split_plan(gm: fx.GraphModule, device: torch.device) -> SplitPlan:
     leaves, spec = pytree.tree_flatten(nodes[-1].args[0])
     out_leaves = [slot[x] if isinstance(x, fx.Node) else (x,) for x in leaves]
     return SplitPlan(segments, len(placeholders), len(slot), out_leaves, spec)
+
+
+def _merged(groups: list[tuple[bool, list[fx.Node], list]]) -> list[tuple[bool, list[fx.Node], list]]:
+    """Adjacent eager groups as one."""
+    merged: list[tuple[bool, list[fx.Node], list]] = []
+    for eager, members, syncs in groups:
+        if merged and merged[-1][0] and eager:
+            merged[-1][1].extend(members)
+            merged[-1][2].extend(syncs)
+        else:
+            merged.append((eager, list(members), list(syncs)))
+    return merged
+
+
+def _cheaper_run_eagerly(groups: list[tuple[bool, list[fx.Node], list]]) -> list[tuple[bool, list[fx.Node], list]]:
+    """Each stretch that costs at least as many launches replayed as run: it runs eagerly.
+
+    A replay copies each input an eager segment made (a new tensor every call) into the captured
+    buffer, then launches the graph: 1 + those copies. Run eagerly, the stretch launches its own
+    kernels, and each of its outputs that a later stretch reads becomes such a copy there. Where
+    the first is no cheaper, the stretch runs eagerly: no more launches, and the copies' bytes are
+    saved (Mixtral's SiLU-and-multiply between its two expert matmuls, one fused kernel, took a
+    184 MB copy of the gate/up output per layer on the H200). Stretches that take nothing from an
+    eager segment are kept (a graph without syncs stays one CUDA graph)."""
+    owner = {n: i for i, (_, members, _) in enumerate(groups) for n in members}
+    out = [[eager, members, syncs] for eager, members, syncs in groups]
+    for i, (eager, members, _) in enumerate(out):
+        if eager:
+            continue
+        inside = set(members)
+        copied = len({a for n in members for a in n.all_input_nodes  # (a scalar a sync read is no copy)
+                      if a not in inside and a in owner and out[owner[a]][0]
+                      and isinstance(a.meta.get("val"), torch.Tensor)})
+        if not copied:
+            continue
+        read_later = {(n, owner[u]) for n in members for u in n.users
+                      if u in owner and owner[u] > i and not out[owner[u]][0]}
+        if sum(launches(n) for n in members) + len(read_later) <= 1 + copied:
+            out[i][0] = True
+    return [(eager, members, syncs) for eager, members, syncs in out]
 
 
 def _close(gm: fx.GraphModule, seg: Segment, slot: dict[fx.Node, int]) -> None:
