@@ -30,16 +30,19 @@ def test_lengths_are_distinct_seeded_and_in_range():
 def test_targets_are_judged_with_their_distance():
     t = _trace()
     k = {"first_minus_repeat": {"p99_ms": 0.4, "max_ms": 1.5}, "repeat": {"p50_ms": 2.0, "p99_ms": 2.0},
-         "recompiles": 1, "repro_folders": 5, "buckets": 4}
+         "recompiles": 1, "repro_folders": 5, "buckets": 4, "warmup_len": 32, "repros": {"warmup_folders": 7}}
     i = {"first_minus_repeat": {"p99_ms": 9.0, "max_ms": 9.0}, "repeat": {"p50_ms": 1.0, "p99_ms": 4.0},
          "recompiles": 3}
     first, recompiles, folders, p50, p99 = t.targets({"kernelize": k, "inductor": i})
     assert "(p99): met (0.400 ms; worst 1.500)" in first
     assert recompiles == "recompiles after the warm-up: missed (1; torch.compile(dynamic=True): 3)"
-    assert folders == "at most one reproducer folder per bucket: missed (5 for 4 bucket(s))"
+    assert folders == ("at most one reproducer folder per bucket: missed (5 for 4 bucket(s) in the trace; "
+                       "7 at the warm-up length 32, outside it)")
     assert "at p50: 0.50x (missed" in p50 and "at p99: 2.00x (met" in p99
     assert t.targets({"kernelize": dict(k, recompiles=0, repro_folders=4)})[1:] == [
-        "recompiles after the warm-up: met (0)", "at most one reproducer folder per bucket: met (4 for 4 bucket(s))"]
+        "recompiles after the warm-up: met (0)",
+        "at most one reproducer folder per bucket: met (4 for 4 bucket(s) in the trace; 7 at the warm-up length 32, "
+        "outside it)"]
 
 
 @pytest.mark.slow
