@@ -8,7 +8,9 @@ same loop without the sync (the offsets read beforehand: the floor of what the l
 Rows: 8192 tokens (batch 8 x 512, top-2) routed uniformly at random over 8 experts (seed 0);
 gate/up K 2048 -> N 11264 and down K 5632 -> N 2048, fp16, the weight a transposed view as
 transformers passes it. Each time is triton.testing.do_bench's median (25 warm-up, 200 ms); each
-tile's max abs error against the op. Exit codes: 0 done; 2 no CUDA device.
+tile's max abs error against the op; and both as fill_cache times a GRAPHED spec's race (the op's
+host sync inside a captured model): behind 2 ms of queued GPU work, the tile captured and replayed
+(``fill_cache/benchmark.queued_ms``). Exit codes: 0 done; 2 no CUDA device.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def main(out: Path) -> int:
     from triton.testing import do_bench
     from torch_kernelize.building.programs import write_program
     from torch_kernelize.core.spec import KernelSpec
+    from torch_kernelize.fill_cache.benchmark import queued_ms
     from torch_kernelize.lowering.kernels.base import Config
     from torch_kernelize.lowering.kernels.grouped_mm import FAMILY
     from torch_kernelize.serving.launch import load_program
@@ -54,7 +57,8 @@ def main(out: Path) -> int:
                 start = end
             return o
         row = {"vendor_ms": do_bench(lambda: op(x, w, offs), warmup=25, rep=200),
-               "loop_no_sync_ms": do_bench(loop, warmup=25, rep=200)}
+               "loop_no_sync_ms": do_bench(loop, warmup=25, rep=200),
+               "vendor_queued_ms": queued_ms(lambda: op(x, w, offs))}
         for i, (bm, bn, bk, warps, stages, group) in enumerate(TILES):
             config = Config.of(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, DOT_UPCAST=False,
                                GROUP_M=group)
@@ -63,7 +67,8 @@ def main(out: Path) -> int:
                 write_program(tmp / f"{name}{i}", spec, FAMILY.generate(spec, config), "cuda")
                 runner = load_program(tmp / f"{name}{i}", spec, "cuda")
                 err = float((runner(x, w, offs).float() - expected.float()).abs().max())
-                row[label] = {"ms": do_bench(lambda: runner(x, w, offs), warmup=25, rep=200), "max_abs_err": err}
+                row[label] = {"ms": do_bench(lambda: runner(x, w, offs), warmup=25, rep=200), "max_abs_err": err,
+                              "queued_graphed_ms": queued_ms(lambda: runner(x, w, offs), graphed=True)}
             except Exception as e:  # a tile that does not build or run is reported, the rest go on
                 row[label] = f"{type(e).__name__}: {str(e)[:200]}"
         results[name] = row

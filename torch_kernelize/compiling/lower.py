@@ -27,7 +27,8 @@ from torch_kernelize.serving.launch import deferred_checks
 from torch_kernelize.kernel_cache.entry import CacheEntry
 from torch_kernelize.kernel_cache.interfaces import Lookups
 from torch_kernelize.kernel_cache.store import KernelCache, LookupLog
-from torch_kernelize.compiling.bucket_lookup import BucketLookup, GraphBuckets, bucket_runner
+from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
+from torch_kernelize.compiling.graphed_lookups import GraphedLookups
 from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bindings_at, bucket_symbols, node_symbols, node_tensors,
@@ -353,10 +354,11 @@ class LoweredGraph:
                 self.session.repros.count_unplanned(verdict, bool(symbols & changed))
         return shared
 
-    def _lookups(self, bindings: dict) -> LookupLog | BucketLookup | None:
+    def _lookups(self, bindings: dict) -> Lookups | None:
         """The cache as the planner looks it up, every lookup kept with its witness (the
         executable cache stores them); a dynamic graph's through its shape buckets, at the sizes
-        ``bindings`` give. None without a cache."""
+        ``bindings`` give; under CUDA graphs, a node that syncs by its GRAPHED key first
+        (graphed_lookups.py). None without a cache."""
         cache = self.session.cache
         if cache is None:
             return None
@@ -365,6 +367,8 @@ class LoweredGraph:
             if self._buckets is None:
                 self._buckets = GraphBuckets(cache, self.session.load_runner, self._dynamic_wholes)
             lookups = self._buckets.lookups(lookups, bindings)
+        if self.session.options.cudagraphs:  # a node that syncs: its race as a captured graph serves it
+            lookups = GraphedLookups(lookups, torch.device(self.target.device))
         return lookups
 
     def _decide_nodes(self, bindings: dict, lookups: Lookups | None) -> tuple[list[Decision], dict, dict]:

@@ -23,6 +23,11 @@ from torch_kernelize.core.region_graph import run_region_graph
 from torch_kernelize.core.targets import op_name, resolve_op
 
 SPEC_VERSION = 1  # bump when the canonical form changes: old cache entries then stop matching
+# A spec's ``condition`` when it is served inside a CUDA graph (option ``cudagraphs``) and its op,
+# run as given, reads the device on the host (serving/graph_split.py): a capturable kernel then also
+# saves the cut and the wait there, so the race is run again, timed as served (fill_cache/benchmark.
+# queued_ms), under a key of its own. A spec without one keeps its key from before.
+GRAPHED = "graphed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +90,7 @@ class KernelSpec:
     outputs: tuple[TensorMeta, ...]
     tuple_output: bool = False   # the op returns a tuple (even of one tensor)
     graph: str | None = None     # canonical JSON of a fused region's nodes (compiling/regions.py)
+    condition: str = ""          # how it is served where that changes the winner: "" or GRAPHED
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
@@ -125,6 +131,8 @@ class KernelSpec:
         }
         if self.graph is not None:
             d["graph"] = self.graph
+        if self.condition:
+            d["condition"] = self.condition
         return d
 
     @functools.cached_property  # a spec is immutable; lowering asks for its key many times
@@ -148,7 +156,11 @@ class KernelSpec:
     def describe(self) -> str:
         ins = ", ".join(m.short() for m in self.inputs)
         outs = ", ".join(m.short() for m in self.outputs)
-        return f"{self.op}({ins}) -> {outs}"
+        return f"{self.op}({ins}) -> {outs}" + (f" [{self.condition}]" if self.condition else "")
+
+    def graphed(self) -> "KernelSpec":
+        """This spec as served inside a CUDA graph (its GRAPHED key)."""
+        return dataclasses.replace(self, condition=GRAPHED)
 
     def to_json(self) -> dict[str, Any]:
         d = self.canonical()
@@ -162,7 +174,7 @@ class KernelSpec:
         spec = cls(d["op"], d["args"], d["kwargs"],
                    tuple(TensorMeta.from_json(m) for m in d["inputs"]),
                    tuple(TensorMeta.from_json(m) for m in d["outputs"]),
-                   d.get("tuple_output", False), d.get("graph"))
+                   d.get("tuple_output", False), d.get("graph"), d.get("condition", ""))
         if "key" in d and d["key"] != spec.key:
             raise ValueError(f"spec key {d['key']} does not match its content ({spec.key})")
         return spec

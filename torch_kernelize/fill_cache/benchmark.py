@@ -20,8 +20,11 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 5
     return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
-def paired_ms(vendor: Callable[[], object], candidate: Callable[[], object], rounds: int = 3) -> tuple[float, float]:
-    """(vendor ms, candidate ms): medians over ``rounds`` alternating measurements of each.
+def paired_ms(vendor: Callable[[], object], candidate: Callable[[], object], rounds: int = 3,
+              time_vendor: Callable[[Callable[[], object]], float] = median_ms,
+              time_candidate: Callable[[Callable[[], object]], float] = median_ms) -> tuple[float, float]:
+    """(vendor ms, candidate ms): medians over ``rounds`` alternating measurements of each (by
+    ``time_vendor`` and ``time_candidate``: median_ms unless the spec is served otherwise).
 
     The search times the vendor kernel once, at its start, and each candidate later; the GPU's
     clocks drift between the two (power and temperature), and near a tie that drift can decide
@@ -30,14 +33,13 @@ def paired_ms(vendor: Callable[[], object], candidate: Callable[[], object], rou
     """
     v, c = [], []
     for _ in range(rounds):
-        v.append(median_ms(vendor))
-        c.append(median_ms(candidate))
+        v.append(time_vendor(vendor))
+        c.append(time_candidate(candidate))
     return statistics.median(v), statistics.median(c)
 
 
-def graph_replay_ms(fn: Callable[[], object]) -> float | None:
-    """Median ms of ``fn`` captured once into a CUDA graph and replayed (launch overhead gone:
-    how a kernel runs inside a captured model); None where ``fn`` cannot be captured."""
+def _captured(fn: Callable[[], object]) -> Callable[[], object] | None:
+    """``fn`` captured once into a CUDA graph: its replay; None where ``fn`` cannot be captured."""
     import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -48,6 +50,36 @@ def graph_replay_ms(fn: Callable[[], object]) -> float | None:
     try:
         with torch.cuda.graph(graph):
             fn()
-    except Exception:  # noqa: BLE001 - a host sync or an allocation capture refuses: no replay time
+    except Exception:  # noqa: BLE001 - a host sync or an allocation capture refuses: no replay
         return None
-    return median_ms(graph.replay)
+    return graph.replay
+
+
+def graph_replay_ms(fn: Callable[[], object]) -> float | None:
+    """Median ms of ``fn`` captured once into a CUDA graph and replayed (launch overhead gone:
+    how a kernel runs inside a captured model); None where ``fn`` cannot be captured."""
+    replay = _captured(fn)
+    return median_ms(replay) if replay is not None else None
+
+
+QUEUED_MS = 2.0  # GPU work queued ahead of a call timed as a captured model serves it
+_cycles_per_ms: list[float] = []
+
+
+def queued_ms(fn: Callable[[], object], graphed: bool = False) -> float:
+    """Median ms that ``fn`` adds behind QUEUED_MS of GPU work already queued (a spin kernel), as a
+    call inside a captured model is issued while the work before it still runs: a call that reads
+    the device on the host waits for that work, then issues its own onto an idle GPU; one that does
+    not was queued behind it and starts the moment it ends. ``graphed``: ``fn`` is captured and
+    replayed, as it is served (where it cannot be captured, it runs as it is)."""
+    import torch
+    run = (_captured(fn) if graphed else None) or fn
+    if not _cycles_per_ms:  # (clock rates differ between cards: measured once per process)
+        _cycles_per_ms.append(1e6 / median_ms(lambda: torch.cuda._sleep(1_000_000)))
+    cycles = int(QUEUED_MS * _cycles_per_ms[0])
+
+    def queued() -> None:
+        torch.cuda._sleep(cycles)
+        run()
+    alone = median_ms(lambda: torch.cuda._sleep(cycles))
+    return max(1e-4, median_ms(queued) - alone)

@@ -20,6 +20,7 @@ from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.compiling.whole_graph import CUT, is_whole_graph
+from torch_kernelize.serving.graph_split import op_sync_reason
 from torch_kernelize.serving.repro_inputs import ReproProblem, read_inputs, read_meta
 
 log = logging.getLogger("torch_kernelize.fill_cache")
@@ -340,9 +341,17 @@ def _collect_specialization(prefix: str, specialization: Any, graph_regions: lis
     for d in specialization.decisions:
         if d.spec is None or not supported(d.spec):
             continue
-        w = nodes.setdefault(d.spec.key, Work(d.spec, source, "missing" if d.missing else "miss"))
-        w.node = w.node or (prefix, d.node)
-        w.places.append([p for p, m, _ in tried if d.node in m])
+        # an op that reads the device on the host as given: its race again, as a CUDA graph serves it
+        variants = (d.spec, d.spec.graphed()) if _syncs(d.spec) else (d.spec,)
+        for spec in variants:
+            w = nodes.setdefault(spec.key, Work(spec, source, "missing" if d.missing else "miss"))
+            w.node = w.node or (prefix, d.node)
+            w.places.append([p for p, m, _ in tried if d.node in m])
+
+
+def _syncs(spec: KernelSpec) -> bool:
+    """Whether ``spec``'s op, run as given, cuts a CUDA graph (compiling/graphed_lookups.py)."""
+    return spec.graph is None and op_sync_reason(spec.op_overload) is not None
 
 
 def specs_from_repros(folder: Path) -> list[Work]:

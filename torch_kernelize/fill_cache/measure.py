@@ -24,14 +24,14 @@ from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.program_steps import refused_ops
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.graph_candidates import assembly_runner
-from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, timing_available
+from torch_kernelize.fill_cache.benchmark import median_ms, paired_ms, queued_ms, timing_available
 from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, spec_bytes, trial_seeds
 from torch_kernelize.serving.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
 from torch_kernelize.core.devices import to_device
 from torch_kernelize.core.errors import machine_error
 from torch_kernelize.core.targets import Target
-from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.spec import GRAPHED, KernelSpec
 from torch_kernelize.core.validate import validate
 
 # "generate": candidates made before their build (Inductor's capture, in the measure worker on CUDA);
@@ -192,8 +192,16 @@ class Measurer:
         if self.timed and self._vendor_ms is None:
             inputs = self.bench_inputs()
             baseline = self.baseline()
-            self._vendor_ms = self._time(lambda: median_ms(lambda: baseline(inputs)))
+            self._vendor_ms = self._time(lambda: self._timer(False)(lambda: baseline(inputs)))
         return self._vendor_ms
+
+    def _timer(self, candidate: bool) -> Callable[[Callable[[], object]], float]:
+        """How the vendor op or a candidate is timed: alone (median_ms); a GRAPHED spec's as a
+        captured model serves it, behind queued work, a candidate captured and replayed
+        (benchmark.queued_ms; the vendor op syncs, so it runs as it is)."""
+        if self.spec.condition == GRAPHED:
+            return lambda fn: queued_ms(fn, graphed=candidate)
+        return median_ms
 
     def _time(self, fn):
         t0 = time.perf_counter()
@@ -258,7 +266,7 @@ class Measurer:
             return Evaluation(config.to_json(), True, 1.0, validation=record.to_json())
         inputs = self.bench_inputs()
         try:
-            cand = self._time(lambda: median_ms(lambda: runner(*inputs)))
+            cand = self._time(lambda: self._timer(True)(lambda: runner(*inputs)))
         except Exception as e:
             return Evaluation(config.to_json(), False, 0.0, error=f"benchmark failed: {_short(e)}",
                               validation=record.to_json())
@@ -274,7 +282,8 @@ class Measurer:
         _, runner = self.build(config)
         inputs = self.bench_inputs()
         baseline = self.baseline()
-        return self._time(lambda: paired_ms(lambda: baseline(inputs), lambda: runner(*inputs), rounds))
+        return self._time(lambda: paired_ms(lambda: baseline(inputs), lambda: runner(*inputs), rounds,
+                                            self._timer(False), self._timer(True)))
 
 
 @contextlib.contextmanager

@@ -58,14 +58,9 @@ def sync_reason(node: fx.Node, device: torch.device) -> str | None:
         return None
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        reason = SYNC_OPS.get(target.overloadpacket)
+        reason = op_sync_reason(target)
         if reason is not None:
             return reason
-        unsafe = getattr(torch._C.Tag, "cudagraph_unsafe", None)
-        if unsafe is not None and unsafe in target.tags:
-            return "tagged cudagraph_unsafe"
-        if target.namespace not in CAPTURE_SAFE_NAMESPACES and target.name().split(".")[0] not in CAPTURE_SAFE_OPS:
-            return "custom op not known to be capture-safe (it may read device values on the host)"
         if target.overloadpacket in MASK_INDEXED and _bool_index(node):
             return "a boolean mask index (its positions are found on the host)"
     elif isinstance(target, HostFallback) and device.type != "cpu":
@@ -81,6 +76,20 @@ def sync_reason(node: fx.Node, device: torch.device) -> str | None:
     devices = {v.device.type for v in vals + ins if isinstance(v, torch.Tensor)}
     if devices - {device.type}:
         return "copies between devices" if device.type in devices else "computes on the CPU"
+    return None
+
+
+def op_sync_reason(op: torch._ops.OpOverload) -> str | None:
+    """Why every call of ``op`` cannot be inside a capture (the table, its tags, a custom op not
+    known to be capture-safe); None where that depends on the call, or it can."""
+    reason = SYNC_OPS.get(op.overloadpacket)
+    if reason is not None:
+        return reason
+    unsafe = getattr(torch._C.Tag, "cudagraph_unsafe", None)
+    if unsafe is not None and unsafe in op.tags:
+        return "tagged cudagraph_unsafe"
+    if op.namespace not in CAPTURE_SAFE_NAMESPACES and op.name().split(".")[0] not in CAPTURE_SAFE_OPS:
+        return "custom op not known to be capture-safe (it may read device values on the host)"
     return None
 
 

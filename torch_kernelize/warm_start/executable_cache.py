@@ -100,8 +100,9 @@ def source_hash() -> str:
 
 
 # Options that do not change the bound executable: the report is written from the stored
-# decisions, CUDA graphs wrap the executable afterwards, and the caches' own switches.
-_OPTIONS_NOT_KEYED = frozenset({"report", "cudagraphs", "graph_cache", "executable_cache", "prewarm"})
+# decisions and the caches' own switches. (CUDA graphs do: a node that syncs is looked up under its
+# GRAPHED key first, compiling/graphed_lookups.py.)
+_OPTIONS_NOT_KEYED = frozenset({"report", "graph_cache", "executable_cache", "prewarm"})
 
 
 def key_for(graph_key: str, session: "Session", kind: str = "inference") -> str:
