@@ -351,7 +351,10 @@ def _collect_specialization(prefix: str, specialization: Any, graph_regions: lis
 
 def _syncs(spec: KernelSpec) -> bool:
     """Whether ``spec``'s op, run as given, cuts a CUDA graph (compiling/graphed_lookups.py)."""
-    return spec.graph is None and op_sync_reason(spec.op_overload) is not None
+    try:
+        return spec.graph is None and op_sync_reason(spec.op_overload) is not None
+    except KeyError:  # a reproducer's op this process cannot resolve: its own race says why
+        return False
 
 
 def specs_from_repros(folder: Path) -> list[Work]:
@@ -369,7 +372,10 @@ def specs_from_repros(folder: Path) -> list[Work]:
             work[w.spec.key] = w
     if not work and not folders:
         log.warning("no reproducers (*/spec.json) found under %s", folder)
-    return list(work.values())
+    # a miss of an op that syncs as given: its race as a captured graph serves it, too
+    graphed = [dataclasses.replace(w, spec=w.spec.graphed()) for w in work.values()
+               if not w.replace and not w.spec.condition and _syncs(w.spec)]
+    return list(work.values()) + graphed
 
 
 def repro_work(repro: Path) -> Work | None:
