@@ -256,6 +256,38 @@ def test_a_stretch_no_cheaper_replayed_than_run_runs_eagerly(read_later):
     assert [op for op, _ in plan.syncs] == ["kernelize_test_cg.grouped.default"] * 3
 
 
+def test_a_stretch_of_one_program_counts_its_launches():
+    """A whole graph's program is one node of the bound graph but a hundred launches: replayed, it
+    is one launch and a copy; its stretch stays captured."""
+    import types
+    from torch_kernelize.serving.graph_split import launch_count
+
+    class Program:  # a bound node's target as lower.py makes it: a call whose runner holds a program
+        def __init__(self, launches):
+            self.runner = types.SimpleNamespace(program=types.SimpleNamespace(launches=[None] * launches, steps=()))
+            self.__name__ = "program"
+
+        def __call__(self, x):
+            return x * 2
+
+    def plan(launches):
+        g = torch.fx.Graph()
+        x, counts = g.placeholder("x"), g.placeholder("counts")
+        for n, v in ((x, torch.empty(4, 8)), (counts, torch.empty(2, dtype=torch.long))):
+            n.meta["val"] = v
+        y = g.call_function(torch.ops.kernelize_test_cg.grouped.default, (x, counts))
+        y.meta["val"] = torch.empty(4, 8)
+        z = g.call_function(Program(launches), (y,))
+        z.meta["val"] = torch.empty(4, 8)
+        g.output(z)
+        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+        assert launch_count(z) == launches
+        return ["eager" if s.eager else "stretch" for s in split_plan(gm, torch.device("cpu")).segments]
+
+    assert plan(120) == ["eager", "stretch"]
+    assert plan(1) == ["eager"]
+
+
 def test_sync_table_and_rules():
     """Which nodes are syncs, by the table and by their outputs (traced on the meta device, which
     stands for the graph's device: a value on the CPU is one the host must compute or wait for)."""

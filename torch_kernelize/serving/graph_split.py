@@ -117,6 +117,15 @@ def launches(node: fx.Node) -> bool:
     return getattr(target, "__module__", None) not in ("_operator", "operator", "math", "builtins")
 
 
+def launch_count(node: fx.Node) -> int:
+    """How many kernels ``node`` launches: a cached program's launches and vendor steps (a whole
+    graph's program, Inductor's, has a hundred), one for any other node that ``launches``."""
+    if not launches(node):
+        return 0
+    program = getattr(getattr(node.target, "runner", None), "program", None)
+    return max(1, len(program.launches) + len(program.steps)) if program is not None else 1
+
+
 @dataclasses.dataclass
 class Segment:
     """A stretch (captured) or a run of syncs (eager): its function of ``inputs`` (value slots)
@@ -219,7 +228,7 @@ def _cheaper_run_eagerly(groups: list[tuple[bool, list[fx.Node], list]]) -> list
             continue
         read_later = {(n, owner[u]) for n in members for u in n.users
                       if u in owner and owner[u] > i and not out[owner[u]][0]}
-        if sum(launches(n) for n in members) + len(read_later) <= 1 + copied:
+        if sum(map(launch_count, members)) + len(read_later) <= 1 + copied:
             out[i][0] = True
     return [(eager, members, syncs) for eager, members, syncs in out]
 
