@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from torch_kernelize.core.errors import KernelizeError
+from torch_kernelize.core.spec import GRAPHED
 from torch_kernelize.fill_cache import distributed
 from torch_kernelize.fill_cache.buckets import BucketWork, works_from_args
 from torch_kernelize.fill_cache.collect import UsageError, Work, check_cache_dir, specs_from_model, specs_from_repros
@@ -119,7 +120,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     # max err: max |out - ref| / max(1, max |ref|) over all validation trials (see validate.py)
     lines = [head, "-" * len(head)]
     for r in rows:
-        spec = r["spec"] if len(r["spec"]) <= 58 else r["spec"][:55] + "..."
+        spec, tag = r["spec"], f" [{GRAPHED}]" if r["spec"].endswith(f" [{GRAPHED}]") else ""
+        spec = spec if len(spec) <= 58 else spec[:55 - len(tag)] + "..." + tag  # (a graphed race stays told apart)
         speed = f"{r['speedup']:.2f}x" if isinstance(r["speedup"], (int, float)) else "n/a"
         err = r["max_err"]
         err = f"{err:.2e}" if isinstance(err, (int, float)) else "-"
