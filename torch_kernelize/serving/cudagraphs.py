@@ -5,8 +5,8 @@ Per input signature (shapes, strides, dtypes) the bound graph is cut at its host
 devices, host fallbacks): each stretch between two syncs is run twice on a side stream (warm-up:
 allocator and first-call work settle), then captured as its own CUDA graph, and the syncs run
 eagerly between the replays (with the stretches that are no cheaper replayed than run: a
-replay copies each input a sync made first). A graph without syncs is one stretch. A stretch is captured per
-signature of its own inputs (the sizes and values a sync hands it), up to ``MAX_SIZES`` of them;
+replay copies each input a sync made first). A graph without syncs is one stretch. A stretch is
+captured per signature of its own inputs (the sizes and values a sync hands it), up to ``MAX_SIZES`` of them;
 beyond that it runs ungraphed, counted. The CUDA graphs captured in one call (all of them, for a
 graph whose stretches see one size) share one memory pool: torch allows graphs to share a pool
 when they replay in the order they were captured, and every later call replays them in that
