@@ -97,3 +97,28 @@ def test_near_ties_are_timed_again_before_the_decision(search, paired, status, t
     assert kind == ("vendor" if status == "vendor wins" else "hit")
     if paired is not None:
         assert row["speedup"] == pytest.approx(paired[0] / paired[1])
+
+
+def test_a_graphed_spec_is_timed_as_a_captured_model_serves_it(tmp_path, monkeypatch):
+    """A GRAPHED spec's race (core/spec.py): the vendor op and each candidate timed behind queued
+    work (benchmark.queued_ms), the candidate captured; its plain twin's, each alone."""
+    import torch_kernelize.fill_cache.measure as measure
+    from torch_kernelize.fill_cache.cli import FillRun
+    from torch_kernelize.fill_cache.collect import Work
+    from torch_kernelize.kernel_cache import KernelCache
+    from torch_kernelize.core.targets import get_target
+
+    target = get_target("interpreter")
+    queued, alone = [], []
+    monkeypatch.setattr(measure, "timing_available", lambda t: True)  # time on the interpreter: faked
+    monkeypatch.setattr(measure, "queued_ms", lambda fn, graphed=False: queued.append(graphed) or (0.5 if graphed else 1.0))
+    monkeypatch.setattr(measure, "median_ms", lambda fn: alone.append(fn) or 1.0)
+    cache = KernelCache.for_target(tmp_path / "cache", target)
+    spec = spec_of(torch.ops.aten.sigmoid.default, (torch.randn(300),)).graphed()
+    run = FillRun(target, cache, budget=1, resume=False, force=False, min_speedup=1.03, isolate=False)
+    row = run.process(Work(spec, "test"))
+    run._store_pending(wait=True)
+    assert row["status"] == "stored" and row["speedup"] == pytest.approx(2.0), row
+    assert not alone and sorted(queued[:2]) == [False, True]  # the vendor op as it is, the candidate captured
+    plain = spec_of(torch.ops.aten.sigmoid.default, (torch.randn(300),))
+    assert cache.lookup(spec.key)[0] == "hit" and cache.lookup(plain.key)[0] == "miss"
