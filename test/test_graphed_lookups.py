@@ -8,7 +8,7 @@ import json
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from test_cudagraph_split import FakeCapture, grouped  # noqa: F401 (grouped: registers the test's sync op)
+from test_cudagraph_split import FakeCapture
 from test_kernels_grouped_mm import _op
 from torch_kernelize.compiling.graphed_lookups import GraphedLookups
 from torch_kernelize.compiling.report import ReportWriter
