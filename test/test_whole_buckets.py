@@ -147,6 +147,24 @@ def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(
     with torch.no_grad():
         x = torch.randn(1, 7, 8)
         torch.testing.assert_close(compiled(x), block(x))
+    monkeypatch.undo()
+
+    # compiled at a size outside the bucket (a server's warm-up), the bucket's class is planned then:
+    # the first call of a new size in it binds nothing and generates no code
+    from torch_kernelize.compiling import lower
+    torch._dynamo.reset()
+    session, graphs = Session(opts), []
+    compiled = torch.compile(block, dynamic=True,
+                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    with torch.no_grad():
+        x = torch.randn(1, 12, 8)
+        torch.testing.assert_close(compiled(x), block(x))
+        (graph,) = graphs
+        assert any(max(key) == 5 for key in graph.specializations())  # the bucket's lower edge, planned ahead
+        monkeypatch.setattr(lower.LoweredGraph, "_bind", forbidden)
+        for t in (7, 8):
+            x = torch.randn(1, t, 8)
+            torch.testing.assert_close(compiled(x), block(x))
 
 
 def test_a_graph_program_wrong_at_one_edge_of_its_bucket_is_rejected_with_that_size(tmp_path, monkeypatch):

@@ -205,6 +205,8 @@ class LoweredGraph:
         self._classes = None  # its shape classes (shape_classes.py), made then too
         self._by_class: dict[tuple, Specialization] = {}  # a class -> the specialization serving all of it
         first = self._specialize(self.binder.key(list(example_inputs)))
+        if self._classes is not None:
+            self._plan_whole_buckets(first.key)
         self._publish(first, self._signature(first.key))
         self._static = first if self.binder.is_static else None
         self._check = session.options.check
@@ -305,6 +307,21 @@ class LoweredGraph:
         if spec is None:
             spec = self._specialize(self.binder.key(args))
         return spec
+
+    def _plan_whole_buckets(self, key: tuple) -> None:
+        """Plan a signature of each class in each whole-graph bucket of this graph, at the other
+        sizes of ``key`` (the one compiled for): a new size in a filled bucket then finds its class
+        planned, and its first call plans nothing and generates no code (issue 41: a new length's
+        first call within 1 ms of a repeat). Buckets filled for other sizes (another batch) are
+        planned when met."""
+        values = dict(zip(self.binder.symbols, key))
+        for symbol, lo, hi, others in self._classes.whole_buckets:
+            if symbol not in values or any(values.get(s) != v for s, v in others.items()):
+                continue
+            for start in self._classes.starts(symbol, lo, hi):  # (an exact entry inside isolates its size)
+                ahead = tuple(start if s == symbol else values[s] for s in self.binder.symbols)
+                if self._classes.of(ahead) not in self._by_class:
+                    self._specialize(ahead)
 
     def forward(self, *args: Any) -> Any:
         """Unboxed call, for code that holds the inputs as positional arguments."""
@@ -470,7 +487,8 @@ class LoweredGraph:
             nodes = [(f.node, f.op) for f in self.plan.facts if f.klass is NodeClass.COMPUTE]
             entries = self._buckets.entries() if self._buckets is not None else ()  # (no cache: no cuts)
             self._classes = shape_classes(self.binder.symbols, nodes, self.regions, entries,
-                                          record_buckets=self.session.repros is not None)
+                                          record_buckets=self.session.repros is not None,
+                                          wholes=self._dynamic_wholes)
         single: set = set()
         ranges: dict = {}
         covered = set()

@@ -17,7 +17,10 @@ graph from the cache listing it is planned against (``shape_classes``):
   of one value in each of its sizes);
 - a bucket entry cuts its variables' sizes at its edges and isolates the sizes it holds fixed;
 - a node or region with an entry whose sizes cannot be read back onto the graph's symbols pins
-  its symbols (every value a class of its own).
+  its symbols (every value a class of its own);
+- a whole-graph bucket (the graph filled whole over one size: whole_graph.DynamicWhole) cuts that
+  size at its edges and isolates the other sizes it was filled at; lower.py plans its classes
+  when the graph is compiled (``whole_buckets``).
 
 An entry whose sizes are read back imperfectly (a product's symbols that nothing else fixes are
 guessed, all but one set to 1) may fail to isolate its point; that signature is then served by
@@ -45,10 +48,11 @@ from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.planner import build_spec
 from torch_kernelize.compiling.regions import Region, region_spec
-from torch_kernelize.core.buckets import PREFIX_LEN, Range, key_prefix, pow2_bucket
+from torch_kernelize.core.buckets import PREFIX_LEN, Range, key_prefix, pow2_bucket, probe_prefix
 from torch_kernelize.core.region_graph import GETITEM, spec_ops
 from torch_kernelize.core.spec import tensor_input_nodes
 from torch_kernelize.core.targets import op_name
+from torch_kernelize.compiling.whole_graph import whole_probe_keys
 
 
 def _expr(v: Any) -> Any:
@@ -219,6 +223,8 @@ class ShapeClasses:
         self._pinned = [False] * len(self.symbols)
         self._sorted: list[list[int]] | None = None
         self.record_buckets = record_buckets
+        # the graph's whole-graph buckets: (its varying symbol, lo, hi, the other sizes it holds)
+        self.whole_buckets: list[tuple[sympy.Symbol, int, int, dict]] = []
 
     def _coord(self, expr: Any, make: bool) -> int | None:
         """The coordinate of a size expression (made if ``make``); None for one of symbols the
@@ -294,6 +300,12 @@ class ShapeClasses:
         hi = cuts[at] - 1 if at < len(cuts) else 1 << 62
         return (lo, hi)
 
+    def starts(self, expr: Any, lo: int, hi: int) -> list[int]:
+        """The first value in [lo, hi] of each cell of the size ``expr`` that meets that range."""
+        j = self._coord(expr, make=False)
+        cuts = self._cells()[j] if j is not None and not self._pinned[j] else []
+        return [lo] + [c for c in cuts if lo < c <= hi]
+
     def admits(self, key: Sequence[Any], single: Iterable[Any], ranges: Mapping[Any, Range]) -> bool:
         """Whether in ``key``'s class every size of ``single`` has one value and each size of
         ``ranges`` stays inside its range: what a bound kernel needs to serve the whole class."""
@@ -309,10 +321,15 @@ class ShapeClasses:
 
 
 def shape_classes(symbols: Sequence[sympy.Symbol], nodes: Iterable[tuple[fx.Node, str]],
-                  regions: Iterable[Region], entries: Iterable[Any], record_buckets: bool) -> ShapeClasses:
+                  regions: Iterable[Region], entries: Iterable[Any], record_buckets: bool,
+                  wholes: Iterable[Any] = ()) -> ShapeClasses:
     """The partition of a graph's signatures by the cache ``entries`` (CacheEntries of the listing)
-    its kernel-eligible ``nodes`` ((node, op name)) and ``regions`` could find."""
+    its kernel-eligible ``nodes`` ((node, op name)) and ``regions`` could find, and the graph whole
+    over a size (``wholes``: whole_graph.DynamicWhole) its buckets."""
     classes = ShapeClasses(symbols, record_buckets)
+    entries = list(entries)
+    for whole in wholes:
+        _whole_cells(classes, whole, entries)
     known = set(symbols)
     by_op: dict[str, list[Any]] = {}
     for e in entries:
@@ -331,6 +348,28 @@ def shape_classes(symbols: Sequence[sympy.Symbol], nodes: Iterable[tuple[fx.Node
         if syms and found:
             _region_cells(classes, region, syms, found, known)
     return classes
+
+
+def _whole_cells(classes: ShapeClasses, whole: Any, entries: list[Any]) -> None:
+    """The cells of a graph's whole-graph buckets (fill_cache/whole_buckets.py): each bucket's
+    range of the varying symbol, the other sizes at the values its winner was filled for (read back
+    off its representative, and checked by the key prefix serving looks it up by)."""
+    tensors = region_tensors(whole.region)
+    for e in entries:
+        bucket = e.bucket
+        if bucket is None or tuple(map(tuple, bucket.dims)) != tuple(whole.dims) or len(bucket.ranges) != 1:
+            continue
+        read = read_sizes([*tensors["in"], *tensors["out"]], (*e.spec.inputs, *e.spec.outputs))
+        if read is None:
+            continue
+        others = {x: v for x, v in read[0].items() if x != whole.symbol}
+        probes = whole_probe_keys(whole, others)
+        if probes is None or probe_prefix(probes, whole.dims) != e.key[:PREFIX_LEN]:
+            continue
+        (lo, hi), = bucket.ranges
+        classes.cut(whole.symbol, lo, hi)
+        classes.isolate(others)
+        classes.whole_buckets.append((whole.symbol, int(lo), int(hi), others))
 
 
 def _node_cells(classes: ShapeClasses, node: fx.Node, syms: set, entries: list[Any], known: set) -> None:
