@@ -226,3 +226,92 @@ def test_a_nodes_bucket_knows_the_sizes_of_the_dynamic_dim_it_serves():
     assert _served_span([b * s], [(1, 4096)], two, {40: DynamicDim(0, 1, 33, 64), 41: DynamicDim(1, 1, 33, 64)}) is None
     assert _covered((43, 85), [(33, 64), (65, 128)]) and not _covered((43, 85), [(33, 64), (66, 128)])
     assert not _covered((33, 64), []) and _covered((40, 50), [(65, 128), (33, 64)])
+
+
+BROKEN_MODEL = '''
+import torch
+class Routed(torch.nn.Module):
+    """A router's top-k breaks the graph (its picks are no program's): two stretches, the first
+    giving a token-count tensor (batch x length) to the second."""
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.out = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        b, t, d = x.shape
+        flat = self.norm(self.proj(x)).reshape(b * t, d) * 2 + 1  # (written as [b*t, d], no view)
+        _, idx = torch.topk(flat, 2, dim=-1)
+        picked = torch.gather(flat, -1, idx).sum(-1, keepdim=True)
+        return (torch.relu(self.out(flat)) + picked).reshape(b, t, d) + x
+def make():
+    torch.manual_seed(0)
+    return Routed().eval(), (torch.randn(2, 6, 8),)
+'''
+
+
+def test_the_stretches_of_a_broken_dynamic_graph_are_filled_per_bucket_and_serve_every_size(tmp_path, monkeypatch):
+    """A dynamic graph that ops no program may call break (an MoE router's top-k) competes stretch
+    by stretch: each stretch (its canonical form the one serving looks up) gets its program per
+    bucket, and a new size inside serves them with no compile or code generation, a stretch's
+    token-count output (batch x length, no bucket dim) sized from the graph at that size."""
+    from torch_kernelize.compiling.whole_graph import dynamic_stretches, dynamic_wholes, whole_probe_keys
+    from torch_kernelize.fill_cache.whole_buckets import stretch_module
+    from torch_kernelize.compiling.whole_graph import dynamic_whole
+
+    model = tmp_path / "routed.py"
+    model.write_text(BROKEN_MODEL)
+    cache_dir = tmp_path / "cache"
+    assert fill_main(["--target", "interpreter", "--cache-dir", str(cache_dir), "--quiet", "--budget", "1",
+                      "--model", f"{model}:make", "--dynamic", "0:1:9-16", "--generators", "inductor"]) == 0
+    cache = KernelCache.for_target(cache_dir, get_target("interpreter"))
+    stretches = [e for e in cache.entries() if e.bucket is not None and e.bucket.probes]
+    assert len(stretches) == 2 and all(e.winner == "triton" and e.bucket.ranges == ((9, 16),) for e in stretches)
+
+    import importlib.util
+    loader = importlib.util.spec_from_file_location("whole_bucket_routed", model)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    block, _ = module.make()
+    opts = Options.resolve({"target": "interpreter", "cache_dir": str(cache_dir), "repro_dir": "off",
+                            "graph_cache": "off"})
+    session, graphs = Session(opts), []
+    compiled = torch.compile(block, dynamic=True,
+                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    import torch_kernelize.serving.launch as launch
+    import torch_kernelize.fill_cache.whole_buckets as whole_buckets
+
+    def forbidden(*a, **k):
+        raise AssertionError("a new size inside a filled bucket must not read the cache, compile or generate code")
+    with torch.no_grad():
+        x = torch.randn(2, 12, 8)  # (its class is planned from 10: 9 is the traced length, its exact entries)
+        torch.testing.assert_close(compiled(x), block(x))
+        monkeypatch.setattr(launch, "load_program", forbidden)
+        monkeypatch.setattr(KernelCache, "_read", forbidden)
+        monkeypatch.setattr(torch._inductor, "compile", forbidden)
+        monkeypatch.setattr(whole_buckets, "_compile_dynamic", forbidden)
+        sized = []  # the outputs each stretch's program is given at a size: the token count too (2 * t, not 2 * 16)
+        resized = launch.ProgramRunner.resized
+        monkeypatch.setattr(launch.ProgramRunner, "resized",
+                            lambda self, program, outputs: sized.append([m.shape for m in outputs]) or
+                            resized(self, program, outputs))
+        for t in (13, 15):
+            x = torch.randn(2, t, 8)
+            torch.testing.assert_close(compiled(x), block(x))
+            assert [(2 * t, 8)] in sized and [(2, t, 8)] in sized, sized
+        monkeypatch.undo()
+    (graph,) = graphs
+    keys = {e.key for e in stretches}
+    for key, spec in graph.specializations().items():  # (at the traced length, 9, the static fill's exact entries)
+        hits = [d for d in spec.regions if d.entry is not None and d.tier == "triton" and d.spec.inputs
+                and (d.entry.key in keys) == (9 not in key) and "between ops no program calls" in d.reason]
+        assert len(hits) == 2, (key, [(d.reason, d.tier) for d in spec.regions])
+
+    # the fill's stretch, a graph of its own, has the canonical form of the stretch serving looks up
+    bindings = graph.binder.bindings(next(iter(graph.specializations())))
+    symbol = next(s for s, v in bindings.items() if v not in (2, 8))
+    served = dynamic_wholes(graph.plan.gm, [symbol])
+    assert len(dynamic_stretches(graph.plan.gm)) == 2 and len(served) == 2
+    for w in served:
+        own = dynamic_whole(stretch_module(graph.plan.gm, w.region), symbol)[0]
+        assert whole_probe_keys(own, bindings) == whole_probe_keys(w, bindings)

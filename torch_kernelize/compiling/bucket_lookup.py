@@ -218,22 +218,25 @@ class BucketLookup:
     def lookup_region(self, region: Any, spec: KernelSpec) -> Lookup:
         """A fused region's: its exact key, then the bucket of its family that holds its sizes;
         the graph whole over one size: its exact key, then the bucket of that size that holds it."""
-        whole = next((w for w in self.graph.wholes if w.region is region), None)
-        if whole is not None:
-            return self._lookup_whole(whole, spec)
+        wholes = [w for w in self.graph.wholes if w.region is region]
+        if wholes:
+            return self._lookup_whole(wholes, spec)
         return self._lookup(region_name(region), spec, self.graph.region_dims(region))
 
-    def _lookup_whole(self, whole: Any, spec: KernelSpec) -> Lookup:
+    def _lookup_whole(self, wholes: list[Any], spec: KernelSpec) -> Lookup:
+        """Its exact key, then the buckets of each of its sizes (the length's, the batch's) that
+        hold it."""
         exact = self.lookup(spec.key)
-        prefix = self.graph.whole_prefix(whole, self.bindings) if exact[0] == "miss" else None
-        if prefix is None:
+        if exact[0] != "miss":
             return exact
-        values = values_of(spec, whole.dims)
-        for bucket, entry in self.graph.buckets(prefix):
-            if bucket.dims == whole.dims and contains(bucket.ranges, values):
-                status = "hit" if entry.winner == "triton" else "vendor"
-                where = " x ".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
-                return status, entry, f"graph bucket {entry.key} ({whole.symbol} {where}) of {entry.family or 'own assembly'}"
+        for whole in wholes:
+            prefix = self.graph.whole_prefix(whole, self.bindings)
+            values = values_of(spec, whole.dims)
+            for bucket, entry in self.graph.buckets(prefix) if prefix is not None else ():
+                if bucket.dims == whole.dims and contains(bucket.ranges, values):
+                    status = "hit" if entry.winner == "triton" else "vendor"
+                    where = " x ".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
+                    return status, entry, f"graph bucket {entry.key} ({whole.symbol} {where}) of {entry.family or 'own assembly'}"
         return exact
 
     def _lookup(self, name: str, spec: KernelSpec, dims: tuple[Dim, ...] | None) -> Lookup:

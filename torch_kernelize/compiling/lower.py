@@ -49,7 +49,7 @@ from torch_kernelize.serving.view_folding import fold_view_chains
 from torch_kernelize.compiling.report import GraphReport, ReportWriter, fill_command
 from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
-from torch_kernelize.core.shapes import SymbolBinder
+from torch_kernelize.core.shapes import SymbolBinder, concrete_meta
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.validate import compare
 
@@ -196,7 +196,7 @@ class LoweredGraph:
                 self.regions[:0] = [r for r in wholes if whole or r.stretch == CUT]
             elif whole:  # a dynamic graph whole over one of its sizes: its buckets (bucket_lookup.py)
                 self._dynamic_wholes = dynamic_wholes(self.plan.gm, self.binder.symbols)
-                self.regions[:0] = [w.region for w in self._dynamic_wholes]
+                self.regions[:0] = list({id(w.region): w.region for w in self._dynamic_wholes}.values())
         self._region_of: dict[str, Region] = {}
         self.wholes: list[Decision] = []  # the lookups of the whole graph or its stretches (whole_graph.py)
         self._specializations: dict[tuple, Specialization] = {}
@@ -446,14 +446,17 @@ class LoweredGraph:
         return lambda s, args: self._first_call(s, args, pending, missing if strict else None)
 
     def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None,
-                     respec: Callable[[tuple[int, ...]], KernelSpec | None] | None = None
+                     respec: Callable[[tuple[int, ...]], KernelSpec | None] | None = None,
+                     outputs_at: Callable[[tuple[int, ...]], tuple | None] | None = None
                      ) -> tuple[BucketCall, dict] | None:
         """A bucket hit's kernel as a call that serves any size of the bucket, and the range of
         each symbol it varies in; None for an exact hit, or a bucket whose sizes cannot all be
         read off the node's inputs (then the kernel of the node's sizes is bound). ``tensors``:
         a region's traced values by bucket side (a node's are read off it); ``respec(values)``:
         the region's own spec at those sizes (its vendor path: sizes inside its graph, a view's
-        shape, are the size's, not the representative's), None where it cannot say."""
+        shape, are the size's, not the representative's), None where it cannot say;
+        ``outputs_at(values)``: its outputs' metas there (a dim of another size of the bucket's,
+        a token count, is no bucket dim), None where they are the bucket dims' alone."""
         entry = d.entry
         bucket = entry.bucket if entry is not None else None
         if bucket is None or not readable(bucket.dims):
@@ -469,7 +472,8 @@ class LoweredGraph:
         def make(values: tuple[int, ...]) -> TritonCall:
             """A new size's call: its launch plan from the loaded runner (no code generated, no spec
             made or hashed until something reads it)."""
-            runner = base.resized(instantiate(base.program, values), metas_at(entry.spec, bucket.dims, values))
+            metas = (outputs_at(values) if outputs_at is not None else None) or metas_at(entry.spec, bucket.dims, values)
+            runner = base.resized(instantiate(base.program, values), metas)
             name = f"triton_{entry.spec.short_name}_bucket_{entry.key[:8]}_{'x'.join(map(str, values))}"
             def spec() -> KernelSpec:
                 return (respec(values) if respec is not None else None) or spec_at(entry.spec, bucket.dims, values)
@@ -544,8 +548,9 @@ class LoweredGraph:
                 elif d.entry is None:
                     continue  # no entry: the graph runs as it always did, and the report says nothing of it
             if runner is not None:
-                call = self._bucket_call(d, region_tensors(region), _region_spec_at(region, bindings, d)) \
-                    if self._buckets is not None else None
+                outputs_at = _region_outputs_at(region, bindings, d) if region.kind == WHOLE else None
+                call = self._bucket_call(d, region_tensors(region), _region_spec_at(region, bindings, d),
+                                         outputs_at) if self._buckets is not None else None
                 if call is not None:
                     calls[d.node] = call
                 fused.append((region, call[0] if call is not None else self.triton_call(d.spec, runner)))
@@ -635,13 +640,30 @@ class LoweredGraph:
 
 
 def _region_spec_at(region: Region, bindings: dict, d: Decision) -> Callable[[tuple[int, ...]], KernelSpec | None]:
-    """``region``'s spec at a size of the bucket ``d`` hit: the specialization's ``bindings``
-    with the bucket's variables set to that size (None where a variable is no single symbol)."""
+    """``region``'s spec at a size of the bucket ``d`` hit (None where it cannot say)."""
     def at(values: tuple[int, ...]) -> KernelSpec | None:
-        sizes = variable_sizes(region_tensors(region), d.entry.bucket.dims)
-        new = bindings_at(sizes, values) if sizes is not None else None
-        return region_spec(region, {**bindings, **new}) if new is not None else None
+        new = _bindings_in_bucket(region, bindings, d, values)
+        return region_spec(region, new) if new is not None else None
     return at
+
+
+def _region_outputs_at(region: Region, bindings: dict, d: Decision) -> Callable[[tuple[int, ...]], tuple | None]:
+    """``region``'s outputs' metas at a size of the bucket ``d`` hit, read off their traced
+    shapes (a stretch's token count is batch x length; a dim of the bucket's size alone is
+    what metas_at gives); None where a size is unbound."""
+    def at(values: tuple[int, ...]) -> tuple | None:
+        new = _bindings_in_bucket(region, bindings, d, values)
+        metas = [concrete_meta(n.meta["val"], new) for n in region.outputs] if new is not None else [None]
+        return None if any(m is None for m in metas) else tuple(metas)
+    return at
+
+
+def _bindings_in_bucket(region: Region, bindings: dict, d: Decision, values: tuple[int, ...]) -> dict | None:
+    """The specialization's ``bindings`` with the variables of the bucket ``d`` hit at
+    ``values`` (None where a variable is no single symbol)."""
+    sizes = variable_sizes(region_tensors(region), d.entry.bucket.dims)
+    new = bindings_at(sizes, values) if sizes is not None else None
+    return {**bindings, **new} if new is not None else None
 
 
 def _vendor_step_tiers(decisions: list[Decision], region: Region, program: Any) -> None:

@@ -53,7 +53,7 @@ def whole_graph_region(gm: fx.GraphModule, symbolic: bool = False) -> tuple[Regi
     left out of the region, as region_spec reads them under its bindings (dynamic_whole)."""
     nodes, inputs, computing = [], [], 0
     for node in gm.graph.nodes:
-        if symbolic and isinstance(node.meta.get("val"), _SYMBOLIC) and node.op in ("placeholder", "call_function"):
+        if symbolic and _is_symbolic(node) and node.op in ("placeholder", "call_function"):
             continue
         if node.op in ("placeholder", "get_attr"):  # a constant is one more input of the program
             if node.users and not is_tensor_node(node):
@@ -96,30 +96,45 @@ class DynamicWhole:
 
 
 def dynamic_whole(gm: fx.GraphModule, symbol: Any) -> tuple[DynamicWhole | None, str]:
-    """``gm`` (a dynamic graph) whole over the sizes of ``symbol``, or (None, why not): every
-    input and output dim that depends on it must be that size itself (a bucket gives the
-    outputs' sizes by its variable), and one at least must be."""
+    """``gm`` (a dynamic graph) whole over the sizes of ``symbol``, or (None, why not)."""
     region, why = whole_graph_region(gm, symbolic=True)
-    if region is None:
-        return None, why
+    return whole_over(region, symbol) if region is not None else (None, why)
+
+
+def whole_over(region: Region, symbol: Any) -> tuple[DynamicWhole | None, str]:
+    """``region`` (a dynamic graph whole, or a stretch of one) over the sizes of ``symbol``, or
+    (None, why not): one input or output dim at least must be that size itself (a bucket's
+    variable, read off the call's tensors). A dim of another size of it (a token count, batch x
+    length) follows from it: serving gives the outputs their sizes from the graph's at the size
+    (``output_metas``), and the fill compiles such dims dynamic too."""
     dims = []
     for side, nodes in (("in", region.inputs), ("out", region.outputs)):
         for i, n in enumerate(nodes):
             for d, size in enumerate(n.meta["val"].shape):
-                e = size.node.expr if isinstance(size, torch.SymInt) else size
-                if e == symbol:
+                if (size.node.expr if isinstance(size, torch.SymInt) else size) == symbol:
                     dims.append((side, i, d, 0))
-                elif symbol in getattr(e, "free_symbols", ()):
-                    return None, f"{side}put {i}'s dim {d} is {e}, not {symbol} itself"
     if not dims:
         return None, f"no input or output dim is {symbol}"
     return DynamicWhole(region, symbol, tuple(dims)), ""
 
 
 def dynamic_wholes(gm: fx.GraphModule, symbols: Any) -> list[DynamicWhole]:
-    """``gm`` whole over each of its size ``symbols`` that it can be: serving looks each one's
-    buckets up (compiling/bucket_lookup.py)."""
-    return [w for w in (dynamic_whole(gm, s)[0] for s in symbols) if w is not None]
+    """``gm`` whole over each of its size ``symbols`` that it can be, or where ops no program may
+    call break it (an MoE router's top-k, its experts' custom op), each stretch between them:
+    serving looks each one's buckets up (compiling/bucket_lookup.py)."""
+    region, _ = whole_graph_region(gm, symbolic=True)
+    regions = [region] if region is not None else dynamic_stretches(gm)
+    return [w for r in regions for w in (whole_over(r, s)[0] for s in symbols) if w is not None]
+
+
+def dynamic_stretches(gm: fx.GraphModule) -> list[Region]:
+    """The stretches of a dynamic graph between the ops no program may call, each a region
+    (BROKEN) of its tensors: its size bookkeeping stays outside, read under the bindings as a
+    whole graph's is."""
+    stretches = _broken_stretches(gm, symbolic=True)
+    if len(stretches) == 1:
+        return []
+    return [r for r in (_stretch_region(s, BROKEN, symbolic=True) for s in stretches) if r is not None]
 
 
 # sizes the varying symbol takes to write a dynamic graph's canonical form: two, so that no other
@@ -164,9 +179,18 @@ def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:
     if region is not None:
         cuts = [_stretch_region(s, CUT) for s in cut_stretches(region.nodes)]
         return [region] + [r for r in cuts if r is not None], ""
+    stretches = _broken_stretches(gm)
+    if len(stretches) == 1:  # nothing breaks the graph: it is not offered whole for another reason
+        return [], why
+    return [r for r in (_stretch_region(s, BROKEN) for s in stretches) if r is not None], why
+
+
+def _broken_stretches(gm: fx.GraphModule, symbolic: bool = False) -> list[list[fx.Node]]:
+    """``gm``'s call_function nodes split at each node no program may hold (and its getitems);
+    ``symbolic``: a dynamic graph's size bookkeeping is in no stretch and breaks none."""
     stretches, stretch, broken = [], [], set()
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "get_attr", "output"):
+        if node.op in ("placeholder", "get_attr", "output") or (symbolic and _is_symbolic(node)):
             continue
         if node.op != "call_function" or _breaks(node) or any(a in broken for a in node.all_input_nodes
                                                               if node.target is operator.getitem):
@@ -176,9 +200,11 @@ def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:
         else:
             stretch.append(node)
     stretches.append(stretch)
-    if len(stretches) == 1:  # nothing breaks the graph: it is not offered whole for another reason
-        return [], why
-    return [r for r in (_stretch_region(s, BROKEN) for s in stretches) if r is not None], why
+    return stretches
+
+
+def _is_symbolic(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), _SYMBOLIC)
 
 
 def _breaks(node: fx.Node) -> str:
@@ -203,9 +229,10 @@ def _breaks(node: fx.Node) -> str:
     return ""
 
 
-def _stretch_region(nodes: list[fx.Node], kind: str) -> Region | None:
+def _stretch_region(nodes: list[fx.Node], kind: str, symbolic: bool = False) -> Region | None:
     """A stretch of a graph (``kind``: BROKEN or CUT) as a region competing as a whole; None
-    where it cannot be one (too little compute, a value it reads or gives that is no tensor)."""
+    where it cannot be one (too little compute, a value it reads or gives that is no tensor;
+    ``symbolic``: a size it reads is read under the bindings, as region_spec does)."""
     inside = set(nodes)
     computing = sum(n.target is not operator.getitem and classify(n)[0] is NodeClass.COMPUTE for n in nodes)
     if computing < MIN_COMPUTE_NODES or _unwritable(nodes):
@@ -213,11 +240,11 @@ def _stretch_region(nodes: list[fx.Node], kind: str) -> Region | None:
     inputs, outputs = [], []
     for n in nodes:
         for a in n.all_input_nodes:
-            if a not in inside and a not in inputs:
+            if a not in inside and a not in inputs and not (symbolic and _is_symbolic(a)):
                 if not is_tensor_node(a):
                     return None
                 inputs.append(a)
-        if any(u not in inside for u in n.users):
+        if any(u not in inside and not (symbolic and _is_symbolic(u)) for u in n.users):
             if not is_tensor_node(n):
                 return None
             outputs.append(n)

@@ -2,8 +2,10 @@
 
 ``fill_cache --model M --dynamic I:D:LO-HI`` traces M with dynamic shapes (buckets.py). Each
 graph that can be one program over the sizes of that dim (compiling/whole_graph.py's
-``dynamic_whole``: every node an ATen or prims op, every input and output dim that depends on
-the size the size itself) becomes one BucketWork per bucket, keyed by the graph's canonical form
+``dynamic_whole``: every node an ATen or prims op, an input or output dim that size itself), or
+where ops no program may call break it (an MoE router's top-k, its experts' custom op) each
+stretch between them (``stretch_module``: a graph of its own), becomes one BucketWork per
+bucket, keyed by the graph's canonical form
 at two probe sizes and the bucket's range (``whole_probe_keys``, core/buckets.probe_prefix). Its
 candidate is Inductor's output, compiled once with that size dynamic over the bucket
 (``mark_dynamic`` with the bucket's edges), recorded at several sizes of the bucket
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,7 +29,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.regions import region_spec
-from torch_kernelize.compiling.whole_graph import DynamicWhole, dynamic_whole, whole_probe_keys
+from torch_kernelize.compiling.whole_graph import DynamicWhole, dynamic_stretches, dynamic_whole, whole_probe_keys
 from torch_kernelize.core.buckets import unbucketable
 from torch_kernelize.core.shapes import concrete_value
 from torch_kernelize.core.spec import KernelSpec
@@ -138,9 +141,14 @@ def _compile_dynamic(graph: DynamicGraph, inputs: list[torch.Tensor], lo: int, h
     whole = graph.whole
     function = _graph_function(graph)
     examples = [t.clone() for t in _host_scalars_as_vectors(graph, inputs)]
-    for side, i, d, _ in whole.dims:
-        if side == "in":
-            torch._dynamo.mark_dynamic(examples[i], d, min=lo, max=hi)
+    for i, n in enumerate(whole.region.inputs):
+        for d, size in enumerate(n.meta["val"].shape):
+            if ("in", i, d, 0) in whole.dims:
+                torch._dynamo.mark_dynamic(examples[i], d, min=lo, max=hi)
+            elif isinstance(size, torch.SymInt) and whole.symbol in size.node.expr.free_symbols:
+                # (another size of it, a token count: dynamic too, or Inductor specialises the
+                # program at the upper edge; Dynamo may find it the product it is)
+                torch._dynamo.maybe_mark_dynamic(examples[i], d)
     got: dict[str, Any] = {}
 
     def compile_forward(gm: fx.GraphModule, example: list) -> Callable:
@@ -319,8 +327,9 @@ def _size_of(sym: torch.SymInt, fakes: list, tensors: Sequence[torch.Tensor]) ->
 def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any, source: str,
                 make_work: Callable[..., Any]) -> list[Any]:
     """A bucket's work (``make_work``: buckets.BucketWork, which imports this module) per bucket
-    of each dynamic inference graph of the trace that can be one program over a --dynamic size
-    (``example``: the --dynamic dims by their traced size)."""
+    of each dynamic inference graph of the trace that can be one program over a --dynamic size,
+    or of each stretch between the ops that break it (``example``: the --dynamic dims by their
+    traced size)."""
     works = []
     for g in graphs:
         if g.plan is None or g.binder.is_static or g.kind != "inference":
@@ -331,18 +340,95 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
                 dim = example.get(value)
                 if dim is None:
                     continue
-                whole, why = dynamic_whole(g.plan.gm, symbol)
-                graph = DynamicGraph(g.plan.gm, whole, bindings) if whole is not None else None
-                probes = graph.probes() if graph is not None else None
-                if probes is None:
-                    log.info("%s: not offered whole over %s (%s)", g.name, symbol, why or "a size is unbound")
-                    continue
-                for lo, hi in boundaries.covering(dim.lo, dim.hi):
-                    if lo < 2 or hi == lo:  # (a size of 0 or 1, or one size, is traced static)
+                graphs = _dynamic_graphs(g, symbol, bindings)
+                for k, graph in enumerate(graphs):
+                    # (a stretch's program serves its own nodes only: a place of its own, so that the
+                    # quick fill still fills the buckets of the graph's nodes, fill_run._fill_buckets)
+                    place = g.name if graph.gm is g.plan.gm else f"{g.name}/stretch {k}"
+                    probes = graph.probes()
+                    if probes is None:
+                        log.info("%s: not offered whole over %s (a size is unbound)", g.name, symbol)
                         continue
-                    rep = graph.spec_at([hi])
-                    if unbucketable(rep, whole.dims) is None:
-                        works.append(make_work(rep, whole.dims, ((lo, hi),), source, probes,
-                                               WholeBucketGenerator(graph, (lo, hi)), graph.spec_at,
-                                               functools.partial(dynamic_assembly, graph), [(g.name, (lo, hi))]))
+                    for lo, hi in boundaries.covering(dim.lo, dim.hi):
+                        if lo < 2 or hi == lo:  # (a size of 0 or 1, or one size, is traced static)
+                            continue
+                        rep = graph.spec_at([hi])
+                        if unbucketable(rep, graph.whole.dims) is None:
+                            works.append(make_work(rep, graph.whole.dims, ((lo, hi),), source, probes,
+                                                   WholeBucketGenerator(graph, (lo, hi)), graph.spec_at,
+                                                   functools.partial(dynamic_assembly, graph), [(place, (lo, hi))]))
     return works
+
+
+def _dynamic_graphs(g: Any, symbol: Any, bindings: dict) -> list[DynamicGraph]:
+    """The graph of ``g`` whole over ``symbol``, or else each of its stretches (whole_graph.
+    dynamic_stretches) as a graph of its own, whole over it; [] (logged why) where none is."""
+    whole, why = dynamic_whole(g.plan.gm, symbol)
+    if whole is not None:
+        return [DynamicGraph(g.plan.gm, whole, bindings)]
+    graphs = []
+    for region in dynamic_stretches(g.plan.gm):
+        sub = stretch_module(g.plan.gm, region)
+        whole = dynamic_whole(sub, symbol)[0] if sub is not None else None
+        if whole is not None:
+            graphs.append(DynamicGraph(sub, whole, bindings))
+    if not graphs:
+        log.info("%s: not offered whole over %s (%s)", g.name, symbol, why)
+    return graphs
+
+
+def stretch_module(gm: fx.GraphModule, region: Any) -> fx.GraphModule | None:
+    """A stretch of dynamic ``gm`` as a graph of its own: the graph's size inputs and bookkeeping,
+    then the stretch's tensor inputs in its order, its nodes, its outputs (None where it reads a
+    size no sum or product of the size inputs gives). Its canonical form is the stretch's in
+    ``gm`` (serving's lookup key)."""
+    new, env = fx.Graph(), {}
+    sizes = {}  # each size input's symbol -> its node in the new graph
+    for node in gm.graph.find_nodes(op="placeholder"):
+        if isinstance(node.meta.get("val"), torch.SymInt):
+            env[node] = _with_meta(new.placeholder(node.name), node.meta)
+            sizes[node.meta["val"].node.expr] = env[node]
+    for node in region.inputs:
+        env[node] = _with_meta(new.get_attr(node.target) if node.op == "get_attr" else new.placeholder(node.name),
+                               node.meta)
+    inside = set(region.nodes)
+    for node in gm.graph.nodes:
+        if node in env or node.op != "call_function":
+            continue
+        sized = isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+        if all(a in env for a in node.all_input_nodes) and (node in inside or sized):
+            env[node] = new.node_copy(node, lambda n: env[n])
+        elif sized and isinstance(node.meta["val"], torch.SymInt):  # (a size read off a tensor outside)
+            made = _size_node(new, node.meta["val"].node.expr, sizes)
+            if made is not None:
+                env[node] = _with_meta(made, node.meta) if isinstance(made, fx.Node) else made
+        elif node in inside:
+            return None
+    new.output(tuple(env[o] for o in region.outputs))
+    return fx.GraphModule(gm, new)
+
+
+def _with_meta(node: fx.Node, meta: dict) -> fx.Node:
+    node.meta = dict(meta)
+    return node
+
+
+def _size_node(graph: fx.Graph, expr: Any, sizes: dict) -> fx.Node | int | None:
+    """``expr`` (a sum or product of size symbols and integers) computed in ``graph`` from the size
+    inputs ``sizes``; None where it is something else."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return sizes.get(expr)
+    if not (expr.is_Add or expr.is_Mul):
+        return None
+    parts = [_size_node(graph, a, sizes) for a in expr.args]
+    if any(p is None for p in parts):
+        return None
+    op = operator.add if expr.is_Add else operator.mul
+    out = parts[0]
+    for p in parts[1:]:
+        value = op(*(x.meta["val"] if isinstance(x, fx.Node) else x for x in (out, p)))
+        out = graph.call_function(op, (out, p))
+        out.meta["val"] = value
+    return out
