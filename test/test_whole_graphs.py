@@ -449,6 +449,29 @@ def test_a_whole_graphs_token_ids_are_drawn_in_range_of_the_embedding_they_index
         spec.run_vendor([ids, mask, torch.randn(5, 8)])  # in range: the graph runs
 
 
+def test_a_sorts_inverse_permutation_scattered_by_index_put_is_drawn_as_a_permutation():
+    """An MoE router's inverse of its sort (``inv = empty(n).index_put([perm], arange(n))``, then
+    ``x[inv]``): zeros for ``perm`` leave most of ``inv`` unwritten (Inductor then read garbage
+    indices on Mixtral's stretches); a permutation writes every row once, and the graph runs."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import whole_graph_region
+    from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN, permutation_inputs
+
+    def f(perm, counts, x):
+        inv = torch.empty(perm.shape[0], dtype=torch.int64).index_put([perm], torch.arange(perm.shape[0]))
+        summed = torch.zeros(8, 4).index_put([counts], x, accumulate=True)  # (accumulating: any index is fine)
+        return x[inv] * 2, summed.exp()
+
+    args = (torch.randperm(6), torch.zeros(6, dtype=torch.int64), torch.randn(6, 4))
+    spec = region_spec(whole_graph_region(make_fx(f, tracing_mode="fake")(*args))[0], {})
+    assert permutation_inputs(spec) == {0}
+    for kind in ("random", "zeros", "large"):
+        perm, counts, x = WHOLE_GRAPH_DOMAIN.sample_inputs(spec, 3, kind)
+        assert sorted(perm.tolist()) == list(range(6)) and counts.eq(0).all()
+        torch.testing.assert_close(spec.run_vendor([perm, counts, x])[0], x[torch.argsort(perm)] * 2)
+
+
 def test_a_tensor_constant_is_an_input_of_the_whole_graph():
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch_kernelize.compiling.whole_graph import whole_graph_region

@@ -40,7 +40,10 @@ class WholeGraphDomain(KernelFamily):
     where the fill captured them (``pin``: token ids, routing indices, masks: their domain is the
     model's, which no rule here knows; Mixtral's stretches hit device-side asserts on drawn ones);
     else an integer input that indexes a dim directly (token ids into an embedding,
-    index_select/gather indices, through views) is drawn in [0, that size), any other integer
+    index_select/gather indices, through views) is drawn in [0, that size); one that scatters
+    into every row of a buffer its length (``index_put`` of one index, not accumulating: a sort's
+    inverse permutation, as an MoE router computes it) is drawn as a permutation, the one domain
+    where that op writes each row once, in any order; any other integer
     input is zeros, the one value that is in range wherever arithmetic the graph does on it (a
     cumsum of a mask, an offset added to positions) ends up indexing. Floating inputs are drawn
     as any spec's (random and edge values). An index out of range is a device-side assert on
@@ -66,12 +69,15 @@ class WholeGraphDomain(KernelFamily):
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
                       device: str | torch.device = "cpu") -> list[torch.Tensor]:
         g = sample_generator(seed, device)
-        bounds = index_bounds(spec)
+        bounds, permuted = index_bounds(spec), permutation_inputs(spec)
         pins = self.pins.get(spec.key, {})
 
         def draw(i: int, m: Any) -> torch.Tensor:
             if i in pins:
                 return torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype).copy_(pins[i])
+            if i in permuted:
+                order = torch.randperm(m.numel, generator=g, device=g.device).to(m.torch_dtype).reshape(m.shape)
+                return torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device=g.device).copy_(order)
             if m.torch_dtype.is_floating_point or m.torch_dtype.is_complex or m.dtype == "bool":
                 return sample_tensor(m, g, kind)
             return sample_tensor(m, g, kind if i in bounds else "zeros", 0, bounds.get(i, 1))
@@ -115,6 +121,29 @@ def index_bounds(spec: KernelSpec) -> dict[int, int]:
         if i is not None and bound:
             bounds[i] = min(bound, bounds.get(i, bound))
     return bounds
+
+
+def permutation_inputs(spec: KernelSpec) -> set[int]:
+    """The integer spec inputs that are the one index of a non-accumulating ``index_put`` into a
+    dim as long as they are (each row written once: a permutation is their domain)."""
+    nodes = region_graph(spec)["nodes"]
+    found = set()
+    for n in nodes:
+        if n["op"] not in ("aten.index_put.default", "aten.index_put_.default"):
+            continue
+        args = n["args"]
+        accumulate = args[3] if len(args) > 3 else n["kwargs"].get("accumulate", False)
+        indices = args[1] if len(args) > 1 and isinstance(args[1], list) else []
+        refs = [node_ref(a) for a in indices]
+        if accumulate or len(refs) != 1 or refs[0] is None or refs[0][0] != "input":
+            continue
+        target = node_ref(args[0])
+        shape = spec.inputs[target[1]].shape if target and target[0] == "input" else \
+            (nodes[target[1]]["meta"] or {}).get("shape") if target else None
+        meta = spec.inputs[refs[0][1]]
+        if shape and len(meta.shape) == 1 and meta.shape[0] == shape[0]:
+            found.add(refs[0][1])
+    return found
 
 
 def assembly_runner(spec: KernelSpec, target: Target, cache_dir: Path) -> Callable[[Sequence[Any]], Any]:
