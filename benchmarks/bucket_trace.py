@@ -2,7 +2,8 @@
 lengths, kernelize (shape buckets) beside torch.compile(dynamic=True), in one process each.
 
     python benchmarks/bucket_trace.py --out OUT [--model llama] [--lengths 50] [--lo 33 --hi 512] [--fill]
-    python benchmarks/bucket_trace.py --out OUT --smoke     # tiny Llama on the CPU (interpreter target)
+    python benchmarks/bucket_trace.py --out OUT --smoke [--model mixtral] [--fill --generators inductor]
+                                                            # tiny models on the CPU (interpreter target)
 
 With --fill, ``fill_cache --model M --dynamic 0:1:LO-HI --budget 1`` first fills the buckets covering
 the lengths (stopped at --fill-limit like Ctrl-C: what it stored is served); the quick fill, as the
@@ -170,7 +171,7 @@ def _fill(args: argparse.Namespace, log: Path) -> dict[str, Any]:
     ref = MODELS[args.model][1 if args.smoke else 0]
     cmd = [sys.executable, "-m", "torch_kernelize.fill_cache", "--model", ref, "--target", args.target,
            "--cache-dir", str(args.cache_dir), "--dynamic", f"0:1:{args.lo}-{args.hi}", "--budget", str(args.budget),
-           "--quiet", "--resume"]
+           "--quiet", "--resume"] + (["--generators", args.generators] if args.generators else [])
     code, seconds, stopped = run_bounded(cmd, args.fill_limit, log)
     return {"exit": code, "seconds": round(seconds, 1), "stopped_at_limit": stopped}
 
@@ -236,10 +237,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fill-limit", type=float, default=1800.0, help="seconds the fill may take")
     p.add_argument("--budget", type=int, default=1, help="fill_cache candidates per spec (default 1: the quick fill, "
                    "as the real-model suite's)")
+    p.add_argument("--generators", default=None,
+                   help="fill_cache's --generators (on the interpreter, 'inductor' fills whole graphs as on CUDA)")
     p.add_argument("--child-limit", type=float, default=1800.0, help="seconds each backend's process may take")
     p.add_argument("--cache-dir", type=Path, default=None, help="kernel cache (default: OUT/cache)")
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, or interpreter without a GPU)")
-    p.add_argument("--smoke", action="store_true", help="tiny Llama, few lengths (runs on the CPU)")
+    p.add_argument("--smoke", action="store_true", help="the tiny model, few lengths (runs on the CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-len", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)

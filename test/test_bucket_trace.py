@@ -45,6 +45,20 @@ def test_targets_are_judged_with_their_distance():
         "outside it)"]
 
 
+def test_the_fill_asks_the_generators_named(tmp_path, monkeypatch):
+    """--generators goes to fill_cache (the interpreter fills whole graphs only when asked)."""
+    t = _trace()
+    import real_models
+    ran = []
+    monkeypatch.setattr(real_models, "run_bounded", lambda cmd, limit, log: ran.append(cmd) or (0, 1.0, False))
+    for extra, expected in (([], None), (["--generators", "inductor"], "inductor")):
+        args = t.parse_args(["--out", str(tmp_path), "--smoke", "--model", "mixtral", "--fill"] + extra)
+        assert t._fill(args, tmp_path / "fill.log") == {"exit": 0, "seconds": 1.0, "stopped_at_limit": False}
+        cmd = ran[-1]
+        assert (cmd[cmd.index("--generators") + 1] if "--generators" in cmd else None) == expected
+        assert cmd[cmd.index("--dynamic") + 1] == "0:1:3-12" and "make_hf_mixtral" in cmd[cmd.index("--model") + 1]
+
+
 @pytest.mark.slow
 def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke", "--lengths", "2",
