@@ -340,8 +340,7 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
                 dim = example.get(value)
                 if dim is None:
                     continue
-                graphs = _dynamic_graphs(g, symbol, bindings)
-                for k, graph in enumerate(graphs):
+                for k, graph in enumerate(_dynamic_graphs(g, symbol, bindings)):
                     # (a stretch's program serves its own nodes only: a place of its own, so that the
                     # quick fill still fills the buckets of the graph's nodes, fill_run._fill_buckets)
                     place = g.name if graph.gm is g.plan.gm else f"{g.name}/stretch {k}"
@@ -399,9 +398,10 @@ def stretch_module(gm: fx.GraphModule, region: Any) -> fx.GraphModule | None:
         if all(a in env for a in node.all_input_nodes) and (node in inside or sized):
             env[node] = new.node_copy(node, lambda n: env[n])
         elif sized and isinstance(node.meta["val"], torch.SymInt):  # (a size read off a tensor outside)
-            made = _size_node(new, node.meta["val"].node.expr, sizes)
-            if made is not None:
-                env[node] = _with_meta(made, node.meta) if isinstance(made, fx.Node) else made
+            expr = node.meta["val"].node.expr
+            made = _size_node(new, expr, sizes)
+            if made is not None:  # (a node made for it takes its meta; a size input keeps its own)
+                env[node] = _with_meta(made, node.meta) if isinstance(made, fx.Node) and not expr.is_Symbol else made
         elif node in inside:
             return None
     new.output(tuple(env[o] for o in region.outputs))
