@@ -106,7 +106,7 @@ def whole_over(region: Region, symbol: Any) -> tuple[DynamicWhole | None, str]:
     (None, why not): one input or output dim at least must be that size itself (a bucket's
     variable, read off the call's tensors). A dim of another size of it (a token count, batch x
     length) follows from it: serving gives the outputs their sizes from the graph's at the size
-    (``output_metas``), and the fill compiles such dims dynamic too."""
+    (lower.py ``_region_outputs_at``), and the fill compiles such dims dynamic too."""
     dims = []
     for side, nodes in (("in", region.inputs), ("out", region.outputs)):
         for i, n in enumerate(nodes):
