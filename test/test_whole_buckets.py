@@ -83,14 +83,35 @@ def make():
 '''
 
 
-def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(tmp_path, monkeypatch):
-    model = tmp_path / "block.py"
-    model.write_text(MODEL)
-    cache_dir = tmp_path / "cache"
+def _filled(model, source: str, dynamic: str):
+    """``source`` written to ``model`` and filled at the quick budget over ``dynamic``, whole
+    graphs asked for: the model, the cache's folder, the cache, its graph-level bucket entries."""
+    model.write_text(source)
+    cache_dir = model.parent / "cache"
     assert fill_main(["--target", "interpreter", "--cache-dir", str(cache_dir), "--quiet", "--budget", "1",
-                      "--model", f"{model}:make", "--dynamic", "0:1:5-8", "--generators", "inductor"]) == 0
+                      "--model", f"{model}:make", "--dynamic", dynamic, "--generators", "inductor"]) == 0
     cache = KernelCache.for_target(cache_dir, get_target("interpreter"))
-    (whole,) = [e for e in cache.entries() if e.bucket is not None and e.bucket.probes]
+    return model, cache_dir, cache, [e for e in cache.entries() if e.bucket is not None and e.bucket.probes]
+
+
+def _served(model, cache_dir):
+    """The model file's module, compiled with dynamic shapes by kernelize from ``cache_dir``;
+    the LoweredGraphs it makes; the options."""
+    import importlib.util
+    loader = importlib.util.spec_from_file_location(f"whole_bucket_{model.stem}", model)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    block, _ = module.make()
+    opts = Options.resolve({"target": "interpreter", "cache_dir": str(cache_dir), "repro_dir": "off",
+                            "graph_cache": "off"})
+    session, graphs = Session(opts), []
+    compiled = torch.compile(block, dynamic=True,
+                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    return block, compiled, graphs, opts
+
+
+def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(tmp_path, monkeypatch):
+    model, cache_dir, cache, (whole,) = _filled(tmp_path / "block.py", MODEL, "0:1:5-8")
     assert whole.bucket.ranges == ((5, 8),) and whole.winner == "triton" and whole.family == "inductor"
     assert whole.record["bucket"]["validated_sizes"][:2] == [[5], [8]]
     assert whole.spec.inputs[0].shape == (1, 8, 8)  # the representative: the upper edge
@@ -101,16 +122,7 @@ def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(
     assert buckets[0]["key"] == whole.key and buckets[0]["status"] == "stored"
     assert len(buckets) > 1 and all(r["status"] == "in the whole graph's program" for r in buckets[1:]), buckets
 
-    import importlib.util
-    loader = importlib.util.spec_from_file_location("whole_bucket_block", model)
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    block, _ = module.make()
-    opts = Options.resolve({"target": "interpreter", "cache_dir": str(cache_dir), "repro_dir": "off",
-                            "graph_cache": "off"})
-    session, graphs = Session(opts), []
-    compiled = torch.compile(block, dynamic=True,
-                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    block, compiled, graphs, opts = _served(model, cache_dir)
     with torch.no_grad():
         x = torch.randn(1, 5, 8)
         torch.testing.assert_close(compiled(x), block(x))  # planned: the bucket's program loaded now
@@ -259,25 +271,10 @@ def test_the_stretches_of_a_broken_dynamic_graph_are_filled_per_bucket_and_serve
     from torch_kernelize.fill_cache.whole_buckets import stretch_module
     from torch_kernelize.compiling.whole_graph import dynamic_whole
 
-    model = tmp_path / "routed.py"
-    model.write_text(BROKEN_MODEL)
-    cache_dir = tmp_path / "cache"
-    assert fill_main(["--target", "interpreter", "--cache-dir", str(cache_dir), "--quiet", "--budget", "1",
-                      "--model", f"{model}:make", "--dynamic", "0:1:9-16", "--generators", "inductor"]) == 0
-    cache = KernelCache.for_target(cache_dir, get_target("interpreter"))
-    stretches = [e for e in cache.entries() if e.bucket is not None and e.bucket.probes]
+    model, cache_dir, _, stretches = _filled(tmp_path / "routed.py", BROKEN_MODEL, "0:1:9-16")
     assert len(stretches) == 2 and all(e.winner == "triton" and e.bucket.ranges == ((9, 16),) for e in stretches)
 
-    import importlib.util
-    loader = importlib.util.spec_from_file_location("whole_bucket_routed", model)
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    block, _ = module.make()
-    opts = Options.resolve({"target": "interpreter", "cache_dir": str(cache_dir), "repro_dir": "off",
-                            "graph_cache": "off"})
-    session, graphs = Session(opts), []
-    compiled = torch.compile(block, dynamic=True,
-                             backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    block, compiled, graphs, _ = _served(model, cache_dir)
     import torch_kernelize.serving.launch as launch
     import torch_kernelize.fill_cache.whole_buckets as whole_buckets
 
