@@ -458,18 +458,20 @@ def test_a_sorts_inverse_permutation_scattered_by_index_put_is_drawn_as_a_permut
     from torch_kernelize.compiling.whole_graph import whole_graph_region
     from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN, permutation_inputs
 
-    def f(perm, counts, x):
+    def f(perm, counts, keep, x):
         inv = torch.empty(perm.shape[0], dtype=torch.int64).index_put([perm], torch.arange(perm.shape[0]))
         summed = torch.zeros(8, 4).index_put([counts], x, accumulate=True)  # (accumulating: any index is fine)
-        return x[inv] * 2, summed.exp()
+        kept = torch.zeros(6, 4).index_put([keep], torch.tensor(1.0))  # (a mask selects: no permutation)
+        return x[inv] * 2, summed.exp(), kept + 1
 
-    args = (torch.randperm(6), torch.zeros(6, dtype=torch.int64), torch.randn(6, 4))
+    args = (torch.randperm(6), torch.zeros(6, dtype=torch.int64), torch.rand(6) > 0.5, torch.randn(6, 4))
     spec = region_spec(whole_graph_region(make_fx(f, tracing_mode="fake")(*args))[0], {})
     assert permutation_inputs(spec) == {0}
     for kind in ("random", "zeros", "large"):
-        perm, counts, x = WHOLE_GRAPH_DOMAIN.sample_inputs(spec, 3, kind)
-        assert sorted(perm.tolist()) == list(range(6)) and counts.eq(0).all()
-        torch.testing.assert_close(spec.run_vendor([perm, counts, x])[0], x[torch.argsort(perm)] * 2)
+        drawn = WHOLE_GRAPH_DOMAIN.sample_inputs(spec, 3, kind)  # (and the graph's constant, 1.0)
+        perm, counts, keep, x = drawn[:4]
+        assert sorted(perm.tolist()) == list(range(6)) and counts.eq(0).all() and keep.dtype == torch.bool
+        torch.testing.assert_close(spec.run_vendor(drawn)[0], x[torch.argsort(perm)] * 2)
 
 
 def test_a_tensor_constant_is_an_input_of_the_whole_graph():

@@ -141,7 +141,8 @@ def permutation_inputs(spec: KernelSpec) -> set[int]:
         shape = spec.inputs[target[1]].shape if target and target[0] == "input" else \
             (nodes[target[1]]["meta"] or {}).get("shape") if target else None
         meta = spec.inputs[refs[0][1]]
-        if shape and len(meta.shape) == 1 and meta.shape[0] == shape[0]:
+        integer = not (meta.torch_dtype.is_floating_point or meta.torch_dtype.is_complex or meta.dtype == "bool")
+        if integer and shape and len(meta.shape) == 1 and meta.shape[0] == shape[0]:  # (a bool mask selects)
             found.add(refs[0][1])
     return found
 
