@@ -29,11 +29,17 @@ every row below the last end is some expert's, and sum_e cdiv(rows_e, BM) + cdiv
 <= cdiv(S, BM) + E (E + 1 pieces of S rows, each rounded up by less than one tile; where BM
 divides S and some piece is not a whole number of tiles, the pieces' whole tiles are one fewer).
 The spare slots still stride over the tail, so a shortfall would cost time, not rows.
+
+Shape buckets (core/buckets.py): S (the routed tokens, dim 0 of a contiguous input and output)
+may vary; the kernel then takes it as the argument ``S`` and computes the slot count from it, the
+grid is a SizeExpr of it. K, N and E (the weights' and offs' sizes) stay literal.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from torch_kernelize.core.buckets import unbucketable
 from torch_kernelize.core.program import KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.lowering.kernels import _codegen as cg
@@ -49,6 +55,11 @@ FLOATS = ("float16", "bfloat16", "float32")
 # (those kernels zero-filled the output first and ordered their tiles by row within a column)
 GROUP_M = 8  # slots per group of the tile order (the fill's steps try 4 and 16)
 SEEDS = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 3), (32, 64, 32, 4, 2))
+
+
+# the role of each (side, tensor, dim) of the op: a bucket varies S only
+ROLES = {("in", 0, 0): "S", ("in", 0, 1): "K", ("in", 1, 0): "E", ("in", 1, 1): "K", ("in", 1, 2): "N",
+         ("in", 2, 0): "E", ("out", 0, 0): "S", ("out", 0, 1): "N"}
 
 
 @dataclass(frozen=True)
@@ -119,49 +130,99 @@ class GroupedMatmulFamily(KernelFamily):
         return out
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        p = self.checked_plan(spec, config)
-        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        return self._program(spec, self.checked_plan(spec, config), config)
+
+    def _program(self, spec: KernelSpec, p: Plan, config: Config, rows: Any = None) -> KernelProgram:
+        """The program of ``generate``; ``rows``, a bucketed kernel's S as a SizeExpr, makes S the
+        run-time argument ``S`` (i64 where the representative's S needs it) and the grid a SizeExpr."""
+        bm, bn = config["BLOCK_M"], config["BLOCK_N"]
         slots, n_tiles = -(-p.S // bm) + p.E, -(-p.N // bn)
-        out_t = cg.tl_type(p.dtype)
-        upcast = ".to(tl.float32)" if config["DOT_UPCAST"] else ""
-        precision = ', input_precision="ieee"' if p.dtype == "float32" or config["DOT_UPCAST"] else ""
-        # masks only where a block passes the end of K or N (literals: most MoE sizes divide)
-        k_cols = f" & (k < {p.K})[None, :]" if p.K % bk else ""
-        k_step = "        k = k0 + ks\n" if p.K % bk else ""
-        col_ok = f"cols < {p.N}" if p.N % bn else "tl.full([BLOCK_N], 1, tl.int1)"
-        b_masks = ([f"(k < {p.K})[:, None]"] if p.K % bk else []) + (["col_ok[None, :]"] if p.N % bn else [])
-        b_mask = f",\n                    mask={' & '.join(b_masks)}, other=0.0" if b_masks else ""
-        source = f'''import triton
+        args, sizes = (("in", 0), ("in", 1), ("in", 2), ("out", 0)), {}
+        if rows is not None:
+            args += (("i64" if p.S + bm > cg.INT32_MAX else "i32", p.S),)
+            sizes = {"grid": [["mul", ["add", ["cdiv", rows, bm], p.E], n_tiles]], "args": {str(len(args) - 1): rows}}
+        launch = Launch("grouped_mm_kernel", (slots * n_tiles,), args,
+                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": config["BLOCK_K"], "GROUP_M": config["GROUP_M"]},
+                        config["num_warps"], config["num_stages"], runtime_sizes=sizes)
+        return KernelProgram(_source(spec, p, config, rows is not None), (launch,))
+
+    # --- shape buckets ------------------------------------------------------------------------
+    def bucket_support(self, spec: KernelSpec, dims) -> str | None:
+        """Buckets over S, the routed tokens: dim 0 of the input and the output, one variable, both
+        contiguous. K, N and the experts are the weights' (and offs') sizes, literal in the kernel."""
+        plan = self.plan(spec)
+        if isinstance(plan, str):
+            return plan
+        for side, i, d, _ in dims:
+            role = ROLES.get((side, i, d))
+            if role is not None and role != "S":
+                return (f"{role} varies ({side}put {i} dim {d}): the kernel takes S at run time; K, N and the "
+                        f"experts are the weights' sizes, literal in the kernel")
+        if problem := unbucketable(spec, dims):   # (after K, N and E: the clearer reason)
+            return problem
+        if sorted((s, i, d) for s, i, d, _ in dims) != [("in", 0, 0), ("out", 0, 0)] or len({v for *_, v in dims}) > 1:
+            return "only S may vary, as one variable in both the input's and the output's dim 0"
+        return None
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config, dims) -> KernelProgram:
+        """The kernel of ``generate`` with S a run-time argument: one binary serves every S of the
+        bucket. ``spec`` is the representative (the upper edge): the i64 decision is taken there."""
+        if problem := self.bucket_support(spec, dims):
+            raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
+        return self._program(spec, self.checked_plan(spec, config), config, f"v{dims[0][3]}")
+
+
+def _source(spec: KernelSpec, p: Plan, config: Config, runtime_s: bool) -> str:
+    """The kernel's module: S and the slot count literals, or (``runtime_s``) the argument ``S``
+    and the slot count computed from it; the text is otherwise the same."""
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    n_tiles = -(-p.N // bn)
+    if runtime_s:
+        S, S_param, rows_doc, slots, slots_doc = "S", "S, ", "S rows", "slots", f"cdiv(S, BLOCK_M) + {p.E}"
+        slots_line = f"    slots = (S + BLOCK_M - 1) // BLOCK_M + {p.E}\n"
+    else:
+        S, S_param, rows_doc, slots_line = str(p.S), "", f"{p.S} rows", ""
+        slots = slots_doc = str(-(-p.S // bm) + p.E)
+    out_t = cg.tl_type(p.dtype)
+    upcast = ".to(tl.float32)" if config["DOT_UPCAST"] else ""
+    precision = ', input_precision="ieee"' if p.dtype == "float32" or config["DOT_UPCAST"] else ""
+    # masks only where a block passes the end of K or N (literals: most MoE sizes divide)
+    k_cols = f" & (k < {p.K})[None, :]" if p.K % bk else ""
+    k_step = "        k = k0 + ks\n" if p.K % bk else ""
+    col_ok = f"cols < {p.N}" if p.N % bn else "tl.full([BLOCK_N], 1, tl.int1)"
+    b_masks = ([f"(k < {p.K})[:, None]"] if p.K % bk else []) + (["col_ok[None, :]"] if p.N % bn else [])
+    b_mask = f",\n                    mask={' & '.join(b_masks)}, other=0.0" if b_masks else ""
+    return f'''import triton
 import triton.language as tl
 
 # {spec.describe()}
 
 
 @triton.jit
-def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, {S_param}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    # this program's row-tile slot and column tile: {slots} slots by {n_tiles} columns, GROUP_M slots at a time
+    # this program's row-tile slot and column tile: {slots_doc} slots by {n_tiles} columns, GROUP_M slots at a time
     pid = tl.program_id(0)
-    first = pid // (GROUP_M * {n_tiles}) * GROUP_M
+{slots_line}    first = pid // (GROUP_M * {n_tiles}) * GROUP_M
     size = tl.minimum({slots} - first, GROUP_M)
     slot = first + (pid % (GROUP_M * {n_tiles})) % size
     pid_n = (pid % (GROUP_M * {n_tiles})) // size
-    # each expert's rows, from its end and the end before it (clamped to the {p.S} rows, as slicing is)
+    # each expert's rows, from its end and the end before it (clamped to the {rows_doc}, as slicing is)
     e = tl.arange(0, {_p2(p.E)})
-    ends = tl.minimum(tl.load(in2_ptr + e, mask=e < {p.E}, other=0).to(tl.int32), {p.S})
-    starts = tl.minimum(tl.load(in2_ptr + e - 1, mask=(e >= 1) & (e < {p.E}), other=0).to(tl.int32), {p.S})
+    ends = tl.minimum(tl.load(in2_ptr + e, mask=e < {p.E}, other=0).to(tl.int32), {S})
+    starts = tl.minimum(tl.load(in2_ptr + e - 1, mask=(e >= 1) & (e < {p.E}), other=0).to(tl.int32), {S})
     tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
     through = tl.cumsum(tiles, 0)
     used = tl.sum(tiles, 0)
     cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     col_ok = {col_ok}
     if slot >= used:
-        # a spare slot: zero the rows of no expert, [last end, {p.S}), striding over their tiles
+        # a spare slot: zero the rows of no expert, [last end, {S}), striding over their tiles
         last = tl.max(ends, 0)
-        for t in range(slot - used, (({p.S} - last) + BLOCK_M - 1) // BLOCK_M, {slots} - used):
+        for t in range(slot - used, (({S} - last) + BLOCK_M - 1) // BLOCK_M, {slots} - used):
             tail = (last + t * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
             tl.store(out0_ptr + tail[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]},
-                     tl.zeros([BLOCK_M, BLOCK_N], dtype={out_t}), mask=(tail < {p.S})[:, None] & col_ok[None, :])
+                     tl.zeros([BLOCK_M, BLOCK_N], dtype={out_t}), mask=(tail < {S})[:, None] & col_ok[None, :])
         return
     expert = tl.sum((through <= slot).to(tl.int32), 0)
     before = tl.sum(tl.where(e < expert, tiles, 0), 0)
@@ -183,10 +244,6 @@ def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, BLOCK_M: tl.constexpr
     tl.store(out0_ptr + rows[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]}, acc.to({out_t}),
              mask=row_ok[:, None] & col_ok[None, :])
 '''
-        launch = Launch("grouped_mm_kernel", (slots * n_tiles,), (("in", 0), ("in", 1), ("in", 2), ("out", 0)),
-                        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": config["GROUP_M"]},
-                        config["num_warps"], config["num_stages"])
-        return KernelProgram(source, (launch,))
 
 
 FAMILY = GroupedMatmulFamily()

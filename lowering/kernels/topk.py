@@ -17,16 +17,22 @@ Ties: ATen does not specify which of equal values comes first; on exact ties the
 the indices may differ. Random trials draw rows without ties (``sample_inputs``); on inputs with
 ties (captured from a model, or check mode) ``resolve_ties`` accepts any index that names an
 element equal to the reference's, as long as a row names no element twice.
+
+Shape buckets (core/buckets.py): along the last dim of contiguous tensors, where only leading dims
+vary, the same kernel takes the number of rows as the argument ``n_rows`` (every block masked by
+it; the row length, k and the int64 decision stay those of the representative, the upper edge).
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import (Config, PicksAlongDim, doubled_and_halved, sample_tensor,
                                                    to_device)
+from torch_kernelize.core.buckets import product, unbucketable
 from torch_kernelize.core.program import KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 
@@ -105,19 +111,23 @@ class TopkFamily(PicksAlongDim):
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        plan = self.checked_plan(spec, config)
-        p = plan
+        return self._program(spec, self.checked_plan(spec, config), config)
+
+    def _program(self, spec: KernelSpec, p: _Plan, config: Config, rows: Any = None) -> KernelProgram:
+        """The module of ``generate``; ``rows``, a bucketed kernel's number of rows as a SizeExpr,
+        makes it the run-time argument ``n_rows`` (the one thing that differs between the two)."""
         bm, warps, variant = int(config["BLOCK_M"]), int(config["num_warps"]), config["VARIANT"]
         bn, kp = _p2(p.N), _p2(p.k)
         s = cg.Source()
         s(cg.HEADER, cg.describe_spec(spec))
-        s(f"# {p.M} rows over sizes {list(p.m_sizes)}, strides [in, values, indices] {[list(x) for x in p.m_strides]}",
+        count = f"{p.M} rows" if rows is None else f"n_rows rows (a run-time size, at most {p.M})"
+        s(f"# {count} over sizes {list(p.m_sizes)}, strides [in, values, indices] {[list(x) for x in p.m_strides]}",
           f"# rows of {p.N} (stride {p.n_strides[0]}), padded to BLOCK_N = {bn}; k = {p.k} "
           f"{'largest' if p.largest else 'smallest'}, taken as the {kp} largest keys", "")
-        s("@triton.jit", "def topk_kernel(in0_ptr, out0_ptr, out1_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
-          "K: tl.constexpr):").indent()
-        offs, rm = cg.block_offsets(s, "rows", "tl.program_id(0)", "BLOCK_M", bm, p.M, p.wide, "row_mask",
-                                    p.m_sizes, p.m_strides, "m")
+        s("@triton.jit", f"def topk_kernel(in0_ptr, out0_ptr, out1_ptr{'' if rows is None else ', n_rows'}, "
+          "BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K: tl.constexpr):").indent()
+        offs, rm = cg.block_offsets(s, "rows", "tl.program_id(0)", "BLOCK_M", bm, p.M if rows is None else "n_rows",
+                                    p.wide, "row_mask", p.m_sizes, p.m_strides, "m")
         for name, off in zip(("in_row", "val_row", "idx_row"), offs):
             s(f"{name} = {cg.as_block(off, 'rows')}")
         s("cols = tl.arange(0, BLOCK_N)")
@@ -161,9 +171,50 @@ class TopkFamily(PicksAlongDim):
         s(f"tl.store(out0_ptr + val_row[:, None] + {_scaled('kk', p.n_strides[1])}[None, :], values{kw})",
           f"tl.store(out1_ptr + idx_row[:, None] + {_scaled('kk', p.n_strides[2])}[None, :], indices{kw})")
         s.dedent()
-        launch = Launch("topk_kernel", (-(-p.M // bm),), (("in", 0), ("out", 0), ("out", 1)),
-                        {"BLOCK_M": bm, "BLOCK_N": bn, "K": kp}, warps, 1)
+        args, sizes = (("in", 0), ("out", 0), ("out", 1)), {}
+        if rows is not None:
+            args, sizes = cg.runtime_size(args, p.M, rows, bm, p.M + bm > cg.INT32_MAX)
+        launch = Launch("topk_kernel", (-(-p.M // bm),), args, {"BLOCK_M": bm, "BLOCK_N": bn, "K": kp}, warps, 1,
+                        runtime_sizes=sizes)
         return KernelProgram(s.text(), (launch,))
+
+    # --- shape buckets ------------------------------------------------------------------------
+    def bucket_support(self, spec: KernelSpec, dims) -> str | None:
+        """Buckets over the rows: topk along the last dim of a contiguous input into contiguous
+        outputs, only leading dims varying, each with the same variable in the input and both
+        outputs. The rows are then one run of stride N (k in the outputs), literal in the kernel."""
+        plan = self.plan(spec)
+        if isinstance(plan, str):
+            return plan
+        if problem := unbucketable(spec, dims):
+            return problem
+        ndim = len(spec.inputs[0].shape)
+        if plan.dim != ndim - 1:
+            return f"topk along dim {plan.dim}, not the last: the rows are not the leading dims"
+        for side, metas in (("in", spec.inputs), ("out", spec.outputs)):
+            if bad := [i for i, m in enumerate(metas) if not m.is_contiguous()]:
+                return f"{side}put {bad[0]} is not contiguous: its strides are no function of its sizes"
+        var_in = {d: v for side, _, d, v in dims if side == "in"}
+        if plan.dim in var_in:
+            return f"the topk dim {plan.dim} varies: the row length is literal in the kernel"
+        for k in range(len(spec.outputs)):
+            if {d: v for side, i, d, v in dims if side == "out" and i == k} != var_in:
+                return f"output {k} varies in other dims than the input's rows"
+        if len(plan.m_sizes) > 1:
+            return "the rows are not one strided run"
+        return None
+
+    def generate_bucketed(self, spec: KernelSpec, config: Config, dims) -> KernelProgram:
+        """The kernel of ``generate`` with the number of rows a run-time argument ``n_rows``: one
+        binary serves every size of the bucket (its launch's grid and ``n_rows`` are SizeExprs).
+        Offsets and int64 indexing are decided at the representative, the bucket's largest size."""
+        if problem := self.bucket_support(spec, dims):
+            raise ValueError(f"{spec.describe()} cannot be bucketed: {problem}")
+        plan = self.checked_plan(spec, config)
+        var_of = {d: v for side, _, d, v in dims if side == "in"}
+        lead = spec.inputs[0].shape[:plan.dim]
+        return self._program(spec, plan, config, product([f"v{var_of[d]}" if d in var_of else n
+                                                          for d, n in enumerate(lead)]))
 
     # --- validation inputs --------------------------------------------------------------------
     def sample_inputs(self, spec: KernelSpec, seed: int, kind: str = "random",
