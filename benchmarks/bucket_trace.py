@@ -210,7 +210,12 @@ def targets(results: dict[str, dict[str, Any]]) -> list[str]:
             others = f"; torch.compile(dynamic=True): {i['recompiles']}" if i and i.get("recompiles") is not None else ""
             out.append(f"recompiles after the warm-up: {'met' if k['recompiles'] == 0 else 'missed'} "
                        f"({k['recompiles']}{others})")
-        if k.get("repro_folders") is not None:
+        capped = sum(((k.get("repros") or {}).get("suppressed_by_reason") or {}).get(r, 0)
+                     for r in ("count_cap", "bytes_cap"))
+        if k.get("repro_folders") is not None and capped:
+            out.append(f"at most one reproducer folder per bucket: not judged ({k['repro_folders']} folder(s), but "
+                       f"the reproducer caps left {capped} miss(es) unwritten)")
+        elif k.get("repro_folders") is not None:
             out.append(f"at most one reproducer folder per bucket: "
                        f"{'met' if k['repro_folders'] <= k['buckets'] else 'missed'} "
                        f"({k['repro_folders']} for {k['buckets']} bucket(s) in the trace; "

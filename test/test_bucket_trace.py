@@ -43,6 +43,11 @@ def test_targets_are_judged_with_their_distance():
         "recompiles after the warm-up: met (0)",
         "at most one reproducer folder per bucket: met (4 for 4 bucket(s) in the trace; 7 at the warm-up length 32, "
         "outside it)"]
+    # a cap that left misses unwritten: few folders prove nothing
+    capped = dict(k, repro_folders=1, repros={"warmup_folders": 94, "suppressed_by_reason": {"bytes_cap": 3822}})
+    assert t.targets({"kernelize": capped})[2] == (
+        "at most one reproducer folder per bucket: not judged (1 folder(s), but the reproducer caps left 3822 "
+        "miss(es) unwritten)")
 
 
 def test_the_fill_asks_the_generators_named(tmp_path, monkeypatch):
