@@ -96,14 +96,17 @@ def record_problems(r: Any) -> list[str]:
 
 
 def _bucket_problems(bucket: Any, spec: KernelSpec, key: Any) -> list[str]:
-    from torch_kernelize.core.buckets import Bucket, contains, values_of
+    from torch_kernelize.core.buckets import Bucket, contains
     try:
         b = Bucket.from_json(bucket)
         bkey = b.key(spec)
     except Exception as e:  # noqa: BLE001 - a malformed bucket is a problem, never a crash
         return [f"bucket does not load: {type(e).__name__}: {e}"]
     problems = [] if bkey == key else [f"bucket key {bkey} is not the entry key {key}"]
-    if not contains(b.ranges, values_of(spec, b.dims)):
+    values = b.values(spec)
+    if values is None:
+        problems.append(f"the representative spec's bucket dims are no multiple of the bucket's scale {b.scale}")
+    elif not contains(b.ranges, values):
         problems.append(f"the representative spec lies outside the bucket {b.ranges}")
     return problems
 

@@ -241,6 +241,25 @@ def test_bucket_boundaries_keys_and_launch_sizes():
     assert launch.args[-1] == ("i32", 7 * 16) and launch.grid == (-(-7 * 16 // launch.constexprs["BLOCK"]),)
 
 
+def test_a_scaled_bucket_reads_its_variable_off_dims_that_hold_a_multiple_of_it():
+    """A dynamic graph's bucket whose dims are token counts (batch x length) records the batch
+    as its scale: the length is those dims over it, its key is not the unscaled one's, and a
+    record whose scale is no positive integer, or a representative no multiple of it, is refused."""
+    from kernel_cache.entry import _bucket_problems
+    dims = (("in", 0, 0, 0), ("out", 0, 0, 0))
+    a = torch.randn(32, 16)
+    spec = KernelSpec.from_call(torch.ops.aten.relu.default, [a], {}, a.relu())
+    scaled = B.Bucket(dims, ((9, 16),), probes=("p", "q"), scale=2)
+    assert scaled.values(spec) == (16,) and B.Bucket(dims, ((9, 16),), scale=3).values(spec) is None
+    assert B.Bucket.from_json(scaled.to_json()) == scaled and "scale" not in B.Bucket(dims, ((9, 16),)).to_json()
+    assert scaled.key(spec) != B.Bucket(dims, ((9, 16),), probes=("p", "q")).key(spec)
+    with pytest.raises(ValueError, match="scale"):
+        B.Bucket.from_json(dict(scaled.to_json(), scale=0))
+    assert _bucket_problems(scaled.to_json(), spec, scaled.key(spec)) == []
+    odd = B.Bucket(dims, ((9, 16),), probes=("p", "q"), scale=3)
+    assert any("no multiple of the bucket's scale 3" in p for p in _bucket_problems(odd.to_json(), spec, odd.key(spec)))
+
+
 def test_a_bucket_whose_search_raises_is_reported_failed_and_the_run_finishes(tmp_path, monkeypatch, capsys):
     def broken(run, work, builder, family=None):
         raise RuntimeError("a bug in the bucketed family")

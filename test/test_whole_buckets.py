@@ -202,8 +202,8 @@ def test_a_graph_program_wrong_at_one_edge_of_its_bucket_is_rejected_with_that_s
         torch.testing.assert_close(baseline(inputs)[0], spec.run_vendor(inputs)[0])
     real = fill_buckets.bucket_runner
 
-    def wrong_at_five(spec, dims, base):
-        runner = real(spec, dims, base)
+    def wrong_at_five(spec, dims, base, scale=1):
+        runner = real(spec, dims, base, scale)
         if fill_buckets.values_of(spec, dims) == (5,):
             run = runner.run_poisoned
             runner.run_poisoned = lambda *a, **k: [o + 1 for o in run(*a, **k)]
@@ -312,3 +312,82 @@ def test_the_stretches_of_a_broken_dynamic_graph_are_filled_per_bucket_and_serve
     for w in served:
         own = dynamic_whole(stretch_module(graph.plan.gm, w.region), symbol)[0]
         assert whole_probe_keys(own, bindings) == whole_probe_keys(w, bindings)
+
+
+TOKENS_MODEL = '''
+import torch
+class Routed(torch.nn.Module):
+    """Two routers' top-k cut the graph in three stretches; the middle one sees only token counts
+    (batch x length, no dim of the length alone), as an MoE router's stretch does."""
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.out = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        b, t, d = x.shape
+        flat = self.norm(self.proj(x)).reshape(b * t, d) * 2 + 1
+        _, idx = torch.topk(flat, 2, dim=-1)
+        mid = torch.relu(self.out(flat)) + torch.gather(flat, -1, idx).sum(-1, keepdim=True)
+        _, idx2 = torch.topk(mid, 2, dim=-1)
+        return (mid * 3 + torch.gather(mid, -1, idx2).sum(-1, keepdim=True)).reshape(b, t, d) + x
+def make():
+    torch.manual_seed(0)
+    return Routed().eval(), (torch.randn(2, 6, 8),)
+'''
+
+
+def test_a_stretch_of_token_counts_alone_is_filled_over_the_lengths_bucket_and_serves_it(tmp_path, monkeypatch):
+    """A stretch whose every dim is batch x length competes over the length's buckets: its bucket
+    dims hold the length times the batch (the record's scale), serving reads the length off them
+    divided by it, and a new length inside runs its program with no compile or cache read."""
+    model, cache_dir, _, stretches = _filled(tmp_path / "tokens.py", TOKENS_MODEL, "0:1:9-16")
+    assert len(stretches) == 3 and all(e.winner == "triton" and e.bucket.ranges == ((9, 16),) for e in stretches)
+    (tokens,) = [e for e in stretches if e.bucket.scale != 1]
+    assert tokens.bucket.scale == 2 and all(tokens.spec.inputs[i].shape[d] == 32 for s, i, d, _ in tokens.bucket.dims
+                                            if s == "in")
+
+    block, compiled, graphs, _ = _served(model, cache_dir)
+    import torch_kernelize.serving.launch as launch
+
+    def forbidden(*a, **k):
+        raise AssertionError("a new size inside a filled bucket must not read the cache, compile or generate code")
+    with torch.no_grad():
+        x = torch.randn(2, 12, 8)
+        torch.testing.assert_close(compiled(x), block(x))
+        monkeypatch.setattr(launch, "load_program", forbidden)
+        monkeypatch.setattr(KernelCache, "_read", forbidden)
+        monkeypatch.setattr(torch._inductor, "compile", forbidden)
+        for t in (10, 13, 16):
+            x = torch.randn(2, t, 8)
+            torch.testing.assert_close(compiled(x), block(x))
+        monkeypatch.undo()
+    (graph,) = graphs
+    for key, spec in graph.specializations().items():
+        if 9 in key:  # (the traced length: the static fill's exact entries)
+            continue
+        hit = {d.entry.key for d in spec.regions if d.entry is not None and d.tier == "triton"}
+        assert {e.key for e in stretches} <= hit, key
+
+
+def test_a_size_read_off_a_value_a_fusion_removes_is_read_off_its_boundary():
+    """sizes_read_off: a later stretch's ``sym_size`` of a value inside a stretch (an MoE router's
+    token count read off its view) has a tensor of the stretch's inputs or outputs of that size,
+    or the stretch cannot be fused (None)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.core.shapes import sizes_read_off
+
+    def f(x, y):
+        v = (x * 2).view(-1)
+        return y.new_zeros(v.shape[0]) + 1, y * 3
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(6), torch.randn(4))
+    nodes = {n.name: n for n in gm.graph.nodes}
+    x, y = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    stretch = [nodes["mul"], nodes["view"]]
+    assert sizes_read_off(stretch, []) == []  # (make_fx reads the size off the input: nothing inside is read)
+    (size,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.sym_size.int and n.args[0] is x]
+    size.args = (nodes["view"], 0)  # as AOT's graph of Mixtral's router reads its token count off a view
+    ((reader, (tensor, dim)),) = sizes_read_off(stretch, [x])
+    assert reader.target is torch.ops.aten.sym_size.int and reader.args[0] is nodes["view"]
+    assert (tensor, dim) == (x, 0)
+    assert sizes_read_off(stretch, [y]) is None  # y's size is another symbol: no tensor the fusion keeps has it

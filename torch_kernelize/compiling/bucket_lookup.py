@@ -22,8 +22,8 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.whole_graph import size_symbols, whole_probe_keys
-from torch_kernelize.core.buckets import (PREFIX_LEN, Dim, contains, instantiate, key_prefix, probe_prefix, unbucketable,
-                                          values_of)
+from torch_kernelize.core.buckets import (PREFIX_LEN, Bucket, Dim, contains, instantiate, key_prefix, probe_prefix,
+                                          unbucketable, values_of)
 from torch_kernelize.core.spec import tensor_input_nodes
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.kernel_cache.entry import CacheEntry
@@ -190,8 +190,9 @@ class GraphBuckets:
         memo = (id(whole), others)
         with self._lock:
             if memo not in self._probes:
-                probes = whole_probe_keys(whole, bindings)
-                self._probes[memo] = probe_prefix(probes, whole.dims) if probes is not None else None
+                probes, scale = whole_probe_keys(whole, bindings), whole.scale(bindings)
+                found = probes is not None and scale is not None
+                self._probes[memo] = probe_prefix(probes, whole.dims, scale) if found else None
             return self._probes[memo]
 
 
@@ -231,8 +232,10 @@ class BucketLookup:
             return exact
         for whole in wholes:
             prefix = self.graph.whole_prefix(whole, self.bindings)
-            values = values_of(spec, whole.dims)
-            for bucket, entry in self.graph.buckets(prefix) if prefix is not None else ():
+            if prefix is None or whole.symbol not in self.bindings:
+                continue
+            values = (int(self.bindings[whole.symbol]),)
+            for bucket, entry in self.graph.buckets(prefix):
                 if bucket.dims == whole.dims and contains(bucket.ranges, values):
                     status = "hit" if entry.winner == "triton" else "vendor"
                     where = " x ".join(f"{lo}-{hi}" for lo, hi in bucket.ranges)
@@ -274,7 +277,11 @@ def subsets(dims: tuple[Dim, ...]) -> list[tuple[Dim, ...]]:
     return out
 
 
-def bucket_runner(spec: KernelSpec, dims: tuple[Dim, ...], base: Any) -> Any:
+def bucket_runner(spec: KernelSpec, dims: tuple[Dim, ...], base: Any, scale: int = 1) -> Any:
     """The runner of ``spec`` from its bucket's loaded runner ``base`` (launch.ProgramRunner): the
-    same kernels, with the launch sizes of ``spec``'s sizes. No disk access, no compilation."""
-    return base.for_spec(spec, instantiate(base.program, values_of(spec, dims)))
+    same kernels, with the launch sizes of ``spec``'s sizes (``scale``: the bucket's, what its dims
+    hold per unit of the variable, core/buckets.Bucket). No disk access, no compilation."""
+    values = Bucket(tuple(dims), (), scale=scale).values(spec)
+    if values is None:
+        raise ValueError(f"{spec.describe()}: a bucket dim is no multiple of the bucket's scale {scale}")
+    return base.for_spec(spec, instantiate(base.program, values))

@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize import flush_repros
-from torch_kernelize.core.buckets import instantiate, metas_at, pow2_bucket, spec_at
+from torch_kernelize.core.buckets import PREFIX_LEN, instantiate, metas_at, pow2_bucket, spec_at
 from torch_kernelize.core.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.serving.bucket_call import BucketCall, SizedCall, readable
@@ -148,7 +148,7 @@ class Session:
         """A bucket's runner for the sizes of ``spec`` (memoized per spec; caller holds the lock)."""
         k = (str(self.cache.dir), entry.key, entry.identity, spec.key)
         if k not in self._runners:
-            self._runners[k] = bucket_runner(spec, entry.bucket.dims, base) if spec != entry.spec else base
+            self._runners[k] = bucket_runner(spec, entry.bucket.dims, base, entry.bucket.scale) if spec != entry.spec else base
         return self._runners[k]
 
     def runner_failed(self, key: str) -> bool:
@@ -447,8 +447,8 @@ class LoweredGraph:
 
     def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None,
                      respec: Callable[[tuple[int, ...]], KernelSpec | None] | None = None,
-                     outputs_at: Callable[[tuple[int, ...]], tuple | None] | None = None
-                     ) -> tuple[BucketCall, dict] | None:
+                     outputs_at: Callable[[tuple[int, ...]], tuple | None] | None = None,
+                     symbol: Any = None) -> tuple[BucketCall, dict] | None:
         """A bucket hit's kernel as a call that serves any size of the bucket, and the range of
         each symbol it varies in; None for an exact hit, or a bucket whose sizes cannot all be
         read off the node's inputs (then the kernel of the node's sizes is bound). ``tensors``:
@@ -456,7 +456,9 @@ class LoweredGraph:
         the region's own spec at those sizes (its vendor path: sizes inside its graph, a view's
         shape, are the size's, not the representative's), None where it cannot say;
         ``outputs_at(values)``: its outputs' metas there (a dim of another size of the bucket's,
-        a token count, is no bucket dim), None where they are the bucket dims' alone."""
+        a token count, is no bucket dim), None where they are the bucket dims' alone; ``symbol``:
+        a whole graph's varying symbol, what its bucket's one variable is (its dims may hold a
+        multiple of it: whole_graph.DynamicWhole)."""
         entry = d.entry
         bucket = entry.bucket if entry is not None else None
         if bucket is None or not readable(bucket.dims):
@@ -464,7 +466,8 @@ class LoweredGraph:
         if tensors is None:
             inputs, outputs = node_tensors(self._nodes[d.node])
             tensors = {"in": inputs, "out": outputs}
-        varied = bucket_symbols(tensors, bucket.dims, bucket.ranges)
+        varied = {symbol: bucket.ranges[0]} if symbol is not None else bucket_symbols(tensors, bucket.dims,
+                                                                                       bucket.ranges)
         base = self.session.load_runner(entry.spec, entry) if varied is not None else None
         if base is None:
             return None
@@ -480,7 +483,7 @@ class LoweredGraph:
             if self.session.options.check:  # (a checked call runs the vendor op every time: it needs its spec)
                 return self.triton_call(spec(), runner, entry.key, name)
             return SizedCall(spec, runner, self.session.kernel_state(entry.key), self._on_kernel_failure, name)
-        return BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make), varied
+        return BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make, bucket.scale), varied
 
     def _share(self, spec: Specialization, decisions: list[Decision], regions: list[Decision],
                bucket_ranges: dict[str, dict], verdicts: dict[str, str]) -> None:
@@ -492,7 +495,7 @@ class LoweredGraph:
             entries = self._buckets.entries() if self._buckets is not None else ()  # (no cache: no cuts)
             self._classes = shape_classes(self.binder.symbols, nodes, self.regions, entries,
                                           record_buckets=self.session.repros is not None,
-                                          wholes=self._dynamic_wholes)
+                                          wholes=self._dynamic_wholes, bindings=self.binder.bindings(spec.key))
         single: set = set()
         ranges: dict = {}
         covered = set()
@@ -530,6 +533,15 @@ class LoweredGraph:
         ranges = [pow2_bucket(v) if isinstance(v, int) and v >= 1 else v for v in key]
         return f"{self.name}:{d.node}:{ranges}"
 
+    def _whole_symbol(self, region: Region, bindings: dict, d: Decision) -> Any:
+        """The varying symbol of the dynamic whole (``region`` over one size) whose bucket ``d``
+        hit; None where the hit is no such bucket's (an exact entry, a fused region)."""
+        bucket = d.entry.bucket if d.entry is not None else None
+        if bucket is None or not bucket.probes or self._buckets is None:
+            return None
+        return next((w.symbol for w in self._dynamic_wholes if w.region is region
+                     and self._buckets.whole_prefix(w, bindings) == d.entry.key[:PREFIX_LEN]), None)
+
     def _decide_regions(self, bindings, decisions: list[Decision], cache: Lookups | None, calls: dict[str, tuple]):
         """The planner's region rung (``decide_regions``), each hit bound as a kernel call (a
         bucket's, in ``calls`` by the decision's node, where it serves the region's whole bucket)."""
@@ -548,9 +560,10 @@ class LoweredGraph:
                 elif d.entry is None:
                     continue  # no entry: the graph runs as it always did, and the report says nothing of it
             if runner is not None:
-                outputs_at = _region_outputs_at(region, bindings, d) if region.kind == WHOLE else None
-                call = self._bucket_call(d, region_tensors(region), _region_spec_at(region, bindings, d),
-                                         outputs_at) if self._buckets is not None else None
+                symbol = self._whole_symbol(region, bindings, d)
+                outputs_at = _region_outputs_at(region, bindings, d, symbol) if region.kind == WHOLE else None
+                call = self._bucket_call(d, region_tensors(region), _region_spec_at(region, bindings, d, symbol),
+                                         outputs_at, symbol) if self._buckets is not None else None
                 if call is not None:
                     calls[d.node] = call
                 fused.append((region, call[0] if call is not None else self.triton_call(d.spec, runner)))
@@ -639,28 +652,34 @@ class LoweredGraph:
             log.error("repro of the %s of kernel %s: %s", kind, call.spec.key, folder)
 
 
-def _region_spec_at(region: Region, bindings: dict, d: Decision) -> Callable[[tuple[int, ...]], KernelSpec | None]:
+def _region_spec_at(region: Region, bindings: dict, d: Decision,
+                    symbol: Any = None) -> Callable[[tuple[int, ...]], KernelSpec | None]:
     """``region``'s spec at a size of the bucket ``d`` hit (None where it cannot say)."""
     def at(values: tuple[int, ...]) -> KernelSpec | None:
-        new = _bindings_in_bucket(region, bindings, d, values)
+        new = _bindings_in_bucket(region, bindings, d, values, symbol)
         return region_spec(region, new) if new is not None else None
     return at
 
 
-def _region_outputs_at(region: Region, bindings: dict, d: Decision) -> Callable[[tuple[int, ...]], tuple | None]:
+def _region_outputs_at(region: Region, bindings: dict, d: Decision,
+                       symbol: Any = None) -> Callable[[tuple[int, ...]], tuple | None]:
     """``region``'s outputs' metas at a size of the bucket ``d`` hit, read off their traced
     shapes (a stretch's token count is batch x length; a dim of the bucket's size alone is
     what metas_at gives); None where a size is unbound."""
     def at(values: tuple[int, ...]) -> tuple | None:
-        new = _bindings_in_bucket(region, bindings, d, values)
+        new = _bindings_in_bucket(region, bindings, d, values, symbol)
         metas = [concrete_meta(n.meta["val"], new) for n in region.outputs] if new is not None else [None]
         return None if any(m is None for m in metas) else tuple(metas)
     return at
 
 
-def _bindings_in_bucket(region: Region, bindings: dict, d: Decision, values: tuple[int, ...]) -> dict | None:
+def _bindings_in_bucket(region: Region, bindings: dict, d: Decision, values: tuple[int, ...],
+                        symbol: Any = None) -> dict | None:
     """The specialization's ``bindings`` with the variables of the bucket ``d`` hit at
-    ``values`` (None where a variable is no single symbol)."""
+    ``values`` (None where a variable is no single symbol); a whole graph's (``symbol``, its
+    one variable) with that symbol at its value."""
+    if symbol is not None:
+        return {**bindings, symbol: int(values[0])}
     sizes = variable_sizes(region_tensors(region), d.entry.bucket.dims)
     new = bindings_at(sizes, values) if sizes is not None else None
     return {**bindings, **new} if new is not None else None

@@ -322,14 +322,15 @@ class ShapeClasses:
 
 def shape_classes(symbols: Sequence[sympy.Symbol], nodes: Iterable[tuple[fx.Node, str]],
                   regions: Iterable[Region], entries: Iterable[Any], record_buckets: bool,
-                  wholes: Iterable[Any] = ()) -> ShapeClasses:
+                  wholes: Iterable[Any] = (), bindings: dict | None = None) -> ShapeClasses:
     """The partition of a graph's signatures by the cache ``entries`` (CacheEntries of the listing)
     its kernel-eligible ``nodes`` ((node, op name)) and ``regions`` could find, and the graph whole
-    over a size (``wholes``: whole_graph.DynamicWhole) its buckets."""
+    over a size (``wholes``: whole_graph.DynamicWhole) its buckets (``bindings``: a signature's
+    sizes, the other sizes of a whole whose tensors do not tell them apart)."""
     classes = ShapeClasses(symbols, record_buckets)
     entries = list(entries)
     for whole in wholes:
-        _whole_cells(classes, whole, entries)
+        _whole_cells(classes, whole, entries, bindings or {})
     known = set(symbols)
     by_op: dict[str, list[Any]] = {}
     for e in entries:
@@ -350,21 +351,24 @@ def shape_classes(symbols: Sequence[sympy.Symbol], nodes: Iterable[tuple[fx.Node
     return classes
 
 
-def _whole_cells(classes: ShapeClasses, whole: Any, entries: list[Any]) -> None:
+def _whole_cells(classes: ShapeClasses, whole: Any, entries: list[Any], bindings: dict) -> None:
     """The cells of a graph's whole-graph buckets (fill_cache/whole_buckets.py): each bucket's
     range of the varying symbol, the other sizes at the values its winner was filled for (read back
-    off its representative, and checked by the key prefix serving looks it up by)."""
-    tensors = region_tensors(whole.region)
+    off its representative, or where its tensors hold only products of them, an MoE router's
+    token counts, the ``bindings``'; checked by the key prefix serving looks it up by)."""
+    tensors, symbols = region_tensors(whole.region), region_symbols(whole.region)
     for e in entries:
         bucket = e.bucket
         if bucket is None or tuple(map(tuple, bucket.dims)) != tuple(whole.dims) or len(bucket.ranges) != 1:
             continue
-        read = read_sizes([*tensors["in"], *tensors["out"]], (*e.spec.inputs, *e.spec.outputs))
-        if read is None:
-            continue
-        others = {x: v for x, v in read[0].items() if x != whole.symbol}
-        probes = whole_probe_keys(whole, others)
-        if probes is None or probe_prefix(probes, whole.dims) != e.key[:PREFIX_LEN]:
+        read = read_sizes([*tensors["in"], *tensors["out"]], (*e.spec.inputs, *e.spec.outputs)) \
+            if whole.factor == 1 else None
+        if read is not None:
+            others = {x: v for x, v in read[0].items() if x != whole.symbol}
+        else:
+            others = {x: v for x, v in bindings.items() if x != whole.symbol and x in symbols}
+        probes, scale = whole_probe_keys(whole, others), whole.scale(others)
+        if probes is None or scale is None or probe_prefix(probes, whole.dims, scale) != e.key[:PREFIX_LEN]:
             continue
         (lo, hi), = bucket.ranges
         classes.cut(whole.symbol, lo, hi)

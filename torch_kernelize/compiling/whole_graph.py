@@ -28,6 +28,7 @@ import dataclasses
 import operator
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
@@ -38,6 +39,7 @@ from torch_kernelize.compiling.op_classes import (NodeClass, classify, is_random
 from torch_kernelize.compiling.regions import Region, is_tensor_node, region_spec
 from torch_kernelize.core.encoding import encode_arg
 from torch_kernelize.core.graph_accuracy import WHOLE
+from torch_kernelize.core.shapes import sizes_read_off
 from torch_kernelize.core.graph_accuracy import is_whole as is_whole_graph  # noqa: F401 (its name here)
 
 MIN_COMPUTE_NODES = 2
@@ -89,10 +91,20 @@ def whole_graph_region(gm: fx.GraphModule, symbolic: bool = False) -> tuple[Regi
 @dataclasses.dataclass(frozen=True)
 class DynamicWhole:
     """A dynamic graph offered whole over the sizes of one symbol (a sequence length): its
-    region, the symbol, and each input and output dim of that size (a bucket's dims, variable 0)."""
+    region, the symbol, and each input and output dim that holds it (a bucket's dims, variable
+    0), each of size ``factor`` times the symbol: 1 where a dim is the symbol itself; else (an
+    MoE router's stretch, which sees only token counts) a product of the other symbols and an
+    integer (``2*s0``: batch s0 times the symbol, times two experts per token)."""
     region: Region
     symbol: Any
     dims: tuple[tuple[str, int, int, int], ...]
+    factor: Any = 1
+
+    def scale(self, bindings: dict) -> int | None:
+        """``factor`` at ``bindings`` (what a dim of ``dims`` holds per unit of the symbol);
+        None where a symbol of it is unbound."""
+        value = sympy.sympify(self.factor).subs(bindings)
+        return int(value) if value.is_Integer and value > 0 else None
 
 
 def dynamic_whole(gm: fx.GraphModule, symbol: Any) -> tuple[DynamicWhole | None, str]:
@@ -103,19 +115,38 @@ def dynamic_whole(gm: fx.GraphModule, symbol: Any) -> tuple[DynamicWhole | None,
 
 def whole_over(region: Region, symbol: Any) -> tuple[DynamicWhole | None, str]:
     """``region`` (a dynamic graph whole, or a stretch of one) over the sizes of ``symbol``, or
-    (None, why not): one input or output dim at least must be that size itself (a bucket's
-    variable, read off the call's tensors). A dim of another size of it (a token count, batch x
-    length) follows from it: serving gives the outputs their sizes from the graph's at the size
-    (lower.py ``_region_outputs_at``), and the fill compiles such dims dynamic too."""
-    dims = []
-    for side, nodes in (("in", region.inputs), ("out", region.outputs)):
-        for i, n in enumerate(nodes):
-            for d, size in enumerate(n.meta["val"].shape):
-                if (size.node.expr if isinstance(size, torch.SymInt) else size) == symbol:
-                    dims.append((side, i, d, 0))
-    if not dims:
-        return None, f"no input or output dim is {symbol}"
-    return DynamicWhole(region, symbol, tuple(dims)), ""
+    (None, why not): the dims that are that size itself (a bucket's variable, read off the
+    call's tensors); where none is, the dims of one multiple of it (the first an input has: a
+    token count, batch x length), the variable read off them divided by their factor. Any other
+    dim of another size of it follows from it: serving gives the outputs their sizes from the
+    graph's at the size (lower.py ``_region_outputs_at``), and the fill compiles such dims
+    dynamic too."""
+    sized = [(side, i, d, _expr(size)) for side, nodes in (("in", region.inputs), ("out", region.outputs))
+             for i, n in enumerate(nodes) for d, size in enumerate(n.meta["val"].shape)]
+    exact = tuple((side, i, d, 0) for side, i, d, e in sized if e == symbol)
+    if exact:
+        return DynamicWhole(region, symbol, exact), ""
+    factor = next((f for side, _, _, e in sized if side == "in" for f in [_factor(e, symbol)] if f is not None), None)
+    if factor is None:
+        return None, f"no input dim is {symbol} or a multiple of it"
+    dims = tuple((side, i, d, 0) for side, i, d, e in sized if _factor(e, symbol) == factor)
+    return DynamicWhole(region, symbol, dims, factor), ""
+
+
+def _expr(size: Any) -> Any:
+    return size.node.expr if isinstance(size, torch.SymInt) else size
+
+
+def _factor(e: Any, symbol: Any) -> Any:
+    """``e / symbol`` where that is a product of other size symbols and a positive integer
+    (``e`` grows with the symbol in proportion); None otherwise."""
+    if not isinstance(e, sympy.Expr) or symbol not in e.free_symbols:
+        return None
+    f = e / symbol
+    parts = sympy.Mul.make_args(f)
+    if symbol in f.free_symbols or not all(p.is_Symbol or (p.is_Integer and p > 0) for p in parts):
+        return None
+    return f
 
 
 def dynamic_wholes(gm: fx.GraphModule, symbols: Any) -> list[DynamicWhole]:
@@ -248,6 +279,8 @@ def _stretch_region(nodes: list[fx.Node], kind: str, symbolic: bool = False) -> 
             if not is_tensor_node(n):
                 return None
             outputs.append(n)
+    if symbolic and sizes_read_off(nodes, inputs + outputs) is None:
+        return None  # (a size the rest of the graph reads off a value inside: fused, it would be gone)
     return Region(WHOLE, nodes, inputs, outputs, stretch=kind) if outputs else None
 
 

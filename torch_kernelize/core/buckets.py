@@ -216,40 +216,56 @@ def contains(ranges: Sequence[Range], values: Sequence[int]) -> bool:
 
 # --- the bucket record of a cache entry ---------------------------------------------------------
 
-def probe_prefix(probes: Sequence[str], dims: Sequence[Dim]) -> str:
+def probe_prefix(probes: Sequence[str], dims: Sequence[Dim], scale: int = 1) -> str:
     """The key prefix of a dynamic graph's buckets, from the keys of its canonical form at the
     probe sizes (compiling/whole_graph.py): a literal size cannot be told from a symbolic one in
-    a concrete spec, so these keys, not the representative, define the graph."""
-    return digest({"whole": list(probes), "dims": [list(d) for d in dims], "version": BUCKET_VERSION})[:PREFIX_LEN]
+    a concrete spec, so these keys, not the representative, define the graph. ``scale``: what
+    its dims hold per unit of the variable (1: the variable itself)."""
+    d = {"whole": list(probes), "dims": [list(d) for d in dims], "version": BUCKET_VERSION}
+    return digest(d if scale == 1 else dict(d, scale=scale))[:PREFIX_LEN]
 
 
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """What a bucket entry's record holds under "bucket": its dims and ranges (and, written by
-    fill_cache, the sizes its winner was validated at; for a dynamic graph's, its probe keys)."""
+    fill_cache, the sizes its winner was validated at; for a dynamic graph's, its probe keys and
+    the ``scale`` its dims hold the variable at: an MoE router's token counts, batch x length,
+    are a multiple of the length its buckets range over)."""
     dims: tuple[Dim, ...]
     ranges: tuple[Range, ...]
     validated: tuple[tuple[int, ...], ...] = ()
     probes: tuple[str, ...] = ()
+    scale: int = 1
 
     def key(self, spec: KernelSpec) -> str:
-        return bucket_key(spec, self.dims, self.ranges, probe_prefix(self.probes, self.dims) if self.probes else None)
+        prefix = probe_prefix(self.probes, self.dims, self.scale) if self.probes else None
+        return bucket_key(spec, self.dims, self.ranges, prefix)
+
+    def values(self, spec: KernelSpec) -> tuple[int, ...] | None:
+        """Each variable's size in ``spec``: its dims' over the scale (None where one is no
+        multiple of it)."""
+        sizes = values_of(spec, self.dims)
+        return None if any(v % self.scale for v in sizes) else tuple(v // self.scale for v in sizes)
 
     def to_json(self) -> dict[str, Any]:
         d = {"version": BUCKET_VERSION, "dims": [list(d) for d in self.dims],
              "ranges": [list(r) for r in self.ranges], "validated_sizes": [list(v) for v in self.validated]}
         if self.probes:
             d["probes"] = list(self.probes)
+        if self.scale != 1:
+            d["scale"] = self.scale
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Bucket":
         if d.get("version") != BUCKET_VERSION:
             raise ValueError(f"bucket version {d.get('version')!r} is not {BUCKET_VERSION}")
+        if int(d.get("scale", 1)) < 1:
+            raise ValueError(f"bucket scale {d['scale']!r} is not a positive integer")
         return cls(tuple((str(s), int(i), int(k), int(v)) for s, i, k, v in d["dims"]),
                    tuple((int(lo), int(hi)) for lo, hi in d["ranges"]),
                    tuple(tuple(int(x) for x in v) for v in d.get("validated_sizes", ())),
-                   tuple(str(k) for k in d.get("probes", ())))
+                   tuple(str(k) for k in d.get("probes", ())), int(d.get("scale", 1)))
 
 
 # --- sizes computed at launch time --------------------------------------------------------------

@@ -74,6 +74,25 @@ class SymbolBinder:
         return {sym: sympy.Integer(int(v)) for sym, v in zip(self.symbols, key) if v is not None}
 
 
+def sizes_read_off(nodes: Sequence[fx.Node], boundary: Sequence[fx.Node]) -> list[tuple[fx.Node, Any]] | None:
+    """Each size read (``sym_size``) off a value of ``nodes`` by a node outside them, with where
+    a tensor of ``boundary`` (their inputs and outputs) has that size: ``(reader, (tensor, dim))``;
+    None where one has no such tensor. A dynamic graph's stretch fused into one call keeps its
+    boundary only (an MoE router's token count read off its view, by a later stretch)."""
+    inside, found = set(nodes), []
+    for n in nodes:
+        for u in n.users:
+            if u in inside or u.target is not torch.ops.aten.sym_size.int:
+                continue
+            want = _expr(n.meta["val"].shape[u.args[1]])
+            at = next(((b, d) for b in boundary for d, size in enumerate(getattr(b.meta.get("val"), "shape", ()))
+                       if _expr(size) == want), None)
+            if at is None:
+                return None
+            found.append((u, at))
+    return found
+
+
 def dense_order(shape: Sequence[Any], stride: Sequence[Any]) -> list[int] | None:
     """The dims from outermost to innermost if ``stride`` is a dense layout of ``shape`` (a
     permutation of a contiguous tensor); None for overlapping or gapped layouts."""

@@ -81,6 +81,7 @@ class BucketWork:
     # quick fill's budget a bucket whose every place a graph's program covers is not searched
     # (FillRun._fill_buckets). Empty where not known (several --dynamic dims): always searched.
     places: list[tuple[str, Range]] = dataclasses.field(default_factory=list)
+    scale: int = 1  # a dynamic graph's: what its dims hold per unit of the variable (core/buckets.Bucket)
 
     @property
     def whole(self) -> bool:
@@ -89,7 +90,7 @@ class BucketWork:
 
     @property
     def key(self) -> str:
-        return Bucket(self.dims, self.ranges, probes=self.probes).key(self.spec)
+        return Bucket(self.dims, self.ranges, probes=self.probes, scale=self.scale).key(self.spec)
 
     def spec_at(self, values: Sequence[int]) -> KernelSpec:
         """The concrete spec at the variables' ``values``."""
@@ -104,7 +105,7 @@ class BucketWork:
     def record(self) -> dict[str, Any]:
         """What its entry's record holds beside what any search stores: the bucket."""
         return {"bucket": Bucket(self.dims, self.ranges, tuple(inside_sizes(self.ranges, self.key)),
-                                 self.probes).to_json()}
+                                 self.probes, self.scale).to_json()}
 
 
 class BucketFamily(KernelFamily):
@@ -329,11 +330,12 @@ class BucketMeasurer:
     def __init__(self, work: BucketWork, family: KernelFamily, target: Target, builder: Builder,
                  cache_dir: Path | None = None):
         self.spec, self.family, self.dims, self.builder = work.spec, family, work.dims, builder
+        self.scale = work.scale
         self.sizes = inside_sizes(work.ranges, work.key)
         self.top = Measurer(work.spec, family, target, builder=builder, cache_dir=cache_dir,
                             baseline=work.baseline(target, cache_dir) if work.baseline and cache_dir else None)
         self.others = [(v, Measurer(work.spec_at(v), family, target, builder=builder))
-                       for v in self.sizes if v != values_of(work.spec, work.dims)]
+                       for v in self.sizes if v != tuple(hi for _, hi in work.ranges)]
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -346,7 +348,7 @@ class BucketMeasurer:
             return ev
         _, base = self.top.build(config)
         for v, m in self.others:
-            record = m.validate_runner(bucket_runner(m.spec, self.dims, base).run_poisoned)
+            record = m.validate_runner(bucket_runner(m.spec, self.dims, base, self.scale).run_poisoned)
             if not record.ok:
                 ev.correct, ev.fitness, ev.error = False, 0.0, f"at sizes {list(v)}: {record.reason}"
                 return ev

@@ -2,7 +2,8 @@
 
 ``fill_cache --model M --dynamic I:D:LO-HI`` traces M with dynamic shapes (buckets.py). Each
 graph that can be one program over the sizes of that dim (compiling/whole_graph.py's
-``dynamic_whole``: every node an ATen or prims op, an input or output dim that size itself), or
+``dynamic_whole``: every node an ATen or prims op, an input or output dim that size itself, or
+else a multiple of it, a token count, read off divided by the bucket's scale), or
 where ops no program may call break it (an MoE router's top-k, its experts' custom op) each
 stretch between them (``stretch_module``: a graph of its own), becomes one BucketWork per
 bucket, keyed by the graph's canonical form
@@ -60,6 +61,13 @@ class DynamicGraph:
 
     def probes(self) -> tuple[str, ...] | None:
         return whole_probe_keys(self.whole, self.bindings)
+
+    def symbol_source(self) -> tuple[int, int, int] | None:
+        """Where a call's tensors give the varying size: (input, dim, the number it is divided
+        by), the first input dim of its bucket's; None where none is an input's."""
+        at = next(((i, d) for side, i, d, _ in self.whole.dims if side == "in"), None)
+        scale = self.whole.scale(self.bindings)
+        return (*at, scale) if at is not None and scale is not None else None
 
 
 def fit_sizes(lo: int, hi: int) -> list[int]:
@@ -144,7 +152,8 @@ def _compile_dynamic(graph: DynamicGraph, inputs: list[torch.Tensor], lo: int, h
     for i, n in enumerate(whole.region.inputs):
         for d, size in enumerate(n.meta["val"].shape):
             if ("in", i, d, 0) in whole.dims:
-                torch._dynamo.mark_dynamic(examples[i], d, min=lo, max=hi)
+                scale = whole.scale(graph.bindings)
+                torch._dynamo.mark_dynamic(examples[i], d, min=lo * scale, max=hi * scale)
             elif isinstance(size, torch.SymInt) and whole.symbol in size.node.expr.free_symbols:
                 # (another size of it, a token count: dynamic too, or Inductor specialises the
                 # program at the upper edge; Dynamo may find it the product it is)
@@ -180,6 +189,7 @@ def _graph_function(graph: DynamicGraph) -> Callable:
     index = {n: i for i, n in enumerate(region.inputs)}
     device = _device(graph)
     where = _size_sources(region)
+    source = graph.symbol_source()
     readers: list[Callable[[Sequence[torch.Tensor]], Any]] = []
     for node in graph.gm.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
@@ -193,7 +203,10 @@ def _graph_function(graph: DynamicGraph) -> Callable:
             i, d = where[val.node.expr]
             readers.append(lambda ts, i=i, d=d: ts[i].shape[d])
         elif isinstance(val, torch.SymInt) and val.node.expr == graph.whole.symbol:
-            raise RecordingError(f"no input dim of the graph gives {graph.whole.symbol}")
+            if source is None:
+                raise RecordingError(f"no input dim of the graph gives {graph.whole.symbol}")
+            i, d, scale = source  # (a multiple of it: a token count)
+            readers.append(lambda ts, i=i, d=d, scale=scale: ts[i].shape[d] // scale)
         else:  # a number fixed by the trace's bindings
             value = concrete_value(val, graph.bindings) if not isinstance(val, torch.Tensor) else None
             readers.append(lambda ts, value=value: value)
@@ -230,6 +243,7 @@ def dynamic_assembly(graph: DynamicGraph, target: Any, cache_dir: Any) -> Callab
     index = {n: i for i, n in enumerate(region.inputs)}
     placeholders = list(graph.gm.graph.find_nodes(op="placeholder"))
     where = _size_sources(region)
+    source = graph.symbol_source()
 
     def arguments(tensors: Sequence[torch.Tensor]) -> list:
         out = []
@@ -240,6 +254,9 @@ def dynamic_assembly(graph: DynamicGraph, target: Any, cache_dir: Any) -> Callab
             elif isinstance(val, torch.SymInt) and val.node.expr in where:
                 i, d = where[val.node.expr]
                 out.append(int(tensors[i].shape[d]))
+            elif isinstance(val, torch.SymInt) and val.node.expr == graph.whole.symbol and source is not None:
+                i, d, scale = source  # (a multiple of it: a token count)
+                out.append(int(tensors[i].shape[d]) // scale)
             else:  # a number fixed by the trace's bindings (a size no input gives: nothing reads it)
                 out.append(concrete_value(val, graph.bindings))
         return out
@@ -344,8 +361,8 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
                     # (a stretch's program serves its own nodes only: a place of its own, so that the
                     # quick fill still fills the buckets of the graph's nodes, fill_run._fill_buckets)
                     place = g.name if graph.gm is g.plan.gm else f"{g.name}/stretch {k}"
-                    probes = graph.probes()
-                    if probes is None:
+                    probes, scale = graph.probes(), graph.whole.scale(bindings)
+                    if probes is None or scale is None:
                         log.info("%s: not offered whole over %s (a size is unbound)", g.name, symbol)
                         continue
                     for lo, hi in boundaries.covering(dim.lo, dim.hi):
@@ -355,7 +372,8 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
                         if unbucketable(rep, graph.whole.dims) is None:
                             works.append(make_work(rep, graph.whole.dims, ((lo, hi),), source, probes,
                                                    WholeBucketGenerator(graph, (lo, hi)), graph.spec_at,
-                                                   functools.partial(dynamic_assembly, graph), [(place, (lo, hi))]))
+                                                   functools.partial(dynamic_assembly, graph), [(place, (lo, hi))],
+                                                   scale))
     return works
 
 

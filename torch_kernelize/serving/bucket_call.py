@@ -49,9 +49,10 @@ class BucketCall(TritonCall):
     """The call of one bucket's kernel at whatever sizes of the bucket its inputs have."""
 
     def __init__(self, spec: KernelSpec, dims: Sequence[Dim], state: KernelState,
-                 make: Callable[[tuple[int, ...]], TritonCall]):
+                 make: Callable[[tuple[int, ...]], TritonCall], scale: int = 1):
         """``spec``: the node's spec where the specialization was made (its name, the report's);
-        ``dims``: the bucket's variable dims, every variable on an input (``readable``);
+        ``dims``: the bucket's variable dims, every variable on an input (``readable``), each
+        ``scale`` times its variable (a whole-graph bucket's token counts: core/buckets.Bucket);
         ``make(values)``: the TritonCall of the bucket's kernel at those variable sizes."""
         super().__init__(spec, None, state)  # (no runner of its own: each size's call has one)
         if not readable(dims):
@@ -60,7 +61,8 @@ class BucketCall(TritonCall):
         for side, i, d, v in dims:
             if side == "in":
                 first.setdefault(v, (i, d))
-        reads = "".join(f"t[{i}].shape[{d}], " for i, d in (first[v] for v in sorted(first)))
+        per = f" // {int(scale)}" if scale != 1 else ""
+        reads = "".join(f"t[{i}].shape[{d}]{per}, " for i, d in (first[v] for v in sorted(first)))
         self._values = eval(f"lambda t: ({reads})")  # built from ints only
         self._dims = tuple(dims)
         self._make = make

@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.core.errors import IndexOutOfRange
 from torch_kernelize.serving.launch import MisalignedInput
+from torch_kernelize.core.shapes import sizes_read_off
 from torch_kernelize.core.spec import KernelSpec, tensor_input_nodes
 from torch_kernelize.core.validate import compare_all
 from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
@@ -309,6 +310,7 @@ def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs:
     of a vendor call read off an argument)."""
     with graph.inserting_after(nodes[-1]):
         call = graph.call_function(launcher, tuple(inputs))
+    _reread_sizes(nodes, [*inputs, *outputs])
     replacements = {}
     if len(outputs) == 1:
         replacements[outputs[0]] = call
@@ -323,6 +325,17 @@ def _fuse(graph: fx.Graph, nodes: list[fx.Node], inputs: list[fx.Node], outputs:
     for n in reversed(nodes):
         graph.erase_node(n)
     return replacements
+
+
+def _reread_sizes(nodes: list[fx.Node], boundary: list[fx.Node]) -> None:
+    """A dynamic graph's size read off a value inside ``nodes`` is read off an input or output of
+    theirs of that size instead (core/shapes.sizes_read_off): the value goes with the fusion, and
+    the toposort after puts the read after the fused call."""
+    reads = sizes_read_off(nodes, boundary)
+    if reads is None:  # (whole_graph.py offers no such stretch)
+        raise ValueError("a size read off a value inside a fused region is no size of its inputs or outputs")
+    for reader, (tensor, dim) in reads:
+        reader.args = (tensor, dim)
 
 
 def _stable_toposort(graph: fx.Graph) -> None:
