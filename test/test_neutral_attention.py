@@ -152,3 +152,35 @@ def test_the_graph_cache_key_follows_the_rewrites():
     rewritten = graph_cache.probe(gm, [x], trace_rewrites(GEMM_ONLY)).key
     assert plain and rewritten and plain != rewritten
     assert graph_cache.probe(gm, [x], trace_rewrites(BUILTIN_TARGETS["cuda"])).key == plain
+
+
+def test_an_inference_graph_of_varying_sizes_traces_cudnn_attention_as_flash():
+    """cuDNN's attention builds a plan per new shape (40-75 ms on the H200): a graph served at
+    varying sizes traces it as flash attention, same outputs' shapes; static graphs and targets
+    whose vendor lacks either op keep what they had; a mask or dropout keeps cuDNN."""
+    cuda = BUILTIN_TARGETS["cuda"]
+    with FakeTensorMode():
+        q = torch.randn(2, 4, 40, 16, device="cuda", dtype=torch.float16)
+        call = lambda q: CUDNN(q, q, q, None, False, 0.0, True)[0]  # noqa: E731
+        varying = make_fx(call, decomposition_table=trace_decompositions(cuda, varying=True))(q)
+        assert str(FLASH) in _ops(varying) and str(CUDNN) not in _ops(varying)
+        out = [n for n in varying.graph.nodes if n.op == "output"][0].args[0]
+        assert tuple(out.meta["val"].shape) == (2, 4, 40, 16)
+        assert str(CUDNN) in _ops(make_fx(call, decomposition_table=trace_decompositions(cuda))(q))
+        masked = lambda q: CUDNN(q, q, q, torch.zeros(40, 40, device="cuda", dtype=q.dtype), False)[0]  # noqa: E731
+        assert str(CUDNN) in _ops(make_fx(masked, decomposition_table=trace_decompositions(cuda, varying=True))(q))
+    assert trace_rewrites(cuda, varying=True) == [str(CUDNN)] and trace_rewrites(cuda) == []
+    no_flash = Target("no-flash", device="cuda", triton="cuda",
+                      unsupported=frozenset({"aten._scaled_dot_product_flash_attention"}))
+    assert CUDNN not in trace_decompositions(no_flash, varying=True)  # (flash is no op it runs)
+
+
+def test_only_a_symbolic_trace_that_needs_no_gradient_counts_as_varying():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch_kernelize.backend import _varying_inference
+    size = ShapeEnv().create_unbacked_symint()
+    w = torch.randn(3, requires_grad=True)
+    assert _varying_inference([size, torch.randn(3)]) and not _varying_inference([torch.randn(3)])
+    assert not _varying_inference([size, w])
+    with torch.no_grad():
+        assert _varying_inference([size, w])

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+import torch
 import torch.fx as fx
 
 from torch_kernelize.warm_start import prewarm
@@ -101,7 +102,8 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
         from torch_kernelize.warm_start import graph_cache
         cache = graph_cache.GraphCache(session.options.graph_cache_dir)
         from torch_kernelize.compiling.decompositions import trace_rewrites
-        probe = graph_cache.probe(gm, example_inputs, trace_rewrites(session.target_for(example_inputs)))
+        probe = graph_cache.probe(gm, example_inputs, trace_rewrites(session.target_for(example_inputs),
+                                                                     _varying_inference(example_inputs)))
         if probe.key is not None:
             if session.options.executable_cache and on_lowered is None:
                 from torch_kernelize.warm_start.executable_cache import ExecutableCache, key_for
@@ -135,10 +137,20 @@ def compile_with_session(gm: fx.GraphModule, example_inputs: Sequence[Any], sess
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=trace_decompositions(session.target_for(example_inputs)),
+        decompositions=trace_decompositions(session.target_for(example_inputs), _varying_inference(example_inputs)),
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)
+
+
+def _varying_inference(example_inputs: Sequence[Any]) -> bool:
+    """Whether Dynamo traced these inputs with symbolic sizes and no gradient will be asked of
+    the graph (aot_autograd's inference graph): a graph served at many sizes."""
+    symbolic = any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) for s in x.shape)) for x in example_inputs)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                                 for x in example_inputs)
+    return symbolic and not needs_grad
 
 
 def dump_lowering_failure(gm: fx.GraphModule, example_inputs: Sequence[Any], error: BaseException,

@@ -387,25 +387,31 @@ def host_implementation(op: Any) -> Callable:
     return op
 
 
-def trace_decompositions(target: Target | None = None) -> dict[Any, Callable]:
+def trace_decompositions(target: Target | None = None, varying: bool = False) -> dict[Any, Callable]:
     """The table aot_autograd traces with: torch's core ATen decompositions, minus the ops above;
-    on a CUDA target without vendor attention, CUDA's attention ops as the device-neutral flash op
+    on a CUDA target without vendor attention, CUDA's attention ops as the device-neutral flash op;
+    ``varying`` (an inference graph of varying sizes), cuDNN's attention as flash's
     (neutral_attention.py)."""
     from torch._decomp import core_aten_decompositions
 
-    from torch_kernelize.compiling.neutral_attention import neutral_attention_table
     table = dict(core_aten_decompositions())
     for op in KEEP_WHOLE_AT_TRACE:
         table.pop(op, None)
-    table.update(neutral_attention_table(target))
+    table.update(_attention_rewrites(target, varying))
     return table
 
 
-def trace_rewrites(target: Target | None) -> list[str]:
+def trace_rewrites(target: Target | None, varying: bool = False) -> list[str]:
     """The ops ``target``'s trace rewrites beyond the common table (part of a traced graph's key)."""
-    from torch_kernelize.compiling.neutral_attention import neutral_attention_table
     from torch_kernelize.core.targets import op_name
-    return sorted(op_name(op) for op in neutral_attention_table(target))
+    return sorted(op_name(op) for op in _attention_rewrites(target, varying))
+
+
+def _attention_rewrites(target: Target | None, varying: bool) -> dict[Any, Callable]:
+    from torch_kernelize.compiling.neutral_attention import neutral_attention_table, varying_shape_attention_table
+    table = varying_shape_attention_table(target) if varying else {}
+    table.update(neutral_attention_table(target))  # (a chip without cuDNN's: the neutral op wins)
+    return table
 
 
 def decomposition_for(op: Any) -> Callable | None:

@@ -14,6 +14,9 @@ CPU; a float64 reference exists. The extra outputs are filled in with what the o
 when dropout is off (empty rng tensors, the sequence lengths); only the matching backward,
 mapped likewise, reads them. Dropout (random) and a mask that needs its own gradient keep the
 CUDA op.
+
+One more trace-time choice of attention op lives here: an inference graph served at varying
+sizes traces cuDNN's attention as CUDA's flash op (``varying_shape_attention_table``).
 """
 from __future__ import annotations
 
@@ -96,6 +99,33 @@ REWRITES: dict[Any, Callable] = {
     aten._scaled_dot_product_cudnn_attention.default: _cudnn,
     aten._scaled_dot_product_cudnn_attention_backward.default: _cudnn_backward,
 }
+
+
+def _cudnn_as_flash(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                    return_debug_mask=False, *, scale=None):
+    """cuDNN's attention as CUDA's flash op (same q, k, v, causal, scale; no mask, one head count)."""
+    if attn_bias is not None or dropout_p != 0 or return_debug_mask or key.shape[1] != query.shape[1]:
+        return NotImplemented
+    out, lse, _, _, max_q, max_k, _, _, _ = aten._scaled_dot_product_flash_attention.default(
+        query, key, value, 0.0, is_causal, False, scale=scale)
+    seed = torch.empty((), dtype=torch.int64, device=query.device)
+    offset = torch.empty((), dtype=torch.int64, device=query.device)
+    return out, lse.unsqueeze(-1), None, None, max_q, max_k, seed, offset, None
+
+
+def varying_shape_attention_table(target: Target | None) -> dict[Any, Callable]:
+    """For an inference graph served at varying sizes (a dynamic trace) on a CUDA target that runs
+    both: cuDNN's attention traced as flash attention. cuDNN builds an execution plan at each new
+    shape, 40-75 ms on the H200 (results/2026-11-30-h200-probe-sdpa-first-use.json: 75 ms warm,
+    flash 0.2 ms), which every new sequence length would pay; flash has no plan. Its kernel is
+    slower per call (0.039 against 0.026 ms at Llama's 8x16x512x64): a cost a server that sees
+    many lengths takes for its first calls. Training graphs keep cuDNN (its backward reads its
+    own outputs)."""
+    flash = aten._scaled_dot_product_flash_attention.default
+    cudnn = aten._scaled_dot_product_cudnn_attention.default
+    if target is None or target.device != "cuda" or not (target.vendor_runs(flash) and target.vendor_runs(cudnn)):
+        return {}
+    return {cudnn: _cudnn_as_flash}
 
 
 def neutral_attention_table(target: Target | None) -> dict[Any, Callable]:
