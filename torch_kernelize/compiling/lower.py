@@ -148,7 +148,8 @@ class Session:
         """A bucket's runner for the sizes of ``spec`` (memoized per spec; caller holds the lock)."""
         k = (str(self.cache.dir), entry.key, entry.identity, spec.key)
         if k not in self._runners:
-            self._runners[k] = bucket_runner(spec, entry.bucket.dims, base, entry.bucket.scale) if spec != entry.spec else base
+            bucket = entry.bucket
+            self._runners[k] = bucket_runner(spec, bucket.dims, base, bucket.scale) if spec != entry.spec else base
         return self._runners[k]
 
     def runner_failed(self, key: str) -> bool:
