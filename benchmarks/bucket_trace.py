@@ -57,6 +57,13 @@ def lengths_of(lo: int, hi: int, n: int, seed: int = 0) -> list[int]:
     return rng.sample(range(lo, hi + 1), n)
 
 
+def warmup_length(lo: int, hi: int, lengths: list[int]) -> int:
+    """The length the compile's first call takes: one of the filled range the trace does not
+    visit (its bucket filled, so the warm-up writes no reproducers that would use up the caps
+    the trace's misses are judged under); just outside the range where the trace takes all."""
+    return next((n for n in range(lo, hi + 1) if n not in lengths), lo - 1 if lo > 2 else hi + 1)
+
+
 def percentile(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
@@ -259,8 +266,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.hi = args.hi or (12 if small else 512)
     args.target = args.target or ("cuda" if torch.cuda.is_available() else "interpreter")
     args.cache_dir = args.cache_dir or args.out / "cache"
-    if args.warmup_len is None:
-        args.warmup_len = args.lo - 1 if args.lo > 2 else args.hi + 1  # outside the trace
     if not 1 <= args.lo <= args.hi:
         p.error("--lo and --hi need 1 <= LO <= HI")
     return args
@@ -275,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bucket_trace: {e}", file=sys.stderr)
         return 2
+    if args.warmup_len is None:
+        args.warmup_len = warmup_length(args.lo, args.hi, lengths)
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"model": args.model, "smoke": args.smoke, "device": torch.cuda.get_device_name()
                            if torch.cuda.is_available() else "cpu", "target": args.target,

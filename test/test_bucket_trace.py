@@ -27,6 +27,12 @@ def test_lengths_are_distinct_seeded_and_in_range():
     assert t.percentile([1.0, 2.0, 3.0, 100.0], 50) in (2.0, 3.0) and t.percentile([1.0, 2.0, 100.0], 99) == 100.0
 
 
+def test_the_warm_up_takes_a_filled_length_the_trace_does_not_visit():
+    t = _trace()
+    assert t.warmup_length(33, 40, [33, 35, 34]) == 36
+    assert t.warmup_length(3, 6, [3, 4, 5, 6]) == 2 and t.warmup_length(1, 2, [1, 2]) == 3
+
+
 def test_targets_are_judged_with_their_distance():
     t = _trace()
     k = {"first_minus_repeat": {"p99_ms": 0.4, "max_ms": 1.5}, "repeat": {"p50_ms": 2.0, "p99_ms": 2.0},
