@@ -240,11 +240,11 @@ def test_a_nodes_bucket_knows_the_sizes_of_the_dynamic_dim_it_serves():
     assert not _covered((33, 64), []) and _covered((40, 50), [(65, 128), (33, 64)])
 
 
-BROKEN_MODEL = '''
+# A router's top-k breaks the graph (its picks are no program's): the first stretch gives a
+# token-count tensor (batch x length) to the rest; each model below writes the rest of the forward.
+ROUTED = '''
 import torch
 class Routed(torch.nn.Module):
-    """A router's top-k breaks the graph (its picks are no program's): two stretches, the first
-    giving a token-count tensor (batch x length) to the second."""
     def __init__(self):
         super().__init__()
         self.proj = torch.nn.Linear(8, 8)
@@ -254,12 +254,14 @@ class Routed(torch.nn.Module):
         b, t, d = x.shape
         flat = self.norm(self.proj(x)).reshape(b * t, d) * 2 + 1  # (written as [b*t, d], no view)
         _, idx = torch.topk(flat, 2, dim=-1)
-        picked = torch.gather(flat, -1, idx).sum(-1, keepdim=True)
-        return (torch.relu(self.out(flat)) + picked).reshape(b, t, d) + x
+{rest}
 def make():
     torch.manual_seed(0)
     return Routed().eval(), (torch.randn(2, 6, 8),)
 '''
+BROKEN_MODEL = ROUTED.format(rest='''\
+        picked = torch.gather(flat, -1, idx).sum(-1, keepdim=True)
+        return (torch.relu(self.out(flat)) + picked).reshape(b, t, d) + x''')
 
 
 def test_the_stretches_of_a_broken_dynamic_graph_are_filled_per_bucket_and_serve_every_size(tmp_path, monkeypatch):
@@ -314,27 +316,12 @@ def test_the_stretches_of_a_broken_dynamic_graph_are_filled_per_bucket_and_serve
         assert whole_probe_keys(own, bindings) == whole_probe_keys(w, bindings)
 
 
-TOKENS_MODEL = '''
-import torch
-class Routed(torch.nn.Module):
-    """Two routers' top-k cut the graph in three stretches; the middle one sees only token counts
-    (batch x length, no dim of the length alone), as an MoE router's stretch does."""
-    def __init__(self):
-        super().__init__()
-        self.proj = torch.nn.Linear(8, 8)
-        self.norm = torch.nn.LayerNorm(8)
-        self.out = torch.nn.Linear(8, 8)
-    def forward(self, x):
-        b, t, d = x.shape
-        flat = self.norm(self.proj(x)).reshape(b * t, d) * 2 + 1
-        _, idx = torch.topk(flat, 2, dim=-1)
+# a second router cuts the graph in three: the middle stretch sees only token counts (batch x
+# length, no dim of the length alone), as an MoE router's stretch does
+TOKENS_MODEL = ROUTED.format(rest='''\
         mid = torch.relu(self.out(flat)) + torch.gather(flat, -1, idx).sum(-1, keepdim=True)
         _, idx2 = torch.topk(mid, 2, dim=-1)
-        return (mid * 3 + torch.gather(mid, -1, idx2).sum(-1, keepdim=True)).reshape(b, t, d) + x
-def make():
-    torch.manual_seed(0)
-    return Routed().eval(), (torch.randn(2, 6, 8),)
-'''
+        return (mid * 3 + torch.gather(mid, -1, idx2).sum(-1, keepdim=True)).reshape(b, t, d) + x''')
 
 
 def test_a_stretch_of_token_counts_alone_is_filled_over_the_lengths_bucket_and_serves_it(tmp_path, monkeypatch):
