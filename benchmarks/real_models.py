@@ -25,7 +25,8 @@ kernelize backend ``graphs_served_whole``.
 Each model gets an equal share of the time left. In it, a fresh process runs ``fill_cache --model``
 for the model (stopped at --fill-share of the share like Ctrl-C: what it stored is served), then a
 fresh process measures every backend on the same random inputs: the first call (compile and
-run), the per-call median (triton.testing.do_bench after warm-up), GPU time and kernel launches
+run), the per-call median (triton.testing.do_bench after warm-up; then every backend again in
+--rounds interleaved rounds, the row's median being the median of all), GPU time and kernel launches
 per call (torch.profiler), host time per call and per launched kernel, and the max error vs eager
 (``timing.py``, shared with run.py). A model that fails or runs out of time is reported with its
 error and the run goes on. OUT/<date>-<chip>-real-models.json and .md (the names the committed
@@ -46,6 +47,7 @@ import importlib.util
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -185,9 +187,11 @@ BACKENDS: dict[str, Callable[[torch.nn.Module], Callable]] = {
 # --- one model's measurement, in its own process ---
 
 def measure_backend(label: str, model: torch.nn.Module, inputs: tuple, want: Any, report: Path,
-                    smoke: bool) -> dict[str, Any]:
-    """Compile ``model`` with one backend and measure it (see the module docstring)."""
-    torch._dynamo.reset()
+                    smoke: bool) -> tuple[dict[str, Any], Callable[[], Any]]:
+    """Compile ``model`` with one backend and measure it (see the module docstring); returns its row
+    and its call, kept for the interleaved rounds (``interleaved_medians``). Dynamo is not reset
+    between backends: each compiled entry is guarded on its backend, so the calls stay live side
+    by side."""
     if label.startswith("kernelize"):
         os.environ["KERNELIZE_REPORT"] = str(report)
     fn = BACKENDS[label](model)
@@ -212,11 +216,32 @@ def measure_backend(label: str, model: torch.nn.Module, inputs: tuple, want: Any
     if label == "kernelize_reduce_overhead":  # its CUDA graphs per call, the syncs between them (issue 38)
         from torch_kernelize.serving.cudagraphs import cudagraph_summary
         row["cudagraphs"] = cudagraph_summary()
-    del fn, call
-    torch._dynamo.reset()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return row
+    return row, call
+
+
+def interleaved_medians(calls: dict[str, Callable[[], Any]], rows: dict[str, dict[str, Any]], rounds: int,
+                        smoke: bool) -> None:
+    """Time every backend again in ``rounds`` rounds, one short median each, the order turned by one
+    each round; each row's ``median_ms`` becomes the median of its first median and its rounds'.
+    Backends timed one after another meet whatever load the shared host has at their turn (the
+    same model's default-mode median moved 2.2-6.3 ms between runs of 2026-12-05); alternating
+    them spreads that load over all, and ``median_rounds_ms`` shows the spread left."""
+    labels = list(calls)
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            if "rounds_error" in rows[label]:
+                continue
+            try:
+                rows[label].setdefault("median_rounds_ms", []).append(
+                    round(bench(calls[label], warmup=5 if smoke else 25, rep=25 if smoke else 100), 4))
+            except Exception as e:  # the first median stands; the others' rounds go on
+                traceback.print_exc()
+                rows[label]["rounds_error"] = f"{type(e).__name__}: {e}"[:500]
+    for label in labels:
+        if "rounds_error" in rows[label] or not rows[label].get("median_rounds_ms"):
+            continue
+        rows[label]["median_ms"] = round(statistics.median([rows[label]["median_ms"],
+                                                            *rows[label]["median_rounds_ms"]]), 4)
 
 
 def measure_one(args: argparse.Namespace) -> int:
@@ -240,10 +265,11 @@ def measure_one(args: argparse.Namespace) -> int:
         except Exception as e:
             traceback.print_exc()
             row["floor"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        calls = {}
         for label in args.backends:
             try:
-                row["backends"][label] = measure_backend(label, model, inputs, want,
-                                                         args.out / "reports" / f"{name}-{label}.json", args.smoke)
+                row["backends"][label], calls[label] = measure_backend(
+                    label, model, inputs, want, args.out / "reports" / f"{name}-{label}.json", args.smoke)
             except Exception as e:  # the next backend still runs; the traceback goes to the log
                 traceback.print_exc()
                 row["backends"][label] = {"error": f"{type(e).__name__}: {e}"[:2000]}
@@ -251,6 +277,9 @@ def measure_one(args: argparse.Namespace) -> int:
                 row["backends"][label]["first_call_s"] = first_eager_s
             print(name, label, json.dumps({k: v for k, v in row["backends"][label].items() if k != "kernels"}),
                   flush=True)
+            write_json(Path(row_path), row)
+        if args.rounds and calls:
+            interleaved_medians(calls, row["backends"], args.rounds, args.smoke)
             write_json(Path(row_path), row)
     return 0
 
@@ -369,7 +398,7 @@ def run_model(model: Model, args: argparse.Namespace, fill_limit_s: float, share
     left = share_s - (time.perf_counter() - start)
     cmd = [sys.executable, str(HERE), "--out", str(args.out), "--target", args.target, "--cache-dir",
            str(args.cache_dir), "--backends", ",".join(args.backends), "--measure-one", model.name, ref,
-           str(row_path)] + (["--smoke"] if args.smoke else [])
+           str(row_path), "--rounds", str(args.rounds)] + (["--smoke"] if args.smoke else [])
     code, seconds, stopped = run_bounded(cmd, left, log, _child_env())
     measured = json.loads(row_path.read_text()) if row_path.exists() else {"backends": {}}
     row.update(measured)
@@ -410,6 +439,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, else interpreter)")
     p.add_argument("--cache-dir", type=Path, default=None, help="kernel cache (default: OUT/kernel_cache)")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds of every backend's median after all are measured (default 3; 0: none)")
     p.add_argument("--generators", default=None, help="passed to fill_cache --generators (default: its own; "
                    "'inductor' searches each graph whole on the interpreter too)")
     p.add_argument("--measure-one", nargs=3, metavar=("NAME", "REF", "ROW"), help=argparse.SUPPRESS)

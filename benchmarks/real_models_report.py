@@ -120,15 +120,17 @@ def markdown(doc: dict) -> str:
             f"{_f(fill.get('entries_added'), ', {} entries')} | "
             f"{_f(b.get('inductor', {}).get('first_call_s'), '{:.2f}')} / "
             f"{_f(b.get('kernelize', {}).get('first_call_s'), '{:.2f}')} |")
-    lines += ["", "| model | backend | median ms | GPU ms | launches | host ms | host us per launch | syncs | "
-              "max rel err | first call s | nodes on triton |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| model | backend | median ms | rounds ms | GPU ms | launches | host ms | host us per launch | syncs | "
+              "max rel err | first call s | nodes on triton |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in doc["models"].items():
         for label, r in row.get("backends", {}).items():
             if "error" in r:
-                lines.append(f"| {name} | {LABELS[label]} | error: {r['error'][:200]} | | | | | | | | |")
+                lines.append(f"| {name} | {LABELS[label]} | error: {r['error'][:200]} | | | | | | | | | |")
                 continue
             triton = f"{r['nodes_on_triton']}/{r['nodes']}" if "nodes" in r else ""
-            lines.append(f"| {name} | {LABELS[label]} | {_f(r.get('median_ms'))} | {_f(r.get('gpu_ms'))} | "
+            rounds = r.get("median_rounds_ms")
+            spread = f"{min(rounds):.3f}-{max(rounds):.3f}" if rounds else r.get("rounds_error", "")[:80]
+            lines.append(f"| {name} | {LABELS[label]} | {_f(r.get('median_ms'))} | {spread} | {_f(r.get('gpu_ms'))} | "
                          f"{_f(r.get('launches'), '{:.0f}')} | {_f(r.get('host_ms'))} | "
                          f"{_f(r.get('host_us_per_launch'), '{:.1f}')} | {_f(r.get('syncs_per_call'), '{:g}')} | "
                          f"{_f(r.get('max_rel_err'), '{:.1e}')} | {_f(r.get('first_call_s'), '{:.3g}')} | {triton} |")
