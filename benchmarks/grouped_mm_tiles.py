@@ -10,7 +10,8 @@ gate/up K 2048 -> N 11264 and down K 5632 -> N 2048, fp16, the weight a transpos
 transformers passes it. Each time is triton.testing.do_bench's median (25 warm-up, 200 ms); each
 tile's max abs error against the op; and both as fill_cache times a GRAPHED spec's race (the op's
 host sync inside a captured model): behind 2 ms of queued GPU work, the tile captured and replayed
-(``fill_cache/benchmark.queued_ms``). Exit codes: 0 done; 2 no CUDA device.
+(``fill_cache/benchmark.queued_ms``). Also ``torch._grouped_mm`` where this torch has it (does it take
+fp16, is it capturable). Exit codes: 0 done; 2 no CUDA device.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def main(out: Path) -> int:
         row = {"vendor_ms": do_bench(lambda: op(x, w, offs), warmup=25, rep=200),
                "loop_no_sync_ms": do_bench(loop, warmup=25, rep=200),
                "vendor_queued_ms": queued_ms(lambda: op(x, w, offs))}
+        row["torch._grouped_mm"] = _torch_grouped(x, w, offs, expected, queued_ms)
         for i, (bm, bn, bk, warps, stages, group) in enumerate(TILES):
             config = Config.of(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, DOT_UPCAST=False,
                                GROUP_M=group)
@@ -75,6 +77,26 @@ def main(out: Path) -> int:
         print(name, json.dumps(row, indent=1), flush=True)
         out.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _torch_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, expected: torch.Tensor,
+                   queued_ms) -> dict | str:
+    """torch's own grouped GEMM as a vendor candidate (issue 38): whether this torch takes fp16
+    (its CUTLASS path took bf16 only, fp16 falling back to a loop: pytorch issue 159547), its time,
+    its error, and whether it captures in a CUDA graph (no host sync)."""
+    from triton.testing import do_bench
+    if not hasattr(torch, "_grouped_mm"):
+        return "this torch has no torch._grouped_mm"
+    try:
+        got = torch._grouped_mm(x, w, offs=offs)
+        row = {"max_abs_err": float((got.float() - expected.float()).abs().max()),
+               "ms": do_bench(lambda: torch._grouped_mm(x, w, offs=offs), warmup=25, rep=200)}
+        from torch_kernelize.fill_cache.benchmark import _captured
+        row["captures"] = _captured(lambda: torch._grouped_mm(x, w, offs=offs)) is not None
+        row["queued_graphed_ms"] = queued_ms(lambda: torch._grouped_mm(x, w, offs=offs), graphed=True)
+        return row
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:300]}"
 
 
 if __name__ == "__main__":
