@@ -15,7 +15,10 @@ trace is every length once in a seeded random order (each call the first of its 
 "first" pass), then the same lengths again ("repeat" pass). Per backend: first and repeat call
 times (p50, p99, max), the extra cost of a first call over a repeat of the same length, and the
 p50/p99 latency of all calls of the trace. Issue 28's targets: a first call costs <= 1 ms more than
-a repeat; kernelize's per-call time is no worse than torch.compile(dynamic=True)'s.
+a repeat; kernelize's per-call time is no worse than torch.compile(dynamic=True)'s. With
+--profile-first K, each backend then calls K lengths the trace did not visit under torch.profiler:
+the ops a first call spends its time in (``first_call_profile`` in the JSON, the top three in the
+markdown).
 
 OUT/<date>-<chip>-bucket-trace.json and .md are written; children's output is in OUT/logs/.
 Exit codes: 0 done (a backend that failed is in the results with its error); 2 bad arguments.
@@ -92,9 +95,36 @@ def summarize(ms: list[float]) -> dict[str, float]:
             "max_ms": round(max(ms), 4), "mean_ms": round(sum(ms) / len(ms), 4)}
 
 
+def profile_lengths(lo: int, hi: int, taken: list[int], count: int) -> list[int]:
+    """``count`` lengths of [lo, hi] neither the trace nor its warm-up visits, spread over the range:
+    each profiled call is a first call at that length, in a bucket the trace served."""
+    free = [n for n in range(lo, hi + 1) if n not in taken]
+    return [free[round(i * (len(free) - 1) / max(1, count - 1))] for i in range(count)] if free and count else []
+
+
+def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int = 12) -> dict[str, list]:
+    """Where a first call's time goes: each of ``lengths`` called once under torch.profiler (host and
+    device), its ops with the most host time of their own (not their children's) first. The extra cost of a new length,
+    which both backends pay (issue 41), is then named by op, not guessed."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    rows: dict[str, list] = {}
+    for n in lengths:
+        x = batch(n)
+        with profile(activities=activities) as prof:
+            ms = _timed(compiled, x)
+        ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+        rows[str(n)] = [{"call_ms": round(ms, 3)}] + [
+            {"op": e.key[:90], "calls": e.count, "host_ms": round(e.cpu_time_total / 1e3, 3),
+             "self_host_ms": round(e.self_cpu_time_total / 1e3, 3),
+             "device_ms": round(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) / 1e3, 3)}
+            for e in ops]
+    return rows
+
+
 def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_dir: Path, target: str,
-            out: Path) -> dict[str, Any]:
-    """One backend's trace, in this process."""
+            out: Path, profiled: list[int] = ()) -> dict[str, Any]:
+    """One backend's trace, in this process; then a profile of a first call at each of ``profiled``."""
     model, (ids,) = _load(ref)
     if backend == "kernelize":
         compiled = torch.compile(model, backend="kernelize", dynamic=True,
@@ -121,6 +151,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
         first = [_timed(compiled, inputs[n]) for n in lengths]
         repeat = [_timed(compiled, inputs[n]) for n in lengths]
         recompiles = _graphs_compiled() - graphs_before
+        profile = first_call_profile(compiled, batch, list(profiled)) if profiled else None
     extra = [f - r for f, r in zip(first, repeat)]
     repros = folders = None
     if backend == "kernelize":
@@ -134,7 +165,8 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             "recompiles": recompiles,
             "buckets": len({pow2_bucket(n) for n in lengths}), "compile_and_first_call_ms": round(t_compile, 1),
             "first": summarize(first), "repeat": summarize(repeat), "first_minus_repeat": summarize(extra),
-            "trace": summarize(first + repeat), "per_length_ms": {str(n): [round(f, 4), round(r, 4)]
+            "trace": summarize(first + repeat), **({"first_call_profile": profile} if profile else {}),
+            "per_length_ms": {str(n): [round(f, 4), round(r, 4)]
                                                                   for n, f, r in zip(lengths, first, repeat)}}
 
 
@@ -156,7 +188,8 @@ def _graphs_compiled() -> int:
 def _child(args: argparse.Namespace) -> int:
     ref = MODELS[args.model][1 if args.smoke else 0]
     lengths = [int(x) for x in args.child_lengths.split(",")]
-    result = measure(args.child, ref, lengths, args.warmup_len, args.cache_dir, args.target, args.out)
+    profiled = profile_lengths(args.lo, args.hi, lengths + [args.warmup_len], args.profile_first)
+    result = measure(args.child, ref, lengths, args.warmup_len, args.cache_dir, args.target, args.out, profiled)
     print("RESULT " + json.dumps(result))
     return 0
 
@@ -164,7 +197,8 @@ def _child(args: argparse.Namespace) -> int:
 def _run_child(args: argparse.Namespace, backend: str, lengths: list[int], log: Path) -> dict[str, Any]:
     cmd = [sys.executable, str(HERE), "--out", str(args.out), "--model", args.model, "--child", backend,
            "--child-lengths", ",".join(map(str, lengths)), "--warmup-len", str(args.warmup_len),
-           "--cache-dir", str(args.cache_dir), "--target", args.target] + (["--smoke"] if args.smoke else [])
+           "--cache-dir", str(args.cache_dir), "--target", args.target, "--lo", str(args.lo), "--hi", str(args.hi),
+           "--profile-first", str(args.profile_first)] + (["--smoke"] if args.smoke else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_limit)
     log.write_text(proc.stdout + proc.stderr)
     for line in proc.stdout.splitlines():
@@ -201,6 +235,11 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"| {e['p50_ms']:.3f} / {e['max_ms']:.3f} | {t['p50_ms']:.3f} / {t['p99_ms']:.3f} |")
     for line in doc.get("targets", []):
         lines.append(f"- {line}")
+    for r in doc["backends"]:
+        for n, (call, *ops) in r.get("first_call_profile", {}).items():
+            top = "; ".join(f"{o['op']} {o['self_host_ms']:.1f} ms ({o['calls']}x)" for o in ops[:3])
+            lines.append(f"- {r['backend']}, first call at length {n}: {call['call_ms']:.1f} ms; most host time "
+                         f"of its own: {top}")
     return "\n".join(lines) + "\n"
 
 
@@ -256,6 +295,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, or interpreter without a GPU)")
     p.add_argument("--smoke", action="store_true", help="the tiny model, few lengths (runs on the CPU)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-first", type=int, default=0, metavar="K",
+                   help="after the trace, profile a first call at K lengths it did not visit (torch.profiler; "
+                        "the ops with the most host time go into the JSON)")
     p.add_argument("--warmup-len", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-lengths", default=None, help=argparse.SUPPRESS)

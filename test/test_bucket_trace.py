@@ -33,6 +33,12 @@ def test_the_warm_up_takes_a_filled_length_the_trace_does_not_visit():
     assert t.warmup_length(3, 6, [3, 4, 5, 6]) == 2 and t.warmup_length(1, 2, [1, 2]) == 3
 
 
+def test_profiled_lengths_are_new_and_spread_over_the_range():
+    t = _trace()
+    assert t.profile_lengths(33, 40, [33, 35, 34], 2) == [36, 40]
+    assert t.profile_lengths(3, 4, [3, 4], 2) == [] and t.profile_lengths(3, 9, [], 0) == []
+
+
 def test_targets_are_judged_with_their_distance():
     t = _trace()
     k = {"first_minus_repeat": {"p99_ms": 0.4, "max_ms": 1.5}, "repeat": {"p50_ms": 2.0, "p99_ms": 2.0},
@@ -73,14 +79,19 @@ def test_the_fill_asks_the_generators_named(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke", "--lengths", "2",
-                           "--lo", "5", "--hi", "6", "--baseline", "eager"], capture_output=True, text=True, timeout=900)
+                           "--lo", "5", "--hi", "8", "--baseline", "eager", "--profile-first", "1"],
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = tmp_path.glob("*-cpu-bucket-trace.json")
     doc = json.loads(path.read_text())
-    assert sorted(doc["lengths"]) == [5, 6] and [b["backend"] for b in doc["backends"]] == ["kernelize", "eager"]
+    lengths = {str(n) for n in doc["lengths"]}
+    assert len(lengths) == 2 and [b["backend"] for b in doc["backends"]] == ["kernelize", "eager"]
+    (free,) = {"5", "6", "7", "8"} - lengths - {str(doc["warmup_len"])}  # the one length left to profile
     for b in doc["backends"]:
         assert "error" not in b, b
-        assert set(b["per_length_ms"]) == {"5", "6"} and b["trace"]["p99_ms"] >= b["trace"]["p50_ms"] > 0
+        (call, *ops) = b["first_call_profile"][free]  # a first call at a new length, its ops by host time
+        assert call["call_ms"] > 0 and ops and ops[0]["self_host_ms"] >= ops[-1]["self_host_ms"]
+        assert set(b["per_length_ms"]) == lengths and b["trace"]["p99_ms"] >= b["trace"]["p50_ms"] > 0
         assert isinstance(b["recompiles"], int) and b["buckets"] == 1
     assert isinstance(doc["backends"][0]["repro_folders"], int) and doc["backends"][1]["recompiles"] == 0
     assert (tmp_path / path.name.replace(".json", ".md")).read_text().startswith("# Bucket trace: llama")
