@@ -157,7 +157,8 @@ def test_the_graph_cache_key_follows_the_rewrites():
 def test_an_inference_graph_of_varying_sizes_traces_cudnn_attention_as_flash():
     """cuDNN's attention builds a plan per new shape (40-75 ms on the H200): a graph served at
     varying sizes traces it as flash attention, same outputs' shapes; static graphs and targets
-    whose vendor lacks either op keep what they had; a mask or dropout keeps cuDNN."""
+    whose vendor lacks either op keep what they had; a mask or dropout keeps cuDNN; grouped
+    query heads go to flash as they are."""
     cuda = BUILTIN_TARGETS["cuda"]
     with FakeTensorMode():
         q = torch.randn(2, 4, 40, 16, device="cuda", dtype=torch.float16)
@@ -169,6 +170,13 @@ def test_an_inference_graph_of_varying_sizes_traces_cudnn_attention_as_flash():
         assert str(CUDNN) in _ops(make_fx(call, decomposition_table=trace_decompositions(cuda))(q))
         masked = lambda q: CUDNN(q, q, q, torch.zeros(40, 40, device="cuda", dtype=q.dtype), False)[0]  # noqa: E731
         assert str(CUDNN) in _ops(make_fx(masked, decomposition_table=trace_decompositions(cuda, varying=True))(q))
+        # grouped-query attention (Llama's: query heads a multiple of the key/value heads) too
+        kv = torch.randn(2, 2, 40, 16, device="cuda", dtype=torch.float16)
+        gqa = lambda q, kv: CUDNN(q, kv, kv, None, False, 0.0, True)[0]  # noqa: E731
+        traced = make_fx(gqa, decomposition_table=trace_decompositions(cuda, varying=True))(q, kv)
+        assert str(FLASH) in _ops(traced) and str(CUDNN) not in _ops(traced)
+        odd = torch.randn(2, 3, 40, 16, device="cuda", dtype=torch.float16)  # 4 heads over 3: no grouping
+        assert str(CUDNN) in _ops(make_fx(gqa, decomposition_table=trace_decompositions(cuda, varying=True))(q, odd))
     assert trace_rewrites(cuda, varying=True) == [str(CUDNN)] and trace_rewrites(cuda) == []
     no_flash = Target("no-flash", device="cuda", triton="cuda",
                       unsupported=frozenset({"aten._scaled_dot_product_flash_attention"}))

@@ -103,8 +103,12 @@ REWRITES: dict[Any, Callable] = {
 
 def _cudnn_as_flash(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
                     return_debug_mask=False, *, scale=None):
-    """cuDNN's attention as CUDA's flash op (same q, k, v, causal, scale; no mask, one head count)."""
-    if attn_bias is not None or dropout_p != 0 or return_debug_mask or key.shape[1] != query.shape[1]:
+    """cuDNN's attention as CUDA's flash op (same q, k, v, causal, scale; no mask). Grouped-query
+    attention (fewer key/value heads, dividing the query's: Llama's 32 over 4) stays as it is:
+    flash takes it natively, as SDPA's own ``enable_gqa`` dispatch to it does."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if attn_bias is not None or dropout_p != 0 or return_debug_mask or value.shape[1] != kv_heads \
+            or heads % kv_heads != 0:
         return NotImplemented
     out, lse, _, _, max_q, max_k, _, _, _ = aten._scaled_dot_product_flash_attention.default(
         query, key, value, 0.0, is_causal, False, scale=scale)
