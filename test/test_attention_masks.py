@@ -85,8 +85,8 @@ def test_a_window_wider_than_the_traced_length_is_kept_in_a_dynamic_graph():
 
 
 def test_other_masks_are_kept():
-    for kind in ("window", "input", "random"):
-        count, sdpa = _fold(kind)
+    for kind, dynamic in (("window", False), ("input", False), ("random", False), ("input", True), ("random", True)):
+        count, sdpa = _fold(kind, dynamic)
         assert count == 0, kind
         assert all(n.kwargs.get("attn_mask") is not None for n in sdpa), kind
 

@@ -160,37 +160,39 @@ def classify_mask(mask: torch.Tensor, length: int, source: int) -> str | None:
 
 def _mask_kind(gm: fx.GraphModule, node: fx.Node, mask: fx.Node, memo: dict) -> str | None:
     """'none', 'causal' or None for the mask ``node`` (an SDPA call) reads: one kind at every size
-    it is evaluated at; ``memo`` holds each mask's values, evaluated once however many layers
-    share it."""
+    it is evaluated at; ``memo`` holds each mask's kinds, evaluated once per size and (L, S)
+    however many layers share it (the kinds, not the values: a probe's mask may be 8194^2)."""
     q, k = (a.meta.get("example_value") if isinstance(a, fx.Node) else None for a in node.args[:2])
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         return None
     if mask not in memo:
         nodes = _constant_ancestors(mask)
         memo[mask] = (nodes, {})
-    nodes, values = memo[mask]
+    nodes, kinds_at = memo[mask]
     if nodes is None:
         return None
     sizes = [n for n in nodes if n.op == "placeholder"]
     symbols = [n.meta["example_value"].node.expr for n in sizes]
-    bindings = [{}] if not sizes else _probe_sizes(
-        symbols, [n.meta["example_value"].node.hint for n in sizes], _literals(nodes))
+    hints = [n.meta["example_value"].node.hint for n in sizes]
+    if any(h is None for h in hints):  # (a size with no traced value: nothing to probe from)
+        return None
+    bindings = [{}] if not sizes else _probe_sizes(symbols, hints, _literals(nodes))
     if bindings is None:
         return None
     kinds = set()
     for binding in bindings:
         length, source = _value_at(q.shape[-2], binding), _value_at(k.shape[-2], binding)
-        key = tuple(binding[s] for s in symbols)
         if length is None or source is None:
             return None
-        if key not in values:
+        key = (tuple(binding[s] for s in symbols), length, source)
+        if key not in kinds_at:
             try:
-                values[key] = _evaluate(gm, nodes, key)
+                value = _evaluate(gm, nodes, key[0])
             except Exception as e:  # a mask we cannot evaluate is kept: the trace handles it as before
-                log.debug("attention mask %s not evaluated at %s: %s", mask.name, key, e)
-                values[key] = None
-        value = values[key]
-        kinds.add(classify_mask(value, length, source) if isinstance(value, torch.Tensor) else None)
+                log.debug("attention mask %s not evaluated at %s: %s", mask.name, key[0], e)
+                value = None
+            kinds_at[key] = classify_mask(value, length, source) if isinstance(value, torch.Tensor) else None
+        kinds.add(kinds_at[key])
         if len(kinds) > 1 or None in kinds:
             return None
     return kinds.pop()
@@ -199,7 +201,7 @@ def _mask_kind(gm: fx.GraphModule, node: fx.Node, mask: fx.Node, memo: dict) -> 
 def fold_constant_masks(gm: fx.GraphModule) -> int:
     """Drop every constant attention mask that changes nothing, or turn it into ``is_causal``;
     return how many SDPA calls were rewritten. ``gm`` is Dynamo's graph (torch-level calls)."""
-    memo: dict[fx.Node, tuple[list[fx.Node] | None, dict]] = {}  # mask -> (its nodes, value per sizes)
+    memo: dict[fx.Node, tuple[list[fx.Node] | None, dict]] = {}  # mask -> (its nodes, kind per sizes)
     folded = causal = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in SDPA:
