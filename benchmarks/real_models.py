@@ -441,8 +441,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, else interpreter)")
     p.add_argument("--cache-dir", type=Path, default=None, help="kernel cache (default: OUT/kernel_cache)")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="interleaved rounds of every backend's median after all are measured (default 3; 0: none)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved rounds of every backend's median after all are measured (default 3, "
+                        "with --smoke 1; 0: none)")
     p.add_argument("--generators", default=None, help="passed to fill_cache --generators (default: its own; "
                    "'inductor' searches each graph whole on the interpreter too)")
     p.add_argument("--measure-one", nargs=3, metavar=("NAME", "REF", "ROW"), help=argparse.SUPPRESS)
@@ -457,6 +458,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--fill-share must be between 0 and 1")
     args.target = args.target or ("cuda" if torch.cuda.is_available() else "interpreter")
     args.cache_dir = args.cache_dir or args.out / "kernel_cache"
+    args.rounds = args.rounds if args.rounds is not None else (1 if args.smoke else 3)
     return args
 
 
