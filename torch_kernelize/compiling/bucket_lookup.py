@@ -24,8 +24,7 @@ from torch.utils import _pytree as pytree
 from torch_kernelize.compiling.whole_graph import size_symbols, whole_probe_keys
 from torch_kernelize.core.buckets import (PREFIX_LEN, Bucket, Dim, contains, instantiate, key_prefix, probe_prefix,
                                           unbucketable, values_of)
-from torch_kernelize.core.spec import tensor_input_nodes
-from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.core.spec import KernelSpec, tensor_input_nodes
 from torch_kernelize.kernel_cache.entry import CacheEntry
 from torch_kernelize.kernel_cache.interfaces import Cache, Lookup
 from torch_kernelize.kernel_cache.store import LookupLog

@@ -22,10 +22,10 @@ from torch.utils import _pytree as pytree
 
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.core.errors import IndexOutOfRange
-from torch_kernelize.serving.launch import MisalignedInput
 from torch_kernelize.core.shapes import sizes_read_off
 from torch_kernelize.core.spec import KernelSpec, tensor_input_nodes
 from torch_kernelize.core.validate import compare_all
+from torch_kernelize.serving.launch import MisalignedInput
 from torch_kernelize.serving.view_folding import VIEW_OPS, FoldedView
 
 log = logging.getLogger("torch_kernelize.serving.runtime")
