@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from torch_kernelize import flush_repros
-from torch_kernelize.core.buckets import PREFIX_LEN, instantiate, metas_at, pow2_bucket, spec_at
+from torch_kernelize.core.buckets import PREFIX_LEN, metas_at, pow2_bucket, spec_at
 from torch_kernelize.core.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.serving.bucket_call import BucketCall, SizedCall, readable
@@ -41,6 +41,7 @@ from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.options import Options, default_cache_dir
 from torch_kernelize.core.program_steps import refused_ops
+from torch_kernelize.core.sized_programs import Resizer
 from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
@@ -49,7 +50,7 @@ from torch_kernelize.serving.view_folding import fold_view_chains
 from torch_kernelize.compiling.report import GraphReport, ReportWriter, fill_command
 from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
-from torch_kernelize.core.shapes import SymbolBinder, concrete_meta
+from torch_kernelize.core.shapes import SymbolBinder, concrete_meta, meta_of_size
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.validate import compare
 
@@ -472,12 +473,13 @@ class LoweredGraph:
         base = self.session.load_runner(entry.spec, entry) if varied is not None else None
         if base is None:
             return None
+        resize = Resizer(base.program)
 
         def make(values: tuple[int, ...]) -> TritonCall:
             """A new size's call: its launch plan from the loaded runner (no code generated, no spec
             made or hashed until something reads it)."""
             metas = (outputs_at(values) if outputs_at is not None else None) or metas_at(entry.spec, bucket.dims, values)
-            runner = base.resized(instantiate(base.program, values), metas)
+            runner = base.resized(resize(values), metas)
             name = f"triton_{entry.spec.short_name}_bucket_{entry.key[:8]}_{'x'.join(map(str, values))}"
             def spec() -> KernelSpec:
                 return (respec(values) if respec is not None else None) or spec_at(entry.spec, bucket.dims, values)
@@ -667,6 +669,14 @@ def _region_outputs_at(region: Region, bindings: dict, d: Decision,
     """``region``'s outputs' metas at a size of the bucket ``d`` hit, read off their traced
     shapes (a stretch's token count is batch x length; a dim of the bucket's size alone is
     what metas_at gives); None where a size is unbound."""
+    if symbol is not None:  # (a whole graph: its outputs' metas as functions of its one variable, made once)
+        of_size = [meta_of_size(n.meta["val"], bindings, symbol) for n in region.outputs]
+
+        def at(values: tuple[int, ...]) -> tuple | None:
+            metas = [f(values[0]) for f in of_size]
+            return None if any(m is None for m in metas) else tuple(metas)
+        return at
+
     def at(values: tuple[int, ...]) -> tuple | None:
         new = _bindings_in_bucket(region, bindings, d, values, symbol)
         metas = [concrete_meta(n.meta["val"], new) for n in region.outputs] if new is not None else [None]

@@ -23,6 +23,7 @@ import hashlib
 import json
 from typing import Any, Sequence, Union
 
+from torch_kernelize.core.sized_programs import Resizer
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 BUCKET_VERSION = 1
@@ -307,50 +308,6 @@ def product(factors: Sequence[SizeExpr]) -> SizeExpr:
 
 def instantiate(program: Any, values: Sequence[int]) -> Any:
     """``program`` (a KernelProgram) with every launch's run-time sizes evaluated for ``values``
-    (and, for a graph bucket's program, every other integer it names in ``sized``)."""
-    launches = []
-    for launch in program.launches:
-        sizes = launch.runtime_sizes
-        if not sizes:
-            launches.append(launch)
-            continue
-        grid = tuple(evaluate(g, values) for g in sizes.get("grid", launch.grid))
-        args = list(launch.args)
-        for pos, expr in sizes.get("args", {}).items():
-            kind, _ = args[int(pos)]
-            args[int(pos)] = (kind, evaluate(expr, values))
-        launches.append(dataclasses.replace(launch, grid=grid, args=tuple(args)))
-    program = dataclasses.replace(program, launches=tuple(launches))
-    return _resized_program(program, values) if program.sized else program
-
-
-def _resized_program(program: Any, values: Sequence[int]) -> Any:
-    """A graph bucket's program at ``values``: each integer its ``sized`` names, evaluated there
-    (its buffers' sizes, its vendor steps' views: sizes, strides and offsets). Only the buffers,
-    steps and views named are rebuilt (a new size's first call pays for this)."""
-    changed: dict[str, list] = {}
-    patched: dict[tuple[str, int], Any] = {}
-    for path, expr in program.sized:
-        field, i = path[0], path[1]
-        if field not in ("temps", "steps", "views"):
-            raise ValueError(f"a program's sized integer at {list(path)} is not in a buffer, step or view")
-        items = changed.setdefault(field, list(getattr(program, field)))
-        d = patched.get((field, i))
-        if d is None:  # (a copy: to_json may hand out the element's own lists)
-            d = patched[(field, i)] = _copied(items[i].to_json())
-        owner = d
-        for step in path[2:-1]:
-            owner = owner[step]
-        owner[path[-1]] = evaluate(expr, values)
-    for (field, i), d in patched.items():
-        changed[field][i] = type(changed[field][i]).from_json(d)
-    return dataclasses.replace(program, sized=(), **{field: tuple(items) for field, items in changed.items()})
-
-
-def _copied(x: Any) -> Any:
-    """A copy of JSON-like ``x`` (dicts and lists copied, leaves shared): a third of deepcopy's time."""
-    if isinstance(x, dict):
-        return {k: _copied(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_copied(v) for v in x]
-    return x
+    (and, for a graph bucket's program, every other integer it names in ``sized``). A caller that
+    sizes one program many times keeps its sized_programs.Resizer instead."""
+    return Resizer(program)(values)

@@ -130,6 +130,47 @@ def concrete_meta(val: Any, bindings: dict[sympy.Symbol, int]) -> TensorMeta | N
     return TensorMeta(tuple(shape), tuple(stride), dtype_name(val.dtype), val.device.type)
 
 
+def meta_of_size(val: Any, bindings: dict[sympy.Symbol, int], symbol: sympy.Symbol) -> Callable[[int], TensorMeta | None]:
+    """``concrete_meta(val, {**bindings, symbol: n})`` as a function of ``n``, its sympy work done
+    once: each size and stride becomes a polynomial of ``n`` with integer coefficients (a new
+    size's first call pays for the arithmetic alone). Where one is no such polynomial (a floor
+    division, another unbound symbol), every size takes the general evaluation."""
+    polys = [_int_polynomial(_expr(e), bindings, symbol) for e in (*val.shape, *val.stride())]
+    if any(p is None for p in polys):
+        return lambda n: concrete_meta(val, {**bindings, symbol: int(n)})
+    rank, dtype, device = len(val.shape), dtype_name(val.dtype), val.device.type
+
+    def at(n: int) -> TensorMeta:
+        xs = [_horner(p, n) for p in polys]
+        return TensorMeta(tuple(xs[:rank]), tuple(xs[rank:]), dtype, device)
+    return at
+
+
+def _int_polynomial(e: Any, bindings: dict[sympy.Symbol, int], symbol: sympy.Symbol) -> tuple[int, ...] | None:
+    """The integer coefficients of ``e`` as a polynomial of ``symbol`` (highest power first),
+    the other symbols at ``bindings``; None where it is no such polynomial."""
+    if isinstance(e, int) and not isinstance(e, bool):
+        return (e,)
+    if not isinstance(e, sympy.Basic):
+        return None
+    r = e.xreplace({k: v for k, v in bindings.items() if k != symbol})
+    if r.free_symbols - {symbol}:
+        return None
+    try:
+        poly = sympy.Poly(r, symbol)
+    except sympy.PolynomialError:
+        return None
+    coeffs = poly.all_coeffs()
+    return tuple(int(c) for c in coeffs) if all(c.is_Integer for c in coeffs) else None
+
+
+def _horner(coeffs: tuple[int, ...], n: int) -> int:
+    out = 0
+    for c in coeffs:
+        out = out * n + c
+    return out
+
+
 def concrete_value(val: Any, bindings: dict[sympy.Symbol, int]) -> Any:
     """TensorMeta for tensors, numbers for scalars, tuples element-wise; None if unresolvable."""
     if isinstance(val, torch.Tensor):

@@ -225,9 +225,11 @@ class ProgramRunner:
         if program.steps or program.views:  # a graph bucket's program: its steps' views and buffers resize too
             runner._views = [(v.buffer[0], v.buffer[1], v.offset) for v in program.views]
             runner._steps = {}
+            resolved = {id(c.step): c for calls in self._steps.values() for c in calls}  # (steps no size changed)
             for step in program.steps:
-                runner._steps.setdefault(step.at, []).append(StepCall(step))
-            runner._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) if i not in program.produced_temps
+                runner._steps.setdefault(step.at, []).append(resolved.get(id(step)) or StepCall(step))
+            made_temps = program.produced_temps
+            runner._temp_allocs = [(b.shape, getattr(torch, b.dtype), b.init) if i not in made_temps
                                    else None for i, b in enumerate(program.temps)]
         if self.backend == "cuda":
             runner._consts = ()
