@@ -97,3 +97,37 @@ def test_a_program_with_vendor_steps_and_views_runs_straight_line(cpu_stand_ins)
     want = y + y + 2 * x
     torch.testing.assert_close(runner(x, y), want)
     torch.testing.assert_close(runner.direct(x, y), want)
+
+
+def test_extern_ops_are_called_through_the_bindings_inductor_calls_them_by():
+    """Every op BINDINGS names runs through torch's generated binding, as Inductor's extern
+    kernels do, with the overload's result (``out=`` picking the .out overload); any other op
+    through its overload's C++ entry."""
+    from torch_kernelize.core.program_steps import BINDINGS, StepCall, VendorStep
+    a, b, c = torch.randn(3, 4), torch.randn(4, 5), torch.randn(3, 5)
+    x, w = torch.randn(1, 3, 6, 6), torch.randn(2, 3, 3, 3)
+    bufs = {"in": [a, b, c, x, w, a.expand(2, 3, 4).contiguous(), b.expand(2, 4, 5).contiguous(),
+                   c.expand(2, 3, 5).contiguous()], "out": [torch.empty(3, 5), torch.empty(2, 3, 5)], "tmp": []}
+    i = lambda k: {"buf": ["in", k]}  # noqa: E731
+    cases = {"aten.mm": ([i(0), i(1)], {}), "aten.addmm": ([i(2), i(0), i(1)], {"beta": 2, "alpha": 0.5}),
+             "aten.bmm": ([i(5), i(6)], {}), "aten.baddbmm": ([i(7), i(5), i(6)], {"alpha": 3})}
+    for op, (args, kwargs) in cases.items():
+        out = {"out": {"buf": ["out", 0 if op in ("aten.mm", "aten.addmm") else 1]}}
+        for overload, kw in (("default", kwargs), ("out", {**kwargs, **out})):
+            step = VendorStep(f"{op}.{overload}", args, kw, 0, (("tmp", 0),) if overload == "default" else ())
+            call = StepCall(step)
+            assert call.call is getattr(torch._C._VariableFunctions, op.split(".")[1])
+            bufs["tmp"] = [None]
+            call(bufs, "cpu")
+            got = bufs["tmp"][0] if overload == "default" else bufs["out"][out["out"]["buf"][1]]
+            want = getattr(torch.ops.aten, op.split(".")[1]).default(*[bufs["in"][a["buf"][1]] for a in args],
+                                                                     **kwargs)
+            torch.testing.assert_close(got, want)
+    conv = VendorStep("aten.convolution.default", [i(3), i(4), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1],
+                      {}, 0, (("tmp", 0),))
+    call = StepCall(conv)
+    assert call.call is torch._C._VariableFunctions.convolution and conv.op in BINDINGS
+    call(bufs, "cpu")
+    torch.testing.assert_close(bufs["tmp"][0], torch.nn.functional.conv2d(x, w, padding=1))
+    cat = StepCall(VendorStep("aten.cat.default", [[i(0), i(0)], 0], {}, 0, (("tmp", 0),)))
+    assert cat.call is torch.ops.aten.cat.default._op

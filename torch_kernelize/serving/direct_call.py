@@ -142,9 +142,9 @@ def _arg(kind: str, value: Any, src: _Source) -> str:
 
 
 def _step(src: _Source, step: Any, views: dict) -> None:
-    """One vendor step: the op's C++ entry (``OpOverload._op``, no Python frame of its own) on
-    its arguments written out, its results bound to their buffers' names."""
-    op = src.ref(getattr(step.op, "_op", step.op))
+    """One vendor step: the op's binding or C++ entry (program_steps.step_callable, no Python
+    frame of its own) on its arguments written out, its results bound to their buffers' names."""
+    op = src.ref(step.call)
     args = [_step_arg(a, src) for a in step.step.args]
     args += [f"{k}={_step_arg(v, src)}" for k, v in step.step.kwargs.items()]
     call = f"{op}({', '.join(args)})"
