@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import random
@@ -90,6 +91,30 @@ def _timed(fn, *args) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+class GcClock:
+    """The garbage collector's time while installed (``gc.callbacks``): a collection of the
+    oldest generation in a process holding a model and Dynamo's state can take hundreds of
+    milliseconds, and lands on whichever call allocates at the wrong moment."""
+
+    def __init__(self):
+        self.ms, self.collections, self._start = 0.0, 0, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.ms += (time.perf_counter() - self._start) * 1e3
+            self.collections += 1
+            self._start = None
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        gc.callbacks.remove(self)
+
+
 def summarize(ms: list[float]) -> dict[str, float]:
     return {"p50_ms": round(percentile(ms, 50), 4), "p99_ms": round(percentile(ms, 99), 4),
             "max_ms": round(max(ms), 4), "mean_ms": round(sum(ms) / len(ms), 4)}
@@ -148,7 +173,14 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
         warm_folders = _repro_folders(out, backend)
         inputs = {n: batch(n) for n in lengths}
         graphs_before = _graphs_compiled()
-        first = [_timed(compiled, inputs[n]) for n in lengths]
+        first, gc_ms = [], {}
+        with GcClock() as clock:
+            for n in lengths:
+                before = clock.ms
+                first.append(_timed(compiled, inputs[n]))
+                if clock.ms > before:
+                    gc_ms[str(n)] = round(clock.ms - before, 3)
+            first_gc = {"collections": clock.collections, "ms": round(clock.ms, 3), "per_length_ms": gc_ms}
         repeat = [_timed(compiled, inputs[n]) for n in lengths]
         recompiles = _graphs_compiled() - graphs_before
         profile = first_call_profile(compiled, batch, list(profiled)) if profiled else None
@@ -165,7 +197,8 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             "recompiles": recompiles,
             "buckets": len({pow2_bucket(n) for n in lengths}), "compile_and_first_call_ms": round(t_compile, 1),
             "first": summarize(first), "repeat": summarize(repeat), "first_minus_repeat": summarize(extra),
-            "trace": summarize(first + repeat), **({"first_call_profile": profile} if profile else {}),
+            "trace": summarize(first + repeat), "first_calls_gc": first_gc,
+            **({"first_call_profile": profile} if profile else {}),
             "per_length_ms": {str(n): [round(f, 4), round(r, 4)]
                                                                   for n, f, r in zip(lengths, first, repeat)}}
 
@@ -236,6 +269,11 @@ def markdown(doc: dict[str, Any]) -> str:
     for line in doc.get("targets", []):
         lines.append(f"- {line}")
     for r in doc["backends"]:
+        g = r.get("first_calls_gc")
+        if g and g["collections"]:
+            worst = max(g["per_length_ms"].items(), key=lambda kv: kv[1], default=None)
+            lines.append(f"- {r['backend']}: the garbage collector ran {g['collections']} time(s) in the first calls, "
+                         f"{g['ms']:.1f} ms in all" + (f", at most {worst[1]:.1f} ms (length {worst[0]})" if worst else ""))
         for n, (call, *ops) in r.get("first_call_profile", {}).items():
             top = "; ".join(f"{o['op']} {o['self_host_ms']:.1f} ms ({o['calls']}x)" for o in ops[:3])
             lines.append(f"- {r['backend']}, first call at length {n}: {call['call_ms']:.1f} ms; most host time "

@@ -77,6 +77,24 @@ def test_the_fill_asks_the_generators_named(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_the_gc_clock_times_collections_while_installed_and_only_then():
+    import gc
+    t = _trace()
+    junk = [[i] for i in range(200_000)]  # (something for the collector to walk)
+    with t.GcClock() as clock:
+        gc.collect()
+    assert clock.collections >= 1 and clock.ms > 0 and clock not in gc.callbacks
+    counted = clock.collections
+    gc.collect()
+    assert clock.collections == counted and len(junk) == 200_000
+    doc = {"model": "llama", "lengths": [5], "device": "cpu", "date": "d", "torch": "t", "target": "x",
+           "backends": [{"backend": "kernelize", "first": {"p50_ms": 1, "p99_ms": 1}, "repeat": {"p50_ms": 1, "p99_ms": 1},
+                         "first_minus_repeat": {"p50_ms": 0, "max_ms": 0}, "trace": {"p50_ms": 1, "p99_ms": 1},
+                         "first_calls_gc": {"collections": 2, "ms": 250.0, "per_length_ms": {"5": 249.0}}}]}
+    assert "the garbage collector ran 2 time(s) in the first calls, 250.0 ms in all, at most 249.0 ms (length 5)" \
+        in t.markdown(doc)
+
+
 def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke", "--lengths", "2",
                            "--lo", "5", "--hi", "8", "--baseline", "eager", "--profile-first", "1"],
@@ -93,5 +111,6 @@ def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_pa
         assert call["call_ms"] > 0 and ops and ops[0]["self_host_ms"] >= ops[-1]["self_host_ms"]
         assert set(b["per_length_ms"]) == lengths and b["trace"]["p99_ms"] >= b["trace"]["p50_ms"] > 0
         assert isinstance(b["recompiles"], int) and b["buckets"] == 1
+        assert b["first_calls_gc"]["collections"] >= 0 and set(b["first_calls_gc"]["per_length_ms"]) <= lengths
     assert isinstance(doc["backends"][0]["repro_folders"], int) and doc["backends"][1]["recompiles"] == 0
     assert (tmp_path / path.name.replace(".json", ".md")).read_text().startswith("# Bucket trace: llama")
