@@ -131,3 +131,75 @@ def test_extern_ops_are_called_through_the_bindings_inductor_calls_them_by():
     torch.testing.assert_close(bufs["tmp"][0], torch.nn.functional.conv2d(x, w, padding=1))
     cat = StepCall(VendorStep("aten.cat.default", [[i(0), i(0)], 0], {}, 0, (("tmp", 0),)))
     assert cat.call is torch.ops.aten.cat.default._op
+
+
+def test_one_generated_call_serves_every_size_of_a_bucket_as_each_sizes_program_does(cpu_stand_ins):
+    """A whole graph's bucket program (fitted over sizes, as Inductor's dynamic output is) made
+    once into a call of every size (ProgramRunner.bucket_direct): at each size it launches with
+    the grid, scalars and buffer sizes of that size's own program, runs the vendor step on views
+    of that size, and returns outputs of that size; straight-line, reading the size off input 0.
+    An input off a 16-byte boundary goes to the general call it was given."""
+    from test_whole_buckets import _program
+
+    from torch_kernelize.core.sized_programs import Resizer, SizeSource
+    from torch_kernelize.core.spec import KernelSpec, TensorMeta
+    from torch_kernelize.fill_cache.program_fit import fit_program
+    fitted = fit_program({s: _program(s) for s in (33, 34, 48, 63, 64)})
+    resize = Resizer(fitted)
+
+    class Kernel:  # records what it was given; writes its buffer (read by the step) and the output
+        dropped = frozenset(i for i, name in enumerate(fitted.kernel_arg_names("k")) if name == "XBLOCK")
+        seen: list = []
+
+        def run(self, gx, gy, gz, stream, tmp, out, n, m):
+            self.seen.append(((gx, gy, gz), n, m, tmp.shape, out.shape))
+            tmp[:m].copy_(torch.arange(m, dtype=tmp.dtype))
+            out.view(-1)[:m].fill_(n)
+
+    x64 = torch.randn(64, 128)
+    base = ProgramRunner(KernelSpec.from_call(torch.ops.aten.add.Tensor, [x64, x64], {}, x64 + x64), fitted,
+                         [Kernel()], "cuda")
+    outputs = (TensorMeta((SizeSource("v[0]"), 128), (128, 1), "float32", "cpu"),)
+    general = []
+    call = base.bucket_direct(resize.symbolic(), outputs, "(i0.shape[0],)",
+                              lambda *t: general.append(t) or "general")
+    assert call is not None and "for " not in call.source and "v = (i0.shape[0],)" in call.source
+    for s in (33, 40, 64, 51):
+        x = torch.randn(s, 128)
+        own = base.resized(resize((s,)), (TensorMeta((s, 128), (128, 1), "float32", "cpu"),))
+        Kernel.seen.clear()
+        want, got = own(x, x), call(x, x)
+        (a, b) = Kernel.seen
+        assert a == b and a[0] == (-(-128 * s // 256), 1, 1) and a[1:3] == (s, 128 * s)
+        assert got.shape == want.shape == (s, 128) and torch.equal(got, want)
+    assert not general
+    unaligned = torch.randn(41 * 128 + 1)[1:].view(41, 128)
+    assert call(unaligned, unaligned) == "general" and len(general) == 1
+
+
+def test_a_program_reading_a_host_scalar_input_moves_it_in_the_direct_call_too(cpu_stand_ins, monkeypatch):
+    """A dynamic graph's 0-d host input (a norm's eps) is moved to the device before the launches,
+    in the generated call as in the general path; the alignment check skips it."""
+    from torch_kernelize.core.program import KernelProgram, Launch
+    from torch_kernelize.core.spec import KernelSpec
+    source = "import triton\n@triton.jit\ndef k(a, s, c, BLOCK: tl.constexpr):\n    pass\n"
+    program = KernelProgram(source, (Launch("k", (1,), (("in", 0), ("in", 1), ("out", 0)), {"BLOCK": 8}),))
+    x, eps = torch.randn(64), torch.tensor(0.5, dtype=torch.float64)
+    spec = KernelSpec.from_call(torch.ops.aten.add.Tensor, [x, eps], {}, x + eps)
+    moved = []
+
+    class Scalar(torch.Tensor):  # records the move a CUDA device would make
+        def to(self, *a, **k):
+            moved.append(a)
+            return torch.Tensor.to(torch.Tensor(self), *a, **k)
+
+    class Kernel:
+        dropped = frozenset({3})
+
+        def run(self, gx, gy, gz, stream, a, s, c):
+            c.copy_(a + s)
+    runner = ProgramRunner(spec, program, [Kernel()], "cuda")
+    assert runner._host_inputs == (1,) and runner.direct is not None
+    assert "i1.to(i0.device, non_blocking=True)" in runner.direct.source and "i1.data_ptr()" not in runner.direct.source
+    torch.testing.assert_close(runner.direct(x, eps.as_subclass(Scalar)), x + 0.5)
+    assert moved == [(x.device,)]

@@ -143,6 +143,37 @@ def test_a_bucket_call_makes_one_checked_call_per_size():
         BucketCall(spec, (("out", 0, 0, 0),), KernelState("k"), make)
 
 
+def test_a_bucket_calls_its_generated_call_while_healthy_and_each_sizes_call_on_a_failure():
+    """A bucket with one generated call for every size (lower._bucket_direct) runs it; the call
+    of a size is made only for what it does not cover: a failure (that size's call decides: here
+    the vendor op, the kernel disabled for the bucket) and layout checks (checking() drops it)."""
+    from torch_kernelize.core.buckets import spec_at
+    from torch_kernelize.core.spec import KernelSpec
+    x8 = torch.randn(8, 16)
+    spec = KernelSpec.from_call(torch.ops.aten.sigmoid.default, [x8], {}, torch.sigmoid(x8))
+    dims = (("in", 0, 0, 0), ("out", 0, 0, 0))
+    made, state = [], KernelState("k")
+
+    def make(values):
+        made.append(values)
+        return TritonCall(spec_at(spec, dims, values), lambda x: x * 2, state)
+
+    call = BucketCall(spec, dims, state, make)
+    assert call.sizes_source == "(i0.shape[0], )"
+    call.generic = lambda x: x * 3
+    x = torch.randn(7, 16)
+    torch.testing.assert_close(call(x), x * 3)
+    assert made == [] and call.checking([0]).generic is None
+    torch.testing.assert_close(call.per_size(x), x * 2)  # (what the generated call hands back)
+
+    def broken(x):
+        raise RuntimeError("CUDA driver error: invalid argument (injected)")
+    call.generic = broken
+    torch.testing.assert_close(call(x), torch.sigmoid(x))
+    assert state.disabled is not None
+    assert call(torch.randn(5, 16)).shape == (5, 16)  # disabled: each size's vendor call
+
+
 def test_sizes_that_are_products_of_symbols_are_coordinates_of_their_own():
     """A GEMM of a [batch, seq] input flattened into batch*seq rows: the bucket 9-64 of its rows
     is a range of the product (the cell of batch*seq, whatever batch and seq are apart), and an

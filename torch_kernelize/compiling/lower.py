@@ -41,7 +41,7 @@ from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.options import Options, default_cache_dir
 from torch_kernelize.core.program_steps import refused_ops
-from torch_kernelize.core.sized_programs import Resizer
+from torch_kernelize.core.sized_programs import Resizer, SizeSource
 from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
@@ -486,7 +486,10 @@ class LoweredGraph:
             if self.session.options.check:  # (a checked call runs the vendor op every time: it needs its spec)
                 return self.triton_call(spec(), runner, entry.key, name)
             return SizedCall(spec, runner, self.session.kernel_state(entry.key), self._on_kernel_failure, name)
-        return BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make, bucket.scale), varied
+        call = BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make, bucket.scale)
+        if symbol is not None and not self.session.options.check:  # (a checked call needs each size's spec)
+            call.generic = _bucket_direct(base, resize, outputs_at, call)
+        return call, varied
 
     def _share(self, spec: Specialization, decisions: list[Decision], regions: list[Decision],
                bucket_ranges: dict[str, dict], verdicts: dict[str, str]) -> None:
@@ -664,6 +667,21 @@ def _region_spec_at(region: Region, bindings: dict, d: Decision,
     return at
 
 
+def _bucket_direct(base: Any, resize: Resizer, outputs_at: Any, call: BucketCall) -> Callable | None:
+    """A whole graph's bucket program as one generated call for every size of the bucket
+    (ProgramRunner.bucket_direct); None where its outputs' sizes are no polynomials of the
+    size, or where the runner has no generated call (not CUDA). A program the generation
+    cannot write keeps the per-size calls."""
+    outputs = getattr(outputs_at, "symbolic", None)
+    if outputs is None:
+        return None
+    try:
+        return base.bucket_direct(resize.symbolic(), outputs, call.sizes_source, call.per_size)
+    except Exception as e:  # (the per-size calls serve it as before)
+        log.debug("no generated call for bucket %s: %s", call.__name__, e)
+        return None
+
+
 def _region_outputs_at(region: Region, bindings: dict, d: Decision,
                        symbol: Any = None) -> Callable[[tuple[int, ...]], tuple | None]:
     """``region``'s outputs' metas at a size of the bucket ``d`` hit, read off their traced
@@ -675,6 +693,9 @@ def _region_outputs_at(region: Region, bindings: dict, d: Decision,
         def at(values: tuple[int, ...]) -> tuple | None:
             metas = [f(values[0]) for f in of_size]
             return None if any(m is None for m in metas) else tuple(metas)
+        # the same as source of the size v[0], for a call generated once (_bucket_direct)
+        at.symbolic = (tuple(f(SizeSource("v[0]")) for f in of_size) if all(f.polynomial for f in of_size)
+                       else None)
         return at
 
     def at(values: tuple[int, ...]) -> tuple | None:

@@ -99,7 +99,9 @@ def refused_ops(steps: Sequence[VendorStep], target: Target) -> list[str]:
 # kernels, torch/_inductor/select_algorithm.py), called the same way here. A binding parses its
 # arguments in C++ and dispatches unboxed; an OpOverload's entry boxes them: on a CPU core, 7 us
 # more per convolution (ResNet-50 makes 53 a call) and 0.5 us per mm. Each binding is the same
-# native function with the overload's schema: ``out=`` picks the .out overload.
+# native function with the overload's schema: ``out=`` picks the .out overload. (A graph node's
+# op gets its binding checked on its traced types, serving/op_bindings.py; a step has no node,
+# and these are the ops Inductor itself trusts to their bindings.)
 BINDINGS = {op: name for name in ("mm", "addmm", "bmm", "baddbmm")
             for op in (f"aten.{name}.default", f"aten.{name}.out")}
 BINDINGS["aten.convolution.default"] = "convolution"

@@ -137,12 +137,17 @@ def meta_of_size(val: Any, bindings: dict[sympy.Symbol, int], symbol: sympy.Symb
     division, another unbound symbol), every size takes the general evaluation."""
     polys = [_int_polynomial(_expr(e), bindings, symbol) for e in (*val.shape, *val.stride())]
     if any(p is None for p in polys):
-        return lambda n: concrete_meta(val, {**bindings, symbol: int(n)})
+        def general(n: int) -> TensorMeta | None:
+            return concrete_meta(val, {**bindings, symbol: int(n)})
+        general.polynomial = False
+        return general
     rank, dtype, device = len(val.shape), dtype_name(val.dtype), val.device.type
 
-    def at(n: int) -> TensorMeta:
+    def at(n: Any) -> TensorMeta:
+        """(``n`` may also be a sized_programs.SizeSource: the sizes come back as source)"""
         xs = [_horner(p, n) for p in polys]
         return TensorMeta(tuple(xs[:rank]), tuple(xs[rank:]), dtype, device)
+    at.polynomial = True
     return at
 
 
@@ -164,7 +169,7 @@ def _int_polynomial(e: Any, bindings: dict[sympy.Symbol, int], symbol: sympy.Sym
     return tuple(int(c) for c in coeffs) if all(c.is_Integer for c in coeffs) else None
 
 
-def _horner(coeffs: tuple[int, ...], n: int) -> int:
+def _horner(coeffs: tuple[int, ...], n: Any) -> Any:
     out = 0
     for c in coeffs:
         out = out * n + c

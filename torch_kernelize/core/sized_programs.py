@@ -20,7 +20,7 @@ import copy
 import math
 from typing import Any, Callable, Sequence
 
-from torch_kernelize.core.program import KernelProgram, Launch
+from torch_kernelize.core.program import KernelProgram, View
 
 SIZED_FIELDS = ("temps", "steps", "views")
 
@@ -37,20 +37,72 @@ def size_source(expr: Any) -> str:
     if isinstance(expr, list) and expr and expr[0] in ("add", "mul") and len(expr) > 1:
         return "(" + f" {'+' if expr[0] == 'add' else '*'} ".join(size_source(e) for e in expr[1:]) + ")"
     if isinstance(expr, list) and len(expr) == 3 and expr[0] == "cdiv":
-        return f"_cdiv({size_source(expr[1])}, {size_source(expr[2])})"
+        return f"cdiv({size_source(expr[1])}, {size_source(expr[2])})"
     raise ValueError(f"bad size expression {expr!r}")
 
 
-def _cdiv(a: int, b: int) -> int:
+class SizeSource(str):
+    """An integer of a bucket's program not known until the call: the Python source computing it
+    from the sizes ``v`` (a tuple the generated call reads off its inputs). Arithmetic on it
+    writes source, so evaluating a program's sizing function on ``SIZES`` gives every sized
+    integer as source (``Resizer.symbolic``)."""
+
+    def _op(self, sign: str, other: Any, swapped: bool = False) -> Any:
+        if isinstance(other, int) and not isinstance(other, bool):
+            if other == (0 if sign == "+" else 1):
+                return self
+            if sign == "*" and other == 0:
+                return 0
+        elif not isinstance(other, SizeSource):
+            return NotImplemented
+        a, b = (other, self) if swapped else (self, other)
+        return SizeSource(f"({a} {sign} {b})")
+
+    def __add__(self, other: Any) -> Any:
+        return self._op("+", other)
+
+    def __radd__(self, other: Any) -> Any:
+        return self._op("+", other, swapped=True)
+
+    def __mul__(self, other: Any) -> Any:
+        return self._op("*", other)
+
+    def __rmul__(self, other: Any) -> Any:
+        return self._op("*", other, swapped=True)
+
+
+class _Sizes:
+    """``v`` of a sizing function evaluated for its source: ``v[i]`` is SizeSource("v[i]")."""
+
+    def __getitem__(self, i: int) -> SizeSource:
+        return SizeSource(f"v[{int(i)}]")
+
+
+SIZES = _Sizes()
+
+
+def cdiv(a: Any, b: Any) -> Any:
+    if isinstance(a, SizeSource) or isinstance(b, SizeSource):
+        return SizeSource(f"cdiv({a}, {b})")
     if b <= 0:
         raise ValueError(f"a size expression divides by {b}")
     return -(-a // b)
 
 
+def source_strides(shape: Sequence[Any]) -> tuple[Any, ...]:
+    """A contiguous layout's strides of ``shape``, whose sizes may be SizeSources (each at least
+    1 inside its bucket)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step = step * (size if isinstance(size, SizeSource) else max(int(size), 1))
+    return tuple(reversed(strides))
+
+
 def _compiled(body: str, consts: list) -> Callable:
-    """``lambda v: body``, where ``body`` reads the variables ``v``, ``_cdiv`` and constants ``c``
+    """``lambda v: body``, where ``body`` reads the variables ``v``, ``cdiv`` and constants ``c``
     (the source is built from ints, operators and indices only: nothing from a cache is code)."""
-    return eval(f"lambda v: {body}", {"_cdiv": _cdiv, "c": tuple(consts), "__builtins__": {}})
+    return eval(f"lambda v: {body}", {"cdiv": cdiv, "c": tuple(consts), "__builtins__": {}})
 
 
 def _tuple(items: Any) -> str:
@@ -121,7 +173,17 @@ class Resizer:
         self._sizes = _compiled(f"(({_tuple(size_source(e) for e in exprs)}), ({_tuple(items)}))", consts)
 
     def __call__(self, values: Sequence[int]) -> KernelProgram:
-        ints, jsons = self._sizes(tuple(values))
+        return self._build(self._sizes(tuple(values)), values)
+
+    def symbolic(self) -> KernelProgram:
+        """The program with each sized integer a SizeSource of ``v``: what a call generated once
+        for the whole bucket computes (serving/direct_call.py). Not a program to validate or
+        store: its integers are source text."""
+        return self._build(self._sizes(SIZES), None)
+
+    def _build(self, sized_values: tuple, values: Sequence[int] | None) -> KernelProgram:
+        """The program with the sizing function's results; ``values`` None: they are source."""
+        ints, jsons = sized_values
         program = self.program
         launches = list(program.launches)
         for li, grid_at, grid_len, args in self._launches:
@@ -129,7 +191,7 @@ class Resizer:
             new = copy.copy(launch)
             if grid_at is not None:
                 grid = ints[grid_at:grid_at + grid_len]
-                if any(g < 1 for g in grid):
+                if values is not None and any(g < 1 for g in grid):
                     raise ValueError(f"launch {launch.kernel}: bad grid {grid} at sizes {tuple(values)}")
                 object.__setattr__(new, "grid", tuple(grid))
             if args:
@@ -141,12 +203,14 @@ class Resizer:
         fields: dict[str, list] = {}
         for (field, i), d in zip(self._items, jsons):
             items = fields.setdefault(field, list(getattr(program, field)))
-            items[i] = type(items[i]).from_json(d)
+            items[i] = type(items[i]).from_json(d) if values is not None or field != "views" else View(
+                (d[0], int(d[1])), d[2])  # (its offset may be source)
         sized = copy.copy(program)
         for name, value in (("launches", tuple(launches)), ("sized", ()),
                             *((f, tuple(items)) for f, items in fields.items())):
             object.__setattr__(sized, name, value)
-        _check_views(sized, values)
+        if values is not None:
+            _check_views(sized, values)
         return sized
 
 

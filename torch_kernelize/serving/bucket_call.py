@@ -62,8 +62,13 @@ class BucketCall(TritonCall):
             if side == "in":
                 first.setdefault(v, (i, d))
         per = f" // {int(scale)}" if scale != 1 else ""
-        reads = "".join(f"t[{i}].shape[{d}]{per}, " for i, d in (first[v] for v in sorted(first)))
-        self._values = eval(f"lambda t: ({reads})")  # built from ints only
+        reads = [first[v] for v in sorted(first)]
+        values = "".join(f"t[{i}].shape[{d}]{per}, " for i, d in reads)
+        self._values = eval(f"lambda t: ({values})")  # built from ints only
+        # the same read in a generated call, whose inputs are i0, i1, ... (direct_call.py)
+        self.sizes_source = "(" + "".join(f"i{i}.shape[{d}]{per}, " for i, d in reads) + ")"
+        # one generated call for every size (ProgramRunner.bucket_direct), where the caller made one
+        self.generic: Callable | None = None
         self._dims = tuple(dims)
         self._make = make
         self._sized: dict[tuple[int, ...], TritonCall] = {}
@@ -88,9 +93,20 @@ class BucketCall(TritonCall):
         checked = copy.copy(self)
         checked.layout_inputs = tuple(inputs)
         checked._sized, checked._lock = {}, threading.Lock()  # (its own calls: they check)
+        checked.generic = None  # (each size's call checks the layouts)
         return checked
 
+    def per_size(self, *tensors: Any):
+        """The size's own runner (what a generic call hands the calls it does not cover)."""
+        return self.sized(self._values(tensors)).runner(*tensors)
+
     def __call__(self, *tensors: Any):
+        generic = self.generic
+        if generic is not None and self.state.disabled is None:
+            try:
+                return generic(*tensors)
+            except Exception as e:  # (the size's call decides: the vendor op's answer, a disabled kernel)
+                return self.sized(self._values(tensors)).failed(e, tensors)
         return self.sized(self._values(tensors))(*tensors)
 
     def vendor(self, *tensors: Any):

@@ -11,15 +11,19 @@ and the kernel-pointer views into it (program.View) made right after.
 
 A call with an input off a 16-byte boundary, or on another device than the current one, takes
 the general path. Programs with donated outputs, state buffers or checks have none.
+
+A shape bucket's whole-graph program gets one such function for every size of its bucket
+(``sizes``): its sized integers are SizeSources (core/sized_programs.py), written into the
+source as expressions of the sizes ``v`` the function reads off its inputs.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from torch_kernelize.core.buckets import contiguous_strides
 from torch_kernelize.core.encoding import dtype_from_name
 from torch_kernelize.core.program_steps import literal
+from torch_kernelize.core.sized_programs import SizeSource, cdiv, source_strides
 from torch_kernelize.serving.view_folding import reinterpret_tensor
 
 _PREFIX = {"in": "i", "out": "o", "tmp": "t"}
@@ -38,6 +42,7 @@ class CallPlan:
     launches: Sequence[tuple[int, Any, tuple]]  # (launch index, launcher, (launch, argument order, grid))
     n_launches: int
     tuple_output: bool
+    host_inputs: tuple[int, ...] = ()  # 0-d host inputs the program reads on the device (moved there first)
 
 
 class _Source:
@@ -48,9 +53,14 @@ class _Source:
         self.lines: list[str] = []
 
     def ref(self, value: Any) -> str:
-        """A literal int or finite float as itself, anything else as a global."""
+        """A literal int or finite float as itself, a SizeSource (a bucket's size, computed in
+        the call) as its source, a tuple holding one as a tuple of those, anything else as a global."""
         if type(value) is int or (type(value) is float and value == value and abs(value) != float("inf")):
             return repr(value)
+        if isinstance(value, SizeSource):
+            return f"({value})"
+        if type(value) is tuple and any(isinstance(x, SizeSource) for x in value):
+            return "(" + "".join(f"{self.ref(x)}, " for x in value) + ")"
         name = f"c{len(self.names)}"
         self.names[name] = value
         return name
@@ -59,19 +69,27 @@ class _Source:
         self.lines.append(line)
 
 
-def direct_function(plan: CallPlan, empty: Callable, stream_of: Callable, current_device: Callable) -> Callable:
+def direct_function(plan: CallPlan, empty: Callable, stream_of: Callable, current_device: Callable,
+                    sizes: str | None = None) -> Callable:
     """The calls of ``plan`` as one function (``fn.source`` holds its text). ``empty(shape, stride,
     dtype)`` allocates on the current device; ``stream_of(device index)`` is the current stream's
-    handle; ``current_device()`` the current device's index."""
-    src = _Source({"general": plan.general, "empty": empty, "stream_of": stream_of,
+    handle; ``current_device()`` the current device's index. ``sizes``: a shape bucket's call for
+    every size of the bucket, whose plan holds SizeSources of ``v``: the source of ``v`` from the
+    inputs ``i0, i1, ...`` (a tuple)."""
+    src = _Source({"general": plan.general, "empty": empty, "stream_of": stream_of, "cdiv": cdiv,
                    "current_device": current_device, "reinterpret": reinterpret_tensor, "at": at_offset})
     n_in = plan.inputs
     ins = ", ".join(f"i{k}" for k in range(n_in))
-    src.add(f"if {' or '.join(f'i{k}.data_ptr() % 16' for k in range(n_in))}:")
+    on_device = [k for k in range(n_in) if k not in plan.host_inputs]
+    src.add(f"if {' or '.join(f'i{k}.data_ptr() % 16' for k in on_device)}:")
     src.add(f"    return general({ins})")
-    src.add("device = i0.get_device()")
+    src.add(f"device = i{on_device[0]}.get_device()")
     src.add("if device != current_device():")
     src.add(f"    return general({ins})")
+    for k in plan.host_inputs:  # (a 0-d tensor a dynamic graph took as an input: a norm's eps)
+        src.add(f"i{k} = i{k}.to(i{on_device[0]}.device, non_blocking=True)")
+    if sizes is not None:
+        src.add(f"v = {sizes}")
     _allocations(src, plan)
     src.add("stream = stream_of(device)")
     views = _views_by_buffer(plan)
@@ -111,7 +129,7 @@ def _allocates(plan: CallPlan, buffer: tuple[str, int]) -> bool:
 
 def _allocations(src: _Source, plan: CallPlan) -> None:
     buffers = [(f"o{k}", a[0], a[1], a[2], a[3]) for k, a in enumerate(plan.outputs) if a is not None]
-    buffers += [(f"t{k}", a[0], contiguous_strides(a[0]), a[1], a[2])
+    buffers += [(f"t{k}", a[0], source_strides(a[0]), a[1], a[2])
                 for k, a in enumerate(plan.temps) if a is not None]
     for name, shape, stride, dtype, init in buffers:
         src.add(f"{name} = empty({src.ref(tuple(shape))}, {src.ref(tuple(stride))}, {src.ref(dtype)})")
@@ -166,13 +184,25 @@ def _step_arg(x: Any, src: _Source) -> str:
         if "view" not in x:
             return name
         size, stride, offset = x["view"]
-        return f"reinterpret({name}, {src.ref(tuple(size))}, {src.ref(tuple(stride))}, {int(offset)})"
+        return f"reinterpret({name}, {src.ref(tuple(size))}, {src.ref(tuple(stride))}, {src.ref(offset)})"
     if isinstance(x, dict) and "empty" in x:  # made anew per call
         size, stride, dtype = x["empty"]
         return f"empty({src.ref(tuple(size))}, {src.ref(tuple(stride))}, {src.ref(dtype_from_name(dtype))})"
-    if isinstance(x, list) and _has_buffers(x):
+    if isinstance(x, list) and (_has_buffers(x) or any(isinstance(v, SizeSource) for v in x)):
         return "[" + ", ".join(_step_arg(v, src) for v in x) + "]"
+    if isinstance(x, SizeSource):
+        return src.ref(x)
+    if _has_size_source(x):  # (a size inside an encoded literal: the per-size calls serve it)
+        raise ValueError(f"a step argument {x!r} holds a size this call cannot write")
     return src.ref(literal(x, "cuda"))
+
+
+def _has_size_source(x: Any) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_has_size_source(v) for v in x)
+    if isinstance(x, dict):
+        return any(_has_size_source(v) for v in x.values())
+    return isinstance(x, SizeSource)
 
 
 def _has_buffers(x: Any) -> bool:

@@ -277,18 +277,29 @@ class ProgramRunner:
         self._consts = tuple(consts)
         return plans
 
-    def _direct_call(self) -> Callable | None:
+    def bucket_direct(self, program: KernelProgram, outputs: Sequence[Any], sizes: str,
+                      general: Callable) -> Callable | None:
+        """One generated call serving every size of a shape bucket: ``program`` (this runner's,
+        sized_programs.Resizer.symbolic) and ``outputs`` (TensorMetas) hold SizeSources of the
+        sizes ``v``, which ``sizes`` reads off the inputs; ``general`` takes the calls the
+        generated one does not (an unaligned input, another device). A new size then costs
+        nothing to make, and every call runs straight-line. None where the general path is the
+        only one (as ``direct``)."""
+        return self.resized(program, outputs)._direct_call(sizes, general)
+
+    def _direct_call(self, sizes: str | None = None, general: Callable | None = None) -> Callable | None:
         """The CUDA hot path of this program as one generated function of its inputs
         (direct_call.py); None where the general path is the only one (not CUDA, donated
-        outputs, state buffers, checks, no inputs)."""
-        if (self.backend != "cuda" or self._donated or self._state_allocs or not self.spec.inputs
-                or self._checks or self._host_inputs
+        outputs, state buffers, checks, no input on the device)."""
+        if (self.backend != "cuda" or self._donated or self._state_allocs or self._checks
+                or len(self._host_inputs) == len(self.spec.inputs)  # (no inputs, or none on the device)
                 or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
-        plan = CallPlan(self.spec.key, len(self.spec.inputs), self.__call__, self._out_allocs, self._temp_allocs,
-                        self._views, self._steps, [(i, self._kernels[i], self._plans[i]) for i in self._keep],
-                        len(self.program.launches), self._tuple)
-        return direct_function(plan, _EMPTY_STRIDED_CUDA, _RAW_STREAM, _CUDA_DEVICE)
+        plan = CallPlan(self.spec.key, len(self.spec.inputs), general or self.__call__, self._out_allocs,
+                        self._temp_allocs, self._views, self._steps,
+                        [(i, self._kernels[i], self._plans[i]) for i in self._keep],
+                        len(self.program.launches), self._tuple, self._host_inputs)
+        return direct_function(plan, _EMPTY_STRIDED_CUDA, _RAW_STREAM, _CUDA_DEVICE, sizes)
 
     def _plans_for_unaligned(self) -> list:
         if self._unaligned_plans is not None:
