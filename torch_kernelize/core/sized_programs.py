@@ -6,13 +6,18 @@ steps' views in ``KernelProgram.sized``. The first call at a new size of a fille
 program at that size, and that is the only host work a new size adds, so it must stay well under
 the millisecond that issue 41 allows over a repeat call.
 
-``Resizer(program)`` does the per-program work once: every SizeExpr becomes one line of a single
-generated function of the sizes (built from ints and the four operators only), and each sized
-buffer, step or view keeps its JSON with the paths to fill. ``resizer(values)`` then evaluates
-that function once and rebuilds only what changed: unchanged launches, steps and buffers are the
-base program's own objects. The base program was validated when it was loaded, and a size
-changes its integers, not its structure; so only what a size can break is checked again (grids
-of at least one block, views inside their buffers).
+``Resizer(program)`` does the per-program work once: every SizeExpr becomes an expression of a
+single generated function of the sizes (built from ints, ``v[i]``, +, * and ``cdiv`` only), which
+also builds the JSON of each sized buffer, step or view (only the containers on a sized path are
+new; the rest is the template's). ``resizer(values)`` then evaluates that function once and
+rebuilds only what changed: unchanged launches, steps and buffers are the base program's own
+objects. The base program was validated when it was loaded, and a size changes its integers,
+not its structure; so only what a size can break is checked again (grids of at least one block,
+views inside their buffers).
+
+``resizer.symbolic()`` evaluates the same function on symbols (``SizeSource``): the program with
+each sized integer as source text, from which serving/direct_call.py writes one call for every
+size of the bucket.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ def size_source(expr: Any) -> str:
         raise ValueError(f"bad size expression {expr!r}")
     if isinstance(expr, int):
         return str(expr)
-    if isinstance(expr, str) and expr.startswith("v") and expr[1:].isdigit():
+    if isinstance(expr, str) and expr.startswith("v") and expr[1:].isascii() and expr[1:].isdigit():
         return f"v[{int(expr[1:])}]"
     if isinstance(expr, list) and expr and expr[0] in ("add", "mul") and len(expr) > 1:
         return "(" + f" {'+' if expr[0] == 'add' else '*'} ".join(size_source(e) for e in expr[1:]) + ")"
@@ -130,8 +135,8 @@ def _json_source(node: Any, holes: dict[tuple, str], consts: list, used: set, at
 
 
 class Resizer:
-    """``program`` at any size of its bucket: ``Resizer(program)(values)`` equals
-    core/buckets.instantiate's result, at a fraction of its host time."""
+    """``program`` at any size of its bucket: ``Resizer(program)(values)``, its sizing function
+    generated once (core/buckets.instantiate makes one for a single use)."""
 
     def __init__(self, program: KernelProgram):
         self.program = program
