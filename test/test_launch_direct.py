@@ -164,6 +164,12 @@ def test_one_generated_call_serves_every_size_of_a_bucket_as_each_sizes_program_
     call = base.bucket_direct(resize.symbolic(), outputs, "(i0.shape[0],)",
                               lambda *t: general.append(t) or "general")
     assert call is not None and "for " not in call.source and "v = (i0.shape[0],)" in call.source
+    # each temporary lives from its first use to its last (Inductor's `del buf`): t1 and t2, first
+    # named by the step after the launch, are allocated after it, and all three are dropped there
+    lines = [line.strip() for line in call.source.splitlines()]
+    run0 = next(i for i, line in enumerate(lines) if line.startswith("run0("))
+    assert lines.index("stream = stream_of(device)") < next(i for i, line in enumerate(lines) if line.startswith("t0 = "))
+    assert run0 < next(i for i, line in enumerate(lines) if line.startswith("t1 = ")) < lines.index("del t0, t1, t2")
     for s in (33, 40, 64, 51):
         x = torch.randn(s, 128)
         own = base.resized(resize((s,)), (TensorMeta((s, 128), (128, 1), "float32", "cpu"),))

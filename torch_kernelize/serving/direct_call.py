@@ -90,20 +90,30 @@ def direct_function(plan: CallPlan, empty: Callable, stream_of: Callable, curren
         src.add(f"i{k} = i{k}.to(i{on_device[0]}.device, non_blocking=True)")
     if sizes is not None:
         src.add(f"v = {sizes}")
-    _allocations(src, plan)
-    src.add("stream = stream_of(device)")
     views = _views_by_buffer(plan)
-    for buf in [b for b in views if _allocates(plan, b)]:
-        _make_views(src, views, buf)
-    steps = plan.steps
-    for j, (i, kernel, (_, order, grid)) in enumerate(plan.launches):
-        for step in steps.get(i, ()):
-            _step(src, step, views)
-        src.names[f"run{j}"] = kernel.run
-        args = [_arg(kind, value, src) for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
-        src.add(f"run{j}({', '.join(src.ref(g) for g in grid)}, stream, {', '.join(args)})")
-    for step in steps.get(plan.n_launches, ()):
-        _step(src, step, views)
+    for k, a in enumerate(plan.outputs):
+        if a is not None:
+            _allocate(src, f"o{k}", a[0], a[1], a[2], a[3])
+            _make_views(src, views, ("out", k))
+    src.add("stream = stream_of(device)")
+    events = _events(plan)
+    first, last = _temp_lifetimes(plan, events)
+    for e, (what, item) in enumerate(events):
+        for k in first.get(e, ()):
+            a = plan.temps[k]
+            if a is not None:  # (else a step returns it)
+                _allocate(src, f"t{k}", a[0], source_strides(a[0]), a[1], a[2])
+                _make_views(src, views, ("tmp", k))
+        if what == "step":
+            _step(src, item, views)
+        else:
+            j, kernel, order, grid = item
+            src.names[f"run{j}"] = kernel.run
+            args = [_arg(kind, value, src) for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
+            src.add(f"run{j}({', '.join(src.ref(g) for g in grid)}, stream, {', '.join(args)})")
+        dead = [name for k in last.get(e, ()) for name in (f"t{k}", *(f"v{v}" for v, _ in views.get(("tmp", k), ())))]
+        if dead:  # (its memory goes back to the caching allocator, as Inductor's `del buf` does)
+            src.add(f"del {', '.join(dead)}")
     outs = [f"o{k}" for k in range(len(plan.outputs))]
     src.add(f"return ({', '.join(outs)},)" if plan.tuple_output else f"return {outs[0]}")
     source = f"def direct({ins}):\n" + "".join(f"    {line}\n" for line in src.lines)
@@ -120,21 +130,47 @@ def at_offset(t: Any, offset: int) -> Any:
     return t.as_strided((t.untyped_storage().nbytes() // t.element_size() - start,), (1,), start)
 
 
-def _allocates(plan: CallPlan, buffer: tuple[str, int]) -> bool:
-    """Whether the call allocates ``buffer`` (else a vendor step returns it)."""
-    kind, j = buffer
-    allocs = plan.outputs if kind == "out" else plan.temps
-    return allocs[j] is not None
+def _allocate(src: _Source, name: str, shape: Any, stride: Any, dtype: Any, init: Any) -> None:
+    src.add(f"{name} = empty({src.ref(tuple(shape))}, {src.ref(tuple(stride))}, {src.ref(dtype)})")
+    if init is not None:
+        src.add(f"{name}.fill_({src.ref(init)})")
 
 
-def _allocations(src: _Source, plan: CallPlan) -> None:
-    buffers = [(f"o{k}", a[0], a[1], a[2], a[3]) for k, a in enumerate(plan.outputs) if a is not None]
-    buffers += [(f"t{k}", a[0], source_strides(a[0]), a[1], a[2])
-                for k, a in enumerate(plan.temps) if a is not None]
-    for name, shape, stride, dtype, init in buffers:
-        src.add(f"{name} = empty({src.ref(tuple(shape))}, {src.ref(tuple(stride))}, {src.ref(dtype)})")
-        if init is not None:
-            src.add(f"{name}.fill_({src.ref(init)})")
+def _events(plan: CallPlan) -> list[tuple[str, Any]]:
+    """The call's work in program order: ("step", StepCall) and ("launch", (number, launcher,
+    argument order, grid))."""
+    events: list[tuple[str, Any]] = []
+    for j, (i, kernel, (_, order, grid)) in enumerate(plan.launches):
+        events += [("step", step) for step in plan.steps.get(i, ())]
+        events.append(("launch", (j, kernel, order, grid)))
+    return events + [("step", step) for step in plan.steps.get(plan.n_launches, ())]
+
+
+def _temp_lifetimes(plan: CallPlan, events: list[tuple[str, Any]]) -> tuple[dict[int, list], dict[int, list]]:
+    """Per event, the temporaries it names first and those it names last (directly, or through
+    a pointer view into them): a temporary lives from its first use to its last, as in
+    Inductor's own code, so the call holds no more memory than its live buffers."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for e, (what, item) in enumerate(events):
+        if what == "step":
+            named = [j for kind, j in item.step.buffers() if kind == "tmp"]
+        else:
+            named = []
+            for kind, value in item[2]:
+                if kind == "view" and plan.views[value][0] == "tmp":
+                    named.append(plan.views[value][1])
+                elif kind == "tmp":
+                    named.append(value)
+        for k in named:
+            first.setdefault(k, e)
+            last[k] = e
+    by_first: dict[int, list] = {}
+    by_last: dict[int, list] = {}
+    for k in sorted(first):
+        by_first.setdefault(first[k], []).append(k)
+        by_last.setdefault(last[k], []).append(k)
+    return by_first, by_last
 
 
 def _views_by_buffer(plan: CallPlan) -> dict[tuple[str, int], list[tuple[int, int]]]:
