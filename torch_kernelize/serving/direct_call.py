@@ -212,6 +212,7 @@ def _step(src: _Source, step: Any, views: dict) -> None:
     for i, (kind, j) in results:
         src.add(f"{_PREFIX[kind]}{j} = r" if single else f"{_PREFIX[kind]}{j} = r[{i}]")
         _make_views(src, views, (kind, j))
+    src.add("del r")  # (its buffers' names hold them now, each dropped after its last use)
 
 
 def _step_arg(x: Any, src: _Source) -> str:
