@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -86,6 +87,12 @@ def kernel_times(fn: Callable[[], Any], iters: int = 5, host_calls: int = 20) ->
     host_ms = host_ms_per_call(fn, host_calls)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         calls(fn, iters)
+    try:  # (the shapes are a diagnosis: a trace that cannot be written leaves them out)
+        with tempfile.TemporaryDirectory() as tmp:
+            prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+            shapes = launch_shapes(json.loads((Path(tmp) / "trace.json").read_text()))
+    except (OSError, RuntimeError, ValueError):
+        shapes = {}
     kernels = {}
     for evt in prof.key_averages():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
@@ -98,7 +105,21 @@ def kernel_times(fn: Callable[[], Any], iters: int = 5, host_calls: int = 20) ->
     return {"gpu_ms": round(sum(ms for _, ms in kernels.values()), 4), "host_ms": round(host_ms, 4),
             "syncs_per_call": round(syncs_per_call(fn), 2),
             "launches": round(sum(c for c, _ in kernels.values()), 1),
-            "kernels": [{"name": k[:120], "calls": round(c, 2), "ms": round(ms, 4)} for k, (c, ms) in top[:15]]}
+            "kernels": [{"name": k[:120], "calls": round(c, 2), "ms": round(ms, 4),
+                         **({"launch": shapes[k]} if k in shapes else {})} for k, (c, ms) in top[:15]]}
+
+
+def launch_shapes(trace: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per kernel name, how its first launch in a profiler trace (Chrome format) was shaped: grid,
+    block, registers per thread and shared memory. Two backends' kernels of one name and
+    different times then show whether they ran another configuration (warps are block / 32)."""
+    keys = {"grid": "grid", "block": "block", "registers per thread": "registers", "shared memory": "shared"}
+    out: dict[str, dict[str, Any]] = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "kernel" and e.get("name") not in out:
+            args = e.get("args", {})
+            out[e["name"]] = {mine: args[theirs] for theirs, mine in keys.items() if theirs in args}
+    return out
 
 
 def coverage(report: Path) -> dict[str, int]:

@@ -95,3 +95,18 @@ def test_the_work_floor_counts_grouped_query_attention_at_the_querys_heads():
     two_matmuls = 2 * (2 * 8) * 16 * 16 * (32 + 32) / 1e9
     assert timing.work_floor(model, (q, kv, kv), model(q, kv, kv))["gflop"] == float(f"{two_matmuls:.4g}")
     assert timing.work_floor(model, (q, q, q), model(q, q, q))["gflop"] == float(f"{two_matmuls:.4g}")
+
+
+def test_a_kernels_launch_shape_is_read_off_the_profilers_trace():
+    """Two backends' kernels of one name and different times: the trace says whether they ran
+    another configuration (issue 35's kernel-by-kernel account of a loss)."""
+    timing = import_source(RUN.parent / "timing.py", "bench_timing")
+    trace = {"traceEvents": [
+        {"cat": "cpu_op", "name": "aten::mm", "args": {}},
+        {"cat": "kernel", "name": "triton_poi_fused_gelu_view_4",
+         "args": {"grid": [18912, 1, 1], "block": [128, 1, 1], "registers per thread": 24, "shared memory": 0}},
+        {"cat": "kernel", "name": "triton_poi_fused_gelu_view_4", "args": {"grid": [1, 1, 1], "block": [32, 1, 1]}},
+        {"cat": "kernel", "name": "nvjet", "args": {"grid": [132, 1, 1]}}]}
+    assert timing.launch_shapes(trace) == {
+        "triton_poi_fused_gelu_view_4": {"grid": [18912, 1, 1], "block": [128, 1, 1], "registers": 24, "shared": 0},
+        "nvjet": {"grid": [132, 1, 1]}}
