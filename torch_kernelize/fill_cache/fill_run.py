@@ -288,8 +288,11 @@ class FillRun:
         row.update(evaluated=len(result.evaluated), resumed=result.resumed)
         best = _rechecked(spec, result, evaluate)
         if best is None:
-            errors = sorted({r["error"][:120] for r in result.evaluated if r["error"]})
-            row.update(status="no correct candidate", winner="; ".join(errors[:2]))
+            errors: dict[str, str] = {}  # candidates failing alike, once each, with the first's details
+            for r in result.evaluated:
+                if r["error"]:
+                    errors.setdefault(r["error"][:120], r["error"][:400])
+            row.update(status="no correct candidate", winner="; ".join([errors[k] for k in sorted(errors)][:2]))
             return row
         row["max_err"] = (best["validation"] or {}).get("max_err")
         best, timings = _confirmed(best, measurer)
