@@ -12,8 +12,10 @@ config gives. The program's source is a plain module: the imports Inductor's ker
 removed (it builds an autotuner at import). Serving loads that source and its binaries like any
 entry's: no Inductor lowering, codegen or autotuning, no Triton compile.
 
-On CUDA, Inductor autotunes for real (one call of the compiled graph) before the recording, and
-the recorded configs are the ones it chose. Without a GPU, Inductor can still generate Triton for
+On CUDA, Inductor autotunes for real (one call of the compiled graph) before the recording; then,
+in a whole graph's output, each kernel with several configs is timed again on each of them inside
+the program, and records with the fastest there (inductor_retune.py: Inductor's own choice unless
+another beats it). Without a GPU, Inductor can still generate Triton for
 CPU tensors (``cpu_backend = "triton"``) under Triton's interpreter; its backend hash, which asks
 for an active Triton driver, is patched for the compile, nothing is compiled or benchmarked, and
 each kernel's config is the first of its heuristic list. The program then runs on the
@@ -27,6 +29,8 @@ those calls as vendor steps (inductor_program.py): Inductor's complete output is
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import types
 from pathlib import Path
@@ -40,6 +44,7 @@ from torch_kernelize.lowering.kernels.recording import RecordingError, record_pr
 from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _autotuners, dispatching_helpers,
                                                        kernels_namespace, program_source)
 from torch_kernelize.fill_cache.inductor_program import record_whole
+from torch_kernelize.fill_cache.inductor_retune import retune
 from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
 from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
@@ -47,6 +52,7 @@ from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.targets import Target
 
 GENERATOR = "inductor"
+log = logging.getLogger("torch_kernelize.fill_cache")
 RECORD_SEED = 7
 # Ops Inductor may lower to templates (max-autotune's Triton GEMM/conv kernels) or extern calls
 TEMPLATE_OPS = frozenset({"aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default",
@@ -117,7 +123,8 @@ class InductorGenerator(KernelFamily):
 
     def provenance(self, config: Config) -> dict[str, Any]:
         mode = config.get("mode")
-        how = ("Inductor's own autotuning on CUDA" if torch.cuda.is_available() else
+        how = ("Inductor's own autotuning on CUDA (in a whole graph, each multi-config kernel then timed on each "
+               "config in the program, Inductor's choice kept unless another was faster there)" if torch.cuda.is_available() else
                "the first config of Inductor's heuristic list (no GPU: captured under Triton's interpreter)")
         return {"generator": GENERATOR, "inductor": {"torch": torch.__version__, "mode": mode,
                                                      "config": {**MODES.get(mode, {}), **COMMON_OPTIONS},
@@ -154,8 +161,11 @@ def capture(spec: KernelSpec, mode: str, record: Callable | None = None) -> Kern
                 torch.cuda.synchronize()
         except Exception as e:
             raise RecordingError(f"Inductor failed: {type(e).__name__}: {str(e)[:400]}") from None
+        module = _output_module(loaded)
+        # in a whole graph a kernel runs among others; a node's or region's runs alone, as Inductor timed it
+        config_of = _retuned(compiled, module, inputs) if on_gpu and is_whole_graph(spec) else None
         try:
-            return (record or _record)(compiled, _output_module(loaded), spec, inputs)
+            return (record or _record)(compiled, module, spec, inputs, config_of)
         finally:
             if on_gpu:  # the measure worker judges free device memory: give back what autotuning held
                 del compiled
@@ -170,8 +180,21 @@ def _output_module(loaded: list[types.ModuleType]) -> types.ModuleType:
     return module
 
 
-def _record(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inputs: list) -> KernelProgram:
-    """One call of ``compiled`` (whose output code is ``module``) recorded as a KernelProgram."""
+def _retuned(compiled: Callable, module: types.ModuleType, inputs: list) -> Callable[[Any], Any] | None:
+    """Each kernel's config as chosen again in the program (inductor_retune.py); None (Inductor's
+    own choices, with a warning) where that cannot be done."""
+    try:
+        return retune(compiled, module, inputs).config_of
+    except Exception as e:  # (the profiler, or a config that does not compile): Inductor's choice stands
+        log.warning("Inductor's kernel configs were not timed in the program (%s: %s); its own choices are kept",
+                    type(e).__name__, str(e)[:300])
+        return None
+
+
+def _record(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inputs: list,
+            config_of: Callable[[Any], Any] | None = None) -> KernelProgram:
+    """One call of ``compiled`` (whose output code is ``module``) recorded as a KernelProgram, each
+    kernel with ``config_of(autotuner)`` where given (else the config Inductor chose)."""
     kernels = _autotuners(module)
     if not kernels:
         raise RecordingError("Inductor's output code launches no Triton kernel (it calls ATen or extern "
@@ -181,7 +204,7 @@ def _record(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inpu
     try:
         with mock.patch.dict(module.__dict__, dispatching_helpers(module)), torch.no_grad():
             return record_program(compiled, inputs, spec, source, namespace, arguments=(list(inputs), {}),
-                                  hooks=[_autotuner_launches])
+                                  hooks=[functools.partial(_autotuner_launches, config_of=config_of)])
     except RecordingError as e:
         raise RecordingError(f"Inductor's output code is not only Triton launches ({e})") from None
 

@@ -49,16 +49,20 @@ def _allocator(original: Callable, device: str) -> Callable:
     return empty_strided
 
 
-def _autotuner_launches(record: Callable[[Any, tuple, dict, Any], None]) -> contextlib.AbstractContextManager:
+def _autotuner_launches(record: Callable[[Any, tuple, dict, Any], None],
+                        config_of: Callable[[Any], Any] | None = None) -> contextlib.AbstractContextManager:
     """Routes ``CachingAutotuner.run`` to ``record``: the autotuner's JIT function, the runtime
-    arguments, the chosen config's constexprs, warps and stages, and the grid it gives."""
+    arguments, the chosen config's constexprs, warps and stages, and the grid it gives. The
+    config is ``config_of(autotuner)`` where that is not None (inductor_retune.py), else the one
+    Inductor chose (before any choice: its heuristic's first)."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     def run(self, *args, stream=None, **kwargs):
         if getattr(self.fn, "fn", None) is None:
             raise RecordingError(f"kernel {getattr(self.fn, '__name__', '?')} came without its Python function "
                                  "(loaded from a cache or a compile subprocess)")
-        cfg = self.launchers[0].config if len(self.launchers) == 1 else self.configs[0]
+        cfg = (config_of and config_of(self)) or (self.launchers[0].config if len(self.launchers) == 1
+                                                  else self.configs[0])
         try:
             call_args, grid = self._interpret_args_grid(args, cfg)
         except AttributeError as e:

@@ -135,9 +135,11 @@ class _WholeRecorder(TorchDispatchMode):
         return ref if whole else {**ref, "view": [list(t.shape), list(t.stride()), offset]}
 
 
-def record_whole(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inputs: list) -> KernelProgram:
+def record_whole(compiled: Callable, module: types.ModuleType, spec: KernelSpec, inputs: list,
+                 config_of: Callable[[Any], Any] | None = None) -> KernelProgram:
     """One call of ``compiled`` (whose output code is ``module``) recorded as a KernelProgram of
-    launches and vendor steps; RecordingError (with the reason) where it cannot be."""
+    launches and vendor steps, each kernel with ``config_of(autotuner)`` where given (else the
+    config Inductor chose); RecordingError (with the reason) where it cannot be."""
     code = Path(module.__file__).read_text()
     unseen = [u for u in _UNSEEN if u in code]
     if unseen:
@@ -149,7 +151,7 @@ def record_whole(compiled: Callable, module: types.ModuleType, spec: KernelSpec,
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.dict(module.__dict__, dispatching_helpers(module)))
         stack.enter_context(torch.no_grad())
-        stack.enter_context(_autotuner_launches(recorder.launch))
+        stack.enter_context(_autotuner_launches(recorder.launch, config_of))
         stack.enter_context(recorder)
         result = compiled(*inputs)
     outputs = list(result) if isinstance(result, (tuple, list)) else [result]
