@@ -4,12 +4,14 @@ split reduction (on CPU its heuristics give one), and an injected timer stands i
 profiler, timing each kernel by the config it was launched with."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from kernel_testing import load, spec_of
 from torch_kernelize.fill_cache import inductor, inductor_retune
 from torch_kernelize.fill_cache.inductor_output import _autotuners
-from torch_kernelize.fill_cache.inductor_retune import choose, retune
+from torch_kernelize.fill_cache.inductor_retune import choose, offered_configs, retune
 from torch_kernelize.serving.launch import _interpret_nested_jit_calls
 
 aten = torch.ops.aten
@@ -43,10 +45,10 @@ def capture_retuned(timed_ms, reports: list):
     def record(compiled, module, spec, inputs, config_of):
         split = _autotuners(module)[SPLIT]
         first = split.configs[0]
-        split.configs.append(type(first)({**first.kwargs, "R0_BLOCK": 1024}, num_warps=8, num_stages=1))
+        offered = {id(split): [first, type(first)({**first.kwargs, "R0_BLOCK": 1024}, num_warps=8, num_stages=1)]}
         inductor_retune._launch = launch
         try:
-            tuning = retune(compiled, module, inputs, timer=timer)
+            tuning = retune(compiled, module, inputs, offered, timer=timer)
         finally:
             inductor_retune._launch = original
         reports.append(tuning.report)
@@ -79,7 +81,7 @@ def test_a_retune_that_fails_leaves_inductors_choices_with_a_warning(monkeypatch
         raise RuntimeError("no profiler here")
     monkeypatch.setattr(inductor, "retune", broken)
     with caplog.at_level("WARNING", logger="torch_kernelize.fill_cache"):
-        assert inductor._retuned(None, None, []) is None
+        assert inductor._retuned(None, None, [], {}) is None
     assert "were not timed in the program (RuntimeError: no profiler here)" in caplog.text
 
 
@@ -88,9 +90,9 @@ def test_a_kernel_below_the_share_of_the_graph_is_not_retuned(monkeypatch):
         def __init__(self, block):
             self.kwargs, self.num_warps, self.num_stages = {"XBLOCK": block}, 4, 1
 
-    class Tuner:
+    class Tuner:  # compiled (configs dropped), one launcher per config, not yet called
         def __init__(self):
-            self.configs, self.launchers = [Cfg(1024), Cfg(512)], []
+            self.configs, self.launchers = None, [SimpleNamespace(config=Cfg(1024)), SimpleNamespace(config=Cfg(512))]
 
     small, big = Tuner(), Tuner()
     variants = []
@@ -99,6 +101,11 @@ def test_a_kernel_below_the_share_of_the_graph_is_not_retuned(monkeypatch):
         variants.append(call)
         return {"small": 0.001, "big": 1.0}
     monkeypatch.setattr(inductor_retune, "_autotuners", lambda module: {"small": small, "big": big})
-    tuning = retune(lambda: None, object(), [], timer=timer)
+    offered = offered_configs([object()])
+    assert offered[id(big)] == [l.config for l in big.launchers]
+    big.launchers = big.launchers[1:]  # Inductor's first call: its choice, the second config
+    small.launchers = small.launchers[:1]
+    tuning = retune(lambda: None, object(), [], offered, timer=timer)
     assert [r["kernel"] for r in tuning.report] == ["big"] and len(variants) == 2
-    assert tuning.config_of(small) is None and tuning.config_of(big) is big.configs[0]
+    assert tuning.report[0]["configs"][0].startswith("XBLOCK=512")  # Inductor's choice first
+    assert tuning.config_of(small) is None and tuning.config_of(big) is big.launchers[0].config

@@ -44,7 +44,7 @@ from torch_kernelize.lowering.kernels.recording import RecordingError, record_pr
 from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _autotuners, dispatching_helpers,
                                                        kernels_namespace, program_source)
 from torch_kernelize.fill_cache.inductor_program import record_whole
-from torch_kernelize.fill_cache.inductor_retune import retune
+from torch_kernelize.fill_cache.inductor_retune import offered_configs, retune
 from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
 from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
@@ -155,6 +155,7 @@ def capture(spec: KernelSpec, mode: str, record: Callable | None = None) -> Kern
     with _compiling(on_gpu, mode) as loaded:
         try:
             compiled = torch._inductor.compile(gm, list(inputs))
+            offered = offered_configs(loaded)
             if on_gpu:  # Inductor autotunes on its first call; the recording takes what it chose
                 with torch.no_grad():
                     compiled(*inputs)
@@ -163,7 +164,7 @@ def capture(spec: KernelSpec, mode: str, record: Callable | None = None) -> Kern
             raise RecordingError(f"Inductor failed: {type(e).__name__}: {str(e)[:400]}") from None
         module = _output_module(loaded)
         # in a whole graph a kernel runs among others; a node's or region's runs alone, as Inductor timed it
-        config_of = _retuned(compiled, module, inputs) if on_gpu and is_whole_graph(spec) else None
+        config_of = _retuned(compiled, module, inputs, offered) if on_gpu and is_whole_graph(spec) else None
         try:
             return (record or _record)(compiled, module, spec, inputs, config_of)
         finally:
@@ -180,11 +181,12 @@ def _output_module(loaded: list[types.ModuleType]) -> types.ModuleType:
     return module
 
 
-def _retuned(compiled: Callable, module: types.ModuleType, inputs: list) -> Callable[[Any], Any] | None:
+def _retuned(compiled: Callable, module: types.ModuleType, inputs: list,
+             offered: dict[int, list[Any]]) -> Callable[[Any], Any] | None:
     """Each kernel's config as chosen again in the program (inductor_retune.py); None (Inductor's
     own choices, with a warning) where that cannot be done."""
     try:
-        return retune(compiled, module, inputs).config_of
+        return retune(compiled, module, inputs, offered).config_of
     except Exception as e:  # (the profiler, or a config that does not compile): Inductor's choice stands
         log.warning("Inductor's kernel configs were not timed in the program (%s: %s); its own choices are kept",
                     type(e).__name__, str(e)[:300])

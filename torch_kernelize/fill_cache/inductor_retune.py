@@ -66,12 +66,24 @@ def kernel_ms(run: Callable[[], Any], calls: int) -> dict[str, float]:
     return times
 
 
-def candidates(autotuner: Any) -> list[Any]:
-    """The autotuner's configs, the one Inductor chose first (its one launcher's; before any
-    choice, the heuristic's first), each config once."""
-    chosen = autotuner.launchers[0].config if len(getattr(autotuner, "launchers", ())) == 1 else autotuner.configs[0]
-    out = [chosen]
-    for cfg in autotuner.configs:
+def offered_configs(modules: Sequence[Any]) -> dict[int, list[Any]]:
+    """Per autotuner (by id) of the output modules, the configs it offers, read before its first
+    call: that call keeps only the one it chooses (and Inductor drops ``configs`` once compiled,
+    keeping a launcher per config that compiled)."""
+    offered = {}
+    for module in modules:
+        for autotuner in _autotuners(module).values():
+            launchers = getattr(autotuner, "launchers", None) or ()
+            offered[id(autotuner)] = [l.config for l in launchers] or list(autotuner.configs or ())
+    return offered
+
+
+def candidates(autotuner: Any, offered: Sequence[Any]) -> list[Any]:
+    """Inductor's choice (its one launcher's config; before any choice, the first offered), then
+    the other configs ``offered``, each once."""
+    chosen = autotuner.launchers[0].config if len(getattr(autotuner, "launchers", None) or ()) == 1 else None
+    out = [chosen] if chosen is not None else []
+    for cfg in offered:
         if all(_signature(cfg) != _signature(c) for c in out):
             out.append(cfg)
     return out
@@ -91,10 +103,12 @@ def choose(times: Sequence[float | None], margin: float = MARGIN) -> int:
     return i if best < (1 - margin) * times[0] else 0
 
 
-def retune(compiled: Callable, module: Any, inputs: Sequence[Any], timer: Timer = kernel_ms) -> Retuning:
+def retune(compiled: Callable, module: Any, inputs: Sequence[Any], offered: dict[int, list[Any]],
+           timer: Timer = kernel_ms) -> Retuning:
     """Each multi-config kernel of Inductor's output ``module`` on the config fastest in the program
-    (see the module docstring); ``compiled`` runs that output on ``inputs``."""
-    tuners = {name: (a, candidates(a)) for name, a in _autotuners(module).items()}
+    (see the module docstring); ``compiled`` runs that output on ``inputs``; ``offered``: what
+    ``offered_configs`` read before its first call."""
+    tuners = {name: (a, candidates(a, offered.get(id(a), ()))) for name, a in _autotuners(module).items()}
     tuners = {name: (a, c) for name, (a, c) in tuners.items() if len(c) > 1}
     if not tuners:
         return Retuning({}, [])
