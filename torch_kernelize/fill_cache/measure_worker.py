@@ -22,6 +22,7 @@ a MemoryError instead of the OOM killer. The worker starts when first needed and
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -149,7 +150,8 @@ class MeasureWorker:
             proc.kill()  # started for another kind of worker: of no use any more
             conn.close()
         self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda, self.inductor),
+        level = logging.getLogger("torch_kernelize").getEffectiveLevel()
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.memory_limit, self.cuda, self.inductor, level),
                                        daemon=True, name="kernelize-measure")
         self._proc.start()
         child.close()
@@ -252,9 +254,14 @@ def _limit_memory(allowance: int) -> None:
         pass
 
 
-def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False, inductor: bool = False) -> None:
-    """The worker's loop: run each (fn, args) it is sent, send back ("ok", result) or ("error", exc)."""
+def _serve(conn: Any, memory_limit: int | None = None, cuda: bool = False, inductor: bool = False,
+           log_level: int = logging.WARNING) -> None:
+    """The worker's loop: run each (fn, args) it is sent, send back ("ok", result) or ("error", exc).
+    Its log lines go to the stderr it shares with the parent, at the parent's level (a spawned
+    process starts with no logging configured)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("torch_kernelize").setLevel(log_level)
     _exit_with_parent()
     if memory_limit is not None:
         import triton.language  # noqa: F401 - mapped before the limit is measured, as torch is
