@@ -123,8 +123,9 @@ class InductorGenerator(KernelFamily):
 
     def provenance(self, config: Config) -> dict[str, Any]:
         mode = config.get("mode")
-        how = ("Inductor's own autotuning on CUDA (in a whole graph, each multi-config kernel then timed on each "
-               "config in the program, Inductor's choice kept unless another was faster there)" if torch.cuda.is_available() else
+        how = ("Inductor's own autotuning on CUDA (in a whole graph, each multi-config kernel then timed on "
+               "each config in the program, Inductor's choice kept unless another was faster there)"
+               if torch.cuda.is_available() else
                "the first config of Inductor's heuristic list (no GPU: captured under Triton's interpreter)")
         return {"generator": GENERATOR, "inductor": {"torch": torch.__version__, "mode": mode,
                                                      "config": {**MODES.get(mode, {}), **COMMON_OPTIONS},
