@@ -1,7 +1,7 @@
 """The warm-up during Dynamo's tracing (prewarm.py): what an executable records of its vendor
 calls, which calls may be replayed on zeros, the program's index, and the compile-start hook.
-The CPU tests widen ``WARM_DEVICES`` to CPU (the real runs warm CUDA only); the last test replays
-on CUDA."""
+The CPU tests widen ``vendor_replay.WARM_DEVICES`` to CPU (the real runs warm CUDA only); the
+last test replays on CUDA."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_kernelize import backend
-
-
-
+from torch_kernelize.serving import vendor_replay
 from torch_kernelize.warm_start import prewarm
+
+
 @pytest.fixture(autouse=True)
 def _fresh_process_state(monkeypatch):
     """Each test is a new process to prewarm: not triggered yet, nothing noted, CPU allowed."""
@@ -23,7 +23,7 @@ def _fresh_process_state(monkeypatch):
     monkeypatch.setattr(prewarm, "_thread", None)
     monkeypatch.setattr(prewarm, "_noted", set())
     monkeypatch.setattr(prewarm, "stats", prewarm.collections.Counter())
-    monkeypatch.setattr(prewarm, "WARM_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(vendor_replay, "WARM_DEVICES", frozenset({"cpu", "cuda"}))
     prewarm.install()  # the conftest's torch._dynamo.reset() removed it
     yield
     prewarm.wait()
@@ -110,18 +110,18 @@ def test_a_vendor_call_that_reads_a_fused_kernels_output_is_recorded():
 
 def test_the_rules_refuse_calls_that_zeros_would_make_unsafe(monkeypatch):
     def call(op, *args, nbytes=0, **kwargs):
-        return prewarm.Call(op, [prewarm._encode(a) for a in args], {k: prewarm._encode(v) for k, v in kwargs.items()},
+        return vendor_replay.Call(op, [vendor_replay.encode(a) for a in args], {k: vendor_replay.encode(v) for k, v in kwargs.items()},
                             nbytes)
     src, idx = torch.randn(0, 4), torch.zeros(3, dtype=torch.long)
     empty = call(torch.ops.aten.index_select.default, src, 0, idx)
-    assert not prewarm.WARMABLE["aten.index_select"](empty)  # index 0 of an empty dim is out of bounds
-    assert prewarm.WARMABLE["aten.index_select"](call(torch.ops.aten.index_select.default, torch.randn(2, 4), 0, idx))
+    assert not vendor_replay.WARMABLE["aten.index_select"](empty)  # index 0 of an empty dim is out of bounds
+    assert vendor_replay.WARMABLE["aten.index_select"](call(torch.ops.aten.index_select.default, torch.randn(2, 4), 0, idx))
     q = torch.randn(1, 2, 8, 4)
     flash = torch.ops.aten._scaled_dot_product_flash_attention.default
-    assert not prewarm.WARMABLE["aten._scaled_dot_product_flash_attention"](call(flash, q, q, q, 0.1))
-    assert prewarm.WARMABLE["aten._scaled_dot_product_flash_attention"](call(flash, q, q, q, 0.0, True))
+    assert not vendor_replay.WARMABLE["aten._scaled_dot_product_flash_attention"](call(flash, q, q, q, 0.1))
+    assert vendor_replay.WARMABLE["aten._scaled_dot_product_flash_attention"](call(flash, q, q, q, 0.0, True))
     # a call over the size limit is not recorded
-    monkeypatch.setattr(prewarm, "MAX_CALL_BYTES", 1100)  # index: 1080 bytes, div 576; the rest more
+    monkeypatch.setattr(vendor_replay, "MAX_CALL_BYTES", 1100)  # index: 1080 bytes, div 576; the rest more
     _compile_and_run()
     [entry] = prewarm.read_index(prewarm.index_path())
     assert {c["op"] for c in entry["vendor"]} == {"aten.index.Tensor", "aten.div.Tensor_mode"}
@@ -212,10 +212,10 @@ def test_nothing_starts_when_the_environment_turns_it_off_or_the_device_is_not_r
     monkeypatch.setenv("KERNELIZE_PREWARM", "off")
     assert prewarm.start() is None
     monkeypatch.delenv("KERNELIZE_PREWARM")
-    monkeypatch.setattr(prewarm, "WARM_DEVICES", frozenset({"cuda"}))
+    monkeypatch.setattr(vendor_replay, "WARM_DEVICES", frozenset({"cuda"}))
     if not torch.cuda.is_initialized():
         assert prewarm.start() is None  # the warm-up never creates a CUDA context
-    monkeypatch.setattr(prewarm, "WARM_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(vendor_replay, "WARM_DEVICES", frozenset({"cpu"}))
     monkeypatch.chdir(prewarm.index_path().parent)  # another program (working directory): its own index
     assert prewarm.start() is None
     with pytest.raises(Exception, match="prewarm"):
@@ -236,7 +236,7 @@ def test_cuda_replay_of_the_benchmarks_vendor_calls_leaves_the_context_healthy()
              (aten.sort.default, (ids,), {}), (aten.div.Tensor_mode, (ids, 4), {"rounding_mode": "floor"}),
              (aten.index.Tensor, (logits, [ids // 16]), {}),
              (aten._scaled_dot_product_efficient_attention.default, (q, q, q, None, False, 0.0, True), {})]
-    records = [prewarm.Call(op, prewarm._encode(list(a)), {k: prewarm._encode(v) for k, v in kw.items()}, 0).to_record()
+    records = [vendor_replay.Call(op, vendor_replay.encode(list(a)), {k: vendor_replay.encode(v) for k, v in kw.items()}, 0).to_record()
                for op, a, kw in calls]
     torch.cuda.synchronize()
     prewarm._warm([{"path": __file__, "vendor": json.loads(json.dumps(records))}])

@@ -20,6 +20,9 @@ from torch_kernelize.fill_cache.cli import main as fill_main
 from torch_kernelize.fill_cache.program_fit import fit_program
 from torch_kernelize.kernel_cache import KernelCache
 from torch_kernelize.lowering.kernels.recording import RecordingError
+from torch_kernelize.core.program_steps import StepCall
+from torch_kernelize.core.targets import op_packet_name
+from torch_kernelize.serving import bucket_warm, vendor_replay
 
 SOURCE = "import triton\n@triton.jit\ndef k(x, y, n, m, XBLOCK: tl.constexpr):\n    pass\n"
 
@@ -63,6 +66,36 @@ def test_what_no_size_expression_gives_refuses_the_bucket_with_the_reason():
         fit_program(squares)
     assert fit_program(squares, every_size=True).launches[0].runtime_sizes["args"]["3"] == \
         ["add", ["mul", "v0", "v0"], ["mul", 128, "v0"]]
+
+
+def _layouts(op: str, encoded: list) -> tuple:
+    """A vendor call as (op, the (shape, stride, dtype) of each tensor argument in order), from
+    its arguments encoded as replay records encode them."""
+    tensors = [a["tensor"] for a in torch.utils._pytree.tree_leaves(encoded, is_leaf=lambda x: isinstance(x, dict))
+               if isinstance(a, dict) and "tensor" in a]
+    return op, tuple((tuple(t[0]), tuple(t[1]), t[3]) for t in tensors)
+
+
+class _VendorSteps:
+    """The warmable vendor steps that programs run inside the block, as _layouts."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __enter__(self) -> "_VendorSteps":
+        self._run = run = StepCall.__call__
+
+        def logged(step, bufs, device):
+            if op_packet_name(step.op) in vendor_replay.WARMABLE:
+                args = vendor_replay.encode([read(bufs, device) for read in step._args])
+                kwargs = vendor_replay.encode([read(bufs, device) for _, read in step._kwargs])
+                self.calls.append(_layouts(step.step.op, [args, kwargs]))
+            return run(step, bufs, device)
+        StepCall.__call__ = logged
+        return self
+
+    def __exit__(self, *exc) -> None:
+        StepCall.__call__ = self._run
 
 
 MODEL = '''
@@ -122,10 +155,21 @@ def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(
     assert buckets[0]["key"] == whole.key and buckets[0]["status"] == "stored"
     assert len(buckets) > 1 and all(r["status"] == "in the whole graph's program" for r in buckets[1:]), buckets
 
+    # binding the bucket runs its vendor calls at each of its sizes (serving/bucket_warm.py; on CPU
+    # here, CUDA only in a real run), with the layouts its served calls at those sizes then pass
+    warmed = []
+
+    def replay(record):
+        warmed.append(_layouts(record["op"], [record["args"], list(record["kwargs"].values())]))
+        return "vendor"
+    monkeypatch.setattr(vendor_replay, "WARM_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(bucket_warm, "_warmed", set())
+    monkeypatch.setattr(vendor_replay, "replay", replay)
     block, compiled, graphs, opts = _served(model, cache_dir)
     with torch.no_grad():
         x = torch.randn(1, 5, 8)
         torch.testing.assert_close(compiled(x), block(x))  # planned: the bucket's program loaded now
+        assert {m for _, layouts in warmed for m, *_ in layouts} >= {(t, 8) for t in range(5, 9)}, warmed  # rows
         import torch_kernelize.serving.launch as launch
         import torch_kernelize.fill_cache.whole_buckets as whole_buckets
 
@@ -138,7 +182,10 @@ def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(
         monkeypatch.setattr(whole_buckets, "_compile_dynamic", forbidden)
         for t in (7, 8):
             x = torch.randn(1, t, 8)
-            torch.testing.assert_close(compiled(x), block(x))
+            with _VendorSteps() as served:
+                out = compiled(x)
+            torch.testing.assert_close(out, block(x))
+            assert served.calls and set(served.calls) <= set(warmed), (served.calls, warmed)
         monkeypatch.undo()
         for t in (6, 9):  # the traced size's exact entry (a static fill's) wins; outside the bucket: as before
             x = torch.randn(1, t, 8)

@@ -22,6 +22,7 @@ from torch_kernelize.core.buckets import PREFIX_LEN, metas_at, pow2_bucket, spec
 from torch_kernelize.core.errors import MissingOpsError, TargetError
 from torch_kernelize.fallbacks import HostFallback
 from torch_kernelize.serving.bucket_call import BucketCall, SizedCall, readable
+from torch_kernelize.serving.bucket_warm import warm_bucket
 from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.serving.launch import deferred_checks
 from torch_kernelize.kernel_cache.entry import CacheEntry
@@ -450,7 +451,9 @@ class LoweredGraph:
     def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None,
                      respec: Callable[[tuple[int, ...]], KernelSpec | None] | None = None,
                      outputs_at: Callable[[tuple[int, ...]], tuple | None] | None = None,
-                     symbol: Any = None) -> tuple[BucketCall, dict] | None:
+                     symbol: Any = None,
+                     inputs_at: Callable[[tuple[int, ...]], tuple | None] | None = None
+                     ) -> tuple[BucketCall, dict] | None:
         """A bucket hit's kernel as a call that serves any size of the bucket, and the range of
         each symbol it varies in; None for an exact hit, or a bucket whose sizes cannot all be
         read off the node's inputs (then the kernel of the node's sizes is bound). ``tensors``:
@@ -460,7 +463,8 @@ class LoweredGraph:
         ``outputs_at(values)``: its outputs' metas there (a dim of another size of the bucket's,
         a token count, is no bucket dim), None where they are the bucket dims' alone; ``symbol``:
         a whole graph's varying symbol, what its bucket's one variable is (its dims may hold a
-        multiple of it: whole_graph.DynamicWhole)."""
+        multiple of it: whole_graph.DynamicWhole); ``inputs_at(values)``: its inputs' metas
+        there, as ``outputs_at``'s."""
         entry = d.entry
         bucket = entry.bucket if entry is not None else None
         if bucket is None or not readable(bucket.dims):
@@ -489,6 +493,9 @@ class LoweredGraph:
         call = BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make, bucket.scale)
         if symbol is not None and not self.session.options.check:  # (a checked call needs each size's spec)
             call.generic = _bucket_direct(base, resize, outputs_at, call)
+        if base.program.steps and self.session.options.bucket_warm_ms and len(bucket.ranges) == 1:
+            _warm_steps(call.__name__, entry, resize, tensors, inputs_at, outputs_at,
+                        self.session.options.bucket_warm_ms)
         return call, varied
 
     def _share(self, spec: Specialization, decisions: list[Decision], regions: list[Decision],
@@ -567,9 +574,11 @@ class LoweredGraph:
                     continue  # no entry: the graph runs as it always did, and the report says nothing of it
             if runner is not None:
                 symbol = self._whole_symbol(region, bindings, d)
-                outputs_at = _region_outputs_at(region, bindings, d, symbol) if region.kind == WHOLE else None
+                inputs_at, outputs_at = ((_region_metas_at(region, bindings, d, symbol, "in"),
+                                          _region_metas_at(region, bindings, d, symbol, "out"))
+                                         if region.kind == WHOLE else (None, None))
                 call = self._bucket_call(d, region_tensors(region), _region_spec_at(region, bindings, d, symbol),
-                                         outputs_at, symbol) if self._buckets is not None else None
+                                         outputs_at, symbol, inputs_at) if self._buckets is not None else None
                 if call is not None:
                     calls[d.node] = call
                 fused.append((region, call[0] if call is not None else self.triton_call(d.spec, runner)))
@@ -682,13 +691,36 @@ def _bucket_direct(base: Any, resize: Resizer, outputs_at: Any, call: BucketCall
         return None
 
 
-def _region_outputs_at(region: Region, bindings: dict, d: Decision,
-                       symbol: Any = None) -> Callable[[tuple[int, ...]], tuple | None]:
-    """``region``'s outputs' metas at a size of the bucket ``d`` hit, read off their traced
-    shapes (a stretch's token count is batch x length; a dim of the bucket's size alone is
-    what metas_at gives); None where a size is unbound."""
-    if symbol is not None:  # (a whole graph: its outputs' metas as functions of its one variable, made once)
-        of_size = [meta_of_size(n.meta["val"], bindings, symbol) for n in region.outputs]
+def _warm_steps(name: str, entry: CacheEntry, resize: Resizer, tensors: dict[str, list],
+                inputs_at: Callable | None, outputs_at: Callable | None, budget_ms: int) -> None:
+    """Run the vendor steps of a bucket's program at the bucket's sizes now, so that a served
+    call at a new size does not pay their libraries' first use there (serving/bucket_warm.py)."""
+    bucket = entry.bucket
+    device = next((t.device for t in tensors["in"] if isinstance(t, torch.Tensor)), None)
+    if device is None:
+        return
+
+    def at_size(v: int) -> tuple | None:
+        values = (v,)
+        try:
+            ins = inputs_at(values) if inputs_at is not None else metas_at(entry.spec, bucket.dims, values, "in")
+            outs = (outputs_at(values) if outputs_at is not None else None) or metas_at(entry.spec, bucket.dims, values)
+            return resize(values), ins, outs
+        except (ValueError, TypeError, IndexError) as e:  # (a size the program cannot be made at: not warmed)
+            log.debug("bucket %s: not warmed at size %d: %s", name, v, e)
+            return None
+    lo, hi = bucket.ranges[0]
+    warm_bucket(name, (entry.key,), lo, hi, at_size, str(device), budget_ms)
+
+
+def _region_metas_at(region: Region, bindings: dict, d: Decision, symbol: Any = None,
+                     side: str = "out") -> Callable[[tuple[int, ...]], tuple | None]:
+    """``region``'s outputs' (``side`` "out") or inputs' ("in") metas at a size of the bucket
+    ``d`` hit, read off their traced shapes (a stretch's token count is batch x length; a dim
+    of the bucket's size alone is what metas_at gives); None where a size is unbound."""
+    nodes = region.outputs if side == "out" else region.inputs
+    if symbol is not None:  # (a whole graph: its metas as functions of its one variable, made once)
+        of_size = [meta_of_size(n.meta["val"], bindings, symbol) for n in nodes]
 
         def at(values: tuple[int, ...]) -> tuple | None:
             metas = [f(values[0]) for f in of_size]
@@ -700,7 +732,7 @@ def _region_outputs_at(region: Region, bindings: dict, d: Decision,
 
     def at(values: tuple[int, ...]) -> tuple | None:
         new = _bindings_in_bucket(region, bindings, d, values, symbol)
-        metas = [concrete_meta(n.meta["val"], new) for n in region.outputs] if new is not None else [None]
+        metas = [concrete_meta(n.meta["val"], new) for n in nodes] if new is not None else [None]
         return None if any(m is None for m in metas) else tuple(metas)
     return at
 

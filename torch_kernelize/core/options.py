@@ -126,6 +126,11 @@ OPTIONS: dict[str, _Option] = {
     "executable_cache": _Option("KERNELIZE_EXECUTABLE_CACHE", _as_bool, lambda: True,
                                 "keep cached graphs' bound executables next to them: a new process whose "
                                 "kernel cache is unchanged skips lowering too (needs graph_cache)"),
+    "bucket_warm_ms": _Option("KERNELIZE_BUCKET_WARM_MS", _as_count, lambda: 2000,
+                              "when a shape bucket's program is bound, run its vendor calls (cuBLAS, cuDNN) "
+                              "at each size of the bucket on zeros, for up to this many ms per bucket, so "
+                              "that a new size's first call does not pay their first use (0 disables; "
+                              "see serving/bucket_warm.py)"),
     "prewarm": _Option("KERNELIZE_PREWARM", _as_bool, lambda: True,
                        "while Dynamo traces a process's first frame, warm in the background the vendor ops "
                        "of the executables this program ran last time (read from the environment: the "
@@ -148,6 +153,7 @@ class Options:
     cudagraphs: bool = False
     graph_cache: Path | str | None = "auto"
     executable_cache: bool = True
+    bucket_warm_ms: int = 2000
     prewarm: bool = True
 
     @classmethod

@@ -9,9 +9,9 @@ the ops and their argument layouts, which an executable-cache entry records in i
 
 So when Dynamo starts compiling a process's first frame, a background thread replays the vendor
 calls of the executables the same program (same command line, same working directory) ran last
-time: once per distinct op and argument layout, on zero-filled tensors, and only the ops in
-``WARMABLE`` whose rule says zeros are safe (no random numbers drawn, no index that could fall
-outside a tensor: a device-side assert would end the process's CUDA context). The set-up and the
+time: once per distinct op and argument layout, on zero-filled tensors, and only the ops whose
+rule in ``serving/vendor_replay.WARMABLE`` says zeros are safe (no random numbers drawn, no index
+that could fall outside a tensor: a device-side assert would end the process's CUDA context). The set-up and the
 module loading run in C++ without the GIL, beside the tracing. Nothing here changes what runs:
 a replay that fails is logged and skipped.
 
@@ -40,19 +40,19 @@ import collections
 import hashlib
 import json
 import logging
-import math
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 import torch.fx as fx
 
-from torch_kernelize.core.targets import op_name, op_packet_name, resolve_op
-from torch_kernelize.core.spec import dtype_from_name, dtype_name
+from torch_kernelize.core.targets import op_packet_name
+from torch_kernelize.serving import vendor_replay
+from torch_kernelize.serving.vendor_replay import WARMABLE, Call, NotRecordable, encode, ready, replay, tensor_bytes
 
 if TYPE_CHECKING:
     from torch_kernelize.serving.runtime import Specialization
@@ -61,133 +61,8 @@ log = logging.getLogger("torch_kernelize.warm_start.prewarm")
 
 FORMAT = 1
 MAX_EXECUTABLES = 8           # a program's index keeps its most recently used executables
-MAX_CALL_BYTES = 1 << 30      # a replayed call's tensors, inputs and outputs together
-WARM_DEVICES = frozenset({"cuda"})
 
 stats: collections.Counter = collections.Counter()  # runs / vendor / skipped / failed / ms, per process
-
-
-# --- which vendor calls may be replayed on zeros -------------------------------------------------
-
-class Call:
-    """One recorded vendor call: the op, its arguments with tensors described by
-    ``{"tensor": [size, stride, storage_offset, dtype, device]}``, and its tensors' bytes (inputs
-    and outputs)."""
-
-    def __init__(self, op: torch._ops.OpOverload, args: list, kwargs: dict, nbytes: int):
-        self.op, self.args, self.kwargs, self.bytes = op, args, kwargs, nbytes
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> "Call":
-        return cls(resolve_op(record["op"]), list(record["args"]), dict(record["kwargs"]), int(record["bytes"]))
-
-    def to_record(self) -> dict[str, Any]:
-        return {"op": op_name(self.op), "args": self.args, "kwargs": self.kwargs, "bytes": self.bytes}
-
-    def arg(self, name: str, default: Any = None) -> Any:
-        """An argument by its schema name."""
-        if name in self.kwargs:
-            return self.kwargs[name]
-        for i, a in enumerate(self.op._schema.arguments):
-            if a.name == name:
-                return self.args[i] if i < len(self.args) else default
-        return default
-
-    def tensors(self) -> list[list]:
-        return [t["tensor"] for t in _leaves([self.args, list(self.kwargs.values())])
-                if isinstance(t, dict) and "tensor" in t]
-
-    def run(self) -> Any:
-        """The op on zero-filled tensors of the recorded layouts."""
-        return self.op(*_decode(self.args), **{k: _decode(v) for k, v in self.kwargs.items()})
-
-
-def _always(call: Call) -> bool:
-    return True
-
-
-def _no_dropout(call: Call) -> bool:
-    """Dropout draws from the generator: a replay would shift the program's random numbers."""
-    return not call.arg("dropout_p", 0.0)
-
-
-def _nonempty(call: Call) -> bool:
-    """Zero indices address element 0 of each indexed dimension, which exists when no tensor is empty."""
-    return all(math.prod(t[0]) > 0 for t in call.tensors())
-
-
-# op packet -> when a call on zero-filled tensors is safe. The ops whose first use costs most
-# (library set-up, large modules); any op left out simply runs cold.
-WARMABLE: dict[str, Callable[[Call], bool]] = {
-    "aten.mm": _always, "aten.addmm": _always, "aten.bmm": _always, "aten.baddbmm": _always,
-    "aten.convolution": _always,
-    "aten._scaled_dot_product_cudnn_attention": _no_dropout,
-    "aten._scaled_dot_product_flash_attention": _no_dropout,
-    "aten._scaled_dot_product_efficient_attention": _no_dropout,
-    "aten._softmax": _always, "aten._log_softmax": _always,
-    "aten.sort": _always, "aten.topk": _always, "aten.cumsum": _always, "aten.histc": _always,
-    "aten.div": _always,  # integer division by zero does not trap on CUDA (and raises on CPU)
-    "aten.index": _nonempty, "aten.index_select": _nonempty, "aten.gather": _nonempty,
-    "aten.embedding": _nonempty, "aten.index_add": _nonempty, "aten.scatter_add": _nonempty,
-}
-
-
-def _leaves(x: Any) -> Iterable[Any]:
-    if isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _leaves(y)
-    else:
-        yield x
-
-
-def _storage_numel(size: list[int], stride: list[int], offset: int) -> int:
-    if math.prod(size) == 0:
-        return offset
-    return offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
-
-
-def _tensor_bytes(t: list) -> int:
-    size, stride, offset, dtype, _ = t
-    return _storage_numel(size, stride, offset) * dtype_from_name(dtype).itemsize
-
-
-class _NotRecordable(Exception):
-    pass
-
-
-def _encode(a: Any) -> Any:
-    """An argument of a bound node as JSON, tensors by their fake value's layout."""
-    if isinstance(a, fx.Node):
-        a = a.meta.get("val")
-        if not isinstance(a, torch.Tensor):
-            raise _NotRecordable("an argument without a tensor value")
-    if isinstance(a, torch.Tensor):
-        if a.layout != torch.strided or any(not isinstance(s, int) for s in (*a.shape, *a.stride())):
-            raise _NotRecordable("a tensor that is not strided with static sizes")
-        return {"tensor": [list(a.shape), list(a.stride()), int(a.storage_offset()),
-                           dtype_name(a.dtype), str(a.device)]}
-    if isinstance(a, (list, tuple)):
-        return [_encode(x) for x in a]
-    if a is None or isinstance(a, (bool, int, float, str)):
-        return a
-    if isinstance(a, torch.dtype):
-        return {"dtype": dtype_name(a)}
-    raise _NotRecordable(f"an argument of type {type(a).__name__}")
-
-
-def _decode(a: Any) -> Any:
-    """Zero-filled tensors with the recorded layouts; other values as recorded."""
-    if isinstance(a, list):
-        return [_decode(x) for x in a]
-    if isinstance(a, dict) and "tensor" in a:
-        size, stride, offset, dtype, device = a["tensor"]
-        base = torch.zeros(_storage_numel(size, stride, offset), dtype=dtype_from_name(dtype), device=device)
-        return base.as_strided(size, stride, offset)
-    if isinstance(a, dict) and "dtype" in a:
-        return dtype_from_name(a["dtype"])
-    if isinstance(a, dict):
-        raise ValueError(f"not a recorded argument: {a!r}")
-    return a
 
 
 def vendor_calls(gm: fx.GraphModule) -> list[dict[str, Any]]:
@@ -201,16 +76,16 @@ def vendor_calls(gm: fx.GraphModule) -> list[dict[str, Any]]:
         if rule is None:
             continue
         try:
-            call = Call(op, _encode(list(node.args)), {k: _encode(v) for k, v in node.kwargs.items()}, 0)
+            call = Call(op, encode(list(node.args)), {k: encode(v) for k, v in node.kwargs.items()}, 0)
             out = node.meta.get("val")
-            outs = [_encode(o)["tensor"] for o in (out if isinstance(out, (list, tuple)) else [out])
+            outs = [encode(o)["tensor"] for o in (out if isinstance(out, (list, tuple)) else [out])
                     if isinstance(o, torch.Tensor)]
-        except _NotRecordable:
+        except NotRecordable:
             continue
-        call.bytes = sum(_tensor_bytes(t) for t in call.tensors() + outs)
+        call.bytes = sum(tensor_bytes(t) for t in call.tensors() + outs)
         record = call.to_record()
         ident = _identity(record)
-        if ident not in seen and call.bytes <= MAX_CALL_BYTES and rule(call):
+        if ident not in seen and call.bytes <= vendor_replay.MAX_CALL_BYTES and rule(call):
             seen.add(ident)
             calls.append(record)
     return calls
@@ -350,7 +225,7 @@ def start() -> threading.Thread | None:
     options = Options.resolve()
     if not options.prewarm:
         return None
-    if not any(_ready(d) for d in WARM_DEVICES):
+    if not any(ready(d) for d in vendor_replay.WARM_DEVICES):
         return None
     executables = read_index(index_path(options.cache_dir))
     if not executables:
@@ -393,33 +268,5 @@ def _warm(executables: list[dict[str, Any]]) -> None:
              stats["vendor"], len(executables), stats["ms"], stats["skipped"], stats["failed"])
 
 
-def _ready(device_type: str) -> bool:
-    """Whether this process may run work on ``device_type`` now (CUDA: only once it made a context)."""
-    return torch.cuda.is_initialized() if device_type == "cuda" else True
-
-
-def _devices_ok(devices: Iterable[str]) -> bool:
-    for d in devices:
-        dev = torch.device(d)
-        if dev.type not in WARM_DEVICES or not _ready(dev.type):
-            return False
-        if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
-            return False
-    return True
-
-
 def _replay(record: Mapping[str, Any]) -> None:
-    try:
-        call = Call.from_record(record)
-        rule = WARMABLE.get(op_packet_name(call.op))
-        tensors = call.tensors()
-        nbytes = max(call.bytes, sum(_tensor_bytes(t) for t in tensors))  # (the header is not hashed)
-        if (rule is None or not tensors or not _devices_ok(t[4] for t in tensors)
-                or nbytes > MAX_CALL_BYTES or not rule(call)):
-            stats["skipped"] += 1
-            return
-        call.run()
-        stats["vendor"] += 1
-    except Exception as e:
-        stats["failed"] += 1
-        log.debug("prewarm: %s failed: %s: %s", record.get("op"), type(e).__name__, e)
+    stats[replay(record)] += 1
