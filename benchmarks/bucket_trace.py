@@ -185,11 +185,13 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
         recompiles = _graphs_compiled() - graphs_before
         profile = first_call_profile(compiled, batch, list(profiled)) if profiled else None
     extra = [f - r for f, r in zip(first, repeat)]
-    repros = folders = None
+    repros = folders = warmed = None
     if backend == "kernelize":
         from torch_kernelize.compiling.report import ReportWriter, repro_counts
+        from torch_kernelize.serving import bucket_warm
         ReportWriter.for_path(out / "kernelize-report.json").write()
         repros = repro_counts.to_json()
+        warmed = dict(bucket_warm.stats)  # the buckets' vendor calls run at their sizes when bound
         # the trace's own: the warm-up length's bucket may be one the fill did not cover
         folders = len(_repro_folders(out, backend) - warm_folders)
         repros["warmup_folders"] = len(warm_folders)
@@ -198,6 +200,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             "buckets": len({pow2_bucket(n) for n in lengths}), "compile_and_first_call_ms": round(t_compile, 1),
             "first": summarize(first), "repeat": summarize(repeat), "first_minus_repeat": summarize(extra),
             "trace": summarize(first + repeat), "first_calls_gc": first_gc,
+            **({"bucket_warm": warmed} if warmed is not None else {}),
             **({"first_call_profile": profile} if profile else {}),
             "per_length_ms": {str(n): [round(f, 4), round(r, 4)]
                                                                   for n, f, r in zip(lengths, first, repeat)}}
@@ -269,6 +272,12 @@ def markdown(doc: dict[str, Any]) -> str:
     for line in doc.get("targets", []):
         lines.append(f"- {line}")
     for r in doc["backends"]:
+        w = r.get("bucket_warm")
+        if w and w.get("buckets"):
+            lines.append(f"- {r['backend']}: the buckets' vendor calls warmed when bound: {w['buckets']} bucket(s), "
+                         f"{w.get('sizes', 0)} sizes, {w.get('vendor', 0)} calls ({w.get('failed', 0)} failed) "
+                         f"in {w.get('ms', 0)} ms, within the compile and first call "
+                         f"({r['compile_and_first_call_ms']:.0f} ms)")
         g = r.get("first_calls_gc")
         if g and g["collections"]:
             worst = max(g["per_length_ms"].items(), key=lambda kv: kv[1], default=None)
