@@ -115,6 +115,11 @@ class GcClock:
         gc.callbacks.remove(self)
 
 
+def device_allocs() -> int:
+    """The CUDA caching allocator's device allocations (cudaMalloc) so far in this process; 0 off CUDA."""
+    return torch.cuda.memory_stats().get("num_device_alloc", 0) if torch.cuda.is_available() else 0
+
+
 def summarize(ms: list[float]) -> dict[str, float]:
     return {"p50_ms": round(percentile(ms, 50), 4), "p99_ms": round(percentile(ms, 99), 4),
             "max_ms": round(max(ms), 4), "mean_ms": round(sum(ms) / len(ms), 4)}
@@ -173,13 +178,15 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
         warm_folders = _repro_folders(out, backend)
         inputs = {n: batch(n) for n in lengths}
         graphs_before = _graphs_compiled()
-        first, gc_ms = [], {}
+        first, gc_ms, mallocs = [], {}, {}
         with GcClock() as clock:
             for n in lengths:
-                before = clock.ms
+                before, allocs = clock.ms, device_allocs()
                 first.append(_timed(compiled, inputs[n]))
                 if clock.ms > before:
                     gc_ms[str(n)] = round(clock.ms - before, 3)
+                if device_allocs() > allocs:  # the caching allocator grew its pool in this call
+                    mallocs[str(n)] = device_allocs() - allocs
             first_gc = {"collections": clock.collections, "ms": round(clock.ms, 3), "per_length_ms": gc_ms}
         repeat = [_timed(compiled, inputs[n]) for n in lengths]
         recompiles = _graphs_compiled() - graphs_before
@@ -200,6 +207,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             "buckets": len({pow2_bucket(n) for n in lengths}), "compile_and_first_call_ms": round(t_compile, 1),
             "first": summarize(first), "repeat": summarize(repeat), "first_minus_repeat": summarize(extra),
             "trace": summarize(first + repeat), "first_calls_gc": first_gc,
+            "first_calls_device_allocs": {"total": sum(mallocs.values()), "per_length": mallocs},
             **({"bucket_warm": warmed} if warmed is not None else {}),
             **({"first_call_profile": profile} if profile else {}),
             "per_length_ms": {str(n): [round(f, 4), round(r, 4)]
@@ -278,6 +286,15 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{w.get('sizes', 0)} sizes, {w.get('vendor', 0)} calls ({w.get('failed', 0)} failed) "
                          f"in {w.get('ms', 0)} ms, within the compile and first call "
                          f"({r['compile_and_first_call_ms']:.0f} ms)")
+        m = r.get("first_calls_device_allocs")
+        if m and m["total"]:
+            extra = {n: f - p for n, (f, p) in r["per_length_ms"].items()}  # first call over repeat
+            grew = [e for n, e in extra.items() if n in m["per_length"]]
+            rest = [e for n, e in extra.items() if n not in m["per_length"]]
+            lines.append(f"- {r['backend']}: the caching allocator called cudaMalloc {m['total']} time(s) in "
+                         f"{len(m['per_length'])} of the first calls; first - repeat p50 "
+                         f"{percentile(grew, 50):.3f} ms there, "
+                         + (f"{percentile(rest, 50):.3f} ms in the others" if rest else "none without"))
         g = r.get("first_calls_gc")
         if g and g["collections"]:
             worst = max(g["per_length_ms"].items(), key=lambda kv: kv[1], default=None)
