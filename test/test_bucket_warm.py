@@ -71,7 +71,7 @@ def test_each_distinct_warmable_step_is_recorded_with_its_layouts_at_the_size():
     assert [r["op"] for r in bucket_warm.step_records(program, None, _metas(7)[1], "cpu")] == ["aten.bmm.out"]
 
 
-def test_a_bucket_is_warmed_at_every_size_once_per_process_within_its_time():
+def test_a_bucket_is_warmed_at_every_size_once_per_process_within_its_time(monkeypatch):
     program = fit_program({s: _program(s) for s in (4, 5, 6, 8)})
     resize = Resizer(program)
     seen = []
@@ -96,7 +96,10 @@ def test_a_bucket_is_warmed_at_every_size_once_per_process_within_its_time():
     # a size the program cannot be made at is passed over; off, or a device not warmed: nothing
     assert bucket_warm.warm_bucket("d", ("d",), 4, 5, lambda v: None, "cpu", 2000, replay)["sizes"] == 0
     assert bucket_warm.warm_bucket("e", ("e",), 4, 5, at_size, "cpu", 0, replay) is None
-    vendor_replay.WARM_DEVICES = frozenset({"cuda"})
+    monkeypatch.setattr(bucket_warm, "_capturing", lambda device: True)  # inside a CUDA graph's capture
+    assert bucket_warm.warm_bucket("g", ("g",), 4, 5, at_size, "cpu", 2000, replay) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(vendor_replay, "WARM_DEVICES", frozenset({"cuda"}))
     assert bucket_warm.warm_bucket("f", ("f",), 4, 5, at_size, "cpu", 2000, replay) is None
 
 

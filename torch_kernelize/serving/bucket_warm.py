@@ -120,7 +120,7 @@ def warm_bucket(name: str, identity: tuple, lo: int, hi: int,
     metas at size v (None: that size cannot be made). Once per process per ``identity``, on a
     device vendor_replay warms; returns what it did (None where it did nothing)."""
     key = (identity, lo, hi, device)
-    if budget_ms <= 0 or key in _warmed or not vendor_replay.devices_ok([device]):
+    if budget_ms <= 0 or key in _warmed or not vendor_replay.devices_ok([device]) or _capturing(device):
         return None
     _warmed.add(key)
     replay = replay or vendor_replay.replay
@@ -142,6 +142,13 @@ def warm_bucket(name: str, identity: tuple, lo: int, hi: int,
     log.info("bucket %s: its vendor calls warmed at %d of %d sizes (%d calls, %d skipped, %d failed) in %d ms",
              name, done["sizes"], hi - lo + 1, done["vendor"], done["skipped"], done["failed"], done["ms"])
     return dict(done)
+
+
+def _capturing(device: str) -> bool:
+    """Whether a CUDA graph is being captured on the device's current stream: the warm's calls
+    would be captured into it (a bucket bound at its first call inside a capture stays cold)."""
+    dev = torch.device(device)
+    return dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _synchronize(device: str) -> None:
