@@ -132,19 +132,29 @@ def profile_lengths(lo: int, hi: int, taken: list[int], count: int) -> list[int]
     return [free[round(i * (len(free) - 1) / max(1, count - 1))] for i in range(count)] if free and count else []
 
 
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
 def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int = 12) -> dict[str, list]:
     """Where a first call's time goes: each of ``lengths`` called once under torch.profiler (host and
     device), its ops with the most host time of their own (not their children's) first. The extra cost of a new length,
-    which both backends pay (issue 41), is then named by op, not guessed."""
+    which both backends pay (issue 41), is then named by op, not guessed; its GEMMs by their input
+    shapes, the costliest first (``gemms`` beside the call's time)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     rows: dict[str, list] = {}
     for n in lengths:
         x = batch(n)
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, record_shapes=True) as prof:
             ms = _timed(compiled, x)
         ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
-        rows[str(n)] = [{"call_ms": round(ms, 3)}] + [
+        # the GEMMs by their input shapes: which of them a first call pays for (bucket_warm.py runs each once)
+        gemms = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key in GEMM_OPS),
+                       key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
+        call = {"call_ms": round(ms, 3),
+                "gemms": [{"op": e.key, "shapes": str(e.input_shapes)[:160], "calls": e.count,
+                           "self_host_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in gemms]}
+        rows[str(n)] = [call] + [
             {"op": e.key[:90], "calls": e.count, "host_ms": round(e.cpu_time_total / 1e3, 3),
              "self_host_ms": round(e.self_cpu_time_total / 1e3, 3),
              "device_ms": round(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) / 1e3, 3)}

@@ -7,8 +7,9 @@ run first on another thread; after a bulk warm of 92 lengths on another thread (
 then a profile of one first call. serving/bucket_warm.py is built on what it showed (results:
 2026-12-06-h100-gemm-first-call.log, of these phases alone). Last, a whole bucket's warm as
 bucket_warm.py does it for Llama, and whether the lengths warmed first stay warm. Run:
-``python benchmarks/gemm_first_call.py`` (one GPU, about 20 s). The committed run printed no device line: that ``print`` was added after it.
-(Each GEMM's A is a slice of one wider tensor, so its leading dimension is 5632, not K.)
+``python benchmarks/gemm_first_call.py`` (one GPU, about 20 s). The committed run printed no
+device line: that ``print`` was added after it.
+(In the first phases each GEMM's A is a slice of one wider tensor: its leading dimension is 5632, not K.)
 """
 import json
 import threading

@@ -110,12 +110,14 @@ def test_a_vendor_call_that_reads_a_fused_kernels_output_is_recorded():
 
 def test_the_rules_refuse_calls_that_zeros_would_make_unsafe(monkeypatch):
     def call(op, *args, nbytes=0, **kwargs):
-        return vendor_replay.Call(op, [vendor_replay.encode(a) for a in args], {k: vendor_replay.encode(v) for k, v in kwargs.items()},
+        return vendor_replay.Call(op, [vendor_replay.encode(a) for a in args],
+                                  {k: vendor_replay.encode(v) for k, v in kwargs.items()},
                             nbytes)
     src, idx = torch.randn(0, 4), torch.zeros(3, dtype=torch.long)
     empty = call(torch.ops.aten.index_select.default, src, 0, idx)
     assert not vendor_replay.WARMABLE["aten.index_select"](empty)  # index 0 of an empty dim is out of bounds
-    assert vendor_replay.WARMABLE["aten.index_select"](call(torch.ops.aten.index_select.default, torch.randn(2, 4), 0, idx))
+    index_select = torch.ops.aten.index_select.default
+    assert vendor_replay.WARMABLE["aten.index_select"](call(index_select, torch.randn(2, 4), 0, idx))
     q = torch.randn(1, 2, 8, 4)
     flash = torch.ops.aten._scaled_dot_product_flash_attention.default
     assert not vendor_replay.WARMABLE["aten._scaled_dot_product_flash_attention"](call(flash, q, q, q, 0.1))
@@ -236,7 +238,8 @@ def test_cuda_replay_of_the_benchmarks_vendor_calls_leaves_the_context_healthy()
              (aten.sort.default, (ids,), {}), (aten.div.Tensor_mode, (ids, 4), {"rounding_mode": "floor"}),
              (aten.index.Tensor, (logits, [ids // 16]), {}),
              (aten._scaled_dot_product_efficient_attention.default, (q, q, q, None, False, 0.0, True), {})]
-    records = [vendor_replay.Call(op, vendor_replay.encode(list(a)), {k: vendor_replay.encode(v) for k, v in kw.items()}, 0).to_record()
+    encode = vendor_replay.encode
+    records = [vendor_replay.Call(op, encode(list(a)), {k: encode(v) for k, v in kw.items()}, 0).to_record()
                for op, a, kw in calls]
     torch.cuda.synchronize()
     prewarm._warm([{"path": __file__, "vendor": json.loads(json.dumps(records))}])

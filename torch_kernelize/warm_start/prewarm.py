@@ -11,9 +11,9 @@ So when Dynamo starts compiling a process's first frame, a background thread rep
 calls of the executables the same program (same command line, same working directory) ran last
 time: once per distinct op and argument layout, on zero-filled tensors, and only the ops whose
 rule in ``serving/vendor_replay.WARMABLE`` says zeros are safe (no random numbers drawn, no index
-that could fall outside a tensor: a device-side assert would end the process's CUDA context). The set-up and the
-module loading run in C++ without the GIL, beside the tracing. Nothing here changes what runs:
-a replay that fails is logged and skipped.
+that could fall outside a tensor: a device-side assert would end the process's CUDA context).
+The set-up and the module loading run in C++ without the GIL, beside the tracing. Nothing here
+changes what runs: a replay that fails is logged and skipped.
 
 Not warmed: the cached kernels' binaries. Also loading them in the thread made the first call
 slower on the H200 (MoE +0.06 s, Llama +0.2 s against the vendor calls alone): most of that
