@@ -180,6 +180,13 @@ class Options:
                 values[name] = opt.default()
         return cls(**values)
 
+    @classmethod
+    def for_fill(cls, cache_dir: Path | str, repro_dir: Path | None = None) -> "Options":
+        """The options of fill_cache's own lowering sessions: no report, reproducers only where
+        asked, and no bucket warm (a fill times steady calls; the warm is a served process's
+        first-call cost)."""
+        return cls(target=None, cache_dir=Path(cache_dir), repro_dir=repro_dir, report=None, bucket_warm_ms=0)
+
     @property
     def graph_cache_dir(self) -> Path | None:
         """Where the graph cache lives (None: off)."""

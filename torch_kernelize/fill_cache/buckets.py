@@ -194,7 +194,7 @@ def works_from_model(ref: str, target: Target, cache_dir: Path, dynamic: Sequenc
                              "no other dim of the example inputs has")
         example[size] = d
         inputs[d.input] = _resized(inputs[d.input], d.dim, size)
-    session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=None, bucket_warm_ms=0), target)
+    session = Session(Options.for_fill(cache_dir), target)
     graphs: list[LoweredGraph] = []
     torch._dynamo.reset()
     # traced as serving traces it (dynamic=True: every input dim a symbol, and Python floats such

@@ -169,7 +169,7 @@ def served_model(ref: str, target: Target, cache_dir: Path, repro_dir: Path | No
 
     model, inputs = load_model(ref)
     device = "cuda" if target.device == "cuda" else "cpu"
-    session = Session(Options(target=None, cache_dir=Path(cache_dir), repro_dir=repro_dir, bucket_warm_ms=0), target)
+    session = Session(Options.for_fill(cache_dir, repro_dir), target)
     session.survey = survey
     graphs: list[Any] = []
     torch._dynamo.reset()

@@ -162,7 +162,7 @@ def assembly_runner(spec: KernelSpec, target: Target, cache_dir: Path) -> Callab
     examples = [m.empty(device) for m in spec.inputs]
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(t) for t in examples])
-    options = Options(target=None, cache_dir=Path(cache_dir), repro_dir=None, report=None, bucket_warm_ms=0)
+    options = Options.for_fill(cache_dir)
     lowered = lower(gm, examples, options, "inference", target, whole=False)
     return lambda inputs: lowered(list(inputs))
 

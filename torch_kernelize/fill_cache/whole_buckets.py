@@ -266,7 +266,7 @@ def dynamic_assembly(graph: DynamicGraph, target: Any, cache_dir: Any) -> Callab
     def run(tensors: Sequence[torch.Tensor]) -> tuple:
         args = arguments(tensors)
         if not lowered:
-            options = Options(target=None, cache_dir=cache_dir, repro_dir=None, report=None, bucket_warm_ms=0)
+            options = Options.for_fill(cache_dir)
             lowered.append(lower(fx.GraphModule(graph.gm, graph.gm.graph), args, options, "inference", target,
                                  whole=False))
         out = pytree.tree_leaves(lowered[0](list(args)))
