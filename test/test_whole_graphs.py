@@ -310,9 +310,13 @@ def test_budget_one_asks_inductor_for_the_default_mode_of_graphs_and_of_specs_no
                       (TensorMeta((64, 64), (64, 1), "float16", "cuda"),))
     modes = lambda budget, family=family_for(spec): [c.get("mode") for c in Competition.of(  # noqa: E731
         spec, family, [GENERATOR_INSTANCE], budget).seed_configs(spec) if c.get("mode")]
-    assert modes(1) == [] and modes(4) == ["default", "max-autotune"]
+    assert modes(1) == [] and modes(2) == [] and modes(3) == ["default", "max-autotune"]
     assert modes(1, None) == ["default"]
     assert GENERATOR_INSTANCE.evaluations(spec, 1) == 0 and GENERATOR_INSTANCE.evaluations(whole[1], 1) == 1
+    # budget 2: max-autotune for whole graphs that hold a GEMM, not yet for their nodes
+    assert GENERATOR_INSTANCE.evaluations(spec, 2) == 0
+    assert [c.get("mode") for c in GENERATOR_INSTANCE.seed_configs(whole[1])] == ["default", "max-autotune"]
+    assert GENERATOR_INSTANCE.evaluations(whole[1], 2) == 2
 
 
 def test_a_tuple_op_with_a_piece_that_is_no_tensor_still_has_a_region_meta():

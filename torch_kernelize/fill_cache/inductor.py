@@ -106,10 +106,14 @@ class InductorGenerator(KernelFamily):
         """Budget 1 (the quick fill) asks for the default mode of whole graphs alone: an
         Inductor compile per node or region spec costs seconds (Mixtral's quick fill spent most
         of its 136 s so on the H200), where the spec's family has a seed of its own (a spec no
-        family generates still gets Inductor's default: generators.Competition); max-autotune's
-        GEMM and convolution autotuning takes tens of seconds per spec."""
-        if budget <= 1:
-            return 1 if is_whole_graph(spec) else 0
+        family generates still gets Inductor's default: generators.Competition). Budget 2 adds
+        max-autotune for whole graphs, where it can fuse an epilogue into a GEMM template; node
+        and region specs get Inductor's modes from budget 3 on: max-autotune's GEMM and
+        convolution autotuning takes tens of seconds per spec, and a whole graph holding the node
+        competes already."""
+        whole = is_whole_graph(spec)
+        if budget <= 1 or (budget == 2 and not whole):
+            return 1 if whole else 0
         return len(self.seed_configs(spec))
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
