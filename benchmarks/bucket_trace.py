@@ -29,10 +29,12 @@ import argparse
 import datetime
 import gc
 import json
+import logging
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -135,11 +137,56 @@ def profile_lengths(lo: int, hi: int, taken: list[int], count: int) -> list[int]
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
-def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int = 12) -> dict[str, list]:
+class WarmedLayouts(logging.Handler):
+    """The layouts serving/bucket_warm.py warmed, per size (its debug records), installed in the
+    kernelize child: a profiled first call's GEMMs are then matched against what was warmed at
+    its size, so a cost left after the warm is told apart as a layout the warm missed or a
+    choice cuBLAS forgot."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.by_size: dict[int, set] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("bucket %s: size %d: warming") and len(record.args) == 3:
+            _, size, records = record.args
+            self.by_size.setdefault(size, set()).update(_gemm_layout(r["op"], r["args"]) for r in records)
+
+    def install(self) -> "WarmedLayouts":
+        logger = logging.getLogger("torch_kernelize.serving.bucket_warm")
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self)
+        return self
+
+
+def _gemm_layout(op: str, args: list) -> tuple:
+    """A GEMM's operands as (op packet, ((shape, stride) of each tensor argument before ``out``))."""
+    tensors = [a["tensor"] for a in args if isinstance(a, dict) and "tensor" in a]
+    return (op.split(".")[1] if op.startswith("aten.") else op,
+            tuple((tuple(t[0]), tuple(t[1])) for t in tensors[:3]))
+
+
+def served_gemms(trace: dict) -> list[tuple]:
+    """The GEMMs of a profiled call by the layouts of their tensor arguments (a chrome trace's
+    "Input Dims" and "Input Strides", recorded with record_shapes), as ``_gemm_layout`` gives them."""
+    out = []
+    for e in trace.get("traceEvents", []):
+        a = e.get("args") or {}
+        if e.get("name") not in GEMM_OPS or "Input Dims" not in a:
+            continue
+        dims, strides = a["Input Dims"], a.get("Input Strides") or [[None]] * len(a["Input Dims"])
+        tensors = [(tuple(d), tuple(s)) for d, s in zip(dims, strides) if d]
+        out.append((e["name"].split("::")[1], tuple(tensors[:3])))
+    return out
+
+
+def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int = 12,
+                       warmed: WarmedLayouts | None = None) -> dict[str, list]:
     """Where a first call's time goes: each of ``lengths`` called once under torch.profiler (host and
     device), its ops with the most host time of their own (not their children's) first. The extra cost of a new length,
     which both backends pay (issue 41), is then named by op, not guessed; its GEMMs by their input
-    shapes, the costliest first (``gemms`` beside the call's time)."""
+    shapes, the costliest first (``gemms`` beside the call's time), and with ``warmed`` (the
+    bucket warm's layouts), the call's GEMM layouts the warm did not run at that size."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     rows: dict[str, list] = {}
@@ -154,6 +201,14 @@ def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int =
         call = {"call_ms": round(ms, 3),
                 "gemms": [{"op": e.key, "shapes": str(e.input_shapes)[:160], "calls": e.count,
                            "self_host_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in gemms]}
+        if warmed is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                prof.export_chrome_trace(f"{tmp}/trace.json")
+                served = served_gemms(json.loads(Path(f"{tmp}/trace.json").read_text()))
+            at_size = warmed.by_size.get(n, set())
+            call["gemm_layouts"] = {"served": len(set(served)), "warmed_at_this_size": len(at_size),
+                                    "served_not_warmed": [repr(g)[:300] for g in sorted(set(served) - at_size)][:12],
+                                    "warmed_examples": [repr(g)[:300] for g in sorted(at_size)][:4]}
         rows[str(n)] = [call] + [
             {"op": e.key[:90], "calls": e.count, "host_ms": round(e.cpu_time_total / 1e3, 3),
              "self_host_ms": round(e.self_cpu_time_total / 1e3, 3),
@@ -166,6 +221,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             out: Path, profiled: list[int] = ()) -> dict[str, Any]:
     """One backend's trace, in this process; then a profile of a first call at each of ``profiled``."""
     model, (ids,) = _load(ref)
+    warmed = WarmedLayouts().install() if backend == "kernelize" and profiled else None
     if backend == "kernelize":
         compiled = torch.compile(model, backend="kernelize", dynamic=True,
                                  options={"cache_dir": str(cache_dir), "target": target,
@@ -200,7 +256,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             first_gc = {"collections": clock.collections, "ms": round(clock.ms, 3), "per_length_ms": gc_ms}
         repeat = [_timed(compiled, inputs[n]) for n in lengths]
         recompiles = _graphs_compiled() - graphs_before
-        profile = first_call_profile(compiled, batch, list(profiled)) if profiled else None
+        profile = first_call_profile(compiled, batch, list(profiled), warmed=warmed) if profiled else None
     extra = [f - r for f, r in zip(first, repeat)]
     repros = folders = warmed = None
     if backend == "kernelize":
@@ -314,6 +370,10 @@ def markdown(doc: dict[str, Any]) -> str:
             top = "; ".join(f"{o['op']} {o['self_host_ms']:.1f} ms ({o['calls']}x)" for o in ops[:3])
             lines.append(f"- {r['backend']}, first call at length {n}: {call['call_ms']:.1f} ms; most host time "
                          f"of its own: {top}")
+            g = call.get("gemm_layouts")
+            if g:
+                lines.append(f"  - its GEMM layouts: {g['served']}, of which {len(g['served_not_warmed'])} not among "
+                             f"the {g['warmed_at_this_size']} the bucket warm ran at length {n}")
     return "\n".join(lines) + "\n"
 
 

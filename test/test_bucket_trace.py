@@ -33,6 +33,35 @@ def test_the_warm_up_takes_a_filled_length_the_trace_does_not_visit():
     assert t.warmup_length(3, 6, [3, 4, 5, 6]) == 2 and t.warmup_length(1, 2, [1, 2]) == 3
 
 
+def test_a_profiled_gemm_is_matched_against_the_layouts_the_bucket_warm_logged_at_its_size(tmp_path):
+    """What a served call ran (the profiler's input dims and strides) against what the warm ran
+    (serving/bucket_warm.py's debug record), each operand by its shape and strides."""
+    import logging
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from torch_kernelize.serving.vendor_replay import Call
+    t = _trace()
+    warmed = t.WarmedLayouts().install()
+    try:
+        a, b = torch.randn(6, 4), torch.randn(4, 5)
+        rec = lambda x, y: Call(torch.ops.aten.mm.default, [  # noqa: E731
+            {"tensor": [list(v.shape), list(v.stride()), 0, "float32", "cpu"]} for v in (x, y)], {}, 0).to_record()
+        logging.getLogger("torch_kernelize.serving.bucket_warm").debug(
+            "bucket %s: size %d: warming %s", "g", 6, [rec(a, b), rec(a, b.t().contiguous().t())])
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            torch.mm(a, b)
+            torch.mm(a, torch.randn(5, 4).t())
+        prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    finally:
+        logging.getLogger("torch_kernelize.serving.bucket_warm").removeHandler(warmed)
+    served = t.served_gemms(json.loads((tmp_path / "trace.json").read_text()))
+    assert len(served) == 2 and len(warmed.by_size[6]) == 2
+    assert set(served) == warmed.by_size[6]
+    assert ("mm", (((6, 4), (4, 1)), ((4, 5), (1, 4)))) in set(served)  # a transposed operand is another layout
+
+
 def test_profiled_lengths_are_new_and_spread_over_the_range():
     t = _trace()
     assert t.profile_lengths(33, 40, [33, 35, 34], 2) == [36, 40]

@@ -132,7 +132,9 @@ def warm_bucket(name: str, identity: tuple, lo: int, hi: int,
         sized = at_size(v)
         if sized is None:
             continue
-        for record in step_records(*sized, device):
+        records = step_records(*sized, device)
+        log.debug("bucket %s: size %d: warming %s", name, v, records)  # (benchmarks/bucket_trace.py reads these)
+        for record in records:
             done[replay(record)] += 1
         done["sizes"] += 1
     _synchronize(device)
