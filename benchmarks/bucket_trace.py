@@ -134,6 +134,19 @@ def profile_lengths(lo: int, hi: int, taken: list[int], count: int) -> list[int]
     return [free[round(i * (len(free) - 1) / max(1, count - 1))] for i in range(count)] if free and count else []
 
 
+def rewarm_lengths(lo: int, hi: int, taken: list[int], profiled: list[int]) -> list[int]:
+    """Beside each profiled length, the nearest other one nothing visits: profiled too, right after
+    the bucket warm's calls at its size are replayed once more (does a warm done outside the
+    compile, just before, leave the call cheap where the compile's did not?)."""
+    used, out = set(taken) | set(profiled), []
+    for n in profiled:
+        near = sorted((m for m in range(lo, hi + 1) if m not in used), key=lambda m: abs(m - n))
+        if near:
+            out.append(near[0])
+            used.add(near[0])
+    return out
+
+
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
@@ -146,11 +159,20 @@ class WarmedLayouts(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.by_size: dict[int, set] = {}
+        self.records: dict[int, list[dict]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.msg.startswith("bucket %s: size %d: warming") and len(record.args) == 3:
             _, size, records = record.args
             self.by_size.setdefault(size, set()).update(_gemm_layout(r["op"], r["args"]) for r in records)
+            self.records.setdefault(size, []).extend(records)
+
+    def rewarm(self, size: int) -> int:
+        """Replay the warm's calls at ``size`` again, now (outside the compile); how many ran."""
+        from torch_kernelize.serving import vendor_replay
+        ran = sum(vendor_replay.replay(r) == "vendor" for r in self.records.get(size, ()))
+        _sync()
+        return ran
 
     def install(self) -> "WarmedLayouts":
         logger = logging.getLogger("torch_kernelize.serving.bucket_warm")
@@ -159,11 +181,14 @@ class WarmedLayouts(logging.Handler):
         return self
 
 
+OPERANDS = {"mm": 2, "bmm": 2, "addmm": 3, "baddbmm": 3}  # a GEMM's tensor operands, before ``out``
+
+
 def _gemm_layout(op: str, args: list) -> tuple:
-    """A GEMM's operands as (op packet, ((shape, stride) of each tensor argument before ``out``))."""
+    """A GEMM's operands as (op packet, ((shape, stride) of each tensor operand, ``out`` left out))."""
+    name = op.split(".")[1] if op.startswith("aten.") else op
     tensors = [a["tensor"] for a in args if isinstance(a, dict) and "tensor" in a]
-    return (op.split(".")[1] if op.startswith("aten.") else op,
-            tuple((tuple(t[0]), tuple(t[1])) for t in tensors[:3]))
+    return name, tuple((tuple(t[0]), tuple(t[1])) for t in tensors[:OPERANDS.get(name, 3)])
 
 
 def served_gemms(trace: dict) -> list[tuple]:
@@ -175,30 +200,33 @@ def served_gemms(trace: dict) -> list[tuple]:
         if e.get("name") not in GEMM_OPS or "Input Dims" not in a:
             continue
         dims, strides = a["Input Dims"], a.get("Input Strides") or [[None]] * len(a["Input Dims"])
+        name = e["name"].split("::")[1]
         tensors = [(tuple(d), tuple(s)) for d, s in zip(dims, strides) if d]
-        out.append((e["name"].split("::")[1], tuple(tensors[:3])))
+        out.append((name, tuple(tensors[:OPERANDS.get(name, 3)])))  # (an ``out=`` comes after them)
     return out
 
 
 def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int = 12,
-                       warmed: WarmedLayouts | None = None) -> dict[str, list]:
+                       warmed: WarmedLayouts | None = None, rewarm: frozenset = frozenset()) -> dict[str, list]:
     """Where a first call's time goes: each of ``lengths`` called once under torch.profiler (host and
     device), its ops with the most host time of their own (not their children's) first. The extra cost of a new length,
     which both backends pay (issue 41), is then named by op, not guessed; its GEMMs by their input
     shapes, the costliest first (``gemms`` beside the call's time), and with ``warmed`` (the
-    bucket warm's layouts), the call's GEMM layouts the warm did not run at that size."""
+    bucket warm's layouts), the call's GEMM layouts the warm did not run at that size; a length
+    of ``rewarm`` has the warm's calls at its size replayed just before (``rewarmed_calls``)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     rows: dict[str, list] = {}
     for n in lengths:
         x = batch(n)
+        rewarmed = warmed.rewarm(n) if warmed is not None and n in rewarm else None
         with profile(activities=activities, record_shapes=True) as prof:
             ms = _timed(compiled, x)
         ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
         # the GEMMs by their input shapes: which of them a first call pays for (bucket_warm.py runs each once)
         gemms = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key in GEMM_OPS),
                        key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
-        call = {"call_ms": round(ms, 3),
+        call = {"call_ms": round(ms, 3), **({"rewarmed_calls": rewarmed} if rewarmed is not None else {}),
                 "gemms": [{"op": e.key, "shapes": str(e.input_shapes)[:160], "calls": e.count,
                            "self_host_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in gemms]}
         if warmed is not None:
@@ -218,7 +246,7 @@ def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int =
 
 
 def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_dir: Path, target: str,
-            out: Path, profiled: list[int] = ()) -> dict[str, Any]:
+            out: Path, profiled: list[int] = (), rewarmed: list[int] = ()) -> dict[str, Any]:
     """One backend's trace, in this process; then a profile of a first call at each of ``profiled``."""
     model, (ids,) = _load(ref)
     warmed = WarmedLayouts().install() if backend == "kernelize" and profiled else None
@@ -256,7 +284,8 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             first_gc = {"collections": clock.collections, "ms": round(clock.ms, 3), "per_length_ms": gc_ms}
         repeat = [_timed(compiled, inputs[n]) for n in lengths]
         recompiles = _graphs_compiled() - graphs_before
-        profile = first_call_profile(compiled, batch, list(profiled), warmed=warmed) if profiled else None
+        profile = (first_call_profile(compiled, batch, [*profiled, *rewarmed], warmed=warmed,
+                                      rewarm=frozenset(rewarmed)) if profiled else None)
     extra = [f - r for f, r in zip(first, repeat)]
     repros = folders = warmed = None
     if backend == "kernelize":
@@ -298,8 +327,11 @@ def _graphs_compiled() -> int:
 def _child(args: argparse.Namespace) -> int:
     ref = MODELS[args.model][1 if args.smoke else 0]
     lengths = [int(x) for x in args.child_lengths.split(",")]
-    profiled = profile_lengths(args.lo, args.hi, lengths + [args.warmup_len], args.profile_first)
-    result = measure(args.child, ref, lengths, args.warmup_len, args.cache_dir, args.target, args.out, profiled)
+    taken = lengths + [args.warmup_len]
+    profiled = profile_lengths(args.lo, args.hi, taken, args.profile_first)
+    rewarmed = rewarm_lengths(args.lo, args.hi, taken, profiled) if args.child == "kernelize" else []
+    result = measure(args.child, ref, lengths, args.warmup_len, args.cache_dir, args.target, args.out, profiled,
+                     rewarmed)
     print("RESULT " + json.dumps(result))
     return 0
 
@@ -370,7 +402,9 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{g['ms']:.1f} ms in all" + (f", at most {worst[1]:.1f} ms (length {worst[0]})" if worst else ""))
         for n, (call, *ops) in r.get("first_call_profile", {}).items():
             top = "; ".join(f"{o['op']} {o['self_host_ms']:.1f} ms ({o['calls']}x)" for o in ops[:3])
-            lines.append(f"- {r['backend']}, first call at length {n}: {call['call_ms']:.1f} ms; most host time "
+            again = (f" (the warm's {call['rewarmed_calls']} calls at this length replayed just before)"
+                     if "rewarmed_calls" in call else "")
+            lines.append(f"- {r['backend']}, first call at length {n}{again}: {call['call_ms']:.1f} ms; most host time "
                          f"of its own: {top}")
             g = call.get("gemm_layouts")
             if g:

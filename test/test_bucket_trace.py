@@ -52,7 +52,7 @@ def test_a_profiled_gemm_is_matched_against_the_layouts_the_bucket_warm_logged_a
             "bucket %s: size %d: warming %s", "g", 6, [rec(a, b), rec(a, b.t().contiguous().t())])
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             torch.mm(a, b)
-            torch.mm(a, torch.randn(5, 4).t())
+            torch.mm(a, torch.randn(5, 4).t(), out=torch.empty(6, 5))  # (served programs pass out=)
         prof.export_chrome_trace(str(tmp_path / "trace.json"))
     finally:
         logging.getLogger("torch_kernelize.serving.bucket_warm").removeHandler(warmed)
@@ -66,6 +66,9 @@ def test_profiled_lengths_are_new_and_spread_over_the_range():
     t = _trace()
     assert t.profile_lengths(33, 40, [33, 35, 34], 2) == [36, 40]
     assert t.profile_lengths(3, 4, [3, 4], 2) == [] and t.profile_lengths(3, 9, [], 0) == []
+    # beside each, the nearest length nothing visits (profiled after the warm's calls are replayed)
+    assert t.rewarm_lengths(33, 40, [33, 35, 34], [36, 40]) == [37, 39]
+    assert t.rewarm_lengths(3, 5, [3, 4], [5]) == []
 
 
 def test_targets_are_judged_with_their_distance():
