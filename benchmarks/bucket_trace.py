@@ -383,9 +383,7 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"- {r['backend']}: the buckets' vendor calls warmed when bound: {w['buckets']} bucket(s), "
                          f"{w.get('sizes', 0)} sizes, {w.get('vendor', 0)} calls ({w.get('failed', 0)} failed) "
                          f"in {w.get('ms', 0)} ms, within the compile and first call "
-                         f"({r['compile_and_first_call_ms']:.0f} ms)"
-                         + (f"; cuBLASLt's heuristics cache made room for {w['heuristics_capacity']} choices"
-                            if w.get("heuristics_capacity") else ""))
+                         f"({r['compile_and_first_call_ms']:.0f} ms)")
         m = r.get("first_calls_device_allocs")
         if m and m["total"]:
             extra = {n: f - p for n, (f, p) in r["per_length_ms"].items()}  # first call over repeat

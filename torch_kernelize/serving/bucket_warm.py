@@ -36,14 +36,13 @@ from torch_kernelize.core.buckets import contiguous_strides
 from torch_kernelize.core.encoding import decode_arg
 from torch_kernelize.core.program import KernelProgram
 from torch_kernelize.core.targets import op_packet_name, resolve_op
-from torch_kernelize.serving import cublas_heuristics, vendor_replay
+from torch_kernelize.serving import vendor_replay
 from torch_kernelize.serving.vendor_replay import WARMABLE, Call, NotRecordable, encode, tensor_bytes
 
 log = logging.getLogger("torch_kernelize.serving.bucket_warm")
 
 # per process: buckets warmed, sizes, calls run / skipped / failed, ms
 stats: collections.Counter = collections.Counter()
-GEMM_PACKETS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"})  # cuBLAS's, whose choices it caches
 _warmed: set[tuple] = set()  # (what identifies a bucket's program, its range, device): each once per process
 
 
@@ -126,7 +125,7 @@ def warm_bucket(name: str, identity: tuple, lo: int, hi: int,
     _warmed.add(key)
     replay = replay or vendor_replay.replay
     done = collections.Counter(dict.fromkeys(("sizes", "vendor", "skipped", "failed"), 0))
-    capacity, t0 = None, clock()
+    t0 = clock()
     for v in coarse_to_fine(lo, hi):
         if (clock() - t0) * 1e3 >= budget_ms:
             break
@@ -135,8 +134,6 @@ def warm_bucket(name: str, identity: tuple, lo: int, hi: int,
             continue
         records = step_records(*sized, device)
         log.debug("bucket %s: size %d: warming %s", name, v, records)  # (benchmarks/bucket_trace.py reads these)
-        if not done["sizes"]:
-            capacity = _make_room(records, hi - lo + 1, device)
         for record in records:
             done[replay(record)] += 1
         done["sizes"] += 1
@@ -144,21 +141,9 @@ def warm_bucket(name: str, identity: tuple, lo: int, hi: int,
     done["ms"] = round((clock() - t0) * 1e3)
     stats.update(done)
     stats["buckets"] += 1
-    if capacity:  # (a capacity, not a count: the largest set so far)
-        stats["heuristics_capacity"] = max(stats["heuristics_capacity"], capacity)
     log.info("bucket %s: its vendor calls warmed at %d of %d sizes (%d calls, %d skipped, %d failed) in %d ms",
              name, done["sizes"], hi - lo + 1, done["vendor"], done["skipped"], done["failed"], done["ms"])
     return dict(done)
-
-
-def _make_room(records: list[dict], sizes: int, device: str) -> int | None:
-    """Room for the range's GEMM shapes (``records``' GEMMs at each of ``sizes``) in cuBLASLt's
-    cache of heuristic choices, or the last shapes warmed push out the first (cublas_heuristics.py);
-    the capacity after, None off CUDA or without cuBLASLt."""
-    if torch.device(device).type != "cuda":
-        return None
-    gemms = sum(r["op"].rsplit(".", 1)[0] in GEMM_PACKETS for r in records)
-    return cublas_heuristics.reserve(gemms * sizes)
 
 
 def _capturing(device: str) -> bool:
