@@ -191,9 +191,10 @@ def _gemm_layout(op: str, args: list) -> tuple:
     return name, tuple((tuple(t[0]), tuple(t[1])) for t in tensors[:OPERANDS.get(name, 3)])
 
 
-def served_gemms(trace: dict) -> list[tuple]:
+def served_gemms(trace: dict, durations: dict | None = None) -> list[tuple]:
     """The GEMMs of a profiled call by the layouts of their tensor arguments (a chrome trace's
-    "Input Dims" and "Input Strides", recorded with record_shapes), as ``_gemm_layout`` gives them."""
+    "Input Dims" and "Input Strides", recorded with record_shapes), as ``_gemm_layout`` gives them,
+    in call order; ``durations`` collects each layout's host ms per call, in that order."""
     out = []
     for e in trace.get("traceEvents", []):
         a = e.get("args") or {}
@@ -203,6 +204,8 @@ def served_gemms(trace: dict) -> list[tuple]:
         name = e["name"].split("::")[1]
         tensors = [(tuple(d), tuple(s)) for d, s in zip(dims, strides) if d]
         out.append((name, tuple(tensors[:OPERANDS.get(name, 3)])))  # (an ``out=`` comes after them)
+        if durations is not None:
+            durations.setdefault(out[-1], []).append(round(e.get("dur", 0) / 1e3, 3))
     return out
 
 
@@ -232,9 +235,13 @@ def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int =
         if warmed is not None:
             with tempfile.TemporaryDirectory() as tmp:
                 prof.export_chrome_trace(f"{tmp}/trace.json")
-                served = served_gemms(json.loads(Path(f"{tmp}/trace.json").read_text()))
+                durations: dict[tuple, list[float]] = {}
+                served = served_gemms(json.loads(Path(f"{tmp}/trace.json").read_text()), durations)
             at_size = warmed.by_size.get(n, set())
             call["gemm_layouts"] = {"served": len(set(served)), "warmed_at_this_size": len(at_size),
+                                    # each call's host ms, dearest layouts first: one dear call or all?
+                                    "host_ms_per_call": [[repr(g)[:160], ms] for g, ms in sorted(
+                                        durations.items(), key=lambda kv: -sum(kv[1]))][:6],
                                     "served_not_warmed": [repr(g)[:300] for g in sorted(set(served) - at_size)][:12],
                                     "warmed_examples": [repr(g)[:300] for g in sorted(at_size)][:4]}
         rows[str(n)] = [call] + [

@@ -56,8 +56,10 @@ def test_a_profiled_gemm_is_matched_against_the_layouts_the_bucket_warm_logged_a
         prof.export_chrome_trace(str(tmp_path / "trace.json"))
     finally:
         logging.getLogger("torch_kernelize.serving.bucket_warm").removeHandler(warmed)
-    served = t.served_gemms(json.loads((tmp_path / "trace.json").read_text()))
+    durations = {}
+    served = t.served_gemms(json.loads((tmp_path / "trace.json").read_text()), durations)
     assert len(served) == 2 and len(warmed.by_size[6]) == 2
+    assert set(durations) == set(served) and all(len(v) == 1 and v[0] >= 0 for v in durations.values())
     assert set(served) == warmed.by_size[6]
     assert ("mm", (((6, 4), (4, 1)), ((4, 5), (1, 4)))) in set(served)  # a transposed operand is another layout
 
