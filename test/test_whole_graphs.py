@@ -24,6 +24,7 @@ from torch_kernelize.fill_cache.measure import Measurer
 from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.kernel_cache import KernelCache
 from torch_kernelize.lowering.kernels import Config, KernelFamily
+from torch_kernelize.lowering.kernels.recording import RecordingError
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 TARGET = get_target("interpreter")
@@ -574,3 +575,69 @@ def test_a_model_whose_second_call_fails_has_its_graphs_index_inputs_drawn(tmp_p
     works = specs_from_model(f"{tmp_path / 'lookup.py'}:make", TARGET, tmp_path / "cache", supported=lambda s: True)
     assert is_whole_graph(works[0].spec) and works[0].pins is None
     assert "could not be kept from a second call of the model (RuntimeError: a model that counts" in caplog.text
+
+
+PATCH_MODEL = """
+import torch
+
+class PatchEmbed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 8, kernel_size=4, stride=4)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.proj(x).flatten(2).transpose(1, 2))
+
+def make():
+    torch.manual_seed(0)
+    return PatchEmbed(), (torch.randn(2, 3, 9, 8),)
+"""
+
+
+def test_a_graph_rewritten_before_inductor_is_one_more_whole_graph_candidate(tmp_path, whole):
+    """patch-conv (compiling/graph_rewrites.py): a convolution whose kernel is its stride becomes
+    a GEMM over patches in the graph Inductor compiles; the candidate has no convolution step left
+    and validates against the reference. A graph with nothing to rewrite gets the config only
+    where it holds the op, and fails it before any compile."""
+    (tmp_path / "patch.py").write_text(PATCH_MODEL)
+    works = specs_from_model(f"{tmp_path / 'patch.py'}:make", TARGET, tmp_path / "cache", supported=lambda spec: True)
+    spec = works[0].spec
+    assert is_whole_graph(spec)
+    rewritten = Config.of(mode="default", rewrite="patch-conv")
+    assert GENERATOR_INSTANCE.seed_configs(spec)[:2] == [Config.of(mode="default"), rewritten]
+    assert GENERATOR_INSTANCE.evaluations(spec, 1) == 2  # the quick fill asks for both
+    program = GENERATOR_INSTANCE.generate(spec, rewritten)
+    assert not any("convolution" in s.op for s in program.steps)
+    assert any(s.op.startswith(("aten.mm", "aten.addmm")) for s in program.steps)
+    family = generators.Competition.of(spec, None, [GENERATOR_INSTANCE])
+    ev = evaluate(spec, family, family.tagged(GENERATOR_INSTANCE.name, [rewritten])[0])
+    assert ev.correct, ev.error
+    assert GENERATOR_INSTANCE.provenance(rewritten)["inductor"]["rewrite"] == "patch-conv"
+    # the block without a convolution: not offered; asked anyway, refused with the reason
+    assert all(c.get("rewrite") is None for c in GENERATOR_INSTANCE.seed_configs(whole[1]))
+    with pytest.raises(RecordingError, match="changes nothing"):
+        GENERATOR_INSTANCE.generate(whole[1], rewritten)
+
+
+def test_patch_convolution_is_the_convolution_where_the_kernel_tiles_the_input_and_declines_elsewhere():
+    import torch.nn.functional as F
+
+    from torch_kernelize.compiling.graph_rewrites import patch_convolution
+    torch.manual_seed(0)
+    for k, size, conv in [((4,), (10,), F.conv1d), ((4, 4), (9, 8), F.conv2d), ((2, 3), (9, 8), F.conv2d),
+                          ((2, 2, 2), (5, 4, 4), F.conv3d)]:
+        x, w = torch.randn(2, 3, *size, dtype=torch.float64), torch.randn(5, 3, *k, dtype=torch.float64)
+        for bias in (torch.randn(5, dtype=torch.float64), None):
+            out = patch_convolution(x, w, bias, list(k), [0] * len(k), [1] * len(k), False, [0] * len(k), 1)
+            ref = conv(x, w, bias, stride=k)  # (a remainder no patch covers is dropped, as here)
+            assert out.shape == ref.shape and out.is_contiguous() and torch.allclose(out, ref, atol=1e-12)
+    x, w = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 2, 2)
+    last = patch_convolution(x.to(memory_format=torch.channels_last), w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1)
+    eager = F.conv2d(x.to(memory_format=torch.channels_last), w, stride=2)
+    assert last.stride() == eager.stride() and torch.allclose(last, eager, atol=1e-5)  # (the layout cuDNN gives)
+    declined = [([2, 2], [1, 1], [1, 1], False, 1), ([2, 2], [0, 0], [2, 2], False, 1), ([1, 2], [0, 0], [1, 1], False, 1),
+                ([2, 2], [0, 0], [1, 1], True, 1), ([2, 2], [0, 0], [1, 1], False, 2)]
+    for stride, padding, dilation, transposed, groups in declined:
+        assert patch_convolution(x, w, None, stride, padding, dilation, transposed, [0, 0], groups) is NotImplemented
+    assert patch_convolution(x, torch.randn(4, 4, 1, 1), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented

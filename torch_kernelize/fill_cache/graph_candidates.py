@@ -168,9 +168,11 @@ def assembly_runner(spec: KernelSpec, target: Target, cache_dir: Path) -> Callab
 
 
 def candidate_name(config: dict[str, Any]) -> str:
-    """``inductor default``, ``inductor max-autotune``; a family's config written out."""
+    """``inductor default``, ``inductor max-autotune``, ``inductor default patch-conv`` (over the
+    graph rewritten so); a family's config written out."""
     if "mode" in config:
-        return f"{config.get('generator', 'inductor')} {config['mode']}"
+        rewrite = f" {config['rewrite']}" if config.get("rewrite") else ""
+        return f"{config.get('generator', 'inductor')} {config['mode']}{rewrite}"
     return " ".join(f"{k}={v}" for k, v in sorted(config.items()))
 
 

@@ -46,10 +46,11 @@ from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _au
 from torch_kernelize.fill_cache.inductor_program import record_whole
 from torch_kernelize.fill_cache.inductor_retune import offered_configs, retune
 from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
+from torch_kernelize.compiling.graph_rewrites import REWRITES, counted
 from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.region_graph import spec_ops
 from torch_kernelize.core.spec import KernelSpec
-from torch_kernelize.core.targets import Target
+from torch_kernelize.core.targets import Target, op_name
 
 GENERATOR = "inductor"
 log = logging.getLogger("torch_kernelize.fill_cache")
@@ -97,10 +98,17 @@ class InductorGenerator(KernelFamily):
         return None
 
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        modes = ["default"]
-        if _on_gpu(spec) and TEMPLATE_OPS & set(spec_ops(spec)):
-            modes.append("max-autotune")
-        return [Config.of(mode=m) for m in modes]
+        """Default mode; for a whole graph holding an op a rewrite replaces, default mode over the
+        graph so rewritten (compiling/graph_rewrites.py); max-autotune where a GEMM or a
+        convolution could take a template. Default-mode seeds first: budget 1 asks for them."""
+        ops = set(spec_ops(spec))
+        configs = [Config.of(mode="default")]
+        if is_whole_graph(spec):
+            configs += [Config.of(mode="default", rewrite=name) for name, table in REWRITES.items()
+                        if ops & {op_name(op) for op in table}]
+        if _on_gpu(spec) and TEMPLATE_OPS & ops:
+            configs.append(Config.of(mode="max-autotune"))
+        return configs
 
     def evaluations(self, spec: KernelSpec, budget: int) -> int:
         """Budget 1 (the quick fill) asks for the default mode of whole graphs alone: an
@@ -113,17 +121,19 @@ class InductorGenerator(KernelFamily):
         competes already."""
         whole = is_whole_graph(spec)
         if budget <= 1 or (budget == 2 and not whole):
-            return 1 if whole else 0
+            return sum(c.get("mode") == "default" for c in self.seed_configs(spec)) if whole else 0
         return len(self.seed_configs(spec))
 
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
-        mode = config.get("mode")
+        mode, rewrite = config.get("mode"), config.get("rewrite")
         if mode not in MODES:
             raise ValueError(f"unknown Inductor mode {mode!r}; expected one of {sorted(MODES)}")
+        if rewrite is not None and rewrite not in REWRITES:
+            raise ValueError(f"unknown graph rewrite {rewrite!r}; expected one of {sorted(REWRITES)}")
         # a whole graph: Inductor's whole output, extern calls included (inductor_program.py)
         record = record_whole if is_whole_graph(spec) else None
-        return recorded_once(self._programs, (spec.key, mode), lambda: capture(spec, mode, record),
-                             f"no Inductor candidate ({mode})")
+        return recorded_once(self._programs, (spec.key, mode, rewrite), lambda: capture(spec, mode, record, rewrite),
+                             f"no Inductor candidate ({mode}{', ' + rewrite if rewrite else ''})")
 
     def provenance(self, config: Config) -> dict[str, Any]:
         mode = config.get("mode")
@@ -132,6 +142,7 @@ class InductorGenerator(KernelFamily):
                if torch.cuda.is_available() else
                "the first config of Inductor's heuristic list (no GPU: captured under Triton's interpreter)")
         return {"generator": GENERATOR, "inductor": {"torch": torch.__version__, "mode": mode,
+                                                     **({"rewrite": config.get("rewrite")} if config.get("rewrite") else {}),
                                                      "config": {**MODES.get(mode, {}), **COMMON_OPTIONS},
                                                      "configs_from": how}}
 
@@ -143,20 +154,26 @@ def _on_gpu(spec: KernelSpec) -> bool:
     return any(m.device == "cuda" for m in spec.inputs + spec.outputs) and torch.cuda.is_available()
 
 
-def capture(spec: KernelSpec, mode: str, record: Callable | None = None) -> KernelProgram:
+def capture(spec: KernelSpec, mode: str, record: Callable | None = None, rewrite: str | None = None) -> KernelProgram:
     """Inductor's kernels for ``spec`` in ``mode``, recorded as a KernelProgram; RecordingError
     (with the reason) where there is none. ``record(compiled, module, spec, inputs)``: how the
-    compiled output is recorded (default: its Triton launches alone)."""
+    compiled output is recorded (default: its Triton launches alone). ``rewrite``: the graph is
+    traced through that rewrite first (compiling/graph_rewrites.py); RecordingError, before any
+    compile, where it changes nothing."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     on_gpu = _on_gpu(spec)
     domain = WHOLE_GRAPH_DOMAIN if is_whole_graph(spec) else KernelFamily()  # (a graph's token ids in range)
     inputs = domain.sample_inputs(spec, RECORD_SEED, "random", "cuda" if on_gpu else "cpu")
+    applied: list[str] = []
+    table = counted(rewrite, applied) if rewrite else None
     try:
         with torch.no_grad():
-            gm = make_fx(lambda *ts: spec.run_vendor(list(ts)))(*inputs)
+            gm = make_fx(lambda *ts: spec.run_vendor(list(ts)), decomposition_table=table)(*inputs)
     except Exception as e:
         raise RecordingError(f"its ATen graph could not be traced: {type(e).__name__}: {e}") from None
+    if rewrite and not applied:
+        raise RecordingError(f"the rewrite {rewrite!r} changes nothing in this graph")
     with _compiling(on_gpu, mode) as loaded:
         try:
             compiled = torch._inductor.compile(gm, list(inputs))
