@@ -126,10 +126,11 @@ def bucket_part(W, label):
     print(json.dumps({"bucket part": label, "warm s": round(time.perf_counter() - t0, 2),
                       "calls": 7 * (len(order) - len(left_out))}))
     warmed = [L for L in order if L % 7 == 3 and L not in left_out and 8 * L not in CALLED]
-    print(json.dumps({"bucket part": label, "warmed: [L, place in the warm order, [ms of its 7 first calls, each call (7 layouts, twice)]]":
+    each = "each call (7 layouts, twice)"
+    print(json.dumps({"bucket part": label, f"warmed: [L, place in the warm order, [ms of its 7 first calls, {each}]]":
                       [[L, order.index(L), first_calls_ms(L)] for L in warmed]}))
     cold = [L for L in sorted(left_out) if 8 * L not in CALLED][:12]
-    print(json.dumps({"bucket part": label, "left out of the warm: [L, [ms of its 7 first calls, each call (7 layouts, twice)]]":
+    print(json.dumps({"bucket part": label, f"left out of the warm: [L, [ms of its 7 first calls, {each}]]":
                       [[L, first_calls_ms(L)] for L in cold]}), flush=True)
 
 

@@ -636,8 +636,10 @@ def test_patch_convolution_is_the_convolution_where_the_kernel_tiles_the_input_a
     last = patch_convolution(x.to(memory_format=torch.channels_last), w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1)
     eager = F.conv2d(x.to(memory_format=torch.channels_last), w, stride=2)
     assert last.stride() == eager.stride() and torch.allclose(last, eager, atol=1e-5)  # (the layout cuDNN gives)
-    declined = [([2, 2], [1, 1], [1, 1], False, 1), ([2, 2], [0, 0], [2, 2], False, 1), ([1, 2], [0, 0], [1, 1], False, 1),
-                ([2, 2], [0, 0], [1, 1], True, 1), ([2, 2], [0, 0], [1, 1], False, 2)]
+    declined = [([2, 2], [1, 1], [1, 1], False, 1), ([2, 2], [0, 0], [2, 2], False, 1),
+                ([1, 2], [0, 0], [1, 1], False, 1), ([2, 2], [0, 0], [1, 1], True, 1),
+                ([2, 2], [0, 0], [1, 1], False, 2)]
     for stride, padding, dilation, transposed, groups in declined:
         assert patch_convolution(x, w, None, stride, padding, dilation, transposed, [0, 0], groups) is NotImplemented
-    assert patch_convolution(x, torch.randn(4, 4, 1, 1), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented
+    one_by_one = torch.randn(4, 4, 1, 1)
+    assert patch_convolution(x, one_by_one, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1) is NotImplemented

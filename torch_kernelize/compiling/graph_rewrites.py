@@ -9,8 +9,9 @@ measured faster, never by rank.
   dilation, one group, not transposed; a vision transformer's patch embedding, ConvNeXt's stem and
   downsampling layers) as one GEMM over non-overlapping patches. Its im2col is a reshape and a
   permute, no gather: (N, C, o0, k0, o1, k1) to (N * o0 * o1, C * k0 * k1), times the weight as
-  (C * k0 * k1, Cout), plus the bias (``addmm``: cuBLAS's bias epilogue on CUDA). On the H100 a ViT-B/16 patch embedding ran as
-  cuDNN's NCHW-to-NHWC conversion and an sm80-class kernel, 0.31 ms a call
+  (C * k0 * k1, Cout), plus the bias (``addmm``: cuBLAS's bias epilogue on CUDA). On the H100
+  a ViT-B/16 patch embedding ran as cuDNN's NCHW-to-NHWC conversion and an sm80-class kernel,
+  0.31 ms a call
   (`benchmarks/results/2026-12-06-h100-vit-max-autotune.log`), for a GEMM of 7.4 GFLOP (about
   0.02 ms at the tensor cores' rate) and 19 MB to move. The result has the convolution's layout
   (channels-last where an operand is, as cuDNN gives it; else contiguous): the graph's layouts
@@ -59,7 +60,6 @@ def _channels_last(x: torch.Tensor, weight: torch.Tensor, spatial: int) -> bool:
 REWRITES: dict[str, dict[Any, Callable]] = {
     "patch-conv": {aten.convolution.default: patch_convolution},
 }
-
 
 
 def counted(name: str, applied: list) -> dict[Any, Callable]:

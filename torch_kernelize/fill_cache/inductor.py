@@ -132,7 +132,8 @@ class InductorGenerator(KernelFamily):
             raise ValueError(f"unknown graph rewrite {rewrite!r}; expected one of {sorted(REWRITES)}")
         # a whole graph: Inductor's whole output, extern calls included (inductor_program.py)
         record = record_whole if is_whole_graph(spec) else None
-        return recorded_once(self._programs, (spec.key, mode, rewrite), lambda: capture(spec, mode, record, rewrite),
+        return recorded_once(self._programs, (spec.key, mode, rewrite),
+                             lambda: capture(spec, mode, record, rewrite),
                              f"no Inductor candidate ({mode}{', ' + rewrite if rewrite else ''})")
 
     def provenance(self, config: Config) -> dict[str, Any]:
@@ -141,8 +142,8 @@ class InductorGenerator(KernelFamily):
                "each config in the program, Inductor's choice kept unless another was faster there)"
                if torch.cuda.is_available() else
                "the first config of Inductor's heuristic list (no GPU: captured under Triton's interpreter)")
-        return {"generator": GENERATOR, "inductor": {"torch": torch.__version__, "mode": mode,
-                                                     **({"rewrite": config.get("rewrite")} if config.get("rewrite") else {}),
+        rewrite = {"rewrite": config.get("rewrite")} if config.get("rewrite") else {}
+        return {"generator": GENERATOR, "inductor": {"torch": torch.__version__, "mode": mode, **rewrite,
                                                      "config": {**MODES.get(mode, {}), **COMMON_OPTIONS},
                                                      "configs_from": how}}
 
@@ -154,7 +155,8 @@ def _on_gpu(spec: KernelSpec) -> bool:
     return any(m.device == "cuda" for m in spec.inputs + spec.outputs) and torch.cuda.is_available()
 
 
-def capture(spec: KernelSpec, mode: str, record: Callable | None = None, rewrite: str | None = None) -> KernelProgram:
+def capture(spec: KernelSpec, mode: str, record: Callable | None = None,
+            rewrite: str | None = None) -> KernelProgram:
     """Inductor's kernels for ``spec`` in ``mode``, recorded as a KernelProgram; RecordingError
     (with the reason) where there is none. ``record(compiled, module, spec, inputs)``: how the
     compiled output is recorded (default: its Triton launches alone). ``rewrite``: the graph is
