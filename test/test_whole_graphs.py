@@ -614,8 +614,12 @@ def test_a_graph_rewritten_before_inductor_is_one_more_whole_graph_candidate(tmp
     ev = evaluate(spec, family, family.tagged(GENERATOR_INSTANCE.name, [rewritten])[0])
     assert ev.correct, ev.error
     assert GENERATOR_INSTANCE.provenance(rewritten)["inductor"]["rewrite"] == "patch-conv"
-    # the block without a convolution: not offered; asked anyway, refused with the reason
-    assert all(c.get("rewrite") is None for c in GENERATOR_INSTANCE.seed_configs(whole[1]))
+    # a padded 3x3 convolution, and the block without one: not offered; asked anyway, refused
+    (tmp_path / "padded.py").write_text(PATCH_MODEL.replace("kernel_size=4, stride=4", "kernel_size=3, padding=1"))
+    padded = specs_from_model(f"{tmp_path / 'padded.py'}:make", TARGET, tmp_path / "cache2",
+                              supported=lambda spec: True)[0].spec
+    for other in (padded, whole[1]):
+        assert all(c.get("rewrite") is None for c in GENERATOR_INSTANCE.seed_configs(other))
     with pytest.raises(RecordingError, match="changes nothing"):
         GENERATOR_INSTANCE.generate(whole[1], rewritten)
 

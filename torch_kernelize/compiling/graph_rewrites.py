@@ -32,9 +32,8 @@ def patch_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     """``aten.convolution`` where the kernel tiles the input (kernel == stride), else NotImplemented."""
     k = list(weight.shape[2:])
     s = len(k)
-    if (transposed or groups != 1 or x.dim() != s + 2 or s == 0 or list(stride) != k or math.prod(k) == 1
-            or any(p != 0 for p in padding) or any(d != 1 for d in dilation)):
-        return NotImplemented  # (a 1x1 convolution: cuDNN's own GEMM, and NCHW would need a transpose)
+    if x.dim() != s + 2 or not _tiles(k, stride, padding, dilation, transposed, groups):
+        return NotImplemented
     n, c, cout = x.shape[0], x.shape[1], weight.shape[0]
     outs = [size // kk for size, kk in zip(x.shape[2:], k)]
     if n == 0 or any(o == 0 for o in outs):
@@ -50,6 +49,13 @@ def patch_convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return out if _channels_last(x, weight, s) else out.contiguous()
 
 
+def _tiles(k: Any, stride: Any, padding: Any, dilation: Any, transposed: bool, groups: int) -> bool:
+    """Whether a convolution's kernel tiles its input: kernel == stride, larger than 1x1 (a 1x1 is
+    cuDNN's own GEMM, and an NCHW input would need a transpose), no padding or dilation, one group."""
+    return (not transposed and groups == 1 and len(k) > 0 and list(stride) == list(k) and math.prod(k) > 1
+            and all(p == 0 for p in padding) and all(d == 1 for d in dilation))
+
+
 def _channels_last(x: torch.Tensor, weight: torch.Tensor, spatial: int) -> bool:
     """Whether the convolution gives its output channels-last: either operand is (cuDNN's rule)."""
     fmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(spatial)
@@ -59,6 +65,14 @@ def _channels_last(x: torch.Tensor, weight: torch.Tensor, spatial: int) -> bool:
 # rewrite name -> decomposition table (make_fx's ``decomposition_table``)
 REWRITES: dict[str, dict[Any, Callable]] = {
     "patch-conv": {aten.convolution.default: patch_convolution},
+}
+
+
+# rewrite name -> whether it has something to change at a node of an encoded region graph
+# (core/region_graph.py: the node's op and literal arguments; ``shape_of`` a tensor argument's shape)
+SITES: dict[str, Callable[[dict, Callable[[Any], Any]], bool]] = {
+    "patch-conv": lambda node, shape_of: node["op"] == "aten.convolution.default" and _tiles(
+        list(shape_of(node["args"][1]))[2:], *node["args"][3:7], node["args"][8]),
 }
 
 

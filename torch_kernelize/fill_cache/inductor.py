@@ -46,11 +46,11 @@ from torch_kernelize.fill_cache.inductor_output import (_autotuner_launches, _au
 from torch_kernelize.fill_cache.inductor_program import record_whole
 from torch_kernelize.fill_cache.inductor_retune import offered_configs, retune
 from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
-from torch_kernelize.compiling.graph_rewrites import REWRITES, counted
+from torch_kernelize.compiling.graph_rewrites import REWRITES, SITES, counted
 from torch_kernelize.compiling.whole_graph import is_whole_graph
-from torch_kernelize.core.region_graph import spec_ops
+from torch_kernelize.core.region_graph import region_graph, spec_ops
 from torch_kernelize.core.spec import KernelSpec
-from torch_kernelize.core.targets import Target, op_name
+from torch_kernelize.core.targets import Target
 
 GENERATOR = "inductor"
 log = logging.getLogger("torch_kernelize.fill_cache")
@@ -98,15 +98,13 @@ class InductorGenerator(KernelFamily):
         return None
 
     def seed_configs(self, spec: KernelSpec) -> list[Config]:
-        """Default mode; for a whole graph holding an op a rewrite replaces, default mode over the
-        graph so rewritten (compiling/graph_rewrites.py); max-autotune where a GEMM or a
+        """Default mode; for a whole graph where a rewrite has something to change, default mode
+        over the graph so rewritten (compiling/graph_rewrites.py); max-autotune where a GEMM or a
         convolution could take a template. Default-mode seeds first: budget 1 asks for them."""
-        ops = set(spec_ops(spec))
         configs = [Config.of(mode="default")]
         if is_whole_graph(spec):
-            configs += [Config.of(mode="default", rewrite=name) for name, table in REWRITES.items()
-                        if ops & {op_name(op) for op in table}]
-        if _on_gpu(spec) and TEMPLATE_OPS & ops:
+            configs += [Config.of(mode="default", rewrite=name) for name in _rewrites_for(spec)]
+        if _on_gpu(spec) and TEMPLATE_OPS & set(spec_ops(spec)):
             configs.append(Config.of(mode="max-autotune"))
         return configs
 
@@ -149,6 +147,17 @@ class InductorGenerator(KernelFamily):
 
 
 GENERATOR_INSTANCE = InductorGenerator()
+
+
+def _rewrites_for(spec: KernelSpec) -> list[str]:
+    """The graph rewrites with something to change in ``spec``'s graph (graph_rewrites.SITES)."""
+    nodes = region_graph(spec)["nodes"]
+
+    def shape_of(ref: Any) -> Any:
+        if isinstance(ref, dict) and "input" in ref:
+            return spec.inputs[ref["input"]].shape
+        return nodes[ref["node"]]["meta"]["shape"]
+    return [name for name, site in SITES.items() if any(site(n, shape_of) for n in nodes)]
 
 
 def _on_gpu(spec: KernelSpec) -> bool:
