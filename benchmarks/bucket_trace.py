@@ -18,7 +18,7 @@ p50/p99 latency of all calls of the trace. Issue 28's targets: a first call cost
 a repeat; kernelize's per-call time is no worse than torch.compile(dynamic=True)'s. With
 --profile-first K, each backend then calls K lengths the trace did not visit under torch.profiler:
 the ops a first call spends its time in (``first_call_profile`` in the JSON, the top three in the
-markdown).
+markdown; first_call_profile.py).
 
 OUT/<date>-<chip>-bucket-trace.json and .md are written; children's output is in OUT/logs/.
 Exit codes: 0 done (a backend that failed is in the results with its error); 2 bad arguments.
@@ -29,12 +29,10 @@ import argparse
 import datetime
 import gc
 import json
-import logging
 import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,8 @@ from torch_kernelize.core.buckets import pow2_bucket
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
+from first_call_profile import (WarmedLayouts, first_call_profile, profile_lengths,  # noqa: E402
+                                rewarm_lengths, timed)
 
 MODELS = {"llama": (f"{HERE.parent / 'real_models.py'}:make_llama", "torch_kernelize.model_zoo:make_hf_llama"),
           "mixtral": (f"{HERE.parent / 'real_models.py'}:make_mixtral", "torch_kernelize.model_zoo:make_hf_mixtral")}
@@ -78,19 +78,6 @@ def percentile(values: list[float], q: float) -> float:
 def _load(ref: str) -> tuple[torch.nn.Module, tuple]:
     from torch_kernelize.fill_cache.collect import load_model
     return load_model(ref)
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _timed(fn, *args) -> float:
-    _sync()
-    t0 = time.perf_counter()
-    fn(*args)
-    _sync()
-    return (time.perf_counter() - t0) * 1e3
 
 
 class GcClock:
@@ -127,136 +114,11 @@ def summarize(ms: list[float]) -> dict[str, float]:
             "max_ms": round(max(ms), 4), "mean_ms": round(sum(ms) / len(ms), 4)}
 
 
-def profile_lengths(lo: int, hi: int, taken: list[int], count: int) -> list[int]:
-    """``count`` lengths of [lo, hi] neither the trace nor its warm-up visits, spread over the range:
-    each profiled call is a first call at that length, in a bucket the trace served."""
-    free = [n for n in range(lo, hi + 1) if n not in taken]
-    return [free[round(i * (len(free) - 1) / max(1, count - 1))] for i in range(count)] if free and count else []
-
-
-def rewarm_lengths(lo: int, hi: int, taken: list[int], profiled: list[int]) -> list[int]:
-    """Beside each profiled length, the nearest other one nothing visits: profiled too, right after
-    the bucket warm's calls at its size are replayed once more (does a warm done outside the
-    compile, just before, leave the call cheap where the compile's did not?)."""
-    used, out = set(taken) | set(profiled), []
-    for n in profiled:
-        near = sorted((m for m in range(lo, hi + 1) if m not in used), key=lambda m: abs(m - n))
-        if near:
-            out.append(near[0])
-            used.add(near[0])
-    return out
-
-
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-
-
-class WarmedLayouts(logging.Handler):
-    """The layouts serving/bucket_warm.py warmed, per size (its debug records), installed in the
-    kernelize child: a profiled first call's GEMMs are then matched against what was warmed at
-    its size, so a cost left after the warm is told apart as a layout the warm missed or a
-    choice cuBLAS forgot."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.by_size: dict[int, set] = {}
-        self.records: dict[int, list[dict]] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("bucket %s: size %d: warming") and len(record.args) == 3:
-            _, size, records = record.args
-            self.by_size.setdefault(size, set()).update(_gemm_layout(r["op"], r["args"]) for r in records)
-            self.records.setdefault(size, []).extend(records)
-
-    def rewarm(self, size: int) -> int:
-        """Replay the warm's calls at ``size`` again, now (outside the compile); how many ran."""
-        from torch_kernelize.serving import vendor_replay
-        ran = sum(vendor_replay.replay(r) == "vendor" for r in self.records.get(size, ()))
-        _sync()
-        return ran
-
-    def install(self) -> "WarmedLayouts":
-        logger = logging.getLogger("torch_kernelize.serving.bucket_warm")
-        logger.setLevel(logging.DEBUG)
-        logger.addHandler(self)
-        return self
-
-
-OPERANDS = {"mm": 2, "bmm": 2, "addmm": 3, "baddbmm": 3}  # a GEMM's tensor operands, before ``out``
-
-
-def _gemm_layout(op: str, args: list) -> tuple:
-    """A GEMM's operands as (op packet, ((shape, stride) of each tensor operand, ``out`` left out))."""
-    name = op.split(".")[1] if op.startswith("aten.") else op
-    tensors = [a["tensor"] for a in args if isinstance(a, dict) and "tensor" in a]
-    return name, tuple((tuple(t[0]), tuple(t[1])) for t in tensors[:OPERANDS.get(name, 3)])
-
-
-def served_gemms(trace: dict, durations: dict | None = None) -> list[tuple]:
-    """The GEMMs of a profiled call by the layouts of their tensor arguments (a chrome trace's
-    "Input Dims" and "Input Strides", recorded with record_shapes), as ``_gemm_layout`` gives them,
-    in call order; ``durations`` collects each layout's host ms per call, in that order."""
-    out = []
-    for e in trace.get("traceEvents", []):
-        a = e.get("args") or {}
-        if e.get("name") not in GEMM_OPS or "Input Dims" not in a:
-            continue
-        dims, strides = a["Input Dims"], a.get("Input Strides") or [[None]] * len(a["Input Dims"])
-        name = e["name"].split("::")[1]
-        tensors = [(tuple(d), tuple(s)) for d, s in zip(dims, strides) if d]
-        out.append((name, tuple(tensors[:OPERANDS.get(name, 3)])))  # (an ``out=`` comes after them)
-        if durations is not None:
-            durations.setdefault(out[-1], []).append(round(e.get("dur", 0) / 1e3, 3))
-    return out
-
-
-def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int = 12,
-                       warmed: WarmedLayouts | None = None, rewarm: frozenset = frozenset()) -> dict[str, list]:
-    """Where a first call's time goes: each of ``lengths`` called once under torch.profiler (host and
-    device), its ops with the most host time of their own (not their children's) first. The extra cost of a new length,
-    which both backends pay (issue 41), is then named by op, not guessed; its GEMMs by their input
-    shapes, the costliest first (``gemms`` beside the call's time), and with ``warmed`` (the
-    bucket warm's layouts), the call's GEMM layouts the warm did not run at that size; a length
-    of ``rewarm`` has the warm's calls at its size replayed just before (``rewarmed_calls``)."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    rows: dict[str, list] = {}
-    for n in lengths:
-        x = batch(n)
-        rewarmed = warmed.rewarm(n) if warmed is not None and n in rewarm else None
-        with profile(activities=activities, record_shapes=True) as prof:
-            ms = _timed(compiled, x)
-        ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
-        # the GEMMs by their input shapes: which of them a first call pays for (bucket_warm.py runs each once)
-        gemms = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key in GEMM_OPS),
-                       key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
-        call = {"call_ms": round(ms, 3), **({"rewarmed_calls": rewarmed} if rewarmed is not None else {}),
-                "gemms": [{"op": e.key, "shapes": str(e.input_shapes)[:160], "calls": e.count,
-                           "self_host_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in gemms]}
-        if warmed is not None:
-            with tempfile.TemporaryDirectory() as tmp:
-                prof.export_chrome_trace(f"{tmp}/trace.json")
-                durations: dict[tuple, list[float]] = {}
-                served = served_gemms(json.loads(Path(f"{tmp}/trace.json").read_text()), durations)
-            at_size = warmed.by_size.get(n, set())
-            call["gemm_layouts"] = {"served": len(set(served)), "warmed_at_this_size": len(at_size),
-                                    # each call's host ms, dearest layouts first: one dear call or all?
-                                    "host_ms_per_call": [[repr(g)[:160], ms] for g, ms in sorted(
-                                        durations.items(), key=lambda kv: -sum(kv[1]))][:6],
-                                    "served_not_warmed": [repr(g)[:300] for g in sorted(set(served) - at_size)][:12],
-                                    "warmed_examples": [repr(g)[:300] for g in sorted(at_size)][:4]}
-        rows[str(n)] = [call] + [
-            {"op": e.key[:90], "calls": e.count, "host_ms": round(e.cpu_time_total / 1e3, 3),
-             "self_host_ms": round(e.self_cpu_time_total / 1e3, 3),
-             "device_ms": round(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) / 1e3, 3)}
-            for e in ops]
-    return rows
-
-
 def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_dir: Path, target: str,
             out: Path, profiled: list[int] = (), rewarmed: list[int] = ()) -> dict[str, Any]:
     """One backend's trace, in this process; then a profile of a first call at each of ``profiled``."""
     model, (ids,) = _load(ref)
-    warmed = WarmedLayouts().install() if backend == "kernelize" and profiled else None
+    warm_log = WarmedLayouts().install() if backend == "kernelize" and profiled else None
     if backend == "kernelize":
         compiled = torch.compile(model, backend="kernelize", dynamic=True,
                                  options={"cache_dir": str(cache_dir), "target": target,
@@ -274,7 +136,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
         # length a recompile of either backend: warm up just past the trace instead
         warmup_len = max(lengths) + 1
     with torch.no_grad():
-        t_compile = _timed(compiled, batch(warmup_len))
+        t_compile = timed(compiled, batch(warmup_len))
         compiled(batch(warmup_len))
         warm_folders = _repro_folders(out, backend)
         inputs = {n: batch(n) for n in lengths}
@@ -283,15 +145,15 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
         with GcClock() as clock:
             for n in lengths:
                 before, allocs = clock.ms, device_allocs()
-                first.append(_timed(compiled, inputs[n]))
+                first.append(timed(compiled, inputs[n]))
                 if clock.ms > before:
                     gc_ms[str(n)] = round(clock.ms - before, 3)
                 if device_allocs() > allocs:  # the caching allocator grew its pool in this call
                     mallocs[str(n)] = device_allocs() - allocs
             first_gc = {"collections": clock.collections, "ms": round(clock.ms, 3), "per_length_ms": gc_ms}
-        repeat = [_timed(compiled, inputs[n]) for n in lengths]
+        repeat = [timed(compiled, inputs[n]) for n in lengths]
         recompiles = _graphs_compiled() - graphs_before
-        profile = (first_call_profile(compiled, batch, [*profiled, *rewarmed], warmed=warmed,
+        profile = (first_call_profile(compiled, batch, [*profiled, *rewarmed], warmed=warm_log,
                                       rewarm=frozenset(rewarmed)) if profiled else None)
     extra = [f - r for f, r in zip(first, repeat)]
     repros = folders = warmed = None
