@@ -109,7 +109,8 @@ class InductorGenerator(KernelFamily):
         return configs
 
     def evaluations(self, spec: KernelSpec, budget: int) -> int:
-        """Budget 1 (the quick fill) asks for the default mode of whole graphs alone: an
+        """Budget 1 (the quick fill) asks for the default-mode seeds of whole graphs alone (the
+        graph as traced, and as each rewrite with something to change gives it): an
         Inductor compile per node or region spec costs seconds (Mixtral's quick fill spent most
         of its 136 s so on the H200), where the spec's family has a seed of its own (a spec no
         family generates still gets Inductor's default: generators.Competition). Budget 2 adds
