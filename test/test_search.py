@@ -99,6 +99,30 @@ def test_near_ties_are_timed_again_before_the_decision(search, paired, status, t
         assert row["speedup"] == pytest.approx(paired[0] / paired[1])
 
 
+def test_a_graphed_races_vendor_side_copies_what_it_made_into_the_next_stretchs_inputs():
+    """The vendor op of a GRAPHED spec syncs, so serving splits the captured graph there and copies
+    each tensor it made into the next stretch's static inputs (serving/cudagraphs.py): its side of
+    the race is timed with those copies (Measurer.baseline)."""
+    from torch_kernelize.core.targets import get_target
+    from torch_kernelize.fill_cache.benchmark import with_split_copies
+    from torch_kernelize.fill_cache.measure import Measurer
+    run = with_split_copies(lambda ins: (ins[0] * 2, [ins[0] + 1], 3))
+    out = run([torch.arange(4.0)])
+    assert [b.tolist() for b in run.buffers] == [out[0].tolist(), out[1][0].tolist()]
+    first = run.buffers[0]
+    run([torch.ones(4)])
+    assert run.buffers[0] is first and first.tolist() == [2.0] * 4  # the same buffers, call after call
+    from torch_kernelize.lowering.kernels import KernelFamily
+    spec = spec_of(torch.ops.aten.sigmoid.default, (torch.randn(8),))
+    graphed = Measurer(spec.graphed(), KernelFamily(), get_target("interpreter"))
+    plain = Measurer(spec, KernelFamily(), get_target("interpreter"))
+    try:
+        assert hasattr(graphed.baseline(), "buffers") and not hasattr(plain.baseline(), "buffers")
+    finally:
+        graphed.builder.close()
+        plain.builder.close()
+
+
 def test_a_graphed_spec_is_timed_as_a_captured_model_serves_it(tmp_path, monkeypatch):
     """A GRAPHED spec's race (core/spec.py): the vendor op and each candidate timed behind queued
     work (benchmark.queued_ms), the candidate captured; its plain twin's, each alone."""

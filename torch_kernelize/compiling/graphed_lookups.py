@@ -5,7 +5,8 @@ transformers' MoE expert matmul reads its offsets with ``tolist()``) cuts the ca
 the host waits for the work queued before it, then issues the op's own, and the stretch after it is
 replayed on copies of what the op made. A kernel that keeps the op on the device saves all of that,
 which the plain race (each timed alone) does not see. fill_cache runs that spec's race again, timed
-as a captured graph serves it (fill_cache/benchmark.queued_ms), under the spec's GRAPHED key; this
+as a captured graph serves it (fill_cache/benchmark.queued_ms; the op as given with its outputs'
+copies, benchmark.with_split_copies), under the spec's GRAPHED key; this
 module looks that key up first for such nodes, and the node's own lookup where it has no entry.
 """
 from __future__ import annotations

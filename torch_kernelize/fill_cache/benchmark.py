@@ -64,6 +64,28 @@ def graph_replay_ms(fn: Callable[[], object]) -> float | None:
     return median_ms(replay) if replay is not None else None
 
 
+def with_split_copies(run: Callable[[list], object]) -> Callable[[list], object]:
+    """``run`` (inputs -> outputs) followed by what a CUDA-graph split adds after an op that syncs:
+    each tensor it made copied into a buffer of its own, the next captured stretch's static input
+    (serving/cudagraphs.py). A graphed race's vendor side pays it as served (Mixtral's 4 split
+    points copied 0.49 ms a call on the H100); a candidate that keeps the op on the device is
+    captured with its neighbours and copies nothing."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+    static: list = []
+
+    def call(inputs: list) -> object:
+        outs = run(inputs)
+        made = [t for t in tree_leaves(outs) if isinstance(t, torch.Tensor)]
+        if [t.shape for t in static] != [t.shape for t in made]:
+            static[:] = [torch.empty_like(t) for t in made]
+        for dst, src in zip(static, made):
+            dst.copy_(src)
+        return outs
+    call.buffers = static  # (the next stretch's inputs, as they stand)
+    return call
+
+
 QUEUED_MS = 2.0  # GPU work queued ahead of a call timed as a captured model serves it
 _cycles_per_ms: list[float] = []
 

@@ -24,7 +24,8 @@ from torch_kernelize.compiling.whole_graph import is_whole_graph
 from torch_kernelize.core.program_steps import refused_ops
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.graph_candidates import assembly_runner
-from torch_kernelize.fill_cache.benchmark import Timer, median_ms, paired_ms, queued_ms, timing_available
+from torch_kernelize.fill_cache.benchmark import (Timer, median_ms, paired_ms, queued_ms, timing_available,
+                                                  with_split_copies)
 from torch_kernelize.fill_cache.trials import PeakMeter, TrialStore, spec_bytes, trial_seeds
 from torch_kernelize.serving.launch import load_program
 from torch_kernelize.lowering.kernels import Config, KernelFamily
@@ -181,11 +182,15 @@ class Measurer:
 
     def baseline(self) -> Any:
         """What candidates are timed against, a function of the inputs: the vendor op; for a whole
-        graph, the graph as kernelize assembles it from the cache (graph_candidates.py)."""
+        graph, the graph as kernelize assembles it from the cache (graph_candidates.py); for a
+        GRAPHED spec, the vendor op as a split graph serves it, what it made copied into the next
+        stretch's inputs (benchmark.with_split_copies)."""
         if self._baseline is None:
             self._baseline = self.spec.run_vendor
             if is_whole_graph(self.spec) and self.cache_dir is not None:
                 self._baseline = assembly_runner(self.spec, self.target, self.cache_dir)
+            elif self.spec.condition == GRAPHED:
+                self._baseline = with_split_copies(self.spec.run_vendor)
         return self._baseline
 
     def vendor_ms(self) -> float | None:
