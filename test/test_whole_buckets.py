@@ -157,14 +157,16 @@ def test_a_dynamic_graph_is_filled_whole_per_bucket_and_serves_every_size_in_it(
 
     # binding the bucket runs its vendor calls at each of its sizes (serving/bucket_warm.py; on CPU
     # here, CUDA only in a real run), with the layouts its served calls at those sizes then pass
+    # (it binds while Dynamo compiles, under its fake mode: each call must run on real tensors)
     warmed = []
 
-    def replay(record):
+    def run(call):
+        assert type(torch.zeros(1)) is torch.Tensor, "a warm's call ran inside the compile's fake mode"
+        record = call.to_record()
         warmed.append(_layouts(record["op"], [record["args"], list(record["kwargs"].values())]))
-        return "vendor"
     monkeypatch.setattr(vendor_replay, "WARM_DEVICES", frozenset({"cpu"}))
     monkeypatch.setattr(bucket_warm, "_warmed", set())
-    monkeypatch.setattr(vendor_replay, "replay", replay)
+    monkeypatch.setattr(vendor_replay.Call, "run", run)
     block, compiled, graphs, opts = _served(model, cache_dir)
     with torch.no_grad():
         x = torch.randn(1, 5, 8)

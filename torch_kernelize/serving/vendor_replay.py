@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from torch_kernelize.core.spec import dtype_from_name, dtype_name
 from torch_kernelize.core.targets import op_name, op_packet_name, resolve_op
@@ -30,6 +31,7 @@ log = logging.getLogger("torch_kernelize.serving.vendor_replay")
 
 MAX_CALL_BYTES = 1 << 30      # a replayed call's tensors, inputs and outputs together
 WARM_DEVICES = frozenset({"cuda"})  # where a first call loads modules; tests widen it to CPU
+TRACE_MODES = (torch._C._TorchDispatchModeKey.PROXY, torch._C._TorchDispatchModeKey.FUNCTIONAL)  # a replay is never traced
 
 
 class Call:
@@ -61,7 +63,8 @@ class Call:
                 if isinstance(t, dict) and "tensor" in t]
 
     def run(self) -> Any:
-        """The op on zero-filled tensors of the recorded layouts."""
+        """The op on zero-filled tensors of the recorded layouts (under whatever dispatch mode is
+        current: ``replay`` leaves a trace's fake mode first)."""
         return self.op(*decode(self.args), **{k: decode(v) for k, v in self.kwargs.items()})
 
 
@@ -180,7 +183,14 @@ def replay(record: Mapping[str, Any]) -> str:
         if (rule is None or not tensors or not devices_ok(t[4] for t in tensors)
                 or nbytes > MAX_CALL_BYTES or not rule(call)):
             return "skipped"
-        call.run()
+        # bucket_warm replays while Dynamo compiles, inside its FakeTensorMode: there the zeros
+        # would be fake and no call would reach the library (the H100 traces of issue 41 warmed
+        # 3360 fake GEMMs in 13 s, and every first call still paid cuBLAS's first use)
+        with unset_fake_temporarily():
+            if any(torch._C._get_dispatch_mode(k) is not None for k in TRACE_MODES):
+                log.debug("replay of %s skipped: inside a trace (the call would be traced, not run)", record.get("op"))
+                return "skipped"
+            call.run()
         return "vendor"
     except Exception as e:
         log.debug("replay of %s failed: %s: %s", record.get("op"), type(e).__name__, e)
