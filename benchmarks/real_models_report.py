@@ -1,5 +1,5 @@
-"""The real-model suite's results (benchmarks/real_models.py): issue 23's and 24's targets judged
-over the models' rows, and the markdown tables of a run."""
+"""The real-model suite's results (benchmarks/real_models.py): issue 35's, 24's and 38's targets
+judged over the models' rows, and the markdown tables of a run."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-# issue 23: kernelize's median per call against torch.compile's default; issue 24: host time
-SPEEDUP_EACH, SPEEDUP_GEOMEAN, HOST_US_PER_LAUNCH = 1.0, 1.15, 5.0
+# issue 35 (23's before it): kernelize's median per call against torch.compile's default, its GPU
+# time against the smaller of eager's and Inductor's, reduce-overhead against Inductor's; issue 24:
+# host time; issue 38: reduce-overhead where Inductor's fails, against Inductor's default
+SPEEDUP_EACH, SPEEDUP_GEOMEAN, HOST_US_PER_LAUNCH, RO_WHERE_INDUCTOR_FAILS = 1.0, 1.15, 5.0, 1.2
 
 
 def write_json(path: Path, doc: dict) -> None:
@@ -39,13 +41,60 @@ def _why_slow(row: dict, need_ms: float) -> str:
     return "; ".join(parts)
 
 
+def _same_kernels(mine: list[dict], theirs: list[dict]) -> str:
+    """Kernel by kernel (the profiles' top kernels): the time of those both ran alike (name and
+    calls), then of the rest; a difference on the same kernels is the GPU's, not a choice's."""
+    by_name = {k["name"]: k for k in theirs}
+    same = [(k, by_name[k["name"]]) for k in mine if k["name"] in by_name and k["calls"] == by_name[k["name"]]["calls"]]
+    a, b = sum(k["ms"] for k, _ in same), sum(t["ms"] for _, t in same)
+    rest_a = sum(k["ms"] for k in mine) - a
+    rest_b = sum(k["ms"] for k in theirs) - b
+    return (f"the same {len(same)} kernels {a:.3f} ms against {b:.3f}" + (f" ({a / b:.2f}x)" if b else "")
+            + f", the other top kernels {rest_a:.3f} against {rest_b:.3f}")
+
+
+def _gpu_vs_best(row: dict) -> dict[str, Any]:
+    """Kernelize's GPU time per call against the smaller of eager's and Inductor's."""
+    b = row.get("backends", {})
+    k = b.get("kernelize", {}).get("gpu_ms")
+    base = min((n for n in ("eager", "inductor") if b.get(n, {}).get("gpu_ms")), key=lambda n: b[n]["gpu_ms"],
+               default=None)
+    if k is None or base is None:
+        return {"met": False, "distance": "not measured"}
+    out = {"kernelize_ms": k, "best_ms": b[base]["gpu_ms"], "met": k <= b[base]["gpu_ms"],
+           "distance": f"{k / b[base]['gpu_ms'] - 1:+.0%} of {base}'s"}
+    if not out["met"] and b["kernelize"].get("kernels") and b[base].get("kernels"):
+        out["distance"] += f"; {_same_kernels(b['kernelize']['kernels'], b[base]['kernels'])}"
+    return out
+
+
+def _reduce_overhead(row: dict) -> tuple[str, dict[str, Any]] | None:
+    """Kernelize's reduce-overhead against Inductor's (issue 35), or against Inductor's default
+    where Inductor's fails (issue 38); None where kernelize's did not run."""
+    b = row.get("backends", {})
+    if not b.get("kernelize_reduce_overhead", {}).get("median_ms"):
+        return None
+    if b.get("inductor_reduce_overhead", {}).get("median_ms"):
+        s = _speedup(row, "inductor_reduce_overhead", "kernelize_reduce_overhead")
+        return "both", {"speedup": s, "met": s >= 1.0, "distance": f"{s - 1:+.0%}"}
+    s = _speedup(row, "inductor", "kernelize_reduce_overhead")
+    if s is None:
+        return None
+    return "inductor_fails", {"speedup": s, "met": s >= RO_WHERE_INDUCTOR_FAILS,
+                              "distance": f"{s / RO_WHERE_INDUCTOR_FAILS - 1:+.0%} (of Inductor's default)"}
+
+
 def judge(models: dict[str, dict]) -> dict[str, Any]:
-    """Issue 23's and 24's targets over the suite's rows: per model and overall, met or missed and by
-    how much. A model without the measurements a target needs counts as missing it."""
-    each, host, launch, speedups = {}, {}, {}, []
+    """Issue 35's, 24's and 38's targets over the suite's rows: per model and overall, met or missed
+    and by how much. A model without the measurements a target needs counts as missing it."""
+    each, host, launch, speedups, gpu, ro = {}, {}, {}, [], {}, {"both": {}, "inductor_fails": {}}
     for name, row in models.items():
         if "skipped" in row:
             continue
+        gpu[name] = _gpu_vs_best(row)
+        judged = _reduce_overhead(row)
+        if judged:
+            ro[judged[0]][name] = judged[1]
         k, i = row.get("backends", {}).get("kernelize", {}), row.get("backends", {}).get("inductor", {})
         s = _speedup(row, "inductor", "kernelize")
         if s is None:
@@ -79,6 +128,14 @@ def judge(models: dict[str, dict]) -> dict[str, Any]:
                              "met": bool(host) and all(v["met"] for v in host.values())},
         "host_per_launch": {"target": f"<= {HOST_US_PER_LAUNCH} us of host time per launched kernel",
                             "models": launch, "met": bool(launch) and all(v["met"] for v in launch.values())},
+        "gpu_vs_best": {"target": "kernelize GPU ms per call <= the smaller of eager's and Inductor's",
+                        "models": gpu, "met": bool(gpu) and all(v["met"] for v in gpu.values())},
+        "ro_vs_ro": {"target": "kernelize reduce-overhead >= Inductor's, where both run", "models": ro["both"],
+                     "met": all(v["met"] for v in ro["both"].values())},
+        "ro_where_inductor_fails": {
+            "target": f"kernelize reduce-overhead >= {RO_WHERE_INDUCTOR_FAILS}x Inductor's default, where Inductor's "
+                      "reduce-overhead fails", "models": ro["inductor_fails"],
+            "met": all(v["met"] for v in ro["inductor_fails"].values())},
     }
 
 
@@ -146,16 +203,18 @@ def markdown(doc: dict) -> str:
         def per_model(target: dict) -> str:
             return "; ".join(f"{n} {'met' if v['met'] else 'missed'} ({v['distance']})"
                              for n, v in target["models"].items())
+        def line(issue: str, key: str) -> str:
+            return f"- issue {issue}, {t[key]['target']}: **{'met' if t[key]['met'] else 'missed'}**: {per_model(t[key])}"
         g = t["speedup_geomean"]
         lines += ["", "Targets (medians, this run):",
-                  f"- issue 23, every model {t['speedup_each']['target']}: "
+                  f"- issue 35, every model {t['speedup_each']['target']}: "
                   f"**{'met' if t['speedup_each']['met'] else 'missed'}**: {per_model(t['speedup_each'])}",
-                  f"- issue 23, geomean {g['target']}: **{'met' if g['met'] else 'missed'}**: "
-                  + (f"{g['value']:.2f}x over {g['of']} model(s) ({g['distance']})" if g["value"] else "not measured"),
-                  f"- issue 24, {t['host_vs_inductor']['target']}: "
-                  f"**{'met' if t['host_vs_inductor']['met'] else 'missed'}**: {per_model(t['host_vs_inductor'])}",
-                  f"- issue 24, {t['host_per_launch']['target']}: "
-                  f"**{'met' if t['host_per_launch']['met'] else 'missed'}**: {per_model(t['host_per_launch'])}"]
+                  f"- issue 35, geomean {g['target']}: **{'met' if g['met'] else 'missed'}**: "
+                  + (f"{g['value']:.2f}x over {g['of']} model(s) ({g['distance']})" if g["value"] else "not measured")]
+        lines += [line("35", k) for k in ("gpu_vs_best", "ro_vs_ro") if k in t]  # (older runs' JSON lacks them)
+        lines += [line("24", "host_vs_inductor"), line("24", "host_per_launch")]
+        if t.get("ro_where_inductor_fails", {}).get("models"):
+            lines.append(line("38", "ro_where_inductor_fails"))
     notes = [f"- {n}: {row['skipped']}" for n, row in doc["models"].items() if "skipped" in row]
     notes += [f"- {n}: {row['error']}" for n, row in doc["models"].items() if "error" in row]
     notes += [f"- {n}: fill_cache: {row['fill']['error']}" for n, row in doc["models"].items()

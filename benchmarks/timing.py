@@ -77,22 +77,12 @@ def syncs_per_call(fn: Callable[[], Any], n: int = 3) -> float:
     return sum("synchroniz" in str(w.message) for w in caught) / n
 
 
-def kernel_times(fn: Callable[[], Any], iters: int = 5, host_calls: int = 20) -> dict[str, Any]:
-    """GPU time per call of fn, in total and by kernel name (torch.profiler, after a warm-up),
-    kernels launched per call, the host's time per call to enqueue it (``host_ms_per_call``) and
-    the host's waits for the GPU per call. Kernels replayed from a CUDA graph count as launched."""
+def _profiled(fn: Callable[[], Any], iters: int) -> tuple[Any, dict[str, tuple[float, float]]]:
+    """The profile of ``iters`` calls and, per kernel name, (calls, GPU ms) per call."""
     from torch.profiler import ProfilerActivity, profile
 
-    calls(fn, 3)
-    host_ms = host_ms_per_call(fn, host_calls)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         calls(fn, iters)
-    try:  # (the shapes are a diagnosis: a trace that cannot be written leaves them out)
-        with tempfile.TemporaryDirectory() as tmp:
-            prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
-            shapes = launch_shapes(json.loads((Path(tmp) / "trace.json").read_text()))
-    except (OSError, RuntimeError, ValueError):
-        shapes = {}
     kernels = {}
     for evt in prof.key_averages():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
@@ -101,6 +91,28 @@ def kernel_times(fn: Callable[[], Any], iters: int = 5, host_calls: int = 20) ->
         ms = (ms if ms is not None else evt.self_cuda_time_total) / 1e3 / iters
         if ms > 0:
             kernels[evt.key] = (evt.count / iters, ms)
+    return prof, kernels
+
+
+def gpu_ms_per_call(fn: Callable[[], Any], iters: int = 5) -> float:
+    """GPU time per call of fn alone (kernel_times' total, without its host and sync measures)."""
+    calls(fn, 2)
+    return round(sum(ms for _, ms in _profiled(fn, iters)[1].values()), 4)
+
+
+def kernel_times(fn: Callable[[], Any], iters: int = 5, host_calls: int = 20) -> dict[str, Any]:
+    """GPU time per call of fn, in total and by kernel name (torch.profiler, after a warm-up),
+    kernels launched per call, the host's time per call to enqueue it (``host_ms_per_call``) and
+    the host's waits for the GPU per call. Kernels replayed from a CUDA graph count as launched."""
+    calls(fn, 3)
+    host_ms = host_ms_per_call(fn, host_calls)
+    prof, kernels = _profiled(fn, iters)
+    try:  # (the shapes are a diagnosis: a trace that cannot be written leaves them out)
+        with tempfile.TemporaryDirectory() as tmp:
+            prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+            shapes = launch_shapes(json.loads((Path(tmp) / "trace.json").read_text()))
+    except (OSError, RuntimeError, ValueError):
+        shapes = {}
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])
     return {"gpu_ms": round(sum(ms for _, ms in kernels.values()), 4), "host_ms": round(host_ms, 4),
             "syncs_per_call": round(syncs_per_call(fn), 2),

@@ -56,7 +56,7 @@ def test_smoke_fills_and_measures_a_tiny_llama_with_every_backend(tmp_path):
     assert doc["targets"]["speedup_each"]["models"]["llama"]["speedup"] > 0
     assert row["floor"]["gflop"] > 0 and row["floor"]["mbytes"] > 0  # no H200 here: no floor time
     md = _results(tmp_path, "md").read_text()
-    assert "| llama | kernelize |" in md and "issue 23, geomean" in md and "issue 24" in md
+    assert "| llama | kernelize |" in md and "issue 35, geomean" in md and "issue 24" in md
     if importlib.util.find_spec("torchvision") is None:  # this CPU machine: the model is skipped, said so
         assert doc["models"]["resnet50"]["skipped"].startswith("torchvision is not installed")
         assert "resnet50: skipped: torchvision is not installed" in proc.stdout
@@ -109,6 +109,31 @@ def test_targets_are_judged_with_their_distance():
     assert t["host_vs_inductor"]["models"]["fast"]["met"] and not t["host_vs_inductor"]["models"]["slow"]["met"]
     assert t["host_per_launch"]["models"]["fast"] == {"us": 4.0, "met": True, "distance": "0.8x the bound"}
     assert not t["host_per_launch"]["models"]["slow"]["met"]
+
+
+def test_gpu_time_and_reduce_overhead_are_judged_and_a_gpu_miss_is_told_kernel_by_kernel():
+    suite = _report()
+    gemm, norm = {"name": "gemm", "calls": 8.0}, {"name": "norm", "calls": 4.0}
+    models = {
+        "same_kernels_slower": {"backends": {
+            "eager": {**_backend(3.0, 1.0), "gpu_ms": 2.5},
+            "inductor": {**_backend(2.0, 1.0), "gpu_ms": 2.0, "kernels": [{**gemm, "ms": 1.0}, {**norm, "ms": 0.5}]},
+            "kernelize": {**_backend(1.9, 0.5), "gpu_ms": 2.1, "kernels": [{**gemm, "ms": 1.1}, {**norm, "calls": 2.0, "ms": 0.6}]},
+            "inductor_reduce_overhead": _backend(1.5, 0.1), "kernelize_reduce_overhead": _backend(1.6, 0.1)}},
+        "moe": {"backends": {
+            "eager": {**_backend(9.0, 9.0), "gpu_ms": 8.0}, "inductor": {**_backend(6.0, 6.0), "gpu_ms": 5.0},
+            "kernelize": {**_backend(5.5, 5.0), "gpu_ms": 4.9},
+            "inductor_reduce_overhead": {"error": "RuntimeError: Cannot copy between CPU and CUDA tensors"},
+            "kernelize_reduce_overhead": _backend(4.8, 0.2)}},
+    }
+    t = suite.judge(models)
+    gpu = t["gpu_vs_best"]["models"]
+    assert not t["gpu_vs_best"]["met"] and gpu["moe"]["met"]
+    assert gpu["same_kernels_slower"]["distance"] == (
+        "+5% of inductor's; the same 1 kernels 1.100 ms against 1.000 (1.10x), the other top kernels 0.600 against 0.500")
+    assert t["ro_vs_ro"]["models"] == {"same_kernels_slower": {"speedup": 0.9375, "met": False, "distance": "-6%"}}
+    assert t["ro_where_inductor_fails"]["models"] == {"moe": {"speedup": 1.25, "met": True, "distance": "+4% (of Inductor's default)"}}
+    assert t["ro_where_inductor_fails"]["met"] and not t["ro_vs_ro"]["met"]
 
 
 def test_each_model_gets_an_equal_share_of_the_time_left():
