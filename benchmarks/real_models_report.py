@@ -203,6 +203,7 @@ def markdown(doc: dict) -> str:
         def per_model(target: dict) -> str:
             return "; ".join(f"{n} {'met' if v['met'] else 'missed'} ({v['distance']})"
                              for n, v in target["models"].items())
+
         def line(issue: str, key: str) -> str:
             return f"- issue {issue}, {t[key]['target']}: **{'met' if t[key]['met'] else 'missed'}**: {per_model(t[key])}"
         g = t["speedup_geomean"]

@@ -111,6 +111,11 @@ def test_a_failing_replay_is_counted_and_the_rest_goes_on():
     assert [vendor_replay.replay(r) for r in records] == ["failed", "vendor"]
 
 
+MM_RECORD = {"op": "aten.mm.default", "args": [{"tensor": [[3, 4], [4, 1], 0, "float32", "cpu"]},
+                                               {"tensor": [[4, 5], [1, 4], 0, "float32", "cpu"]}],
+             "kwargs": {}, "bytes": 0}
+
+
 def test_a_replay_inside_a_compiles_fake_mode_runs_on_real_tensors(monkeypatch):
     """A bucket binds while Dynamo compiles, under its FakeTensorMode: a replay there must leave
     it, or the library never sees the call (the H100 traces warmed 3360 fake GEMMs)."""
@@ -123,12 +128,9 @@ def test_a_replay_inside_a_compiles_fake_mode_runs_on_real_tensors(monkeypatch):
         ran.append(out)
         return out
     monkeypatch.setattr(vendor_replay.Call, "run", run)
-    record = {"op": "aten.mm.default", "args": [{"tensor": [[3, 4], [4, 1], 0, "float32", "cpu"]},
-                                                 {"tensor": [[4, 5], [1, 4], 0, "float32", "cpu"]}],
-              "kwargs": {}, "bytes": 0}
     with FakeTensorMode():
         assert torch.zeros(1).__class__ is FakeTensor  # (the mode is on)
-        assert vendor_replay.replay(record) == "vendor"
+        assert vendor_replay.replay(MM_RECORD) == "vendor"
     (out,) = ran
     assert type(out) is torch.Tensor and out.shape == (3, 5) and not out.any()
 
@@ -136,13 +138,10 @@ def test_a_replay_inside_a_compiles_fake_mode_runs_on_real_tensors(monkeypatch):
 def test_a_replay_inside_another_trace_is_skipped():
     """Under a mode it cannot leave (a proxy trace's), a replay would be traced, not run."""
     from torch.fx.experimental.proxy_tensor import make_fx
-    record = {"op": "aten.mm.default", "args": [{"tensor": [[3, 4], [4, 1], 0, "float32", "cpu"]},
-                                                 {"tensor": [[4, 5], [1, 4], 0, "float32", "cpu"]}],
-              "kwargs": {}, "bytes": 0}
     results = []
 
     def f(x):
-        results.append(vendor_replay.replay(record))
+        results.append(vendor_replay.replay(MM_RECORD))
         return x + 1
     gm = make_fx(f)(torch.ones(2))
     assert results == ["skipped"]
