@@ -16,9 +16,10 @@ trace is every length once in a seeded random order (each call the first of its 
 times (p50, p99, max), the extra cost of a first call over a repeat of the same length, and the
 p50/p99 latency of all calls of the trace. Issue 28's targets: a first call costs <= 1 ms more than
 a repeat; kernelize's per-call time is no worse than torch.compile(dynamic=True)'s. With
---profile-first K, each backend then calls K lengths the trace did not visit under torch.profiler:
-the ops a first call spends its time in (``first_call_profile`` in the JSON, the top three in the
-markdown; first_call_profile.py).
+--profile-first K, each backend then calls K lengths the trace did not visit under torch.profiler,
+and K more, each the nearest new length beside one of its K dearest first calls: the ops a first
+call spends its time in (``first_call_profile`` in the JSON, the top three in the markdown;
+first_call_profile.py).
 
 OUT/<date>-<chip>-bucket-trace.json and .md are written; children's output is in OUT/logs/.
 Exit codes: 0 done (a backend that failed is in the results with its error); 2 bad arguments.
@@ -43,8 +44,8 @@ from torch_kernelize.core.buckets import pow2_bucket
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-from first_call_profile import (WarmedLayouts, first_call_profile, profile_lengths,  # noqa: E402
-                                rewarm_lengths, timed)
+from first_call_profile import (WarmedLayouts, dearest_neighbours, first_call_profile,  # noqa: E402
+                                profile_lengths, rewarm_lengths, timed)
 
 MODELS = {"llama": (f"{HERE.parent / 'real_models.py'}:make_llama", "torch_kernelize.model_zoo:make_hf_llama"),
           "mixtral": (f"{HERE.parent / 'real_models.py'}:make_mixtral", "torch_kernelize.model_zoo:make_hf_mixtral")}
@@ -115,8 +116,10 @@ def summarize(ms: list[float]) -> dict[str, float]:
 
 
 def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_dir: Path, target: str,
-            out: Path, profiled: list[int] = (), rewarmed: list[int] = ()) -> dict[str, Any]:
-    """One backend's trace, in this process; then a profile of a first call at each of ``profiled``."""
+            out: Path, profiled: list[int] = (), rewarmed: list[int] = (),
+            span: tuple[int, int] = (1, 1)) -> dict[str, Any]:
+    """One backend's trace, in this process; then a profile of a first call at each of ``profiled``
+    (and ``rewarmed``), and at as many new lengths of ``span`` beside the trace's dearest first calls."""
     model, (ids,) = _load(ref)
     warm_log = WarmedLayouts().install() if backend == "kernelize" and profiled else None
     if backend == "kernelize":
@@ -153,9 +156,11 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             first_gc = {"collections": clock.collections, "ms": round(clock.ms, 3), "per_length_ms": gc_ms}
         repeat = [timed(compiled, inputs[n]) for n in lengths]
         recompiles = _graphs_compiled() - graphs_before
-        profile = (first_call_profile(compiled, batch, [*profiled, *rewarmed], warmed=warm_log,
-                                      rewarm=frozenset(rewarmed)) if profiled else None)
-    extra = [f - r for f, r in zip(first, repeat)]
+        extra = [f - r for f, r in zip(first, repeat)]
+        beside = dearest_neighbours(dict(zip(lengths, extra)), [warmup_len, *profiled, *rewarmed], *span,
+                                    len(profiled)) if profiled else {}
+        profile = (first_call_profile(compiled, batch, [*profiled, *rewarmed, *beside], warmed=warm_log,
+                                      rewarm=frozenset(rewarmed), beside=beside) if profiled else None)
     repros = folders = warmed = None
     if backend == "kernelize":
         from torch_kernelize.compiling.report import ReportWriter, repro_counts
@@ -200,7 +205,7 @@ def _child(args: argparse.Namespace) -> int:
     profiled = profile_lengths(args.lo, args.hi, taken, args.profile_first)
     rewarmed = rewarm_lengths(args.lo, args.hi, taken, profiled) if args.child == "kernelize" else []
     result = measure(args.child, ref, lengths, args.warmup_len, args.cache_dir, args.target, args.out, profiled,
-                     rewarmed)
+                     rewarmed, (args.lo, args.hi))
     print("RESULT " + json.dumps(result))
     return 0
 
@@ -270,7 +275,9 @@ def markdown(doc: dict[str, Any]) -> str:
         for n, (call, *ops) in r.get("first_call_profile", {}).items():
             top = "; ".join(f"{o['op']} {o['self_host_ms']:.1f} ms ({o['calls']}x)" for o in ops[:3])
             again = (f" (the warm's {call['rewarmed_calls']} calls at this length replayed just before)"
-                     if "rewarmed_calls" in call else "")
+                     if "rewarmed_calls" in call else
+                     f" (beside length {call['beside_dear'][0]}, whose first call cost {call['beside_dear'][1]:.3f} ms "
+                     "over its repeat)" if "beside_dear" in call else "")
             lines.append(f"- {r['backend']}, first call at length {n}{again}: {call['call_ms']:.1f} ms; most host time "
                          f"of its own: {top}")
             g = call.get("gemm_layouts")
@@ -333,8 +340,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="the tiny model, few lengths (runs on the CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile-first", type=int, default=0, metavar="K",
-                   help="after the trace, profile a first call at K lengths it did not visit (torch.profiler; "
-                        "the ops with the most host time go into the JSON)")
+                   help="after the trace, profile a first call at K lengths it did not visit, and at K more "
+                        "beside its K dearest first calls (torch.profiler; the ops with the most host time go "
+                        "into the JSON)")
     p.add_argument("--warmup-len", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-lengths", default=None, help=argparse.SUPPRESS)

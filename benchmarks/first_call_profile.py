@@ -3,7 +3,7 @@
 their own, its GEMMs by shape and, in the kernelize process, matched against the layouts the
 bucket warm ran at that size (serving/bucket_warm.py logs them at debug level), with each call's
 host ms; beside each profiled length, one profiled right after the warm's calls at its size are
-replayed outside the compile."""
+replayed outside the compile; beside each of the trace's dearest first calls, its nearest new length."""
 from __future__ import annotations
 
 import json
@@ -48,6 +48,21 @@ def rewarm_lengths(lo: int, hi: int, taken: list[int], profiled: list[int]) -> l
         if near:
             out.append(near[0])
             used.add(near[0])
+    return out
+
+
+def dearest_neighbours(extra_ms: dict[int, float], used: list[int], lo: int, hi: int,
+                       count: int) -> dict[int, tuple[int, float]]:
+    """Beside each of the ``count`` first calls that cost most over their repeat (``extra_ms``, by
+    length), the nearest length of [lo, hi] nothing visits, to profile as a first call: is a dear
+    first call its length's neighbourhood's (the next one pays too) or one call's bad luck? The
+    neighbour -> (the dear length, its extra ms)."""
+    taken, out = set(used) | set(extra_ms), {}
+    for n, ms in sorted(extra_ms.items(), key=lambda kv: -kv[1])[:count]:
+        near = min((m for m in range(lo, hi + 1) if m not in taken), key=lambda m: abs(m - n), default=None)
+        if near is not None:
+            out[near] = (n, round(ms, 3))
+            taken.add(near)
     return out
 
 
@@ -114,13 +129,15 @@ def served_gemms(trace: dict, durations: dict | None = None) -> list[tuple]:
 
 
 def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int = 12,
-                       warmed: WarmedLayouts | None = None, rewarm: frozenset = frozenset()) -> dict[str, list]:
+                       warmed: WarmedLayouts | None = None, rewarm: frozenset = frozenset(),
+                       beside: dict[int, tuple[int, float]] | None = None) -> dict[str, list]:
     """Where a first call's time goes: each of ``lengths`` called once under torch.profiler (host and
     device), its ops with the most host time of their own (not their children's) first. The extra cost of a new length,
     which both backends pay (issue 41), is then named by op, not guessed; its GEMMs by their input
     shapes, the costliest first (``gemms`` beside the call's time), and with ``warmed`` (the
     bucket warm's layouts), the call's GEMM layouts the warm did not run at that size; a length
-    of ``rewarm`` has the warm's calls at its size replayed just before (``rewarmed_calls``)."""
+    of ``rewarm`` has the warm's calls at its size replayed just before (``rewarmed_calls``); one
+    of ``beside`` is the neighbour of a dear first call (``dearest_neighbours``: ``beside_dear``)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     rows: dict[str, list] = {}
@@ -134,6 +151,7 @@ def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int =
         gemms = sorted((e for e in prof.key_averages(group_by_input_shape=True) if e.key in GEMM_OPS),
                        key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
         call = {"call_ms": round(ms, 3), **({"rewarmed_calls": rewarmed} if rewarmed is not None else {}),
+                **({"beside_dear": list(beside[n])} if beside and n in beside else {}),
                 "gemms": [{"op": e.key, "shapes": str(e.input_shapes)[:160], "calls": e.count,
                            "self_host_ms": round(e.self_cpu_time_total / 1e3, 3)} for e in gemms]}
         if warmed is not None:

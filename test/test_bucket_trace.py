@@ -71,6 +71,10 @@ def test_profiled_lengths_are_new_and_spread_over_the_range():
     # beside each, the nearest length nothing visits (profiled after the warm's calls are replayed)
     assert t.rewarm_lengths(33, 40, [33, 35, 34], [36, 40]) == [37, 39]
     assert t.rewarm_lengths(3, 5, [3, 4], [5]) == []
+    # beside each of the dearest first calls, the nearest length nothing visited (ties: the shorter)
+    extra = {34: 0.1, 38: 1.2, 45: 0.9, 50: 0.2}
+    assert t.dearest_neighbours(extra, [37, 39], 33, 50, 2) == {36: (38, 1.2), 44: (45, 0.9)}
+    assert t.dearest_neighbours({3: 2.0, 4: 1.0}, [], 3, 4, 1) == {}
 
 
 def test_targets_are_judged_with_their_distance():
@@ -127,6 +131,10 @@ def test_the_gc_clock_times_collections_while_installed_and_only_then():
                          "first_calls_gc": {"collections": 2, "ms": 250.0, "per_length_ms": {"5": 249.0}}}]}
     assert "the garbage collector ran 2 time(s) in the first calls, 250.0 ms in all, at most 249.0 ms (length 5)" \
         in t.markdown(doc)
+    doc["backends"][0]["first_call_profile"] = {"6": [{"call_ms": 2.0, "beside_dear": [5, 1.25]},
+                                                      {"op": "aten::mm", "self_host_ms": 1.5, "calls": 3}]}
+    assert ("- kernelize, first call at length 6 (beside length 5, whose first call cost 1.250 ms over its "
+            "repeat): 2.0 ms; most host time of its own: aten::mm 1.5 ms (3x)") in t.markdown(doc)
 
 
 def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_path):
