@@ -8,7 +8,8 @@ same loop without the sync (the offsets read beforehand: the floor of what the l
 Rows: 8192 tokens (batch 8 x 512, top-2) routed uniformly at random over 8 experts (seed 0);
 gate/up K 2048 -> N 11264 and down K 5632 -> N 2048, fp16, the weight a transposed view as
 transformers passes it. Each time is triton.testing.do_bench's median (25 warm-up, 200 ms); each
-tile's max abs error against the op; and both as fill_cache times a GRAPHED spec's race (the op's
+tile's max abs error against the op (tiles of the pointer kernel, then of the TMA variant:
+lowering/kernels/grouped_mm.py); and both as fill_cache times a GRAPHED spec's race (the op's
 host sync inside a captured model): behind 2 ms of queued GPU work, the tile captured and replayed
 (``fill_cache/benchmark.queued_ms``). Also ``torch._grouped_mm`` where this torch has it (does it take
 fp16, is it capturable). Exit codes: 0 done; 2 no CUDA device.
@@ -22,9 +23,12 @@ from pathlib import Path
 
 import torch
 
-# BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GROUP_M (1: row tiles in order within a column, as before 2026-12-05)
-TILES = ((128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 3, 8), (128, 256, 64, 8, 3, 16), (128, 128, 64, 8, 3, 8),
-         (256, 128, 64, 8, 3, 8), (128, 128, 64, 4, 4, 8), (64, 256, 64, 4, 3, 8))
+# BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GROUP_M (1: row tiles in order within a column, as before
+# 2026-12-05), TMA (the persistent variant with tensor descriptors, one program per SM)
+TILES = ((128, 256, 64, 8, 3, 1, False), (128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 16, False),
+         (128, 128, 64, 8, 3, 8, False), (256, 128, 64, 8, 3, 8, False), (128, 128, 64, 4, 4, 8, False),
+         (64, 256, 64, 4, 3, 8, False), (128, 256, 64, 8, 3, 8, True), (128, 256, 64, 8, 4, 8, True),
+         (128, 256, 64, 8, 3, 16, True), (128, 128, 64, 8, 4, 8, True))
 SHAPES = {"gate_up": (8192, 2048, 11264), "down": (8192, 5632, 2048)}
 
 
@@ -61,10 +65,11 @@ def main(out: Path) -> int:
                "loop_no_sync_ms": do_bench(loop, warmup=25, rep=200),
                "vendor_queued_ms": queued_ms(lambda: op(x, w, offs))}
         row["torch._grouped_mm"] = _torch_grouped(x, w, offs, expected, queued_ms)
-        for i, (bm, bn, bk, warps, stages, group) in enumerate(TILES):
+        programs = torch.cuda.get_device_properties(0).multi_processor_count
+        for i, (bm, bn, bk, warps, stages, group, tma) in enumerate(TILES):
             config = Config.of(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, DOT_UPCAST=False,
-                               GROUP_M=group)
-            label = f"{bm}x{bn}x{bk} w{warps} s{stages} g{group}"
+                               GROUP_M=group, TMA=tma, PROGRAMS=programs if tma else 0)
+            label = f"{'tma ' if tma else ''}{bm}x{bn}x{bk} w{warps} s{stages} g{group}"
             try:
                 write_program(tmp / f"{name}{i}", spec, FAMILY.generate(spec, config), "cuda")
                 runner = load_program(tmp / f"{name}{i}", spec, "cuda")

@@ -291,3 +291,39 @@ def test_an_input_the_spec_holds_on_the_host_is_launched_from_the_device(no_stre
     runner(torch.empty(1 << 12, device="meta"), torch.tensor(0.5, dtype=torch.float64))
     (_, _, args), = launcher.args
     assert [a.device.type for a in args if isinstance(a, torch.Tensor)] == ["meta", "meta", "meta"]
+
+
+def test_a_kernel_with_tensor_descriptors_gets_triton_an_allocator_where_none_is_set(tmp_path):
+    """The grouped_mm family's TMA variant builds its tensor descriptors in Triton's global scratch:
+    its stored metadata says so (torch's static launcher refuses such kernels; Triton's launcher
+    asks the allocator of the calling thread's context, whose default raises). The runner sets one
+    from torch's caching allocator where none is set, and keeps one the user set."""
+    import contextvars
+
+    import triton
+    from triton.runtime._allocation import NullAllocator, _allocator
+
+    from test_kernels_grouped_mm import _spec
+    from torch_kernelize.lowering.kernels.grouped_mm import FAMILY as GROUPED
+    from torch_kernelize.serving import triton_binaries
+
+    spec, _ = _spec(dtype=torch.float16, transposed=True)
+    config = GROUPED.seed_configs(spec)[0]
+    assert config["TMA"]
+    write_program(tmp_path, spec, GROUPED.generate(spec, config), "cuda", SM90)
+    assert json.loads((tmp_path / "launch0.json").read_text())["global_scratch_size"] > 0
+
+    def fresh():
+        assert isinstance(_allocator.get(), NullAllocator)
+        triton_binaries._give_triton_an_allocator()
+        return _allocator.get()
+    assert contextvars.Context().run(fresh) is triton_binaries._scratch
+
+    def users(size, alignment, stream):
+        raise AssertionError("not called here")
+
+    def kept():
+        triton.set_allocator(users)
+        triton_binaries._give_triton_an_allocator()
+        return _allocator.get()
+    assert contextvars.Context().run(kept) is users

@@ -58,10 +58,17 @@ def test_every_seed_config_validates(dtype, tmp_path):
             FAMILY.generate(spec, n)
 
 
+def _first_seed(spec, tma: bool):
+    """The first seed of the pointer kernel, or of the TMA variant (module docstring)."""
+    return next(c for c in FAMILY.seed_configs(spec) if bool(c["TMA"]) == tma)
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("case", ["empty experts", "rows of no expert", "transposed weight", "int32 offsets",
                                   "one expert", "rows span many tiles", "blocks divide K and N"])
-def test_matches_the_ops_own_loop(case, tmp_path):
-    """Exactly the loop's outputs in fp32 up to summation order, on the given offsets."""
+def test_matches_the_ops_own_loop(case, tma, tmp_path):
+    """Exactly the loop's outputs in fp32 up to summation order, on the given offsets, from both
+    kernels (the TMA variant's descriptors take the weight as [E, K, N] and, transposed, [E, N, K])."""
     kwargs = {"empty experts": dict(offs=[0, 0, 17, 17, 40]),
               "rows of no expert": dict(offs=[5, 9, 12, 20, 29]),      # rows 29.. stay zero
               "transposed weight": dict(transposed=True),              # transformers passes a view
@@ -70,7 +77,8 @@ def test_matches_the_ops_own_loop(case, tmp_path):
               "rows span many tiles": dict(S=150, offs=[1, 70, 71, 149, 150]),
               "blocks divide K and N": dict(K=64, N=128)}[case]       # (no K or column masks)
     spec, inputs = _spec(**kwargs)
-    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0,), eager=False)
+    program = assert_valid(FAMILY, spec, tmp_path, _first_seed(spec, tma), seeds=(0,), eager=False)
+    assert ("tl.make_tensor_descriptor(" in program.source) == tma
     compare_eager(FAMILY, spec, program, tmp_path, inputs=list(inputs))
 
 
@@ -94,21 +102,58 @@ def test_refusals():
     assert "sizes do not match" in FAMILY.supports(dataclasses.replace(spec, inputs=(a, w, offs), outputs=(w,)))
 
 
-def test_a_broken_program_fails_validation(tmp_path):
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_a_broken_program_fails_validation(tma, tmp_path):
     spec, _ = _spec()
-    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    program = FAMILY.generate(spec, _first_seed(spec, tma))
     # a program that takes every expert's rows from the first expert's start
     assert_mutant_fails(FAMILY, spec, program, "before = tl.sum(tl.where(e < expert, tiles, 0), 0)",
                         "before = 0 * expert", tmp_path)
 
 
-def test_a_program_that_leaves_rows_of_no_expert_unwritten_fails(tmp_path):
-    """The output is not zero-filled first: the spare slots zero [last end, S), and validation's
-    poisoned outputs catch a tail left as it was (half the drawn offsets end below S)."""
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_a_program_that_leaves_rows_of_no_expert_unwritten_fails(tma, tmp_path):
+    """The output is not zero-filled first: the spare slots (the TMA variant: every program, after
+    the experts' tiles) zero [last end, S), and validation's poisoned outputs catch a tail left as
+    it was (half the drawn offsets end below S)."""
     spec, _ = _spec()
-    program = FAMILY.generate(spec, FAMILY.seed_configs(spec)[0])
+    program = FAMILY.generate(spec, _first_seed(spec, tma))
     assert program.output_init == ()
     assert_mutant_fails(FAMILY, spec, program, "last = tl.max(ends, 0)", "last = tl.max(ends, 0) + BLOCK_M", tmp_path)
+
+
+def test_a_tma_tile_past_k_reads_zeros_not_the_next_experts_weights(tmp_path):
+    """K = 24 in tiles of 32: a descriptor over the experts end to end would read the next
+    expert's first rows into the tile's last 8, and the input's zeros times an inf there are NaN
+    (validation's special trial). One expert per block keeps them zeros."""
+    spec, _ = _spec()
+    program = FAMILY.generate(spec, _first_seed(spec, True).replace(BLOCK_K=32))
+    assert "block_shape=[1, BLOCK_K, BLOCK_N]" in program.source
+    flat = f"shape=[{5 * 24}, 36], strides=[36, 1], block_shape=[BLOCK_K, BLOCK_N]"
+    mutant = program.source.replace("shape=[5, 24, 36], strides=[864, 36, 1], block_shape=[1, BLOCK_K, BLOCK_N]", flat)
+    mutant = mutant.replace("b_desc.load([expert, k0, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)",
+                            "b_desc.load([expert * 24 + k0, pid_n * BLOCK_N])")
+    assert mutant.count(flat) == 1 and "expert * 24 + k0" in mutant
+    assert_mutant_fails(FAMILY, spec, program, program.source, mutant, tmp_path)
+
+
+def test_the_tma_variant_is_offered_first_where_its_layout_rules_hold_and_builds_no_unaligned_binary(tmp_path):
+    """TMA wants a contiguous last dimension and 16-byte strides: fp16 [E, K, N] weights with N = 36
+    (72-byte rows) get the pointer kernel alone; transformers' transposed view with K = 24 (48-byte
+    rows) gets TMA first. Tensor descriptors need aligned bases whatever the binary assumed, so no
+    binary for unaligned views is compiled (the runner sends those calls to the vendor op)."""
+    from torch_kernelize.building.triton_compile import compile_launches
+    plain, _ = _spec(dtype=F16)
+    assert not any(c["TMA"] for c in FAMILY.seed_configs(plain))
+    transposed, _ = _spec(dtype=F16, transposed=True)
+    first = FAMILY.seed_configs(transposed)[0]
+    assert first["TMA"] and first["PROGRAMS"] >= 1
+    assert any(not n["TMA"] for n in FAMILY.neighbours(transposed, first))   # the search can step back
+    program = FAMILY.generate(transposed, first)
+    assert program.aligned_only and program.launches[0].grid == (first["PROGRAMS"],)
+    assert not FAMILY.generate(transposed, _first_seed(transposed, False)).aligned_only
+    with pytest.raises(ValueError, match="aligned pointers only"):
+        compile_launches(tmp_path, transposed, program, ("cuda", 90, 32), aligned=False)
 
 
 def test_the_spare_slots_always_cover_the_rows_of_no_expert():

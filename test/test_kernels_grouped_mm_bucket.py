@@ -34,6 +34,8 @@ def config(**changes) -> Config:
 CASES = {
     "f32": (dict(S=40), ((17, 40),), config()),
     "f16_transposed_weight": (dict(S=40, dtype=torch.float16, transposed=True), ((17, 40),), config(GROUP_M=4)),
+    "f16_transposed_weight_tma": (dict(S=40, dtype=torch.float16, transposed=True), ((17, 40),),
+                                  config(GROUP_M=4, TMA=True, PROGRAMS=3)),
     "one_token_up_int32_offs": (dict(S=16, offs_dtype=torch.int32, offs=[3, 3, 9, 12, 16]), ((1, 16),), config()),
     "bf16_upcast_one_expert": (dict(S=48, E=1, offs=[48], dtype=torch.bfloat16), ((33, 48),),
                                config(DOT_UPCAST=True, BLOCK_N=32)),
@@ -47,12 +49,17 @@ def test_a_bucketed_grouped_mm_is_right_at_both_edges_and_inside(case, tmp_path)
     program = assert_bucket_valid(FAMILY, spec, S_DIMS, ranges, tmp_path, cfg)
     (launch,) = program.launches
     E, n_tiles = spec.inputs[1].shape[0], -(-spec.outputs[0].shape[1] // cfg["BLOCK_N"])
+    lo = ranges[0][0]
+    (small,) = instantiate(program, (lo,)).launches
+    assert small.args[-1] == ("i32", lo)
+    if cfg.get("TMA"):  # persistent: the same grid at every S
+        assert launch.runtime_sizes == {"args": {"4": "v0"}} and small.grid == (cfg["PROGRAMS"],)
+        assert "shape=[S, " in program.source
+        return
     assert launch.runtime_sizes == {"grid": [["mul", ["add", ["cdiv", "v0", cfg["BLOCK_M"]], E], n_tiles]],
                                     "args": {"4": "v0"}}
     assert "slots = (S + BLOCK_M - 1) // BLOCK_M" in program.source
-    lo = ranges[0][0]
-    (small,) = instantiate(program, (lo,)).launches
-    assert small.args[-1] == ("i32", lo) and small.grid == ((-(-lo // cfg["BLOCK_M"]) + E) * n_tiles,)
+    assert small.grid == ((-(-lo // cfg["BLOCK_M"]) + E) * n_tiles,)
 
 
 @pytest.mark.parametrize("S", [17, 29, 40])
@@ -124,11 +131,17 @@ def test_a_bucketed_grouped_mm_compiles_for_sm90_and_s_is_i64_only_where_the_upp
     meta = lambda shape, stride, dtype="float16": TensorMeta(shape, stride, dtype, "cpu")  # noqa: E731
     spec = dataclasses.replace(small, inputs=(meta((S, K), (K, 1)), meta((E, K, N), (K * N, 1, K)),
                                               meta((E,), (1,), "int64")), outputs=(meta((S, N), (N, 1)),))
-    cfg = FAMILY.seed_configs(spec)[0]
-    program = FAMILY.generate_bucketed(spec, cfg, S_DIMS)
-    assert program.launches[0].args[-1] == ("i32", S)
-    compile_sm90(spec, program, tmp_path)
+    tma, pointers = FAMILY.seed_configs(spec)[:2]
+    assert tma["TMA"] and not pointers["TMA"]
+    for cfg in (tma, pointers):
+        program = FAMILY.generate_bucketed(spec, cfg, S_DIMS)
+        assert program.launches[0].args[-1] == ("i32", S)
+        compile_sm90(spec, program, tmp_path)
     huge = spec_at(spec, S_DIMS, (2**31 - 8,))
-    program = FAMILY.generate_bucketed(huge, cfg, S_DIMS)
+    program = FAMILY.generate_bucketed(huge, pointers, S_DIMS)
     assert program.launches[0].args[-1] == ("i64", 2**31 - 8)
     compile_sm90(huge, program, tmp_path)
+    # TMA's coordinates are 32-bit: that far, only the pointer kernel
+    assert not any(c["TMA"] for c in FAMILY.seed_configs(huge))
+    with pytest.raises(ValueError, match="invalid config"):
+        FAMILY.generate_bucketed(huge, tma, S_DIMS)

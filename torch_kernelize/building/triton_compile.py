@@ -65,9 +65,10 @@ def compile_launches(directory: Path, spec: KernelSpec, program: KernelProgram,
     ``only`` (a part of a program compiled in several processes), and store each binary and its
     metadata there; return the file names. CUDA C++ programs build with nvcc (nvcc.py) and
     have no binaries for unaligned views."""
+    if not aligned and program.aligned_only:
+        raise ValueError("these kernels take 16-byte aligned pointers only (CUDA C++, or tensor descriptors); "
+                         "unaligned views run the vendor op")
     if program.language == "cuda":
-        if not aligned:
-            raise ValueError("CUDA C++ kernels take 16-byte aligned pointers only; unaligned views run the vendor op")
         if gpu_target is None:
             t = current_gpu_target()
             gpu_target = (t.backend, t.arch, t.warp_size)

@@ -238,6 +238,14 @@ class KernelProgram:
     def source_file(self) -> str:
         return SOURCE_FILES[self.language]
 
+    @property
+    def aligned_only(self) -> bool:
+        """Whether the kernels need 16-byte aligned pointers whatever they were compiled for: CUDA
+        C++ kernels (16-byte vectors) and Triton kernels that build tensor descriptors (TMA reads
+        from aligned bases only). No binary for unaligned views is built for them; the runner sends
+        such calls to the vendor op (serving/launch.MisalignedInput)."""
+        return self.language == "cuda" or "tl.make_tensor_descriptor(" in self.source
+
     def signature(self, launch: Launch, spec) -> dict[str, str]:
         """Triton signature (arg name -> type) of one launch, for ahead-of-time compilation."""
         if self.language != "triton":

@@ -53,6 +53,7 @@ from torch_kernelize.fill_cache.trials import SpecTooLarge, spec_bytes
 from torch_kernelize.kernel_cache.entry import CacheEntry
 from torch_kernelize.kernel_cache.interfaces import Cache
 from torch_kernelize.lowering.kernels import Config, KernelFamily, family_for
+from torch_kernelize.serving.launch import read_program
 
 log = logging.getLogger("torch_kernelize.fill_cache")
 details = logging.getLogger("torch_kernelize.fill_cache.details")  # the run log only (run_log.py)
@@ -339,7 +340,7 @@ class FillRun:
         pending = False
         try:
             built, _ = measurer.build(Config.from_json(best["config"]))
-            if search.unaligned and self.target.triton == "cuda":
+            if search.unaligned and self.target.triton == "cuda" and not read_program(built).aligned_only:
                 # stored once its binaries for unaligned views are compiled (in the build pool, while
                 # the next specs are searched): see _store_pending
                 self._pending.append((self.builder.submit_unaligned(spec, built), record, built, search.replace,

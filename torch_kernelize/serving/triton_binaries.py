@@ -129,14 +129,37 @@ class CudaLaunch:
             compiled = binary.compiled()
             launch = compiled.run  # builds Triton's launcher for the stored binary (no Triton compile)
             function, packed = compiled.function, compiled.packed_metadata
+            scratch = getattr(binary.metadata, "global_scratch_size", 0) > 0
 
             def run(gx: int, gy: int, gz: int, stream: int, *args: Any) -> None:
+                if scratch:
+                    _give_triton_an_allocator()
                 launch(gx, gy, gz, stream, function, packed, None, None, None, *args)
             self.run = run
 
     @property
     def static(self) -> bool:
         return self._static is not None
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Device memory for Triton's global scratch (a kernel that builds tensor descriptors keeps
+    them there: 128 bytes per program), from torch's caching allocator: inside a CUDA-graph
+    capture it comes from the graph's pool, as the rest of the call's memory does."""
+    return torch.empty(size, dtype=torch.uint8, device="cuda")
+
+
+def _give_triton_an_allocator() -> None:
+    """Set ``_scratch`` as Triton's allocator where none is set in this thread (Triton keeps it in
+    a context variable; its default raises at the launch). One the user set is kept."""
+    import triton
+    try:
+        from triton.runtime._allocation import NullAllocator, _allocator
+        if not isinstance(_allocator.get(), NullAllocator):
+            return
+    except ImportError:  # another Triton's layout: ours, which serves any kernel
+        pass
+    triton.set_allocator(_scratch)
 
 
 class KernelSignature:
