@@ -308,8 +308,7 @@ def test_a_kernel_with_tensor_descriptors_gets_triton_an_allocator_where_none_is
     from torch_kernelize.serving import triton_binaries
 
     spec, _ = _spec(dtype=torch.float16, transposed=True)
-    config = GROUPED.seed_configs(spec)[0]
-    assert config["TMA"]
+    config = next(c for c in GROUPED.seed_configs(spec) if c["TMA"])
     write_program(tmp_path, spec, GROUPED.generate(spec, config), "cuda", SM90)
     assert json.loads((tmp_path / "launch0.json").read_text())["global_scratch_size"] > 0
 
