@@ -236,7 +236,7 @@ def _texts(p: Plan, config: Config, runtime_s: bool) -> dict[str, str]:
     S = "S" if runtime_s else str(p.S)
     upcast = ".to(tl.float32)" if config["DOT_UPCAST"] else ""
     return {
-        "S": S, "S_param": "S, " if runtime_s else "", "rows_doc": "S rows" if runtime_s else f"{p.S} rows",
+        "S": S, "S_param": "S, " if runtime_s else "",
         "out_t": cg.tl_type(p.dtype), "upcast": upcast, "n_tiles": str(-(-p.N // config["BLOCK_N"])),
         "precision": ', input_precision="ieee"' if p.dtype == "float32" or config["DOT_UPCAST"] else "",
         "col_ok": f"cols < {p.N}" if p.N % config["BLOCK_N"] else "tl.full([BLOCK_N], 1, tl.int1)",
@@ -349,7 +349,8 @@ def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, {t["S_param"]}BLOCK_M
     a_desc = tl.make_tensor_descriptor(in0_ptr, shape=[{S}, {p.K}], strides=[{p.a[0]}, 1],
                                        block_shape=[BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(in1_ptr, {b_desc})
-    # the experts' tiles, used by {n_tiles} of them, GROUP_M row tiles at a time, each program every PROGRAMS-th
+    # the experts' tiles (their row tiles by {n_tiles} column tiles, GROUP_M row tiles at a time): program p
+    # takes tiles p, p + PROGRAMS, ...
     for tile in range(tl.program_id(0), used * {n_tiles}, PROGRAMS):
         first = tile // (GROUP_M * {n_tiles}) * GROUP_M
         size = tl.minimum(used - first, GROUP_M)
