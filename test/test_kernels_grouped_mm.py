@@ -151,6 +151,13 @@ def test_the_tma_variant_is_offered_where_its_layout_rules_hold_and_builds_no_un
     first = seeds[1]
     assert not seeds[0]["TMA"] and first["TMA"] and first["PROGRAMS"] >= 1
     assert any(not n["TMA"] for n in FAMILY.neighbours(transposed, first))   # the search can step back
+    big, _ = _spec(S=600, N=600, dtype=F16, transposed=True)   # a descriptor's block is 256 at most
+    tma_seed = _first_seed(big, True)
+    assert tma_seed["BLOCK_N"] == 256
+    assert not any(n["TMA"] and n["BLOCK_N"] == 512 for n in FAMILY.neighbours(big, tma_seed))
+    assert any(n["BLOCK_N"] == 512 and not n["TMA"] for n in FAMILY.neighbours(big, _first_seed(big, False)))
+    with pytest.raises(ValueError, match="invalid config"):
+        FAMILY.generate(big, tma_seed.replace(BLOCK_N=512))
     program = FAMILY.generate(transposed, first)
     assert program.aligned_only and program.launches[0].grid == (first["PROGRAMS"],)
     assert not FAMILY.generate(transposed, _first_seed(transposed, False)).aligned_only

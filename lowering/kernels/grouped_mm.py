@@ -72,6 +72,7 @@ SEEDS = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 3), (32, 6
 # keeps the pointer kernel until this kernel has run through the product path on a GPU (its
 # scratch experiment did, with 2-D descriptors; the stored kernel's 3-D ones and launcher have not)
 TMA_SEED = (128, 256, 64, 8, 3)
+TMA_MAX_BOX = 256  # a tensor descriptor's block: at most 256 elements along each dimension
 PROGRAMS_WITHOUT_GPU = 4  # the persistent grid where no GPU tells its SM count (the interpreter)
 
 
@@ -156,7 +157,8 @@ class GroupedMatmulFamily(KernelFamily):
                 and c["GROUP_M"] in (1, 2, 4, 8, 16, 32)
                 and (not c["DOT_UPCAST"] or plan.dtype != "float32")
                 and (not c.get("TMA") or (plan.tma is not None and c["PROGRAMS"] >= 1
-                                          and plan.S + c["BLOCK_M"] <= cg.INT32_MAX)))  # (TMA's 32-bit coordinates)
+                                          and plan.S + c["BLOCK_M"] <= cg.INT32_MAX  # (32-bit coordinates)
+                                          and max(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) <= TMA_MAX_BOX)))
 
     def _seeds(self, spec: KernelSpec, plan: Plan) -> list[Config]:
         upcasts = (False, True) if plan.dtype == "bfloat16" else (False,)
