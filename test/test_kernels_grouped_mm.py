@@ -148,9 +148,9 @@ def test_the_tma_variant_is_offered_where_its_layout_rules_hold_and_builds_no_un
     assert not any(c["TMA"] for c in FAMILY.seed_configs(plain))
     transposed, _ = _spec(dtype=F16, transposed=True)
     seeds = FAMILY.seed_configs(transposed)
-    first = seeds[1]
-    assert not seeds[0]["TMA"] and first["TMA"] and first["PROGRAMS"] >= 1
-    assert any(not n["TMA"] for n in FAMILY.neighbours(transposed, first))   # the search can step back
+    tma = seeds[1]
+    assert not seeds[0]["TMA"] and tma["TMA"] and tma["PROGRAMS"] >= 1
+    assert any(not n["TMA"] for n in FAMILY.neighbours(transposed, tma))   # the search can step back
     big, _ = _spec(S=600, N=600, dtype=F16, transposed=True)   # a descriptor's block is 256 at most
     tma_seed = _first_seed(big, True)
     assert tma_seed["BLOCK_N"] == 256
@@ -158,8 +158,8 @@ def test_the_tma_variant_is_offered_where_its_layout_rules_hold_and_builds_no_un
     assert any(n["BLOCK_N"] == 512 and not n["TMA"] for n in FAMILY.neighbours(big, _first_seed(big, False)))
     with pytest.raises(ValueError, match="invalid config"):
         FAMILY.generate(big, tma_seed.replace(BLOCK_N=512))
-    program = FAMILY.generate(transposed, first)
-    assert program.aligned_only and program.launches[0].grid == (first["PROGRAMS"],)
+    program = FAMILY.generate(transposed, tma)
+    assert program.aligned_only and program.launches[0].grid == (tma["PROGRAMS"],)
     assert not FAMILY.generate(transposed, _first_seed(transposed, False)).aligned_only
     with pytest.raises(ValueError, match="aligned pointers only"):
         compile_launches(tmp_path, transposed, program, ("cuda", 90, 32), aligned=False)
