@@ -149,16 +149,25 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.uint8, device="cuda")
 
 
-def _give_triton_an_allocator() -> None:
-    """Set ``_scratch`` as Triton's allocator where none is set in this thread (Triton keeps it in
-    a context variable; its default raises at the launch). One the user set is kept."""
-    import triton
+@functools.lru_cache(maxsize=None)
+def _allocator_slot() -> tuple[Any, type] | None:
+    """Triton's allocator context variable and its default's type, looked up once (the check
+    runs before each launch); None in a Triton laid out otherwise."""
     try:
         from triton.runtime._allocation import NullAllocator, _allocator
-        if not isinstance(_allocator.get(), NullAllocator):
-            return
-    except ImportError:  # another Triton's layout: ours, which serves any kernel
-        pass
+        return _allocator, NullAllocator
+    except ImportError:
+        return None
+
+
+def _give_triton_an_allocator() -> None:
+    """Set ``_scratch`` as Triton's allocator where none is set in this thread (Triton keeps it in
+    a context variable; its default raises at the launch). One the user set is kept; a Triton
+    laid out otherwise gets ours, which serves any kernel."""
+    slot = _allocator_slot()
+    if slot is not None and not isinstance(slot[0].get(), slot[1]):
+        return
+    import triton
     triton.set_allocator(_scratch)
 
 
