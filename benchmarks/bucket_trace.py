@@ -27,6 +27,7 @@ Exit codes: 0 done (a backend that failed is in the results with its error); 2 b
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import gc
 import json
@@ -144,6 +145,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
         warm_folders = _repro_folders(out, backend)
         inputs = {n: batch(n) for n in lengths}
         graphs_before = _graphs_compiled()
+        planned_before = _planning(out, backend)
         first, gc_ms, mallocs = [], {}, {}
         with GcClock() as clock:
             for n in lengths:
@@ -154,6 +156,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
                 if device_allocs() > allocs:  # the caching allocator grew its pool in this call
                     mallocs[str(n)] = device_allocs() - allocs
             first_gc = {"collections": clock.collections, "ms": round(clock.ms, 3), "per_length_ms": gc_ms}
+        planning = _planning(out, backend, planned_before)
         repeat = [timed(compiled, inputs[n]) for n in lengths]
         recompiles = _graphs_compiled() - graphs_before
         extra = [f - r for f, r in zip(first, repeat)]
@@ -178,9 +181,32 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             "trace": summarize(first + repeat), "first_calls_gc": first_gc,
             "first_calls_device_allocs": {"total": sum(mallocs.values()), "per_length": mallocs},
             **({"bucket_warm": warmed} if warmed is not None else {}),
+            **({"first_calls_planning": planning} if planning is not None else {}),
             **({"first_call_profile": profile} if profile else {}),
             "per_length_ms": {str(n): [round(f, 4), round(r, 4)]
                                                                   for n, f, r in zip(lengths, first, repeat)}}
+
+
+def _planning(out: Path, backend: str, before: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """kernelize's dynamic graphs' signatures planned anew and served by a planned shape class
+    (compiling/report.Planning), summed over its graphs, less ``before``; why the planned ones
+    served themselves alone, and the sizes every value of is a class of its own."""
+    if backend != "kernelize":
+        return None
+    from torch_kernelize.compiling.report import ReportWriter
+    found = {"planned": 0, "shared": 0, "unshared": collections.Counter(), "pinned": {}}
+    for report in ReportWriter.for_path(out / "kernelize-report.json").reports:
+        if report.planning is not None:
+            found["planned"] += report.planning.planned
+            found["shared"] += report.planning.shared
+            found["unshared"].update(report.planning.unshared)
+            found["pinned"].update(report.planning.pinned)
+    if before is not None:
+        found["planned"] -= before["planned"]
+        found["shared"] -= before["shared"]
+        found["unshared"] = found["unshared"] - collections.Counter(before["unshared"])
+    found["unshared"] = dict(collections.Counter(found["unshared"]).most_common())
+    return found
 
 
 def _repro_folders(out: Path, backend: str) -> set[str]:
@@ -267,6 +293,14 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{len(m['per_length'])} of the first calls; first - repeat p50 "
                          f"{percentile(grew, 50):.3f} ms there, "
                          + (f"{percentile(rest, 50):.3f} ms in the others" if rest else "none without"))
+        p = r.get("first_calls_planning")
+        if p:
+            why = "; ".join(f"{n}x {reason}" for reason, n in list(p["unshared"].items())[:3])
+            pinned = "; ".join(f"{s} by {what}" for s, what in p["pinned"].items())
+            lines.append(f"- {r['backend']}: the first calls planned {p['planned']} signature(s) anew and found "
+                         f"{p['shared']} in a planned shape class" + (f"; planned ones served themselves alone "
+                                                                     f"because {why}" if why else "")
+                         + (f"; sizes whose every value is a class of its own: {pinned}" if pinned else ""))
         g = r.get("first_calls_gc")
         if g and g["collections"]:
             worst = max(g["per_length_ms"].items(), key=lambda kv: kv[1], default=None)

@@ -135,6 +135,11 @@ def test_the_gc_clock_times_collections_while_installed_and_only_then():
                                                       {"op": "aten::mm", "self_host_ms": 1.5, "calls": 3}]}
     assert ("- kernelize, first call at length 6 (beside length 5, whose first call cost 1.250 ms over its "
             "repeat): 2.0 ms; most host time of its own: aten::mm 1.5 ms (3x)") in t.markdown(doc)
+    doc["backends"][0]["first_calls_planning"] = {"planned": 3, "shared": 1, "unshared": {"s1 takes 5..8 (mm)": 2},
+                                                  "pinned": {"s0": "mm at mm: entry k does not give back s0"}}
+    assert ("- kernelize: the first calls planned 3 signature(s) anew and found 1 in a planned shape class; planned "
+            "ones served themselves alone because 2x s1 takes 5..8 (mm); sizes whose every value is a class of its "
+            "own: s0 by mm at mm: entry k does not give back s0") in t.markdown(doc)
 
 
 def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_path):
@@ -155,4 +160,6 @@ def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_pa
         assert isinstance(b["recompiles"], int) and b["buckets"] == 1
         assert b["first_calls_gc"]["collections"] >= 0 and set(b["first_calls_gc"]["per_length_ms"]) <= lengths
     assert isinstance(doc["backends"][0]["repro_folders"], int) and doc["backends"][1]["recompiles"] == 0
+    planning = doc["backends"][0]["first_calls_planning"]  # each new length: planned, or its class's
+    assert planning["planned"] + planning["shared"] == 2 and "first_calls_planning" not in doc["backends"][1]
     assert (tmp_path / path.name.replace(".json", ".md")).read_text().startswith("# Bucket trace: llama")

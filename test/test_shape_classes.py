@@ -82,6 +82,8 @@ def test_a_new_size_inside_a_filled_bucket_is_served_without_planning(tmp_path, 
     assert six.entry.bucket is None and six.entry.key == six.spec_key  # the exact entry wins
     assert _specialization(g, 5) is not seven and _sigmoid(_specialization(g, 5)).entry.bucket is not None
     assert _sigmoid(_specialization(g, 9)).tier == "vendor"
+    # the report counts what first calls cost: 7, 5, 6 and 9 planned, 8 served by 7's class
+    assert g.report.to_json()["planning"] == {"planned": 4, "shared": 1, "unshared": {}, "pinned": {}}
 
 
 def test_a_specialization_with_an_exact_kernel_is_never_shared(tmp_path, monkeypatch):
@@ -100,6 +102,12 @@ def test_a_specialization_with_an_exact_kernel_is_never_shared(tmp_path, monkeyp
     assert six is not seven and _sigmoid(six).entry.bucket is None
     # without cuts the bucket's call cannot prove 12 inside its bucket: 7's is not shared either
     assert _specialization(g, 12) is not seven and _sigmoid(_specialization(g, 12)).tier == "vendor"
+    # and the report says why each planned signature served itself alone, naming the kernel
+    rows, cols = g.binder.symbols  # (dynamic=True: the 16 columns are a size symbol too)
+    needs = "in its class, and a kernel bound needs one value of it (aten.sigmoid.default at sigmoid (triton))"
+    assert g.planning.to_json() == {"planned": 3, "shared": 0, "pinned": {}, "unshared": {
+        f"{rows} takes -inf..inf {needs}": 1,   # 6: its exact kernel
+        f"{cols} takes -inf..inf {needs}": 1}}  # 7: its bucket's kernel, at the columns it was filled for
 
 
 def test_the_partition_cells_and_what_a_class_admits():
@@ -107,7 +115,8 @@ def test_the_partition_cells_and_what_a_class_admits():
     classes = ShapeClasses((s0, s1), record_buckets=False)
     classes.cut(s0, 5, 8)
     classes.isolate({s0: 6})
-    classes.pin([s1])
+    classes.pin([s1], "what pinned it")
+    assert classes.pinned_by == {"s1": "what pinned it"}
     assert classes.of((7, 16)) == classes.of((8, 16)) != classes.of((6, 16))
     assert classes.of((7, 16)) != classes.of((7, 17))  # s1 pinned: every value a class
     assert classes.of((9, 16)) == classes.of((100, 16)) != classes.of((8, 16))
@@ -116,6 +125,8 @@ def test_the_partition_cells_and_what_a_class_admits():
     assert classes.admits((7, 16), single=[s1], ranges={s0: (5, 8)})
     assert not classes.admits((7, 16), single=[s0], ranges={})       # 7 and 8 share the class
     assert not classes.admits((9, 16), single=[], ranges={s0: (5, 8)})  # 9.. is outside the bucket
+    assert classes.refusal((7, 16), [s0], {}) == (s0, "s0 takes 7..8 in its class, and a kernel bound needs one value of it")
+    assert classes.refusal((9, 16), [], {s0: (5, 8)}) == (s0, "s0 takes 9..inf in its class, past the bound bucket's 5-8")
     recording = ShapeClasses((s0, s1), record_buckets=True)
     assert recording.of((5, 16)) == recording.of((8, 16)) != recording.of((9, 16))  # pow2 recording buckets
 

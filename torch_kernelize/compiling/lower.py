@@ -48,7 +48,7 @@ from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
 from torch_kernelize.compiling.stable_sorts import stable_sorts
 from torch_kernelize.serving.view_folding import fold_view_chains
-from torch_kernelize.compiling.report import GraphReport, ReportWriter, fill_command
+from torch_kernelize.compiling.report import GraphReport, Planning, ReportWriter, fill_command
 from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
                                      TritonCall, bind_graph)
 from torch_kernelize.core.shapes import SymbolBinder, concrete_meta, meta_of_size
@@ -207,6 +207,7 @@ class LoweredGraph:
         self._buckets = None  # a dynamic graph's shape buckets, made when it is first planned
         self._classes = None  # its shape classes (shape_classes.py), made then too
         self._by_class: dict[tuple, Specialization] = {}  # a class -> the specialization serving all of it
+        self.planning = Planning()
         first = self._specialize(self.binder.key(list(example_inputs)))
         if self._classes is not None:
             self._plan_whole_buckets(first.key)
@@ -229,6 +230,7 @@ class LoweredGraph:
         self.plan = self.binder = None
         self.regions, self._region_of, self._lock, self._buckets = [], {}, threading.Lock(), None
         self.wholes = []
+        self.planning = Planning()
         self._mutated_inputs = mutated_inputs
         self._check = False
         first = bind(self)
@@ -243,7 +245,9 @@ class LoweredGraph:
         target = self.target.describe()
         hint = fill_command(target, options.repro_dir,
                             options.cache_dir if Path(options.cache_dir) != default_cache_dir() else None)
-        self.report = GraphReport(self.name, self.kind, target, signature, first.decisions, first.regions, hint)
+        dynamic = self.binder is not None and not self.binder.is_static
+        self.report = GraphReport(self.name, self.kind, target, signature, first.decisions, first.regions, hint,
+                                  self.planning if dynamic else None)
         if log.isEnabledFor(logging.INFO):
             log.info("%s", self.report.table())
         if self.session.options.report is not None:
@@ -340,6 +344,7 @@ class LoweredGraph:
             known = self._known(key)
             if known is not None:
                 return known
+            self.planning.planned += 1
             bindings = self.binder.bindings(key)
             lookups = self._lookups(bindings)
             decisions, runners, calls = self._decide_nodes(bindings, lookups)
@@ -368,6 +373,7 @@ class LoweredGraph:
         if shared is None:
             return None
         self._specializations[key] = shared
+        self.planning.shared += 1
         if shared.miss_symbols:
             changed = {s for s, a, b in zip(self.binder.symbols, key, shared.key) if a != b}
             for symbols, verdict in shared.miss_symbols:
@@ -509,29 +515,43 @@ class LoweredGraph:
             self._classes = shape_classes(self.binder.symbols, nodes, self.regions, entries,
                                           record_buckets=self.session.repros is not None,
                                           wholes=self._dynamic_wholes, bindings=self.binder.bindings(spec.key))
+            self.planning.pinned = self._classes.pinned_by
         single: set = set()
         ranges: dict = {}
         covered = set()
-        bound: list[tuple[set, dict]] = []  # each kernel bound: its symbols, and the ranges of those it varies in
+        bound: list[tuple[str, set, dict]] = []  # each kernel bound: what it serves, its symbols, the ranges it varies in
         for d in regions:
             if d.tier == "triton":
                 region = self._region_of[d.spec_key]
-                bound.append((region_symbols(region), bucket_ranges.get(d.node, {})))
+                bound.append((f"region at {d.node}", region_symbols(region), bucket_ranges.get(d.node, {})))
                 covered |= region.names
         for d in decisions:
             if d.node not in covered and d.tier in ("triton", "fallback"):
-                bound.append((node_symbols(self._nodes[d.node]), bucket_ranges.get(d.node, {})))
-        for symbols, varied in bound:  # (a bucket's kernel depends on its symbols through its varied sizes)
+                bound.append((f"{d.op} at {d.node} ({d.tier})", node_symbols(self._nodes[d.node]),
+                              bucket_ranges.get(d.node, {})))
+        for _, symbols, varied in bound:  # (a bucket's kernel depends on its symbols through its varied sizes)
             single |= symbols - {x for size in varied for x in size.free_symbols}
             for s, (lo, hi) in varied.items():
                 was = ranges.get(s, (lo, hi))
                 ranges[s] = (max(lo, was[0]), min(hi, was[1]))
-        if not self._classes.admits(spec.key, single, ranges):
+        refused = self._classes.refusal(spec.key, single, ranges)
+        if refused is not None:
+            self._count_unshared(spec.key, *refused, bound)
             return
         spec.miss_symbols = [(frozenset(region_symbols(self._region_of[d.spec_key]) if d.op == "region"
                                         else node_symbols(self._nodes[d.node])), verdicts[d.node])
                              for d in decisions + regions if d.node in verdicts]
         self._by_class.setdefault(self._classes.of(spec.key), spec)
+
+    def _count_unshared(self, key: tuple, size: Any, why: str, bound: list[tuple[str, set, dict]]) -> None:
+        """Count (and log once) why a planned signature serves only itself: the size its class
+        spans and the first kernel bound that needs it one value or inside a bucket."""
+        by = next((name for name, symbols, varied in bound
+                   if size in varied or (size in symbols and not any(size in v.free_symbols for v in varied))), None)
+        reason = f"{why} ({by})" if by else why
+        if reason not in self.planning.unshared:
+            log.info("%s: signature %s serves itself alone: %s", self.name, self._signature(key), reason)
+        self.planning.unshared[reason] += 1
 
     @functools.cached_property
     def _nodes(self) -> dict[str, fx.Node]:

@@ -77,6 +77,22 @@ def missing_lines(decisions: list[Decision]) -> list[str]:
 
 
 @dataclasses.dataclass
+class Planning:
+    """How a dynamic graph's signatures were served (lower.py): planned anew (specs, lookups,
+    binding and code generation: tens of milliseconds of a first call) or by the specialization
+    of their shape class (shape_classes.py); why a planned one serves only its own signature; and
+    the symbols that every value of is a class of its own (pinned), and by what."""
+    planned: int = 0
+    shared: int = 0
+    unshared: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # why -> signatures
+    pinned: dict[str, str] = dataclasses.field(default_factory=dict)  # symbol -> what pinned it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"planned": self.planned, "shared": self.shared, "unshared": dict(self.unshared.most_common()),
+                "pinned": dict(self.pinned)}
+
+
+@dataclasses.dataclass
 class GraphReport:
     graph: str               # e.g. "forward_0"
     kind: str                # inference | forward | backward | repro
@@ -85,6 +101,7 @@ class GraphReport:
     decisions: list[Decision]
     regions: list[Decision] = dataclasses.field(default_factory=list)  # fused regions, hit or miss
     fill_hint: str | None = None  # the command that fills this graph's misses (fill_command)
+    planning: Planning | None = None  # a dynamic graph's, counted on as it serves (written with the report)
 
     def summary(self) -> dict[str, Any]:
         tiers = collections.Counter(d.tier for d in self.decisions)
@@ -113,6 +130,8 @@ class GraphReport:
         wholes = whole_reports(self.regions)
         if wholes:
             doc["wholes"] = wholes
+        if self.planning is not None:
+            doc["planning"] = self.planning.to_json()
         return doc
 
     def table(self) -> str:

@@ -221,6 +221,7 @@ class ShapeClasses:
         self._values: list[Callable[[Sequence[Any]], Any]] = [lambda k, j=j: k[j] for j in range(len(self.symbols))]
         self._cuts: list[set[int]] = [set() for _ in self.symbols]
         self._pinned = [False] * len(self.symbols)
+        self.pinned_by: dict[str, str] = {}  # a pinned symbol -> what pinned it (the report's, lower.py)
         self._sorted: list[list[int]] | None = None
         self.record_buckets = record_buckets
         # the graph's whole-graph buckets: (its varying symbol, lo, hi, the other sizes it holds)
@@ -256,11 +257,12 @@ class ShapeClasses:
             self._cuts[j] |= {int(lo), int(hi) + 1}
             self._sorted = None
 
-    def pin(self, symbols: Iterable[sympy.Symbol]) -> None:
+    def pin(self, symbols: Iterable[sympy.Symbol], why: str = "") -> None:
         for s in symbols:
             j = self._index.get(s)
             if j is not None:
                 self._pinned[j] = True
+                self.pinned_by.setdefault(str(s), why)
 
     # --- asked per new signature ------------------------------------------------------------------
     def _cells(self) -> list[list[int]]:
@@ -309,15 +311,27 @@ class ShapeClasses:
     def admits(self, key: Sequence[Any], single: Iterable[Any], ranges: Mapping[Any, Range]) -> bool:
         """Whether in ``key``'s class every size of ``single`` has one value and each size of
         ``ranges`` stays inside its range: what a bound kernel needs to serve the whole class."""
+        return self.refusal(key, single, ranges) is None
+
+    def refusal(self, key: Sequence[Any], single: Iterable[Any],
+                ranges: Mapping[Any, Range]) -> tuple[Any, str] | None:
+        """Why ``admits`` says no: the first size it fails on, and how; None where it says yes."""
         for e in single:
             c = self.cell(key, e)
             if c is None or c[0] != c[1]:
-                return False
+                return e, f"{e} takes {_span(c)} in its class, and a kernel bound needs one value of it"
         for e, (lo, hi) in ranges.items():
             c = self.cell(key, e)
             if c is None or c[0] < lo or c[1] > hi:
-                return False
-        return True
+                return e, f"{e} takes {_span(c)} in its class, past the bound bucket's {lo}-{hi}"
+        return None
+
+
+def _span(cell: Range | None) -> str:
+    if cell is None:
+        return "values no cell tells"
+    lo, hi = cell
+    return f"{lo if lo > -(1 << 61) else '-inf'}..{hi if hi < 1 << 61 else 'inf'}"
 
 
 def shape_classes(symbols: Sequence[sympy.Symbol], nodes: Iterable[tuple[fx.Node, str]],
@@ -384,7 +398,7 @@ def _node_cells(classes: ShapeClasses, node: fx.Node, syms: set, entries: list[A
             continue  # never this node's, at any size
         bound, sizes = read
         if not syms <= bound.keys() or not syms <= known:
-            classes.pin(syms)
+            classes.pin(syms, _unread(node.name, e, syms, bound, known))
             return
         try:
             spec = build_spec(node, {s: sympy.Integer(v) for s, v in bound.items()})
@@ -402,11 +416,18 @@ def _region_cells(classes: ShapeClasses, region: Region, syms: set, entries: lis
             continue
         bound, sizes = read
         if not syms <= bound.keys() or not syms <= known:
-            classes.pin(syms)
+            classes.pin(syms, _unread(f"region at {region.nodes[0].name}", e, syms, bound, known))
             return
         spec = region_spec(region, {s: sympy.Integer(v) for s, v in bound.items()})
         if spec is not None:
             _entry_cells(classes, spec, e, sizes, tensors)
+
+
+def _unread(where: str, e: Any, syms: set, bound: Mapping, known: set) -> str:
+    """Why an entry pins its node's symbols: the sizes its spec does not give back, or gives of
+    symbols the graph's binder does not read."""
+    lost = sorted(map(str, (syms - bound.keys()) | (syms - known)))
+    return f"{where}: entry {e.key} does not give back {', '.join(lost)}"
 
 
 def _entry_cells(classes: ShapeClasses, spec: Any, e: Any, sizes: dict, tensors: Mapping[str, Any]) -> None:
