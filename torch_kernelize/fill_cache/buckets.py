@@ -32,7 +32,7 @@ from torch_kernelize.core.buckets import Boundaries, Bucket, Dim, Range, spec_at
 from torch_kernelize.fill_cache.builder import Builder
 from torch_kernelize.fill_cache.collect import UsageError, load_model, running_model
 from torch_kernelize.fill_cache.measure import Evaluation, Measurer
-from torch_kernelize.fill_cache.whole_buckets import whole_works
+from torch_kernelize.fill_cache.whole_buckets import program_places, whole_works
 from torch_kernelize.lowering.kernels import Config, KernelFamily, family_for
 from torch_kernelize.core.targets import Target
 from torch_kernelize.core.spec import KernelSpec
@@ -227,15 +227,20 @@ def _graph_works(g: LoweredGraph, example: dict[int, DynamicDim], boundaries: Bo
     nodes = {n.name: n for n in g.plan.gm.graph.nodes}
     for key, spec_ in g.specializations().items():
         bindings = g.binder.bindings(key)
+        symbols = [s for s, v in bindings.items() if v in example]
+        places = program_places(g, symbols[0]) if len(symbols) == 1 and g.kind == "inference" else {}
         for dec in spec_.decisions + spec_.regions:
             if dec.op == "region":  # a fused region looked up (hit or miss): its graph's sizes vary too
                 region = g.region_of(dec.spec_key)
                 found = region_bucket_sizes(region) if region is not None and dec.spec is not None else None
+                held = {places.get(n.name, g.name) for n in region.nodes} if region is not None else {g.name}
             else:
                 node = nodes.get(dec.node)
                 found = bucket_sizes(node) if node is not None and dec.spec is not None else None
+                held = {places.get(dec.node, g.name)}
             if found is None:
                 continue
+            place = held.pop() if len(held) == 1 else g.name  # (a region across stretches: no program holds it)
             dims, sizes = _dynamic_only(*found, bindings, example)
             if not dims:
                 continue
@@ -245,8 +250,8 @@ def _graph_works(g: LoweredGraph, example: dict[int, DynamicDim], boundaries: Bo
                 for w in works_for(dec.spec, dims, ranges, source):
                     served = _served_span(sizes, w.ranges, bindings, example)
                     w = works.setdefault(w.key, w)
-                    if served is not None and (g.name, served) not in w.places:
-                        w.places.append((g.name, served))
+                    if served is not None and (place, served) not in w.places:
+                        w.places.append((place, served))
 
 
 def _dynamic_only(dims: tuple[Dim, ...], sizes: tuple[Any, ...], bindings: dict,

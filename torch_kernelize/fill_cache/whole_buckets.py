@@ -357,10 +357,7 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
                 dim = example.get(value)
                 if dim is None:
                     continue
-                for k, graph in enumerate(_dynamic_graphs(g, symbol, bindings)):
-                    # (a stretch's program serves its own nodes only: a place of its own, so that the
-                    # quick fill still fills the buckets of the graph's nodes, fill_run._fill_buckets)
-                    place = g.name if graph.gm is g.plan.gm else f"{g.name}/stretch {k}"
+                for place, graph in _dynamic_graphs(g, symbol, bindings):
                     probes, scale = graph.probes(), graph.whole.scale(bindings)
                     if probes is None or scale is None:
                         log.info("%s: not offered whole over %s (a size is unbound)", g.name, symbol)
@@ -377,21 +374,36 @@ def whole_works(graphs: Sequence[Any], example: dict[int, Any], boundaries: Any,
     return works
 
 
-def _dynamic_graphs(g: Any, symbol: Any, bindings: dict) -> list[DynamicGraph]:
+def _dynamic_graphs(g: Any, symbol: Any, bindings: dict) -> list[tuple[str, DynamicGraph]]:
     """The graph of ``g`` whole over ``symbol``, or else each of its stretches (whole_graph.
-    dynamic_stretches) as a graph of its own, whole over it; [] (logged why) where none is."""
+    dynamic_stretches) as a graph of its own, whole over it, each with its place (program_places);
+    [] (logged why) where none is."""
     whole, why = dynamic_whole(g.plan.gm, symbol)
     if whole is not None:
-        return [DynamicGraph(g.plan.gm, whole, bindings)]
+        return [(g.name, DynamicGraph(g.plan.gm, whole, bindings))]
     graphs = []
     for region in dynamic_stretches(g.plan.gm):
         sub = stretch_module(g.plan.gm, region)
         whole = dynamic_whole(sub, symbol)[0] if sub is not None else None
         if whole is not None:
-            graphs.append(DynamicGraph(sub, whole, bindings))
+            graphs.append((_stretch_place(g.name, region), DynamicGraph(sub, whole, bindings)))
     if not graphs:
         log.info("%s: not offered whole over %s (%s)", g.name, symbol, why)
     return graphs
+
+
+def _stretch_place(graph: str, region: Any) -> str:
+    return f"{graph}/stretch at {region.nodes[0].name}"
+
+
+def program_places(g: Any, symbol: Any) -> dict[str, str]:
+    """Where a program over ``symbol`` would serve each node of ``g`` (the place the quick fill
+    keys the sizes of stored programs by, fill_run._fill_buckets): a stretch's nodes by their
+    stretch's, so that a stretch's stored program spares the buckets of its own nodes and no
+    other's; {} where the graph is one program over ``symbol`` (every node: the graph's place)."""
+    if dynamic_whole(g.plan.gm, symbol)[0] is not None:
+        return {}
+    return {n.name: _stretch_place(g.name, region) for region in dynamic_stretches(g.plan.gm) for n in region.nodes}
 
 
 def stretch_module(gm: fx.GraphModule, region: Any) -> fx.GraphModule | None:
