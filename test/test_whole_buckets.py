@@ -353,6 +353,8 @@ def test_the_stretches_of_a_broken_dynamic_graph_are_filled_per_bucket_and_serve
             assert [(2 * t, 8)] in sized and [(2, t, 8)] in sized, sized
         monkeypatch.undo()
     (graph,) = graphs
+    # and not planned again: 13 and 15 found in the class planned for 12 (the report's counts)
+    assert graph.planning.to_json() == {"planned": 1, "shared": 2, "unshared": {}, "pinned": {}}
     keys = {e.key for e in stretches}
     for key, spec in graph.specializations().items():  # (at the traced length, 9, the static fill's exact entries)
         hits = [d for d in spec.regions if d.entry is not None and d.tier == "triton" and d.spec.inputs
@@ -403,6 +405,7 @@ def test_a_stretch_of_token_counts_alone_is_filled_over_the_lengths_bucket_and_s
             torch.testing.assert_close(compiled(x), block(x))
         monkeypatch.undo()
     (graph,) = graphs
+    assert graph.planning.to_json() == {"planned": 1, "shared": 3, "unshared": {}, "pinned": {}}
     for key, spec in graph.specializations().items():
         if 9 in key:  # (the traced length: the static fill's exact entries)
             continue
