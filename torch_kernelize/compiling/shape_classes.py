@@ -315,8 +315,9 @@ class ShapeClasses:
 
     def refusal(self, key: Sequence[Any], single: Iterable[Any],
                 ranges: Mapping[Any, Range]) -> tuple[Any, str] | None:
-        """Why ``admits`` says no: the first size it fails on, and how; None where it says yes."""
-        for e in single:
+        """Why ``admits`` says no: the first size it fails on (in the binder's order of the
+        symbols, then products), and how; None where it says yes."""
+        for e in sorted(single, key=lambda e: (self._coords.get(e, len(self._coords)), str(e))):
             c = self.cell(key, e)
             if c is None or c[0] != c[1]:
                 return e, f"{e} takes {_span(c)} in its class, and a kernel bound needs one value of it"
