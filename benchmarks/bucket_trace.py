@@ -46,7 +46,7 @@ from torch_kernelize.core.buckets import pow2_bucket
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 from first_call_profile import (WarmedLayouts, dearest_neighbours, first_call_profile,  # noqa: E402
-                                profile_lengths, rewarm_lengths, timed)
+                                profile_lengths, python_hot_spots, rewarm_lengths, timed)
 
 MODELS = {"llama": (f"{HERE.parent / 'real_models.py'}:make_llama", "torch_kernelize.model_zoo:make_hf_llama"),
           "mixtral": (f"{HERE.parent / 'real_models.py'}:make_mixtral", "torch_kernelize.model_zoo:make_hf_mixtral")}
@@ -164,6 +164,10 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
                                     len(profiled)) if profiled else {}
         profile = (first_call_profile(compiled, batch, [*profiled, *rewarmed, *beside], warmed=warm_log,
                                       rewarm=frozenset(rewarmed), beside=beside) if profiled else None)
+        # and one more new length under cProfile: kernelize's own Python by function
+        python_at = profile_lengths(*span, [warmup_len, *lengths, *profiled, *rewarmed, *beside], 1) \
+            if profiled and backend == "kernelize" else []
+        python = {"length": python_at[0], **python_hot_spots(compiled, batch(python_at[0]))} if python_at else None
     repros = folders = warmed = None
     if backend == "kernelize":
         from torch_kernelize.compiling.report import ReportWriter, repro_counts
@@ -183,6 +187,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             **({"bucket_warm": warmed} if warmed is not None else {}),
             **({"first_calls_planning": planning} if planning is not None else {}),
             **({"first_call_profile": profile} if profile else {}),
+            **({"first_call_python": python} if python else {}),
             "per_length_ms": {str(n): [round(f, 4), round(r, 4)]
                                                                   for n, f, r in zip(lengths, first, repeat)}}
 
@@ -306,6 +311,13 @@ def markdown(doc: dict[str, Any]) -> str:
             worst = max(g["per_length_ms"].items(), key=lambda kv: kv[1], default=None)
             lines.append(f"- {r['backend']}: the garbage collector ran {g['collections']} time(s) in the first calls, "
                          f"{g['ms']:.1f} ms in all" + (f", at most {worst[1]:.1f} ms (length {worst[0]})" if worst else ""))
+        py = r.get("first_call_python")
+        if py:
+            top = "; ".join(f"{f['function']} {f['cumulative_ms']:.1f} ms ({f['calls']}x)" for f in py["functions"][:4])
+            own = "; ".join(f"{f['function']} {f['own_ms']:.1f} ms" for f in py.get("own", [])[:3])
+            lines.append(f"- {r['backend']}, first call at length {py['length']} under cProfile: {py['call_ms']:.1f} ms; "
+                         f"most time in its own Python (cumulative, below the dispatch): {top}"
+                         + (f"; own time: {own}" if own else ""))
         for n, (call, *ops) in r.get("first_call_profile", {}).items():
             top = "; ".join(f"{o['op']} {o['self_host_ms']:.1f} ms ({o['calls']}x)" for o in ops[:3])
             again = (f" (the warm's {call['rewarmed_calls']} calls at this length replayed just before)"

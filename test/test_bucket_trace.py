@@ -115,6 +115,21 @@ def test_the_fill_asks_the_generators_named(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_python_hot_spots_names_the_packages_functions_by_cumulative_time():
+    import first_call_profile as fcp  # (on the path: bucket_trace.py puts benchmarks/ there)
+    from torch_kernelize.core import buckets
+    _trace()
+
+    def call(n: int) -> list:
+        return [buckets.pow2_bucket(v) for v in range(1, n)]
+    found = fcp.python_hot_spots(call, 2000, within="buckets.py")
+    (row, *_) = found["own"]
+    assert found["call_ms"] > 0 and row["function"].startswith("buckets.py:") and "pow2_bucket" in row["function"]
+    assert row["calls"] == 1999 and row["cumulative_ms"] >= row["own_ms"] > 0
+    assert found["functions"] == []  # (pow2_bucket is the whole of its package's time: nothing below it)
+    assert fcp.python_hot_spots(call, 3, within="no_such_package")["functions"] == []
+
+
 def test_the_gc_clock_times_collections_while_installed_and_only_then():
     import gc
     t = _trace()
@@ -135,6 +150,12 @@ def test_the_gc_clock_times_collections_while_installed_and_only_then():
                                                       {"op": "aten::mm", "self_host_ms": 1.5, "calls": 3}]}
     assert ("- kernelize, first call at length 6 (beside length 5, whose first call cost 1.250 ms over its "
             "repeat): 2.0 ms; most host time of its own: aten::mm 1.5 ms (3x)") in t.markdown(doc)
+    doc["backends"][0]["first_call_python"] = {"length": 7, "call_ms": 3.5, "functions": [
+        {"function": "lower.py:340(_specialize)", "calls": 1, "cumulative_ms": 3.25, "own_ms": 0.1}],
+        "own": [{"function": "spec.py:10(key)", "calls": 90, "cumulative_ms": 1.5, "own_ms": 1.25}]}
+    assert ("- kernelize, first call at length 7 under cProfile: 3.5 ms; most time in its own Python (cumulative, "
+            "below the dispatch): lower.py:340(_specialize) 3.2 ms (1x); own time: spec.py:10(key) 1.2 ms") \
+        in t.markdown(doc)
     doc["backends"][0]["first_calls_planning"] = {"planned": 3, "shared": 1, "unshared": {"s1 takes 5..8 (mm)": 2},
                                                   "pinned": {"s0": "mm at mm: entry k does not give back s0"}}
     assert ("- kernelize: the first calls planned 3 signature(s) anew and found 1 in a planned shape class; planned "
