@@ -50,7 +50,7 @@ grid is a SizeExpr of it. K, N and E (the weights' and offs' sizes) stay literal
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from torch_kernelize.core.buckets import unbucketable
 from torch_kernelize.core.program import KernelProgram, Launch
@@ -95,6 +95,20 @@ class Plan:
     tma: str | None = None      # the weight as TMA reads it: "nk" ([E, N, K]), "kn" ([E, K, N]), None: not at all
 
 
+class Epilogue(Protocol):
+    """What a kernel of the grouped_mm_glu family (grouped_mm_glu.py) does instead of storing the
+    product: the weight's columns are two halves of ``width`` (gate [0, width), up [width, 2 width)),
+    a tile computes both (``acc``, ``acc2``: fp32 [BLOCK_M, BLOCK_N] over the same output columns)
+    and ``lines`` make the stored ``value`` from them."""
+    width: int      # the output's columns (the plan's N is the weight's: 2 * width)
+    params: str     # the pointers of the region's other inputs, e.g. "in3_ptr, in4_ptr, "
+    helpers: str    # the module-level functions its lines call (elementwise.HELPERS)
+
+    def lines(self, rows: str, S: str) -> str:
+        """The lines from ``acc``, ``acc2`` to ``value`` for the rows ``rows`` (int64 [BLOCK_M],
+        those >= ``S`` out of range) and the columns ``cols`` (``col_ok``)."""
+
+
 def _tma_layout(a: tuple, w: tuple, itemsize: int) -> str | None:
     """How a tensor descriptor reads the weight, where both operands have a contiguous last
     dimension and 16-byte strides otherwise (TMA's rule); else None."""
@@ -128,6 +142,7 @@ class GroupedMatmulFamily(KernelFamily):
     name = "grouped_mm"
     ops = frozenset({OP})
     edge_kinds = ("zeros", "large", "negative", "special")
+    seeds, tma_seed = SEEDS, TMA_SEED
 
     def _analyse(self, spec: KernelSpec) -> Plan | str:
         if len(spec.inputs) != 3 or len(spec.outputs) != 1:
@@ -163,9 +178,9 @@ class GroupedMatmulFamily(KernelFamily):
 
     def _seeds(self, spec: KernelSpec, plan: Plan) -> list[Config]:
         upcasts = (False, True) if plan.dtype == "bfloat16" else (False,)
-        tiles = [(seed, False) for seed in SEEDS]
+        tiles = [(seed, False) for seed in self.seeds]
         if plan.tma:
-            tiles.insert(0, (TMA_SEED, True))
+            tiles.insert(0, (self.tma_seed, True))
         programs = _sm_count() if plan.tma else 0
         return [Config.of(BLOCK_M=min(bm, _cap(plan.S)), BLOCK_N=min(bn, _cap(plan.N)), BLOCK_K=min(bk, _cap(plan.K)),
                           num_warps=warps, num_stages=stages, DOT_UPCAST=up, GROUP_M=GROUP_M, TMA=t,
@@ -185,13 +200,15 @@ class GroupedMatmulFamily(KernelFamily):
     def generate(self, spec: KernelSpec, config: Config) -> KernelProgram:
         return self._program(spec, self.checked_plan(spec, config), config)
 
-    def _program(self, spec: KernelSpec, p: Plan, config: Config, rows: Any = None) -> KernelProgram:
+    def _program(self, spec: KernelSpec, p: Plan, config: Config, rows: Any = None,
+                 epi: Epilogue | None = None) -> KernelProgram:
         """The program of ``generate``; ``rows``, a bucketed kernel's S as a SizeExpr, makes S the
-        run-time argument ``S`` (i64 where the representative's S needs it) and the grid a SizeExpr."""
+        run-time argument ``S`` (i64 where the representative's S needs it) and the grid a SizeExpr.
+        ``epi``: a grouped_mm_glu kernel's (the spec a region whose inputs 3.. the epilogue reads)."""
         bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-        slots, n_tiles = -(-p.S // bm) + p.E, -(-p.N // bn)
+        slots, n_tiles = -(-p.S // bm) + p.E, -(-(epi.width if epi else p.N) // bn)
         tma = bool(config.get("TMA"))
-        args, sizes = (("in", 0), ("in", 1), ("in", 2), ("out", 0)), {}
+        args, sizes = tuple(("in", i) for i in range(len(spec.inputs))) + (("out", 0),), {}
         if rows is not None:
             args += (("i64" if p.S + bm > cg.INT32_MAX else "i32", p.S),)
             sizes = {"args": {str(len(args) - 1): rows}}
@@ -203,7 +220,7 @@ class GroupedMatmulFamily(KernelFamily):
         grid = (config["PROGRAMS"],) if tma else (slots * n_tiles,)
         launch = Launch("grouped_mm_kernel", grid, args, constexprs, config["num_warps"], config["num_stages"],
                         runtime_sizes=sizes)
-        source = (_source_tma if tma else _source)(spec, p, config, rows is not None)
+        source = (_source_tma if tma else _source)(spec, p, config, rows is not None, epi)
         return KernelProgram(source, (launch,))
 
     # --- shape buckets ------------------------------------------------------------------------
@@ -232,17 +249,18 @@ class GroupedMatmulFamily(KernelFamily):
         return self._program(spec, self.checked_plan(spec, config), config, f"v{dims[0][3]}")
 
 
-def _texts(p: Plan, config: Config, runtime_s: bool) -> dict[str, str]:
+def _texts(p: Plan, config: Config, runtime_s: bool, epi: Epilogue | None) -> dict[str, str]:
     """The pieces both kernels' text share: S (a literal, or the argument ``S``), the dot's dtype
-    handling, and the expert lookup (each expert's rows and tiles from ``offs``; a slot's expert,
-    its first row and its expert's end)."""
+    handling, the output's columns, the parameters, and the expert lookup (each expert's rows and
+    tiles from ``offs``; a slot's expert, its first row and its expert's end)."""
     S = "S" if runtime_s else str(p.S)
     upcast = ".to(tl.float32)" if config["DOT_UPCAST"] else ""
+    width = epi.width if epi else p.N
     return {
-        "S": S, "S_param": "S, " if runtime_s else "",
-        "out_t": cg.tl_type(p.dtype), "upcast": upcast, "n_tiles": str(-(-p.N // config["BLOCK_N"])),
+        "S": S, "params": f"in0_ptr, in1_ptr, in2_ptr, {epi.params if epi else ''}out0_ptr, {'S, ' if runtime_s else ''}",
+        "out_t": cg.tl_type(p.dtype), "upcast": upcast, "n_tiles": str(-(-width // config["BLOCK_N"])),
         "precision": ', input_precision="ieee"' if p.dtype == "float32" or config["DOT_UPCAST"] else "",
-        "col_ok": f"cols < {p.N}" if p.N % config["BLOCK_N"] else "tl.full([BLOCK_N], 1, tl.int1)",
+        "col_ok": f"cols < {width}" if width % config["BLOCK_N"] else "tl.full([BLOCK_N], 1, tl.int1)",
         "experts": f"""    # each expert's rows, from its end and the end before it (clamped to the {S} rows, as slicing is)
     e = tl.arange(0, {_p2(p.E)})
     ends = tl.minimum(tl.load(in2_ptr + e, mask=e < {p.E}, other=0).to(tl.int32), {S})
@@ -264,10 +282,20 @@ def _indent(text: str, spaces: int) -> str:
     return "".join(" " * spaces + line + "\n" for line in text.splitlines())
 
 
-def _source(spec: KernelSpec, p: Plan, config: Config, runtime_s: bool) -> str:
+def _stored(epi: Epilogue | None, rows: str, S: str, acc: str, out_t: str, indent: int) -> tuple[str, str]:
+    """The lines before a store of the rows ``rows`` and the value it stores: the product ``acc``,
+    or the epilogue's ``value`` (of zero products where ``acc`` is "": the rows of no expert), as ``out_t``."""
+    if epi is None:
+        return "", f"{acc}.to({out_t})" if acc else f"tl.zeros([BLOCK_M, BLOCK_N], dtype={out_t})"
+    zeros = "" if acc else "acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)\nacc2 = acc\n"
+    return _indent(zeros + epi.lines(rows, S), indent), f"value.to({out_t})"
+
+
+def _source(spec: KernelSpec, p: Plan, config: Config, runtime_s: bool, epi: Epilogue | None = None) -> str:
     """The pointer kernel's module: S and the slot count literals, or (``runtime_s``) the argument
-    ``S`` and the slot count computed from it; the text is otherwise the same."""
-    t = _texts(p, config, runtime_s)
+    ``S`` and the slot count computed from it; the text is otherwise the same. ``epi``: two
+    accumulators (the weight's halves) and the epilogue's value stored."""
+    t = _texts(p, config, runtime_s, epi)
     S, n_tiles, out_t = t["S"], t["n_tiles"], t["out_t"]
     bk = config["BLOCK_K"]
     if runtime_s:
@@ -279,16 +307,23 @@ def _source(spec: KernelSpec, p: Plan, config: Config, runtime_s: bool) -> str:
     # masks only where a block passes the end of K or N (literals: most MoE sizes divide)
     k_cols = f" & (k < {p.K})[None, :]" if p.K % bk else ""
     k_step = "        k = k0 + ks\n" if p.K % bk else ""
-    b_masks = ([f"(k < {p.K})[:, None]"] if p.K % bk else []) + (["col_ok[None, :]"] if p.N % config["BLOCK_N"] else [])
+    width = epi.width if epi else p.N
+    b_masks = ([f"(k < {p.K})[:, None]"] if p.K % bk else []) + (["col_ok[None, :]"] if width % config["BLOCK_N"] else [])
     b_mask = f",\n                    mask={' & '.join(b_masks)}, other=0.0" if b_masks else ""
+    tail_lines, tail_value = _stored(epi, "tail", S, "", out_t, 12)
+    tile_lines, tile_value = _stored(epi, "rows", S, "acc", out_t, 4)
+    # the up half: the same columns a half further (a second accumulator)
+    acc2 = "    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)\n" if epi else ""
+    dot2 = (f"        b = tl.load(b_ptrs + {epi.width * p.w[2]}{b_mask}){t['upcast']}\n"
+            f"        acc2 += tl.dot(a, b{t['precision']})\n") if epi else ""
     return f'''import triton
 import triton.language as tl
 
 # {spec.describe()}
-
+{epi.helpers if epi else ""}
 
 @triton.jit
-def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, {t["S_param"]}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def grouped_mm_kernel({t["params"]}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     # this program's row-tile slot and column tile: {slots_doc} slots by {n_tiles} columns, GROUP_M slots at a time
     pid = tl.program_id(0)
@@ -303,8 +338,8 @@ def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, {t["S_param"]}BLOCK_M
         last = tl.max(ends, 0)
         for t in range(slot - used, (({S} - last) + BLOCK_M - 1) // BLOCK_M, {slots} - used):
             tail = (last + t * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-            tl.store(out0_ptr + tail[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]},
-                     tl.zeros([BLOCK_M, BLOCK_N], dtype={out_t}), mask=(tail < {S})[:, None] & col_ok[None, :])
+{tail_lines}            tl.store(out0_ptr + tail[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]},
+                     {tail_value}, mask=(tail < {S})[:, None] & col_ok[None, :])
         return
 {_indent(t["tile"], 4)}    rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
@@ -313,40 +348,47 @@ def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, {t["S_param"]}BLOCK_M
     a_ptrs = in0_ptr + rows[:, None] * {p.a[0]} + ks[None, :] * {p.a[1]}
     b_ptrs = in1_ptr + expert.to(tl.int64) * {p.w[0]} + ks[:, None] * {p.w[1]} + cols[None, :] * {p.w[2]}
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, {p.K}, BLOCK_K):
+{acc2}    for k0 in range(0, {p.K}, BLOCK_K):
 {k_step}        a = tl.load(a_ptrs, mask=row_ok[:, None]{k_cols}, other=0.0){t["upcast"]}
         b = tl.load(b_ptrs{b_mask}){t["upcast"]}
         acc += tl.dot(a, b{t["precision"]})
-        a_ptrs += BLOCK_K * {p.a[1]}
+{dot2}        a_ptrs += BLOCK_K * {p.a[1]}
         b_ptrs += BLOCK_K * {p.w[1]}
-    tl.store(out0_ptr + rows[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]}, acc.to({out_t}),
+{tile_lines}    tl.store(out0_ptr + rows[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]}, {tile_value},
              mask=row_ok[:, None] & col_ok[None, :])
 '''
 
 
-def _source_tma(spec: KernelSpec, p: Plan, config: Config, runtime_s: bool) -> str:
+def _source_tma(spec: KernelSpec, p: Plan, config: Config, runtime_s: bool, epi: Epilogue | None = None) -> str:
     """The TMA variant's module (module docstring): PROGRAMS persistent programs take the experts'
     tiles in turn, in the pointer kernel's order, then the rows of no expert."""
-    t = _texts(p, config, runtime_s)
+    t = _texts(p, config, runtime_s, epi)
     S, n_tiles, out_t, up, precision = t["S"], t["n_tiles"], t["out_t"], t["upcast"], t["precision"]
     # the weight as [E, N, K] (transformers' transposed view) or [E, K, N], one expert a block,
     # so that a tile past K or N reads zeros, not the next expert's weights (0 * inf is NaN)
     if p.tma == "nk":
         b_desc = f"shape=[{p.E}, {p.N}, {p.K}], strides=[{p.w[0]}, {p.w[2]}, 1], block_shape=[1, BLOCK_N, BLOCK_K]"
-        b_load = f"b_desc.load([expert, pid_n * BLOCK_N, k0]).reshape(BLOCK_N, BLOCK_K){up}"
-        dot = f"tl.dot(a, b.T, acc{precision})"
+        b_load = "b_desc.load([expert, {n0}pid_n * BLOCK_N, k0]).reshape(BLOCK_N, BLOCK_K)" + up
+        dot = f"tl.dot(a, b.T, {{acc}}{precision})"
     else:
         b_desc = f"shape=[{p.E}, {p.K}, {p.N}], strides=[{p.w[0]}, {p.w[1]}, 1], block_shape=[1, BLOCK_K, BLOCK_N]"
-        b_load = f"b_desc.load([expert, k0, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N){up}"
-        dot = f"tl.dot(a, b, acc{precision})"
+        b_load = "b_desc.load([expert, k0, {n0}pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)" + up
+        dot = f"tl.dot(a, b, {{acc}}{precision})"
+    # the up half (a grouped_mm_glu kernel's): the same columns a half further, a second accumulator
+    halves = [("acc", "")] + ([("acc2", f"{epi.width} + ")] if epi else [])
+    k_body = "".join(f"            b = {b_load.format(n0=n0)}\n            {acc} = {dot.format(acc=acc)}\n"
+                     for acc, n0 in halves)
+    accs = "".join(f"        {acc} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)\n" for acc, _ in halves)
+    tail_lines, tail_value = _stored(epi, "tail", S, "", out_t, 8)
+    tile_lines, tile_value = _stored(epi, "rows", S, "acc", out_t, 8)
     return f'''import triton
 import triton.language as tl
 
 # {spec.describe()}
-
+{epi.helpers if epi else ""}
 
 @triton.jit
-def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, {t["S_param"]}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def grouped_mm_kernel({t["params"]}BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr):
 {t["experts"]}    # the operands through tensor descriptors (TMA): a tile past the tensor reads zeros
     a_desc = tl.make_tensor_descriptor(in0_ptr, shape=[{S}, {p.K}], strides=[{p.a[0]}, 1],
@@ -359,16 +401,13 @@ def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, {t["S_param"]}BLOCK_M
         size = tl.minimum(used - first, GROUP_M)
         slot = first + (tile % (GROUP_M * {n_tiles})) % size
         pid_n = (tile % (GROUP_M * {n_tiles})) // size
-{_indent(t["tile"], 8)}        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, {p.K}, BLOCK_K):
+{_indent(t["tile"], 8)}{accs}        for k0 in range(0, {p.K}, BLOCK_K):
             a = a_desc.load([row0, k0]){up}
-            b = {b_load}
-            acc = {dot}
-        # only this expert's rows and the real columns are this tile's
+{k_body}        # only this expert's rows and the real columns are this tile's
         rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
         col_ok = {t["col_ok"]}
-        tl.store(out0_ptr + rows[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]}, acc.to({out_t}),
+{tile_lines}        tl.store(out0_ptr + rows[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]}, {tile_value},
                  mask=(rows < end)[:, None] & col_ok[None, :])
     # then the rows of no expert, [last end, {S}), zeroed tile by tile in turn
     last = tl.max(ends, 0)
@@ -376,8 +415,8 @@ def grouped_mm_kernel(in0_ptr, in1_ptr, in2_ptr, out0_ptr, {t["S_param"]}BLOCK_M
         tail = (last + tile // {n_tiles} * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = (tile % {n_tiles} * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
         col_ok = {t["col_ok"]}
-        tl.store(out0_ptr + tail[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]},
-                 tl.zeros([BLOCK_M, BLOCK_N], dtype={out_t}), mask=(tail < {S})[:, None] & col_ok[None, :])
+{tail_lines}        tl.store(out0_ptr + tail[:, None] * {p.c[0]} + cols[None, :] * {p.c[1]},
+                 {tail_value}, mask=(tail < {S})[:, None] & col_ok[None, :])
 '''
 
 

@@ -200,7 +200,7 @@ def _epilogue(spec: KernelSpec, nodes: list[dict[str, Any]], dtype: str, out_sha
     held: dict[int, str] = {0: dtype}     # node -> dtype of its value
     helpers: list[str] = []
     for j, nd in enumerate(nodes[1:], 1):
-        node = _epilogue_node(j, nd, spec, out_shape, held, tile_inputs)
+        node = epilogue_node(j, nd, spec, out_shape, held, tile_inputs)
         if isinstance(node, str):
             return f"epilogue node {j} ({nd['op']}): {node}"
         epi.append(node)
@@ -223,7 +223,7 @@ def _outputs_problem(spec: KernelSpec, nodes: list[dict[str, Any]], outputs: lis
     return None
 
 
-def _epilogue_node(j: int, nd: dict[str, Any], spec: KernelSpec, out_shape: tuple[int, ...], held: dict[int, str],
+def epilogue_node(j: int, nd: dict[str, Any], spec: KernelSpec, out_shape: tuple[int, ...], held: dict[int, str],
                    tile_inputs: dict[int, tuple[int, int, int]]) -> Node | str:
     """Epilogue node ``j`` resolved (its inputs' strides recorded in ``tile_inputs``), or why not."""
     op = nd["op"]

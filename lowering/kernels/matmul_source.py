@@ -5,7 +5,7 @@ program finds its member), and a bucketed kernel's run-time M and grid."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -424,26 +424,32 @@ class Gen:
         return expr
 
     def emit_node(self, n: Node, users: dict[int, int]) -> None:
-        s = self.src
-        kind = n.pw.kind
-        if kind in ("float", "arith", "copy"):
-            ops = [self.operand(k, v, "f32") for k, v in n.operands]
-            expr = n.pw.body(ops, n.args, "float32")
-        elif kind == "compare":
-            ops = []
-            for k, v in n.operands:
-                if k == "scalar" and n.compare_dtype in cg.HALF:
-                    # a number compared with a half tensor is converted to the tensor's type first
-                    v = float(torch.tensor(float(v), dtype=getattr(torch, n.compare_dtype)))
-                ops.append(self.operand(k, v, "f32"))
-            expr = n.pw.body(ops, n.args, "float32")
-        elif kind == "logical":
-            expr = n.pw.body([self.operand(k, v, "raw") for k, v in n.operands], n.args, "bool")
-        else:  # select
-            cond = self.operand(*n.operands[0], "raw")
-            expr = n.pw.body([cond] + [self.operand(k, v, "f32") for k, v in n.operands[1:]], n.args, "float32")
         var = f"v{n.index}"
-        s(f"{var} = {expr}  # {n.op} -> {n.dtype}")
+        self.src(*node_lines(n, var, self.operand, users))
         self.values[n.index] = var
-        if kind == "copy" and n.dtype in cg.HALF and users.get(n.index):
-            s(f"{var} = {var}.to({cg.HALF[n.dtype]}).to(tl.float32)  # the cast rounds: later nodes read {n.dtype} values")
+
+
+def node_lines(n: Node, var: str, operand: Callable[[str, Any, str], str], users: dict[int, int]) -> list[str]:
+    """The lines that compute epilogue node ``n`` into ``var``, its operands given by ``operand(kind,
+    v, want)`` (want "f32": arithmetic, "raw": bool stays bool); an explicit cast to fp16/bf16 that
+    later nodes read rounds there (they read its fp16/bf16 values, as eager's do)."""
+    kind = n.pw.kind
+    if kind in ("float", "arith", "copy"):
+        expr = n.pw.body([operand(k, v, "f32") for k, v in n.operands], n.args, "float32")
+    elif kind == "compare":
+        ops = []
+        for k, v in n.operands:
+            if k == "scalar" and n.compare_dtype in cg.HALF:
+                # a number compared with a half tensor is converted to the tensor's type first
+                v = float(torch.tensor(float(v), dtype=getattr(torch, n.compare_dtype)))
+            ops.append(operand(k, v, "f32"))
+        expr = n.pw.body(ops, n.args, "float32")
+    elif kind == "logical":
+        expr = n.pw.body([operand(k, v, "raw") for k, v in n.operands], n.args, "bool")
+    else:  # select
+        cond = operand(*n.operands[0], "raw")
+        expr = n.pw.body([cond] + [operand(k, v, "f32") for k, v in n.operands[1:]], n.args, "float32")
+    lines = [f"{var} = {expr}  # {n.op} -> {n.dtype}"]
+    if kind == "copy" and n.dtype in cg.HALF and users.get(n.index):
+        lines.append(f"{var} = {var}.to({cg.HALF[n.dtype]}).to(tl.float32)  # the cast rounds: later nodes read {n.dtype} values")
+    return lines

@@ -8,6 +8,7 @@ from torch_kernelize.lowering.kernels.conv1d import FAMILY as CONV1D
 from torch_kernelize.lowering.kernels.elementwise import FAMILY as ELEMENTWISE
 from torch_kernelize.lowering.kernels.fused import FAMILY as FUSED
 from torch_kernelize.lowering.kernels.grouped_mm import FAMILY as GROUPED_MM
+from torch_kernelize.lowering.kernels.grouped_mm_glu import FAMILY as GROUPED_MM_GLU
 from torch_kernelize.lowering.kernels.histc import FAMILY as HISTC
 from torch_kernelize.lowering.kernels.indexing import FAMILY as INDEXING
 from torch_kernelize.lowering.kernels.layernorm import FAMILY as LAYERNORM
@@ -18,4 +19,4 @@ from torch_kernelize.lowering.kernels.sort import FAMILY as SORT
 from torch_kernelize.lowering.kernels.topk import FAMILY as TOPK
 
 FAMILIES: list[KernelFamily] = [ELEMENTWISE, REDUCTIONS, HISTC, FUSED, LAYERNORM, INDEXING, ADVANCED_INDEXING, SCAN, TOPK,
-                             SORT, MATMUL, GROUPED_MM, CONV1D, ATTENTION]
+                             SORT, MATMUL, GROUPED_MM, GROUPED_MM_GLU, CONV1D, ATTENTION]

@@ -34,6 +34,7 @@ from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bindings_at, bucket_symbols, node_symbols, node_tensors,
                                                      region_symbols, region_tensors, shape_classes, variable_sizes)
+from torch_kernelize.compiling.glu_regions import find_glu_regions
 from torch_kernelize.compiling.graph_regions import find_graph_regions
 from torch_kernelize.compiling.whole_graph import CUT, WHOLE, dynamic_wholes, step_tier_ops, whole_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
@@ -200,6 +201,9 @@ class LoweredGraph:
             elif whole:  # a dynamic graph whole over one of its sizes: its buckets (bucket_lookup.py)
                 self._dynamic_wholes = dynamic_wholes(self.plan.gm, self.binder.symbols)
                 self.regions[:0] = list({id(w.region): w.region for w in self._dynamic_wholes}.values())
+            # an MoE's gated experts before all: their nodes are also a stretch's, whose program
+            # stores the product the region's kernel never does (glu_regions.py)
+            self.regions[:0] = find_glu_regions(self.plan.gm)
         self._region_of: dict[str, Region] = {}
         self.wholes: list[Decision] = []  # the lookups of the whole graph or its stretches (whole_graph.py)
         self._specializations: dict[tuple, Specialization] = {}

@@ -9,6 +9,7 @@ values for the same generator, so a trial's seed still fixes its inputs.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Sequence
 
 import torch
@@ -100,11 +101,31 @@ RULES: dict[str, Callable[[dict[str, Any]], dict[str, tuple[str, Remake]]]] = {
 }
 
 
-def _bound(spec: KernelSpec) -> dict[str, Any]:
-    """The spec's arguments by schema name (tensors stay {"tensor": i})."""
-    schema = resolve_op(spec.op)._schema
+def _bound(op: str, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """An op's arguments by schema name (tensors stay {"tensor": i})."""
+    schema = resolve_op(op)._schema
     positional = [a.name for a in schema.arguments if not a.kwarg_only]
-    return {**dict(zip(positional, spec.args)), **spec.kwargs}
+    return {**dict(zip(positional, args)), **kwargs}
+
+
+def _as_spec_input(a: Any) -> Any:
+    """A region node's argument with a region input ({"input": i}) written as a spec's ({"tensor": i})."""
+    if isinstance(a, dict) and set(a) == {"input"}:
+        return {"tensor": a["input"]}
+    return [_as_spec_input(x) for x in a] if isinstance(a, list) else a
+
+
+def _sites(spec: KernelSpec) -> list[tuple[Callable, dict[str, Any]]]:
+    """(rule, bound arguments) of the spec's op, or of each node of a region whose op has a rule
+    (the inputs it reads directly are the region's: a region holding transformers' grouped matmul
+    draws its offs as the op alone does)."""
+    if spec.graph is None:
+        rule = RULES.get(spec.op)
+        return [(rule, _bound(spec.op, spec.args, spec.kwargs))] if rule is not None else []
+    nodes = json.loads(spec.graph).get("nodes", [])
+    return [(RULES[n["op"]], _bound(n["op"], _as_spec_input(n["args"]),
+                                    {k: _as_spec_input(v) for k, v in n["kwargs"].items()}))
+            for n in nodes if n["op"] in RULES]
 
 
 def _tensor_names(args: dict[str, Any]) -> dict[str, int]:
@@ -112,28 +133,24 @@ def _tensor_names(args: dict[str, Any]) -> dict[str, int]:
 
 
 def requirements(spec: KernelSpec) -> dict[int, str]:
-    """Per input index, what the op requires of its values ({} for an op without a rule)."""
-    rule = RULES.get(spec.op)
-    if rule is None or spec.graph is not None:
-        return {}
-    args = _bound(spec)
-    names = _tensor_names(args)
-    return {names[k]: f"{k}: {text}" for k, (text, _) in rule(args).items() if k in names}
+    """Per input index, what the op (a region's ops) requires of its values ({} without a rule)."""
+    out = {}
+    for rule, args in _sites(spec):
+        names = _tensor_names(args)
+        out.update({names[k]: f"{k}: {text}" for k, (text, _) in rule(args).items() if k in names})
+    return out
 
 
 def constrain(spec: KernelSpec, tensors: Sequence[torch.Tensor], g: torch.Generator) -> list[torch.Tensor]:
-    """``tensors`` (a trial's drawn inputs) with each input the op constrains remade to hold its
-    requirement (seeded by ``g``); the rest as drawn. Strides are kept."""
-    rule = RULES.get(spec.op)
-    if rule is None or spec.graph is not None:
-        return list(tensors)
-    args = _bound(spec)
-    names = _tensor_names(args)
+    """``tensors`` (a trial's drawn inputs) with each input the op (a region's ops) constrains
+    remade to hold its requirement (seeded by ``g``); the rest as drawn. Strides are kept."""
     out = list(tensors)
-    for name, (_, remake) in rule(args).items():  # in the rule's order: ids before their offsets
-        if name in names:
-            i = names[name]
-            valid = remake(out[i], g, {k: out[j] for k, j in names.items()})
-            out[i] = torch.empty_strided(out[i].shape, out[i].stride(), dtype=out[i].dtype,
-                                         device=out[i].device).copy_(valid)
+    for rule, args in _sites(spec):
+        names = _tensor_names(args)
+        for name, (_, remake) in rule(args).items():  # in the rule's order: ids before their offsets
+            if name in names:
+                i = names[name]
+                valid = remake(out[i], g, {k: out[j] for k, j in names.items()})
+                out[i] = torch.empty_strided(out[i].shape, out[i].stride(), dtype=out[i].dtype,
+                                             device=out[i].device).copy_(valid)
     return out

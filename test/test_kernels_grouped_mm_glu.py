@@ -1,0 +1,173 @@
+"""Gated experts (compiling/glu_regions.py, lowering/kernels/grouped_mm_glu.py) on the Triton
+interpreter: the region found in traced experts code of transformers' forms (SiLU through fp32
+casts, the masked rows of no expert, chunk or split), refused where a half escapes or the
+product is not cut in halves; the kernel validated against the float64 reference and compared
+with the nodes run by ATen, both variants; a broken epilogue fails; buckets over S; sm_90 compiles."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kernel_testing import assert_bucket_valid, assert_mutant_fails, assert_valid, compare_eager, compile_sm90
+from test_kernels_grouped_mm import _op
+from torch_kernelize.compiling.decompositions import trace_decompositions
+from torch_kernelize.compiling.glu_regions import KIND, find_glu_regions
+from torch_kernelize.compiling.regions import region_spec
+from torch_kernelize.core.input_domains import requirements
+from torch_kernelize.lowering.kernels import family_for
+from torch_kernelize.lowering.kernels.grouped_mm_glu import FAMILY
+
+F16, F32 = torch.float16, torch.float32
+
+
+def _experts(form: str):
+    """transformers' experts up to the down projection (integrations/moe.py), in its forms."""
+    op = _op()
+
+    def experts(x, w, offs, mask):
+        gu = op(x, w.transpose(1, 2), offs)                 # weight [E, 2I, K], passed transposed
+        if form == "masked":  # transformers 5.17: the rows of no expert zeroed (masked_fill)
+            gu = gu.masked_fill(mask, 0.0)
+        gate, up = gu.chunk(2, dim=-1) if form == "chunk" else gu.split([gu.size(1) // 2] * 2, dim=-1)
+        if form == "gelu":
+            return torch.nn.functional.gelu(gate, approximate="tanh") * up
+        if form == "escapes":   # the gate is also returned: a second output
+            return torch.nn.functional.silu(gate) * up, gate
+        # SiLU as ATen's decomposition leaves it for 16-bit floats: in fp32, rounded back
+        act = gate.float() * torch.sigmoid(gate.float())
+        return act.to(gate.dtype) * up
+    return experts
+
+
+def _inputs(S=40, K=24, I=20, E=5, dtype=F32, offs=(8, 8, 21, 33, 36), device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(S, K, generator=g).to(dtype)
+    w = (torch.randn(E, 2 * I, K, generator=g) / K ** 0.5).to(dtype)
+    o = torch.tensor(offs[:E], dtype=torch.int32)
+    mask = (torch.arange(S) >= o[-1]).unsqueeze(-1)
+    return tuple(t.to(device) for t in (x, w, o, mask))
+
+
+def _trace(fn, inputs):
+    """``fn`` as the backend traces it: torch's core decompositions (masked_fill as where)."""
+    return make_fx(fn, decomposition_table=trace_decompositions(), tracing_mode="fake")(*inputs)
+
+
+def _region(form="silu", **kw):
+    inputs = _inputs(**kw)
+    gm = _trace(_experts(form), inputs)
+    return gm, find_glu_regions(gm), inputs
+
+
+@pytest.mark.parametrize("form", ["silu", "chunk", "masked", "gelu"])
+def test_the_region_holds_the_gemm_and_its_gated_activation(form):
+    gm, regions, _ = _region(form, dtype=F16)
+    (r,) = regions
+    assert r.kind == KIND and r.nodes[0].target is _op()
+    assert [n.target for n in r.outputs] == [torch.ops.aten.mul.Tensor]
+    assert r.inputs[1].target is torch.ops.aten.permute.default   # the weight's transposed view
+    # every node but the inputs' (the view; in the masked form the scalar 0) is the region's
+    assert {n for n in gm.graph.nodes if n.op == "call_function"} - set(r.inputs) == set(r.nodes)
+    if form == "masked":
+        assert [n.target for n in r.inputs[3:]] == ["mask_1", torch.ops.aten.scalar_tensor.default]
+
+
+def test_a_half_read_elsewhere_or_an_unsplit_product_is_no_region():
+    assert find_glu_regions(_trace(_experts("escapes"), _inputs())) == []
+
+    def unsplit(x, w, offs, mask):
+        return torch.sigmoid(_op()(x, w.transpose(1, 2), offs))
+    assert find_glu_regions(_trace(unsplit, _inputs())) == []
+
+
+def _spec(form="silu", **kw):
+    gm, (r,), inputs = _region(form, **kw)
+    spec = region_spec(r, {})
+    by_node = {n: t for n, t in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs)}
+    return spec, [by_node[n] if n in by_node else None for n in r.inputs], inputs
+
+
+def test_validation_draws_the_offsets_as_the_op_does():
+    spec, *_ = _spec()
+    assert requirements(spec) == {2: "offs: each group's end, non-decreasing in [0, input.size(0)]"}
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("form,dtype", [("silu", F32), ("silu", F16), ("masked", F16), ("chunk", F32),
+                                        ("gelu", F32)], ids=str)
+def test_the_kernel_validates_and_matches_the_nodes(form, dtype, tma, tmp_path):
+    spec, *_ = _spec(form, dtype=dtype)
+    assert family_for(spec) is FAMILY, FAMILY.supports(spec)
+    config = next(c for c in FAMILY.seed_configs(spec) if bool(c["TMA"]) == tma)
+    program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0,), eager=False)
+    assert program.source.count("tl.dot(") == 2 and ("tl.make_tensor_descriptor(" in program.source) == tma
+    compare_eager(FAMILY, spec, program, tmp_path)
+
+
+def test_every_seed_and_its_neighbours_generate(tmp_path):
+    spec, *_ = _spec(dtype=F16)
+    for config in FAMILY.seed_configs(spec):
+        assert config["BLOCK_N"] <= 32   # (I = 20: the half's columns cap the tile)
+        FAMILY.generate(spec, config)
+        for n in FAMILY.neighbours(spec, config):
+            FAMILY.generate(spec, n)
+
+
+def test_rows_of_no_expert_and_empty_experts(tmp_path):
+    spec, *_ = _spec("masked", dtype=F16, S=70, offs=(0, 0, 17, 17, 50))
+    program = assert_valid(FAMILY, spec, tmp_path, seeds=(0, 1))
+    compare_eager(FAMILY, spec, program, tmp_path, seed=7)
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_a_broken_epilogue_fails_validation(tma, tmp_path):
+    spec, *_ = _spec(dtype=F16)
+    config = next(c for c in FAMILY.seed_configs(spec) if bool(c["TMA"]) == tma)
+    program = FAMILY.generate(spec, config)
+    # the up half read from the gate's columns
+    old = "acc2 = tl.dot(a, b.T, acc2" if tma else "b = tl.load(b_ptrs + 480"   # (I 20 columns of stride K 24)
+    new = "acc2 = tl.dot(a, b.T, acc2 * 0 + acc" if tma else "b = tl.load(b_ptrs + 0"
+    assert_mutant_fails(FAMILY, spec, program, old, new, tmp_path)
+
+
+def test_refusals():
+    import dataclasses
+    spec, *_ = _spec()
+    out = spec.outputs[0]
+    wrong = dataclasses.replace(out, dtype="float16")
+    assert "is not one half" in FAMILY.supports(dataclasses.replace(spec, outputs=(wrong,)))
+    assert "takes grouped_mm_glu regions" in FAMILY.supports(dataclasses.replace(spec, graph='{"kind": "matmul"}'))
+
+
+def test_a_bucket_over_the_routed_rows(tmp_path):
+    """One binary serves every S of a bucket (the mask's rows vary with it)."""
+    spec, *_ = _spec("masked", dtype=F16, S=48, offs=(8, 8, 21, 33, 40))
+    dims = [("in", 0, 0, 0), ("out", 0, 0, 0), ("in", 3, 0, 0)]
+    assert "dim 1 varies" in FAMILY.bucket_support(spec, dims + [("in", 0, 1, 0)])
+    program = assert_bucket_valid(FAMILY, spec, dims, [(33, 48)], tmp_path)
+    assert "S, BLOCK_M" in program.source
+
+
+def test_sm90_compiles_at_mixtrals_size(tmp_path):
+    spec, *_ = _spec("masked", dtype=F16, S=256, K=2048, I=5632, E=8, offs=(32, 64, 96, 128, 160, 192, 224, 250))
+    for config in FAMILY.seed_configs(spec)[:2]:
+        compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_every_seed_validates_through_the_ahead_of_time_path(tmp_path):
+    """On the GPU, at a quarter of Mixtral's suite size in fp16, masked as transformers 5.17 does:
+    each seed compiled ahead of time (write_program + load_program, as the fill stores it)
+    validates against float64 on the device."""
+    from torch_kernelize.building.programs import write_program
+    from torch_kernelize.core.validate import validate
+    from torch_kernelize.serving.launch import load_program
+    spec, *_ = _spec("masked", dtype=F16, S=2048, K=1024, I=1408, E=8,
+                     offs=(300, 512, 512, 1100, 1400, 1700, 2000, 2040), device="cuda")
+    assert FAMILY.supports(spec) is None
+    for i, config in enumerate(FAMILY.seed_configs(spec)):
+        write_program(tmp_path / f"p{i}", spec, FAMILY.generate(spec, config), "cuda")
+        runner = load_program(tmp_path / f"p{i}", spec, "cuda")
+        rec = validate(runner.run_poisoned, spec, FAMILY.sample_inputs, FAMILY.edge_kinds, device="cuda")
+        assert rec.ok, f"[{config}]: {rec.reason}"
