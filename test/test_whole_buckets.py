@@ -413,6 +413,33 @@ def test_a_stretch_of_token_counts_alone_is_filled_over_the_lengths_bucket_and_s
         assert {e.key for e in stretches} <= hit, key
 
 
+# three routers: the two stretches between them are one spec (a model's layers are)
+LAYERS_MODEL = ROUTED.format(rest='''\
+        mid = flat
+        for _ in range(2):
+            mid = torch.relu(mid * 3 + torch.gather(mid, -1, idx).sum(-1, keepdim=True))
+            _, idx = torch.topk(mid, 2, dim=-1)
+        return (mid + torch.gather(mid, -1, idx).sum(-1, keepdim=True)).reshape(b, t, d) + x''')
+
+
+def test_identical_stretches_of_a_models_layers_share_a_new_lengths_class(tmp_path):
+    """Two stretches of one spec (a model's layers) are two regions that one entry serves: a new
+    length inside the bucket is served by its class's plan, not planned again. (Until 2026-12-06
+    the regions were told apart by their spec key, so the first layer's nodes counted as kernels
+    bound to one size: every new length was planned anew, 290 ms a call of the H100's Mixtral.)"""
+    model, cache_dir, _, stretches = _filled(tmp_path / "layers.py", LAYERS_MODEL, "0:1:9-16")
+    block, compiled, graphs, _ = _served(model, cache_dir)
+    with torch.no_grad():
+        for t in (12, 10, 13):
+            x = torch.randn(2, t, 8)
+            torch.testing.assert_close(compiled(x), block(x))
+    (graph,) = graphs
+    spec = graph.specializations()[next(k for k in graph.specializations() if 12 in k)]
+    shared = [d for d in spec.regions if d.tier == "triton" and d.entry is not None]
+    assert len(shared) > len({d.entry.key for d in shared})  # (two regions, one entry)
+    assert graph.planning.to_json() == {"planned": 1, "shared": 2, "unshared": {}, "pinned": {}}
+
+
 def test_a_size_read_off_a_value_a_fusion_removes_is_read_off_its_boundary():
     """sizes_read_off: a later stretch's ``sym_size`` of a value inside a stretch (an MoE router's
     token count read off its view) has a tensor of the stretch's inputs or outputs of that size,

@@ -205,6 +205,7 @@ class LoweredGraph:
             # stores the product the region's kernel never does (glu_regions.py)
             self.regions[:0] = find_glu_regions(self.plan.gm)
         self._region_of: dict[str, Region] = {}
+        self._region_at: dict[str, Region] = {}  # a region decision's node -> its region (one per region)
         self.wholes: list[Decision] = []  # the lookups of the whole graph or its stretches (whole_graph.py)
         self._specializations: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
@@ -232,7 +233,7 @@ class LoweredGraph:
         self.kind = kind
         self.name = f"{kind}_{next(_graph_ids)}"
         self.plan = self.binder = None
-        self.regions, self._region_of, self._lock, self._buckets = [], {}, threading.Lock(), None
+        self.regions, self._region_of, self._region_at, self._lock, self._buckets = [], {}, {}, threading.Lock(), None
         self.wholes = []
         self.planning = Planning()
         self._mutated_inputs = mutated_inputs
@@ -526,7 +527,8 @@ class LoweredGraph:
         bound: list[tuple[str, set, dict]] = []  # each kernel bound: what it serves, its symbols, the ranges it varies in
         for d in regions:
             if d.tier == "triton":
-                region = self._region_of[d.spec_key]
+                # (by its node: identical regions of a model's layers share one spec key)
+                region = self._region_at[d.node]
                 bound.append((f"region at {d.node}", region_symbols(region), bucket_ranges.get(d.node, {})))
                 covered |= region.names
         for d in decisions:
@@ -540,18 +542,20 @@ class LoweredGraph:
                 ranges[s] = (max(lo, was[0]), min(hi, was[1]))
         refused = self._classes.refusal(spec.key, single, ranges)
         if refused is not None:
-            self._count_unshared(spec.key, *refused, bound)
+            self._count_unshared(spec.key, *refused, bound, one_value=refused[0] in single)
             return
-        spec.miss_symbols = [(frozenset(region_symbols(self._region_of[d.spec_key]) if d.op == "region"
+        spec.miss_symbols = [(frozenset(region_symbols(self._region_at[d.node]) if d.op == "region"
                                         else node_symbols(self._nodes[d.node])), verdicts[d.node])
                              for d in decisions + regions if d.node in verdicts]
         self._by_class.setdefault(self._classes.of(spec.key), spec)
 
-    def _count_unshared(self, key: tuple, size: Any, why: str, bound: list[tuple[str, set, dict]]) -> None:
+    def _count_unshared(self, key: tuple, size: Any, why: str, bound: list[tuple[str, set, dict]],
+                        one_value: bool) -> None:
         """Count (and log once) why a planned signature serves only itself: the size its class
-        spans and the first kernel bound that needs it one value or inside a bucket."""
-        by = next((name for name, symbols, varied in bound
-                   if size in varied or (size in symbols and not any(size in v.free_symbols for v in varied))), None)
+        spans and the first kernel bound that needs it one value (``one_value``) or inside a bucket."""
+        def culprit(symbols: set, varied: dict) -> bool:
+            return size in symbols and not any(size in v.free_symbols for v in varied) if one_value else size in varied
+        by = next((name for name, symbols, varied in bound if culprit(symbols, varied)), None)
         reason = f"{why} ({by})" if by else why
         if reason not in self.planning.unshared:
             log.info("%s: signature %s serves itself alone: %s", self.name, self._signature(key), reason)
@@ -587,7 +591,7 @@ class LoweredGraph:
             return fused, region_decisions
         for region, d, runner in decide_regions(self.regions, bindings, decisions, cache, self.target,
                                                 self.session.load_runner, take_wholes=not self.session.survey):
-            self._region_of[d.spec_key] = region
+            self._region_of[d.spec_key] = self._region_at[d.node] = region
             if region.kind == WHOLE:
                 # (fill_cache collects them from here, entry or not; the latest lookup of each place)
                 # (a whole graph and its first stretch start at one node: a lookup is its node and key)
