@@ -20,6 +20,8 @@ Region kinds (the ``kind`` field of the canonical graph):
   graph       a compiler's fusion group: everything between two boundary ops (GEMMs, convolutions,
               attention, random ops, ...): compiling/graph_regions.py. Tried before the kinds
               above; a miss or "vendor wins" leaves its nodes to them.
+  grouped_mm_glu  an MoE's gate/up grouped GEMM, its product split in halves and the pointwise
+              nodes joining them (SiLU(gate) * up): compiling/glu_regions.py. Tried before all.
 
 Canonical graph format (JSON, part of the spec key):
   {"kind": ..., "nodes": [{"op": "aten.mul.Tensor", "args": [...], "kwargs": {...},
