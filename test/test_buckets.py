@@ -241,6 +241,32 @@ def test_bucket_boundaries_keys_and_launch_sizes():
     assert launch.args[-1] == ("i32", 7 * 16) and launch.grid == (-(-7 * 16 // launch.constexprs["BLOCK"]),)
 
 
+def test_a_region_nodes_rows_of_fixed_strides_vary_in_a_bucket_and_keep_their_strides():
+    """A slice of a wider value's rows (an MoE's gate half) has the same strides at every row
+    count: a region's node may vary so; an input may not, nor a node in an inner dim."""
+    import json
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_kernelize.compiling.regions import Region, region_spec
+
+    def halves(x):
+        return torch.sigmoid(x[:, :4]) * x[:, 4:]
+    gm = make_fx(halves)(torch.randn(6, 8))
+    (x,) = gm.graph.find_nodes(op="placeholder")
+    inner = [n for n in gm.graph.nodes if n.op == "call_function"]
+    spec = region_spec(Region("graph", inner, [x], inner[-1:]), {})
+    nodes = json.loads(spec.graph)["nodes"]
+    sliced = [j for j, n in enumerate(nodes) if n["op"] == "aten.slice.Tensor"]
+    dims = (("in", 0, 0, 0), ("out", 0, 0, 0)) + tuple(("node", j, 0, 0) for j in range(len(nodes)))
+    assert B.unbucketable(spec, dims) is None
+    other = B.spec_at(spec, dims, (11,))
+    assert [json.loads(other.graph)["nodes"][j]["meta"]["stride"] for j in sliced] == [[8, 1], [8, 1]]
+    assert B.key_prefix(spec, dims) == B.key_prefix(other, dims)
+    assert "not contiguous" in B.unbucketable(spec, dims + (("node", sliced[0], 1, 1),))
+    x = torch.randn(8, 6).t()
+    transposed = KernelSpec.from_call(torch.ops.aten.sigmoid.default, [x], {}, x.sigmoid())
+    assert "input 0 is not contiguous" in B.unbucketable(transposed, (("in", 0, 0, 0),))
+
+
 def test_a_scaled_bucket_reads_its_variable_off_dims_that_hold_a_multiple_of_it():
     """A dynamic graph's bucket whose dims are token counts (batch x length) records the batch
     as its scale: the length is those dims over it, its key is not the unscaled one's, and a

@@ -5,6 +5,8 @@ product is not cut in halves; the kernel validated against the float64 reference
 with the nodes run by ATen, both variants; a broken epilogue fails; buckets over S; sm_90 compiles."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -12,7 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kernel_testing import assert_bucket_valid, assert_mutant_fails, assert_valid, compare_eager, compile_sm90
 from test_kernels_grouped_mm import _op
 from torch_kernelize.compiling.decompositions import trace_decompositions
-from torch_kernelize.compiling.glu_regions import KIND, find_glu_regions
+from torch_kernelize.compiling.glu_regions import KIND, find_glu_regions, halve_products
 from torch_kernelize.compiling.regions import region_spec
 from torch_kernelize.core.input_domains import requirements
 from torch_kernelize.lowering.kernels import family_for
@@ -50,8 +52,12 @@ def _inputs(S=40, K=24, I=20, E=5, dtype=F32, offs=(8, 8, 21, 33, 36), device="c
 
 
 def _trace(fn, inputs):
-    """``fn`` as the backend traces it: torch's core decompositions (masked_fill as where)."""
-    return make_fx(fn, decomposition_table=trace_decompositions(), tracing_mode="fake")(*inputs)
+    """``fn`` as the backend traces and plans it: torch's core decompositions (masked_fill as
+    where), the product's split in halves as two slices."""
+    gm = make_fx(fn, decomposition_table=trace_decompositions(), tracing_mode="fake")(*inputs)
+    halve_products(gm.graph)
+    gm.recompile()
+    return gm
 
 
 def _region(form="silu", **kw):
@@ -143,7 +149,10 @@ def test_refusals():
 def test_a_bucket_over_the_routed_rows(tmp_path):
     """One binary serves every S of a bucket (the mask's rows vary with it)."""
     spec, *_ = _spec("masked", dtype=F16, S=48, offs=(8, 8, 21, 33, 40))
-    dims = [("in", 0, 0, 0), ("out", 0, 0, 0), ("in", 3, 0, 0)]
+    nodes = json.loads(spec.graph)["nodes"]
+    # the rows of every value vary, the gate's and up's slices too (rows of fixed strides, not contiguous)
+    dims = [("in", 0, 0, 0), ("out", 0, 0, 0), ("in", 3, 0, 0)] + [("node", j, 0, 0) for j in range(len(nodes))]
+    assert [n["meta"]["stride"] for n in nodes if n["op"] == "aten.slice.Tensor"] == [[40, 1], [40, 1]]
     assert "dim 1 varies" in FAMILY.bucket_support(spec, dims + [("in", 0, 1, 0)])
     program = assert_bucket_valid(FAMILY, spec, dims, [(33, 48)], tmp_path)
     assert "S, BLOCK_M" in program.source

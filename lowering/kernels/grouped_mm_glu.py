@@ -2,8 +2,8 @@
 
 The region: node 0 transformers' grouped matmul of ``input`` [S, K] (inputs 0-2: input, weight
 [E, K, 2I], offs) into the product [S, 2I]; pointwise nodes on the whole product (an MoE's
-``where(mask, 0, .)`` on the rows of no expert); a split of the last dim into halves, gate and up
-[S, I]; pointwise nodes that join them into the one output (SiLU(gate) * up, GELU, ...).
+``where(mask, 0, .)`` on the rows of no expert); two slices of its last dim into halves, gate and
+up [S, I] (the split, as compiling/glu_regions.halve_products writes it); pointwise nodes that join them into the one output (SiLU(gate) * up, GELU, ...).
 
 The kernel is grouped_mm.py's (expert lookup, tile order, TMA or pointer loads, the rows of no
 expert) with two accumulators: an output tile's columns c of the gate half and I + c of the up
@@ -38,7 +38,7 @@ from torch_kernelize.lowering.kernels.matmul_plan import Node, epilogue_node, pa
 from torch_kernelize.lowering.kernels.matmul_source import node_lines
 
 KIND = "grouped_mm_glu"
-SPLITS = ("aten.split_with_sizes.default", "aten.split.Tensor")
+SLICE = "aten.slice.Tensor"
 # two accumulators a tile: the seeds' BLOCK_N is half the plain GEMM's, so a tile holds as much
 # (the TMA seed's 128x128 pair is grouped_mm's 128x256 tile)
 GLU_SEEDS = ((128, 128, 64, 8, 3), (64, 128, 32, 4, 3), (64, 64, 32, 4, 3), (32, 32, 32, 4, 2))
@@ -153,37 +153,38 @@ def analyse(spec: KernelSpec, gemm_plan) -> GluPlan | str:
     plan = gemm_plan(gemm)
     if isinstance(plan, str):
         return plan
-    split = next((j for j, n in enumerate(nodes) if n["op"] in SPLITS), None)
-    if split is None or len(outputs) != 1 or len(spec.outputs) != 1:
-        return "no split of the product, or not one output"
+    cut = next((j for j, n in enumerate(nodes) if n["op"] == SLICE), None)
+    if cut is None or len(outputs) != 1 or len(spec.outputs) != 1:
+        return "no halves of the product, or not one output"
     width, out = plan.N // 2, spec.outputs[0]
     if plan.N % 2 or tuple(out.shape) != (plan.S, width) or out.dtype != plan.dtype:
         return f"the output {out.short()} is not one half of the {plan.dtype} product [{plan.S}, {plan.N}]"
-    halves = _halves(nodes, split)
+    halves = _halves(nodes, cut, width)
     if isinstance(halves, str):
         return halves
     tile_inputs: dict[int, tuple[int, int, int]] = {}
-    pre = _resolve(spec, nodes, range(1, split), (plan.S, plan.N), {0: plan.dtype}, tile_inputs)
+    pre = _resolve(spec, nodes, range(1, cut), (plan.S, plan.N), {0: plan.dtype}, tile_inputs)
     if isinstance(pre, str):
         return pre
     held = {h: plan.dtype for h in halves}
-    post = _resolve(spec, nodes, range(split + 3, len(nodes)), (plan.S, width), held, tile_inputs)
+    post = _resolve(spec, nodes, range(cut + 2, len(nodes)), (plan.S, width), held, tile_inputs)
     if isinstance(post, str):
         return post
-    if nodes[split]["args"][0] != {"node": split - 1}:
-        return "the split does not cut the last value before it"
     loads = tuple((i, spec.inputs[i].dtype, st[1:]) for i, st in sorted(tile_inputs.items()))
     helpers = tuple(dict.fromkeys(h for n in pre + post for h in n.pw.helpers))
     epi = Epilogue(width, plan.dtype, tuple(pre), halves, tuple(post), outputs[0], loads, helpers)
     return GluPlan(dataclasses.replace(plan, c=tuple(out.stride)), epi)
 
 
-def _halves(nodes: list[dict[str, Any]], split: int) -> tuple[int, int] | str:
-    pieces = nodes[split + 1:split + 3]
-    if [n["op"] for n in pieces] != ["getitem", "getitem"] or \
-            [n["args"] for n in pieces] != [[{"node": split}, 0], [{"node": split}, 1]]:
-        return "the split's two pieces do not follow it"
-    return split + 1, split + 2
+def _halves(nodes: list[dict[str, Any]], first: int, width: int) -> tuple[int, int] | str:
+    """The node indices of gate and up: two slices of the product's last value (node ``first``
+    less one) into [0, width) and [width, 2 width) of its last dim (glu_regions.halve_products)."""
+    cuts = nodes[first:first + 2]
+    last = {"node": first - 1}
+    if [n["op"] for n in cuts] != [SLICE, SLICE] or \
+            [n["args"] for n in cuts] not in ([[last, d, 0, width], [last, d, width, 2 * width]] for d in (-1, 1)):
+        return "the product is not cut into two halves of its last dim after its last node"
+    return first, first + 1
 
 
 def _resolve(spec: KernelSpec, nodes: list[dict[str, Any]], js: range, shape: tuple[int, int], held: dict[int, str],
@@ -192,7 +193,7 @@ def _resolve(spec: KernelSpec, nodes: list[dict[str, Any]], js: range, shape: tu
     for j in js:
         for r in filter(None, map(node_ref, nodes[j]["args"] + list(nodes[j]["kwargs"].values()))):
             if r[0] == "node" and r[1] not in held:
-                return f"node {j} reads node {r[1]}, not a value before it on its side of the split"
+                return f"node {j} reads node {r[1]}, not a value before it on its side of the cut"
         node = epilogue_node(j, nodes[j], spec, shape, held, tile_inputs)
         if isinstance(node, str):
             return f"node {j} ({nodes[j]['op']}): {node}"

@@ -33,8 +33,33 @@ GROUPED_MM_OPS = frozenset({"transformers.grouped_mm_fallback.default"})
 SPLITS = {aten.split_with_sizes.default, aten.split.Tensor}
 
 
+def halve_products(graph: fx.Graph) -> int:
+    """Rewrite in place each split of a grouped GEMM's product into two equal halves of its last
+    dim (through the pointwise nodes on it) as two slices of it; how many. The same views, each of
+    one tensor: a region's canonical graph keeps a tuple's sizes in one list, which a shape bucket
+    does not abstract, while a slice's value is a tensor whose rows vary with S."""
+    pointwise, count = pointwise_ops(), 0
+    for gemm in list(graph.nodes):
+        if gemm.op != "call_function" or op_name(gemm.target) not in GROUPED_MM_OPS:
+            continue
+        last = _product_end(gemm, pointwise)
+        split = next(iter(last.users)) if len(last.users) == 1 else None
+        if split is None or split.target not in SPLITS or (halves := _halves(split, _val(last))) is None:
+            continue
+        dim, width = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0), _val(last).shape[-1]
+        for k, piece in enumerate(halves):
+            with graph.inserting_before(piece):
+                cut = graph.call_function(aten.slice.Tensor, (last, dim, k * width // 2, (k + 1) * width // 2))
+            cut.meta.update(piece.meta)
+            piece.replace_all_uses_with(cut)
+            graph.erase_node(piece)
+        graph.erase_node(split)
+        count += 1
+    return count
+
+
 def find_glu_regions(gm: fx.GraphModule) -> list[Region]:
-    """The gated-experts regions of ``gm``, in graph order."""
+    """The gated-experts regions of ``gm`` (its splits halved: ``halve_products``), in graph order."""
     pointwise = pointwise_ops()
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     found = (glu_region(n, pointwise, order) for n in gm.graph.nodes
@@ -48,12 +73,21 @@ def _pointwise_on(node: fx.Node, like: torch.Tensor, pointwise: frozenset[str]) 
             and isinstance(v, torch.Tensor) and _same_shape(v, like))
 
 
-def _halves(split: fx.Node, width: int) -> tuple[fx.Node, fx.Node] | None:
-    """The split's two pieces (gate, up) where it cuts the last dim of ``width`` into equal halves."""
-    x = _val(split.args[0])
+def _product_end(gemm: fx.Node, pointwise: frozenset[str]) -> fx.Node:
+    """The last of the pointwise nodes on a GEMM's whole product, each the only reader of the one
+    before (the GEMM itself where there are none)."""
+    last = gemm
+    while len(last.users) == 1 and _pointwise_on(next(iter(last.users)), _val(gemm), pointwise):
+        last = next(iter(last.users))
+    return last
+
+
+def _halves(split: fx.Node, product: torch.Tensor) -> tuple[fx.Node, fx.Node] | None:
+    """The split's two pieces (gate, up) where it cuts the last dim of 2-D ``product`` in halves."""
     sizes = split.args[1]
     dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-    if dim not in (-1, x.dim() - 1) or width % 2:
+    width = product.shape[-1] if isinstance(product, torch.Tensor) and product.dim() == 2 else None
+    if not isinstance(width, int) or dim not in (-1, 1) or width % 2:
         return None
     if not (sizes == [width // 2] * 2 or sizes == width // 2):
         return None
@@ -63,27 +97,38 @@ def _halves(split: fx.Node, width: int) -> tuple[fx.Node, fx.Node] | None:
     return pieces[0], pieces[1]
 
 
+def _slices(last: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """The two slices (gate, up) of ``last``, a 2-D product, into halves of its last dim."""
+    width = _val(last).shape[-1]
+    cuts = {}
+    for u in last.users:
+        if u.target is not aten.slice.Tensor or len(u.args) != 4 or u.kwargs or u.args[1] not in (-1, 1):
+            return None
+        cuts[tuple(u.args[2:])] = u
+    half = width // 2
+    if width % 2 or set(cuts) != {(0, half), (half, width)}:
+        return None
+    return cuts[(0, half)], cuts[(half, width)]
+
+
 def glu_region(gemm: fx.Node, pointwise: frozenset[str], order: dict[fx.Node, int]) -> Region | None:
-    """The region that starts at ``gemm`` (a grouped GEMM), or None where its product is not split
+    """The region that starts at ``gemm`` (a grouped GEMM), or None where its product is not cut
     into two halves that pointwise nodes join into one value."""
     product = _val(gemm)
-    if not isinstance(product, torch.Tensor) or product.dim() != 2 or isinstance(product.shape[1], torch.SymInt):
+    if not isinstance(product, torch.Tensor) or product.dim() != 2 or not isinstance(product.shape[1], int):
         return None
-    nodes, last = [gemm], gemm
-    while len(last.users) == 1:  # pointwise nodes on the whole product, each the only reader of the last
-        (user,) = last.users
-        if user.target in SPLITS or not _pointwise_on(user, product, pointwise):
-            break
-        nodes.append(user)
-        last = user
-    (split,) = last.users if len(last.users) == 1 else (None,)
-    if split is None or split.target not in SPLITS or (halves := _halves(split, int(product.shape[1]))) is None:
+    last = _product_end(gemm, pointwise)
+    nodes = [gemm]
+    while nodes[-1] is not last:
+        nodes.append(next(iter(nodes[-1].users)))
+    halves = _slices(last)
+    if halves is None:
         return None
-    nodes += [split, *halves]
+    nodes += halves
     half = _val(halves[0])
     inside = set(nodes)
     stop = order[gemm]
-    for node in list(gemm.graph.nodes)[order[halves[1]] + 1:]:
+    for node in list(gemm.graph.nodes)[max(order[h] for h in halves) + 1:]:
         if len(nodes) >= MAX_REGION_NODES:
             break
         reads = node.all_input_nodes
@@ -95,9 +140,9 @@ def glu_region(gemm: fx.Node, pointwise: frozenset[str], order: dict[fx.Node, in
         nodes.append(node)
         inside.add(node)
     outputs = [n for n in nodes if any(u not in inside for u in n.users)]
-    if len(outputs) != 1 or outputs[0] in (gemm, split, *halves) or not is_tensor_node(outputs[0]):
+    if len(outputs) != 1 or outputs[0] in (gemm, last, *halves) or not is_tensor_node(outputs[0]):
         return None
-    if any(n not in (gemm, split) and not n.users for n in nodes):
+    if any(not n.users for n in nodes):
         return None
     inputs = list(dict.fromkeys(a for n in nodes for a in tensor_args(n) if a not in inside))
     if inputs[:3] != list(gemm.args[:3]):  # (the family reads input, weight and offs as inputs 0-2)

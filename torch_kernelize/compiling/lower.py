@@ -34,7 +34,7 @@ from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bindings_at, bucket_symbols, node_symbols, node_tensors,
                                                      region_symbols, region_tensors, shape_classes, variable_sizes)
-from torch_kernelize.compiling.glu_regions import find_glu_regions
+from torch_kernelize.compiling.glu_regions import find_glu_regions, halve_products
 from torch_kernelize.compiling.graph_regions import find_graph_regions
 from torch_kernelize.compiling.whole_graph import CUT, WHOLE, dynamic_wholes, step_tier_ops, whole_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
@@ -182,6 +182,7 @@ class LoweredGraph:
         graph = fx.Graph()
         graph.output(graph.graph_copy(gm.graph, {}))
         stable_sorts(graph)  # one order of equal keys, whoever sorts (stable_sorts.py)
+        halve_products(graph)  # an MoE's gate and up as slices, one tensor each (glu_regions.py)
         self.plan: GraphPlan = plan_graph(_LazyGraphModule(gm, graph), self.target)
         self.binder = SymbolBinder(self.plan.gm)
         self.regions: list[Region] = []

@@ -5,7 +5,8 @@ plus ``dims``: which dims of its inputs and outputs are *variables* (the batch, 
 each one a ``(side, tensor, dim, var)`` with side "in" or "out", or "node" for the value of node
 ``tensor`` of a fused region's graph (its intermediate results have sizes too). A *bucket* gives
 each variable a range ``[lo, hi]``. Every tensor holding a variable dim must be contiguous, so
-its strides are a function of its sizes and one kernel can serve every size of the bucket.
+its strides are a function of its sizes and one kernel can serve every size of the bucket; a
+node's value may also be rows of fixed strides (varied in its outermost dim alone, a slice).
 
 Keys: ``abstract_key`` hashes the spec's canonical form with the variable sizes replaced by
 their variable and those strides by "contiguous"; a bucket's cache key is that hash's first 16
@@ -113,10 +114,19 @@ def unbucketable(spec: KernelSpec, dims: Sequence[Dim]) -> str | None:
     for side, i, d, _ in dims:
         if side not in SIDES or i >= len(metas[side]) or metas[side][i] is None or d >= len(metas[side][i].shape):
             return f"no dim {d} of {side}put {i}" if side != "node" else f"no dim {d} of region node {i}'s value"
-        if not metas[side][i].is_contiguous():
+        if not metas[side][i].is_contiguous() and not (side == "node" and _rows_of_fixed_strides(metas[side][i], dims, i)):
             what = f"{side}put {i}" if side != "node" else f"region node {i}'s value"
             return f"{what} is not contiguous: its strides are no function of its sizes"
     return None
+
+
+def _rows_of_fixed_strides(meta: TensorMeta, dims: Sequence[Dim], i: int) -> bool:
+    """A region node's value that varies in its outermost dim 0 alone (a slice of a wider value's
+    rows: an MoE's gate and up halves): its strides are the same at every size of it. Inputs and
+    outputs stay contiguous: their strides are the caller's, which the key must not assume."""
+    varied = {d for side, j, d, _ in dims if side == "node" and j == i}
+    shape, stride = meta.shape, meta.stride
+    return varied == {0} and all(stride[0] >= stride[k] * max(shape[k], 1) for k in range(1, len(shape)))
 
 
 def abstract_canonical(spec: KernelSpec, dims: Sequence[Dim]) -> dict[str, Any]:
@@ -128,10 +138,12 @@ def abstract_canonical(spec: KernelSpec, dims: Sequence[Dim]) -> dict[str, Any]:
     d = spec.canonical()
     nodes = _graph_nodes(spec)
     names = {"in": "inputs", "out": "outputs"}
+    metas = {side: _metas(spec, side) for side in {s for s, *_ in dims}}
     for side, i, dim, var in dims:
         meta = nodes[i]["meta"] if side == "node" else d[names[side]][i]
         meta["shape"][dim] = {"var": var}
-        meta["stride"] = "contiguous"
+        if metas[side][i].is_contiguous():  # (else a node's rows of fixed strides: they stay)
+            meta["stride"] = "contiguous"
     if nodes and any(side == "node" for side, *_ in dims):
         graph = json.loads(spec.graph)
         d["graph"] = json.dumps(dict(graph, nodes=nodes), sort_keys=True, separators=(",", ":"))
@@ -192,11 +204,13 @@ def spec_at(spec: KernelSpec, dims: Sequence[Dim], values: Sequence[int]) -> Ker
     """The concrete spec of ``spec`` with each variable set to ``values`` (contiguous strides)."""
     metas = {"in": [list(m.shape) for m in spec.inputs], "out": [list(m.shape) for m in spec.outputs]}
     nodes = _graph_nodes(spec) if any(side == "node" for side, *_ in dims) else []
+    node_metas = _metas(spec, "node") if nodes else ()
     for side, i, d, v in dims:
         if side == "node":
             meta = nodes[i]["meta"]
             meta["shape"][d] = int(values[v])
-            meta["stride"] = list(contiguous_strides(meta["shape"]))
+            if node_metas[i].is_contiguous():  # (a node's rows of fixed strides keep theirs)
+                meta["stride"] = list(contiguous_strides(meta["shape"]))
         else:
             metas[side][i][d] = int(values[v])
     varied = {(side, i) for side, i, _, _ in dims}
