@@ -47,6 +47,7 @@ from torch_kernelize.core.sized_programs import Resizer, SizeSource
 from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
+from torch_kernelize.compiling.narrow_sorts import narrow_sorts
 from torch_kernelize.compiling.stable_sorts import stable_sorts
 from torch_kernelize.serving.view_folding import fold_view_chains
 from torch_kernelize.compiling.report import GraphReport, Planning, ReportWriter, fill_command
@@ -182,6 +183,7 @@ class LoweredGraph:
         graph = fx.Graph()
         graph.output(graph.graph_copy(gm.graph, {}))
         stable_sorts(graph)  # one order of equal keys, whoever sorts (stable_sorts.py)
+        narrow_sorts(graph)  # index keys sorted on the narrowest type (narrow_sorts.py)
         halve_products(graph)  # an MoE's gate and up as slices, one tensor each (glu_regions.py)
         self.plan: GraphPlan = plan_graph(_LazyGraphModule(gm, graph), self.target)
         self.binder = SymbolBinder(self.plan.gm)
