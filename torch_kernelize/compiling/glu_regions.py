@@ -5,7 +5,8 @@ in some versions, zero the rows of no expert first: ``where(mask, 0, .)``). Serv
 the [S, 2I] product is stored, read back by a pointwise kernel and stored again at [S, I]: for
 Mixtral's suite layers 184 MB each way per layer, with the pointwise kernel at its memory floor.
 A region of kind ``grouped_mm_glu`` holds the GEMM, the pointwise nodes on its product before the
-split, the split, and the pointwise nodes after it up to one output; the grouped_mm_glu family
+split, its halves (two slices: ``halve_products`` writes the split so before planning), and the
+pointwise nodes after them up to one output; the grouped_mm_glu family
 (lowering/kernels/grouped_mm_glu.py) computes the gate and up tiles of an output tile together
 and stores only the result. Its vendor path is the same nodes run by ATen (core/region_graph.py),
 so a miss or "vendor wins" leaves them to the regions and stretches that would take them anyway.
