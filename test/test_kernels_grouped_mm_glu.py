@@ -180,3 +180,26 @@ def test_gpu_every_seed_validates_through_the_ahead_of_time_path(tmp_path):
         runner = load_program(tmp_path / f"p{i}", spec, "cuda")
         rec = validate(runner.run_poisoned, spec, FAMILY.sample_inputs, FAMILY.edge_kinds, device="cuda")
         assert rec.ok, f"[{config}]: {rec.reason}"
+
+
+def test_transformers_mixtral_is_served_by_the_regions_kernel_once_filled(tmp_path):
+    """transformers' tiny Mixtral, its quick fill, then served: each layer's experts run the
+    region's kernel (its gate/up product never stored), outputs as eager's."""
+    pytest.importorskip("transformers")
+    from torch_kernelize import model_zoo
+    from torch_kernelize.backend import compile_with_session
+    from torch_kernelize.compiling.lower import Session
+    from torch_kernelize.core.options import Options
+    from torch_kernelize.fill_cache import cli
+    ref, cache = "torch_kernelize.model_zoo:make_hf_mixtral", tmp_path / "cache"
+    assert cli.main(["--quiet", "--target", "interpreter", "--model", ref, "--cache-dir", str(cache), "--budget", "1"]) == 0
+    model, inputs = model_zoo.make_hf_mixtral()
+    session, graphs = Session(Options.resolve({"target": "interpreter", "cache_dir": str(cache), "repro_dir": "off",
+                                               "graph_cache": "off"})), []
+    compiled = torch.compile(model, backend=lambda gm, ex: compile_with_session(gm, ex, session, graphs.append))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs).logits, model(*inputs).logits)
+    (graph,) = graphs
+    (spec,) = graph.specializations().values()
+    served = [d for d in spec.regions if d.tier == "triton" and d.entry is not None and d.entry.family == FAMILY.name]
+    assert len(served) == 2   # (two layers)
