@@ -43,7 +43,7 @@ def halve_products(graph: fx.Graph) -> int:
     for gemm in list(graph.nodes):
         if gemm.op != "call_function" or op_name(gemm.target) not in GROUPED_MM_OPS:
             continue
-        last = _product_end(gemm, pointwise)
+        last = _product_chain(gemm, pointwise)[-1]
         split = next(iter(last.users)) if len(last.users) == 1 else None
         if split is None or split.target not in SPLITS or (halves := _halves(split, _val(last))) is None:
             continue
@@ -74,13 +74,13 @@ def _pointwise_on(node: fx.Node, like: torch.Tensor, pointwise: frozenset[str]) 
             and isinstance(v, torch.Tensor) and _same_shape(v, like))
 
 
-def _product_end(gemm: fx.Node, pointwise: frozenset[str]) -> fx.Node:
-    """The last of the pointwise nodes on a GEMM's whole product, each the only reader of the one
-    before (the GEMM itself where there are none)."""
-    last = gemm
-    while len(last.users) == 1 and _pointwise_on(next(iter(last.users)), _val(gemm), pointwise):
-        last = next(iter(last.users))
-    return last
+def _product_chain(gemm: fx.Node, pointwise: frozenset[str]) -> list[fx.Node]:
+    """The GEMM and the pointwise nodes on its whole product after it, each the only reader of
+    the one before."""
+    chain = [gemm]
+    while len(chain[-1].users) == 1 and _pointwise_on(next(iter(chain[-1].users)), _val(gemm), pointwise):
+        chain.append(next(iter(chain[-1].users)))
+    return chain
 
 
 def _halves(split: fx.Node, product: torch.Tensor) -> tuple[fx.Node, fx.Node] | None:
@@ -118,10 +118,8 @@ def glu_region(gemm: fx.Node, pointwise: frozenset[str], order: dict[fx.Node, in
     product = _val(gemm)
     if not isinstance(product, torch.Tensor) or product.dim() != 2 or not isinstance(product.shape[1], int):
         return None
-    last = _product_end(gemm, pointwise)
-    nodes = [gemm]
-    while nodes[-1] is not last:
-        nodes.append(next(iter(nodes[-1].users)))
+    nodes = _product_chain(gemm, pointwise)
+    last = nodes[-1]
     halves = _slices(last)
     if halves is None:
         return None

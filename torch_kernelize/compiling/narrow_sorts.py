@@ -11,6 +11,7 @@ values are the same; only the key bytes differ.
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 
 import torch
@@ -81,11 +82,8 @@ def narrow_sorts(graph: fx.Graph) -> int:
 
 def _like(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A value like ``t`` (a node's meta: fake under its mode, sizes symbolic or not) of ``dtype``."""
-    mode = getattr(t, "fake_mode", None)
-    if mode is not None:
-        with mode:
-            return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=t.device)
-    return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=t.device)
+    with getattr(t, "fake_mode", None) or contextlib.nullcontext():
+        return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=t.device)
 
 
 def _narrow_meta(sort: fx.Node, dtype: torch.dtype) -> None:
