@@ -72,9 +72,15 @@ def test_a_filled_bucket_serves_every_size_in_it_exact_entries_win_and_outside_r
     exact = {e.key for e in entries if e.bucket is None}
 
     compiled, graphs = _serving(tmp_path)
+    import torch_kernelize.compiling.lower as lower_mod
+    from torch_kernelize.core.sized_programs import SizeSource
+    handed, direct = [], lower_mod._bucket_direct
+    monkeypatch.setattr(lower_mod, "_bucket_direct", lambda *a: handed.append(a[2]) or direct(*a))
     with torch.no_grad():
         x = torch.randn(5, 16)
         torch.testing.assert_close(compiled(x), torch.sigmoid(x))  # planned: the bucket's kernel loaded now
+        # the node's bucket is offered one generated call of every size (CUDA makes it): its output's rows as source
+        assert [o.shape for (o,) in handed] == [(SizeSource("v[0]"), 16)]
         import torch_kernelize.serving.launch as launch
         import torch_kernelize.lowering.kernels.elementwise as elementwise
 

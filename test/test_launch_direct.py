@@ -183,6 +183,39 @@ def test_one_generated_call_serves_every_size_of_a_bucket_as_each_sizes_program_
     assert call(unaligned, unaligned) == "general" and len(general) == 1
 
 
+def test_a_node_buckets_kernel_gets_one_generated_call_for_every_size_of_its_bucket(cpu_stand_ins):
+    """A kernel family's bucket program (an add over 5-8 rows) with its outputs' metas at the
+    sizes' source (metas_at on SIZES): one generated call launches, at each size, the grid and
+    scalars of that size's own program and returns an output of that size."""
+    from torch_kernelize.core.buckets import metas_at
+    from torch_kernelize.core.sized_programs import SIZES, Resizer, SizeSource
+    from torch_kernelize.core.spec import KernelSpec
+    from torch_kernelize.lowering.kernels.elementwise import ElementwiseFamily
+    dims = (("in", 0, 0, 0), ("in", 1, 0, 0), ("out", 0, 0, 0))
+    a = torch.randn(8, 16)
+    spec = KernelSpec.from_call(torch.ops.aten.add.Tensor, [a, a], {}, a + a)
+    family = ElementwiseFamily()
+    program = family.generate_bucketed(spec, family.seed_configs(spec)[0], dims)
+    (out,) = metas_at(spec, dims, SIZES)
+    assert out.shape == (SizeSource("v[0]"), 16) and out.stride == (16, 1)
+    resize = Resizer(program)
+    names = program.kernel_arg_names(program.launches[0].kernel)
+    launcher = _Launcher([], "aligned")
+    launcher.dropped = frozenset(i for i, n in enumerate(names) if n in program.launches[0].constexprs)
+    base = ProgramRunner(spec, resize((8,)), [launcher], "cuda")
+    call = base.bucket_direct(resize.symbolic(), (out,), "(i0.shape[0],)", lambda *t: "general")
+    assert call is not None and "v = (i0.shape[0],)" in call.source
+    for rows in (5, 7, 6, 8):
+        x = torch.randn(rows, 16)
+        own = base.resized(resize((rows,)), metas_at(spec, dims, (rows,)))
+        launcher.args.clear()
+        want, got = own(x, x), call(x, x)
+        (grid, stream, args), (grid2, stream2, args2) = launcher.args
+        assert grid == grid2 and stream == stream2 and got.shape == want.shape == (rows, 16)
+        scalars = [[v for v in a if not isinstance(v, torch.Tensor)] for a in (args, args2)]
+        assert scalars[0] == scalars[1] and rows * 16 in scalars[1]
+
+
 def test_a_program_reading_a_host_scalar_input_moves_it_in_the_direct_call_too(cpu_stand_ins, monkeypatch):
     """A dynamic graph's 0-d host input (a norm's eps) is moved to the device before the launches,
     in the generated call as in the general path; the alignment check skips it."""

@@ -43,7 +43,7 @@ from torch_kernelize.core.targets import Target, get_target
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.core.options import Options, default_cache_dir
 from torch_kernelize.core.program_steps import refused_ops
-from torch_kernelize.core.sized_programs import Resizer, SizeSource
+from torch_kernelize.core.sized_programs import SIZES, Resizer, SizeSource
 from torch_kernelize.compiling.planner import GraphPlan, decide_regions, downgrade, plan_graph, resolve_family
 from torch_kernelize.core.decision import Decision
 from torch_kernelize.compiling.reinplace import reinplace_accumulations
@@ -505,8 +505,10 @@ class LoweredGraph:
                 return self.triton_call(spec(), runner, entry.key, name)
             return SizedCall(spec, runner, self.session.kernel_state(entry.key), self._on_kernel_failure, name)
         call = BucketCall(d.spec, bucket.dims, self.session.kernel_state(entry.key), make, bucket.scale)
-        if symbol is not None and not self.session.options.check:  # (a checked call needs each size's spec)
-            call.generic = _bucket_direct(base, resize, outputs_at, call)
+        if not self.session.options.check:  # (a checked call needs each size's spec)
+            outputs = (getattr(outputs_at, "symbolic", None) if outputs_at is not None
+                       else metas_at(entry.spec, bucket.dims, SIZES))
+            call.generic = _bucket_direct(base, resize, outputs, call)
         if base.program.steps and self.session.options.bucket_warm_ms and len(bucket.ranges) == 1:
             _warm_steps(call.__name__, entry, resize, tensors, inputs_at, outputs_at,
                         self.session.options.bucket_warm_ms)
@@ -707,12 +709,12 @@ def _region_spec_at(region: Region, bindings: dict, d: Decision,
     return at
 
 
-def _bucket_direct(base: Any, resize: Resizer, outputs_at: Any, call: BucketCall) -> Callable | None:
-    """A whole graph's bucket program as one generated call for every size of the bucket
-    (ProgramRunner.bucket_direct); None where its outputs' sizes are no polynomials of the
-    size, or where the runner has no generated call (not CUDA). A program the generation
-    cannot write keeps the per-size calls."""
-    outputs = getattr(outputs_at, "symbolic", None)
+def _bucket_direct(base: Any, resize: Resizer, outputs: tuple | None, call: BucketCall) -> Callable | None:
+    """A bucket's program (a node's, a region's, a whole graph's) as one generated call for
+    every size of the bucket (ProgramRunner.bucket_direct), ``outputs`` its outputs' metas as
+    SizeSources; None where they are none (a whole graph's outputs' sizes are no polynomials
+    of its size), or where the runner has no generated call (not CUDA). A program the
+    generation cannot write keeps the per-size calls."""
     if outputs is None:
         return None
     try:

@@ -24,7 +24,7 @@ import hashlib
 import json
 from typing import Any, Sequence, Union
 
-from torch_kernelize.core.sized_programs import Resizer
+from torch_kernelize.core.sized_programs import Resizer, SizeSource, source_strides
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 
 BUCKET_VERSION = 1
@@ -189,14 +189,16 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def metas_at(spec: KernelSpec, dims: Sequence[Dim], values: Sequence[int], side: str = "out") -> tuple[TensorMeta, ...]:
-    """The inputs or outputs (``side``) of ``spec_at(spec, dims, values)``, without the rest of the spec."""
+    """The inputs or outputs (``side``) of ``spec_at(spec, dims, values)``, without the rest of the
+    spec. ``values`` sized_programs.SIZES: the varied sizes and strides come back as SizeSources
+    (a call generated once for every size of the bucket, ProgramRunner.bucket_direct)."""
     metas = _metas(spec, side)
     shapes = [list(m.shape) for m in metas]
     for s, i, d, v in dims:
         if s == side:
-            shapes[i][d] = int(values[v])
+            shapes[i][d] = values[v] if isinstance(values[v], SizeSource) else int(values[v])
     varied = {i for s, i, _, _ in dims if s == side}
-    return tuple(TensorMeta(tuple(shapes[i]), contiguous_strides(shapes[i]), m.dtype, m.device) if i in varied else m
+    return tuple(TensorMeta(tuple(shapes[i]), source_strides(shapes[i]), m.dtype, m.device) if i in varied else m
                  for i, m in enumerate(metas))
 
 
