@@ -12,7 +12,7 @@ and the kernel-pointer views into it (program.View) made right after.
 A call with an input off a 16-byte boundary, or on another device than the current one, takes
 the general path. Programs with donated outputs, state buffers or checks have none.
 
-A shape bucket's whole-graph program gets one such function for every size of its bucket
+A shape bucket's program (a node's, a region's or a whole graph's) gets one such function for every size of its bucket
 (``sizes``): its sized integers are SizeSources (core/sized_programs.py), written into the
 source as expressions of the sizes ``v`` the function reads off its inputs.
 """
