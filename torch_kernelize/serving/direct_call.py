@@ -13,8 +13,9 @@ A call with an input off a 16-byte boundary, or on another device than the curre
 the general path. Programs with donated outputs, state buffers or checks have none.
 
 A shape bucket's program (a node's, a region's or a whole graph's) gets one such function for
-every size of its bucket (``sizes``): its sized integers are SizeSources (core/sized_programs.py), written into the
-source as expressions of the sizes ``v`` the function reads off its inputs.
+every size of its bucket (``sizes``): its sized integers are SizeSources
+(core/sized_programs.py), written into the source as expressions of the sizes ``v`` the function
+reads off its inputs.
 """
 from __future__ import annotations
 
