@@ -82,6 +82,34 @@ def test_matches_the_ops_own_loop(case, tma, tmp_path):
     compare_eager(FAMILY, spec, program, tmp_path, inputs=list(inputs))
 
 
+@pytest.mark.parametrize("dtype", [F32, F16], ids=str)
+def test_atens_grouped_mm_is_served_by_the_same_kernels(dtype, tmp_path):
+    """``aten._grouped_mm(self, mat2, offs=...)`` (transformers' bfloat16 experts) goes to this
+    family; its float64 reference (the op takes no float64) is the experts' products with zeros
+    past the last offset, which the op leaves unwritten. Eager is compared where every row is
+    some expert's."""
+    from torch_kernelize.core.float64_references import float64_reference
+    aten_op = torch.ops.aten._grouped_mm.default
+    x, w = torch.randn(40, 24, dtype=dtype), torch.randn(5, 36, 24, dtype=dtype).transpose(1, 2)
+    for ends in ([8, 8, 21, 33, 40], [5, 9, 12, 20, 29]):
+        offs = torch.tensor(ends, dtype=torch.int32)
+        spec = spec_of(aten_op, (x, w), {"offs": offs})
+        assert family_for(spec) is FAMILY and requirements(spec) == {
+            2: "offs: each group's end, non-decreasing in [0, self.size(0)]"}
+        (ref,) = spec.reference([x, w, offs])
+        loop = torch.zeros(40, 36, dtype=torch.float64)
+        for e, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+            loop[start:end] = x[start:end].double() @ w[e].double()
+        torch.testing.assert_close(ref, loop)
+        for tma in (False, True):
+            program = assert_valid(FAMILY, spec, tmp_path, _first_seed(spec, tma), seeds=(0, 1), eager=False)
+            if ends[-1] == 40:
+                compare_eager(FAMILY, spec, program, tmp_path, inputs=[x, w, offs])
+    assert float64_reference(aten_op, [x, w]) is None  # (it runs as it is where it can)
+    with pytest.raises(ValueError, match="bias"):
+        float64_reference(aten_op, [x.double()])(x.double(), w.double(), offs, torch.zeros(36))
+
+
 def test_the_offsets_are_drawn_as_the_op_requires():
     """Validation draws offs as each group's end, non-decreasing within the rows (core/input_domains.py)."""
     spec, _ = _spec(S=40, E=5)

@@ -496,7 +496,7 @@ def test_a_tensor_constant_is_an_input_of_the_whole_graph():
 def test_cudas_fused_attention_has_a_float64_reference_written_out(op):
     """A whole graph keeps CUDA's attention ops; its float64 reference replays them written out
     (those kernels run no float64). Checked on the CPU against torch's own math attention."""
-    from torch_kernelize.core.attention_reference import float64_reference
+    from torch_kernelize.core.float64_references import float64_reference
     aten = torch.ops.aten
     q, k, v = (torch.randn(2, 3, 40, 8, dtype=torch.float64) for _ in range(3))
     mask = torch.randn(2, 3, 40, 40, dtype=torch.float64)

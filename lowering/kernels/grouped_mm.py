@@ -43,6 +43,13 @@ down in 0.363, against the pointer kernel's 0.729 / 0.402 and the op's cuBLAS lo
 (``KernelProgram.aligned_only``), and Triton's launcher takes a per-program scratch for them
 (serving/triton_binaries.py gives it one).
 
+``aten._grouped_mm(self, mat2, offs)`` (what transformers calls instead for bfloat16 weights,
+and torch's own MoE code) is the same product in its 2-D by 3-D form with offsets: the same
+kernels serve it, where it has no bias and its output's dtype is the input's (its other forms,
+3-D by 3-D or 2-D by 2-D, are refused by the shapes). It leaves the rows of no expert unwritten
+(cuBLAS), so the zeros the kernels write there are one of its answers; its float64 reference
+(core/float64_references.py: the op takes no float64) writes zeros there too.
+
 Shape buckets (core/buckets.py): S (the routed tokens, dim 0 of a contiguous input and output)
 may vary; the kernel then takes it as the argument ``S`` and computes the slot count from it, the
 grid is a SizeExpr of it. K, N and E (the weights' and offs' sizes) stay literal.
@@ -59,6 +66,7 @@ from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config, KernelFamily
 
 OP = "transformers.grouped_mm_fallback.default"
+ATEN_OP = "aten._grouped_mm.default"  # what transformers calls for bfloat16 experts (module docstring)
 MAX_EXPERTS = 1024  # the experts' ends are held in registers, one vector per program
 FLOATS = ("float16", "bfloat16", "float32")
 # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages: the first is the quick fill's (budget 1), a tile for
@@ -140,13 +148,13 @@ def _cap(n: int) -> int:
 
 class GroupedMatmulFamily(KernelFamily):
     name = "grouped_mm"
-    ops = frozenset({OP})
+    ops = frozenset({OP, ATEN_OP})
     edge_kinds = ("zeros", "large", "negative", "special")
     seeds, tma_seed = SEEDS, TMA_SEED
 
     def _analyse(self, spec: KernelSpec) -> Plan | str:
         if len(spec.inputs) != 3 or len(spec.outputs) != 1:
-            return "grouped_mm takes (input, weight, offs) and gives one output"
+            return "grouped_mm takes (input, weight, offs) and gives one output (no bias)"
         a, w, offs = spec.inputs
         out = spec.outputs[0]
         if len(a.shape) != 2 or len(w.shape) != 3 or len(offs.shape) != 1:

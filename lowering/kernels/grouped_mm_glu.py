@@ -33,7 +33,7 @@ from torch_kernelize.core.spec import KernelSpec, TensorMeta
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config
 from torch_kernelize.lowering.kernels.elementwise import HELPERS
-from torch_kernelize.lowering.kernels.grouped_mm import OP, GroupedMatmulFamily, Plan, _cap
+from torch_kernelize.lowering.kernels.grouped_mm import ATEN_OP, OP, GroupedMatmulFamily, Plan, _cap
 from torch_kernelize.lowering.kernels.matmul_plan import Node, epilogue_node, pad3
 from torch_kernelize.lowering.kernels.matmul_source import node_lines
 
@@ -135,9 +135,12 @@ class GluPlan:
 
 
 def _gemm_spec(spec: KernelSpec, node0: dict[str, Any]) -> KernelSpec | str:
-    if node0["op"] != OP or [node_ref(a) for a in node0["args"][:3]] != [("input", i) for i in range(3)] \
-            or len(node0["args"]) != 3 or node0["kwargs"]:
-        return f"node 0 is not {OP} of inputs 0, 1 and 2"
+    """The region's GEMM as a spec of transformers' op (what the family's analysis reads: the
+    same product where aten._grouped_mm is called with ``offs=`` and nothing else)."""
+    operands = node0["args"] + [node0["kwargs"][k] for k in ("offs",) if k in node0["kwargs"]]
+    if node0["op"] not in (OP, ATEN_OP) or set(node0["kwargs"]) - {"offs"} or len(operands) != 3 \
+            or [node_ref(a) for a in operands] != [("input", i) for i in range(3)]:
+        return f"node 0 is not {OP} (or {ATEN_OP} with offs) of inputs 0, 1 and 2"
     return KernelSpec(OP, [{"tensor": i} for i in range(3)], {}, tuple(spec.inputs[:3]),
                       (TensorMeta.from_json(node0["meta"]),), False)
 

@@ -30,7 +30,7 @@ aten = torch.ops.aten
 
 KIND = "grouped_mm_glu"
 # the grouped GEMMs whose product may be split into gate and up (input, weight, offs first)
-GROUPED_MM_OPS = frozenset({"transformers.grouped_mm_fallback.default"})
+GROUPED_MM_OPS = frozenset({"transformers.grouped_mm_fallback.default", "aten._grouped_mm.default"})
 SPLITS = {aten.split_with_sizes.default, aten.split.Tensor}
 
 

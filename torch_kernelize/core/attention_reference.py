@@ -68,16 +68,8 @@ def _cudnn(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=Fals
     return out, lse.unsqueeze(-1), None, None, q.shape[2], k.shape[2], seed, offset, None
 
 
-REFERENCES: dict[Any, Callable] = {
+ATTENTION: dict[Any, Callable] = {  # (float64_references.py holds the table of every such op)
     aten._scaled_dot_product_flash_attention.default: _flash,
     aten._scaled_dot_product_efficient_attention.default: _efficient,
     aten._scaled_dot_product_cudnn_attention.default: _cudnn,
 }
-
-
-def float64_reference(target: Any, args: list) -> Callable | None:
-    """The replacement of ``target`` for a replay on float64 tensors; None where it runs as it is."""
-    fn = REFERENCES.get(target)
-    if fn is None or not args or not isinstance(args[0], torch.Tensor) or args[0].dtype != torch.float64:
-        return None
-    return fn

@@ -98,6 +98,7 @@ RULES: dict[str, Callable[[dict[str, Any]], dict[str, tuple[str, Remake]]]] = {
                                                  if args.get("axis", 0) == 0 else {}),
     # transformers' MoE experts (integrations/moe.py): rows sorted by expert, offs the groups' ends
     "transformers.grouped_mm_fallback.default": lambda args: {"offs": _group_ends("input")},
+    "aten._grouped_mm.default": lambda args: {"offs": _group_ends("self")},
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from torch_kernelize.core.attention_reference import float64_reference
+from torch_kernelize.core.float64_references import float64_reference
 from torch_kernelize.core.encoding import decode_arg
 from torch_kernelize.core.targets import resolve_op
 
@@ -93,7 +93,7 @@ def run_region_graph(spec: Any, tensors: Sequence[torch.Tensor], reference: bool
         target = _node_target(n["op"])
         args, kwargs = _replayable(target, [_decoded(a, tensors, values, device) for a in n["args"]],
                                    {k: _decoded(v, tensors, values, device) for k, v in n["kwargs"].items()})
-        # (CUDA's fused attention runs no float64: its reference is the attention written out)
+        # (CUDA's fused attention, aten._grouped_mm run no float64: float64_references.py)
         written_out = reference and float64_reference(target, args)
         value = written_out(*args, **kwargs) if written_out else target(*args, **kwargs)
         if written_out:  # in the layout the op itself gives: the nodes after it may view it so

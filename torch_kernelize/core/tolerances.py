@@ -27,6 +27,7 @@ OP_FACTORS: dict[str, float] = {
     "aten.convolution.default": 4.0,
     # transformers' MoE expert matmul (lowering/kernels/grouped_mm.py): the mm rows of each expert
     "transformers.grouped_mm_fallback.default": 4.0,
+    "aten._grouped_mm.default": 4.0,
 }
 
 
