@@ -22,7 +22,8 @@ def _grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | N
     """``aten._grouped_mm`` of a 2-D input by 3-D weights with offsets (an MoE's experts: rows
     [offs[e-1], offs[e]) by ``mat_b[e]``), the one form the grouped_mm family computes. Rows past
     the last offset are zero: the op leaves them unwritten (cuBLAS), so any value is the op's, and
-    the family's kernels write zeros there as transformers' own loop does."""
+    the family's kernels write zeros there as transformers' own loop does. ``out_dtype``: a
+    reference's outputs stay float64, compared with outputs of any dtype."""
     if mat_a.dim() != 2 or mat_b.dim() != 3 or offs is None:
         raise ValueError("aten._grouped_mm's float64 reference takes a 2-D input, 3-D weights and offsets")
     if bias is not None:
