@@ -19,7 +19,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.core.encoding import decode_arg, dtype_from_name, dtype_name, encode_arg
-from torch_kernelize.core.float64_references import float64_reference
+from torch_kernelize.core.float64_references import REFERENCES, float64_reference
 from torch_kernelize.core.region_graph import run_region_graph
 from torch_kernelize.core.targets import op_name, resolve_op
 
@@ -219,11 +219,12 @@ class KernelSpec:
         up = [t.detach().to(device, upcast_dtype(t)) for t in tensors]
         if self.graph is not None:  # a region's casts (x.float()) must not leave float64
             return tuple(run_region_graph(self, up, reference=True))
-        args, kwargs = self.build_args(up, device)
-        written_out = float64_reference(self.op_overload, args)  # (an op with no float64 kernel)
-        if written_out is not None:
-            out = written_out(*args, **kwargs)
-            return tuple(out) if self.tuple_output else (out,)
+        if self.op_overload in REFERENCES:  # an op with no float64 kernel (its args built once, here)
+            args, kwargs = self.build_args(up, device)
+            written_out = float64_reference(self.op_overload, args)
+            if written_out is not None:
+                out = written_out(*args, **kwargs)
+                return tuple(out) if self.tuple_output else (out,)
         return self.run_vendor(up)
 
     def make_outputs(self, device: str | torch.device | None = None) -> list[torch.Tensor]:
