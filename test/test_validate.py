@@ -190,4 +190,43 @@ def test_nothing_of_one_trial_is_held_into_the_next():
                        elementwise_bar=True)
     finally:
         gc.enable()
-    assert rec.ok and rec.trials == 4 and len(calls) == 8
+    assert rec.ok and rec.trials == 4 and len(calls) == 8, rec
+
+
+def test_an_element_nearer_the_exact_answer_than_eager_is_judged_against_the_exact_answer():
+    # a*b - c*d in bf16: eager rounds both products before the subtraction, a fused kernel keeps
+    # them in fp32 and rounds once. Where they cancel, eager is off the exact answer by more than
+    # the bar (1e-2), so the right kernel is that far from eager: it passes, judged there against
+    # float64 by the same bar; a kernel far from both still fails.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_kernelize.compiling.regions import find_regions, region_spec
+    from torch_kernelize.core.targets import get_target
+    from torch_kernelize.core.validate import BY_ELEMENTWISE, BY_EXACT_NEARER, compare_elementwise
+
+    bf = torch.bfloat16
+    xs = [torch.randn(512, dtype=bf) for _ in range(4)]
+    gm = make_fx(lambda a, b, c, d: aten.sub.Tensor(aten.mul.Tensor(a, b), aten.mul.Tensor(c, d)))(*xs)
+    (region,) = find_regions(gm, get_target("interpreter"))
+    spec = region_spec(region, {})
+
+    def sample(s, seed, kind, dev):
+        g = torch.Generator().manual_seed(seed)
+        return [(torch.randn(512, generator=g) * 4).to(bf) for _ in range(4)]
+
+    def fused(inputs):
+        a, b, c, d = (t.float() for t in inputs)
+        return ((a * b - c * d).to(bf),)
+
+    inputs = sample(spec, 0, "random", "cpu")
+    assert not compare_elementwise(fused(inputs), spec.run_vendor(inputs), spec).ok  # eager's roundings
+    rec = validate(fused, spec, sample, elementwise_bar=True)
+    assert rec.ok and rec.decided_by.endswith(BY_ELEMENTWISE + BY_EXACT_NEARER), rec
+    assert rec.elementwise_exact == ["random"] * 3
+
+    def off(inputs):
+        out = fused(inputs)[0].float()
+        return ((out + 0.05 * out.sign()).to(bf),)
+
+    rec = validate(off, spec, sample, elementwise_bar=True)
+    assert not rec.ok and rec.decided_by == BY_ELEMENTWISE and "no nearer the float64" in rec.reason, rec
