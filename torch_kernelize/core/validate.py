@@ -332,9 +332,9 @@ def compare_elementwise_or_exact(outs: Sequence[torch.Tensor], vendor: Sequence[
                                  refs: Sequence[torch.Tensor], spec: KernelSpec) -> Comparison:
     """The elementwise bar, each element against whichever of the vendor output and the float64
     reference it is nearer. Eager rounds each op's result to the output dtype; a fused kernel
-    keeps fp32 between them, so on a bf16 region (three roundings around a GEMM) a right answer
-    can be more than the bar from eager while nearer the exact one: there it is judged against
-    the exact answer, by the same bar. A candidate far from both still fails (issue 25's region,
+    keeps fp32 between them, so on a bf16 region (``a*b - c*d`` where the products cancel) a
+    right answer can be more than the bar from eager while nearer the exact one: there it is
+    judged against the exact answer, by the same bar. A candidate far from both still fails (issue 25's region,
     2e-4 from an eager that was itself exact, does)."""
     return compare_elementwise(outs, nearest_expected(outs, refs, vendor), spec)
 
@@ -576,7 +576,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
                 exact = ref if ref is not None else source.reference(seed, kind, inputs)
                 either = compare_elementwise_or_exact(settled, vendor, exact, spec)
                 if not either.ok:
-                    e.reason += " (and the element is no nearer the float64 reference)"
+                    e.reason += " (nor are they all within it of the float64 reference where nearer it)"
                     return failed(n, seed, kind, e, BY_ELEMENTWISE)
                 exact_nearer.append(kind)
                 del exact
