@@ -334,8 +334,8 @@ def compare_elementwise_or_exact(outs: Sequence[torch.Tensor], vendor: Sequence[
     reference it is nearer. Eager rounds each op's result to the output dtype; a fused kernel
     keeps fp32 between them, so on a bf16 region (``a*b - c*d`` where the products cancel) a
     right answer can be more than the bar from eager while nearer the exact one: there it is
-    judged against the exact answer, by the same bar. A candidate far from both still fails (issue 25's region,
-    2e-4 from an eager that was itself exact, does)."""
+    judged against the exact answer, by the same bar. A candidate far from both still fails
+    (issue 25's region, 2e-4 from an eager that was itself exact, does)."""
     return compare_elementwise(outs, nearest_expected(outs, refs, vendor), spec)
 
 
