@@ -64,6 +64,29 @@ def test_decomposed_nodes_are_planned_again():
     torch.testing.assert_close(lowered([x]), F.gelu(x) * 2)
 
 
+def test_identical_nodes_share_one_trace_of_their_decomposition(monkeypatch):
+    """A model's repeated layers: nodes alike in op, sizes, constants and which arguments are the
+    same node are traced once; any difference is traced on its own; every splice is right."""
+    from torch_kernelize.compiling import decomposition_memo
+    traced = []
+    real = decomposition_memo.trace_decomposition
+    monkeypatch.setattr(decomposition_memo, "trace_decomposition", lambda n: traced.append(n.target) or real(n))
+
+    def fn(x, y, z):
+        return (F.gelu(x) + F.gelu(y),                                # alike: one trace
+                F.gelu(z), F.gelu(x, approximate="tanh"),                # another size, another constant
+                torch.addcmul(x, y, y) - torch.addcmul(x, y, x),        # the same node twice, or not
+                torch.addcmul(y, x, x, value=0.5) * torch.addcmul(x, y, y))
+    inputs = (torch.randn(4, 8), torch.randn(4, 8), torch.randn(3, 8))
+    lowered = _lower(fn, inputs, _chip("aten.gelu", "aten.addcmul"))
+    by = _by_op(lowered)
+    assert [d.tier for d in by["aten.gelu.default"]] == ["decompose"] * 4
+    assert [d.tier for d in by["aten.addcmul.default"]] == ["decompose"] * 4
+    assert traced.count(aten.gelu.default) == 3 and traced.count(aten.addcmul.default) == 3, traced
+    for got, want in zip(lowered(list(inputs)), fn(*inputs)):
+        torch.testing.assert_close(got, want)
+
+
 def test_every_decision_says_why_higher_tiers_were_rejected():
     x = torch.randn(4, 8)
     lowered = _lower(lambda t: torch.histc(t.relu(), bins=5), (x,), _chip("aten.histc", triton="interpreter"))

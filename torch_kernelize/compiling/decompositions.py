@@ -518,13 +518,13 @@ def trace_decomposition(node: fx.Node) -> fx.GraphModule:
         raise NotDecomposable(f"{op} decomposes only to primitives ({', '.join(prims)})")
     got = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     problem = _output_mismatch(pytree.tree_map(lambda n: n.meta.get("val") if isinstance(n, fx.Node) else n, got),
-                               traced, _used_outputs(node))
+                               traced, used_outputs(node))
     if problem:  # a decomposition that computes something else must never stand in for the op
         raise NotDecomposable(f"the decomposition of {op} returns other outputs than the op: {problem}")
     return sub
 
 
-def _used_outputs(node: fx.Node) -> set[int] | None:
+def used_outputs(node: fx.Node) -> set[int] | None:
     """The indices of a tuple-valued node's outputs that the graph reads (None: not a tuple); a
     getitem nothing reads does not count."""
     if not isinstance(node.meta.get("val"), (tuple, list)):

@@ -30,9 +30,9 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from torch_kernelize.compiling.decomposition_memo import DecompositionMemo
 from torch_kernelize.compiling.decompositions import (LAYOUT_COPY, NotDecomposable, decomposition_for,
-                                                     materialized_bytes, own_bytes, splice_decomposition,
-                                                     trace_decomposition)
+                                                     materialized_bytes, own_bytes, splice_decomposition)
 from torch_kernelize.lowering.kernels import family_for
 from torch_kernelize.compiling.op_classes import NodeClass, classify, is_random, ladder_decides, runs_as_given
 from torch_kernelize.compiling.regions import Region, closes_cycle, region_spec
@@ -324,6 +324,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
     """Decompose what the target cannot run (one node at a time, re-planning new nodes)."""
     decompositions: list[Decision] = []
     not_decomposable: dict[fx.Node, str] = {}
+    memo = DecompositionMemo()  # a model's repeated layers: one trace per distinct node
     for _ in range(MAX_DECOMPOSE_ROUNDS):
         changed = False
         for node in list(gm.graph.nodes):
@@ -340,7 +341,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
                 not_decomposable[node] = f"no ATen decomposition for {name}"
                 continue
             try:
-                sub = trace_decomposition(node)
+                sub = memo.trace(node)
                 whole = _generated_whole(node, sub, target) if target.has_triton else None
                 if whole is not None:
                     not_decomposable[node] = whole

@@ -1,0 +1,84 @@
+"""One trace per distinct node: a graph's identical nodes share their decomposition's trace.
+
+Planning for a chip that lacks most ops traces the decomposition of nearly every node
+(decompositions.trace_decomposition: make_fx, milliseconds each), and a model's layers repeat the
+same nodes: same op, same argument sizes, strides and constants. The trace depends on nothing
+else, so within one graph (one fake mode, one set of size symbols) it is made once per key and
+spliced wherever the key recurs; a decomposition that declines is declined once too.
+
+The key holds everything the trace reads: the op, the arguments' structure, each constant, each
+tensor argument's size, strides, offset, dtype and device, which arguments are the same node
+(``mul(x, x)`` traces one input), the layout of the node's own outputs (``keep_layout`` copies
+into it) and which of a tuple's outputs the graph reads. A node whose arguments hold anything
+else (a tensor that carries a constant's values, an object without a plain value) is traced on
+its own, every time.
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from torch_kernelize.compiling.decompositions import NotDecomposable, trace_decomposition, used_outputs
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class _Opaque(Exception):
+    """Something in the node the key cannot describe: trace it without the memo."""
+
+
+def _value_key(v: Any) -> Hashable:
+    if isinstance(v, _SYMBOLIC):  # one graph, one shape environment: the expression names it
+        return type(v).__name__, str(v)
+    if isinstance(v, _PLAIN):
+        return type(v).__name__, v
+    if isinstance(v, torch.Tensor):
+        if getattr(v, "constant", None) is not None:  # a fake tensor with real values a trace may read
+            raise _Opaque
+        return ("tensor", tuple(map(_value_key, v.shape)), tuple(map(_value_key, v.stride())),
+                _value_key(v.storage_offset()), v.dtype, v.device, v.requires_grad)
+    if isinstance(v, (tuple, list)):
+        return type(v).__name__, tuple(map(_value_key, v))
+    raise _Opaque
+
+
+def decomposition_key(node: fx.Node) -> Hashable | None:
+    """What ``trace_decomposition(node)`` depends on, as a key; None if it cannot be told."""
+    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    first: dict[fx.Node, int] = {}
+    try:
+        leaves = tuple(("node", first.setdefault(a, i), _value_key(a.meta.get("val")))
+                       if isinstance(a, fx.Node) else _value_key(a) for i, a in enumerate(flat))
+        out = _value_key(node.meta.get("val"))
+    except _Opaque:
+        return None
+    used = used_outputs(node)
+    return node.target, str(spec), leaves, out, None if used is None else frozenset(used)
+
+
+class DecompositionMemo:
+    """``trace(node)``: trace_decomposition's result for ``node``, made once per key (one graph)."""
+
+    def __init__(self) -> None:
+        self._traces: dict[Hashable, fx.GraphModule | NotDecomposable] = {}
+        self.hits = 0
+
+    def trace(self, node: fx.Node) -> fx.GraphModule:
+        key = decomposition_key(node)
+        if key is None:
+            return trace_decomposition(node)
+        if key in self._traces:
+            self.hits += 1
+        else:
+            try:
+                self._traces[key] = trace_decomposition(node)
+            except NotDecomposable as e:
+                self._traces[key] = e
+        got = self._traces[key]
+        if isinstance(got, NotDecomposable):
+            raise NotDecomposable(str(got))
+        return got
