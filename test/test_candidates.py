@@ -264,29 +264,37 @@ def test_the_task_writer_and_its_checker(tmp_path):
     assert unknown.returncode == 2 and "does not say it is for this spec" in unknown.stderr, unknown.stderr
 
 
-def test_candidate_file_to_served_kernel(tmp_path):
-    from torch_kernelize.fill_cache.cli import main
+def test_demo_external_runs_end_to_end_and_serves_the_candidate_without_its_file(tmp_path):
+    """The documented second demo command (make demo-external), with a copy of the example as the
+    candidate: its cache entry records the file's hash and its launches, verifies, and a compile
+    after the file is deleted still runs the kernel (serving needs nothing of the file)."""
+    import hashlib
+
+    from torch_kernelize.fill_cache.verify import verify_entries
     from torch_kernelize.kernel_cache import KernelCache
     from torch_kernelize.model_zoo import make_log_scan
 
-    chip, repros, folder = _repro(tmp_path)
-    cache = tmp_path / "cache"
-    spec = KernelSpec.from_json(json.loads((folder / "spec.json").read_text())["spec"])
-    assert family_for(spec).name == "scan"  # the candidate competes with the scan family's kernel (a tie here)
-    candidate = tmp_path / "mine.py"
+    candidate, work = tmp_path / "mine.py", tmp_path / "work"
     candidate.write_text(EXAMPLE.read_text())
-    assert main(["--quiet", "--repros", str(repros), "--target", str(chip), "--cache-dir", str(cache),
-                 "--candidate", str(candidate)]) == 0
+    proc = subprocess.run([sys.executable, "-m", "torch_kernelize.demo_external", "--workdir", str(work),
+                           "--candidate", str(candidate)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "ACCEPTED" in proc.stdout and "family 'external'" in proc.stdout
+    assert "aten.logcumsumexp.default on the triton tier: True" in proc.stdout
+
+    chip, cache = work / "chip.toml", work / "cache"
+    folder, = (f.parent for f in (work / "repros").glob("*/spec.json")
+               if json.loads(f.read_text())["op"] == "aten.logcumsumexp.default")
+    spec = KernelSpec.from_json(json.loads((folder / "spec.json").read_text())["spec"])
+    assert family_for(spec).name == "scan"  # the candidate competed with the scan family's kernel (a tie here)
     store = KernelCache.for_target(cache, get_target(str(chip)))
     status, entry, _ = store.lookup(spec.key)
     assert status == "hit" and entry.family == "external"
     record = json.loads(next(cache.glob(f"*/entries/{spec.key}/entry.json")).read_text())
-    import hashlib
     assert record["provenance"]["candidate"]["sha256"] == hashlib.sha256(EXAMPLE.read_bytes()).hexdigest()
     assert record["provenance"]["generator"] == "external" and record["validation"]["ok"]
     program = json.loads(next(cache.glob(f"*/entries/{spec.key}/program/program.json")).read_text())
     assert [l["kernel"] for l in program["launches"]] == ["logcumsumexp_kernel"]
-    from torch_kernelize.fill_cache.verify import verify_entries
     verdict, = verify_entries(store, get_target(str(chip)), [spec.key])  # tools/cache.py verify
     assert verdict.ok, verdict.detail
 
@@ -296,21 +304,12 @@ def test_candidate_file_to_served_kernel(tmp_path):
     compiled = torch.compile(model, backend="kernelize", options={
         "target": str(chip), "cache_dir": str(cache), "repro_dir": "off", "report": str(report),
         "graph_cache": "off"})
-    candidate.unlink()  # serving needs nothing of the candidate file: its launches were recorded
+    candidate.unlink()
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
     nodes = [n for g in json.loads(report.read_text())["graphs"] for n in g["nodes"]]
     node, = (n for n in nodes if n["op"] == "aten.logcumsumexp.default")
     assert node["tier"] == "triton", node
-
-
-def test_demo_external_runs_end_to_end(tmp_path):
-    """The documented second demo command (make demo-external)."""
-    proc = subprocess.run([sys.executable, "-m", "torch_kernelize.demo_external", "--workdir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "ACCEPTED" in proc.stdout and "family 'external'" in proc.stdout
-    assert "aten.logcumsumexp.default on the triton tier: True" in proc.stdout
 
 
 def test_fill_cache_exits_2_for_a_candidate_no_reproducer_is_for(tmp_path, capsys):
