@@ -76,13 +76,14 @@ def test_identical_nodes_share_one_trace_of_their_decomposition(monkeypatch):
         return (F.gelu(x) + F.gelu(y),                                # alike: one trace
                 F.gelu(z), F.gelu(x, approximate="tanh"),                # another size, another constant
                 torch.addcmul(x, y, y) - torch.addcmul(x, y, x),        # the same node twice, or not
-                torch.addcmul(y, x, x, value=0.5) * torch.addcmul(x, y, y))
+                torch.addcmul(y, x, x, value=0.5) * torch.addcmul(x, y, y),
+                torch.addcmul(F.gelu(y), F.gelu(x), y))  # two splices of one trace meet in one node
     inputs = (torch.randn(4, 8), torch.randn(4, 8), torch.randn(3, 8))
     lowered = _lower(fn, inputs, _chip("aten.gelu", "aten.addcmul"))
     by = _by_op(lowered)
-    assert [d.tier for d in by["aten.gelu.default"]] == ["decompose"] * 4
-    assert [d.tier for d in by["aten.addcmul.default"]] == ["decompose"] * 4
-    assert traced.count(aten.gelu.default) == 3 and traced.count(aten.addcmul.default) == 3, traced
+    assert [d.tier for d in by["aten.gelu.default"]] == ["decompose"] * 6
+    assert [d.tier for d in by["aten.addcmul.default"]] == ["decompose"] * 5
+    assert traced.count(aten.gelu.default) == 3 and traced.count(aten.addcmul.default) == 4, traced
     for got, want in zip(lowered(list(inputs)), fn(*inputs)):
         torch.testing.assert_close(got, want)
 

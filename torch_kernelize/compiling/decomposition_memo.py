@@ -12,13 +12,19 @@ tensor argument's size, strides, offset, dtype and device, which arguments are t
 into it) and which of a tuple's outputs the graph reads. A node whose arguments hold anything
 else (a tensor that carries a constant's values, an object without a plain value) is traced on
 its own, every time.
+
+The nodes of each splice after the first get value objects of their own (``spliced``):
+make_fx binds a traced input by its tensor object, so two nodes spliced from one trace, holding
+the trace's ``meta["val"]`` objects, would become one input of any later trace they both feed.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Hashable
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
 from torch_kernelize.compiling.decompositions import NotDecomposable, trace_decomposition, used_outputs
@@ -61,24 +67,51 @@ def decomposition_key(node: fx.Node) -> Hashable | None:
 
 
 class DecompositionMemo:
-    """``trace(node)``: trace_decomposition's result for ``node``, made once per key (one graph)."""
+    """``trace(node)``: trace_decomposition's result for ``node``, made once per key (one graph);
+    ``spliced(sub, nodes)`` after each splice of it."""
 
     def __init__(self) -> None:
         self._traces: dict[Hashable, fx.GraphModule | NotDecomposable] = {}
-        self.hits = 0
+        self._splices: dict[int, int] = {}  # a kept trace's id -> how often it was spliced
 
     def trace(self, node: fx.Node) -> fx.GraphModule:
         key = decomposition_key(node)
         if key is None:
             return trace_decomposition(node)
-        if key in self._traces:
-            self.hits += 1
-        else:
+        if key not in self._traces:
             try:
                 self._traces[key] = trace_decomposition(node)
+                self._splices[id(self._traces[key])] = 0
             except NotDecomposable as e:
                 self._traces[key] = e
         got = self._traces[key]
         if isinstance(got, NotDecomposable):
             raise NotDecomposable(str(got))
         return got
+
+    def spliced(self, sub: fx.GraphModule, nodes: list[fx.Node]) -> None:
+        """``nodes`` were spliced from ``sub``: after its first splice, they get values of their own."""
+        before = self._splices.get(id(sub))
+        if before is None:  # a trace of its own
+            return
+        self._splices[id(sub)] = before + 1
+        if before == 0:
+            return
+        vals = [n.meta["val"] for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+        fake_mode = detect_fake_mode(vals)
+        for n in nodes:
+            if "val" in n.meta:
+                n.meta["val"] = pytree.tree_map_only(torch.Tensor, lambda t: _like(t, fake_mode), n.meta["val"])
+
+
+def _like(t: torch.Tensor, fake_mode: Any) -> torch.Tensor:
+    """A tensor of ``t``'s size, strides, offset, dtype, device and storage size (no values)."""
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        storage = torch.empty_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,),
+                                      dtype=t.dtype, device=t.device)
+        new = storage.as_strided(t.shape, t.stride(), t.storage_offset())
+    if t.requires_grad:
+        new.requires_grad_(True)
+    if getattr(t, "constant", None) is not None:
+        new.constant = t.constant
+    return new

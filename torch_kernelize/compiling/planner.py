@@ -347,6 +347,7 @@ def plan_graph(gm: fx.GraphModule, target: Target) -> GraphPlan:
                     not_decomposable[node] = whole
                     continue
                 new_nodes = splice_decomposition(gm, node, sub)
+                memo.spliced(sub, new_nodes)
             except NotDecomposable as e:
                 not_decomposable[node] = str(e)
                 continue
