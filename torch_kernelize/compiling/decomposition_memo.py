@@ -43,8 +43,8 @@ def _value_key(v: Any) -> Hashable:
     if isinstance(v, _PLAIN):
         return type(v).__name__, v
     if isinstance(v, torch.Tensor):
-        if getattr(v, "constant", None) is not None:  # a fake tensor with real values a trace may read
-            raise _Opaque
+        if getattr(v, "constant", None) is not None or v.layout is not torch.strided:
+            raise _Opaque  # a fake tensor with real values a trace may read; a sparse one
         return ("tensor", tuple(map(_value_key, v.shape)), tuple(map(_value_key, v.stride())),
                 _value_key(v.storage_offset()), v.dtype, v.device, v.requires_grad)
     if isinstance(v, (tuple, list)):
@@ -106,6 +106,8 @@ class DecompositionMemo:
 
 def _like(t: torch.Tensor, fake_mode: Any) -> torch.Tensor:
     """A tensor of ``t``'s size, strides, offset, dtype, device and storage size (no values)."""
+    if t.layout is not torch.strided:  # (no storage to copy the shape of; not met in a decomposition)
+        return t
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         storage = torch.empty_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,),
                                       dtype=t.dtype, device=t.device)
