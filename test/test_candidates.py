@@ -274,6 +274,8 @@ def test_demo_external_runs_end_to_end_and_serves_the_candidate_without_its_file
     from torch_kernelize.kernel_cache import KernelCache
     from torch_kernelize.model_zoo import make_log_scan
 
+    from torch_kernelize import demo_external
+    assert demo_external.EXAMPLE == EXAMPLE and EXAMPLE.is_file()  # the command's default candidate
     candidate, work = tmp_path / "mine.py", tmp_path / "work"
     candidate.write_text(EXAMPLE.read_text())
     proc = subprocess.run([sys.executable, "-m", "torch_kernelize.demo_external", "--workdir", str(work),
