@@ -38,7 +38,8 @@ class Lookups(Protocol):
 class Cache(Protocol):
     """The cache of one target namespace, as fill_cache and the tools read and fill it."""
 
-    dir: Path
+    dir: Path   # this namespace's folder: root / namespace
+    root: Path  # the folder of every namespace, as a session's cache_dir names it
 
     def lookup(self, key: str) -> Lookup: ...
 

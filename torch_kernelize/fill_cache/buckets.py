@@ -327,8 +327,9 @@ class BucketMeasurer:
     """A bucket's measurer (measure.CandidateMeasurer): candidates are built, validated and timed
     at the representative (the upper edge) as any spec's are; a correct one is validated again,
     with the same binaries and the launch sizes serving computes, at the other ``inside_sizes``.
-    In this process: those checks load the representative's binaries. ``cache_dir``: the cache
-    being filled, where a whole graph's own assembly (its baseline) runs from."""
+    In this process: those checks load the representative's binaries. ``cache_dir``: the root
+    of the cache being filled (above the target's namespace), where a whole graph's own
+    assembly (its baseline) runs from."""
 
     contains_faults = False
 

@@ -185,7 +185,7 @@ class FillRun:
         family = BucketFamily(family or work.generator or _registry_family(work.spec), work.dims)
         journal = Journal(self.cache.journal_path(work.key))
         journal.archive()  # (a bucket's search starts afresh)
-        measurer = BucketMeasurer(work, family, self.target, builder, self.cache.dir)
+        measurer = BucketMeasurer(work, family, self.target, builder, self.cache.root)
         search = Search(work.key, work.spec, family, measurer, journal, [], self.force, work.record(), unaligned=False)
         try:
             return self._searched(search, row, None)
@@ -266,7 +266,9 @@ class FillRun:
             self._served(p, seen | {place}) for p in before if p not in seen)
 
     def _measurer(self, spec: KernelSpec, family: KernelGenerator, captured: list) -> CandidateMeasurer:
-        cache_dir = self.cache.dir  # a whole graph's own assembly runs from it
+        # a whole graph's own assembly is lowered from this cache: a session's cache_dir is the
+        # root of the target namespaces, not this run's namespace under it
+        cache_dir = self.cache.root
         if not self.isolate:
             return Measurer(spec, family, self.target, captured, self.builder, cache_dir)
         return IsolatedMeasurer(spec, family, self.target, captured, self.builder, self._worker, cache_dir)

@@ -115,8 +115,9 @@ class Measurer:
     def __init__(self, spec: KernelSpec, family: KernelFamily, target: Target,
                  extra_inputs: Sequence[Sequence[torch.Tensor]] = (), builder: Builder | None = None,
                  cache_dir: Path | None = None, baseline: Callable | None = None):
-        """``cache_dir``: the cache being filled, whose kernels a whole graph's own assembly runs
-        (the baseline its candidates are timed against: graph_candidates.py). ``baseline``: that
+        """``cache_dir``: the root of the cache being filled (a session's cache_dir, above the
+        target's namespace), whose kernels a whole graph's own assembly runs (the baseline its
+        candidates are timed against: graph_candidates.py). ``baseline``: that
         function where the caller has its own (a dynamic graph's bucket: whole_buckets.py)."""
         self.spec = spec
         self.cache_dir = cache_dir
