@@ -207,3 +207,27 @@ def test_an_exit_while_reproducers_are_queued_finishes_the_running_one_and_drops
     assert (tmp_path / "first").read_text() == "written"
     assert not (tmp_path / "second").exists()
     assert "1 reproducer(s) not written" in proc.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_a_miss_is_captured_on_the_device_and_copied_to_the_host_behind_the_model():
+    """The calling thread takes device copies (no device-to-host wait in a served call); the
+    writer's copies to the host wait for the work that made them, on a stream of their own, and
+    hold the values of capture time though the model overwrites its tensors right after."""
+    from torch_kernelize.serving.runtime import CapturingInterpreter
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.sigmoid(x * 2) + 1)
+    node = next(n.name for n in gm.graph.nodes if n.op == "call_function")  # x * 2: its input is x
+    x = torch.randn(1024, 1024, device="cuda")
+    expected = x.cpu()
+    torch.cuda._sleep(50_000_000)  # (the stream is busy: the capture is queued behind it)
+    interp = CapturingInterpreter(gm, {node}, on_device=True)
+    interp.run(x)
+    copies = interp.captured[node]
+    assert [t.device.type for t in copies] == ["cuda"]
+    ready = dump.device_ready(copies)
+    x.zero_()  # the model goes on with its buffers
+    torch.cuda._sleep(50_000_000)
+    on_host = dump.host_copies(copies, ready)
+    assert on_host[0].device.type == "cpu"
+    torch.testing.assert_close(on_host[0], expected)

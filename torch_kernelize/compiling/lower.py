@@ -636,8 +636,9 @@ class LoweredGraph:
         return out
 
     def _capture(self, spec: Specialization, args: list, pending: list[Decision]) -> Any:
-        """Run the call through an interpreter that takes CPU copies of the pending misses'
-        inputs, and hand them to the repro writer."""
+        """Run the call through an interpreter that takes copies of the pending misses' inputs
+        (on their device: the writer's thread moves them to the host), and hand them to the repro
+        writer."""
         regions = {d.spec_key: self._region_of[d.spec_key] for d in pending if d.op == "region"}
         wanted = {n.name for r in regions.values() for n in r.inputs}
         # Region inputs that view folding removed from the bound graph are computed by the planned
@@ -646,10 +647,11 @@ class LoweredGraph:
         values: dict[str, torch.Tensor] = {}
         if folded:
             written = set(self.mutated_inputs)
-            planned = CapturingInterpreter(self.plan.gm, set(), folded)
+            planned = CapturingInterpreter(self.plan.gm, set(), folded, on_device=True)
             planned.run(*[a.clone() if i in written else a for i, a in enumerate(args)])
             values = planned.values
-        interp = CapturingInterpreter(spec.gm, {d.node for d in pending if d.op != "region"}, wanted - folded)
+        interp = CapturingInterpreter(spec.gm, {d.node for d in pending if d.op != "region"}, wanted - folded,
+                                      on_device=True)
         out = interp.run(*args)
         values = {**values, **interp.values}
         repros = self.session.repros

@@ -149,6 +149,38 @@ def load_inputs(load_args: Callable, folder: Path) -> list[torch.Tensor]:
     return list(reader.args)
 
 
+def device_ready(inputs: Sequence[torch.Tensor]) -> Any:
+    """An event recorded on the current stream of each CUDA device of ``inputs`` (after the work
+    that made them), {device: event}; None when all are on the host."""
+    devices = {t.device for t in inputs if t.is_cuda}
+    if not devices:
+        return None
+    events = {}
+    for device in devices:
+        events[device] = torch.cuda.Event()
+        events[device].record(torch.cuda.current_stream(device))
+    return events
+
+
+def host_copies(inputs: Sequence[torch.Tensor], ready: Any) -> list[torch.Tensor]:
+    """CPU copies of ``inputs``, each device's made on a stream of their own once its ``ready``
+    event has passed: the model's streams never wait for them, only the calling thread does."""
+    if not ready:
+        return list(inputs)
+    streams = {}
+    for device, event in ready.items():
+        streams[device] = torch.cuda.Stream(device)
+        streams[device].wait_event(event)
+    out = []
+    for t in inputs:
+        if not t.is_cuda:
+            out.append(t)
+            continue
+        with torch.cuda.stream(streams[t.device]):
+            out.append(t.to("cpu"))  # (blocking: the copy is done before ``t`` can be freed)
+    return out
+
+
 class ReproWriter:
     """The backend's repro sink: one folder per spec key under ``root``.
 
@@ -209,17 +241,21 @@ class ReproWriter:
 
     def write(self, decision: Any, inputs: Sequence[torch.Tensor], target: Target, kind: str,
               bucket_dims: Sequence[Sequence[Any]] | None = None) -> None:
-        """Queue the repro of a claimed miss; ``inputs`` are CPU copies the caller no longer touches.
-        ``bucket_dims``: the miss's variable dims when it is recorded for its shape bucket."""
+        """Queue the repro of a claimed miss; ``inputs`` are copies the caller no longer touches,
+        on the host or on a CUDA device (made on the current stream: the writer's thread copies
+        them to the host behind it, host_copies). ``bucket_dims``: the miss's variable dims when it
+        is recorded for its shape bucket."""
         spec = decision.spec
         extra = {"decision": decision.to_json()}
         if bucket_dims:
             extra["bucket_dims"] = [list(d) for d in bucket_dims]
+        ready = device_ready(inputs)
 
         def write() -> None:
             written = None
             try:
-                if write_repro(self.folder_for(spec), spec, inputs, target, kind, self.options.cache_dir, extra):
+                on_host = host_copies(inputs, ready)
+                if write_repro(self.folder_for(spec), spec, on_host, target, kind, self.options.cache_dir, extra):
                     repro_counts.add("written")
                     written = recorder.captured_bytes(spec)
                     log.debug("wrote %s repro for %s to %s", kind, spec.describe(), self.folder_for(spec))

@@ -361,22 +361,38 @@ def _stable_toposort(graph: fx.Graph) -> None:
 
 
 class CapturingInterpreter(fx.Interpreter):
-    """Runs a bound graph once, keeping CPU copies of chosen values (for repros): the tensor
-    inputs of the nodes named in ``inputs_of``, and the values of the nodes named in ``values_of``."""
+    """Runs a bound graph once, keeping copies of chosen values (for repros): the tensor inputs of
+    the nodes named in ``inputs_of``, and the values of the nodes named in ``values_of``.
 
-    def __init__(self, gm: fx.GraphModule, inputs_of: set[str], values_of: set[str] = frozenset()):
+    The copies are CPU tensors; with ``on_device`` they stay on their tensor's device (a serving
+    call then never waits for a device-to-host copy, which cost a Mixtral server's first call of a
+    new bucket ~200 ms on an H100: the repro writer's thread makes them, repro_writer.host_copies).
+    Where the device has no room for a copy, the host takes it at once."""
+
+    def __init__(self, gm: fx.GraphModule, inputs_of: set[str], values_of: set[str] = frozenset(),
+                 on_device: bool = False):
         super().__init__(gm)
         self.inputs_of = inputs_of
         self.values_of = values_of
+        self.on_device = on_device
         self.captured: dict[str, list[torch.Tensor]] = {}
         self.values: dict[str, torch.Tensor] = {}
+
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        if self.on_device and t.device.type != "cpu":
+            try:
+                return t.clone()
+            except torch.OutOfMemoryError:
+                pass
+        return t.to("cpu", copy=True)
 
     def run_node(self, n: fx.Node) -> Any:
         if n.name in self.inputs_of:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             flat, _ = pytree.tree_flatten((list(args), dict(kwargs)))
-            self.captured[n.name] = [t.detach().to("cpu", copy=True) for t in flat if isinstance(t, torch.Tensor)]
+            self.captured[n.name] = [self._copy(t) for t in flat if isinstance(t, torch.Tensor)]
         result = super().run_node(n)
         if n.name in self.values_of and isinstance(result, torch.Tensor):
-            self.values[n.name] = result.detach().to("cpu", copy=True)
+            self.values[n.name] = self._copy(result)
         return result
