@@ -150,3 +150,24 @@ def test_gpu_saved_artifact_runs_the_cached_kernels(tmp_path):
         aot.save(model.forward, (x,), tmp_path / "norm.kz", options=options)
         run = aot.load(tmp_path / "norm.kz", model)
         torch.testing.assert_close(run(x), model(x), rtol=2e-3, atol=2e-3)
+
+
+def test_gpu_a_loaded_programs_kernels_are_on_the_device_before_their_first_launch(tmp_path):
+    """Lowering binds programs ahead of their calls: their kernels' code is loaded then (cuFuncLoad),
+    not by CUDA's lazy loading at a served call's first launch of each (issue 41)."""
+    import ctypes
+
+    from torch_kernelize.serving.cubin_launch import _Driver
+    lib = _Driver.lib()
+    if getattr(lib, "cuFuncIsLoaded", None) is None:
+        pytest.skip("the driver predates cuFuncIsLoaded (CUDA 12.4)")
+    spec = dict(SPECS)["softmax_f16"]
+    family = family_for(spec)
+    write_program(tmp_path / "p", spec, family.generate(spec, family.seed_configs(spec)[0]), "cuda")
+    runner = load_program(tmp_path / "p", spec, "cuda")
+    functions = [(k.name, k._static.function) for k in runner._kernels if k.static]
+    assert functions, "no kernel took torch's static launcher: nothing here says where its code is"
+    for name, function in functions:
+        state = ctypes.c_int(-1)
+        assert lib.cuFuncIsLoaded(ctypes.byref(state), ctypes.c_void_p(function)) == 0
+        assert state.value == 1, f"{name} is not loaded (CU_FUNCTION_LOADING_STATE {state.value})"

@@ -16,6 +16,18 @@ from torch_kernelize.core.program import Launch, launch_files
 _C_SCALARS = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "fp32": ctypes.c_float}
 
 
+def load_now(function: Any) -> bool:
+    """Have the driver load a kernel's code (a CUfunction) now, not at its first launch: under
+    CUDA's lazy module loading (torch's default) the first launch of each kernel loads it, and a
+    Mixtral server's first call of a new shape bucket launched its bucket's kernels for the first
+    time (9 loads, ~40 ms on an H100: issue 41). Programs are loaded when lowering binds them, so
+    their code is loaded there too. False where the driver has no cuFuncLoad (before CUDA 12.4)
+    or refused: the kernel then loads at its first launch, as it would have."""
+    fn = getattr(_Driver.lib(), "cuFuncLoad", None)
+    value = function.value if isinstance(function, ctypes.c_void_p) else function
+    return fn is not None and bool(value) and fn(ctypes.c_void_p(value)) == 0
+
+
 class _Driver:
     """The few CUDA driver entry points the launcher calls (libcuda, loaded by torch already)."""
 

@@ -25,6 +25,7 @@ import torch
 
 from torch_kernelize.core.program import KernelProgram, Launch, launch_files
 from torch_kernelize.core.spec import KernelSpec
+from torch_kernelize.serving.cubin_launch import load_now
 
 log = logging.getLogger("torch_kernelize.serving.launch")
 
@@ -121,6 +122,7 @@ class CudaLaunch:
             from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
             static = StaticallyLaunchedCudaKernel(binary)
             static.load_kernel(torch.cuda.current_device())
+            load_now(static.function)
             self._static = static
             self.run = static.run
             self.dropped = frozenset(constexpr_positions)
@@ -129,6 +131,7 @@ class CudaLaunch:
             compiled = binary.compiled()
             launch = compiled.run  # builds Triton's launcher for the stored binary (no Triton compile)
             function, packed = compiled.function, compiled.packed_metadata
+            load_now(function)
             scratch = getattr(binary.metadata, "global_scratch_size", 0) > 0
 
             def run(gx: int, gy: int, gz: int, stream: int, *args: Any) -> None:
