@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,46 @@ def test_gpu_a_miss_is_captured_on_the_device_and_copied_to_the_host_behind_the_
     on_host = dump.host_copies(copies, ready)
     assert on_host[0].device.type == "cpu"
     torch.testing.assert_close(on_host[0], expected)
+
+
+def test_a_first_call_captures_its_misses_inputs_in_the_generated_code(tmp_path, monkeypatch):
+    """The first call that records misses runs the graph's generated code with capture lines, not
+    FX's interpreter (a node at a time: on Mixtral's first call of a new bucket, tens of ms), and
+    the repro holds the input the miss met."""
+    from torch_kernelize.serving import repro_inputs, runtime
+
+    def interpreted(*args, **kwargs):
+        raise AssertionError("the first call ran FX's interpreter")
+    monkeypatch.setattr(runtime.CapturingInterpreter, "run", interpreted)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(_compiled(tmp_path)(x), _model(x))
+    assert flush_repros(60)
+    metas = {f: repro_inputs.read_meta(f) for f in _folders(tmp_path)}
+    sigmoid = [f for f, m in metas.items() if "sigmoid" in json.dumps(m)]
+    assert sigmoid, sorted(metas)
+    torch.testing.assert_close(repro_inputs.read_inputs(sigmoid[0])[0], x)
+
+
+def test_a_reproducer_is_written_once_the_model_is_quiet_or_when_someone_waits(tmp_path, monkeypatch):
+    """Writes wait for a quiet spell of the model's calls (their Python would stretch its calls),
+    at most MAX_DEFER_S; flush_repros does not wait for quiet."""
+    from torch_kernelize.serving import repro_recorder, runtime
+    monkeypatch.setattr(repro_recorder, "QUIET_S", 0.5)
+    monkeypatch.setattr(repro_recorder, "MAX_DEFER_S", 30.0)
+    started = []
+    original = dump.write_repro
+    monkeypatch.setattr(dump, "write_repro", lambda *a, **k: started.append(runtime.calls.quiet_s()) or
+                        original(*a, **k))
+    compiled, x = _compiled(tmp_path), torch.randn(4, 8)
+    with torch.no_grad():
+        compiled(x)
+        for _ in range(20):  # a busy model: calls 20 ms apart
+            time.sleep(0.02)
+            compiled(x)
+    assert started == []
+    time.sleep(1.5)
+    assert started and min(started) >= 0.5, started
+    with torch.no_grad():
+        compiled(torch.randn(6, 8))  # a new shape: more misses to write, the model just called
+    assert flush_repros(60)

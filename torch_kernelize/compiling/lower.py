@@ -52,7 +52,7 @@ from torch_kernelize.compiling.stable_sorts import stable_sorts
 from torch_kernelize.serving.view_folding import fold_view_chains
 from torch_kernelize.compiling.report import GraphReport, Planning, ReportWriter, fill_command
 from torch_kernelize.serving.runtime import (CapturingInterpreter, CheckedTritonCall, KernelState, Specialization,
-                                     TritonCall, bind_graph)
+                                     TritonCall, ValueCapture, bind_graph)
 from torch_kernelize.core.shapes import SymbolBinder, concrete_meta, meta_of_size
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.core.validate import compare
@@ -360,7 +360,7 @@ class LoweredGraph:
             decisions = [resolve_family(d) for d in decisions]  # misses' families only now: fused nodes are no misses
             pending, verdicts = self._record_misses(decisions + region_decisions, key)
             gm = self._bind(decisions, runners, calls, fused)
-            spec = Specialization(gm, decisions, key, self._first_call_hook(decisions, pending),
+            spec = Specialization(gm, decisions, key, self._first_call_hook(gm, decisions, pending),
                                   flat_function(gm, guarded_inputs=self.kind != "backward"))
             spec.regions = region_decisions
             spec.lookups = lookups.witnesses if lookups is not None else {}
@@ -450,9 +450,11 @@ class LoweredGraph:
                                                        [m.stride for m in d.spec.outputs] if d.spec else None),
                           fused, passes, guarded_inputs=self.kind != "backward")
 
-    def _first_call_hook(self, decisions: list[Decision], pending: list[Decision]) -> Callable | None:
+    def _first_call_hook(self, gm: fx.GraphModule, decisions: list[Decision],
+                         pending: list[Decision]) -> Callable | None:
         """What the first call runs through, where it captures reproducers' inputs or strict mode
-        must name the ops left missing; None otherwise."""
+        must name the ops left missing; None otherwise. The capturing code is generated here, when
+        the graph is bound, not in the call."""
         missing: dict[str, str | None] = {}  # op -> a folder that names it (strict mode's error)
         for d in decisions:
             if d.missing and missing.get(d.op) is None:
@@ -460,7 +462,22 @@ class LoweredGraph:
         strict = self.session.options.strict and missing
         if not (pending or strict):
             return None
-        return lambda s, args: self._first_call(s, args, pending, missing if strict else None)
+        capture = self._capture_code(gm, pending) if pending else None
+        return lambda s, args: self._first_call(s, args, pending, missing if strict else None, capture)
+
+    def _capture_code(self, gm: fx.GraphModule, pending: list[Decision]) -> tuple[Callable, ValueCapture, set[str]]:
+        """The bound graph's generated code that also copies the pending misses' inputs (on their
+        device), the capture it fills, and the region inputs view folding removed from the bound
+        graph (the planned graph computes those: _capture)."""
+        regions = [self._region_of[d.spec_key] for d in pending if d.op == "region"]
+        wanted = {n.name for r in regions for n in r.inputs}
+        folded = wanted - {n.name for n in gm.graph.nodes}
+        capture = ValueCapture({d.node for d in pending if d.op != "region"}, wanted - folded, on_device=True)
+        forward = flat_function(gm, guarded_inputs=self.kind != "backward", capture=capture)
+        if forward == gm.forward:  # (code not generated for this graph: FX's interpreter captures)
+            interp = CapturingInterpreter(gm, capture.inputs_of, capture.values_of, on_device=True)
+            forward, capture = interp.run, interp.capture
+        return forward, capture, folded
 
     def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None,
                      respec: Callable[[tuple[int, ...]], KernelSpec | None] | None = None,
@@ -619,12 +636,12 @@ class LoweredGraph:
         return fused, region_decisions
 
     def _first_call(self, spec: Specialization, args: list, pending: list[Decision],
-                    strict_missing: dict[str, str | None] | None) -> Any:
-        """Run once through an interpreter that captures the inputs of the repros this process
-        still records (claimed now: another graph, or the cap, may have taken them since)."""
+                    strict_missing: dict[str, str | None] | None, capture: tuple | None) -> Any:
+        """Run once through code that captures the inputs of the repros this process still
+        records (claimed now: another graph, or the cap, may have taken them since)."""
         repros = self.session.repros
         pending = [d for d in pending if repros.claim(d.spec, self._record_key(d, spec.key))]
-        out = self._capture(spec, args, pending) if pending else spec._forward(*args)
+        out = self._capture(spec, args, pending, capture) if pending else spec._forward(*args)
         if strict_missing:
             flush_repros(STRICT_WAIT_S)  # the error names the repro folders: they are there when it is raised
             error = MissingOpsError(self.target.name, strict_missing, self.report.fill_hint)
@@ -635,33 +652,28 @@ class LoweredGraph:
             raise error
         return out
 
-    def _capture(self, spec: Specialization, args: list, pending: list[Decision]) -> Any:
-        """Run the call through an interpreter that takes copies of the pending misses' inputs
-        (on their device: the writer's thread moves them to the host), and hand them to the repro
-        writer."""
-        regions = {d.spec_key: self._region_of[d.spec_key] for d in pending if d.op == "region"}
-        wanted = {n.name for r in regions.values() for n in r.inputs}
-        # Region inputs that view folding removed from the bound graph are computed by the planned
-        # graph (ATen ops), before the call writes any input (those it writes run on copies).
-        folded = wanted - {n.name for n in spec.gm.graph.nodes}
+    def _capture(self, spec: Specialization, args: list, pending: list[Decision], capture: tuple) -> Any:
+        """Run the call through the capturing code (_capture_code), and hand the pending misses'
+        inputs to the repro writer."""
+        forward, taken, folded = capture
         values: dict[str, torch.Tensor] = {}
         if folded:
+            # Region inputs that view folding removed from the bound graph are computed by the
+            # planned graph (ATen ops), before the call writes any input (those it writes run on copies).
             written = set(self.mutated_inputs)
             planned = CapturingInterpreter(self.plan.gm, set(), folded, on_device=True)
             planned.run(*[a.clone() if i in written else a for i, a in enumerate(args)])
             values = planned.values
-        interp = CapturingInterpreter(spec.gm, {d.node for d in pending if d.op != "region"}, wanted - folded,
-                                      on_device=True)
-        out = interp.run(*args)
-        values = {**values, **interp.values}
+        out = forward(*args)
+        values = {**values, **taken.values}
         repros = self.session.repros
         for d in pending:
             inputs = None
             if d.op == "region":
-                inputs = [values.get(n.name) for n in regions[d.spec_key].inputs]
+                inputs = [values.get(n.name) for n in self._region_of[d.spec_key].inputs]
                 inputs = inputs if all(t is not None for t in inputs) else None
-            elif d.node in interp.captured:
-                inputs = interp.captured[d.node]
+            elif d.node in taken.captured:
+                inputs = taken.captured[d.node]
             if inputs is None:  # not captured here: a graph that computes it may record it
                 repros.release(d.spec, self._record_key(d, spec.key))
             else:

@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from torch_kernelize.serving.bucket_call import BucketCall
 from torch_kernelize.serving.op_bindings import fast_binding
-from torch_kernelize.serving.runtime import TritonCall, has_traced_layout
+from torch_kernelize.serving.runtime import TritonCall, ValueCapture, has_traced_layout
 from torch_kernelize.serving.view_folding import FoldedView, reinterpret_tensor
 
 
@@ -81,12 +81,15 @@ def local(node: fx.Node) -> str:
     return f"v_{node.name}"
 
 
-def flat_function(gm: fx.GraphModule, guarded_inputs: bool = True) -> Callable[..., Any]:
+def flat_function(gm: fx.GraphModule, guarded_inputs: bool = True,
+                  capture: ValueCapture | None = None) -> Callable[..., Any]:
     """The bound graph ``gm`` as one generated function of the graph's inputs (positional, like
     ``gm.forward``); ``gm.forward`` itself where the graph holds what this does not render.
-    ``guarded_inputs``: the graph's inputs have their traced layouts (runtime.has_traced_layout)."""
+    ``guarded_inputs``: the graph's inputs have their traced layouts (runtime.has_traced_layout).
+    ``capture``: the code also hands it the inputs and values it asks for (a first call that
+    records reproducers, at the generated code's speed rather than an interpreter's)."""
     try:
-        source, namespace = flat_source(gm, guarded_inputs)
+        source, namespace = flat_source(gm, guarded_inputs, capture)
     except _Unrendered:
         return gm.forward
     code = compile(source, f"<kernelize flat code {id(gm):x}>", "exec")
@@ -96,7 +99,8 @@ def flat_function(gm: fx.GraphModule, guarded_inputs: bool = True) -> Callable[.
     return fn
 
 
-def flat_source(gm: fx.GraphModule, guarded_inputs: bool = True) -> tuple[str, dict[str, Any]]:
+def flat_source(gm: fx.GraphModule, guarded_inputs: bool = True,
+                capture: ValueCapture | None = None) -> tuple[str, dict[str, Any]]:
     """The source of ``flat_function`` and the globals it runs with."""
     graph = gm.graph
     if type(graph._codegen) is not fx.graph.CodeGen:
@@ -118,11 +122,18 @@ def flat_source(gm: fx.GraphModule, guarded_inputs: bool = True) -> tuple[str, d
         if n.op == "placeholder":
             if n.args or n.kwargs:  # a default value
                 raise _Unrendered("a placeholder with a default")
+            if capture is not None and n.name in capture.values_of:
+                body.append(f"{w.ref(capture, 'capture')}.value({n.name!r}, {local(n)})")
             continue
         if n.op == "output":
             body.append(f"return {w.value(n.args[0])}")
             break
+        if capture is not None and n.name in capture.inputs_of:
+            body.append(f"{w.ref(capture, 'capture')}.inputs({n.name!r}, {w.value(tuple(n.args))}, "
+                        f"{w.value(dict(n.kwargs))})")
         body += _statement(w, n, guarded_inputs, checked_inputs)
+        if capture is not None and n.name in capture.values_of:
+            body.append(f"{w.ref(capture, 'capture')}.value({n.name!r}, {local(n)})")
         gone = dropped_after.get(n)
         if gone:
             body.append(" = ".join(local(v) for v in gone) + " = None")

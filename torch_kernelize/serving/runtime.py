@@ -13,6 +13,7 @@ import heapq
 import logging
 import operator
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -174,6 +175,20 @@ class CheckedTritonCall(TritonCall):
         return got
 
 
+class CallClock:
+    """When this process last started a call of a bound graph: background work that contends for
+    the interpreter lock (the repro writer: repro_recorder.BackgroundWriter) waits for a quiet
+    spell rather than stretching the model's calls."""
+
+    started = 0.0
+
+    def quiet_s(self) -> float:
+        return time.perf_counter() - self.started
+
+
+calls = CallClock()
+
+
 class Specialization:
     """The bound executable for one shape signature, plus the decisions it was built from."""
 
@@ -210,6 +225,7 @@ class Specialization:
             self._forward = saved
 
     def __call__(self, args: list) -> Any:
+        calls.started = time.perf_counter()
         if self._first_call is not None:
             # One thread runs the first call; the others wait for it, then run what it left
             # (the generated code, or the refusal of a strict graph with missing ops).
@@ -360,39 +376,55 @@ def _stable_toposort(graph: fx.Graph) -> None:
         prev.append(n)
 
 
-class CapturingInterpreter(fx.Interpreter):
-    """Runs a bound graph once, keeping copies of chosen values (for repros): the tensor inputs of
-    the nodes named in ``inputs_of``, and the values of the nodes named in ``values_of``.
+def copy_value(t: torch.Tensor, on_device: bool) -> torch.Tensor:
+    """A copy of ``t`` for a reproducer: on the host, or with ``on_device`` on ``t``'s device (a
+    serving call then never waits for a device-to-host copy, which cost a Mixtral server's first
+    call of a new bucket ~150 ms on an H100: the repro writer's thread makes those,
+    repro_writer.host_copies). Where the device has no room for a copy, the host takes it at once."""
+    t = t.detach()
+    if on_device and t.device.type != "cpu":
+        try:
+            return t.clone()
+        except torch.OutOfMemoryError:
+            pass
+    return t.to("cpu", copy=True)
 
-    The copies are CPU tensors; with ``on_device`` they stay on their tensor's device (a serving
-    call then never waits for a device-to-host copy, which cost a Mixtral server's first call of a
-    new bucket ~200 ms on an H100: the repro writer's thread makes them, repro_writer.host_copies).
-    Where the device has no room for a copy, the host takes it at once."""
+
+class ValueCapture:
+    """What one call keeps of a bound graph's values (for repros): copies of the tensor inputs of
+    the nodes named in ``inputs_of`` (``captured``) and of the values of the nodes named in
+    ``values_of`` (``values``). The generated code calls it (flat_code.py), or an interpreter."""
+
+    def __init__(self, inputs_of: set[str], values_of: set[str] = frozenset(), on_device: bool = False):
+        self.inputs_of, self.values_of, self.on_device = inputs_of, values_of, on_device
+        self.captured: dict[str, list[torch.Tensor]] = {}
+        self.values: dict[str, torch.Tensor] = {}
+
+    def inputs(self, name: str, args: Any, kwargs: Any) -> None:
+        flat, _ = pytree.tree_flatten((list(args), dict(kwargs)))
+        self.captured[name] = [copy_value(t, self.on_device) for t in flat if isinstance(t, torch.Tensor)]
+
+    def value(self, name: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.values[name] = copy_value(value, self.on_device)
+
+
+class CapturingInterpreter(fx.Interpreter):
+    """Runs a bound graph once through FX's interpreter, keeping what ``ValueCapture`` keeps (its
+    copies on the host, or with ``on_device`` on their device): for graphs the generated code does
+    not render, and for values the bound graph no longer holds (a planned graph's)."""
 
     def __init__(self, gm: fx.GraphModule, inputs_of: set[str], values_of: set[str] = frozenset(),
                  on_device: bool = False):
         super().__init__(gm)
-        self.inputs_of = inputs_of
-        self.values_of = values_of
-        self.on_device = on_device
-        self.captured: dict[str, list[torch.Tensor]] = {}
-        self.values: dict[str, torch.Tensor] = {}
-
-    def _copy(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
-        if self.on_device and t.device.type != "cpu":
-            try:
-                return t.clone()
-            except torch.OutOfMemoryError:
-                pass
-        return t.to("cpu", copy=True)
+        self.capture = ValueCapture(inputs_of, values_of, on_device)
+        self.captured, self.values = self.capture.captured, self.capture.values
 
     def run_node(self, n: fx.Node) -> Any:
-        if n.name in self.inputs_of:
+        if n.name in self.capture.inputs_of:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            flat, _ = pytree.tree_flatten((list(args), dict(kwargs)))
-            self.captured[n.name] = [self._copy(t) for t in flat if isinstance(t, torch.Tensor)]
+            self.capture.inputs(n.name, args, kwargs)
         result = super().run_node(n)
-        if n.name in self.values_of and isinstance(result, torch.Tensor):
-            self.values[n.name] = self._copy(result)
+        if n.name in self.capture.values_of:
+            self.capture.value(n.name, result)
         return result
