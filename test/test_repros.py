@@ -208,10 +208,16 @@ def test_the_checkout_script_and_the_console_script_run_the_same_command(tmp_pat
     assert getattr(importlib.import_module(module), name) is torch_kernelize.repros.main
 
 
-def test_every_region_miss_gets_a_repro_also_when_view_folding_removed_its_inputs(tmp_path):
+def test_every_region_miss_gets_a_repro_also_when_view_folding_removed_its_inputs(tmp_path, monkeypatch):
     """In an inference graph, view folding replaces a chain of views by one re-striding call: a
-    region whose inputs are such views still gets its repro (the planned graph computes them)."""
+    region whose inputs are such views still gets its repro, its views replayed on the copy of
+    their root (compiling/folded_capture.py) rather than the planned graph run a second time."""
     from torch_kernelize.model_zoo import make_transformer
+    from torch_kernelize.serving import runtime
+
+    def interpreted(*args, **kwargs):
+        raise AssertionError("the first call ran FX's interpreter")
+    monkeypatch.setattr(runtime.CapturingInterpreter, "run", interpreted)
     model, inputs = make_transformer()
     repros, report = tmp_path / "repros", tmp_path / "report.json"
     compiled = torch.compile(model, backend="kernelize", options={

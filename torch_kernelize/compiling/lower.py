@@ -28,6 +28,7 @@ from torch_kernelize.serving.launch import deferred_checks
 from torch_kernelize.kernel_cache.entry import CacheEntry
 from torch_kernelize.kernel_cache.interfaces import Lookups
 from torch_kernelize.kernel_cache.store import KernelCache, LookupLog
+from torch_kernelize.compiling import folded_capture
 from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
 from torch_kernelize.compiling.graphed_lookups import GraphedLookups
 from torch_kernelize.compiling.decompositions import host_implementation
@@ -465,19 +466,26 @@ class LoweredGraph:
         capture = self._capture_code(gm, pending) if pending else None
         return lambda s, args: self._first_call(s, args, pending, missing if strict else None, capture)
 
-    def _capture_code(self, gm: fx.GraphModule, pending: list[Decision]) -> tuple[Callable, ValueCapture, set[str]]:
+    def _capture_code(self, gm: fx.GraphModule, pending: list[Decision]) -> tuple:
         """The bound graph's generated code that also copies the pending misses' inputs (on their
-        device), the capture it fills, and the region inputs view folding removed from the bound
-        graph (the planned graph computes those: _capture)."""
+        device), the capture it fills, and how the region inputs view folding removed from the
+        bound graph are recovered: replayed from their roots' copies (folded_capture.py), or
+        else (``folded``) computed by the planned graph in _capture."""
         regions = [self._region_of[d.spec_key] for d in pending if d.op == "region"]
         wanted = {n.name for r in regions for n in r.inputs}
-        folded = wanted - {n.name for n in gm.graph.nodes}
-        capture = ValueCapture({d.node for d in pending if d.op != "region"}, wanted - folded, on_device=True)
+        bound = {n.name for n in gm.graph.nodes}
+        folded = wanted - bound
+        replay = folded_capture.plan(self.plan.gm, folded, bound) if folded else None
+        if replay is not None and replay.roots <= bound:
+            values_of, folded = (wanted - replay.names) | replay.roots, set()
+        else:
+            values_of, replay = wanted - folded, None
+        capture = ValueCapture({d.node for d in pending if d.op != "region"}, values_of, on_device=True)
         forward = flat_function(gm, guarded_inputs=self.kind != "backward", capture=capture)
         if forward == gm.forward:  # (code not generated for this graph: FX's interpreter captures)
             interp = CapturingInterpreter(gm, capture.inputs_of, capture.values_of, on_device=True)
             forward, capture = interp.run, interp.capture
-        return forward, capture, folded
+        return forward, capture, folded, replay
 
     def _bucket_call(self, d: Decision, tensors: dict[str, list] | None = None,
                      respec: Callable[[tuple[int, ...]], KernelSpec | None] | None = None,
@@ -655,7 +663,7 @@ class LoweredGraph:
     def _capture(self, spec: Specialization, args: list, pending: list[Decision], capture: tuple) -> Any:
         """Run the call through the capturing code (_capture_code), and hand the pending misses'
         inputs to the repro writer."""
-        forward, taken, folded = capture
+        forward, taken, folded, replay = capture
         values: dict[str, torch.Tensor] = {}
         if folded:
             # Region inputs that view folding removed from the bound graph are computed by the
@@ -666,6 +674,11 @@ class LoweredGraph:
             values = planned.values
         out = forward(*args)
         values = {**values, **taken.values}
+        if replay is not None:
+            try:
+                values.update(replay.run(args, values))
+            except Exception as e:  # (a chain its roots' copies do not take: those repros are not recorded)
+                log.debug("could not replay folded region inputs from their roots: %s", e)
         repros = self.session.repros
         for d in pending:
             inputs = None
