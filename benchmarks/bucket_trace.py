@@ -199,18 +199,21 @@ def _planning(out: Path, backend: str, before: dict[str, Any] | None = None) -> 
     if backend != "kernelize":
         return None
     from torch_kernelize.compiling.report import ReportWriter
-    found = {"planned": 0, "shared": 0, "unshared": collections.Counter(), "pinned": {}}
+    found = {"planned": 0, "shared": 0, "unshared": collections.Counter(), "pinned": {},
+             "per_size": collections.Counter()}
     for report in ReportWriter.for_path(out / "kernelize-report.json").reports:
         if report.planning is not None:
             found["planned"] += report.planning.planned
             found["shared"] += report.planning.shared
             found["unshared"].update(report.planning.unshared)
             found["pinned"].update(report.planning.pinned)
+            found["per_size"].update(report.planning.per_size)
     if before is not None:
         found["planned"] -= before["planned"]
         found["shared"] -= before["shared"]
         found["unshared"] = found["unshared"] - collections.Counter(before["unshared"])
     found["unshared"] = dict(collections.Counter(found["unshared"]).most_common())
+    found["per_size"] = dict(found["per_size"].most_common())  # (buckets bound so far, not a difference)
     return found
 
 
@@ -306,6 +309,9 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{p['shared']} in a planned shape class" + (f"; planned ones served themselves alone "
                                                                      f"because {why}" if why else "")
                          + (f"; sizes whose every value is a class of its own: {pinned}" if pinned else ""))
+            if p.get("per_size"):
+                lines.append(f"- {r['backend']}: buckets whose new sizes each make a launch plan (no generated "
+                             "call for all sizes): " + "; ".join(f"{n}x {why}" for why, n in p["per_size"].items()))
         g = r.get("first_calls_gc")
         if g and g["collections"]:
             worst = max(g["per_length_ms"].items(), key=lambda kv: kv[1], default=None)

@@ -242,3 +242,25 @@ def test_a_program_reading_a_host_scalar_input_moves_it_in_the_direct_call_too(c
     assert "i1.to(i0.device, non_blocking=True)" in runner.direct.source and "i1.data_ptr()" not in runner.direct.source
     torch.testing.assert_close(runner.direct(x, eps.as_subclass(Scalar)), x + 0.5)
     assert moved == [(x.device,)]
+
+
+def test_a_bucket_left_without_one_generated_call_says_why():
+    """Each bucket whose new sizes make their own launch plan is counted with its reason (the
+    report's planning: bucket_trace.py prints it), where the GPU run cannot be debugged."""
+    import types
+
+    from torch_kernelize.compiling.lower import _bucket_direct
+
+    class Runner:
+        backend = "cuda"
+
+        def bucket_direct(self, *args):
+            raise ValueError("a launch the generation cannot write")
+    resize = types.SimpleNamespace(symbolic=lambda: None)
+    call = types.SimpleNamespace(sizes_source="()", per_size=None, __name__="triton_x_bucket")
+    assert _bucket_direct(Runner(), resize, (), call) == (None, "ValueError: a launch the generation cannot write")
+    assert _bucket_direct(Runner(), resize, None, call) == (None, "outputs' sizes not polynomials of the bucket's")
+    Runner.bucket_direct = lambda self, *args: None
+    assert "no generated call" in _bucket_direct(Runner(), resize, (), call)[1]
+    Runner.backend = "interpreter"  # (no generated calls off CUDA: nothing to say)
+    assert _bucket_direct(Runner(), resize, (), call) == (None, None)

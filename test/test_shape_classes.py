@@ -83,7 +83,7 @@ def test_a_new_size_inside_a_filled_bucket_is_served_without_planning(tmp_path, 
     assert _specialization(g, 5) is not seven and _sigmoid(_specialization(g, 5)).entry.bucket is not None
     assert _sigmoid(_specialization(g, 9)).tier == "vendor"
     # the report counts what first calls cost: 7, 5, 6 and 9 planned, 8 served by 7's class
-    assert g.report.to_json()["planning"] == {"planned": 4, "shared": 1, "unshared": {}, "pinned": {}}
+    assert g.report.to_json()["planning"] == {"planned": 4, "shared": 1, "unshared": {}, "pinned": {}, "per_size": {}}
 
 
 def test_a_specialization_with_an_exact_kernel_is_never_shared(tmp_path, monkeypatch):
@@ -105,7 +105,7 @@ def test_a_specialization_with_an_exact_kernel_is_never_shared(tmp_path, monkeyp
     # and the report says why each planned signature served itself alone, naming the kernel
     rows, cols = g.binder.symbols  # (dynamic=True: the 16 columns are a size symbol too)
     needs = "in its class, and a kernel bound needs one value of it (aten.sigmoid.default at sigmoid (triton))"
-    assert g.planning.to_json() == {"planned": 3, "shared": 0, "pinned": {}, "unshared": {
+    assert g.planning.to_json() == {"planned": 3, "shared": 0, "pinned": {}, "per_size": {}, "unshared": {
         f"{rows} takes -inf..inf {needs}": 1,   # 6: its exact kernel
         f"{cols} takes -inf..inf {needs}": 1}}  # 7: its bucket's kernel, at the columns it was filled for
 

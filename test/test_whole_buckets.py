@@ -354,7 +354,7 @@ def test_the_stretches_of_a_broken_dynamic_graph_are_filled_per_bucket_and_serve
         monkeypatch.undo()
     (graph,) = graphs
     # and not planned again: 13 and 15 found in the class planned for 12 (the report's counts)
-    assert graph.planning.to_json() == {"planned": 1, "shared": 2, "unshared": {}, "pinned": {}}
+    assert graph.planning.to_json() == {"planned": 1, "shared": 2, "unshared": {}, "pinned": {}, "per_size": {}}
     keys = {e.key for e in stretches}
     for key, spec in graph.specializations().items():  # (at the traced length, 9, the static fill's exact entries)
         hits = [d for d in spec.regions if d.entry is not None and d.tier == "triton" and d.spec.inputs
@@ -405,7 +405,7 @@ def test_a_stretch_of_token_counts_alone_is_filled_over_the_lengths_bucket_and_s
             torch.testing.assert_close(compiled(x), block(x))
         monkeypatch.undo()
     (graph,) = graphs
-    assert graph.planning.to_json() == {"planned": 1, "shared": 3, "unshared": {}, "pinned": {}}
+    assert graph.planning.to_json() == {"planned": 1, "shared": 3, "unshared": {}, "pinned": {}, "per_size": {}}
     for key, spec in graph.specializations().items():
         if 9 in key:  # (the traced length: the static fill's exact entries)
             continue
@@ -437,7 +437,7 @@ def test_identical_stretches_of_a_models_layers_share_a_new_lengths_class(tmp_pa
     spec = graph.specializations()[next(k for k in graph.specializations() if 12 in k)]
     shared = [d for d in spec.regions if d.tier == "triton" and d.entry is not None]
     assert len(shared) > len({d.entry.key for d in shared})  # (two regions, one entry)
-    assert graph.planning.to_json() == {"planned": 1, "shared": 2, "unshared": {}, "pinned": {}}
+    assert graph.planning.to_json() == {"planned": 1, "shared": 2, "unshared": {}, "pinned": {}, "per_size": {}}
 
 
 def test_a_size_read_off_a_value_a_fusion_removes_is_read_off_its_boundary():

@@ -533,7 +533,9 @@ class LoweredGraph:
         if not self.session.options.check:  # (a checked call needs each size's spec)
             outputs = (getattr(outputs_at, "symbolic", None) if outputs_at is not None
                        else metas_at(entry.spec, bucket.dims, SIZES))
-            call.generic = _bucket_direct(base, resize, outputs, call)
+            call.generic, why = _bucket_direct(base, resize, outputs, call)
+            if why is not None:
+                self.planning.per_size[why] += 1
         if base.program.steps and self.session.options.bucket_warm_ms and len(bucket.ranges) == 1:
             _warm_steps(call.__name__, entry, resize, tensors, inputs_at, outputs_at,
                         self.session.options.bucket_warm_ms)
@@ -736,19 +738,22 @@ def _region_spec_at(region: Region, bindings: dict, d: Decision,
     return at
 
 
-def _bucket_direct(base: Any, resize: Resizer, outputs: tuple | None, call: BucketCall) -> Callable | None:
+def _bucket_direct(base: Any, resize: Resizer, outputs: tuple | None,
+                   call: BucketCall) -> tuple[Callable | None, str | None]:
     """A bucket's program (a node's, a region's, a whole graph's) as one generated call for
     every size of the bucket (ProgramRunner.bucket_direct), ``outputs`` its outputs' metas as
-    SizeSources; None where they are none (a whole graph's outputs' sizes are no polynomials
-    of its size), or where the runner has no generated call (not CUDA). A program the
-    generation cannot write keeps the per-size calls."""
+    SizeSources, and None; or None and why not (the report's ``planning``): its outputs' sizes
+    are no polynomials of its size (a whole graph's), the runner has no generated call (not
+    CUDA, or a program the generation cannot write), which keeps the per-size calls."""
     if outputs is None:
-        return None
+        return None, "outputs' sizes not polynomials of the bucket's"
     try:
-        return base.bucket_direct(resize.symbolic(), outputs, call.sizes_source, call.per_size)
+        direct = base.bucket_direct(resize.symbolic(), outputs, call.sizes_source, call.per_size)
     except Exception as e:  # (the per-size calls serve it as before)
         log.debug("no generated call for bucket %s: %s", call.__name__, e)
-        return None
+        return None, f"{type(e).__name__}: {str(e)[:120]}"
+    return direct, (None if direct is not None or base.backend != "cuda" else
+                     "the runner has no generated call (donated outputs, state, checks, or no device input)")
 
 
 def _warm_steps(name: str, entry: CacheEntry, resize: Resizer, tensors: dict[str, list],

@@ -86,10 +86,13 @@ class Planning:
     shared: int = 0
     unshared: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # why -> signatures
     pinned: dict[str, str] = dataclasses.field(default_factory=dict)  # symbol -> what pinned it
+    # bucket programs bound without one generated call for all sizes (each new size makes its own
+    # launch plan in the first call there): why -> buckets
+    per_size: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def to_json(self) -> dict[str, Any]:
         return {"planned": self.planned, "shared": self.shared, "unshared": dict(self.unshared.most_common()),
-                "pinned": dict(self.pinned)}
+                "pinned": dict(self.pinned), "per_size": dict(self.per_size.most_common())}
 
 
 @dataclasses.dataclass
