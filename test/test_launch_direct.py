@@ -264,3 +264,38 @@ def test_a_bucket_left_without_one_generated_call_says_why():
     assert "no generated call" in _bucket_direct(Runner(), resize, (), call)[1]
     Runner.backend = "interpreter"  # (no generated calls off CUDA: nothing to say)
     assert _bucket_direct(Runner(), resize, (), call) == (None, None)
+
+
+def test_a_program_with_index_checks_gets_the_direct_call_and_reads_its_flag(cpu_stand_ins):
+    """An indexing program's check flag (an index out of range) no longer keeps it on the general
+    path: the generated call keeps the flag temporary alive to its end and reads it there, as the
+    general path does (deferred to the graph's call on a GPU); a set flag raises IndexOutOfRange."""
+    from kernel_testing import spec_of
+    from test_cuda_binaries import _Launcher
+    from torch_kernelize.core.errors import IndexOutOfRange
+    from torch_kernelize.lowering.kernels import family_for
+
+    weight, idx = torch.randn(64, 16), torch.tensor([3, 1, 63, 0])
+    spec = spec_of(torch.ops.aten.embedding.default, (weight, idx))
+    family = family_for(spec)
+    program = family.generate(spec, family.seed_configs(spec)[0])
+    assert [program.temps[c.temp].dtype for c in program.checks] == ["int32"]
+
+    class Kernel(_Launcher):  # sets the flag (a 1-element int32 temporary) when told the index was out of range
+        out_of_range = False
+
+        def run(self, gx, gy, gz, stream, *args):
+            super().run(gx, gy, gz, stream, *args)
+            for a in args:
+                if self.out_of_range and isinstance(a, torch.Tensor) and a.dtype == torch.int32 and a.numel() == 1:
+                    a.fill_(1)
+
+    kernel = Kernel([], "k")
+    names = program.kernel_arg_names(program.launches[0].kernel)
+    kernel.dropped = frozenset(i for i, n in enumerate(names) if n in program.launches[0].constexprs)
+    runner = ProgramRunner(spec, program, [kernel] * len(program.launches), "cuda")
+    assert runner.direct is not None and "flag_checks(" in runner.direct.source
+    runner.direct(weight, idx)  # (the flag left zero: no error)
+    kernel.out_of_range = True
+    with pytest.raises(IndexOutOfRange, match="out of bounds"):
+        runner.direct(weight, idx)

@@ -44,6 +44,8 @@ class CallPlan:
     n_launches: int
     tuple_output: bool
     host_inputs: tuple[int, ...] = ()  # 0-d host inputs the program reads on the device (moved there first)
+    checks: Sequence[tuple[int, str]] = ()  # (temporary, message): flags of invalid inputs, read after the launches
+    flag_checks: Callable | None = None     # reads them, [(flag tensor, message)] (launch.flag_checks)
 
 
 class _Source:
@@ -99,6 +101,7 @@ def direct_function(plan: CallPlan, empty: Callable, stream_of: Callable, curren
     src.add("stream = stream_of(device)")
     events = _events(plan)
     first, last = _temp_lifetimes(plan, events)
+    flags = {k for k, _ in plan.checks}  # (they live to the end, where they are read)
     for e, (what, item) in enumerate(events):
         for k in first.get(e, ()):
             a = plan.temps[k]
@@ -112,9 +115,13 @@ def direct_function(plan: CallPlan, empty: Callable, stream_of: Callable, curren
             src.names[f"run{j}"] = kernel.run
             args = [_arg(kind, value, src) for a, (kind, value) in enumerate(order) if a not in kernel.dropped]
             src.add(f"run{j}({', '.join(src.ref(g) for g in grid)}, stream, {', '.join(args)})")
-        dead = [name for k in last.get(e, ()) for name in (f"t{k}", *(f"v{v}" for v, _ in views.get(("tmp", k), ())))]
+        dead = [name for k in last.get(e, ()) if k not in flags
+                for name in (f"t{k}", *(f"v{v}" for v, _ in views.get(("tmp", k), ())))]
         if dead:  # (its memory goes back to the caching allocator, as Inductor's `del buf` does)
             src.add(f"del {', '.join(dead)}")
+    if plan.checks:
+        src.names["flag_checks"] = plan.flag_checks
+        src.add(f"flag_checks([{', '.join(f'(t{k}, {src.ref(message)})' for k, message in plan.checks)}])")
     outs = [f"o{k}" for k in range(len(plan.outputs))]
     src.add(f"return ({', '.join(outs)},)" if plan.tuple_output else f"return {outs[0]}")
     source = f"def direct({ins}):\n" + "".join(f"    {line}\n" for line in src.lines)

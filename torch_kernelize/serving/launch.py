@@ -290,15 +290,15 @@ class ProgramRunner:
     def _direct_call(self, sizes: str | None = None, general: Callable | None = None) -> Callable | None:
         """The CUDA hot path of this program as one generated function of its inputs
         (direct_call.py); None where the general path is the only one (not CUDA, donated
-        outputs, state buffers, checks, no input on the device)."""
-        if (self.backend != "cuda" or self._donated or self._state_allocs or self._checks
+        outputs, state buffers, no input on the device)."""
+        if (self.backend != "cuda" or self._donated or self._state_allocs
                 or len(self._host_inputs) == len(self.spec.inputs)  # (no inputs, or none on the device)
                 or None in (_RAW_STREAM, _CUDA_DEVICE, _EMPTY_STRIDED_CUDA)):
             return None
         plan = CallPlan(self.spec.key, len(self.spec.inputs), general or self.__call__, self._out_allocs,
                         self._temp_allocs, self._views, self._steps,
                         [(i, self._kernels[i], self._plans[i]) for i in self._keep],
-                        len(self.program.launches), self._tuple, self._host_inputs)
+                        len(self.program.launches), self._tuple, self._host_inputs, self._checks, flag_checks)
         return direct_function(plan, _EMPTY_STRIDED_CUDA, _RAW_STREAM, _CUDA_DEVICE, sizes)
 
     def _plans_for_unaligned(self) -> list:
@@ -475,15 +475,7 @@ class ProgramRunner:
         """Raise the error of a check whose flag the kernels set. On a GPU a read is a sync: within
         a lowered graph's call (``deferred_checks``) the flags are read once, at its end; never
         while a CUDA graph is captured, where they cannot be read."""
-        flags = [(temps[i], message) for i, message in self._checks]
-        if temps and temps[0].is_cuda:
-            if torch.cuda.is_current_stream_capturing():
-                return
-            pending = getattr(_deferred, "flags", None)
-            if pending is not None:
-                pending.extend(flags)
-                return
-        raise_flagged(flags)
+        flag_checks([(temps[i], message) for i, message in self._checks])
 
     def run_poisoned(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Validation: outputs and uninitialised temporaries filled before the launch (with the
@@ -497,6 +489,20 @@ class ProgramRunner:
 
 
 _deferred = threading.local()  # a GPU graph call's flags, read once at its end (deferred_checks)
+
+
+def flag_checks(flags: list[tuple[torch.Tensor, str]]) -> None:
+    """A program call's check flags (ProgramRunner._raise_flagged, and the generated call's):
+    on a GPU, left to the lowered graph's call that is running (deferred_checks) or, while a CUDA
+    graph is captured, unread; else read now."""
+    if flags and flags[0][0].is_cuda:
+        if torch.cuda.is_current_stream_capturing():
+            return
+        pending = getattr(_deferred, "flags", None)
+        if pending is not None:
+            pending.extend(flags)
+            return
+    raise_flagged(flags)
 
 
 def raise_flagged(flags: Sequence[tuple[torch.Tensor, str]]) -> None:
