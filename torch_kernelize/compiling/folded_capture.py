@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from torch_kernelize.serving.runtime import copy_value
 from torch_kernelize.serving.view_folding import VIEW_OPS
 
 
@@ -53,14 +54,21 @@ class FoldedReplay:
             self._visit(a, bound, seen)
         self._order.append(n)
 
+    def copied_roots(self, mutated: set[int]) -> set[str]:
+        """The roots the call must copy: values of the graph, and the inputs it writes (``mutated``:
+        their positions); the others are read off the call's arguments."""
+        position = {n.name: i for i, n in enumerate(self._placeholders)}
+        return {r for r in self.roots if position.get(r) is None or position[r] in mutated}
+
     def run(self, args: Sequence[Any], roots: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The folded values, from the call's ``args`` and the roots' copies."""
+        """Copies of the folded values (on their device, compact: a view of a large root does not
+        keep the root), from the call's ``args`` and the copied roots."""
         env: dict[str, Any] = {n.name: a for n, a in zip(self._placeholders, args)}
         env.update(roots)
         for n in self._order:
             fetch = lambda a: env[a.name]  # noqa: E731
             env[n.name] = n.target(*fx.map_arg(n.args, fetch), **fx.map_arg(n.kwargs, fetch))
-        return {name: env[name] for name in self.names}
+        return {name: copy_value(env[name], on_device=True) for name in self.names}
 
 
 def plan(gm: fx.GraphModule, names: set[str], bound: set[str]) -> FoldedReplay | None:

@@ -477,7 +477,7 @@ class LoweredGraph:
         folded = wanted - bound
         replay = folded_capture.plan(self.plan.gm, folded, bound) if folded else None
         if replay is not None and replay.roots <= bound:
-            values_of, folded = (wanted - replay.names) | replay.roots, set()
+            values_of, folded = (wanted - replay.names) | replay.copied_roots(set(self.mutated_inputs)), set()
         else:
             values_of, replay = wanted - folded, None
         capture = ValueCapture({d.node for d in pending if d.op != "region"}, values_of, on_device=True)
