@@ -252,9 +252,10 @@ class ReproWriter:
         ready = device_ready(inputs)
 
         def write() -> None:
+            nonlocal inputs
             written = None
             try:
-                on_host = host_copies(inputs, ready)
+                on_host, inputs = host_copies(inputs, ready), ()  # (device copies freed before the slow part)
                 if write_repro(self.folder_for(spec), spec, on_host, target, kind, self.options.cache_dir, extra):
                     repro_counts.add("written")
                     written = recorder.captured_bytes(spec)
