@@ -31,13 +31,14 @@ from torch_kernelize.kernel_cache.store import KernelCache, LookupLog
 from torch_kernelize.compiling import folded_capture
 from torch_kernelize.compiling.bucket_lookup import GraphBuckets, bucket_runner
 from torch_kernelize.compiling.graphed_lookups import GraphedLookups
+from torch_kernelize.compiling.set_aside import SetAside
 from torch_kernelize.compiling.decompositions import host_implementation
 from torch_kernelize.compiling.op_classes import NodeClass
 from torch_kernelize.compiling.shape_classes import (bindings_at, bucket_symbols, node_symbols, node_tensors,
                                                      region_symbols, region_tensors, shape_classes, variable_sizes)
 from torch_kernelize.compiling.glu_regions import find_glu_regions, halve_products
 from torch_kernelize.compiling.graph_regions import find_graph_regions
-from torch_kernelize.compiling.whole_graph import CUT, WHOLE, dynamic_wholes, step_tier_ops, whole_graph_regions
+from torch_kernelize.compiling.whole_graph import WHOLE, dynamic_wholes, step_tier_ops, whole_graph_regions
 from torch_kernelize.compiling.minify import minify, retrace, tensor_outputs
 from torch_kernelize.compiling.regions import Region, find_regions, group_matmuls, region_spec
 from torch_kernelize.core.targets import Target, get_target
@@ -85,6 +86,9 @@ class Session:
         # fill_cache's trace of a model: whole graphs and stretches are looked up but their
         # programs not taken, so every spec below them is seen (planner.decide_regions)
         self.survey = False
+        # keys this session takes as "vendor wins" whatever their entries hold: fill_cache times a
+        # fused region against the parts it keeps from their own winners (set_aside.py)
+        self.set_aside: frozenset[str] = frozenset()
 
     def kernel_state(self, key: str) -> KernelState:
         k = (str(self.cache.dir), key)
@@ -200,8 +204,10 @@ class LoweredGraph:
             if self.binder.is_static:  # the whole graph (or its stretches) first: a hit runs its winner's program
                 wholes = whole_graph_regions(self.plan.gm)[0]
                 # without the whole graph itself (its own assembly, timed against its program) the
-                # stretches it is cut into still run their winners: that assembly is the mix
-                self.regions[:0] = [r for r in wholes if whole or r.stretch == CUT]
+                # stretches it is cut into still run their winners: that assembly is the mix; a
+                # graph of stretches around ops no program calls (a fused region with the stretches
+                # it overlaps: fill_cache/region_judgment.py) runs them as served
+                self.regions[:0] = [r for r in wholes if whole or r.stretch]
             elif whole:  # a dynamic graph whole over one of its sizes: its buckets (bucket_lookup.py)
                 self._dynamic_wholes = dynamic_wholes(self.plan.gm, self.binder.symbols)
                 self.regions[:0] = list({id(w.region): w.region for w in self._dynamic_wholes}.values())
@@ -404,6 +410,8 @@ class LoweredGraph:
             lookups = self._buckets.lookups(lookups, bindings)
         if self.session.options.cudagraphs:  # a node that syncs: its race as a captured graph serves it
             lookups = GraphedLookups(lookups, torch.device(self.target.device))
+        if self.session.set_aside:
+            lookups = SetAside(lookups, self.session.set_aside)
         return lookups
 
     def _decide_nodes(self, bindings: dict, lookups: Lookups | None) -> tuple[list[Decision], dict, dict]:

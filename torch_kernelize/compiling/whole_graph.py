@@ -47,6 +47,7 @@ _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 # a stretch's lookup says which it is (planner.py); the fill searches cut ones at --budget 2 and more
 BROKEN = "a stretch between ops no program calls"
 CUT = "a stretch of the graph, for a mix"
+JUDGED = "a fused region with the stretches it overlaps, where fill_cache judges it"
 
 
 def whole_graph_region(gm: fx.GraphModule, symbolic: bool = False) -> tuple[Region | None, str]:
@@ -214,6 +215,34 @@ def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:
     if len(stretches) == 1:  # nothing breaks the graph: it is not offered whole for another reason
         return [], why
     return [r for r in (_stretch_region(s, BROKEN) for s in stretches) if r is not None], why
+
+
+def judgment_units(gm: fx.GraphModule, regions: list[Region]) -> list[tuple[Region, Region]]:
+    """(region, unit) for each region that serving tries before the whole graph and its stretches
+    (``regions``, LoweredGraph.regions: serving's order; an MoE's gated experts) and that shares
+    nodes with a stretch: the unit is the smallest graph in which the region competes with the
+    parts it keeps from their own winners (fill_cache/region_judgment.py). A stretch of the mix
+    (CUT) is cut where the whole graph is, so that graph is the unit; a stretch around ops no
+    program calls (BROKEN) is cut by its ops, so the region with those stretches is one, whose
+    assembly finds the same stretches (and keys) again."""
+    first = next((i for i, r in enumerate(regions) if r.kind == WHOLE), None)
+    if first is None:
+        return []
+    wholes = [r for r in regions[first:] if r.kind == WHOLE]
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    units = []
+    for region in regions[:first]:
+        overlap = [s for s in wholes if s.stretch and s.names & region.names]
+        if not overlap:
+            continue
+        if overlap[0].stretch == CUT:
+            unit = next((w for w in wholes if not w.stretch), None)
+        else:
+            unit = _stretch_region(sorted(set(region.nodes).union(*(s.nodes for s in overlap)), key=order.__getitem__),
+                                   JUDGED)
+        if unit is not None:
+            units.append((region, unit))
+    return units
 
 
 def _broken_stretches(gm: fx.GraphModule, symbolic: bool = False) -> list[list[fx.Node]]:

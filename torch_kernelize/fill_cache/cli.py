@@ -37,6 +37,7 @@ from torch_kernelize.fill_cache.generators import KernelGenerator, chosen_genera
 from torch_kernelize.fill_cache.measure import phase_totals
 from torch_kernelize.fill_cache.run_log import RunLog
 from torch_kernelize.fill_cache.search import DeviceFault
+from torch_kernelize.fill_cache.region_judgment import PARTS_WIN
 from torch_kernelize.fill_cache.store_policy import MIN_SPEEDUP
 from torch_kernelize.fill_cache.trials import spec_bytes
 from torch_kernelize.lowering.kernels import family_for
@@ -216,6 +217,7 @@ def report(rows: list[dict[str, Any]], elapsed: float, summary_path: Path, summa
     count = lambda status: sum(r["status"] == status for r in rows)  # noqa: E731
     log_note = f", log: {summary['log']}" if summary.get("log") else ""
     own = f"{count('own assembly wins')} own assembly wins, " if count("own assembly wins") else ""
+    own += f"{count(PARTS_WIN)} regions whose parts win, " if count(PARTS_WIN) else ""
     unchecked = [r for r in rows if r["status"] == "could not check"]
     unfilled = count("no generator")
     if unfilled:

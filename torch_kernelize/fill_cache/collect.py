@@ -50,12 +50,40 @@ class Work:
     # a whole graph's integer and boolean inputs as the model's call gave them, by input position
     # (graph_candidates.WholeGraphDomain.pin: validated and captured on those, floats drawn)
     pins: dict[int, torch.Tensor] | None = None
+    # a fused region serving tries before the stretches it overlaps: the whole graph (or the region
+    # with those stretches) in which it is timed against the parts it keeps from their winners
+    # (region_judgment.py), with that unit's integer inputs as the model's call gave them
+    judged_in: KernelSpec | None = None
+    judged_pins: dict[int, torch.Tensor] | None = None
 
     @property
     def replace(self) -> bool:
         """A repro that shows a wrong or failing cached kernel, or a spec a candidate file is given
         for: it is searched again and its entry replaced by the winner."""
         return self.kind in ("mismatch", "failure") or self.candidate
+
+
+@dataclasses.dataclass
+class JudgmentUnit:
+    """A fused region's judgment unit in one graph (whole_graph.judgment_units), as specs."""
+    region_key: str
+    spec: KernelSpec
+    region: Any  # the unit's compiling.regions.Region (its inputs: index_inputs)
+
+
+def judgment_units(graph: Any) -> list[JudgmentUnit]:
+    """The judgment units of a static LoweredGraph's fused regions (none for a dynamic one)."""
+    from torch_kernelize.compiling.regions import region_spec
+    from torch_kernelize.compiling.whole_graph import judgment_units as units_of
+
+    if not graph.binder.is_static:
+        return []
+    found = []
+    for region, unit in units_of(graph.plan.gm, graph.regions):
+        region_key, unit_spec = region_spec(region, {}), region_spec(unit, {})
+        if region_key is not None and unit_spec is not None:
+            found.append(JudgmentUnit(region_key.key, unit_spec, unit))
+    return found
 
 
 def check_cache_dir(path: Path) -> None:
@@ -223,7 +251,8 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
         # a survey: a whole graph's program that hits leaves its stretches, regions and nodes to
         # be seen (a larger budget fills them too); the model, inputs and output are dropped after
         with served_model(ref, target, cache_dir, training=training, survey=True) as (_, inputs, compiled, _, graphs):
-            pins = {} if training else index_inputs(compiled, inputs, graphs)
+            units = {g.name: judgment_units(g) for g in graphs}
+            pins = {} if training else index_inputs(compiled, inputs, graphs, units)
     if target.device == "cuda":  # give the model's memory back: validation (in a worker) judges what is free
         torch.cuda.empty_cache()
     regions: dict[str, Work] = {}
@@ -254,6 +283,10 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
     work = list(regions.values()) + list(nodes.values())
     for w in work:
         w.covered_by = sorted({p.rsplit("/", 1)[1] for place in w.places for p in place})
+    for unit in (u for g in graphs for u in units[g.name]):  # (one unit per region: the first graph's)
+        w = regions.get(unit.region_key)
+        if w is not None and w.judged_in is None:
+            w.judged_in, w.judged_pins = unit.spec, pins.get(unit.spec.key)
     # Whole graphs first: a fill stopped early (a time limit, Ctrl-C) still serves Inductor's
     # whole program where it beats the graph as the cache assembled it then. Their places come
     # before every other place of their graph; a program winner covers the graph's specs at the
@@ -266,24 +299,27 @@ def specs_from_model(ref: str, target: Target, cache_dir: Path,
 PIN_BYTES = 16 << 20  # an integer input larger than this is drawn, not carried (a mask of a huge batch)
 
 
-def index_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any]) -> dict[str, dict[int, torch.Tensor]]:
-    """Per whole graph or stretch (by spec key), its integer and boolean inputs as one more call
-    of the compiled model computes them (host copies, by input position): their domain is the
-    model's (Work.pins). An input the bound graph does not hold by name (folded aside) is left
-    out, and drawn as before."""
+def index_inputs(compiled: Callable, inputs: Sequence[Any], graphs: Sequence[Any],
+                 units: dict[str, list[JudgmentUnit]] | None = None) -> dict[str, dict[int, torch.Tensor]]:
+    """Per whole graph, stretch or judgment unit (``units``, by graph name) by spec key, its
+    integer and boolean inputs as one more call of the compiled model computes them (host
+    copies, by input position): their domain is the model's (Work.pins). An input the bound
+    graph does not hold by name (folded aside) is left out, and drawn as before."""
     from torch_kernelize.compiling.lower import specializations
     from torch_kernelize.serving.runtime import CapturingInterpreter
 
     wanted: dict[str, list[tuple[str, int, str]]] = {}  # graph -> (spec key, input position, node name)
     for g in graphs:
         regions = {tuple(sorted(r.names)): r for r in g.regions}
-        for whole in getattr(g, "wholes", ()):
-            region = regions.get(tuple(sorted(whole.members)))
-            for i, n in enumerate(region.inputs if region is not None and whole.spec is not None else ()):
+        keyed = [(whole.spec.key, regions.get(tuple(sorted(whole.members)))) for whole in getattr(g, "wholes", ())
+                 if whole.spec is not None]
+        keyed += [(u.spec.key, u.region) for u in (units or {}).get(g.name, ())]
+        for key, region in keyed:
+            for i, n in enumerate(region.inputs if region is not None else ()):
                 val = n.meta.get("val")
                 if isinstance(val, torch.Tensor) and not (val.is_floating_point() or val.is_complex()) \
                         and val.numel() * val.element_size() <= PIN_BYTES:
-                    wanted.setdefault(g.name, []).append((whole.spec.key, i, n.name))
+                    wanted.setdefault(g.name, []).append((key, i, n.name))
     if not wanted:
         return {}
     runs = []

@@ -44,6 +44,7 @@ from torch_kernelize.fill_cache.generators import Competition, FamilyFor, Kernel
 from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN, graph_evidence, rejudged_evidence
 from torch_kernelize.fill_cache.journal import Journal
 from torch_kernelize.fill_cache.measure import CandidateMeasurer, Measurer, device_fault
+from torch_kernelize.fill_cache.region_judgment import judge_regions
 from torch_kernelize.fill_cache.measure_worker import (FILL_TIME_LIMIT_S, IsolatedMeasurer, MeasureWorker,
                                                        WorkerDied, generate_in, time_limit_s)
 from torch_kernelize.fill_cache.run_log import RunLog
@@ -476,6 +477,7 @@ class FillRun:
         bar = tqdm(total=len(work), desc="fill_cache", unit="spec", disable=quiet, file=sys.stderr)
         with logging_redirect_tqdm():  # log lines print above the bar, not through it
             self._loop(work, bar, prebuild, deferred)
+            self.judge_regions(work)
             self.rejudge_wholes(work)
         bar.close()
         self._fill_buckets(buckets)
@@ -538,6 +540,16 @@ class FillRun:
                     programs.setdefault(w.places[0][0], []).append(w.places[0][1])
         finally:
             builder.close()
+
+    def judge_regions(self, work: list[Work]) -> None:
+        """A fused region serving tries before the stretches it overlaps is timed in the graph where
+        both serve against the parts it keeps from their own winners, and set aside where it does
+        not make that graph faster (region_judgment.py). Before the whole graphs are timed again:
+        their assemblies run what this decides."""
+        if not any(w.judged_in is not None for w in work):
+            return
+        self._store_pending(wait=True)
+        judge_regions(work, self.cache, lambda unit: self._measurer(unit, WHOLE_GRAPH_DOMAIN, []), self.rows)
 
     def rejudge_wholes(self, work: list[Work]) -> None:
         """Whole graphs are searched first (collect.py); where this run then stored kernels for

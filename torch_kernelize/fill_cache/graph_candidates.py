@@ -15,6 +15,7 @@ a third generator here: see docs/design.md.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -147,13 +148,16 @@ def permutation_inputs(spec: KernelSpec) -> set[int]:
     return found
 
 
-def assembly_runner(spec: KernelSpec, target: Target, cache_dir: Path) -> Callable[[Sequence[Any]], Any]:
+def assembly_runner(spec: KernelSpec, target: Target, cache_dir: Path,
+                    set_aside: frozenset[str] = frozenset()) -> Callable[[Sequence[Any]], Any]:
     """A function of the spec's inputs that runs the graph as kernelize serves it today from
-    ``cache_dir`` (without its own whole-graph entry): the planner's ladder, regions, families."""
+    ``cache_dir`` (without its own whole-graph entry): the planner's ladder, regions, families;
+    the entries of ``set_aside`` taken as "vendor wins" (compiling/set_aside.py; such a lowering
+    neither reads nor writes the graph and executable caches: it is not what serving runs)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    from torch_kernelize.compiling.lower import lower
+    from torch_kernelize.compiling.lower import LoweredGraph, Session
     from torch_kernelize.core.options import Options
     from torch_kernelize.core.region_graph import region_graph_module
 
@@ -163,8 +167,16 @@ def assembly_runner(spec: KernelSpec, target: Target, cache_dir: Path) -> Callab
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(t) for t in examples])
     options = Options.for_fill(cache_dir)
-    lowered = lower(gm, examples, options, "inference", target, whole=False)
-    return lambda inputs: lowered(list(inputs))
+    if set_aside:
+        options = dataclasses.replace(options, graph_cache=None, executable_cache=False)
+    session = Session(options, target)
+    session.set_aside = frozenset(set_aside)
+    lowered = LoweredGraph(gm, examples, session, "inference", whole=False)
+
+    def run(inputs: Sequence[Any]) -> Any:
+        return lowered(list(inputs))
+    run.lowered = lowered  # (what it planned: its report)
+    return run
 
 
 def candidate_name(config: dict[str, Any]) -> str:

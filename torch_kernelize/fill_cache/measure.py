@@ -100,6 +100,10 @@ class CandidateMeasurer(Protocol):
     def confirm(self, config: Config, rounds: int = 3) -> tuple[float, float] | None:
         """(baseline ms, candidate ms), timed alternately; None where nothing is timed."""
 
+    def assemblies(self, set_aside: Sequence[str], rounds: int = 3) -> tuple[float, float] | None:
+        """A whole graph's assembly as the cache gives it and with ``set_aside`` taken as "vendor
+        wins": (ms, ms), timed alternately; None where nothing is timed."""
+
     def validate_unaligned(self, directory: Path) -> str | None:
         """Why the built program's binaries for unaligned views fail (None: they pass)."""
 
@@ -291,6 +295,16 @@ class Measurer:
         timers = ({"time_vendor": self._timer(False), "time_candidate": self._timer(True)}
                   if self.spec.condition == GRAPHED else {})
         return self._time(lambda: paired_ms(lambda: baseline(inputs), lambda: runner(*inputs), rounds, **timers))
+
+    def assemblies(self, set_aside: Sequence[str], rounds: int = 3) -> tuple[float, float] | None:
+        """(ms of the whole graph's assembly as the cache gives it, ms with the entries of
+        ``set_aside`` taken as "vendor wins"), timed alternately; None where nothing is timed."""
+        if not self.timed or self.cache_dir is None:
+            return None
+        inputs = self.bench_inputs()
+        given = assembly_runner(self.spec, self.target, self.cache_dir)
+        without = assembly_runner(self.spec, self.target, self.cache_dir, frozenset(set_aside))
+        return self._time(lambda: paired_ms(lambda: given(inputs), lambda: without(inputs), rounds))
 
 
 @contextlib.contextmanager

@@ -472,6 +472,9 @@ class IsolatedMeasurer:
         # in that process's build folder, which is gone
         return self._call("confirm", config, self.build(config)[0], rounds)
 
+    def assemblies(self, set_aside: Sequence[str], rounds: int = 3) -> tuple[float, float] | None:
+        return self._call("assemblies", None, None, list(set_aside), rounds)
+
     def validate_unaligned(self, directory: Path) -> str | None:
         try:
             return self._call("validate_unaligned", None, directory)
