@@ -172,3 +172,17 @@ def test_set_aside_lookups_answer_vendor_for_their_keys_only():
     assert lookups.lookup_region(None, Spec()) == ("hit", "entry", "stored")
     Spec.key = "a"
     assert lookups.lookup_node(None, Spec())[0] == "vendor"
+
+
+def test_the_measure_worker_times_the_unit_and_the_interpreter_times_nothing(experts, tmp_path):
+    """A fill measures in a worker process (measure_worker.IsolatedMeasurer.assemblies): on the
+    interpreter it times nothing, and the region stays as stored."""
+    _, _, _, glu, _ = experts
+    cache, run = _filled(tmp_path, glu)
+    run.close()
+    run = FillRun(TARGET, cache, budget=1, resume=False, force=False, min_speedup=1.03, isolate=True)
+    try:
+        run.judge_regions([glu])
+    finally:
+        run.close()
+    assert cache.lookup(glu.spec.key)[1].winner == "triton"

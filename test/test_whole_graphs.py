@@ -653,18 +653,14 @@ def test_a_whole_graphs_own_assembly_is_lowered_from_the_cache_being_filled(whol
     """The baseline a graph's program is timed against runs the kernels this fill stored: its
     lowering session opens the run's own namespace, not one nested under it (a session's
     cache_dir is the root; the first version passed the namespace, so every assembly ran ATen)."""
-    from torch_kernelize.compiling import lower as lowering
     from torch_kernelize.fill_cache import graph_candidates
     _, spec, _ = whole
-    opened, real = [], lowering.lower
-    monkeypatch.setattr(lowering, "lower", lambda gm, ex, options, *a, **k: opened.append(options) or
-                        real(gm, ex, options, *a, **k))
     cache = KernelCache.for_target(tmp_path / "cache", TARGET)
     run = FillRun(TARGET, cache, budget=1, resume=False, force=False, min_speedup=1.03,
                   generators=generators.chosen_generators("inductor", TARGET), isolate=False)
     try:
         measurer = run._measurer(spec, run.space(spec), [])
-        graph_candidates.assembly_runner(spec, TARGET, measurer.cache_dir)
+        assembly = graph_candidates.assembly_runner(spec, TARGET, measurer.cache_dir)
     finally:
         run.close()
-    assert [KernelCache.for_target(o.cache_dir, TARGET).dir for o in opened] == [cache.dir]
+    assert assembly.lowered.session.cache.dir == cache.dir
