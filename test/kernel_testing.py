@@ -120,8 +120,13 @@ def assert_bucket_valid(family: KernelFamily, spec: KernelSpec, dims: Sequence[t
     return program
 
 
-def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> None:
-    """Compile every launch for sm_90 (H100/H200) with triton's bundled ptxas: no GPU needed."""
+def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> list[dict[str, int]]:
+    """Compile every launch for sm_90 (H100/H200) with triton's bundled ptxas: no GPU needed. Per
+    launch, its resource use as cuobjdump -res-usage reads it off the cubin (REG: registers a
+    thread; STACK: bytes of local stack a thread, where registers spill), where triton ships it."""
+    import re
+    import subprocess
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -133,11 +138,19 @@ def compile_sm90(spec: KernelSpec, program: KernelProgram, tmp_path: Path) -> No
     d.mkdir(parents=True)
     (d / "kernel.py").write_text(program.source)
     module = import_source(d / "kernel.py", f"tk_test_sm90.m{next(_counter)}")
-    for launch in program.launches:
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    usage = []
+    for i, launch in enumerate(program.launches):
         fn = getattr(module, launch.kernel)
         src = ASTSource(fn, signature=program.signature(launch, spec), constexprs=dict(launch.constexprs))
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=compile_options(launch))
         assert compiled.asm.get("cubin"), f"{launch.kernel}: no cubin"
+        if cuobjdump.exists():
+            (d / f"{i}.cubin").write_bytes(compiled.asm["cubin"])
+            text = subprocess.run([str(cuobjdump), "-res-usage", str(d / f"{i}.cubin")], capture_output=True,
+                                  text=True, check=True).stdout
+            usage.append({k: int(v) for k, v in re.findall(r"\b(REG|STACK):(\d+)", text)})
+    return usage
 
 
 def aten_counts(x: torch.Tensor, bins: int = 100, lo: float = 0, hi: float = 0) -> torch.Tensor:

@@ -164,10 +164,19 @@ def test_a_bucket_over_the_routed_rows(tmp_path):
     assert "S, BLOCK_M" in program.source
 
 
-def test_sm90_compiles_at_mixtrals_size(tmp_path):
-    spec, *_ = _spec("masked", dtype=F16, S=256, K=2048, I=5632, E=8, offs=(32, 64, 96, 128, 160, 192, 224, 250))
-    for config in FAMILY.seed_configs(spec)[:2]:
-        compile_sm90(spec, FAMILY.generate(spec, config), tmp_path)
+def test_sm90_compiles_every_seed_at_mixtrals_size_and_all_but_the_first_spill_nothing(tmp_path):
+    """The first TMA seed (a 128x128 pair, as much as grouped_mm's 128x256 tile) spills with the
+    epilogue: 255 registers and 376 bytes of stack a thread when this was written. Every other seed
+    must fit in registers (GLU_TMA_SEEDS), read off the cubin with cuobjdump."""
+    import triton
+    from pathlib import Path
+    spec, *_ = _spec("masked", dtype=F16, S=8192, K=2048, I=5632, E=8, offs=tuple(1024 * (e + 1) for e in range(8)))
+    seeds = FAMILY.seed_configs(spec)
+    assert [c["TMA"] for c in seeds[:2]] == [True, True]
+    usage = [compile_sm90(spec, FAMILY.generate(spec, config), tmp_path) for config in seeds]
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("this triton ships no cuobjdump: the seeds compiled, their registers unread")
+    assert all(u[0]["STACK"] == 0 and u[0]["REG"] <= 255 for u in usage[1:]), usage
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -150,7 +150,7 @@ class GroupedMatmulFamily(KernelFamily):
     name = "grouped_mm"
     ops = frozenset({OP, ATEN_OP})
     edge_kinds = ("zeros", "large", "negative", "special")
-    seeds, tma_seed = SEEDS, TMA_SEED
+    seeds, tma_seeds = SEEDS, (TMA_SEED,)
 
     def _analyse(self, spec: KernelSpec) -> Plan | str:
         if len(spec.inputs) != 3 or len(spec.outputs) != 1:
@@ -188,7 +188,7 @@ class GroupedMatmulFamily(KernelFamily):
         upcasts = (False, True) if plan.dtype == "bfloat16" else (False,)
         tiles = [(seed, False) for seed in self.seeds]
         if plan.tma:
-            tiles.insert(0, (self.tma_seed, True))
+            tiles[:0] = [(seed, True) for seed in self.tma_seeds]
         programs = _sm_count() if plan.tma else 0
         return [Config.of(BLOCK_M=min(bm, _cap(plan.S)), BLOCK_N=min(bn, _cap(plan.N)), BLOCK_K=min(bk, _cap(plan.K)),
                           num_warps=warps, num_stages=stages, DOT_UPCAST=up, GROUP_M=GROUP_M, TMA=t,
