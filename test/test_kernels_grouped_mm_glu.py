@@ -114,6 +114,11 @@ def test_the_kernel_validates_and_matches_the_nodes(form, dtype, tma, tmp_path):
                   and c["DOT_UPCAST"] == (dtype == BF16))
     program = assert_valid(FAMILY, spec, tmp_path, config, seeds=(0,), eager=False)
     assert program.source.count("tl.dot(") == 2 and ("tl.make_tensor_descriptor(" in program.source) == tma
+    # the epilogue's sigmoid divides approximately (elementwise.EPILOGUE_HELPERS); a mask of rows is
+    # loaded once, one value a row, for both halves
+    assert "tl.div_rn" not in program.source
+    if form == "masked":
+        assert program.source.count("x3 = tl.load(in3_ptr + rows[:, None] * 1, mask=(rows < ") == 1, program.source
     compare_eager(FAMILY, spec, program, tmp_path)
 
 

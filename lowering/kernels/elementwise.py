@@ -111,6 +111,18 @@ def _div64(x, y):
     **MATH_HELPERS,
 }
 
+# A GEMM's epilogue runs between its tiles' MMAs on the same threads: there the sigmoid's IEEE
+# division (tl.div_rn, which ATen's CUDA kernels match) is most of its instructions. In Mixtral's
+# gated experts (grouped_mm_glu, fp16, a 128x128 pair) the sm_90 cubin held 13783 SASS lines
+# with it and 10119 with the approximate division (MUFU.RCP, at most 2 ulp of fp32, far below a
+# 16-bit product's rounding; spilled stack 232 bytes a thread against 88). The epilogues of
+# matmul_source.py and grouped_mm_glu.py take these helpers; the elementwise kernels keep HELPERS.
+EPILOGUE_HELPERS: dict[str, str] = {**HELPERS, "_sigmoid": '''
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+'''}
+
 # --- the op table --------------------------------------------------------------------------------
 
 

@@ -110,7 +110,7 @@ class Epilogue(Protocol):
     and ``lines`` make the stored ``value`` from them."""
     width: int      # the output's columns (the plan's N is the weight's: 2 * width)
     params: str     # the pointers of the region's other inputs, e.g. "in3_ptr, in4_ptr, "
-    helpers: str    # the module-level functions its lines call (elementwise.HELPERS)
+    helpers: str    # the module-level functions its lines call (elementwise.EPILOGUE_HELPERS)
 
     def lines(self, rows: str, S: str) -> str:
         """The lines from ``acc``, ``acc2`` to ``value`` for the rows ``rows`` (int64 [BLOCK_M],

@@ -32,7 +32,7 @@ from torch_kernelize.core.region_graph import node_ref
 from torch_kernelize.core.spec import KernelSpec, TensorMeta
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config
-from torch_kernelize.lowering.kernels.elementwise import HELPERS
+from torch_kernelize.lowering.kernels.elementwise import EPILOGUE_HELPERS
 from torch_kernelize.lowering.kernels.grouped_mm import ATEN_OP, OP, GroupedMatmulFamily, Plan, _cap
 from torch_kernelize.lowering.kernels.matmul_plan import Node, epilogue_node, pad3
 from torch_kernelize.lowering.kernels.matmul_source import node_lines
@@ -41,12 +41,13 @@ KIND = "grouped_mm_glu"
 SLICE = "aten.slice.Tensor"
 # two accumulators a tile. The first TMA seed's 128x128 pair holds as much as grouped_mm's 128x256
 # tile, but with the epilogue it spills: compiled for sm_90 at Mixtral's suite size (S 8192, K 2048,
-# I 5632, fp16; ptxas through cuobjdump -res-usage) it takes 255 registers and 376 bytes of stack a
+# I 5632, fp16; ptxas through cuobjdump -res-usage) it took 255 registers and 376 bytes of stack a
 # thread, where grouped_mm's tile takes 222 and none; on the H100 the 8 GEMMs with it took 4.37 ms
-# against 3.96 + 0.35 for the plain GEMMs and Inductor's SiLU (real-models-12). The second, a
-# 128x64 pair, spills nothing (so the pointer seeds: test_kernels_grouped_mm_glu.py checks them
-# all); a fill at --budget 2 times both, and a region that still loses is set aside in its graph
-# (fill_cache/region_judgment.py)
+# against 3.96 + 0.35 for the plain GEMMs and Inductor's SiLU (real-models-12). A mask of rows
+# loaded once and one value a row (_operands) and the epilogue's approximate sigmoid
+# (elementwise.EPILOGUE_HELPERS) leave 88 bytes. The second, a 128x64 pair, spills nothing (nor
+# do the pointer seeds: test_kernels_grouped_mm_glu.py checks them all); a fill at --budget 2
+# times both, and a region that still loses is set aside in its graph (fill_cache/region_judgment.py)
 GLU_SEEDS = ((128, 64, 32, 8, 3), (64, 64, 32, 4, 3), (32, 32, 32, 4, 2))
 GLU_TMA_SEEDS = ((128, 128, 64, 8, 3), (128, 64, 64, 8, 3))
 
@@ -69,7 +70,7 @@ class Epilogue:
 
     @property
     def helpers(self) -> str:
-        return "".join("\n" + HELPERS[h].strip("\n") + "\n" for h in self.helper_names)
+        return "".join("\n" + EPILOGUE_HELPERS[h].strip("\n") + "\n" for h in self.helper_names)
 
     def lines(self, rows: str, S: str) -> str:
         out = []
@@ -78,16 +79,16 @@ class Epilogue:
                     f"acc2 = acc2.to({cg.HALF[self.dtype]}).to(tl.float32)"]
         users = _users(self.pre + self.post)
         loads = {i: (dt, st) for i, dt, st in self.loads}
-        halves = []
+        halves, loaded = [], {}  # (an input of one value a row is loaded once, for both halves)
         for h, (acc, offset) in enumerate((("acc", 0), ("acc2", self.width))):
             values = {0: acc}
-            operand = _operands(values, self, loads, rows, S, offset, f"_{h}", out)
+            operand = _operands(values, self, loads, rows, S, offset, f"_{h}", out, loaded)
             for n in self.pre:
                 out += node_lines(n, f"v{n.index}_{h}", operand, users)
                 values[n.index] = f"v{n.index}_{h}"
             halves.append(values[max(values)])
         values = dict(zip(self.halves, halves))
-        operand = _operands(values, self, loads, rows, S, 0, "", out)
+        operand = _operands(values, self, loads, rows, S, 0, "", out, loaded)
         for n in self.post:
             out += node_lines(n, f"v{n.index}", operand, users)
             values[n.index] = f"v{n.index}"
@@ -108,9 +109,12 @@ def _users(nodes: tuple[Node, ...]) -> dict[int, int]:
 
 
 def _operands(values: dict[int, str], epi: Epilogue, loads: dict[int, tuple[str, tuple[int, int]]], rows: str,
-              S: str, offset: int, suffix: str, out: list[str]):
+              S: str, offset: int, suffix: str, out: list[str], shared: dict[int, str]):
     """``node_lines``' operand function: node values, inputs loaded once per half at its columns
-    (their load lines appended to ``out``), numbers."""
+    (their load lines appended to ``out``), numbers. An input the same in every column (an MoE's
+    mask of rows, [S, 1]; a 0-d value) is loaded once for both halves (``shared``) and only as
+    wide as it is: a [BLOCK_M, BLOCK_N] tile of it for each half took the registers that made the
+    kernel spill."""
     loaded: dict[int, str] = {}
 
     def operand(kind: str, v: Any, want: str) -> str:
@@ -120,16 +124,19 @@ def _operands(values: dict[int, str], epi: Epilogue, loads: dict[int, tuple[str,
             expr, dt = values[v], epi.dtype_of(v)
         else:
             dt, (sm, sn) = loads[v]
-            if v not in loaded:
+            held = loaded if sn else shared
+            if v not in held:
                 col = f"(cols + {offset})" if offset and sn else "cols"
                 at = " + ".join(t for t in (f"{rows}[:, None] * {sm}" if sm else "",
                                             f"{col}[None, :] * {sn}" if sn else "") if t)
+                mask = " & ".join(t for t in (f"({rows} < {S})[:, None]" if sm else "",
+                                              "col_ok[None, :]" if sn else "") if t)
                 other = "0" if dt == "bool" else "0.0"
-                load = (f"tl.load(in{v}_ptr + {at}, mask=({rows} < {S})[:, None] & col_ok[None, :], other={other})"
-                        if at else f"tl.load(in{v}_ptr)")  # (a 0-d input: one value)
-                out.append(f"x{v}{suffix} = {load}{'.to(tl.float32)' if dt in cg.HALF else ''}  # in{v} {dt}")
-                loaded[v] = f"x{v}{suffix}"
-            expr = loaded[v]
+                load = f"tl.load(in{v}_ptr + {at}, mask={mask}, other={other})" if at else f"tl.load(in{v}_ptr)"
+                name = f"x{v}{suffix if sn else ''}"
+                out.append(f"{name} = {load}{'.to(tl.float32)' if dt in cg.HALF else ''}  # in{v} {dt}")
+                held[v] = name
+            expr = held[v]
         return f"{expr}.to(tl.float32)" if dt == "bool" and want == "f32" else expr
     return operand
 

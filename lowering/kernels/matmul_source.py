@@ -14,7 +14,7 @@ from torch_kernelize.core.program import KernelProgram, Launch
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.lowering.kernels import _codegen as cg
 from torch_kernelize.lowering.kernels.base import Config
-from torch_kernelize.lowering.kernels.elementwise import HELPERS
+from torch_kernelize.lowering.kernels.elementwise import EPILOGUE_HELPERS
 from torch_kernelize.lowering.kernels.matmul_buckets import Varying
 from torch_kernelize.lowering.kernels.matmul_group import Group
 from torch_kernelize.lowering.kernels.matmul_plan import Node, Plan, pad3
@@ -59,7 +59,7 @@ class Gen:
         s(cg.HEADER)
         self.header()
         for h in p.helpers:
-            s.blank()(HELPERS[h].strip("\n"))
+            s.blank()(EPILOGUE_HELPERS[h].strip("\n"))
         s.blank()("")
         inputs = sorted({p.a, p.b} | set(p.tile_inputs))
         ptrs = [f"in{i}_ptr" for i in inputs] + [f"out{o}_ptr" for o in range(len(p.outputs))]
@@ -131,7 +131,7 @@ class Gen:
         s(f"# matmul group: {len(g.members)} GEMMs of one structure, {ms}")
         self.header()
         for h in p.helpers:
-            s.blank()(HELPERS[h].strip("\n"))
+            s.blank()(EPILOGUE_HELPERS[h].strip("\n"))
         s.blank()("")
         n_in, n_out = len(g.spec.inputs), len(g.spec.outputs)
         params = [f"g_in{i}_ptr" for i in range(n_in)] + [f"g_out{o}_ptr" for o in range(n_out)]
