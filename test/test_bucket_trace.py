@@ -86,18 +86,21 @@ def test_targets_are_judged_with_their_distance():
     first, recompiles, folders, p50, p99 = t.targets({"kernelize": k, "inductor": i})
     assert "(p99): met (0.400 ms; worst 1.500)" in first
     assert recompiles == "recompiles after the warm-up: missed (1; torch.compile(dynamic=True): 3)"
-    assert folders == ("at most one reproducer folder per bucket: missed (5 for 4 bucket(s) in the trace; "
-                       "7 at the warm-up length 32, outside it)")
+    assert folders == ("at most one reproducer folder per miss and bucket: not judged (5 folder(s) for 4 bucket(s); "
+                       "that run did not count the misses recorded per length)")
     assert "at p50: 0.50x (missed" in p50 and "at p99: 2.00x (met" in p99
-    assert t.targets({"kernelize": dict(k, recompiles=0, repro_folders=4)})[1:] == [
-        "recompiles after the warm-up: met (0)",
-        "at most one reproducer folder per bucket: met (4 for 4 bucket(s) in the trace; 7 at the warm-up length 32, "
-        "outside it)"]
-    # a cap that left misses unwritten: few folders prove nothing
-    capped = dict(k, repro_folders=1, repros={"warmup_folders": 94, "suppressed_by_reason": {"bytes_cap": 3822}})
-    assert t.targets({"kernelize": capped})[2] == (
-        "at most one reproducer folder per bucket: not judged (1 folder(s), but the reproducer caps left 3822 "
-        "miss(es) unwritten)")
+    # misses taken for recording per length: one taken again at a later length of a visited bucket
+    lengths, claims = [33, 40, 70, 35, 90], {33: 3, 40: 1, 70: 2, 90: 1}
+    assert t.claimed_again(lengths, 32, claims) == 2  # 40 (bucket of 33) and 90 (of 70); 33's bucket is new
+    counted = dict(k, recompiles=0, repros={"warmup_folders": 7, "claimed_again_in_a_bucket": 2,
+                                            "claimed_per_length": {"33": 3, "40": 1, "70": 2, "90": 1}})
+    assert t.targets({"kernelize": counted})[2] == (
+        "at most one reproducer folder per miss and bucket: missed (2 miss(es) recorded again at a later length of "
+        "a bucket; 7 taken for recording at 4 of the trace's lengths, 4 bucket(s); 5 folder(s) written, 7 more at the warm-up "
+        "length 32)")
+    counted["repros"].update(claimed_again_in_a_bucket=0, suppressed_by_reason={"bytes_cap": 3822})
+    assert t.targets({"kernelize": counted})[2].startswith("at most one reproducer folder per miss and bucket: met (0 ")
+    assert t.targets({"kernelize": counted})[2].endswith("; 3822 left unwritten by the caps)")
 
 
 def test_the_fill_asks_the_generators_named(tmp_path, monkeypatch):

@@ -70,7 +70,9 @@ class ReproCounts:
         with self._lock:
             c = dict(self._counts)
         suppressed = {why: c.get(why, 0) for why in self.SUPPRESSED}
+        # claimed: misses taken for recording when their call ran (less those given back), written or not yet
         return {"written": c.get("written", 0), "failed": c.get("failed", 0),
+                "claimed": c.get("claimed", 0) - c.get("released", 0),
                 "suppressed": sum(suppressed.values()), "suppressed_by_reason": suppressed}
 
 

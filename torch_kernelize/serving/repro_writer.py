@@ -216,11 +216,15 @@ class ReproWriter:
     def claim(self, spec: KernelSpec, record_key: str | None = None) -> bool:
         """Take a miss for recording (True), just before its inputs are captured; False when another
         graph took it or a cap was reached since ``check`` (counted for the report)."""
-        return self._counted(self._verdict(spec, True, record_key), claiming=True) == recorder.NEW
+        taken = self._counted(self._verdict(spec, True, record_key), claiming=True) == recorder.NEW
+        if taken:
+            repro_counts.add("claimed")
+        return taken
 
     def release(self, spec: KernelSpec, record_key: str | None = None) -> None:
         """Give a claimed miss back: its inputs could not be captured here."""
         recorder.budget.give_back(self.root, record_key or spec.key, recorder.captured_bytes(spec))
+        repro_counts.add("released")
 
     def count_unplanned(self, verdict: str, resized: bool) -> None:
         """Count a miss of a signature served by another's specialization, never planned and so
