@@ -186,3 +186,19 @@ def test_the_measure_worker_times_the_unit_and_the_interpreter_times_nothing(exp
     finally:
         run.close()
     assert cache.lookup(glu.spec.key)[1].winner == "triton"
+
+
+def test_serving_tries_the_whole_graph_first_then_the_gated_experts_then_the_stretches():
+    """A whole graph's program, where it won, was timed against the assembly with the region (its
+    own lowering holds it): the region must not keep that program from serving. A stretch's was
+    not: the region comes before it, and is judged in its unit instead."""
+    from test_kernels_grouped_mm_glu import BF16, F16, _experts, _inputs, _trace
+    from torch_kernelize.compiling.lower import LoweredGraph, Session
+    from torch_kernelize.core.options import Options
+    order = {}
+    for form, dtype, offs in (("aten", BF16, (8, 8, 21, 33, 40)), ("silu", F16, (8, 8, 21, 33, 36))):
+        inputs = _inputs(dtype=dtype, offs=offs)  # (torch's grouped GEMM is an ATen op: no stretch)
+        lowered = LoweredGraph(_trace(_experts(form), inputs), list(inputs),
+                               Session(Options.for_fill("/nonexistent-kernelize-cache"), TARGET), "inference")
+        order[form] = [(r.kind, r.stretch) for r in lowered.regions[:2]]
+    assert order == {"aten": [(WHOLE, ""), (KIND, "")], "silu": [(KIND, ""), (WHOLE, BROKEN)]}

@@ -13,7 +13,9 @@ so a miss or "vendor wins" leaves them to the regions and stretches that would t
 
 The activation is not matched against a table: any pointwise nodes of [S, I] values that read
 the two halves (and values from outside the region) qualify, and the family says which it
-generates. Tried before every other region (compiling/lower.py): its nodes are also a stretch's.
+generates. Tried after the whole graph and before every other region (compiling/lower.py): its
+nodes are also a stretch's, and fill_cache judges it in the graph where both serve
+(fill_cache/region_judgment.py).
 """
 from __future__ import annotations
 

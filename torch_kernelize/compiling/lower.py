@@ -211,9 +211,12 @@ class LoweredGraph:
             elif whole:  # a dynamic graph whole over one of its sizes: its buckets (bucket_lookup.py)
                 self._dynamic_wholes = dynamic_wholes(self.plan.gm, self.binder.symbols)
                 self.regions[:0] = list({id(w.region): w.region for w in self._dynamic_wholes}.values())
-            # an MoE's gated experts before all: their nodes are also a stretch's, whose program
-            # stores the product the region's kernel never does (glu_regions.py)
-            self.regions[:0] = find_glu_regions(self.plan.gm)
+            # an MoE's gated experts before the stretches: their nodes are also a stretch's, whose
+            # program stores the product the region's kernel never does (glu_regions.py; fill_cache
+            # judges the region in the graph where both serve: region_judgment.py). After the whole
+            # graph, whose program, where it wins, was timed against the assembly with them
+            at = next((i for i, r in enumerate(self.regions) if r.kind != WHOLE or r.stretch), len(self.regions))
+            self.regions[at:at] = find_glu_regions(self.plan.gm)
         self._region_of: dict[str, Region] = {}
         self._region_at: dict[str, Region] = {}  # a region decision's node -> its region (one per region)
         self.wholes: list[Decision] = []  # the lookups of the whole graph or its stretches (whole_graph.py)

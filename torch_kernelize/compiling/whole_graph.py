@@ -218,21 +218,21 @@ def whole_graph_regions(gm: fx.GraphModule) -> tuple[list[Region], str]:
 
 
 def judgment_units(gm: fx.GraphModule, regions: list[Region]) -> list[tuple[Region, Region]]:
-    """(region, unit) for each region that serving tries before the whole graph and its stretches
-    (``regions``, LoweredGraph.regions: serving's order; an MoE's gated experts) and that shares
-    nodes with a stretch: the unit is the smallest graph in which the region competes with the
-    parts it keeps from their own winners (fill_cache/region_judgment.py). A stretch of the mix
-    (CUT) is cut where the whole graph is, so that graph is the unit; a stretch around ops no
-    program calls (BROKEN) is cut by its ops, so the region with those stretches is one, whose
-    assembly finds the same stretches (and keys) again."""
-    first = next((i for i, r in enumerate(regions) if r.kind == WHOLE), None)
+    """(region, unit) for each region that serving tries before the graph's stretches (``regions``,
+    LoweredGraph.regions: serving's order; an MoE's gated experts) and that shares nodes with one:
+    the unit is the smallest graph in which the region competes with the parts it keeps from their
+    own winners (fill_cache/region_judgment.py). A stretch of the mix (CUT) is cut where the whole
+    graph is, so that graph is the unit; a stretch around ops no program calls (BROKEN) is cut by
+    its ops, so the region with those stretches is one, whose assembly finds the same stretches
+    (and keys) again."""
+    first = next((i for i, r in enumerate(regions) if r.kind == WHOLE and r.stretch), None)
     if first is None:
         return []
-    wholes = [r for r in regions[first:] if r.kind == WHOLE]
+    wholes = [r for r in regions if r.kind == WHOLE]
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     units = []
     for region in regions[:first]:
-        overlap = [s for s in wholes if s.stretch and s.names & region.names]
+        overlap = [s for s in wholes if s.stretch and s.names & region.names] if region.kind != WHOLE else []
         if not overlap:
             continue
         if overlap[0].stretch == CUT:

@@ -1,6 +1,6 @@
 """A fused region against the parts it keeps from their own winners, in the graph where both serve.
 
-Serving tries some fused regions before the whole graph and its stretches (an MoE's gated
+Serving tries some fused regions before a graph's stretches (after the whole graph; an MoE's gated
 experts: compiling/glu_regions.py, whose kernel never stores the GEMM's product). Where such a
 region hits, the stretch programs holding its nodes do not run: their other nodes run one by one
 or in smaller regions. The region's own verdict compares it with the vendor running its nodes,
