@@ -172,3 +172,19 @@ def test_a_broken_pool_under_one_part_fails_the_whole_program_so_it_is_built_aga
     dead.set_exception(BrokenProcessPool("a worker died"))
     with pytest.raises(BrokenProcessPool):
         whole.result()
+
+
+def test_a_builder_never_closed_removes_its_folder_when_collected():
+    """close() removes the build folder; a Builder dropped without it (a test's Measurer) removes
+    it when collected, or at exit, instead of leaving it in the temporary folder."""
+    import gc
+    builder = Builder(get_target("interpreter"))
+    root = builder.root
+    assert root.is_dir()
+    del builder
+    gc.collect()
+    assert not root.exists()
+    closed = Builder(get_target("interpreter"))
+    closed.close()
+    assert not closed.root.exists()
+    closed.close()  # (twice is harmless)

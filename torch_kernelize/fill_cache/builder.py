@@ -29,6 +29,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import weakref
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable
@@ -204,6 +205,9 @@ class Builder:
         """``isolate``: build in worker processes (default: on CUDA, where compiling takes time)."""
         self.backend = target.triton
         self.root = Path(tempfile.mkdtemp(prefix="kernelize-build-"))
+        # removed by close(), or else when the Builder is collected or the process exits (a
+        # Measurer or test that never closes its Builder left hundreds of these in /tmp)
+        self._remove_root = weakref.finalize(self, shutil.rmtree, str(self.root), True)
         self._futures: dict[tuple[str, str], concurrent.futures.Future] = {}
         self._pools: dict[tuple[str, str], int] = {}  # which pool (by start count) each build went to
         self._jobs: dict[tuple[str, str], tuple] = {}  # the arguments of each build, to submit again
@@ -364,7 +368,7 @@ class Builder:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
-        shutil.rmtree(self.root, ignore_errors=True)
+        self._remove_root()
 
 
 def _done(result: object) -> concurrent.futures.Future:
