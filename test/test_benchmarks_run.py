@@ -110,3 +110,16 @@ def test_a_kernels_launch_shape_is_read_off_the_profilers_trace():
     assert timing.launch_shapes(trace) == {
         "triton_poi_fused_gelu_view_4": {"grid": [18912, 1, 1], "block": [128, 1, 1], "registers": 24, "shared": 0},
         "nvjet": {"grid": [132, 1, 1]}}
+
+
+def test_glu_tiles_builds_each_seed_and_the_parts_and_checks_them_against_the_eager_region(tmp_path, monkeypatch):
+    """benchmarks/glu_tiles.py --smoke: tiny sizes on the interpreter, nothing timed; every row's
+    kernel built as the fill stores it and run against the eager region."""
+    import json
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    glu = import_source(RUN.parent / "glu_tiles.py", "bench_glu_tiles")
+    assert glu.main([str(tmp_path / "glu.json"), "--smoke"]) == 0
+    rows = json.loads((tmp_path / "glu.json").read_text())["rows"]
+    seeds = [k for k in rows if k.startswith("glu seed")]
+    assert len(seeds) >= 3 and any("tma" in k for k in seeds), list(rows)
+    assert all(isinstance(r, dict) and r["max_abs_err"] <= 1e-2 for r in rows.values()), rows
