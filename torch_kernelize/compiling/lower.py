@@ -86,9 +86,7 @@ class Session:
         # fill_cache's trace of a model: whole graphs and stretches are looked up but their
         # programs not taken, so every spec below them is seen (planner.decide_regions)
         self.survey = False
-        # keys this session takes as "vendor wins" whatever their entries hold: fill_cache times a
-        # fused region against the parts it keeps from their own winners (set_aside.py)
-        self.set_aside: frozenset[str] = frozenset()
+        self.set_aside: frozenset[str] = frozenset()  # keys taken as "vendor wins" (fill_cache's: set_aside.py)
 
     def kernel_state(self, key: str) -> KernelState:
         k = (str(self.cache.dir), key)
@@ -203,18 +201,15 @@ class LoweredGraph:
                             + find_graph_regions(self.plan.gm, regions) + regions)
             if self.binder.is_static:  # the whole graph (or its stretches) first: a hit runs its winner's program
                 wholes = whole_graph_regions(self.plan.gm)[0]
-                # without the whole graph itself (its own assembly, timed against its program) the
-                # stretches it is cut into still run their winners: that assembly is the mix; a
-                # graph of stretches around ops no program calls (a fused region with the stretches
-                # it overlaps: fill_cache/region_judgment.py) runs them as served
+                # without the whole graph itself (its own assembly, timed against its program) its
+                # stretches still run their winners: the mix, or those around ops no program calls
                 self.regions[:0] = [r for r in wholes if whole or r.stretch]
             elif whole:  # a dynamic graph whole over one of its sizes: its buckets (bucket_lookup.py)
                 self._dynamic_wholes = dynamic_wholes(self.plan.gm, self.binder.symbols)
                 self.regions[:0] = list({id(w.region): w.region for w in self._dynamic_wholes}.values())
-            # an MoE's gated experts before the stretches: their nodes are also a stretch's, whose
-            # program stores the product the region's kernel never does (glu_regions.py; fill_cache
-            # judges the region in the graph where both serve: region_judgment.py). After the whole
-            # graph, whose program, where it wins, was timed against the assembly with them
+            # an MoE's gated experts after the whole graph (its program was timed against the assembly
+            # with them) and before the stretches, whose programs store the product the region's
+            # kernel never does (glu_regions.py; fill_cache judges it in its unit: region_judgment.py)
             at = next((i for i, r in enumerate(self.regions) if r.kind != WHOLE or r.stretch), len(self.regions))
             self.regions[at:at] = find_glu_regions(self.plan.gm)
         self._region_of: dict[str, Region] = {}
