@@ -202,3 +202,21 @@ def test_serving_tries_the_whole_graph_first_then_the_gated_experts_then_the_str
                                Session(Options.for_fill("/nonexistent-kernelize-cache"), TARGET), "inference")
         order[form] = [(r.kind, r.stretch) for r in lowered.regions[:2]]
     assert order == {"aten": [(WHOLE, ""), (KIND, "")], "silu": [(KIND, ""), (WHOLE, BROKEN)]}
+
+
+def test_a_unit_that_cannot_be_timed_leaves_the_region_as_stored(experts, tmp_path, caplog):
+    from torch_kernelize.fill_cache.region_judgment import judge_regions
+    _, _, _, glu, _ = experts
+    cache, run = _filled(tmp_path, glu)
+    run.close()
+    closed = []
+
+    class Failing:
+        def assemblies(self, keys):
+            raise RuntimeError("the unit's lowering failed")
+
+        def close(self):
+            closed.append(True)
+    judge_regions([glu], cache, lambda unit: Failing(), run.rows)
+    assert cache.lookup(glu.spec.key)[1].winner == "triton" and closed == [True]
+    assert "could not be timed (RuntimeError: the unit's lowering failed)" in caplog.text

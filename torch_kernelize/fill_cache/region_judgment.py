@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Sequence
 
+from torch_kernelize.core.errors import machine_error
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.fill_cache.collect import Work
 from torch_kernelize.fill_cache.graph_candidates import WHOLE_GRAPH_DOMAIN
@@ -48,6 +49,12 @@ def judge_regions(work: Sequence[Work], cache: Cache, measurer_for: Callable[[Ke
         measurer = measurer_for(unit)
         try:
             times = measurer.assemblies([w.spec.key])
+        except Exception as e:  # (a unit that does not lower or run: the region stays as its search stored it)
+            if machine_error(e):
+                raise
+            log.warning("%s: its unit %s could not be timed (%s: %s); the region stays as stored",
+                        w.spec.describe()[:90], unit.key, type(e).__name__, str(e)[:300])
+            continue
         finally:
             measurer.close()
         if times is None:  # (nothing is timed on the interpreter)
