@@ -151,8 +151,8 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             for n in lengths:
                 before, allocs, claimed = clock.ms, device_allocs(), _claimed(backend)
                 first.append(timed(compiled, inputs[n]))
-                if _claimed(backend) > claimed:  # misses this call took for recording
-                    claims[n] = _claimed(backend) - claimed
+                if (taken := _claimed(backend) - claimed) > 0:  # misses this call took for recording
+                    claims[n] = taken
                 if clock.ms > before:
                     gc_ms[str(n)] = round(clock.ms - before, 3)
                 if device_allocs() > allocs:  # the caching allocator grew its pool in this call

@@ -22,7 +22,7 @@ class SetAside:
 
     def __init__(self, inner: Lookups, keys: frozenset[str]):
         self.inner, self.keys = inner, keys
-        self.witnesses = getattr(inner, "witnesses", {})
+        self.witnesses = inner.witnesses  # (the executable cache keeps what every lookup saw)
 
     def _set_aside(self, found: Lookup, key: str) -> Lookup:
         return ("vendor", found[1], f"vendor wins for {key}: {SET_ASIDE}") if key in self.keys else found

@@ -302,7 +302,7 @@ class Measurer:
         if not self.timed or self.cache_dir is None:
             return None
         inputs = self.bench_inputs()
-        given = assembly_runner(self.spec, self.target, self.cache_dir)
+        given = self.baseline()  # (a whole graph's: its assembly from the cache as it is now)
         without = assembly_runner(self.spec, self.target, self.cache_dir, frozenset(set_aside))
         return self._time(lambda: paired_ms(lambda: given(inputs), lambda: without(inputs), rounds))
 
