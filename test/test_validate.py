@@ -230,3 +230,50 @@ def test_an_element_nearer_the_exact_answer_than_eager_is_judged_against_the_exa
 
     rec = validate(off, spec, sample, elementwise_bar=True)
     assert not rec.ok and rec.decided_by == BY_ELEMENTWISE and "within it of the float64 reference" in rec.reason, rec
+
+
+def test_an_edge_trial_at_the_bar_for_the_vendor_too_allows_twice_the_bar():
+    # Mixtral's fp16 down projection on "large" inputs: cuBLAS inside the float64 bar by luck, a
+    # right Triton kernel 2% past it. A vendor using more than half the bar on an edge trial makes
+    # it judged against the reference at twice the bar; a vendor well inside it does not.
+    import dataclasses
+
+    from torch_kernelize.core.tolerances import tolerance
+
+    base = _spec(aten.neg.default, torch.randn(64))
+    atol, rtol = tolerance(torch.float32, "aten.neg.default")
+
+    def off_by(x, share):  # -x with its element 3 moved by ``share`` of the float64 bar
+        out = -x.double()
+        scale = max(1.0, float(out.abs().max()))
+        out[3] += share * (atol * scale + rtol * abs(float(out[3])))
+        return out.float()
+
+    def spec_with_vendor_at(share):
+        @dataclasses.dataclass(frozen=True)
+        class Spec(KernelSpec):
+            def run_vendor(self, inputs):
+                return (off_by(inputs[0], share if inputs[0].abs().max() > 100 else 0.0),)
+
+            def reference(self, inputs, device="cpu"):
+                return (-inputs[0].double(),)
+
+        return Spec(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+
+    def sample(s, seed, kind, dev):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(64, generator=g, dtype=torch.float64).float() * (1e3 if kind == "large" else 1.0)]
+
+    def candidate(share):
+        return lambda inputs: (off_by(inputs[0], share if inputs[0].abs().max() > 100 else 0.0),)
+
+    rec = validate(candidate(1.05), spec_with_vendor_at(0.9), sample, edge_kinds=("large",))
+    assert rec.ok and rec.at_the_bar == ["large"] and rec.vendor_judged == [], rec
+    assert "twice the bar" in rec.decided_by
+    assert not validate(candidate(2.5), spec_with_vendor_at(0.9), sample, edge_kinds=("large",)).ok
+    rec = validate(candidate(1.05), spec_with_vendor_at(0.1), sample, edge_kinds=("large",))
+    assert not rec.ok and "large" in rec.reason, rec
+    # random trials keep the bar itself, wherever the vendor stands
+    rec = validate(lambda inputs: (off_by(inputs[0], 1.05),), spec_with_vendor_at(0.9), sample,
+                   edge_kinds=("large",))
+    assert not rec.ok and "random" in rec.reason, rec

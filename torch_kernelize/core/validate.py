@@ -437,10 +437,21 @@ def sync_device(device: str | torch.device) -> None:
         torch.cuda.synchronize()
 
 
+# On an edge trial where the vendor op uses more than this share of the float64 bar (and passes
+# it), the trial's arithmetic, not the kernel, is at the bar: a candidate is judged there against
+# the reference at twice the bar (``at_the_bar``). Mixtral's fp16 down
+# projection (K = 14336) on "large" inputs (x1e3) sums products of ~1e6 into partial sums of ~1e8
+# whose finite results cancel to ~1e4: on an H100, cuBLAS failed the bar in three of four buckets
+# and a Triton candidate failed it by 2% in the fourth, where cuBLAS did not (fp32 on the CPU, in
+# either order, stays near 0.1 of the bar: the tensor cores' accumulation is coarser). A candidate
+# must not fail for a draw the vendor happened to win.
+VENDOR_AT_THE_BAR = 0.5
+
 # What decided a validation: the float64 bar, the elementwise bar against the vendor output, or
 # (an edge trial on which the vendor op itself is far from float64) the vendor output alone.
 BY_REFERENCE, BY_ELEMENTWISE, BY_VENDOR = "float64 reference", "elementwise vs vendor", "vendor (far from float64)"
 BY_EXACT_NEARER = " (or float64, where nearer)"  # compare_elementwise_or_exact decided some elements
+BY_AT_THE_BAR = "float64 reference at twice the bar (the vendor at it too)"
 BY_VENDOR_ERROR = "float64 reference, relative to the vendor's error (a whole graph: core/graph_accuracy.py)"
 
 
@@ -466,6 +477,7 @@ class ValidationRecord:
     # trials (by kind) whose elements nearer the float64 reference than the vendor's were judged
     # against the reference (``compare_elementwise_or_exact``)
     elementwise_exact: list[str] = dataclasses.field(default_factory=list)
+    at_the_bar: list[str] = dataclasses.field(default_factory=list)  # edge kinds judged at twice the bar
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -506,6 +518,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
     graph_judged = False
     worst_abs = worst_rel = worst = worst_vendor = 0.0
     vendor_judged: list[str] = []
+    at_the_bar: list[str] = []
     waived: list[str] = []
     exact_nearer: list[str] = []
 
@@ -562,6 +575,12 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
             c = compare_all(outs, nearest_expected(outs, ref, vendor), spec, factor=2.0)
             if c.ok:
                 vendor_judged.append(kind)
+        elif not c.ok and vendor is not None and kind not in ("random", "captured") \
+                and not compare_all(vendor, ref, spec, factor=VENDOR_AT_THE_BAR).ok:
+            by = BY_AT_THE_BAR
+            c = compare_all(settle(spec, inputs, outs, ref), ref, spec, factor=2.0)
+            if c.ok:
+                at_the_bar.append(kind)
         if not c.ok:
             return failed(n, seed, kind, c, by)
         if bars and (far or kind not in ("random", "captured")):
@@ -586,10 +605,11 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
         del inputs, ref, outs, vendor  # nothing of this trial is held into the next
     elementwise = BY_ELEMENTWISE + (BY_EXACT_NEARER if exact_nearer else "")
     decided = " + ".join([BY_VENDOR_ERROR if graph_judged else BY_REFERENCE] + ([elementwise] if bars else [])
-                         + ([BY_VENDOR] if vendor_judged else []))
+                         + ([BY_VENDOR] if vendor_judged else []) + ([BY_AT_THE_BAR] if at_the_bar else []))
     return ValidationRecord(True, list(seeds), kinds, len(plan), worst_abs, worst_rel, tol, max_err=worst,
                             reference_device=source.reference_device, vendor_judged=vendor_judged,
                             elementwise=bars, elementwise_waived=waived, elementwise_exact=exact_nearer,
+                            at_the_bar=at_the_bar,
                             max_vendor_abs_err=worst_vendor,
                             decided_by=decided)
 
