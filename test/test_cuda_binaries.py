@@ -287,7 +287,8 @@ def test_an_input_the_spec_holds_on_the_host_is_launched_from_the_device(no_stre
     assert spec.inputs[1].device == "cpu" and spec.inputs[1].shape == ()
     launcher = _Launcher([], "aligned")
     runner = ProgramRunner(spec, program, [launcher], "cuda")
-    assert runner.direct is None  # (the generated hot path takes its inputs as they come)
+    # the general path (``__call__``); the generated one (``direct``, built where CUDA is) moves
+    # them too: test_launch_direct.py
     runner(torch.empty(1 << 12, device="meta"), torch.tensor(0.5, dtype=torch.float64))
     (_, _, args), = launcher.args
     assert [a.device.type for a in args if isinstance(a, torch.Tensor)] == ["meta", "meta", "meta"]

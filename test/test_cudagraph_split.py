@@ -362,9 +362,12 @@ def _mixtral_in_pieces(device: str, **options) -> dict:
     stats, plan = _served_mixtral(device, **options)
     assert {s.split(":")[0] for s in plan["syncs"]} == {"transformers.grouped_mm_fallback.default"}
     n_syncs = len(plan["syncs"])  # two per layer (gate-up, down)
-    # the SiLU-and-multiply between them runs eagerly (its replay would copy the gate-up output):
-    # one stretch per layer, and the one after the last
-    stretches = n_syncs // 2 + 1
+    # Between a layer's two syncs transformers 5.23 has the SiLU-and-multiply alone: it runs
+    # eagerly (a replay would copy the gate-up output and save no launch), one stretch per layer
+    # and the one after the last. 5.17 (the GPU machine's) also masks the gate-up output with
+    # ``where``: five launches there, which a replay saves, so every stretch is captured.
+    stretches = stats["per_call"]["stretches"]
+    assert stretches in (n_syncs // 2 + 1, n_syncs + 1), stats
     assert stats["per_call"] == {"graphs": stretches, "stretches": stretches, "syncs": n_syncs}
     assert not stats["not_graphed"]
     return stats
