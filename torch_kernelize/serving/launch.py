@@ -23,6 +23,7 @@ from torch_kernelize.core.program import PHASE, SOURCE_FILES, KernelProgram, Lau
 from torch_kernelize.core.program_steps import StepCall
 from torch_kernelize.core.spec import KernelSpec
 from torch_kernelize.serving.direct_call import CallPlan, at_offset, direct_function
+from torch_kernelize.serving.interpreter_compat import fix_scalar_index
 
 PROGRAM_FILE = "program.json"
 
@@ -85,6 +86,7 @@ class _InterpreterLibdevice:
 def _interpreted(fn: Any):
     from triton.runtime.interpreter import InterpretedFunction
     _interpret_nested_jit_calls()
+    fix_scalar_index()
     return fn if isinstance(fn, InterpretedFunction) else InterpretedFunction(fn.fn)
 
 
