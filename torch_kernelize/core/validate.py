@@ -439,12 +439,12 @@ def sync_device(device: str | torch.device) -> None:
 
 # On an edge trial where the vendor op uses more than this share of the float64 bar (and passes
 # it), the trial's arithmetic, not the kernel, is at the bar: a candidate is judged there against
-# the reference at twice the bar (``at_the_bar``). Mixtral's fp16 down
-# projection (K = 14336) on "large" inputs (x1e3) sums products of ~1e6 into partial sums of ~1e8
-# whose finite results cancel to ~1e4: on an H100, cuBLAS failed the bar in three of four buckets
-# and a Triton candidate failed it by 2% in the fourth, where cuBLAS did not (fp32 on the CPU, in
-# either order, stays near 0.1 of the bar: the tensor cores' accumulation is coarser). A candidate
-# must not fail for a draw the vendor happened to win.
+# the reference at twice the bar (``at_the_bar``). Mixtral's fp16 down projection (K = 14336) on
+# "large" inputs (x1e3) sums products of ~1e6 into partial sums of ~1e8 whose finite results
+# cancel to ~1e4: on an H100, cuBLAS failed the bar in three of four buckets and a Triton
+# candidate failed it by 2% in the fourth, where cuBLAS did not (fp32 on the CPU, in either order,
+# stays near 0.1 of the bar: the tensor cores' accumulation is coarser). A candidate must not
+# fail for a draw the vendor happened to win.
 VENDOR_AT_THE_BAR = 0.5
 
 # What decided a validation: the float64 bar, the elementwise bar against the vendor output, or
