@@ -19,7 +19,8 @@ a repeat; kernelize's per-call time is no worse than torch.compile(dynamic=True)
 --profile-first K, each backend then calls K lengths the trace did not visit under torch.profiler,
 and K more, each the nearest new length beside one of its K dearest first calls: the ops a first
 call spends its time in (``first_call_profile`` in the JSON, the top three in the markdown;
-first_call_profile.py).
+first_call_profile.py). --profile-repeat K profiles a repeat call at K of the trace's lengths,
+its ops by device time and by host time (``repeat_call_profile``).
 
 OUT/<date>-<chip>-bucket-trace.json and .md are written; children's output is in OUT/logs/.
 Exit codes: 0 done (a backend that failed is in the results with its error); 2 bad arguments.
@@ -46,7 +47,8 @@ from torch_kernelize.core.buckets import pow2_bucket
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 from first_call_profile import (WarmedLayouts, dearest_neighbours, first_call_profile,  # noqa: E402
-                                profile_lengths, python_hot_spots, rewarm_lengths, timed)
+                                profile_lengths, python_hot_spots, repeat_call_profile, rewarm_lengths,
+                                spread, timed)
 
 MODELS = {"llama": (f"{HERE.parent / 'real_models.py'}:make_llama", "torch_kernelize.model_zoo:make_hf_llama"),
           "mixtral": (f"{HERE.parent / 'real_models.py'}:make_mixtral", "torch_kernelize.model_zoo:make_hf_mixtral")}
@@ -118,9 +120,10 @@ def summarize(ms: list[float]) -> dict[str, float]:
 
 def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_dir: Path, target: str,
             out: Path, profiled: list[int] = (), rewarmed: list[int] = (),
-            span: tuple[int, int] = (1, 1)) -> dict[str, Any]:
+            span: tuple[int, int] = (1, 1), repeats_profiled: int = 0) -> dict[str, Any]:
     """One backend's trace, in this process; then a profile of a first call at each of ``profiled``
-    (and ``rewarmed``), and at as many new lengths of ``span`` beside the trace's dearest first calls."""
+    (and ``rewarmed``), and at as many new lengths of ``span`` beside the trace's dearest first calls;
+    and of a repeat call at ``repeats_profiled`` of the trace's lengths, spread over them."""
     model, (ids,) = _load(ref)
     warm_log = WarmedLayouts().install() if backend == "kernelize" and profiled else None
     if backend == "kernelize":
@@ -160,6 +163,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             first_gc = {"collections": clock.collections, "ms": round(clock.ms, 3), "per_length_ms": gc_ms}
         planning = _planning(out, backend, planned_before)
         repeat = [timed(compiled, inputs[n]) for n in lengths]
+        repeat_profile = repeat_call_profile(compiled, batch, spread(lengths, repeats_profiled))
         recompiles = _graphs_compiled() - graphs_before
         extra = [f - r for f, r in zip(first, repeat)]
         beside = dearest_neighbours(dict(zip(lengths, extra)), [warmup_len, *profiled, *rewarmed], *span,
@@ -192,6 +196,7 @@ def measure(backend: str, ref: str, lengths: list[int], warmup_len: int, cache_d
             **({"first_calls_planning": planning} if planning is not None else {}),
             **({"first_call_profile": profile} if profile else {}),
             **({"first_call_python": python} if python else {}),
+            **({"repeat_call_profile": repeat_profile} if repeat_profile else {}),
             "per_length_ms": {str(n): [round(f, 4), round(r, 4)]
                                                                   for n, f, r in zip(lengths, first, repeat)}}
 
@@ -263,7 +268,7 @@ def _child(args: argparse.Namespace) -> int:
     profiled = profile_lengths(args.lo, args.hi, taken, args.profile_first)
     rewarmed = rewarm_lengths(args.lo, args.hi, taken, profiled) if args.child == "kernelize" else []
     result = measure(args.child, ref, lengths, args.warmup_len, args.cache_dir, args.target, args.out, profiled,
-                     rewarmed, (args.lo, args.hi))
+                     rewarmed, (args.lo, args.hi), args.profile_repeat)
     print("RESULT " + json.dumps(result))
     return 0
 
@@ -272,7 +277,8 @@ def _run_child(args: argparse.Namespace, backend: str, lengths: list[int], log: 
     cmd = [sys.executable, str(HERE), "--out", str(args.out), "--model", args.model, "--child", backend,
            "--child-lengths", ",".join(map(str, lengths)), "--warmup-len", str(args.warmup_len),
            "--cache-dir", str(args.cache_dir), "--target", args.target, "--lo", str(args.lo), "--hi", str(args.hi),
-           "--profile-first", str(args.profile_first)] + (["--smoke"] if args.smoke else [])
+           "--profile-first", str(args.profile_first), "--profile-repeat", str(args.profile_repeat)] \
+        + (["--smoke"] if args.smoke else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_limit)
     log.write_text(proc.stdout + proc.stderr)
     for line in proc.stdout.splitlines():
@@ -360,6 +366,12 @@ def markdown(doc: dict[str, Any]) -> str:
             if g:
                 lines.append(f"  - its GEMM layouts: {g['served']}, of which {len(g['served_not_warmed'])} not among "
                              f"the {g['warmed_at_this_size']} the bucket warm ran at length {n}")
+        for n, (call, ops) in r.get("repeat_call_profile", {}).items():
+            dev = "; ".join(f"{o['op']} {o['self_device_ms']:.2f} ms ({o['calls']}x)" for o in ops["by_device"][:3])
+            host = "; ".join(f"{o['op']} {o['self_host_ms']:.2f} ms ({o['calls']}x)" for o in ops["by_host"][:3])
+            lines.append(f"- {r['backend']}, a repeat call at length {n}: {call['call_ms']:.2f} ms, its kernels "
+                         f"{call['device_ms']:.2f} ms of device time; most device time: {dev or 'none'}; most host "
+                         f"time of its own: {host}")
     return "\n".join(lines) + "\n"
 
 
@@ -417,6 +429,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help="kernelize target (default: cuda, or interpreter without a GPU)")
     p.add_argument("--smoke", action="store_true", help="the tiny model, few lengths (runs on the CPU)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-repeat", type=int, default=0, metavar="K",
+                   help="after the trace, profile a repeat call at K of its lengths, spread over them (torch.profiler: "
+                        "the ops with the most device time and host time go into the JSON)")
     p.add_argument("--profile-first", type=int, default=0, metavar="K",
                    help="after the trace, profile a first call at K lengths it did not visit, and at K more "
                         "beside its K dearest first calls (torch.profiler; the ops with the most host time go "

@@ -3,7 +3,9 @@
 their own, its GEMMs by shape and, in the kernelize process, matched against the layouts the
 bucket warm ran at that size (serving/bucket_warm.py logs them at debug level), with each call's
 host ms; beside each profiled length, one profiled right after the warm's calls at its size are
-replayed outside the compile; beside each of the trace's dearest first calls, its nearest new length."""
+replayed outside the compile; beside each of the trace's dearest first calls, its nearest new length.
+``repeat_call_profile`` does the same for a repeat call (``--profile-repeat``), its ops by device
+time: is a slow repeat the GPU's work or the host's?"""
 from __future__ import annotations
 
 import json
@@ -195,4 +197,35 @@ def first_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int =
              "self_host_ms": round(e.self_cpu_time_total / 1e3, 3),
              "device_ms": round(getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) / 1e3, 3)}
             for e in ops]
+    return rows
+
+
+def spread(lengths: list[int], count: int) -> list[int]:
+    """``count`` of ``lengths`` spread over their sorted range (the shortest and longest first)."""
+    ordered = sorted(set(lengths))
+    if not ordered or count <= 0:
+        return []
+    picks = [ordered[round(i * (len(ordered) - 1) / max(1, count - 1))] for i in range(count)]
+    return list(dict.fromkeys(picks))
+
+
+def repeat_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int = 8) -> dict[str, list]:
+    """A repeat call at each of ``lengths`` (visited already) under torch.profiler: the call's time,
+    the device time of its kernels, and its ops by device time of their own, then by host time of
+    their own (issue 41: the MoE trace's small buckets repeat slower than Inductor's)."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    rows: dict[str, list] = {}
+    for n in lengths:
+        x = batch(n)
+        with profile(activities=activities) as prof:
+            ms = timed(compiled, x)
+        events = prof.key_averages()
+        device = lambda e: getattr(e, "self_device_time_total", 0) or 0  # noqa: E731
+        row = lambda e: {"op": e.key[:90], "calls": e.count,  # noqa: E731
+                         "self_host_ms": round(e.self_cpu_time_total / 1e3, 3), "self_device_ms": round(device(e) / 1e3, 3)}
+        rows[str(n)] = [{"call_ms": round(ms, 3), "device_ms": round(sum(device(e) for e in events) / 1e3, 3)},
+                        {"by_device": [row(e) for e in sorted(events, key=device, reverse=True)[:top] if device(e)],
+                         "by_host": [row(e) for e in sorted(events, key=lambda e: e.self_cpu_time_total,
+                                                            reverse=True)[:top]]}]
     return rows

@@ -159,6 +159,12 @@ def test_the_gc_clock_times_collections_while_installed_and_only_then():
     assert ("- kernelize, first call at length 7 under cProfile: 3.5 ms; most time in its own Python (cumulative, "
             "below the dispatch): lower.py:340(_specialize) 3.2 ms (1x); own time: spec.py:10(key) 1.2 ms") \
         in t.markdown(doc)
+    doc["backends"][0]["repeat_call_profile"] = {"5": [{"call_ms": 10.5, "device_ms": 4.25}, {
+        "by_device": [{"op": "grouped_mm_kernel", "calls": 8, "self_host_ms": 0.0, "self_device_ms": 2.5}],
+        "by_host": [{"op": "cudaMemcpyAsync", "calls": 9, "self_host_ms": 3.0, "self_device_ms": 0.0}]}]}
+    assert ("- kernelize, a repeat call at length 5: 10.50 ms, its kernels 4.25 ms of device time; most device "
+            "time: grouped_mm_kernel 2.50 ms (8x); most host time of its own: cudaMemcpyAsync 3.00 ms (9x)") \
+        in t.markdown(doc)
     doc["backends"][0]["first_calls_planning"] = {"planned": 3, "shared": 1, "unshared": {"s1 takes 5..8 (mm)": 2},
                                                   "pinned": {"s0": "mm at mm: entry k does not give back s0"}}
     assert ("- kernelize: the first calls planned 3 signature(s) anew and found 1 in a planned shape class; planned "
@@ -168,7 +174,8 @@ def test_the_gc_clock_times_collections_while_installed_and_only_then():
 
 def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke", "--lengths", "2",
-                           "--lo", "5", "--hi", "8", "--baseline", "eager", "--profile-first", "1"],
+                           "--lo", "5", "--hi", "8", "--baseline", "eager", "--profile-first", "1",
+                           "--profile-repeat", "1"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = tmp_path.glob("*-cpu-bucket-trace.json")
@@ -180,6 +187,8 @@ def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_pa
         assert "error" not in b, b
         (call, *ops) = b["first_call_profile"][free]  # a first call at a new length, its ops by host time
         assert call["call_ms"] > 0 and ops and ops[0]["self_host_ms"] >= ops[-1]["self_host_ms"]
+        ((n, (call, ops)),) = b["repeat_call_profile"].items()  # a repeat call at a length of the trace
+        assert n in lengths and call["call_ms"] > 0 and ops["by_host"] and ops["by_device"] == []  # (no GPU)
         assert set(b["per_length_ms"]) == lengths and b["trace"]["p99_ms"] >= b["trace"]["p50_ms"] > 0
         assert isinstance(b["recompiles"], int) and b["buckets"] == 1
         assert b["first_calls_gc"]["collections"] >= 0 and set(b["first_calls_gc"]["per_length_ms"]) <= lengths
