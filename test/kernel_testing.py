@@ -38,7 +38,8 @@ def run_validation(family: KernelFamily, spec: KernelSpec, program: KernelProgra
                    seeds: Sequence[int] = (0, 1, 2), kinds: Sequence[str] | None = None) -> ValidationRecord:
     runner = load(tmp_path, spec, program)
     return validate(runner.run_poisoned, spec, family.sample_inputs,
-                    family.edge_kinds if kinds is None else kinds, seeds=seeds, resolve_ties=family.resolve_ties)
+                    family.edge_kinds if kinds is None else kinds, seeds=seeds, resolve_ties=family.resolve_ties,
+                    magnitudes=family.term_magnitudes)
 
 
 def assert_mutant_fails(family: KernelFamily, spec: KernelSpec, program: KernelProgram, old: str, new: str,
@@ -115,7 +116,8 @@ def assert_bucket_valid(family: KernelFamily, spec: KernelSpec, dims: Sequence[t
     for values in dict.fromkeys(sizes):
         concrete = spec_at(spec, dims, values)
         rec = validate(bucket_runner(concrete, dims, base).run_poisoned, concrete, family.sample_inputs,
-                       family.edge_kinds, seeds=seeds, resolve_ties=family.resolve_ties)
+                       family.edge_kinds, seeds=seeds, resolve_ties=family.resolve_ties,
+                       magnitudes=family.term_magnitudes)
         assert rec.ok, f"{concrete.describe()} [{config}] at sizes {values}: {rec.reason}\n{program.source}"
     return program
 

@@ -184,11 +184,12 @@ def test_gpu_grouped_kernels_validate(tmp_path):
         for config in FAMILY.seed_configs(spec):
             program = FAMILY.generate(spec, config)
             rec = validate(jit_runner(tmp_path, spec, program).run_poisoned, spec, FAMILY.sample_inputs,
-                           FAMILY.edge_kinds, device="cuda")
+                           FAMILY.edge_kinds, device="cuda", magnitudes=FAMILY.term_magnitudes)
             assert rec.ok, f"[{config}]: {rec.reason}\n{program.source}"
         write_program(tmp_path / f"aot{i}", spec, program, "cuda")
         runner = load_program(tmp_path / f"aot{i}", spec, "cuda")
-        rec = validate(runner.run_poisoned, spec, FAMILY.sample_inputs, FAMILY.edge_kinds, device="cuda")
+        rec = validate(runner.run_poisoned, spec, FAMILY.sample_inputs, FAMILY.edge_kinds, device="cuda",
+                       magnitudes=FAMILY.term_magnitudes)
         assert rec.ok, rec.reason
 
 

@@ -277,3 +277,60 @@ def test_an_edge_trial_at_the_bar_for_the_vendor_too_allows_twice_the_bar():
     rec = validate(lambda inputs: (off_by(inputs[0], 1.05),), spec_with_vendor_at(0.9), sample,
                    edge_kinds=("large",))
     assert not rec.ok and "random" in rec.reason, rec
+
+
+def test_an_edge_trials_cancelling_gemm_elements_are_judged_by_the_size_of_their_terms():
+    # fp16 GEMM on "large" inputs (x1e3): its few finite outputs cancel terms ~1e3 times their size.
+    # A vendor whose accumulation errs by 2e-5 of the terms (tensor cores) and a candidate erring by
+    # 5e-5 (another order) both miss the float64 bar there; per unit of terms the candidate is
+    # within TERMS_FACTOR of the vendor, so it passes; 1e-3 of the terms, a NaN, or no magnitudes
+    # (a family whose outputs are not sums of products) fail.
+    import dataclasses
+
+    from torch_kernelize.core.validate import BY_TERMS
+    from torch_kernelize.lowering.kernels.matmul import FAMILY
+
+    base = _spec(aten.mm.default, torch.randn(64, 64).half(), torch.randn(64, 64).half())
+
+    def off(inputs, share):  # the exact product, each finite element moved by ``share`` of its terms' size
+        a, b = (t.double() for t in inputs)
+        exact, terms = a @ b, a.abs() @ b.abs()
+        moved = (exact + share * terms * torch.where(exact > 0, 1.0, -1.0)).clamp(-65504, 65504)
+        return torch.where(exact.abs() < 65504, moved, exact).half()
+
+    large = lambda inputs: bool(inputs[0].abs().max() > 100)  # noqa: E731
+
+    @dataclasses.dataclass(frozen=True)
+    class Spec(KernelSpec):
+        def run_vendor(self, inputs):
+            return (off(inputs, 2e-5 if large(inputs) else 0.0),)
+
+        def reference(self, inputs, device="cpu"):  # (the base class's runs run_vendor in float64)
+            return (inputs[0].double() @ inputs[1].double(),)
+
+    spec = Spec(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+
+    def sample(s, seed, kind, dev):
+        g = torch.Generator().manual_seed(seed)
+        scale = 1e3 if kind == "large" else 1.0
+        return [(torch.randn(64, 64, generator=g, dtype=torch.float64) * scale).half(),
+                (torch.randn(64, 64, generator=g, dtype=torch.float64) * scale).half()]
+
+    def candidate(share, nan=False):
+        def run(inputs):
+            out = off(inputs, share if large(inputs) else 0.0)
+            if nan and large(inputs):
+                out[out.isfinite().nonzero()[0].tolist()[0], :1] = float("nan")
+            return (out,)
+        return run
+
+    def judged(run, magnitudes=FAMILY.term_magnitudes):
+        return validate(run, spec, sample, edge_kinds=("large",), magnitudes=magnitudes)
+
+    assert not judged(candidate(5e-5), magnitudes=None).ok  # the bar alone: past it
+    rec = judged(candidate(5e-5))
+    assert rec.ok and rec.by_terms == ["large"] and BY_TERMS in rec.decided_by, rec
+    wrong = judged(candidate(2e-4))  # 10x the vendor per unit of terms
+    assert not wrong.ok and "out of tolerance" in wrong.reason, wrong
+    assert not judged(candidate(5e-5, nan=True)).ok
+    assert FAMILY.sums_products

@@ -194,6 +194,19 @@ class KernelFamily:
         fill_cache asks it on ``target`` unless told otherwise, else why not."""
         return None
 
+    # Outputs that are sums of products (GEMMs and their elementwise epilogues): on an edge trial an
+    # element may cancel terms far larger than itself, and no fp32 order computes it reliably.
+    sums_products = False
+
+    def term_magnitudes(self, spec: KernelSpec, inputs: Sequence[torch.Tensor],
+                        device: str = "cpu") -> tuple[torch.Tensor, ...] | None:
+        """The size of each output element's terms (validate's ``magnitudes``): for a family whose
+        outputs are sums of products, the float64 reference on the inputs' absolute values
+        (``sum |a| |b|`` for a GEMM, through its epilogue); None for the others."""
+        if not self.sums_products:
+            return None
+        return spec.reference([t.abs() if t.is_floating_point() else t for t in inputs], device)
+
     def resolve_ties(self, spec: KernelSpec, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                      refs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """Where the op leaves a choice open (which of equal elements an index names), make the

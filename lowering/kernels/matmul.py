@@ -65,6 +65,7 @@ from torch_kernelize.lowering.kernels.matmul_source import Gen
 
 class MatmulFamily(KernelFamily):
     name = "matmul"
+    sums_products = True  # (validate judges an edge trial's cancelling elements by their terms)
     ops = frozenset(MM_OPS) | {"region"}
     edge_kinds = ("zeros", "large", "negative", "special")
 

@@ -452,6 +452,7 @@ VENDOR_AT_THE_BAR = 0.5
 BY_REFERENCE, BY_ELEMENTWISE, BY_VENDOR = "float64 reference", "elementwise vs vendor", "vendor (far from float64)"
 BY_EXACT_NEARER = " (or float64, where nearer)"  # compare_elementwise_or_exact decided some elements
 BY_AT_THE_BAR = "float64 reference at twice the bar (the vendor at it too)"
+BY_TERMS = "float64 reference, cancelling elements by the size of their terms"
 BY_VENDOR_ERROR = "float64 reference, relative to the vendor's error (a whole graph: core/graph_accuracy.py)"
 
 
@@ -478,6 +479,7 @@ class ValidationRecord:
     # against the reference (``compare_elementwise_or_exact``)
     elementwise_exact: list[str] = dataclasses.field(default_factory=list)
     at_the_bar: list[str] = dataclasses.field(default_factory=list)  # edge kinds judged at twice the bar
+    by_terms: list[str] = dataclasses.field(default_factory=list)  # edge kinds whose cancelling elements _by_terms judged
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -492,7 +494,8 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
              edge_kinds: Sequence[str] = (), seeds: Sequence[int] = DEFAULT_SEEDS,
              device: str | torch.device = "cpu", extra_trials: int = 0,
              trials: Trials | None = None, reference_device: str = "cpu",
-             resolve_ties: Callable | None = None, elementwise_bar: bool = False) -> ValidationRecord:
+             resolve_ties: Callable | None = None, elementwise_bar: bool = False,
+             magnitudes: Callable | None = None) -> ValidationRecord:
     """Run ``run`` (inputs -> outputs, its buffers filled before each run) on every trial, twice
     per trial (``_run_on_both_fills``); stop at the first failure.
 
@@ -504,7 +507,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
     comparison. ``elementwise_bar``:
     every trial must also pass ``compare_elementwise`` against the vendor op's output, except
     where that output is itself far from float64 (then it is the bar, as ``vendor_judged``).
-    """
+    ``magnitudes``: a family's ``term_magnitudes`` (``_judge_edge``)."""
     source = trials or Trials(spec, sample_inputs, device, reference_device)
     settle = resolve_ties or settle_index_ties  # (a family's hook settles these ops too: KernelFamily)
     plan = [(s, "random") for s in seeds] + [(seeds[0] + 1000 + i, k) for i, k in enumerate(edge_kinds)]
@@ -519,6 +522,7 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
     worst_abs = worst_rel = worst = worst_vendor = 0.0
     vendor_judged: list[str] = []
     at_the_bar: list[str] = []
+    by_terms: list[str] = []
     waived: list[str] = []
     exact_nearer: list[str] = []
 
@@ -568,11 +572,11 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
             c = dataclasses.replace(c, ok=why is None, reason=why or "")
             by, graph_judged = BY_VENDOR_ERROR, graph_judged or why is None
         elif not c.ok and kind not in ("random", "captured"):
-            again = _judge_edge(spec, settle, inputs, outs, ref, vendor, far)
+            again = _judge_edge(spec, settle, inputs, outs, ref, vendor, far, magnitudes, source.reference_device)
             if again is not None:
                 c, by = again
                 if c.ok:
-                    (vendor_judged if by == BY_VENDOR else at_the_bar).append(kind)
+                    {BY_VENDOR: vendor_judged, BY_AT_THE_BAR: at_the_bar, BY_TERMS: by_terms}[by].append(kind)
         if not c.ok:
             return failed(n, seed, kind, c, by)
         if bars and (far or kind not in ("random", "captured")):
@@ -597,29 +601,71 @@ def validate(run: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]], sp
         del inputs, ref, outs, vendor  # nothing of this trial is held into the next
     elementwise = BY_ELEMENTWISE + (BY_EXACT_NEARER if exact_nearer else "")
     decided = " + ".join([BY_VENDOR_ERROR if graph_judged else BY_REFERENCE] + ([elementwise] if bars else [])
-                         + ([BY_VENDOR] if vendor_judged else []) + ([BY_AT_THE_BAR] if at_the_bar else []))
+                         + [b for b, kinds in ((BY_VENDOR, vendor_judged), (BY_AT_THE_BAR, at_the_bar),
+                                                 (BY_TERMS, by_terms)) if kinds])
     return ValidationRecord(True, list(seeds), kinds, len(plan), worst_abs, worst_rel, tol, max_err=worst,
                             reference_device=source.reference_device, vendor_judged=vendor_judged,
                             elementwise=bars, elementwise_waived=waived, elementwise_exact=exact_nearer,
-                            at_the_bar=at_the_bar,
+                            at_the_bar=at_the_bar, by_terms=by_terms,
                             max_vendor_abs_err=worst_vendor,
                             decided_by=decided)
 
 
 def _judge_edge(spec: KernelSpec, settle: Callable, inputs: Sequence[torch.Tensor],
                 outs: Sequence[torch.Tensor], ref: Sequence[torch.Tensor], vendor: Sequence[torch.Tensor],
-                far: bool) -> tuple[Comparison, str] | None:
+                far: bool, magnitudes: Callable | None = None,
+                reference_device: str = "cpu") -> tuple[Comparison, str] | None:
     """An edge trial (near overflow, inf, NaN) a candidate fails against float64, judged again
     where the vendor op shows the trial's arithmetic itself is off: far from float64, the
     candidate must match what the vendor computes (each element: the nearer of the two, at twice
     the bar); at the bar (more than ``VENDOR_AT_THE_BAR`` of it), the reference at twice the bar.
-    None where the vendor sits well inside the bar: the failure stands."""
+    Where that fails too and ``magnitudes`` gives the size of each element's terms, ``_by_terms``.
+    None where the vendor sits well inside the bar and nothing else applies: the failure stands."""
+    again = None
     if far:
         settled = settle(spec, inputs, outs, vendor)
-        return compare_all(settled, nearest_expected(settled, ref, vendor), spec, factor=2.0), BY_VENDOR
-    if not compare_all(vendor, ref, spec, factor=VENDOR_AT_THE_BAR).ok:
-        return compare_all(settle(spec, inputs, outs, ref), ref, spec, factor=2.0), BY_AT_THE_BAR
-    return None
+        again = compare_all(settled, nearest_expected(settled, ref, vendor), spec, factor=2.0), BY_VENDOR
+    elif not compare_all(vendor, ref, spec, factor=VENDOR_AT_THE_BAR).ok:
+        again = compare_all(settle(spec, inputs, outs, ref), ref, spec, factor=2.0), BY_AT_THE_BAR
+    if (again is None or not again[0].ok) and magnitudes is not None:
+        mags = magnitudes(spec, inputs, reference_device)
+        if mags is not None:
+            snapped = _by_terms(settle(spec, inputs, outs, ref), ref, vendor, mags)
+            terms = compare_all(snapped, nearest_expected(snapped, ref, vendor) if far else ref, spec, factor=2.0)
+            if terms.ok or again is None:
+                return terms, BY_TERMS
+    return again
+
+
+# An edge trial's element whose candidate is within this many times the vendor's worst error per
+# unit of terms (|vendor - ref| / terms) of the reference counts as right (``_by_terms``).
+TERMS_FACTOR = 4.0
+
+
+def _by_terms(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], vendors: Sequence[torch.Tensor],
+              mags: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``outs`` with each finite element that is within ``TERMS_FACTOR`` x the vendor's worst
+    error per unit of its terms' size (``mags``) of the reference replaced by the reference.
+
+    A GEMM on "large" inputs sums products of ~1e6 into partial sums of ~1e7 whose finite results
+    cancel to ~1e4; an epilogue multiplying by another large input turns the fp32 order's error
+    into 10% of such an element (the matmul group's fp16 SiLU-times-up region on an H100: 692 off
+    7208, cuBLAS off too). Per unit of its terms the error is the accumulation's, as the vendor's
+    is; the output's scale does not see it. An element its terms do not swamp (terms ~ its value)
+    gets an allowance far below the bar, so a wrong element still fails; so does a NaN or an
+    infinity out of place (judged after, as ever)."""
+    out = []
+    for o, r, v, m in zip(outs, refs, vendors, mags):
+        if not (isinstance(o, torch.Tensor) and o.is_floating_point() and o.shape == r.shape == v.shape == m.shape):
+            out.append(o)
+            continue
+        dev = o.device
+        o64, r64, v64, m64 = (t.detach().to(dev, torch.float64) for t in (o, r, v, m))
+        finite = o64.isfinite() & r64.isfinite() & v64.isfinite() & (m64 > 0) & (r64.abs() <= torch.finfo(o.dtype).max)
+        unit = float(((v64 - r64).abs() / m64)[finite].max()) if bool(finite.any()) else 0.0
+        near = finite & ((o64 - r64).abs() <= TERMS_FACTOR * unit * m64)
+        out.append(torch.where(near, r64, o64))
+    return out
 
 
 def _distance(out: torch.Tensor, want: torch.Tensor) -> torch.Tensor:

@@ -233,7 +233,8 @@ class Measurer:
                 warnings.simplefilter("ignore", RuntimeWarning)
                 record = validate(run, self.spec, self._sample, self.family.edge_kinds, self.seeds,
                                   device=self.device, extra_trials=len(self.extra_inputs), trials=self.trials,
-                                  resolve_ties=self.family.resolve_ties, elementwise_bar=True)
+                                  resolve_ties=self.family.resolve_ties, elementwise_bar=True,
+                                  magnitudes=self.family.term_magnitudes)
                 record.trials_note = self.trials_note
                 return record
         finally:

@@ -80,7 +80,7 @@ def _verify_entry(key: str, spec_json: dict, family_name: str | None, program_di
             warnings.simplefilter("ignore", RuntimeWarning)
             record = validate(runner.run_poisoned, spec, family.sample_inputs, family.edge_kinds,
                               seeds=VERIFY_SEEDS, device=device, resolve_ties=family.resolve_ties,
-                              elementwise_bar=True)
+                              elementwise_bar=True, magnitudes=family.term_magnitudes)
     except Exception as e:
         return Verdict(key, spec.describe(), False, f"could not run: {type(e).__name__}: {e}")
     return Verdict(key, spec.describe(), record.ok,
