@@ -659,12 +659,27 @@ def _by_terms(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], vendor
         if not (isinstance(o, torch.Tensor) and o.is_floating_point() and o.shape == r.shape == v.shape == m.shape):
             out.append(o)
             continue
-        dev = o.device
-        o64, r64, v64, m64 = (t.detach().to(dev, torch.float64) for t in (o, r, v, m))
-        finite = o64.isfinite() & r64.isfinite() & v64.isfinite() & (m64 > 0) & (r64.abs() <= torch.finfo(o.dtype).max)
-        unit = float(((v64 - r64).abs() / m64)[finite].max()) if bool(finite.any()) else 0.0
-        near = finite & ((o64 - r64).abs() <= TERMS_FACTOR * unit * m64)
-        out.append(torch.where(near, r64, o64))
+        # block by block, as nearest_expected: whole, the float64 temporaries were several outputs' size
+        snapped = o.detach().contiguous().clone()
+        flat, big, limit = snapped.reshape(-1), torch.finfo(o.dtype).max, _chunk_elements(o.numel())
+        ends = [(i, min(i + limit, flat.numel())) for i in range(0, flat.numel(), limit)]
+        rf, vf, mf = (t.detach().reshape(-1) for t in (r, v, m))  # (row-major, as ``flat``)
+
+        def block(i: int, j: int) -> tuple[torch.Tensor, ...]:
+            o64, r64, v64, m64 = (t[i:j].to(o.device, torch.float64) for t in (flat, rf, vf, mf))
+            finite = o64.isfinite() & r64.isfinite() & v64.isfinite() & (m64 > 0) & (r64.abs() <= big)
+            return o64, r64, v64, m64, finite
+
+        unit = 0.0  # the vendor's worst error per unit of terms
+        for i, j in ends:
+            _, r64, v64, m64, finite = block(i, j)
+            if bool(finite.any()):
+                unit = max(unit, float(((v64 - r64).abs() / m64)[finite].max()))
+        for i, j in ends:
+            o64, r64, _, m64, finite = block(i, j)
+            near = finite & ((o64 - r64).abs() <= TERMS_FACTOR * unit * m64)
+            flat[i:j] = torch.where(near, r64, o64).to(o.dtype)
+        out.append(snapped)
     return out
 
 
