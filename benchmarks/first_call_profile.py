@@ -36,8 +36,7 @@ def timed(fn: Any, *args: Any) -> float:
 def profile_lengths(lo: int, hi: int, taken: list[int], count: int) -> list[int]:
     """``count`` lengths of [lo, hi] neither the trace nor its warm-up visits, spread over the range:
     each profiled call is a first call at that length, in a bucket the trace served."""
-    free = [n for n in range(lo, hi + 1) if n not in taken]
-    return [free[round(i * (len(free) - 1) / max(1, count - 1))] for i in range(count)] if free and count else []
+    return spread([n for n in range(lo, hi + 1) if n not in taken], count)
 
 
 def rewarm_lengths(lo: int, hi: int, taken: list[int], profiled: list[int]) -> list[int]:
@@ -216,14 +215,19 @@ def repeat_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int 
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     rows: dict[str, list] = {}
+
+    def device(e: Any) -> float:
+        return getattr(e, "self_device_time_total", 0) or 0
+
+    def row(e: Any) -> dict[str, Any]:
+        return {"op": e.key[:90], "calls": e.count, "self_host_ms": round(e.self_cpu_time_total / 1e3, 3),
+                "self_device_ms": round(device(e) / 1e3, 3)}
+
     for n in lengths:
         x = batch(n)
         with profile(activities=activities) as prof:
             ms = timed(compiled, x)
         events = prof.key_averages()
-        device = lambda e: getattr(e, "self_device_time_total", 0) or 0  # noqa: E731
-        row = lambda e: {"op": e.key[:90], "calls": e.count,  # noqa: E731
-                         "self_host_ms": round(e.self_cpu_time_total / 1e3, 3), "self_device_ms": round(device(e) / 1e3, 3)}
         rows[str(n)] = [{"call_ms": round(ms, 3), "device_ms": round(sum(device(e) for e in events) / 1e3, 3)},
                         {"by_device": [row(e) for e in sorted(events, key=device, reverse=True)[:top] if device(e)],
                          "by_host": [row(e) for e in sorted(events, key=lambda e: e.self_cpu_time_total,
