@@ -372,6 +372,10 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"- {r['backend']}, a repeat call at length {n}: {call['call_ms']:.2f} ms, its kernels "
                          f"{call['device_ms']:.2f} ms of device time; most device time: {dev or 'none'}; most host "
                          f"time of its own: {host}")
+            py = "; ".join(f"{f['function']} {f['cumulative_ms']:.2f} ms ({f['calls']}x)"
+                           for f in (ops.get("python") or {}).get("functions", [])[:3])
+            if py:
+                lines.append(f"  - its Python under cProfile (cumulative): {py}")
     return "\n".join(lines) + "\n"
 
 

@@ -228,8 +228,10 @@ def repeat_call_profile(compiled: Any, batch: Any, lengths: list[int], top: int 
         with profile(activities=activities) as prof:
             ms = timed(compiled, x)
         events = prof.key_averages()
+        python = python_hot_spots(compiled, x, top)  # the host time torch.profiler leaves unnamed
         rows[str(n)] = [{"call_ms": round(ms, 3), "device_ms": round(sum(device(e) for e in events) / 1e3, 3)},
                         {"by_device": [row(e) for e in sorted(events, key=device, reverse=True)[:top] if device(e)],
                          "by_host": [row(e) for e in sorted(events, key=lambda e: e.self_cpu_time_total,
-                                                            reverse=True)[:top]]}]
+                                                            reverse=True)[:top]],
+                         "python": python}]
     return rows

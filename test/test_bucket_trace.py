@@ -161,10 +161,12 @@ def test_the_gc_clock_times_collections_while_installed_and_only_then():
         in t.markdown(doc)
     doc["backends"][0]["repeat_call_profile"] = {"5": [{"call_ms": 10.5, "device_ms": 4.25}, {
         "by_device": [{"op": "grouped_mm_kernel", "calls": 8, "self_host_ms": 0.0, "self_device_ms": 2.5}],
-        "by_host": [{"op": "cudaMemcpyAsync", "calls": 9, "self_host_ms": 3.0, "self_device_ms": 0.0}]}]}
+        "by_host": [{"op": "cudaMemcpyAsync", "calls": 9, "self_host_ms": 3.0, "self_device_ms": 0.0}],
+        "python": {"call_ms": 10.0, "functions": [
+            {"function": "launch.py:90(launch)", "calls": 40, "cumulative_ms": 6.5, "own_ms": 1.0}], "own": []}}]}
     assert ("- kernelize, a repeat call at length 5: 10.50 ms, its kernels 4.25 ms of device time; most device "
-            "time: grouped_mm_kernel 2.50 ms (8x); most host time of its own: cudaMemcpyAsync 3.00 ms (9x)") \
-        in t.markdown(doc)
+            "time: grouped_mm_kernel 2.50 ms (8x); most host time of its own: cudaMemcpyAsync 3.00 ms (9x)\n"
+            "  - its Python under cProfile (cumulative): launch.py:90(launch) 6.50 ms (40x)") in t.markdown(doc)
     doc["backends"][0]["first_calls_planning"] = {"planned": 3, "shared": 1, "unshared": {"s1 takes 5..8 (mm)": 2},
                                                   "pinned": {"s0": "mm at mm: entry k does not give back s0"}}
     assert ("- kernelize: the first calls planned 3 signature(s) anew and found 1 in a planned shape class; planned "
@@ -189,6 +191,7 @@ def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_pa
         assert call["call_ms"] > 0 and ops and ops[0]["self_host_ms"] >= ops[-1]["self_host_ms"]
         ((n, (call, ops)),) = b["repeat_call_profile"].items()  # a repeat call at a length of the trace
         assert n in lengths and call["call_ms"] > 0 and ops["by_host"] and ops["by_device"] == []  # (no GPU)
+        assert ops["python"]["call_ms"] > 0  # and its Python by function (none of ours for eager)
         assert set(b["per_length_ms"]) == lengths and b["trace"]["p99_ms"] >= b["trace"]["p50_ms"] > 0
         assert isinstance(b["recompiles"], int) and b["buckets"] == 1
         assert b["first_calls_gc"]["collections"] >= 0 and set(b["first_calls_gc"]["per_length_ms"]) <= lengths
