@@ -157,7 +157,8 @@ def test_a_bucket_call_makes_one_checked_call_per_size():
 def test_a_bucket_calls_its_generated_call_while_healthy_and_each_sizes_call_on_a_failure():
     """A bucket with one generated call for every size (lower._bucket_direct) runs it; the call
     of a size is made only for what it does not cover: a failure (that size's call decides: here
-    the vendor op, the kernel disabled for the bucket) and layout checks (checking() drops it)."""
+    the vendor op, the kernel disabled for the bucket) and an input a vendor op laid out
+    otherwise than the kernel reads it (checking() keeps the generated call for the rest)."""
     from torch_kernelize.core.buckets import spec_at
     from torch_kernelize.core.spec import KernelSpec
     x8 = torch.randn(8, 16)
@@ -174,7 +175,13 @@ def test_a_bucket_calls_its_generated_call_while_healthy_and_each_sizes_call_on_
     call.generic = lambda x: x * 3
     x = torch.randn(7, 16)
     torch.testing.assert_close(call(x), x * 3)
-    assert made == [] and call.checking([0]).generic is None
+    assert made == []
+    checked = call.checking([0])
+    torch.testing.assert_close(checked(x), x * 3)  # laid out as the kernel reads it: the generated call
+    assert made == [] and checked._layouts == {(7,): ((0, (16, 1)),)}  # (no size's call made for it)
+    odd = x.t().contiguous().t()
+    torch.testing.assert_close(checked(odd), torch.sigmoid(odd))  # another layout: its size's call, the vendor op
+    assert made == [(7,)] and state.disabled is None
     torch.testing.assert_close(call.per_size(x), x * 2)  # (what the generated call hands back)
 
     def broken(x):

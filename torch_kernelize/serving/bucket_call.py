@@ -74,6 +74,7 @@ class BucketCall(TritonCall):
         self._sized: dict[tuple[int, ...], TritonCall] = {}
         self._lock = threading.Lock()
         self.layout_inputs: tuple[int, ...] = ()  # inputs whose strides each size's call checks
+        self._layouts: dict[tuple[int, ...], tuple] = {}  # sizes -> (input, strides) to check there
         self.__name__ = f"triton_{spec.short_name}_bucket_{state.key[:8]}"
 
     def sized(self, values: tuple[int, ...]) -> TritonCall:
@@ -83,17 +84,28 @@ class BucketCall(TritonCall):
                 call = self._sized.get(values)
                 if call is None:
                     call = self._make(values)
-                    if self.layout_inputs:  # (the inputs' strides at these sizes, without the spec)
-                        metas = metas_at(self.spec, self._dims, values, "in")
-                        call.layout_checks = tuple((i, metas[i].stride) for i in self.layout_inputs)
+                    call.layout_checks = self._layout_checks(values)
                     self._sized[values] = call
         return call
 
+    def _layout_checks(self, values: tuple[int, ...]) -> tuple:
+        """(input, strides) the kernel was built for at these sizes, for the inputs whose layout is
+        not certain (``checking``); made once per size, without the spec."""
+        checks = self._layouts.get(values)
+        if checks is None:
+            metas = metas_at(self.spec, self._dims, values, "in") if self.layout_inputs else ()
+            checks = self._layouts[values] = tuple((i, metas[i].stride) for i in self.layout_inputs)
+        return checks
+
     def checking(self, inputs: Sequence[int]) -> "BucketCall":
+        """This call checking that ``inputs`` (a vendor op's outputs) arrive laid out as its kernel
+        reads them at their sizes. It keeps the generic call: a call whose layouts hold takes it
+        (the assemblies of small buckets are mostly such calls, and the per-size path costs tens
+        of microseconds of host time each); one whose do not takes its size's call, which notes
+        the layout and runs the vendor op."""
         checked = copy.copy(self)
         checked.layout_inputs = tuple(inputs)
-        checked._sized, checked._lock = {}, threading.Lock()  # (its own calls: they check)
-        checked.generic = None  # (each size's call checks the layouts)
+        checked._sized, checked._lock, checked._layouts = {}, threading.Lock(), {}  # (its own: they check)
         return checked
 
     def per_size(self, *tensors: Any):
@@ -103,11 +115,16 @@ class BucketCall(TritonCall):
     def __call__(self, *tensors: Any):
         generic = self.generic
         if generic is not None and self.state.disabled is None:
+            if self.layout_inputs and not self._laid_out(tensors):
+                return self.sized(self._values(tensors))(*tensors)  # (on the vendor op)
             try:
                 return generic(*tensors)
             except Exception as e:  # (the size's call decides: the vendor op's answer, a disabled kernel)
                 return self.sized(self._values(tensors)).failed(e, tensors)
         return self.sized(self._values(tensors))(*tensors)
+
+    def _laid_out(self, tensors: Sequence[Any]) -> bool:
+        return all(tensors[i].stride() == stride for i, stride in self._layout_checks(self._values(tensors)))
 
     def vendor(self, *tensors: Any):
         return self.sized(self._values(tensors)).vendor(*tensors)
