@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kernel_testing import spec_of
 from torch_kernelize.serving.flat_code import flat_function
 from torch_kernelize.serving.launch import MisalignedInput
-from torch_kernelize.serving.op_bindings import binding_by_name, binding_name, fast_binding
+from torch_kernelize.serving.op_bindings import PRIM_EQUIVALENTS, binding_by_name, binding_name, fast_binding
 from torch_kernelize.serving.runtime import KernelState, TritonCall, guard_vendor_layouts
 from torch_kernelize.serving.view_folding import fold_views
 
@@ -60,6 +60,26 @@ def test_binding_names_round_trip_and_name_nothing_else():
         assert binding_by_name(binding_name(fn)) == fn
     assert binding_name(aten.add.Tensor._op) is None and binding_name(print) is None
     assert binding_by_name("os.system") is None and binding_by_name("_VariableFunctions.__class__") is None
+
+
+def test_a_prim_left_in_the_graph_takes_its_aten_equivalent_with_the_prims_result():
+    """prims.convert_element_type (a dynamic graph's tensorified floats are cast with it) runs a
+    Python implementation; its ATen equivalent makes the same tensor: values, dtype, layout."""
+    prim = torch.ops.prims.convert_element_type.default
+    gm = _bound(lambda x, s: aten.add.Tensor(x, prim(s, torch.float32)), torch.randn(4, 3),
+                torch.tensor(1e-6, dtype=torch.float64))
+    fn = flat_function(gm)
+    (node,) = [n for n in gm.graph.nodes if n.target is prim]
+    assert node.meta["binding"] is PRIM_EQUIVALENTS[prim] and binding_name(node.meta["binding"]) is None
+    x, s = torch.randn(4, 3), torch.tensor(2.5, dtype=torch.float64)
+    _same(fn(x, s), gm(x, s))
+    base = torch.randn(6, 4, dtype=torch.float16)
+    for a in (base, base.t(), base[::2], base[:, :1].expand(6, 5), torch.tensor(3.0, dtype=torch.float64),
+              torch.randint(0, 9, (5,)), torch.randn(0, 3)):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int32):
+            want, got = prim(a, dtype), PRIM_EQUIVALENTS[prim](a, dtype)
+            assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride())
+            assert torch.equal(got, want) and (got.data_ptr() != a.data_ptr() or not a.numel())  # a new tensor
 
 
 def test_symbolic_arguments_keep_the_overloads_own_entry():

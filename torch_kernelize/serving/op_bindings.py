@@ -34,12 +34,27 @@ _chosen: dict[tuple, Callable] = {}
 _lock = threading.Lock()
 
 
+def convert_element_type(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``prims.convert_element_type`` as ATen's ``_to_copy``: the same new tensor (``empty_like``'s
+    layout, the values cast). The prim runs a Python implementation, ~50 us a call on a CPU host;
+    dynamic graphs have it around every tensorified Python float (an RMSNorm's epsilon, a rotary
+    scale: 14 calls a call of the MoE trace's decoder)."""
+    return _TO_COPY(a, dtype=dtype)
+
+
+_TO_COPY = torch.ops.aten._to_copy.default._op
+# prims the trace leaves in a graph -> an ATen call computing the same (test_op_bindings checks each)
+PRIM_EQUIVALENTS: dict[Any, Callable] = {torch.ops.prims.convert_element_type.default: convert_element_type}
+
+
 def fast_binding(op: Any, args: tuple, kwargs: dict) -> Any:
     """What the generated code calls for ``op`` on a node with these arguments (fx.Nodes among
-    them, with a traced ``val``): a public binding checked to dispatch ``op`` itself, else
-    ``op._op``; anything that is not a plain OpOverload is returned as it is."""
+    them, with a traced ``val``): a public binding checked to dispatch ``op`` itself, a prim's
+    ATen equivalent, else ``op._op``; anything that is not a plain OpOverload is returned as it is."""
     if type(op) is not torch._ops.OpOverload:
         return op
+    if op in PRIM_EQUIVALENTS and not kwargs:
+        return PRIM_EQUIVALENTS[op]
     key = _signature(op, args, kwargs)
     if key is None:
         return op._op
