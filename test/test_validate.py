@@ -334,3 +334,17 @@ def test_an_edge_trials_cancelling_gemm_elements_are_judged_by_the_size_of_their
     assert not wrong.ok and "out of tolerance" in wrong.reason, wrong
     assert not judged(candidate(5e-5, nan=True)).ok
     assert FAMILY.sums_products
+
+
+def test_by_terms_takes_the_vendors_error_at_least_as_fp32s_roundoff():
+    """A vendor that lands on the reference (unit 0) leaves the allowance at fp32's roundoff of the
+    terms: an element cancelling terms 1e7 times its size is snapped within 4 * 2**-24 of them,
+    not past; an element whose terms are its own size gets no more than that of itself."""
+    from torch_kernelize.core.validate import ACCUMULATOR_ROUNDOFF, TERMS_FACTOR, _by_terms
+    ref = torch.tensor([7208.0, 7208.0, 100.0], dtype=torch.float64)
+    terms = torch.tensor([1.6e11, 1.6e11, 100.0], dtype=torch.float64)
+    allowed = TERMS_FACTOR * ACCUMULATOR_ROUNDOFF * terms
+    out = (ref + torch.stack([allowed[0] * 0.5, allowed[1] * 2, torch.tensor(0.01, dtype=torch.float64)])).float()
+    (snapped,) = _by_terms([out], [ref], [ref.clone()], [terms])
+    assert snapped[0] == 7208.0 and snapped[1] == out[1] and snapped[2] == out[2]
+    assert allowed[2] < 1e-4  # (the last: 0.01 off its own terms' size is past the floor)

@@ -640,6 +640,10 @@ def _judge_edge(spec: KernelSpec, settle: Callable, inputs: Sequence[torch.Tenso
 # An edge trial's element whose candidate is within this many times the vendor's worst error per
 # unit of terms (|vendor - ref| / terms) of the reference counts as right (``_by_terms``).
 TERMS_FACTOR = 4.0
+# ... that error taken at least as fp32's unit roundoff (the accumulator of every sums-of-products
+# family): where the vendor happens to land on the reference everywhere, an element whose terms
+# are ~1e4 times its size is still no better determined in fp32 than that.
+ACCUMULATOR_ROUNDOFF = 2.0 ** -24
 
 
 def _by_terms(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], vendors: Sequence[torch.Tensor],
@@ -650,8 +654,9 @@ def _by_terms(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], vendor
     A GEMM on "large" inputs sums products of ~1e6 into partial sums of ~1e7 whose finite results
     cancel to ~1e4; an epilogue multiplying by another large input turns the fp32 order's error
     into 10% of such an element (the matmul group's fp16 SiLU-times-up region on an H100: 692 off
-    7208, cuBLAS off too). Per unit of its terms the error is the accumulation's, as the vendor's
-    is; the output's scale does not see it. An element its terms do not swamp (terms ~ its value)
+    7208 where cuBLAS landed near it). Per unit of its terms the error is the accumulation's, as the
+    vendor's is (taken at least as fp32's roundoff: ``ACCUMULATOR_ROUNDOFF``); the output's scale
+    does not see it. An element its terms do not swamp (terms ~ its value)
     gets an allowance far below the bar, so a wrong element still fails; so does a NaN or an
     infinity out of place (judged after, as ever)."""
     out = []
@@ -670,7 +675,7 @@ def _by_terms(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor], vendor
             finite = o64.isfinite() & r64.isfinite() & v64.isfinite() & (m64 > 0) & (r64.abs() <= big)
             return o64, r64, v64, m64, finite
 
-        unit = 0.0  # the vendor's worst error per unit of terms
+        unit = ACCUMULATOR_ROUNDOFF  # the vendor's worst error per unit of terms, at least this
         for i, j in ends:
             _, r64, v64, m64, finite = block(i, j)
             if bool(finite.any()):
