@@ -43,7 +43,7 @@ def convert_element_type(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 _TO_COPY = torch.ops.aten._to_copy.default._op
-# prims the trace leaves in a graph -> an ATen call computing the same (test_op_bindings checks each)
+# prims the trace leaves in a graph -> an ATen call computing the same (test_flat_code checks each)
 PRIM_EQUIVALENTS: dict[Any, Callable] = {torch.ops.prims.convert_element_type.default: convert_element_type}
 
 
