@@ -192,11 +192,37 @@ def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kw
     return 2 * math.prod(batch) * s_q * s_k * (d_qk + d_v)
 
 
+def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """A grouped GEMM's multiply-adds: every row of ``a`` meets one group's weight. ``aten._grouped_mm``
+    and transformers' ``grouped_mm_fallback`` (an opaque custom op around a loop of mm: the counter sees
+    none of its mms) take tokens (S, K) by experts (E, K, N), or groups batched (G, M, K) x (G, K, N),
+    or groups along K or N of 2-D operands; none has a formula in torch, so an MoE model's experts,
+    most of its work, counted nothing."""
+    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+    batched = len(a_shape) == 3 and len(b_shape) == 3  # (G, M, K) x (G, K, N)
+    # else (S, K) x (E, K, N), (M, K_total) x (K_total, N) or (G, M, K) x (K, N_total): once over M, K and N
+    return 2 * (a_shape[0] if batched else 1) * m * k * n
+
+
+def _grouped_mm_backward_flops(a_shape, b_shape, offs_shape, grad_shape, *args, out_shape=None, **kwargs) -> int:
+    """The fallback's backward: the input's gradient and the weights', each a grouped GEMM's work."""
+    return 2 * _grouped_mm_flops(a_shape, b_shape)
+
+
 def _attention_flops() -> dict:
-    """FlopCounterMode's formulas for the fused attention ops of this torch, with grouped-query heads."""
+    """FlopCounterMode's formulas this torch lacks: the fused attention ops with grouped-query heads,
+    and grouped GEMMs (MoE experts)."""
     names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
              "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
-    return {getattr(torch.ops.aten, n): _sdpa_flops for n in names if hasattr(torch.ops.aten, n)}
+    mapping = {getattr(torch.ops.aten, n): _sdpa_flops for n in names if hasattr(torch.ops.aten, n)}
+    if hasattr(torch.ops.aten, "_grouped_mm"):
+        mapping[torch.ops.aten._grouped_mm] = _grouped_mm_flops
+    ns = torch.ops.transformers  # its ops exist once transformers' MoE integration is imported
+    for name, formula in (("grouped_mm_fallback", _grouped_mm_flops),
+                          ("grouped_mm_fallback_backward", _grouped_mm_backward_flops)):
+        if hasattr(ns, name):
+            mapping[getattr(ns, name)] = formula
+    return mapping
 
 
 def work_floor(model: torch.nn.Module, inputs: tuple, out: Any) -> dict[str, float]:

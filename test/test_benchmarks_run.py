@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from torch_kernelize.serving.launch import import_source
 
 RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
@@ -95,6 +97,28 @@ def test_the_work_floor_counts_grouped_query_attention_at_the_querys_heads():
     two_matmuls = 2 * (2 * 8) * 16 * 16 * (32 + 32) / 1e9
     assert timing.work_floor(model, (q, kv, kv), model(q, kv, kv))["gflop"] == float(f"{two_matmuls:.4g}")
     assert timing.work_floor(model, (q, q, q), model(q, q, q))["gflop"] == float(f"{two_matmuls:.4g}")
+
+
+def test_the_work_floor_counts_an_moe_models_grouped_expert_gemms():
+    """transformers' fp16 experts run an opaque custom op around a loop of mm (the counter sees none of
+    them): the floor counts each token's GEMM with its expert's weight, as the same mms would count."""
+    import torch
+    pytest.importorskip("transformers.integrations.moe")
+    timing = import_source(RUN.parent / "timing.py", "bench_timing")
+    x, w = torch.randn(10, 16), torch.randn(3, 16, 24)
+    offs = torch.tensor([4, 4, 10])  # the second expert gets no token
+
+    class Experts(torch.nn.Module):
+        def forward(self, x, w, offs):
+            return torch.ops.transformers.grouped_mm_fallback(x, w, offs)
+
+    class Loop(torch.nn.Module):
+        def forward(self, x, w, offs):
+            return torch.cat([x[:4] @ w[0], x[4:] @ w[2]])
+    model, loop = Experts(), Loop()
+    assert torch.equal(model(x, w, offs), loop(x, w, offs))
+    counted = timing.work_floor(model, (x, w, offs), model(x, w, offs))["gflop"]
+    assert counted == timing.work_floor(loop, (x, w, offs), loop(x, w, offs))["gflop"] == float(f"{2 * 10 * 16 * 24 / 1e9:.4g}")
 
 
 def test_a_kernels_launch_shape_is_read_off_the_profilers_trace():
