@@ -199,3 +199,20 @@ def test_smoke_serves_a_tiny_llama_at_several_lengths_beside_the_baseline(tmp_pa
     planning = doc["backends"][0]["first_calls_planning"]  # each new length: planned, or its class's
     assert planning["planned"] + planning["shared"] == 2 and "first_calls_planning" not in doc["backends"][1]
     assert (tmp_path / path.name.replace(".json", ".md")).read_text().startswith("# Bucket trace: llama")
+
+
+def test_the_first_call_of_each_bucket_entered_is_profiled_on_request(tmp_path):
+    """--profile-bucket-firsts: the trace's first call in a bucket it enters (not the warm-up's)
+    runs under torch.profiler, the others as ever; the first-call target is then not judged."""
+    t = _trace()
+    ref = t.MODELS["llama"][1]
+    r = t.measure("eager", ref, [5, 3, 4, 7], 6, tmp_path / "cache", "interpreter", tmp_path, bucket_firsts=True)
+    (call, *ops), = r["bucket_first_profile"].values()  # 3 enters 3-4; 5 and 7 are the warm-up's 5-8, 4 entered
+    assert list(r["bucket_first_profile"]) == ["3"] and ops and r["per_length_ms"]["3"][0] == call["call_ms"]
+    doc = {"model": "llama", "lengths": [5, 3, 4, 7], "device": "cpu", "date": "d", "torch": "t", "target": "cpu",
+           "backends": [{**r, "backend": "kernelize"}]}
+    doc["targets"] = t.targets({"kernelize": doc["backends"][0]})
+    assert doc["targets"][0].startswith("first call of a new length <= 1.0 ms over a repeat (p99): not judged "
+                                        "(--profile-bucket-firsts: 1 of the first calls ran under torch.profiler")
+    assert "- kernelize, the trace's first call in bucket 3-4, at length 3, under torch.profiler: " in t.markdown(doc)
+    assert "bucket_first_profile" not in t.measure("eager", ref, [3], 6, tmp_path / "cache", "interpreter", tmp_path)
