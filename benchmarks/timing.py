@@ -209,7 +209,7 @@ def _grouped_mm_backward_flops(a_shape, b_shape, offs_shape, grad_shape, *args, 
     return 2 * _grouped_mm_flops(a_shape, b_shape)
 
 
-def _attention_flops() -> dict:
+def _extra_flop_formulas() -> dict:
     """FlopCounterMode's formulas this torch lacks: the fused attention ops with grouped-query heads,
     and grouped GEMMs (MoE experts)."""
     names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -227,13 +227,13 @@ def _attention_flops() -> dict:
 
 def work_floor(model: torch.nn.Module, inputs: tuple, out: Any) -> dict[str, float]:
     """What one call must do at least: its FLOPs (torch's FlopCounterMode over one more call: the ops
-    it has formulas for, matmuls, convolutions and CUDA attention; others count nothing) and bytes
+    it has formulas for, matmuls, convolutions, CUDA attention and grouped GEMMs; others count nothing) and bytes
     (parameters, buffers, inputs and outputs, each moved once), and on an H200 the time that takes
     at its ceilings."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from torch_kernelize.bringup import flat_tensors
-    with FlopCounterMode(display=False, custom_mapping=_attention_flops()) as counter:
+    with FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas()) as counter:
         model(*inputs)
     tensors = [*model.parameters(), *model.buffers(), *flat_tensors(inputs), *flat_tensors(out)]
     flops, nbytes = float(counter.get_total_flops()), float(sum(t.numel() * t.element_size() for t in tensors))
