@@ -8,7 +8,6 @@ is no GPU profile.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import tempfile
 import time
@@ -183,48 +182,6 @@ def rel_err(out: Any, ref: Any) -> float:
 H200_FLOPS, H200_BYTES_PER_S = 729e12, 4.2e12
 
 
-def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    """Attention's two matmuls (Q K^T, then P V) at the query's heads: torch's own formula asserts
-    that K and V have as many heads as Q, which grouped-query attention (Llama's 4 KV heads for 32)
-    does not."""
-    *batch, s_q, d_qk = query_shape
-    s_k, d_v = key_shape[-2], value_shape[-1]
-    return 2 * math.prod(batch) * s_q * s_k * (d_qk + d_v)
-
-
-def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
-    """A grouped GEMM's multiply-adds: every row of ``a`` meets one group's weight. ``aten._grouped_mm``
-    and transformers' ``grouped_mm_fallback`` (an opaque custom op around a loop of mm: the counter sees
-    none of its mms) take tokens (S, K) by experts (E, K, N), or groups batched (G, M, K) x (G, K, N),
-    or groups along K or N of 2-D operands; none has a formula in torch, so an MoE model's experts,
-    most of its work, counted nothing."""
-    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
-    batched = len(a_shape) == 3 and len(b_shape) == 3  # (G, M, K) x (G, K, N)
-    # else (S, K) x (E, K, N), (M, K_total) x (K_total, N) or (G, M, K) x (K, N_total): once over M, K and N
-    return 2 * (a_shape[0] if batched else 1) * m * k * n
-
-
-def _grouped_mm_backward_flops(a_shape, b_shape, offs_shape, grad_shape, *args, out_shape=None, **kwargs) -> int:
-    """The fallback's backward: the input's gradient and the weights', each a grouped GEMM's work."""
-    return 2 * _grouped_mm_flops(a_shape, b_shape)
-
-
-def _extra_flop_formulas() -> dict:
-    """FlopCounterMode's formulas this torch lacks: the fused attention ops with grouped-query heads,
-    and grouped GEMMs (MoE experts)."""
-    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
-    mapping = {getattr(torch.ops.aten, n): _sdpa_flops for n in names if hasattr(torch.ops.aten, n)}
-    if hasattr(torch.ops.aten, "_grouped_mm"):
-        mapping[torch.ops.aten._grouped_mm] = _grouped_mm_flops
-    ns = torch.ops.transformers  # its ops exist once transformers' MoE integration is imported
-    for name, formula in (("grouped_mm_fallback", _grouped_mm_flops),
-                          ("grouped_mm_fallback_backward", _grouped_mm_backward_flops)):
-        if hasattr(ns, name):
-            mapping[getattr(ns, name)] = formula
-    return mapping
-
-
 def work_floor(model: torch.nn.Module, inputs: tuple, out: Any) -> dict[str, float]:
     """What one call must do at least: its FLOPs (torch's FlopCounterMode over one more call: the ops
     it has formulas for, matmuls, convolutions, CUDA attention and grouped GEMMs; others count nothing) and bytes
@@ -233,7 +190,8 @@ def work_floor(model: torch.nn.Module, inputs: tuple, out: Any) -> dict[str, flo
     from torch.utils.flop_counter import FlopCounterMode
 
     from torch_kernelize.bringup import flat_tensors
-    with FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas()) as counter:
+    from torch_kernelize.core.costs import flop_formulas
+    with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as counter:
         model(*inputs)
     tensors = [*model.parameters(), *model.buffers(), *flat_tensors(inputs), *flat_tensors(out)]
     flops, nbytes = float(counter.get_total_flops()), float(sum(t.numel() * t.element_size() for t in tensors))

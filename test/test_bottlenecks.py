@@ -54,6 +54,20 @@ def test_floors_at_the_chip_files_ceilings(tmp_path):
         load_target_file(chip)
 
 
+def test_floors_count_the_work_torchs_flop_counter_has_no_formula_for():
+    """An MoE's experts (transformers' opaque grouped GEMM op: FlopCounterMode sees none of its mms)
+    and grouped-query attention (torch's formula asserts on fewer KV heads) count their matmuls."""
+    pytest.importorskip("transformers.integrations.moe")
+    experts = torch.ops.transformers.grouped_mm_fallback.default
+    x, w, offs = torch.randn(10, 16), torch.randn(3, 16, 24), torch.tensor([4, 4, 10])
+    assert floor(KernelSpec.from_call(experts, (x, w, offs), {}, experts(x, w, offs)), CHIP).flops == 2 * 10 * 16 * 24
+    sdpa = aten._scaled_dot_product_flash_attention_for_cpu.default
+    q, kv = torch.randn(2, 8, 16, 32), torch.randn(2, 2, 16, 32)
+    out = sdpa(q, kv.repeat_interleave(4, 1), kv.repeat_interleave(4, 1))
+    gqa = KernelSpec.from_call(sdpa, (q, kv, kv), {}, out)
+    assert floor(gqa, CHIP).flops == 2 * (2 * 8) * 16 * 16 * (32 + 32)
+
+
 def test_the_cuda_targets_ceilings_are_measured_once_and_kept(tmp_path):
     measured = []
 
