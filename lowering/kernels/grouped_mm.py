@@ -79,7 +79,9 @@ SEEDS = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 32, 4, 3), (32, 6
 # the TMA variant's seed, first where it applies (module docstring), so the quick fill (budget 1)
 # takes it: on the H100 (2026-12-06, benchmarks/results/2026-12-06-h100-grouped-mm-tiles-2.json, the
 # stored kernel through write_program/load_program) 0.665 / 0.337 ms against the pointer kernel's
-# 0.738 / 0.374 and the op's cuBLAS loop 0.688 / 0.344 (gate/up, down; graphed 0.530 / 0.230)
+# 0.738 / 0.374 and the op's cuBLAS loop 0.688 / 0.344 (gate/up, down; the seed graphed, queued behind
+# other work: 0.530 / 0.230). Its loop flattened, its K loop warp-specialized and five other TMA tiles
+# were no faster on the H100 (2026-12-07, benchmarks/results/2026-12-07-h100-grouped-mm-loop-options.log)
 TMA_SEED = (128, 256, 64, 8, 3)
 TMA_MAX_BOX = 256  # a tensor descriptor's block: at most 256 elements along each dimension
 PROGRAMS_WITHOUT_GPU = 4  # the persistent grid where no GPU tells its SM count (the interpreter)
